@@ -1,0 +1,546 @@
+"""Typed configs for every subcommand, and their Hydra composition.
+
+Each subcommand has one dataclass schema here. ``conf/<command>.yaml`` (or the
+user's ``--config-path/--config-name``) plus trailing Hydra overrides
+(``key=value``, ``+key=value``, ``++key=value``) are composed with Hydra's
+compose API (no ``outputs/`` folder, no change of cwd), then checked against
+the schema:
+
+* an unknown key is a :class:`ConfigError` naming the key and the closest valid one;
+* a value of the wrong type is a :class:`ConfigError` naming the key, the
+  expected type and the value;
+* a value outside a field's ``choices`` is a :class:`ConfigError` listing them.
+
+This module imports neither torch nor Hydra at import time, so ``--help`` is fast.
+Units follow Kaldi/WeNet: lengths in 10 ms frames, durations in seconds, rates in Hz.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from corpus_io.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def opt(default: Any = dataclasses.MISSING, help: str = "", *, unit: str = "", choices: tuple = (),
+        factory: Any = dataclasses.MISSING) -> Any:
+    """A schema field with its help text, unit and allowed values (shown by ``--help``)."""
+    meta = {"help": help, "unit": unit, "choices": tuple(choices)}
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --------------------------------------------------------------------------- dataset_conf
+
+
+@dataclass
+class FilterConf:
+    max_length: int = opt(10240, "drop utterances longer than this", unit="frames (10 ms)")
+    min_length: int = opt(10, "drop utterances shorter than this", unit="frames (10 ms)")
+    token_max_length: int = opt(200, "drop utterances with more tokens than this", unit="tokens")
+    token_min_length: int = opt(1, "drop utterances with fewer tokens than this", unit="tokens")
+    min_output_input_ratio: float = opt(0.0005, "drop if tokens/frames is below this", unit="tokens per frame")
+    max_output_input_ratio: float = opt(1.0, "drop if tokens/frames is above this", unit="tokens per frame")
+
+
+@dataclass
+class ResampleConf:
+    resample_rate: int = opt(16000, "every waveform is resampled to this rate", unit="Hz")
+
+
+@dataclass
+class SpeedPerturbConf:
+    speeds: List[float] = opt(help="one speed factor is drawn per utterance", factory=lambda: [0.9, 1.0, 1.1])
+
+
+@dataclass
+class FbankConf:
+    num_mel_bins: int = opt(80, "mel filterbank channels")
+    frame_length: float = opt(25.0, "analysis window", unit="ms")
+    frame_shift: float = opt(10.0, "hop between frames", unit="ms")
+    dither: float = opt(0.0, "dither added before the FFT (0 = deterministic)")
+
+
+@dataclass
+class MfccConf:
+    num_mel_bins: int = opt(40, "mel filterbank channels")
+    num_ceps: int = opt(40, "cepstral coefficients kept")
+    frame_length: float = opt(25.0, "analysis window", unit="ms")
+    frame_shift: float = opt(10.0, "hop between frames", unit="ms")
+    dither: float = opt(0.0, "dither added before the FFT")
+    high_freq: float = opt(-200.0, "high cutoff (negative: offset from Nyquist)", unit="Hz")
+    low_freq: float = opt(20.0, "low cutoff", unit="Hz")
+
+
+@dataclass
+class SpecAugConf:
+    num_t_mask: int = opt(2, "time masks per utterance")
+    num_f_mask: int = opt(2, "frequency masks per utterance")
+    max_t: int = opt(50, "longest time mask", unit="frames")
+    max_f: int = opt(10, "widest frequency mask", unit="mel bins")
+
+
+@dataclass
+class SpecSubConf:
+    max_t: int = opt(30, "longest substituted span", unit="frames")
+    num_t_sub: int = opt(3, "substitutions per utterance")
+
+
+@dataclass
+class SpecTrimConf:
+    max_t: int = opt(20, "most frames trimmed from the end", unit="frames")
+
+
+@dataclass
+class ShuffleConf:
+    shuffle_size: int = opt(1500, "utterances held by the shuffle buffer", unit="utterances")
+
+
+@dataclass
+class SortConf:
+    sort_size: int = opt(500, "utterances sorted by length together", unit="utterances")
+
+
+@dataclass
+class SourceConf:
+    data_list: str = opt("???", "a data.list (shard or raw) of one corpus")
+    weight: float = opt(1.0, "relative share of this corpus in the mix")
+    data_type: str = opt("shard", "format of this list", choices=("raw", "shard"))
+
+
+@dataclass
+class DatasetConf:
+    data_type: str = opt("shard", "raw: JSONL list of utterances; shard: list of tar URLs", choices=("raw", "shard"))
+    fields: List[str] = opt(help="fields to read (empty: all of the main shard), e.g. [fbank, txt]", factory=list)
+    seed: int = opt(777, "seed of the list shuffle and the buffers; epoch e uses (seed, e)")
+    filter_conf: FilterConf = opt(factory=FilterConf)
+    resample_conf: ResampleConf = opt(factory=ResampleConf)
+    speed_perturb: bool = opt(False, "apply speed perturbation (train only)")
+    speed_perturb_conf: SpeedPerturbConf = opt(factory=SpeedPerturbConf)
+    feats_type: str = opt("fbank", "features computed by the loader",
+                          choices=("fbank", "mfcc", "raw", "precomputed"))
+    fbank_conf: FbankConf = opt(factory=FbankConf)
+    mfcc_conf: MfccConf = opt(factory=MfccConf)
+    spec_aug: bool = opt(False, "SpecAugment masks (train only)")
+    spec_aug_conf: SpecAugConf = opt(factory=SpecAugConf)
+    spec_sub: bool = opt(False, "substitute time spans with earlier frames (train only)")
+    spec_sub_conf: SpecSubConf = opt(factory=SpecSubConf)
+    spec_trim: bool = opt(False, "trim a random number of end frames (train only)")
+    spec_trim_conf: SpecTrimConf = opt(factory=SpecTrimConf)
+    shuffle: bool = opt(True, "shuffle the list per epoch and shuffle utterances in a buffer")
+    shuffle_conf: ShuffleConf = opt(factory=ShuffleConf)
+    sort: bool = opt(True, "sort utterances by length inside a buffer before batching")
+    sort_conf: SortConf = opt(factory=SortConf)
+    bucketing: bool = opt(False, "batch from duration buckets instead of the sort buffer")
+    num_buckets: int = opt(10, "duration buckets when bucketing=true")
+    batch_type: str = opt("example", "example: utterances; length: padded frames; token: padded frames+tokens",
+                          choices=("example", "length", "token"))
+    batch_size: int = opt(16, "example: utterances per batch; length: max(source_len)*n; "
+                              "token: max(source_len+target_len)*n", unit="utterances | frames | frames+tokens")
+    max_batch_size: int = opt(200, "cap on utterances per batch for length/token batching", unit="utterances")
+    num_workers: int = opt(2, "DataLoader worker processes per rank")
+    prefetch: int = opt(2, "batches prefetched per worker")
+    pin_memory: bool = opt(False, "pin batches in page-locked memory (GPU)")
+    on_error: str = opt("fail", "a corrupt shard/member or an unreachable URL: fail, or skip and count it",
+                        choices=("fail", "skip"))
+    retries: int = opt(3, "attempts to open a remote URL before on_error applies")
+    retry_backoff: float = opt(0.5, "first wait between retries, doubled each time", unit="seconds")
+    max_member_bytes: int = opt(256 * 1024 * 1024, "a tar member larger than this is rejected", unit="bytes")
+    storage_options: Dict[str, Any] = opt(help="fsspec options for remote URLs (e.g. endpoint_url, key, secret)",
+                                          factory=dict)
+    allow_pipe: bool = opt(False, "allow pipe:CMD URLs in lists (runs CMD without a shell)")
+    sources: List[SourceConf] = opt(help="mix several lists by weight: [{data_list, weight, data_type}]",
+                                    factory=list)
+    epoch_hours: Optional[float] = opt(None, "define an epoch as this much audio instead of one pass", unit="hours")
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+@dataclass
+class TokenizerConf:
+    type: str = opt("char", "char: CJK chars + Latin words/letters; bpe: sentencepiece; word: jieba + whitespace",
+                    choices=("char", "bpe", "word"))
+    token_list: Optional[str] = opt(None, "token list file: '<token> <id>' per line")
+    bpe_model: Optional[str] = opt(None, "sentencepiece model (type=bpe)")
+    latin_unit: str = opt("word", "how char splits Latin text", choices=("word", "letter"))
+    remove_cjk_spaces: bool = opt(True, "drop spaces between CJK characters before tokenizing")
+    lowercase: bool = opt(False, "lowercase text before tokenizing")
+    unk: str = opt("<unk>", "symbol for unknown tokens")
+    blank: str = opt("<blank>", "CTC blank symbol (id 0)")
+    space: str = opt("▁", "symbol for a word boundary when latin_unit=letter")
+
+
+# --------------------------------------------------------------------------- training
+
+
+@dataclass
+class TrainConf:
+    max_epoch: int = opt(10, "epochs to train")
+    log_interval: int = opt(10, "steps between log lines", unit="steps")
+    resume: bool = opt(True, "continue from output_dir/model.pt with the exact data position")
+    validate_interval: int = opt(0, "steps between validations (0: at each epoch end)", unit="steps")
+    save_checkpoint_interval: int = opt(0, "steps between mid-epoch checkpoints (0: epoch ends only)",
+                                        unit="steps")
+    keep_nbest_models: int = opt(5, "keep this many epoch checkpoints, best by the cv metric")
+    avg_nbest_model: int = opt(5, "average this many best epoch checkpoints into model.pt.avg{N}")
+    avg_keep_nbest_models_type: str = opt("loss", "cv metric that ranks checkpoints", choices=("loss", "acc"))
+    accum_grad: int = opt(1, "micro-batches per optimizer step")
+    grad_clip: float = opt(5.0, "max gradient norm (<= 0: off)")
+    use_fp16: bool = opt(False, "float16 autocast with a grad scaler (GPU)")
+    use_bf16: bool = opt(False, "bfloat16 autocast (CPU or GPU)")
+    max_steps_per_epoch: int = opt(0, "step mode: an epoch ends after this many steps (0: one pass)",
+                                   unit="steps")
+    seed: int = opt(1234, "seed of model init and dropout")
+    device: str = opt("auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
+    timeout_s: int = opt(600, "collective timeout", unit="seconds")
+
+
+@dataclass
+class OptimConf:
+    optim: str = opt("adamw", "optimizer", choices=("adam", "adamw", "sgd"))
+    lr: float = opt(0.001, "peak learning rate")
+    weight_decay: float = opt(0.0, "weight decay")
+
+
+@dataclass
+class SchedulerConf:
+    scheduler: str = opt("warmuplr", "warmuplr: linear warmup then inverse sqrt; constant",
+                         choices=("warmuplr", "constant"))
+    warmup_steps: int = opt(500, "warmup length", unit="steps")
+
+
+# --------------------------------------------------------------------------- subcommands
+
+
+@dataclass
+class Scp2JsonlConfig:
+    scp_file_list: List[str] = opt(help="Kaldi tables, first one drives the order, e.g. [wav.scp, text]",
+                                   factory=list)
+    data_type_list: List[str] = opt(help="a field name per table, e.g. [source, target]", factory=list)
+    jsonl_file_out: str = opt("???", "output JSONL (written to a temp name, then renamed)")
+    segments: Optional[str] = opt(None, "Kaldi segments file: utterances are cut from wav.scp recordings")
+    num_workers: int = opt(0, "header-probe processes (0: all cores)")
+    on_missing: str = opt("error", "a key missing from a table, or unreadable audio: error, or skip and count",
+                          choices=("error", "skip"))
+    allow_pipe: bool = opt(False, "allow Kaldi pipe entries like 'sox a.flac -t wav - |' (run without a shell)")
+    storage_options: Dict[str, Any] = opt(help="fsspec options for http(s)/s3 sources", factory=dict)
+
+
+@dataclass
+class Jsonl2ScpConfig:
+    jsonl_file_in: str = opt("???", "input JSONL")
+    scp_file_list: List[str] = opt(help="output tables, one per field", factory=list)
+    data_type_list: List[str] = opt(help="the field written to each table, e.g. [source, target]", factory=list)
+    separator: str = opt("space", "between key and value: Kaldi's space or FunASR's tab", choices=("space", "tab"))
+
+
+@dataclass
+class PackShardsConfig:
+    input: str = opt("???", "train.jsonl (FunASR), a WeNet raw data.list, or a Kaldi data dir")
+    output_dir: str = opt("???", "where shards, data.list and index.jsonl go")
+    num_utts_per_shard: int = opt(1000, "utterances per shard")
+    num_workers: int = opt(0, "packing processes (0: all cores)")
+    shuffle: bool = opt(False, "shuffle utterances before sharding (seeded)")
+    seed: int = opt(777, "shuffle seed")
+    audio_format: str = opt("keep", "keep original bytes, or re-encode", choices=("keep", "wav", "flac"))
+    resample: Optional[int] = opt(None, "re-encode at this rate (null: keep the rate)", unit="Hz")
+    filter_group: List[str] = opt(help="length buckets 'lo:hi' in frames, each packed into its own sub-directory",
+                                  factory=list)
+    shard_prefix: str = opt("shard", "shard file name prefix: <prefix>-000000.tar")
+    on_error: str = opt("error", "unreadable audio or a missing transcript: error, or skip and count",
+                        choices=("error", "skip"))
+    allow_pipe: bool = opt(False, "allow Kaldi pipe entries in wav.scp (run without a shell)")
+    storage_options: Dict[str, Any] = opt(help="fsspec options for remote sources", factory=dict)
+
+
+@dataclass
+class MakeDatalistConfig:
+    data_type: str = opt("shard", "raw: utterance list from a JSONL; shard: list of shard URLs",
+                         choices=("raw", "shard"))
+    input: List[str] = opt(help="raw: a JSONL; shard: dirs, globs, brace patterns or list files", factory=list)
+    output: str = opt("???", "the data.list to write")
+    prefix: Optional[str] = opt(None, "rewrite each shard's directory to this prefix, e.g. s3://bucket/corpus/")
+
+
+@dataclass
+class VerifyShardsConfig:
+    input: str = opt("???", "a shard data.list (its index.jsonl sidecar is used when present)")
+    num_workers: int = opt(0, "checking processes (0: all cores)")
+    decode_audio: bool = opt(True, "decode every audio member")
+    storage_options: Dict[str, Any] = opt(help="fsspec options for remote shards", factory=dict)
+
+
+@dataclass
+class MakeTokenizerConfig:
+    input: str = opt("???", "a Kaldi text file or a JSONL with target/txt")
+    output: str = opt("???", "token list to write (bpe also writes <output stem>.model)")
+    tokenizer: TokenizerConf = opt(factory=TokenizerConf)
+    vocab_size: int = opt(500, "bpe vocabulary size")
+    min_count: int = opt(1, "char/word: drop tokens seen fewer times")
+
+
+@dataclass
+class BenchLoaderConfig:
+    data_list: str = opt("???", "the data.list to read")
+    dataset_conf: DatasetConf = opt(factory=DatasetConf)
+    tokenizer: TokenizerConf = opt(factory=TokenizerConf)
+    epochs: int = opt(1, "epochs to iterate")
+    max_batches: int = opt(0, "stop each epoch after this many batches (0: all)")
+    dump_keys: Optional[str] = opt(None, "write DIR/keys.rank{R}.epoch{E}.txt in consumption order")
+    save_state_after: int = opt(0, "save the loader state after this many batches and exit", unit="batches")
+    state_file: Optional[str] = opt(None, "where to save, or resume from, the loader state")
+    train: bool = opt(True, "train mode (shuffle, augment) or cv mode")
+
+
+@dataclass
+class TrainConfig:
+    train_data_set_list: str = opt("???", "training data.list")
+    valid_data_set_list: Optional[str] = opt(None, "cv data.list (split across ranks)")
+    output_dir: str = opt("???", "checkpoints, logs and tensorboard/")
+    cmvn_file: Optional[str] = opt(None, "global CMVN stats from compute-cmvn")
+    dataset_conf: DatasetConf = opt(factory=DatasetConf)
+    tokenizer: TokenizerConf = opt(factory=TokenizerConf)
+    model: Dict[str, Any] = opt(help="the model, built with Hydra _target_", factory=dict)
+    train_conf: TrainConf = opt(factory=TrainConf)
+    optim_conf: OptimConf = opt(factory=OptimConf)
+    scheduler_conf: SchedulerConf = opt(factory=SchedulerConf)
+
+
+@dataclass
+class DecodeConfig:
+    data_list: str = opt("???", "data.list to decode")
+    checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}")
+    output_dir: str = opt("???", "writes text (hypotheses) and cer.txt / wer.txt")
+    dataset_conf: DatasetConf = opt(factory=DatasetConf)
+    device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
+
+
+@dataclass
+class ComputeCmvnConfig:
+    data_list: str = opt("???", "training data.list")
+    output: str = opt("???", "CMVN stats JSON to write")
+    dataset_conf: DatasetConf = opt(factory=DatasetConf)
+    max_utts: int = opt(0, "use at most this many utterances (0: all)")
+
+
+@dataclass
+class AverageConfig:
+    output_dir: str = opt("???", "the training output_dir")
+    num: int = opt(5, "checkpoints to average")
+    metric: str = opt("loss", "rank epoch checkpoints by this cv metric", choices=("loss", "acc"))
+
+
+@dataclass
+class AddFieldConfig:
+    input: str = opt("???", "a shard data.list")
+    field: str = opt("???", "the field name, e.g. fbank or speaker")
+    from_scp: Optional[str] = opt(None, "import a Kaldi feats.scp (kaldiio)")
+    from_jsonl: Optional[str] = opt(None, "import values by key from a JSONL")
+    dataset_conf: DatasetConf = opt(factory=DatasetConf)
+    num_workers: int = opt(0, "processes (0: all cores)")
+
+
+@dataclass
+class StatsConfig:
+    input: str = opt("???", "a shard or raw data.list")
+    output: Optional[str] = opt(None, "PNG histogram path (default: next to the list)")
+    data_type: str = opt("shard", "format of the list", choices=("raw", "shard"))
+    bins: int = opt(30, "histogram bins")
+
+
+# --------------------------------------------------------------------------- composition
+
+
+def compose(schema: type, config_name: str, overrides: list[str], *, config_path: str | None = None) -> Any:
+    """Compose ``conf/<config_name>.yaml`` (or the user's YAML) with overrides; return a checked ``schema``.
+
+    Returns the dataclass instance; ``resolved_yaml(cfg)`` gives the YAML to store with outputs.
+    """
+    raw = _hydra_compose(config_name, overrides, config_path=config_path)
+    return validate(schema, raw)
+
+
+def validate(schema: type, raw: Any) -> Any:
+    """Check a DictConfig/dict against ``schema``; return the dataclass instance."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(raw, dict):
+        raw = OmegaConf.to_container(raw, resolve=True)
+    raw.pop("hydra", None)
+    raw.pop("defaults", None)
+    _check_keys(schema, raw, prefix="")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), raw)
+        obj = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        msg = str(exc).splitlines()[0]
+        raise ConfigError(f"config key '{key}': {msg}. Fix the value in your YAML or override, "
+                          f"e.g. ++{key}=<value>.") from None
+    _check_choices_and_required(obj, prefix="")
+    return obj
+
+
+def to_yaml(obj: Any) -> str:
+    """The resolved config as YAML (stored next to outputs and in checkpoints)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(obj))
+
+
+def to_dict(obj: Any) -> dict:
+    return dataclasses.asdict(obj)
+
+
+def _hydra_compose(config_name: str, overrides: list[str], *, config_path: str | None) -> dict:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    conf_dir = Path(config_path).resolve() if config_path else CONF_DIR
+    name = config_name[:-5] if config_name.endswith(".yaml") else config_name
+    if not (conf_dir / f"{name}.yaml").is_file():
+        raise ConfigError(f"config file {conf_dir / (name + '.yaml')} does not exist. "
+                          f"Pass --config-path DIR --config-name NAME.yaml with an existing file.")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base=None, job_name=name):
+            cfg = hydra_compose(config_name=name, overrides=list(overrides))
+    except HydraException as exc:
+        raise ConfigError(_explain_hydra_error(str(exc), overrides)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def _explain_hydra_error(message: str, overrides: list[str]) -> str:
+    first = message.strip().splitlines()[0] if message.strip() else "invalid override"
+    return (f"could not apply the overrides {overrides}: {first}. Use key=value for existing keys, "
+            f"++key=value to set or add, and quote lists: ++key='[a,b]'.")
+
+
+def _schema_fields(schema: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(schema)}
+
+
+def _nested_schema(f: dataclasses.Field, owner: type) -> type | None:
+    hint = typing.get_type_hints(owner).get(f.name)
+    if dataclasses.is_dataclass(hint):
+        return hint
+    return None
+
+
+def _list_item_schema(f: dataclasses.Field, owner: type) -> type | None:
+    hint = typing.get_type_hints(owner).get(f.name)
+    if typing.get_origin(hint) in (list, List):
+        (item,) = typing.get_args(hint) or (None,)
+        if dataclasses.is_dataclass(item):
+            return item
+    return None
+
+
+def all_keys(schema: type, prefix: str = "") -> list[str]:
+    """Every dotted key of a schema (for suggestions and ``--help``)."""
+    keys = []
+    for f in dataclasses.fields(schema):
+        path = f"{prefix}{f.name}"
+        keys.append(path)
+        nested = _nested_schema(f, schema)
+        if nested:
+            keys.extend(all_keys(nested, prefix=path + "."))
+    return keys
+
+
+def _check_keys(schema: type, raw: dict, prefix: str) -> None:
+    fields = _schema_fields(schema)
+    for key, value in raw.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(_unknown_key_message(path, schema, prefix))
+        f = fields[key]
+        nested = _nested_schema(f, schema)
+        if nested and isinstance(value, dict):
+            _check_keys(nested, value, prefix=path + ".")
+        item_schema = _list_item_schema(f, schema)
+        if item_schema and isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    _check_keys(item_schema, item, prefix=f"{path}[{i}].")
+
+
+def _unknown_key_message(path: str, schema: type, prefix: str) -> str:
+    leaf = path[len(prefix):]
+    siblings = [f.name for f in dataclasses.fields(schema)]
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.5)
+    if close:
+        suggestion = prefix + close[0]
+    else:
+        candidates = all_keys(schema, prefix=prefix)
+        by_leaf = {c.rsplit(".", 1)[-1]: c for c in candidates}
+        near = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.0)
+        suggestion = by_leaf[near[0]] if near else prefix + siblings[0]
+    return (f"unknown config key '{path}'. The closest valid key is '{suggestion}'. "
+            f"Run the subcommand with --help to list every key.")
+
+
+def _check_choices_and_required(obj: Any, prefix: str) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        path = f"{prefix}{f.name}"
+        choices = f.metadata.get("choices") if f.metadata else None
+        if choices and value not in choices:
+            raise ConfigError(f"config key '{path}' is '{value}', but it must be one of "
+                              f"{', '.join(map(str, choices))}. Example: ++{path}={choices[0]}")
+        if dataclasses.is_dataclass(value):
+            _check_choices_and_required(value, path + ".")
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    _check_choices_and_required(item, f"{path}[{i}].")
+
+
+def require(obj: Any, *keys: str) -> None:
+    """Raise a ConfigError for any of ``keys`` still at its '???' placeholder."""
+    for key in keys:
+        value = obj
+        for part in key.split("."):
+            value = getattr(value, part)
+        if value == "???" or value == [] or value is None:
+            raise ConfigError(f"config key '{key}' is required. Set it with ++{key}=...")
+
+
+def describe(schema: type, prefix: str = "") -> list[tuple[str, str, str]]:
+    """``(key, default, help [unit] {choices})`` rows for ``--help``; imports nothing heavy."""
+    rows = []
+    for f in dataclasses.fields(schema):
+        path = f"{prefix}{f.name}"
+        nested = _nested_schema(f, schema)
+        if nested:
+            rows.extend(describe(nested, prefix=path + "."))
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        else:
+            default = "???"
+        meta = f.metadata or {}
+        text = meta.get("help", "")
+        if meta.get("unit"):
+            text += f" [{meta['unit']}]"
+        if meta.get("choices"):
+            text += " {" + "|".join(map(str, meta["choices"])) + "}"
+        rows.append((path, "null" if default is None else str(default), text))
+    return rows

@@ -1,0 +1,37 @@
+"""Crash-safe file writing: write to a temp name in the same directory, then rename."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import IO, Iterator
+
+
+def temp_name(path: str | os.PathLike) -> Path:
+    """The temp name used while ``path`` is being written (same directory, so rename is atomic)."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.tmp-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | None = "utf-8",
+                 newline: str | None = "\n", fsync: bool = False) -> Iterator[IO]:
+    """Open a temp file for writing; rename it over ``path`` only if the block succeeds."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(final)
+    binary = "b" in mode
+    f = open(tmp, mode, encoding=None if binary else encoding, newline=None if binary else newline)
+    try:
+        yield f
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+        f.close()
+        os.replace(tmp, final)
+    except BaseException:
+        f.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

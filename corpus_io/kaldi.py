@@ -1,0 +1,260 @@
+"""Kaldi tables: ``wav.scp``, ``text``, ``segments``, ``utt2spk``, ``utt2dur``, ``feats.scp``.
+
+Reading is streaming and strict:
+
+* blank lines are skipped; CRLF, a UTF-8 BOM, tabs and runs of spaces are accepted;
+* invalid UTF-8, a key without a value, and a duplicate key are :class:`DataError`
+  naming ``file:line`` (both lines for a duplicate);
+* memory for :func:`iter_table` does not grow with the number of lines.
+
+:class:`KeyedTable` gives random access by key for joins with 16 bytes of memory
+per line (a sorted array of key hashes and file offsets), not a dict of strings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from corpus_io.errors import DataError
+from corpus_io.files import atomic_write
+
+_SEP = re.compile(rb"[ \t]+")
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class TableLine:
+    key: str
+    value: str
+    path: str
+    lineno: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.lineno}"
+
+
+def _decode_line(raw: bytes, path: str, lineno: int) -> tuple[str, str] | None:
+    if lineno == 1 and raw.startswith(_BOM):
+        raw = raw[len(_BOM):]
+    raw = raw.rstrip(b"\r\n")
+    stripped = raw.strip(b" \t\r")
+    if not stripped:
+        return None
+    parts = _SEP.split(stripped, maxsplit=1)
+    try:
+        key = parts[0].decode("utf-8")
+        value = parts[1].decode("utf-8").rstrip(" \t\r") if len(parts) > 1 else ""
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {exc.start} of the line. "
+                        f"Re-encode the file as UTF-8 (e.g. iconv -f GBK -t UTF-8).") from None
+    return key, value
+
+
+def iter_table(path: str | os.PathLike, *, allow_empty_value: bool = False) -> Iterator[TableLine]:
+    """Stream ``(key, value)`` lines of a Kaldi table; the value is the rest of the line."""
+    path = str(path)
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise DataError(f"cannot open table {path}: {exc.strerror}. Check the path.") from None
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            parsed = _decode_line(raw, path, lineno)
+            if parsed is None:
+                continue
+            key, value = parsed
+            if not value and not allow_empty_value:
+                raise DataError(f"{path}:{lineno}: key '{key}' has no value. Each line must be "
+                                f"'<key> <value>'; remove the line or fill in the value.")
+            yield TableLine(key, value, path, lineno)
+
+
+def key_hash(key: str) -> int:
+    """A stable 64-bit hash of a key (signed, to fit numpy int64)."""
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+
+
+def _find_key_lines(path: str, key: str, limit: int = 2) -> list[int]:
+    found = []
+    for line in iter_table(path, allow_empty_value=True):
+        if line.key == key:
+            found.append(line.lineno)
+            if len(found) >= limit:
+                break
+    return found
+
+
+def _raise_if_duplicates(path: str, hashes: np.ndarray) -> None:
+    order = np.sort(hashes, kind="stable")
+    dup = np.nonzero(order[1:] == order[:-1])[0]
+    for i in dup[:8]:
+        target = int(order[i])
+        for line in iter_table(path, allow_empty_value=True):
+            if key_hash(line.key) == target:
+                lines = _find_key_lines(path, line.key)
+                if len(lines) >= 2:
+                    raise DataError(f"duplicate key '{line.key}' in {path}: at {path}:{lines[0]} and "
+                                    f"{path}:{lines[1]}. Keys must be unique; remove or rename one.")
+                break  # a 64-bit hash collision between different keys: not a duplicate
+
+
+def check_unique_keys(path: str | os.PathLike) -> int:
+    """Raise on a duplicate key (naming both lines); return the number of lines. 8 bytes per line."""
+    hashes = array("q")
+    for line in iter_table(path, allow_empty_value=True):
+        hashes.append(key_hash(line.key))
+    _raise_if_duplicates(str(path), np.frombuffer(hashes, dtype=np.int64))
+    return len(hashes)
+
+
+class KeyedTable:
+    """Random access to a table by key, for joins. 16 bytes of index per line.
+
+    ``get(key)`` seeks to the line and re-reads it. ``mark_used`` and
+    ``unused_keys`` find keys that no other table mentioned.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, allow_empty_value: bool = False):
+        self.path = str(path)
+        self.allow_empty_value = allow_empty_value
+        hashes = array("q")
+        offsets = array("q")
+        offset = 0
+        with open(self.path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                parsed = _decode_line(raw, self.path, lineno)
+                if parsed is not None:
+                    key, value = parsed
+                    if not value and not allow_empty_value:
+                        raise DataError(f"{self.path}:{lineno}: key '{key}' has no value. Each line must be "
+                                        f"'<key> <value>'; remove the line or fill in the value.")
+                    hashes.append(key_hash(key))
+                    offsets.append(offset)
+                    offsets.append(lineno)
+                offset += len(raw)
+        h = np.frombuffer(hashes, dtype=np.int64)
+        pairs = np.frombuffer(offsets, dtype=np.int64).reshape(-1, 2)
+        _raise_if_duplicates(self.path, h)
+        order = np.argsort(h, kind="stable")
+        self._hashes = h[order]
+        self._offsets = pairs[order, 0].copy()
+        self._linenos = pairs[order, 1].copy()
+        self._used = np.zeros(len(self._hashes), dtype=bool)
+        self._file = open(self.path, "rb")
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def _slot(self, key: str) -> int:
+        h = key_hash(key)
+        i = int(np.searchsorted(self._hashes, h))
+        while i < len(self._hashes) and self._hashes[i] == h:
+            self._file.seek(int(self._offsets[i]))
+            parsed = _decode_line(self._file.readline(), self.path, int(self._linenos[i]))
+            if parsed and parsed[0] == key:
+                return i
+            i += 1
+        return -1
+
+    def get(self, key: str) -> str | None:
+        i = self._slot(key)
+        if i < 0:
+            return None
+        self._used[i] = True
+        self._file.seek(int(self._offsets[i]))
+        parsed = _decode_line(self._file.readline(), self.path, int(self._linenos[i]))
+        return parsed[1] if parsed else None
+
+    def __contains__(self, key: str) -> bool:
+        return self._slot(key) >= 0
+
+    def num_unused(self) -> int:
+        return int((~self._used).sum())
+
+    def unused_keys(self, limit: int = 10) -> list[str]:
+        """Keys never fetched with :meth:`get`, in file order, at most ``limit``."""
+        lines = np.sort(self._linenos[~self._used])[:limit]
+        wanted = set(int(x) for x in lines)
+        keys = []
+        for line in iter_table(self.path, allow_empty_value=True):
+            if line.lineno in wanted:
+                keys.append(line.key)
+        return keys
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One line of ``segments``: times in seconds; ``end < 0`` means the end of the recording."""
+
+    key: str
+    recording: str
+    start: float
+    end: float
+    where: str
+
+
+def iter_segments(path: str | os.PathLike) -> Iterator[Segment]:
+    for line in iter_table(path):
+        fields = line.value.split()
+        try:
+            if len(fields) != 3:
+                raise ValueError
+            start, end = float(fields[1]), float(fields[2])
+        except ValueError:
+            raise DataError(f"{line.where}: a segments line must be '<utt> <recording> <start> <end>' "
+                            f"(seconds); got '{line.key} {line.value}'.") from None
+        if start < 0 or (end >= 0 and end <= start):
+            raise DataError(f"{line.where}: segment '{line.key}' has start {start} and end {end}; "
+                            f"need 0 <= start < end (or end = -1 for the end of the recording).")
+        yield Segment(line.key, fields[0], start, end, line.where)
+
+
+def is_pipe(value: str) -> bool:
+    """A Kaldi pipe entry: a command whose stdout is the audio, ending with '|'."""
+    return value.rstrip().endswith("|")
+
+
+def is_ark_offset(value: str) -> bool:
+    """``foo.ark:1234`` (a kaldiio byte offset into an ark)."""
+    return bool(re.search(r"\.ark:\d+$", value))
+
+
+def write_table(path: str | os.PathLike, items: Iterable[tuple[str, str]], *, separator: str = " ") -> int:
+    """Write ``key<sep>value`` lines atomically; returns the number of lines."""
+    n = 0
+    with atomic_write(path) as f:
+        for key, value in items:
+            f.write(f"{key}{separator}{value}\n")
+            n += 1
+    return n
+
+
+def read_feats(value: str):
+    """Load a matrix from a feats.scp value (``foo.ark:1234``) with kaldiio."""
+    import kaldiio
+
+    try:
+        return kaldiio.load_mat(value)
+    except Exception as exc:  # kaldiio raises many types for a bad ark
+        raise DataError(f"cannot read features '{value}': {exc}. Check the ark file and offset.") from None
+
+
+def iter_feats_scp(path: str | os.PathLike) -> Iterator[TableLine]:
+    """Stream feats.scp lines; load each matrix with :func:`read_feats`."""
+    yield from iter_table(path)
+
+
+def table_path(data_dir: str | os.PathLike, name: str) -> Path:
+    return Path(data_dir) / name

@@ -1,0 +1,270 @@
+"""JSONL manifests: reading, field names (FunASR and WeNet), ``scp2jsonl`` and ``jsonl2scp``.
+
+A manifest line is one utterance. FunASR names its fields ``key``, ``source``,
+``source_len``, ``target``, ``target_len``; WeNet's raw lists use ``key``,
+``wav``, ``txt`` (+ ``start``/``end`` in seconds). Both are accepted everywhere;
+:func:`canonical` maps a line to FunASR names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from corpus_io import audio, kaldi
+from corpus_io.errors import ConfigError, DataError
+from corpus_io.files import atomic_write
+from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
+
+WENET_TO_FUNASR = {"wav": "source", "txt": "target"}
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class ManifestLine:
+    record: dict
+    path: str
+    lineno: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.lineno}"
+
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[ManifestLine]:
+    """Stream the objects of a JSONL file; blank lines are skipped, bad lines name file:line."""
+    path = str(path)
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise DataError(f"cannot open {path}: {exc.strerror}. Check the path.") from None
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except UnicodeDecodeError:
+                raise DataError(f"{path}:{lineno}: invalid UTF-8. Re-encode the file as UTF-8.") from None
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno}). "
+                                f"Each line must be one JSON object.") from None
+            if not isinstance(record, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}.")
+            yield ManifestLine(record, path, lineno)
+
+
+def canonical(record: dict, where: str = "") -> dict:
+    """FunASR field names (``source``/``target``) for a FunASR or WeNet line; requires ``key`` and ``source``."""
+    out = {WENET_TO_FUNASR.get(k, k): v for k, v in record.items()}
+    if "key" not in out or "source" not in out:
+        raise DataError(f"{where}: a line needs 'key' and 'source' (FunASR) or 'wav' (WeNet); "
+                        f"it has {sorted(record)}.")
+    out["key"] = str(out["key"])
+    return out
+
+
+def target_len(text: str) -> int:
+    """FunASR's rule: whitespace tokens if the text contains a space, else characters."""
+    return len(text.split()) if " " in text else len(text)
+
+
+# --------------------------------------------------------------------------- scp2jsonl
+
+
+def _is_audio_field(name: str, path: str) -> bool:
+    return name == "source" or Path(path).name.endswith("wav.scp")
+
+
+@dataclass
+class _Task:
+    key: str
+    values: dict[str, str]
+    audio_fields: tuple[str, ...]
+    where: str
+    segment: tuple[float, float] | None = None
+    allow_pipe: bool = False
+    storage_options: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Result:
+    key: str
+    record: dict | None
+    seconds: float = 0.0
+    error: str | None = None
+
+
+def _probe_task(task: _Task) -> _Result:
+    record: dict[str, Any] = {"key": task.key}
+    seconds = 0.0
+    for name, value in task.values.items():
+        if name in task.audio_fields:
+            try:
+                info = audio.probe(value, allow_pipe=task.allow_pipe, storage_options=task.storage_options)
+            except DataError as exc:
+                return _Result(task.key, None, error=f"{task.where}: key '{task.key}': {exc}")
+            if task.segment is not None:
+                first, last = audio.segment_samples(*task.segment, info.sample_rate, info.num_samples)
+                if last <= first:
+                    return _Result(task.key, None, error=f"{task.where}: segment '{task.key}' "
+                                   f"[{task.segment[0]}, {task.segment[1]}] s lies outside the recording "
+                                   f"({info.duration:.3f} s).")
+                num_samples = last - first
+            else:
+                num_samples = info.num_samples
+            record[name] = value
+            if task.segment is not None and name == task.audio_fields[0]:
+                record["start"], record["end"] = task.segment
+            record[f"{name}_len"] = audio.frames_10ms(num_samples, info.sample_rate)
+            seconds = max(seconds, num_samples / info.sample_rate)
+        else:
+            record[name] = value
+            record[f"{name}_len"] = target_len(value)
+    return _Result(task.key, record, seconds)
+
+
+def _check_lists(cfg: Any) -> None:
+    if not cfg.scp_file_list:
+        raise ConfigError("scp2jsonl needs ++scp_file_list='[\"wav.scp\",\"text\"]'.")
+    if len(cfg.scp_file_list) != len(cfg.data_type_list):
+        raise ConfigError(f"scp_file_list has {len(cfg.scp_file_list)} files but data_type_list has "
+                          f"{len(cfg.data_type_list)} names; give one name per file, e.g. "
+                          f"++data_type_list='[\"source\",\"target\"]'.")
+    if len(set(cfg.data_type_list)) != len(cfg.data_type_list):
+        raise ConfigError(f"data_type_list {list(cfg.data_type_list)} repeats a name.")
+    if cfg.jsonl_file_out in ("", "???"):
+        raise ConfigError("scp2jsonl needs ++jsonl_file_out=train.jsonl.")
+
+
+def _missing_message(missing: dict[str, list[str]], counts: dict[str, int], what: str) -> str:
+    parts = []
+    for where, keys in missing.items():
+        shown = ", ".join(keys)
+        more = f" (and {counts[where] - len(keys)} more)" if counts[where] > len(keys) else ""
+        parts.append(f"{counts[where]} key(s) {what} {where}: {shown}{more}")
+    return "; ".join(parts)
+
+
+def scp2jsonl(cfg: Any) -> Summary:
+    """Join Kaldi tables into a FunASR JSONL by header probing; returns the job summary."""
+    _check_lists(cfg)
+    names = list(cfg.data_type_list)
+    paths = [str(p) for p in cfg.scp_file_list]
+    audio_fields = tuple(n for n, p in zip(names, paths) if _is_audio_field(n, p))
+    for p in paths + ([cfg.segments] if cfg.segments else []):
+        if not os.path.isfile(p):
+            raise DataError(f"table {p} does not exist. Check ++scp_file_list / ++segments.")
+
+    # The driving stream: the first table, or segments (whose recordings index wav.scp).
+    if cfg.segments:
+        driver_path = cfg.segments
+        keyed = {n: kaldi.KeyedTable(p) for n, p in zip(names, paths)}
+        recording_fields = set(audio_fields)
+    else:
+        driver_path = paths[0]
+        keyed = {n: kaldi.KeyedTable(p) for n, p in zip(names[1:], paths[1:])}
+        recording_fields = set()
+    summary = Summary()
+    total = kaldi.check_unique_keys(driver_path)
+
+    def driver() -> Iterator[tuple[str, str, str, dict[str, str | None], tuple[float, float] | None]]:
+        if cfg.segments:
+            for seg in kaldi.iter_segments(driver_path):
+                values = {n: (t.get(seg.recording) if n in recording_fields else t.get(seg.key))
+                          for n, t in keyed.items()}
+                yield seg.key, seg.where, driver_path, values, (seg.start, seg.end)
+        else:
+            for line in kaldi.iter_table(driver_path):
+                values = {names[0]: line.value}
+                values.update({n: t.get(line.key) for n, t in keyed.items()})
+                yield line.key, line.where, driver_path, values, None
+
+    # Pass 1 (cheap): every key present in every table?
+    missing: dict[str, list[str]] = {}
+    missing_counts: dict[str, int] = {}
+    for key, _where, _, values, _seg in driver():
+        for n, v in values.items():
+            if v is None:
+                where = keyed[n].path
+                missing_counts[where] = missing_counts.get(where, 0) + 1
+                if len(missing.setdefault(where, [])) < 10:
+                    missing[where].append(key)
+    extra = {t.path: t.unused_keys(10) for t in keyed.values() if t.num_unused()} if not cfg.segments else {}
+    extra_counts = {t.path: t.num_unused() for t in keyed.values() if t.num_unused()} if not cfg.segments else {}
+    if cfg.on_missing == "error" and (missing or extra):
+        message = "; ".join(filter(None, [_missing_message(missing, missing_counts, "of " + driver_path +
+                                                           " are missing from"),
+                                          _missing_message(extra, extra_counts, "are only in")]))
+        raise DataError(f"{message}. Fix the tables, or pass ++on_missing=skip to drop those "
+                        f"utterances (they are counted).")
+    for where, n in missing_counts.items():
+        summary.skip(f"missing in {Path(where).name}", n)
+    for where, n in extra_counts.items():
+        summary.skip(f"only in {Path(where).name}", n)
+
+    def tasks() -> Iterator[_Task]:
+        for key, where, _, values, seg in driver():
+            if any(v is None for v in values.values()):
+                continue
+            ordered = {n: values[n] for n in names}
+            yield _Task(key, ordered, audio_fields, where, seg, cfg.allow_pipe, dict(cfg.storage_options))
+
+    workers = resolve_num_workers(cfg.num_workers)
+    with atomic_write(cfg.jsonl_file_out) as out:
+        results = parallel_imap(_probe_task, tasks(), num_workers=workers, chunksize=256)
+        for result in progress(results, total=total, desc="scp2jsonl", unit="utt"):
+            if result.record is None:
+                if cfg.on_missing == "error":
+                    raise DataError(f"{result.error} Fix or remove the entry, or pass ++on_missing=skip.")
+                summary.skip("unreadable audio")
+                continue
+            out.write(json.dumps(result.record, ensure_ascii=False) + "\n")
+            summary.kept += 1
+            summary.seconds += result.seconds
+    for t in keyed.values():
+        t.close()
+    summary.print("scp2jsonl")
+    return summary
+
+
+# --------------------------------------------------------------------------- jsonl2scp
+
+
+def jsonl2scp(cfg: Any) -> int:
+    """Write one Kaldi table per field of a JSONL; returns the number of lines."""
+    if not cfg.scp_file_list or len(cfg.scp_file_list) != len(cfg.data_type_list):
+        raise ConfigError("jsonl2scp needs ++scp_file_list and ++data_type_list of the same length, e.g. "
+                          "++scp_file_list='[\"wav.scp\",\"text\"]' ++data_type_list='[\"source\",\"target\"]'.")
+    sep = "\t" if cfg.separator == "tab" else " "
+    names = list(cfg.data_type_list)
+    n = 0
+    writers = [atomic_write(p) for p in cfg.scp_file_list]
+    files = [w.__enter__() for w in writers]
+    try:
+        for line in iter_jsonl(cfg.jsonl_file_in):
+            record = line.record
+            if "key" not in record:
+                raise DataError(f"{line.where}: the line has no 'key'.")
+            for name, f in zip(names, files):
+                value = record.get(name, record.get({"source": "wav", "target": "txt"}.get(name, ""), None))
+                if value is None:
+                    raise DataError(f"{line.where}: key '{record['key']}' has no field '{name}'. "
+                                    f"Fields present: {sorted(record)}.")
+                f.write(f"{record['key']}{sep}{value}\n")
+            n += 1
+    except BaseException as exc:
+        for w in writers:
+            w.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    for w in writers:
+        w.__exit__(None, None, None)
+    print(f"[jsonl2scp] {n} utterances -> {', '.join(map(str, cfg.scp_file_list))}", flush=True)
+    return n

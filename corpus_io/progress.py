@@ -1,0 +1,115 @@
+"""Progress bars, end-of-job summaries and the parallel map used by long jobs.
+
+Every long job shows a tqdm bar on stderr and ends with one summary line:
+counts, hours, and skipped items by reason.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def default_num_workers() -> int:
+    """All cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_num_workers(num_workers: int | None) -> int:
+    """``None``/``0``/negative mean "all cores"."""
+    if not num_workers or num_workers < 0:
+        return default_num_workers()
+    return num_workers
+
+
+def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it") -> Iterator[T]:
+    """Wrap ``iterable`` in a tqdm bar on stderr (disabled when stderr is not a tty and CI is set)."""
+    from tqdm import tqdm
+
+    disable = os.environ.get("CORPUS_IO_NO_PROGRESS") == "1"
+    return iter(tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, disable=disable,
+                     dynamic_ncols=True, mininterval=0.5))
+
+
+@dataclass
+class Summary:
+    """Counts for the closing line of a job: items kept, seconds of audio, and skips by reason."""
+
+    what: str = "utterances"
+    kept: int = 0
+    seconds: float = 0.0
+    bytes: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    extra: dict = field(default_factory=dict)
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        self.skipped[reason] += n
+
+    def merge(self, other: "Summary") -> None:
+        self.kept += other.kept
+        self.seconds += other.seconds
+        self.bytes += other.bytes
+        self.skipped.update(other.skipped)
+
+    def line(self) -> str:
+        parts = [f"{self.kept} {self.what}", f"{self.seconds / 3600:.3f} h"]
+        if self.bytes:
+            parts.append(f"{self.bytes / 1e9:.3f} GB")
+        for key, value in self.extra.items():
+            parts.append(f"{key} {value}")
+        total_skipped = sum(self.skipped.values())
+        if total_skipped:
+            reasons = ", ".join(f"{reason}: {n}" for reason, n in sorted(self.skipped.items()))
+            parts.append(f"skipped {total_skipped} ({reasons})")
+        else:
+            parts.append("skipped 0")
+        return "; ".join(parts)
+
+    def print(self, prefix: str) -> None:
+        print(f"[{prefix}] {self.line()}", file=sys.stderr, flush=True)
+
+
+def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int, chunksize: int = 64) -> Iterator[R]:
+    """Ordered ``map`` over processes; runs inline when ``num_workers == 1``.
+
+    Results come back in input order. The input is consumed lazily with at most
+    ``4 * num_workers`` chunks in flight (``Pool.imap`` would read it all ahead),
+    so memory stays bounded by the window, not by the input length.
+    """
+    if num_workers <= 1:
+        yield from map(fn, items)
+        return
+    ctx = mp.get_context("fork") if sys.platform.startswith("linux") else mp.get_context()
+    window: deque = deque()
+    with ctx.Pool(num_workers) as pool:
+        for chunk in _chunks(items, chunksize):
+            window.append(pool.apply_async(_map_chunk, (fn, chunk)))
+            if len(window) >= 4 * num_workers:
+                yield from window.popleft().get()
+        while window:
+            yield from window.popleft().get()
+
+
+def _map_chunk(fn: Callable[[T], R], chunk: list[T]) -> list[R]:
+    return [fn(item) for item in chunk]
+
+
+def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

@@ -1,0 +1,209 @@
+"""Real speech for tests, demos and benchmarks, synthesized locally with espeak-ng and sox.
+
+Nothing is downloaded. ``python -m corpus_io.synth fixture DIR`` rebuilds the committed
+fixture corpus; ``python -m corpus_io.synth digits DIR --num N`` makes a digits corpus
+for the demo recipe; ``python -m corpus_io.synth replicate`` multiplies a corpus for benchmarks.
+Every command runs espeak-ng and sox with argument lists, never through a shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from corpus_io.progress import parallel_imap, progress, resolve_num_workers
+
+DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+# (espeak voice variant, words per minute): each pair is one "speaker".
+SPEAKERS = [("en-us+m1", 150), ("en-us+f2", 165), ("en-us+m3", 175), ("en-us+f4", 140),
+            ("en+m2", 160), ("en-us+m7", 155), ("en+f3", 170), ("en-us+m4", 145)]
+ZH_SENTENCES = ["今天天气很好", "我们一起学习语音识别", "北京欢迎你", "请打开窗户", "这是一个测试",
+                "数据准备很重要", "模型训练需要时间", "你好世界"]
+EN_SENTENCES = ["the quick brown fox jumps over the lazy dog", "speech recognition is fun",
+                "hello world", "please open the window", "this is a test of the system"]
+MIXED_SENTENCES = ["我喜欢 python 编程", "打开 wifi 设置", "今天的 meeting 取消了", "这个 model 很好"]
+
+
+def require_tools() -> None:
+    for tool in ("espeak-ng", "sox"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not installed. Install it with: apt-get install -y espeak-ng sox")
+
+
+@dataclass(frozen=True)
+class Utterance:
+    key: str
+    text: str
+    voice: str
+    speed: int
+    sample_rate: int
+    fmt: str  # wav | flac
+    path: str
+
+
+def speak(utt: Utterance) -> Utterance:
+    """Synthesize ``utt.text`` into ``utt.path`` at ``utt.sample_rate`` Hz, mono 16-bit."""
+    with tempfile.NamedTemporaryFile(suffix=".wav") as tmp:
+        subprocess.run(["espeak-ng", "-v", utt.voice, "-s", str(utt.speed), "-w", tmp.name, utt.text],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        Path(utt.path).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["sox", tmp.name, "-r", str(utt.sample_rate), "-c", "1", "-b", "16", utt.path],
+                       check=True, stderr=subprocess.DEVNULL)
+    return utt
+
+
+def synthesize_all(utts: list[Utterance], num_workers: int = 0) -> None:
+    require_tools()
+    workers = resolve_num_workers(num_workers)
+    for _ in progress(parallel_imap(speak, utts, num_workers=workers, chunksize=8), total=len(utts),
+                      desc="synthesize", unit="utt"):
+        pass
+
+
+def write_kaldi_dir(data_dir: Path, utts: list[Utterance], *, spk_of: dict[str, str]) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    ordered = sorted(utts, key=lambda u: u.key)
+    (data_dir / "wav.scp").write_text("".join(f"{u.key} {u.path}\n" for u in ordered), encoding="utf-8")
+    (data_dir / "text").write_text("".join(f"{u.key} {u.text}\n" for u in ordered), encoding="utf-8")
+    (data_dir / "utt2spk").write_text("".join(f"{u.key} {spk_of[u.key]}\n" for u in ordered), encoding="utf-8")
+
+
+def digits_text(rng: random.Random, min_len: int = 3, max_len: int = 7) -> str:
+    return " ".join(rng.choice(DIGITS) for _ in range(rng.randint(min_len, max_len)))
+
+
+def make_digits(out_dir: str | os.PathLike, num: int, *, seed: int = 0, sample_rate: int = 16000,
+                fmt: str = "wav", num_workers: int = 0) -> Path:
+    """An English digit-string corpus as a Kaldi data dir ``out_dir`` (wav.scp, text, utt2spk).
+
+    Speakers are espeak voice variants; keys are ``<spk>-<index>``.
+    """
+    out = Path(out_dir).resolve()
+    rng = random.Random(seed)
+    utts, spk_of = [], {}
+    for i in range(num):
+        spk_index = i % len(SPEAKERS)
+        voice, speed = SPEAKERS[spk_index]
+        speed += rng.randint(-15, 15)
+        spk = f"spk{spk_index:02d}"
+        key = f"{spk}-{i:06d}"
+        utts.append(Utterance(key, digits_text(rng), voice, speed, sample_rate, fmt,
+                              str(out / "wav" / spk / f"{key}.{fmt}")))
+        spk_of[key] = spk
+    synthesize_all(utts, num_workers)
+    write_kaldi_dir(out, utts, spk_of=spk_of)
+    return out
+
+
+def make_fixture(out_dir: str | os.PathLike, *, relative_to: str | os.PathLike | None = None) -> Path:
+    """The committed test corpus: mixed Chinese/English, 8/16/44.1 kHz, wav and flac, plus segments.
+
+    ``out_dir/`` is a Kaldi dir (wav.scp, text, utt2spk); ``out_dir/segments_dir/`` holds one long
+    recording cut by a ``segments`` file. Paths in wav.scp are relative to ``relative_to``
+    (default: the current directory) so the committed corpus is relocatable with the repo.
+    """
+    out = Path(out_dir)
+    base = Path(relative_to or os.getcwd()).resolve()
+    rng = random.Random(2026)
+    texts = [(t, "cmn") for t in ZH_SENTENCES] + [(t, "en-us") for t in EN_SENTENCES] + \
+            [(t, "cmn") for t in MIXED_SENTENCES] + [(digits_text(rng), "en-us") for _ in range(7)]
+    rates = [8000, 16000, 44100]
+    utts, spk_of = [], {}
+    for i, (text, voice) in enumerate(texts):
+        rate = rates[i % 3]
+        fmt = "flac" if i % 2 else "wav"
+        spk = f"spk{i % 4}"
+        key = f"{spk}-utt{i:03d}"
+        path = (out / "wav" / f"{key}.{fmt}").resolve()
+        utts.append(Utterance(key, text, voice + ("+f2" if i % 4 == 1 else ""), 160 + 5 * (i % 3), rate, fmt,
+                              str(path)))
+        spk_of[key] = spk
+    synthesize_all(utts, num_workers=0)
+    rel = [Utterance(u.key, u.text, u.voice, u.speed, u.sample_rate, u.fmt, os.path.relpath(u.path, base))
+           for u in utts]
+    write_kaldi_dir(out, rel, spk_of=spk_of)
+
+    # One long recording (16 kHz wav) made of several sentences, cut by `segments`.
+    seg_dir = out / "segments_dir"
+    parts = [Utterance(f"part{i}", t, "en-us", 160, 16000, "wav", str((seg_dir / f"part{i}.wav").resolve()))
+             for i, t in enumerate(EN_SENTENCES[:3] + ["one two three four five"])]
+    synthesize_all(parts, num_workers=0)
+    long_path = (seg_dir / "wav" / "long.wav").resolve()
+    long_path.parent.mkdir(parents=True, exist_ok=True)
+    import soundfile as sf
+
+    durations = [sf.info(p.path).duration for p in parts]
+    subprocess.run(["sox", *[p.path for p in parts], str(long_path)], check=True)
+    for p in parts:
+        os.unlink(p.path)
+    seg_lines, text_lines, spk_lines, t = [], [], [], 0.0
+    for i, (p, d) in enumerate(zip(parts, durations)):
+        key = f"long-seg{i:02d}"
+        end = -1 if i == len(parts) - 1 else round(t + d, 3)
+        seg_lines.append(f"{key} long {round(t, 3)} {end}\n")
+        text_lines.append(f"{key} {p.text}\n")
+        spk_lines.append(f"{key} long\n")
+        t += d
+    (seg_dir / "wav.scp").write_text(f"long {os.path.relpath(long_path, base)}\n", encoding="utf-8")
+    (seg_dir / "segments").write_text("".join(seg_lines), encoding="utf-8")
+    (seg_dir / "text").write_text("".join(text_lines), encoding="utf-8")
+    (seg_dir / "utt2spk").write_text("".join(spk_lines), encoding="utf-8")
+    return out
+
+
+def replicate(src_dir: str | os.PathLike, out_dir: str | os.PathLike, copies: int) -> Path:
+    """Multiply a Kaldi dir ``copies`` times (hard links when possible) for benchmarks at scale."""
+    src, out = Path(src_dir), Path(out_dir).resolve()
+    from corpus_io import kaldi
+
+    wavs = [(line.key, line.value) for line in kaldi.iter_table(src / "wav.scp")]
+    texts = {line.key: line.value for line in kaldi.iter_table(src / "text")}
+    (out / "wav").mkdir(parents=True, exist_ok=True)
+    with open(out / "wav.scp", "w", encoding="utf-8") as fw, open(out / "text", "w", encoding="utf-8") as ft:
+        for c in range(copies):
+            for key, path in wavs:
+                new_key = f"c{c:04d}-{key}"
+                ext = Path(path).suffix
+                target = out / "wav" / f"{new_key}{ext}"
+                if not target.exists():
+                    try:
+                        os.link(path, target)
+                    except OSError:
+                        shutil.copyfile(path, target)
+                fw.write(f"{new_key} {target}\n")
+                ft.write(f"{new_key} {texts[key]}\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m corpus_io.synth", description=__doc__)
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("fixture", help="the committed test corpus")
+    p.add_argument("out_dir")
+    p = sub.add_parser("digits", help="an English digits corpus")
+    p.add_argument("out_dir")
+    p.add_argument("--num", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sample-rate", type=int, default=16000)
+    p.add_argument("--format", default="wav", choices=["wav", "flac"])
+    p = sub.add_parser("replicate", help="multiply a Kaldi dir for benchmarks")
+    p.add_argument("src_dir")
+    p.add_argument("out_dir")
+    p.add_argument("--copies", type=int, default=10)
+    args = parser.parse_args(argv)
+    if args.what == "fixture":
+        make_fixture(args.out_dir)
+    elif args.what == "digits":
+        make_digits(args.out_dir, args.num, seed=args.seed, sample_rate=args.sample_rate, fmt=args.format)
+    else:
+        replicate(args.src_dir, args.out_dir, args.copies)
+
+
+if __name__ == "__main__":
+    main()
