@@ -381,6 +381,10 @@ def validate(schema: type, raw: Any) -> Any:
     _check_keys(schema, raw, prefix="")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), raw)
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise ConfigError(f"config key '{missing[0]}' is required but not set. Set it with "
+                              f"++{missing[0]}=<value> (required keys: {', '.join(missing)}).")
         obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"

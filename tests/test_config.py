@@ -1,0 +1,108 @@
+"""Typed Hydra configs: unknown keys, bad types and bad choices fail with a clear message."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from corpus_io import config
+from corpus_io.errors import ConfigError
+from tests.conftest import assert_user_error, run_cli
+
+
+def test_overrides_compose_into_a_typed_object():
+    cfg = config.compose(config.Scp2JsonlConfig, "scp2jsonl",
+                         ["++scp_file_list=[a,b]", "++jsonl_file_out=x.jsonl", "num_workers=3"])
+    assert isinstance(cfg, config.Scp2JsonlConfig)
+    assert cfg.scp_file_list == ["a", "b"] and cfg.num_workers == 3 and cfg.jsonl_file_out == "x.jsonl"
+
+
+def test_unknown_nested_key_names_the_closest_valid_key():
+    raw = {"dataset_conf": {"buffer_size": 100}}
+    with pytest.raises(ConfigError) as err:
+        config.validate(config.BenchLoaderConfig, raw)
+    message = str(err.value)
+    assert "dataset_conf.buffer_size" in message
+    assert "dataset_conf.shuffle_conf.shuffle_size" in message or "dataset_conf.batch_size" in message
+
+
+def test_typo_suggests_the_sibling_key():
+    with pytest.raises(ConfigError, match=r"'num_worker'.*closest valid key is 'num_workers'"):
+        config.validate(config.Scp2JsonlConfig, {"num_worker": 2})
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"num_workers"):
+        config.validate(config.Scp2JsonlConfig, {"num_workers": "many"})
+
+
+def test_value_outside_choices_lists_them():
+    with pytest.raises(ConfigError, match=r"on_missing.*error, skip"):
+        config.validate(config.Scp2JsonlConfig, {"on_missing": "ignore", "jsonl_file_out": "x"})
+
+
+def test_every_schema_lists_its_keys_for_help():
+    for name in dir(config):
+        obj = getattr(config, name)
+        if isinstance(obj, type) and name.endswith("Config") and name != "ConfigError":
+            rows = config.describe(obj)
+            assert rows and all(text for _, _, text in rows), name
+
+
+def test_cli_unknown_key_is_one_paragraph_without_traceback(tmp_path):
+    result = run_cli("corpus-io", "scp2jsonl", "++buffer_size=3", f"++jsonl_file_out={tmp_path}/x")
+    assert_user_error(result, "buffer_size", "closest valid key")
+    assert result.returncode == 2
+
+
+def test_cli_bad_override_syntax_is_explained():
+    result = run_cli("corpus-io", "scp2jsonl", "++scp_file_list=[a,")
+    assert_user_error(result, "could not apply the overrides")
+
+
+def test_user_config_path_and_name(tmp_path):
+    (tmp_path / "mine.yaml").write_text("data_type_list: [source, target]\nnum_workers: 1\n"
+                                        "jsonl_file_out: out.jsonl\nscp_file_list: []\n")
+    cfg = config.compose(config.Scp2JsonlConfig, "mine.yaml", ["++num_workers=2"], config_path=str(tmp_path))
+    assert cfg.num_workers == 2 and cfg.jsonl_file_out == "out.jsonl"
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.compose(config.Scp2JsonlConfig, "nope.yaml", [], config_path=str(tmp_path))
+
+
+def test_hydra_neither_changes_cwd_nor_writes_outputs(tmp_path, fixture_corpus):
+    before = set(os.listdir(tmp_path))
+    result = run_cli("corpus-io", "scp2jsonl",
+                     f"++scp_file_list=[{fixture_corpus}/text,{fixture_corpus}/utt2spk]",
+                     "++data_type_list=[target,speaker]",
+                     "++jsonl_file_out=out.jsonl", "++num_workers=1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert set(os.listdir(tmp_path)) - before == {"out.jsonl"}
+
+
+def test_help_lists_keys_with_defaults_and_units():
+    result = run_cli("scp2jsonl", "--help")
+    assert result.returncode == 0
+    assert "jsonl_file_out" in result.stdout and "num_workers" in result.stdout and "{error|skip}" in result.stdout
+    result = run_cli("corpus-io", "--help")
+    assert "scp2jsonl" in result.stdout and "jsonl2scp" in result.stdout
+
+
+def test_help_is_fast_and_does_not_import_torch():
+    code = ("import sys, time; t=time.perf_counter(); from cli.main import app\n"
+            "try:\n    app(args=['--help'], prog_name='corpus-io')\nexcept SystemExit:\n    pass\n"
+            "from cli.scp2jsonl import scp2jsonl\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NOTORCH', time.perf_counter()-t, file=sys.stderr)")
+    result = run_cli("python", "-c", code)
+    assert "NOTORCH" in result.stderr, result.stderr
+    best = min(_wall(("corpus-io", "--help")) for _ in range(3))
+    assert best < 0.5 * 3, best  # the strict 0.5 s figure is printed by the bench; allow a noisy machine here
+    best = min(_wall(("scp2jsonl", "--help")) for _ in range(3))
+    assert best < 0.5 * 3, best
+
+
+def _wall(args) -> float:
+    t = time.perf_counter()
+    run_cli(*args)
+    return time.perf_counter() - t
