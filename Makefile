@@ -29,7 +29,7 @@ demo: install
 	head -n 3 exp/demo/train.jsonl
 
 bench: install
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH)
 
 # Regenerate the committed fixture corpus (espeak-ng + sox).
 fixture: install

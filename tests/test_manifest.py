@@ -1,0 +1,211 @@
+"""scp2jsonl / jsonl2scp: FunASR's interface and field semantics, strict about bad input."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+from tests.conftest import assert_user_error, run_cli
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
+
+
+def funasr_scp2jsonl(wav_scp, text, out, *extra: str):
+    return run_cli("scp2jsonl", f"++scp_file_list=[\"{wav_scp}\",\"{text}\"]",
+                   "++data_type_list=[\"source\",\"target\"]", f"++jsonl_file_out={out}", *extra)
+
+
+def expected_source_len(path: str) -> int:
+    """Ground truth by full decode (what FunASR does): floor(samples * 16000 / sr / 160)."""
+    wave, rate = sf.read(path)
+    return int(len(wave) * 16000 / rate // 160)
+
+
+def test_funasr_command_line_matches_funasr_lengths(tmp_path, fixture_corpus):
+    out = tmp_path / "train.jsonl"
+    result = funasr_scp2jsonl(fixture_corpus / "wav.scp", fixture_corpus / "text", out)
+    assert result.returncode == 0, result.stderr
+    assert "24 utterances" in result.stderr and "skipped 0" in result.stderr
+    records = read_jsonl(out)
+    wav_keys = [line.split()[0] for line in (fixture_corpus / "wav.scp").read_text().splitlines()]
+    assert [r["key"] for r in records] == wav_keys  # order of the first file
+    rates, formats = set(), set()
+    for r in records:
+        assert list(r) == ["key", "source", "source_len", "target", "target_len"]
+        assert r["source_len"] == expected_source_len(r["source"]), r
+        text = r["target"]
+        assert r["target_len"] == (len(text.split()) if " " in text else len(text))
+        rates.add(sf.info(r["source"]).samplerate)
+        formats.add(Path(r["source"]).suffix)
+    assert rates == {8000, 16000, 44100} and formats == {".wav", ".flac"}
+
+
+def test_extra_fields_get_their_own_len(tmp_path, fixture_corpus):
+    out = tmp_path / "x.jsonl"
+    result = run_cli("corpus-io", "scp2jsonl",
+                     f"++scp_file_list=[{fixture_corpus}/wav.scp,{fixture_corpus}/text,{fixture_corpus}/utt2spk]",
+                     "++data_type_list=[source,target,speaker]", f"++jsonl_file_out={out}", "++num_workers=1")
+    assert result.returncode == 0, result.stderr
+    first = read_jsonl(out)[0]
+    assert first["speaker"] == "spk0" and first["speaker_len"] == 4
+
+
+def test_segments_give_lengths_from_start_and_end(tmp_path, fixture_corpus):
+    seg = fixture_corpus / "segments_dir"
+    out = tmp_path / "seg.jsonl"
+    result = run_cli("scp2jsonl", f"++scp_file_list=[{seg}/wav.scp,{seg}/text]", "++data_type_list=[source,target]",
+                     f"++segments={seg}/segments", f"++jsonl_file_out={out}")
+    assert result.returncode == 0, result.stderr
+    records = read_jsonl(out)
+    assert [r["key"] for r in records] == [f"long-seg{i:02d}" for i in range(4)]
+    total = sf.info(records[0]["source"]).frames
+    for r in records:
+        first = round(r["start"] * 16000)
+        last = total if r["end"] < 0 else round(r["end"] * 16000)
+        assert r["source_len"] == (last - first) * 100 // 16000
+    assert records[1]["target"] == "speech recognition is fun"
+
+
+def make_tables(tmp_path, fixture_corpus, n_text: int):
+    wav_lines = (fixture_corpus / "wav.scp").read_text().splitlines()
+    text_lines = (fixture_corpus / "text").read_text().splitlines()
+    (tmp_path / "wav.scp").write_text("\n".join(wav_lines) + "\n")
+    (tmp_path / "text").write_text("\n".join(text_lines[:n_text]) + "\n")
+    return tmp_path / "wav.scp", tmp_path / "text"
+
+
+def test_missing_keys_error_names_ten_and_counts_all(tmp_path, fixture_corpus):
+    wav, text = make_tables(tmp_path, fixture_corpus, n_text=2)
+    out = tmp_path / "o.jsonl"
+    result = funasr_scp2jsonl(wav, text, out)
+    assert_user_error(result, "22 key(s)", "(and 12 more)", "++on_missing=skip")
+    assert not out.exists() and not list(tmp_path.glob(".o.jsonl*"))
+
+
+def test_missing_keys_skip_reports_counts(tmp_path, fixture_corpus):
+    wav, text = make_tables(tmp_path, fixture_corpus, n_text=5)
+    out = tmp_path / "o.jsonl"
+    result = funasr_scp2jsonl(wav, text, out, "++on_missing=skip")
+    assert result.returncode == 0, result.stderr
+    assert len(read_jsonl(out)) == 5
+    assert "skipped 19 (missing in text: 19)" in result.stderr
+
+
+def test_key_only_in_text_is_reported(tmp_path, fixture_corpus):
+    wav, text = make_tables(tmp_path, fixture_corpus, n_text=24)
+    with open(text, "a") as f:
+        f.write("ghost-utt hello\n")
+    result = funasr_scp2jsonl(wav, text, tmp_path / "o.jsonl")
+    assert_user_error(result, "ghost-utt", "are only in")
+
+
+def test_corrupt_audio_errors_by_key_or_is_skipped_and_counted(tmp_path, fixture_corpus):
+    wav, text = make_tables(tmp_path, fixture_corpus, n_text=24)
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"RIFF not really a wav file")
+    lines = wav.read_text().splitlines()
+    key = lines[3].split()[0]
+    lines[3] = f"{key} {bad}"
+    wav.write_text("\n".join(lines) + "\n")
+    result = funasr_scp2jsonl(wav, text, tmp_path / "o.jsonl")
+    assert_user_error(result, key, "wav.scp:4", "not a readable audio file")
+    result = funasr_scp2jsonl(wav, text, tmp_path / "o.jsonl", "++on_missing=skip")
+    assert result.returncode == 0 and "unreadable audio: 1" in result.stderr
+
+
+def test_duplicate_key_via_cli_gives_both_lines(tmp_path, fixture_corpus):
+    wav, text = make_tables(tmp_path, fixture_corpus, n_text=24)
+    first = wav.read_text().splitlines()[0]
+    with open(wav, "a") as f:
+        f.write("\n" + first + "\n")
+    result = funasr_scp2jsonl(wav, text, tmp_path / "o.jsonl")
+    assert_user_error(result, "duplicate key", "wav.scp:1", "wav.scp:26")
+
+
+def test_invalid_utf8_text_names_the_line(tmp_path, fixture_corpus):
+    wav, text = make_tables(tmp_path, fixture_corpus, n_text=24)
+    data = text.read_bytes().splitlines(keepends=True)
+    data[2] = data[2].split(b" ")[0] + b" " + "坏".encode("gbk") + b"\n"
+    text.write_bytes(b"".join(data))
+    result = funasr_scp2jsonl(wav, text, tmp_path / "o.jsonl")
+    assert_user_error(result, "text:3: invalid UTF-8")
+
+
+def test_pipe_entries_need_allow_pipe(tmp_path, fixture_corpus):
+    flac = next(p for p in sorted((fixture_corpus / "wav").iterdir()) if p.suffix == ".flac")
+    (tmp_path / "wav.scp").write_text(f"u1 sox {flac} -t wav - |\n")
+    (tmp_path / "text").write_text("u1 hello\n")
+    out = tmp_path / "o.jsonl"
+    result = funasr_scp2jsonl(tmp_path / "wav.scp", tmp_path / "text", out)
+    assert_user_error(result, "++allow_pipe=true")
+    result = funasr_scp2jsonl(tmp_path / "wav.scp", tmp_path / "text", out, "++allow_pipe=true")
+    assert result.returncode == 0, result.stderr
+    assert read_jsonl(out)[0]["source_len"] == expected_source_len(str(flac))
+
+
+@pytest.fixture
+def http_root(tmp_path):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield tmp_path, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_http_sources_are_probed_from_headers(http_root, fixture_corpus):
+    root, base = http_root
+    shutil.copytree(fixture_corpus / "wav", root / "wav")
+    wav_lines, text_lines = [], []
+    for line in (fixture_corpus / "wav.scp").read_text().splitlines()[:6]:
+        key, path = line.split()
+        wav_lines.append(f"{key} {base}/wav/{Path(path).name}")
+    for line in (fixture_corpus / "text").read_text().splitlines()[:6]:
+        text_lines.append(line)
+    (root / "wav.scp").write_text("\n".join(wav_lines) + "\n")
+    (root / "text").write_text("\n".join(text_lines) + "\n")
+    out = root / "o.jsonl"
+    result = funasr_scp2jsonl(root / "wav.scp", root / "text", out)
+    assert result.returncode == 0, result.stderr
+    for r in read_jsonl(out):
+        assert r["source_len"] == expected_source_len(str(fixture_corpus / "wav" / Path(r["source"]).name))
+
+
+def test_scp_jsonl_scp_round_trip_is_byte_identical(tmp_path, fixture_corpus):
+    out = tmp_path / "x.jsonl"
+    assert funasr_scp2jsonl(fixture_corpus / "wav.scp", fixture_corpus / "text", out).returncode == 0
+    result = run_cli("jsonl2scp", f"++jsonl_file_in={out}", f"++scp_file_list=[{tmp_path}/wav.scp,{tmp_path}/text]",
+                     "++data_type_list=[source,target]")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "wav.scp").read_bytes() == (fixture_corpus / "wav.scp").read_bytes()
+    assert (tmp_path / "text").read_bytes() == (fixture_corpus / "text").read_bytes()
+    result = run_cli("jsonl2scp", f"++jsonl_file_in={out}", f"++scp_file_list=[{tmp_path}/t2]",
+                     "++data_type_list=[target]", "++separator=tab")
+    assert (tmp_path / "t2").read_text().splitlines()[0].split("\t")[0] == "spk0-utt000"
+
+
+def test_jsonl2scp_names_a_line_without_the_field(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"key": "a", "source": "a.wav"}\n\n{"key": "b"}\n')
+    result = run_cli("jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{tmp_path}/wav.scp]",
+                     "++data_type_list=[source]")
+    assert_user_error(result, "in.jsonl:3", "'b'", "source")
+    assert not (tmp_path / "wav.scp").exists()
+
+
+def test_jsonl_bad_json_names_the_line(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"key": "a", "source": "a.wav"}\n{"key": oops}\n')
+    result = run_cli("jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{tmp_path}/wav.scp]",
+                     "++data_type_list=[source]")
+    assert_user_error(result, "in.jsonl:2: not valid JSON")
