@@ -2,6 +2,7 @@
 
 from cli import (  # noqa: F401  (importing registers the subcommands)
     jsonl2scp,
+    prepare,
     scp2jsonl,
 )
 from cli._app import app

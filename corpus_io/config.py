@@ -244,6 +244,17 @@ class Jsonl2ScpConfig:
 
 
 @dataclass
+class PrepareConfig:
+    corpus: str = opt("???", "the on-disk layout under root", choices=("aishell", "librispeech"))
+    root: str = opt("???", "aishell: the dir holding data_aishell/ (wav/{train,dev,test}/<spk>/*.wav, transcript/); "
+                           "librispeech: the dir holding <subset>/<reader>/<chapter>/*.flac")
+    output_dir: str = opt("data", "one Kaldi dir per split: <output_dir>/<split>/{wav.scp,text,utt2spk,spk2utt}")
+    splits: List[str] = opt(help="splits to prepare (empty: all found), e.g. [train,dev,test] or "
+                                 "[train-clean-100,dev-clean,test-clean]", factory=list)
+    remove_spaces: bool = opt(True, "aishell: drop the transcript's word spaces (WeNet/ESPnet); false keeps them")
+
+
+@dataclass
 class PackShardsConfig:
     input: str = opt("???", "train.jsonl (FunASR), a WeNet raw data.list, or a Kaldi data dir")
     output_dir: str = opt("???", "where shards, data.list and index.jsonl go")

@@ -157,6 +157,68 @@ def make_fixture(out_dir: str | os.PathLike, *, relative_to: str | os.PathLike |
     return out
 
 
+# Word-segmented like AISHELL-1's transcript (spaces between words).
+AISHELL_SENTENCES = ["今天 天气 很 好", "我们 一起 学习 语音 识别", "北京 欢迎 你", "请 打开 窗户", "这 是 一个 测试",
+                     "数据 准备 很 重要", "模型 训练 需要 时间", "你好 世界"]
+# Speaker and chapter ids chosen so that string order is tricky ("103" < "1034" < "19").
+LIBRI_READERS = ["103", "1034", "19", "2"]
+
+
+def make_aishell_lookalike(root: str | os.PathLike, *, speakers_per_split: int = 2, utts_per_speaker: int = 2,
+                           splits: tuple[str, ...] = ("train", "dev", "test"), seed: int = 0) -> Path:
+    """A tiny AISHELL-1 tree: ``root/data_aishell/wav/<split>/S0xxx/BAC009S0xxxW0yyy.wav`` (16 kHz) and
+    ``root/data_aishell/transcript/aishell_transcript_v0.8.txt`` (word-segmented, all splits, unsorted).
+
+    Returns ``root/data_aishell``.
+    """
+    base = Path(root).resolve() / "data_aishell"
+    rng = random.Random(seed)
+    utts, lines = [], []
+    spk_num = 2
+    for split in splits:
+        for _ in range(speakers_per_split):
+            spk = f"S{spk_num:04d}"
+            spk_num += 1
+            for w in range(utts_per_speaker):
+                key = f"BAC009{spk}W{121 + w:04d}"
+                text = rng.choice(AISHELL_SENTENCES)
+                utts.append(Utterance(key, text.replace(" ", ""), "cmn", 150 + rng.randint(0, 30), 16000, "wav",
+                                      str(base / "wav" / split / spk / f"{key}.wav")))
+                lines.append(f"{key} {text}\n")
+    synthesize_all(utts)
+    rng.shuffle(lines)
+    (base / "transcript").mkdir(parents=True, exist_ok=True)
+    (base / "transcript" / "aishell_transcript_v0.8.txt").write_text("".join(lines), encoding="utf-8")
+    return base
+
+
+def make_librispeech_lookalike(root: str | os.PathLike, *,
+                               subsets: tuple[str, ...] = ("train-clean-100", "dev-clean", "test-clean"),
+                               readers_per_subset: int = 2, utts_per_chapter: int = 2, seed: int = 0) -> Path:
+    """A tiny LibriSpeech tree: ``root/LibriSpeech/<subset>/<reader>/<chapter>/<reader>-<chapter>-<nnnn>.flac``
+    (16 kHz) and ``<reader>-<chapter>.trans.txt`` (upper case) per chapter. Returns ``root/LibriSpeech``.
+    """
+    base = Path(root).resolve() / "LibriSpeech"
+    rng = random.Random(seed)
+    utts, chapters = [], {}
+    readers = iter(LIBRI_READERS * (1 + len(subsets) * readers_per_subset // len(LIBRI_READERS)))
+    for n, subset in enumerate(subsets):
+        for r in range(readers_per_subset):
+            reader = next(readers) + ("" if n < 2 else str(n))  # ids never repeat across subsets
+            chapter = str(1240 + 10 * r + n)
+            chapter_dir = base / subset / reader / chapter
+            for i in range(utts_per_chapter):
+                key = f"{reader}-{chapter}-{i:04d}"
+                text = rng.choice(EN_SENTENCES + [digits_text(rng)]).upper()
+                utts.append(Utterance(key, text, "en-us", 150 + rng.randint(0, 30), 16000, "flac",
+                                      str(chapter_dir / f"{key}.flac")))
+                chapters.setdefault(chapter_dir / f"{reader}-{chapter}.trans.txt", []).append(f"{key} {text}\n")
+    synthesize_all(utts)
+    for path, lines in chapters.items():
+        path.write_text("".join(lines), encoding="utf-8")
+    return base
+
+
 def replicate(src_dir: str | os.PathLike, out_dir: str | os.PathLike, copies: int) -> Path:
     """Multiply a Kaldi dir ``copies`` times (hard links when possible) for benchmarks at scale."""
     src, out = Path(src_dir), Path(out_dir).resolve()
@@ -192,6 +254,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sample-rate", type=int, default=16000)
     p.add_argument("--format", default="wav", choices=["wav", "flac"])
+    p = sub.add_parser("aishell", help="a tiny AISHELL-1 look-alike tree (ROOT/data_aishell)")
+    p.add_argument("root")
+    p.add_argument("--speakers-per-split", type=int, default=2)
+    p.add_argument("--utts-per-speaker", type=int, default=2)
+    p = sub.add_parser("librispeech", help="a tiny LibriSpeech look-alike tree (ROOT/LibriSpeech)")
+    p.add_argument("root")
+    p.add_argument("--readers-per-subset", type=int, default=2)
+    p.add_argument("--utts-per-chapter", type=int, default=2)
     p = sub.add_parser("replicate", help="multiply a Kaldi dir for benchmarks")
     p.add_argument("src_dir")
     p.add_argument("out_dir")
@@ -201,6 +271,12 @@ def main(argv: list[str] | None = None) -> None:
         make_fixture(args.out_dir)
     elif args.what == "digits":
         make_digits(args.out_dir, args.num, seed=args.seed, sample_rate=args.sample_rate, fmt=args.format)
+    elif args.what == "aishell":
+        make_aishell_lookalike(args.root, speakers_per_split=args.speakers_per_split,
+                               utts_per_speaker=args.utts_per_speaker)
+    elif args.what == "librispeech":
+        make_librispeech_lookalike(args.root, readers_per_subset=args.readers_per_subset,
+                                   utts_per_chapter=args.utts_per_chapter)
     else:
         replicate(args.src_dir, args.out_dir, args.copies)
 
