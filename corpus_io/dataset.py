@@ -1,0 +1,226 @@
+"""The training/cv loader: an IterableDataset over the pipeline, and :class:`CorpusLoader` around DataLoader.
+
+``build_dataloader(data_list, dataset_conf, tokenizer, train=...)`` is the one entry point, for
+training (list and buffers shuffled per epoch, augmentation on) and for cv/test (list order kept,
+no augmentation, still split across ranks). ``CorpusLoader``:
+
+* ``set_epoch(e)`` before iterating: epoch ``e`` shuffles with ``(seed, e)``;
+* ``__iter__`` yields padded batch dicts (``keys``, ``feats``, ``feats_lengths``, ``target``,
+  ``target_lengths``, ``audio_seconds``, ``padding_ratio``);
+* ``state_dict()`` / ``load_state_dict()``: the exact read position of every worker as of the
+  last batch the caller *consumed* (see corpus_io.partition). A resumed epoch yields exactly the
+  utterances the interrupted one had not yet delivered;
+* ``counts()``: filter/skip counts aggregated over workers (also logged at each epoch end).
+
+With ``dataset_conf.sources`` the corpora are interleaved by weight; with ``epoch_hours`` an
+epoch is that much audio (over all ranks) and the next epoch continues where it stopped.
+A DDP trainer ends an epoch with :func:`corpus_io.partition.all_ranks_have_data`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from corpus_io.config import DatasetConf
+from corpus_io.errors import ConfigError, CorpusIOError, DataError
+from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info
+from corpus_io.pipeline.build import build_pipeline
+from corpus_io.pipeline.read import Source
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CorpusDataset", "CorpusLoader", "build_dataloader", "all_ranks_have_data"]
+
+STATE_VERSION = 1
+
+
+class CorpusDataset(IterableDataset):
+    """Batches of one rank; each DataLoader worker reads its own slot (see corpus_io.partition)."""
+
+    def __init__(self, sources: list[Source], conf: DatasetConf, tokenizer: Any, *, train: bool, rank: int,
+                 world_size: int):
+        super().__init__()
+        self.sources = sources
+        self.conf = conf
+        self.tokenizer = tokenizer
+        self.train = train
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        self.start_states: dict[int, dict] = {}
+
+    def __iter__(self) -> Iterator[dict]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        torch.set_num_threads(1)
+        slot = Slot(self.rank, self.world_size, worker, num_workers)
+        start = self.start_states.get(worker)
+        state = SlotState.from_dict(start) if start else SlotState(epoch=self.epoch)
+        state.epoch = self.epoch
+        counts: Counter = Counter()
+        sent: Counter = Counter()
+
+        def bookkeeping(final: bool = False) -> dict:
+            delta = counts - sent
+            sent.update(delta)
+            return {"__worker__": worker, "__state__": state.to_dict(), "__counts__": dict(delta),
+                    "__final__": final}
+
+        try:
+            if not state.finished:
+                for batch in build_pipeline(self.sources, self.conf, self.tokenizer, slot=slot, state=state,
+                                            train=self.train, counts=counts):
+                    batch.update(bookkeeping())
+                    yield batch
+            state.finished = True
+            yield bookkeeping(final=True)
+        except CorpusIOError as exc:  # re-raised in the main process with its own message
+            yield {"__worker__": worker, "__error__": (type(exc).__name__, str(exc))}
+
+
+class CorpusLoader:
+    """DataLoader with epochs, exact resumable state and aggregated counts (see the module doc)."""
+
+    def __init__(self, dataset: CorpusDataset, conf: DatasetConf):
+        self.dataset = dataset
+        self.conf = conf
+        self.num_workers = max(0, int(conf.num_workers))
+        self.epoch = 0
+        self._snapshots: dict[int, dict] = {}
+        self._resume: dict[int, dict] | None = None
+        self._carry: dict[int, dict] = {}
+        self._counts: Counter = Counter()
+        self._epoch_counts: Counter = Counter()
+        self._batches = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.dataset.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.dataset.rank
+
+    def set_epoch(self, epoch: int) -> None:
+        """Epoch ``epoch`` (shuffle seed ``(seed, epoch)``); a loaded state for another epoch is dropped."""
+        if self._resume is not None and epoch != self.epoch:
+            log.warning("loader state was for epoch %d; epoch %d starts from its beginning", self.epoch, epoch)
+            self._resume = None
+        if epoch != self.epoch and self.conf.epoch_hours and self._snapshots:
+            self._carry = dict(self._snapshots)  # epoch_hours: continue the streams where they stopped
+        self.epoch = epoch
+
+    def counts(self) -> dict[str, int]:
+        """Utterances/shards dropped by reason, summed over workers since the loader was built."""
+        return dict(self._counts)
+
+    def epoch_counts(self) -> dict[str, int]:
+        return dict(self._epoch_counts)
+
+    def _start_states(self) -> dict[int, dict]:
+        if self._resume is not None:
+            states, self._resume = self._resume, None
+            return states
+        if self.conf.epoch_hours and self._carry:
+            out = {}
+            for w, d in self._carry.items():
+                d = dict(d, finished=False, seconds=0.0, pending=[])
+                out[w] = d
+            self._carry = {}
+            return out
+        return {}
+
+    def __iter__(self) -> Iterator[dict]:
+        self.dataset.epoch = self.epoch
+        self.dataset.start_states = self._start_states()
+        self._snapshots = dict(self.dataset.start_states)
+        self._epoch_counts = Counter()
+        if not self.dataset.start_states:
+            self._batches = 0
+        kwargs: dict[str, Any] = {"batch_size": None, "num_workers": self.num_workers,
+                                  "pin_memory": bool(self.conf.pin_memory)}
+        if self.num_workers > 0:
+            kwargs["prefetch_factor"] = max(1, int(self.conf.prefetch))
+        loader = DataLoader(self.dataset, **kwargs)
+        for batch in loader:
+            worker = int(batch.pop("__worker__"))
+            if "__error__" in batch:
+                name, message = batch["__error__"]
+                raise (ConfigError if name == "ConfigError" else DataError)(message)
+            self._snapshots[worker] = batch.pop("__state__")
+            delta = batch.pop("__counts__")
+            self._counts.update(delta)
+            self._epoch_counts.update(delta)
+            if batch.pop("__final__"):
+                continue
+            self._batches += 1
+            yield batch
+        if self._epoch_counts:
+            log.info("epoch %d rank %d: dropped %s", self.epoch, self.rank,
+                     ", ".join(f"{k} {v}" for k, v in sorted(self._epoch_counts.items())))
+
+    def state_dict(self) -> dict:
+        """The read position as of the last consumed batch (JSON-able)."""
+        return {"version": STATE_VERSION, "epoch": self.epoch, "seed": self.conf.seed, "rank": self.rank,
+                "world_size": self.world_size, "num_workers": self.num_workers, "batches": self._batches,
+                "data_lists": [s.data_list for s in self.dataset.sources],
+                "workers": {str(w): s for w, s in self._snapshots.items()}, "counts": dict(self._counts)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next iteration of ``state['epoch']`` yields exactly what was not yet consumed."""
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"loader state version {state.get('version')} is not {STATE_VERSION}; it was "
+                              f"written by another corpus-io version. Start the epoch afresh (drop the state).")
+        mine = {"world_size": self.world_size, "num_workers": self.num_workers, "seed": self.conf.seed,
+                "data_lists": [s.data_list for s in self.dataset.sources]}
+        for key, value in mine.items():
+            if state.get(key) != value:
+                raise ConfigError(f"the loader state was saved with {key}={state.get(key)}, but this run has "
+                                  f"{key}={value}. An exact resume needs the same world size, "
+                                  f"dataset_conf.num_workers, seed and data lists; restore them, or start "
+                                  f"the epoch afresh without the state.")
+        if state.get("rank") != self.rank:
+            raise ConfigError(f"the loader state belongs to rank {state.get('rank')}, but this is rank "
+                              f"{self.rank}. Save and load one state per rank.")
+        self.epoch = int(state["epoch"])
+        self._resume = {int(w): s for w, s in state.get("workers", {}).items()}
+        self._snapshots = dict(self._resume)
+        self._batches = int(state.get("batches", 0))
+        self._counts = Counter(state.get("counts", {}))
+
+    def __len__(self) -> int:
+        raise TypeError("a streaming loader has no length; iterate it (the trainer stops ranks together with "
+                        "all_ranks_have_data)")
+
+
+def open_sources(data_list: str | None, conf: DatasetConf) -> list[Source]:
+    """The data lists of a loader: ``data_list`` alone, or ``dataset_conf.sources`` (weighted mix)."""
+    if conf.sources:
+        for i, s in enumerate(conf.sources):
+            if s.data_list in ("???", "", None):
+                raise ConfigError(f"dataset_conf.sources[{i}].data_list is required.")
+            if s.weight < 0:
+                raise ConfigError(f"dataset_conf.sources[{i}].weight is {s.weight}; weights must be >= 0.")
+        return [Source.open(s.data_list, s.data_type, s.weight) for s in conf.sources]
+    if not data_list or data_list == "???":
+        raise ConfigError("no data list: pass a data.list (or set dataset_conf.sources).")
+    return [Source.open(data_list, conf.data_type)]
+
+
+def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer: Any, *, train: bool,
+                     rank: int | None = None, world_size: int | None = None) -> CorpusLoader:
+    """The loader for training (``train=True``) or cv/test (``train=False``) on this rank."""
+    if rank is None or world_size is None:
+        r, w = dist_info()
+        rank = r if rank is None else rank
+        world_size = w if world_size is None else world_size
+    if dataset_conf.epoch_hours is not None and dataset_conf.epoch_hours <= 0:
+        raise ConfigError(f"dataset_conf.epoch_hours is {dataset_conf.epoch_hours}; it must be > 0 (or null).")
+    sources = open_sources(data_list, dataset_conf)
+    dataset = CorpusDataset(sources, dataset_conf, tokenizer, train=train, rank=rank, world_size=world_size)
+    return CorpusLoader(dataset, dataset_conf)

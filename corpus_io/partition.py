@@ -1,0 +1,225 @@
+"""Who reads what: ranks, DataLoader workers, epochs, and the resumable read position.
+
+A *slot* is one DataLoader worker of one rank (``slot = rank * num_workers + worker``). Every
+epoch, all ranks shuffle the list of *units* (shards, or chunks of lines in raw mode) identically,
+seeded by ``(seed, epoch)``; units are then assigned to ranks and, inside a rank, to workers,
+balancing total audio duration greedily (longest first; durations from the shard index, else
+utterance counts, else equal weights). Every utterance is read by exactly one slot per epoch.
+
+With fewer units than slots, each slot reads every unit and keeps the samples whose
+``(unit + position) % slots == slot`` ("stride" mode): still exactly once, never a hang, at the
+cost of reading each unit ``slots`` times; a warning says so.
+
+Resume: a sample is identified by ``(source, unit, position)``. :class:`SlotState` is a worker's
+snapshot: per source, the *cursor* (the last sample that entered the buffers) and the *pending*
+samples (entered the shuffle/sort/batch buffers but not yet emitted in a consumed batch). A
+resumed worker re-reads from the earliest unit that is pending or holds the cursor, skips what
+was emitted, and refills its buffers: the re-read is bounded by the units open at the checkpoint.
+
+:func:`all_ranks_have_data` lets a DDP trainer stop an epoch on every rank together.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from corpus_io.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: unit ordinals are ``pass * PASS_STRIDE + index``: unique across the passes of an infinite stream.
+PASS_STRIDE = 10**9
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One reader: worker ``worker`` of ``num_workers`` on rank ``rank`` of ``world_size``."""
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.rank < self.world_size and 0 <= self.worker < self.num_workers):
+            raise ConfigError(f"invalid slot: rank {self.rank} of {self.world_size}, worker {self.worker} "
+                              f"of {self.num_workers}. Check RANK/WORLD_SIZE and num_workers.")
+
+    @property
+    def index(self) -> int:
+        return self.rank * self.num_workers + self.worker
+
+    @property
+    def count(self) -> int:
+        return self.world_size * self.num_workers
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The units a slot reads, in order (indices into the list), and the stride filter if any.
+
+    ``stride`` = 0: keep every sample of ``units``; ``stride`` = k > 0: keep samples with
+    ``(ordinal + position) % k == offset`` where ``ordinal`` is the unit's place in ``units``.
+    """
+
+    units: list[int]
+    stride: int = 0
+    offset: int = 0
+
+    def keeps(self, ordinal: int, position: int) -> bool:
+        return self.stride == 0 or (ordinal + position) % self.stride == self.offset
+
+
+def epoch_order(n: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """The list order of one epoch: a permutation seeded by ``(seed, epoch)``, identical on all ranks."""
+    order = list(range(n))
+    if shuffle:
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+    return order
+
+
+def balance(items: Sequence[int], weights: Sequence[float], bins: int) -> list[list[int]]:
+    """Greedy longest-first: split ``items`` (in their given order) into ``bins`` lists of similar weight.
+
+    Each bin keeps the items in the order they had in ``items`` (so a shuffled list stays shuffled);
+    ties between equal weights follow that order too, so a new shuffle gives a new split.
+    """
+    loads = [0.0] * bins
+    members: list[list[tuple[int, int]]] = [[] for _ in range(bins)]
+    ranked = sorted(range(len(items)), key=lambda i: -float(weights[items[i]]))
+    for i in ranked:
+        b = min(range(bins), key=lambda j: (loads[j], len(members[j]), j))
+        loads[b] += float(weights[items[i]])
+        members[b].append((i, items[i]))
+    return [[item for _, item in sorted(m)] for m in members]
+
+
+def unit_weights(n: int, durations: Sequence[float] | None = None,
+                 num_utts: Sequence[int] | None = None) -> list[float]:
+    """Durations if known for every unit, else utterance counts, else equal weights."""
+    for values in (durations, num_utts):
+        if values is not None and len(values) == n and all(v is not None and v > 0 for v in values):
+            return [float(v) for v in values]
+    return [1.0] * n
+
+
+_warned: set[tuple[int, int]] = set()
+
+
+def assign(n_units: int, slot: Slot, *, seed: int, epoch: int, shuffle: bool,
+           weights: Sequence[float] | None = None, what: str = "shards") -> Assignment:
+    """The units ``slot`` reads in ``epoch``: list shuffle, then duration-balanced ranks, then workers."""
+    order = epoch_order(n_units, seed=seed, epoch=epoch, shuffle=shuffle)
+    if n_units < slot.count:
+        key = (n_units, slot.count)
+        if key not in _warned and slot.index == 0:
+            _warned.add(key)
+            log.warning("%d %s for %d readers (%d ranks x %d workers): every reader reads every one of them "
+                        "and keeps every %d-th utterance. Pack smaller shards (num_utts_per_shard) so that "
+                        "there are at least as many shards as readers.", n_units, what, slot.count,
+                        slot.world_size, slot.num_workers, slot.count)
+        return Assignment(order, stride=slot.count, offset=slot.index)
+    w = list(weights) if weights is not None else [1.0] * n_units
+    per_rank = balance(order, w, slot.world_size)[slot.rank]
+    return Assignment(balance(per_rank, w, slot.num_workers)[slot.worker])
+
+
+# --------------------------------------------------------------------------- resumable state
+
+
+@dataclass
+class SlotState:
+    """A worker's read position (JSON-able through :meth:`to_dict`).
+
+    ``cursor[src]`` = ``(unit, position)`` of the last sample of source ``src`` that entered the
+    buffers; ``pending`` = samples that entered but were not yet emitted; ``taken[src]`` = samples of
+    ``src`` that entered (weighted interleaving); ``seconds`` = audio that entered this epoch
+    (``epoch_hours``); ``passes[src]`` = the pass an infinite source is on.
+    """
+
+    epoch: int = 0
+    cursor: dict[int, tuple[int, int]] = field(default_factory=dict)
+    pending: set[tuple[int, int, int]] = field(default_factory=set)
+    taken: dict[int, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    finished: bool = False
+
+    def enter(self, sid: tuple[int, int, int], seconds: float) -> None:
+        src, unit, pos = sid
+        self.cursor[src] = (unit, pos)
+        self.pending.add(sid)
+        self.taken[src] = self.taken.get(src, 0) + 1
+        self.seconds += seconds
+
+    def emit(self, sid: tuple[int, int, int]) -> None:
+        self.pending.discard(sid)
+
+    def start_unit(self, src: int) -> int | None:
+        """The first unit a resumed reader of ``src`` must open (None: start from the beginning)."""
+        units = [u for s, u, _ in self.pending if s == src]
+        if src in self.cursor:
+            units.append(self.cursor[src][0])
+        return min(units) if units else None
+
+    def already_done(self, sid: tuple[int, int, int]) -> bool:
+        """True for a sample the checkpointed run already emitted (skip it on resume)."""
+        src, unit, pos = sid
+        cur = self.cursor.get(src)
+        return cur is not None and (unit, pos) <= cur and sid not in self.pending
+
+    def to_dict(self) -> dict:
+        return {"epoch": self.epoch,
+                "cursor": {str(s): list(c) for s, c in self.cursor.items()},
+                "pending": sorted(list(p) for p in self.pending),
+                "taken": {str(s): n for s, n in self.taken.items()},
+                "seconds": self.seconds, "finished": self.finished}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SlotState:
+        return cls(epoch=int(d.get("epoch", 0)),
+                   cursor={int(s): (int(c[0]), int(c[1])) for s, c in d.get("cursor", {}).items()},
+                   pending={(int(a), int(b), int(c)) for a, b, c in d.get("pending", [])},
+                   taken={int(s): int(n) for s, n in d.get("taken", {}).items()},
+                   seconds=float(d.get("seconds", 0.0)), finished=bool(d.get("finished", False)))
+
+    def copy(self) -> SlotState:
+        return SlotState(self.epoch, dict(self.cursor), set(self.pending), dict(self.taken), self.seconds,
+                         self.finished)
+
+
+# --------------------------------------------------------------------------- DDP
+
+
+def dist_info() -> tuple[int, int]:
+    """``(rank, world_size)`` from torch.distributed when initialized, else from RANK/WORLD_SIZE, else (0, 1)."""
+    import os
+
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:  # pragma: no cover
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def all_ranks_have_data(flag: bool) -> bool:
+    """True only if every rank still has data (an all-reduce MIN); ``flag`` alone without DDP.
+
+    A trainer calls it before each step: ``if not all_ranks_have_data(batch is not None): break``,
+    so all ranks leave the epoch at the same step instead of one waiting forever in a collective.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return bool(flag)
+    backend = dist.get_backend()
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())

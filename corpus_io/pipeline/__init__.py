@@ -1,0 +1,1 @@
+"""The loader pipeline: reading (read.py), stages (stages.py) and their composition (build.py)."""

@@ -1,0 +1,133 @@
+"""The one place that composes the loader chain, in WeNet's order.
+
+    list shuffle -> partition -> open -> tar group | raw read      (corpus_io.pipeline.read)
+    -> decode -> filter -> resample -> speed perturb -> features -> augmentation -> tokenize
+    -> [enter: resume bookkeeping, epoch_hours budget]
+    -> shuffle buffer -> sort buffer | bucketing -> batch
+    -> [emit: resume bookkeeping] -> pad
+
+Each stage is a generator from corpus_io.pipeline.stages taking plain arguments. Augmentation and
+speed perturbation run only in train mode; cv/test reads the list unshuffled, split across ranks.
+The two bookkeeping taps keep :class:`~corpus_io.partition.SlotState` up to date so every padded
+batch carries the worker's exact read position (``__state__``) and its filter/skip count deltas
+(``__counts__``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any, Iterator
+
+from corpus_io.config import DatasetConf
+from corpus_io.partition import Slot, SlotState
+from corpus_io.pipeline.read import ReadOptions, Source, iter_source, mix
+
+
+def read_options(conf: DatasetConf) -> ReadOptions:
+    return ReadOptions(storage_options=dict(conf.storage_options or {}), allow_pipe=conf.allow_pipe,
+                       max_member_bytes=conf.max_member_bytes, retries=conf.retries,
+                       retry_backoff=conf.retry_backoff, on_error=conf.on_error)
+
+
+def slot_budget_seconds(conf: DatasetConf, slot: Slot) -> float | None:
+    """``epoch_hours`` split evenly over every reader (ranks x workers)."""
+    if not conf.epoch_hours:
+        return None
+    return conf.epoch_hours * 3600.0 / slot.count
+
+
+def sample_seconds(sample: dict) -> float:
+    if "feats" in sample and hasattr(sample["feats"], "shape"):
+        return float(sample["feats"].shape[0]) * 0.01
+    if "wav" in sample:
+        return float(sample["wav"].shape[-1]) / float(sample.get("sample_rate") or 16000)
+    return 0.0
+
+
+def enter(samples: Iterator[dict], state: SlotState, budget: float | None, stop: list[bool]) -> Iterator[dict]:
+    """Record each sample entering the buffers; end the stream once the epoch_hours budget is spent."""
+    for sample in samples:
+        state.enter(sample["__sid__"], sample_seconds(sample))
+        yield sample
+        if budget is not None and state.seconds >= budget:
+            stop[0] = True
+            return
+
+
+def emit(batches: Iterator[list[dict]], state: SlotState) -> Iterator[list[dict]]:
+    for batch in batches:
+        for sample in batch:
+            state.emit(sample["__sid__"])
+        yield batch
+
+
+def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, slot: Slot, state: SlotState,
+                   train: bool, counts: Counter) -> Iterator[dict]:
+    """Padded batch dicts of one slot (see docs/DEVELOPING.md "The sample dict"), without bookkeeping keys."""
+    from corpus_io import batching
+    from corpus_io.pipeline import stages
+
+    epoch = state.epoch
+    seed = conf.seed
+    rng = random.Random(f"{seed}:{epoch}:{slot.index}:{len(state.pending)}:{sum(state.taken.values())}")
+    shuffle = train and conf.shuffle
+    infinite = bool(conf.epoch_hours)
+    opts = read_options(conf)
+    stop = [False]
+
+    # list shuffle -> partition -> open -> tar group | raw read (-> weighted mix)
+    streams = [iter_source(i, src, slot, state, opts, counts, seed=seed + 7919 * i,
+                           first_pass=0 if infinite else epoch, shuffle=shuffle, infinite=infinite)
+               for i, src in enumerate(sources)]
+    samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state,
+                                                       stop=lambda: stop[0])
+    f = conf.filter_conf
+    samples = stages.decode(samples, counts=counts)
+    samples = stages.filter_length(samples, min_length=f.min_length, max_length=f.max_length, counts=counts)
+    samples = stages.resample(samples, resample_rate=conf.resample_conf.resample_rate)
+    if train and conf.speed_perturb:
+        samples = stages.speed_perturb(samples, speeds=conf.speed_perturb_conf.speeds, rng=rng)
+    samples = _features(stages, samples, conf, counts)
+    if train and conf.spec_aug:
+        a = conf.spec_aug_conf
+        samples = stages.spec_aug(samples, num_t_mask=a.num_t_mask, num_f_mask=a.num_f_mask, max_t=a.max_t,
+                                  max_f=a.max_f, rng=rng)
+    if train and conf.spec_sub:
+        samples = stages.spec_sub(samples, max_t=conf.spec_sub_conf.max_t, num_t_sub=conf.spec_sub_conf.num_t_sub,
+                                  rng=rng)
+    if train and conf.spec_trim:
+        samples = stages.spec_trim(samples, max_t=conf.spec_trim_conf.max_t, rng=rng)
+    samples = stages.tokenize(samples, tokenizer=tokenizer, counts=counts)
+    samples = stages.filter_tokens(samples, token_min_length=f.token_min_length, token_max_length=f.token_max_length,
+                                   min_output_input_ratio=f.min_output_input_ratio,
+                                   max_output_input_ratio=f.max_output_input_ratio, counts=counts)
+
+    samples = enter(samples, state, slot_budget_seconds(conf, slot), stop)
+    if shuffle:
+        samples = stages.shuffle(samples, shuffle_size=conf.shuffle_conf.shuffle_size, rng=rng)
+    if conf.bucketing:
+        batches = batching.bucket_batch(samples, batch_type=conf.batch_type, batch_size=conf.batch_size,
+                                        max_batch_size=conf.max_batch_size, num_buckets=conf.num_buckets,
+                                        counts=counts)
+    else:
+        if conf.sort:
+            samples = stages.sort(samples, sort_size=conf.sort_conf.sort_size)
+        batches = batching.batch(samples, batch_type=conf.batch_type, batch_size=conf.batch_size,
+                                 max_batch_size=conf.max_batch_size, counts=counts)
+    batches = emit(batches, state)
+    return (batching.pad(b) for b in batches)
+
+
+def _features(stages: Any, samples: Iterator[dict], conf: DatasetConf, counts: Counter) -> Iterator[dict]:
+    if conf.feats_type == "fbank":
+        c = conf.fbank_conf
+        return stages.fbank(samples, num_mel_bins=c.num_mel_bins, frame_length=c.frame_length,
+                            frame_shift=c.frame_shift, dither=c.dither)
+    if conf.feats_type == "mfcc":
+        c = conf.mfcc_conf
+        return stages.mfcc(samples, num_mel_bins=c.num_mel_bins, num_ceps=c.num_ceps, frame_length=c.frame_length,
+                           frame_shift=c.frame_shift, dither=c.dither, high_freq=c.high_freq, low_freq=c.low_freq)
+    if conf.feats_type == "precomputed":
+        return stages.precomputed_features(samples, fields=list(conf.fields), counts=counts)
+    return samples

@@ -1,0 +1,196 @@
+"""The reading end of the pipeline: one slot's units of each source, opened, read and mixed.
+
+Every sample leaves here with ``__sid__ = (source, unit, position)`` (see corpus_io.partition):
+``unit`` is ``pass * PASS_STRIDE + ordinal`` in the slot's unit list of that pass and ``position``
+is the utterance's index inside the shard (or raw chunk). Resumed readers start at
+``state.start_unit(src)`` and drop samples ``state.already_done`` says were emitted, before any
+decoding.
+
+Remote shards are streamed sequentially (no seek). A transient failure (connection, timeout)
+re-opens the shard after a backoff (``retries``, ``retry_backoff`` doubling) and skips the
+utterances already delivered; a corrupt shard, or one still failing, is skipped and counted
+(``on_error=skip``) or raised as a DataError naming the shard (``on_error=fail``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from corpus_io.errors import DataError
+from corpus_io.partition import PASS_STRIDE, Assignment, Slot, SlotState, assign, unit_weights
+from corpus_io.rawlist import CHUNK_LINES, RawList, slot_lines
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Source:
+    """One data list: its units (shard URLs, or the lines of a raw list) and balancing weights."""
+
+    data_list: str
+    data_type: str = "shard"
+    weight: float = 1.0
+    urls: list[str] = field(default_factory=list)
+    durations: list[float] | None = None
+    num_utts: list[int] | None = None
+    raw: RawList | None = None
+
+    @classmethod
+    def open(cls, data_list: str, data_type: str, weight: float = 1.0) -> Source:
+        if data_type == "raw":
+            return cls(data_list, "raw", weight, raw=RawList(data_list))
+        from corpus_io.shards.index import load_index, read_datalist
+
+        urls = read_datalist(data_list)
+        if not urls:
+            raise DataError(f"{data_list} lists no shards. Run make-datalist on the packed shards.")
+        index = load_index(data_list) or {}
+        entries = [index.get(u) for u in urls]
+        durations = [float(e["duration"]) if e and e.get("duration") else 0.0 for e in entries]
+        num_utts = [int(e["num_utts"]) if e and e.get("num_utts") else 0 for e in entries]
+        return cls(data_list, "shard", weight, urls, durations, num_utts)
+
+    @property
+    def num_units(self) -> int:
+        return len(self.urls) if self.data_type == "shard" else len(self.raw)  # type: ignore[arg-type]
+
+
+@dataclass
+class ReadOptions:
+    storage_options: dict
+    allow_pipe: bool = False
+    max_member_bytes: int = 256 * 1024 * 1024
+    retries: int = 3
+    retry_backoff: float = 0.5
+    on_error: str = "fail"
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, DataError):
+        return False
+    if isinstance(exc, (OSError, TimeoutError, ConnectionError)) and not isinstance(exc, FileNotFoundError):
+        return True
+    mod = type(exc).__module__ or ""
+    return mod.startswith(("aiohttp", "botocore", "aiobotocore", "urllib3", "requests"))
+
+
+def read_shard_unit(url: str, opts: ReadOptions, counts: Counter) -> Iterator[dict]:
+    """The samples of one shard; retries transient failures, then skips-and-counts or fails."""
+    from corpus_io.shards.reader import read_shard
+
+    delivered = 0
+    attempt = 0
+    delay = opts.retry_backoff
+    while True:
+        attempt += 1
+        try:
+            for sample in read_shard(url, storage_options=opts.storage_options,
+                                     max_member_bytes=opts.max_member_bytes, allow_pipe=opts.allow_pipe):
+                if sample["__pos__"] < delivered:
+                    continue
+                delivered = sample["__pos__"] + 1
+                yield sample
+            return
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if _is_transient(exc) and attempt < max(1, opts.retries):
+                log.warning("shard %s: %s; retrying in %.1f s (attempt %d of %d)", url, exc, delay, attempt,
+                            opts.retries)
+                counts["shard retries"] += 1
+                time.sleep(delay)
+                delay *= 2
+                continue
+            if not isinstance(exc, (DataError, OSError, TimeoutError)) and not _is_transient(exc):
+                raise
+            why = str(exc) if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
+            if opts.on_error == "skip":
+                log.warning("skipping the rest of shard %s after %d utterances: %s", url, delivered, why)
+                counts["unreadable shards"] += 1
+                return
+            if url in why:
+                raise DataError(f"{why} (set dataset_conf.on_error=skip to skip and count broken shards)") from None
+            raise DataError(f"shard {url}: {why}. Check the shard (verify-shards), or set "
+                            f"dataset_conf.on_error=skip to skip and count broken shards.") from None
+
+
+def read_raw_entry(lst: RawList, i: int, opts: ReadOptions, counts: Counter) -> dict | None:
+    try:
+        return lst.sample(i, storage_options=opts.storage_options, allow_pipe=opts.allow_pipe)
+    except DataError as exc:
+        if opts.on_error == "skip":
+            log.warning("skipping entry %d of %s: %s", i, lst.path, exc)
+            counts["unreadable utterances"] += 1
+            return None
+        raise
+
+
+def _units_of_pass(source: Source, slot: Slot, *, seed: int, pass_: int, shuffle: bool) -> tuple[Assignment, Any]:
+    if source.data_type == "raw":
+        lines = slot_lines(source.num_units, slot_index=slot.index, slot_count=slot.count, seed=seed, epoch=pass_,
+                           shuffle=shuffle)
+        n_chunks = (len(lines) + CHUNK_LINES - 1) // CHUNK_LINES
+        return Assignment(list(range(n_chunks))), lines
+    weights = unit_weights(source.num_units, source.durations, source.num_utts)
+    return assign(source.num_units, slot, seed=seed, epoch=pass_, shuffle=shuffle, weights=weights), None
+
+
+def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: ReadOptions, counts: Counter, *,
+                seed: int, first_pass: int, shuffle: bool, infinite: bool) -> Iterator[dict]:
+    """Samples of one source for one slot, passes ``first_pass``, ``first_pass + 1``, ... (one unless infinite)."""
+    start = state.start_unit(src)
+    pass_ = first_pass if start is None else max(first_pass, start // PASS_STRIDE)
+    while True:
+        assignment, lines = _units_of_pass(source, slot, seed=seed, pass_=pass_, shuffle=shuffle)
+        if infinite and not assignment.units:
+            return  # this slot gets nothing from this source, in any pass
+        for ordinal, unit in enumerate(assignment.units):
+            uid = pass_ * PASS_STRIDE + ordinal
+            if start is not None and uid < start:
+                continue
+            if source.data_type == "raw":
+                chunk = lines[unit * CHUNK_LINES:(unit + 1) * CHUNK_LINES]
+                for pos, line in enumerate(chunk):
+                    sid = (src, uid, pos)
+                    if state.already_done(sid):
+                        continue
+                    sample = read_raw_entry(source.raw, int(line), opts, counts)  # type: ignore[arg-type]
+                    if sample is not None:
+                        sample["__url__"], sample["__pos__"], sample["__sid__"] = source.data_list, int(line), sid
+                        yield sample
+                continue
+            url = source.urls[unit]
+            for sample in read_shard_unit(url, opts, counts):
+                pos = sample["__pos__"]
+                if not assignment.keeps(ordinal, pos):
+                    continue
+                sid = (src, uid, pos)
+                if state.already_done(sid):
+                    continue
+                sample["__sid__"] = sid
+                yield sample
+        if not infinite:
+            return
+        pass_ += 1
+
+
+def mix(streams: list[Iterator[dict]], weights: list[float], state: SlotState,
+        stop: Callable[[], bool] = lambda: False) -> Iterator[dict]:
+    """Interleave ``streams`` by weight, deterministically: next is the one furthest below its share.
+
+    The shares count samples that entered the buffers (``state.taken``), so the mix resumes from a
+    checkpoint. An exhausted stream leaves the mix; the others go on.
+    """
+    live = {i: s for i, s in enumerate(streams) if weights[i] > 0}
+    picked = Counter({i: state.taken.get(i, 0) for i in live})
+    while live and not stop():
+        i = min(live, key=lambda j: ((picked[j] + 1) / weights[j], j))
+        try:
+            sample = next(live[i])
+        except StopIteration:
+            del live[i]
+            continue
+        picked[i] += 1
+        yield sample
