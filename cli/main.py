@@ -2,6 +2,7 @@
 
 from cli import (  # noqa: F401  (importing registers the subcommands)
     jsonl2scp,
+    make_tokenizer,
     prepare,
     scp2jsonl,
 )
