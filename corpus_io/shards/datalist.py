@@ -1,0 +1,212 @@
+"""``make-datalist``: WeNet raw lists from a jsonl, or shard lists (+ index sidecar) from many sources.
+
+Shard inputs, each one of:
+
+* a directory: its ``data.list`` (with its sidecar) when present, else its ``*.tar`` sorted;
+* a brace pattern ``data-{000000..000099}.tar`` / ``{a,b}`` (expanded here, numeric ranges keep
+  their zero padding); local results must exist;
+* a glob ``shards/*.tar`` (sorted);
+* a ``.tar`` path or URL;
+* a list file (any other file): its entries, and its sidecar when present.
+
+Several inputs are merged in order; a shard named twice is an error naming both sources.
+``prefix`` rewrites each entry to ``prefix + <path relative to the deepest directory common to
+all entries>``: for one corpus that is the shard's base name; merged corpora keep their
+sub-directories, so names never collide.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from corpus_io.errors import ConfigError, DataError
+from corpus_io.files import atomic_write
+from corpus_io.progress import Summary
+from corpus_io.shards.index import load_index, read_datalist, write_list_and_index
+from corpus_io.urls import is_remote
+
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Bash-style brace expansion: ``{000..003}`` (zero-padded ranges) and ``{a,b}``, nested, left to right."""
+    start = pattern.find("{")
+    if start < 0:
+        return [pattern]
+    depth = 0
+    for end in range(start, len(pattern)):
+        if pattern[end] == "{":
+            depth += 1
+        elif pattern[end] == "}":
+            depth -= 1
+            if depth == 0:
+                break
+    else:
+        raise ConfigError(f"unbalanced '{{' in the pattern '{pattern}'.")
+    body, head, tail = pattern[start + 1:end], pattern[:start], pattern[end + 1:]
+    m = _RANGE.match(body)
+    if m:
+        lo, hi = int(m.group(1)), int(m.group(2))
+        width = len(m.group(1)) if m.group(1).startswith("0") else 0
+        step = 1 if hi >= lo else -1
+        options = [str(i).zfill(width) for i in range(lo, hi + step, step)]
+    else:
+        options, depth, current = [], 0, ""
+        for ch in body:
+            if ch == "," and depth == 0:
+                options.append(current)
+                current = ""
+                continue
+            depth += ch == "{"
+            depth -= ch == "}"
+            current += ch
+        options.append(current)
+        options = [x for option in options for x in expand_braces(option)]
+    return [x for option in options for x in expand_braces(head + option + tail)]
+
+
+def _index_by_name(directory: str) -> dict[str, dict]:
+    """Index entries of the ``data.list`` in ``directory`` keyed by shard base name."""
+    index = load_index(os.path.join(directory, "data.list")) or {}
+    return {entry["path"].rsplit("/", 1)[-1]: entry for entry in index.values()}
+
+
+def _tar_entries(paths: list[str]) -> Iterator[tuple[str, dict | None]]:
+    """Local tars (absolute) with their index entry looked up in their directory's sidecar."""
+    cache: dict[str, dict[str, dict]] = {}
+    for path in paths:
+        path = os.path.abspath(path)
+        directory, name = os.path.split(path)
+        if directory not in cache:
+            cache[directory] = _index_by_name(directory)
+        yield path, cache[directory].get(name)
+
+
+def _list_entries(path: str) -> Iterator[tuple[str, dict | None]]:
+    index = load_index(path) if not is_remote(path) else None
+    for entry in read_datalist(path):
+        yield entry, (index or {}).get(entry)
+
+
+def expand_input(item: str) -> Iterator[tuple[str, dict | None]]:
+    """``(shard entry, index entry or None)`` for one input of make-datalist shard mode."""
+    if "{" in item:
+        expanded = expand_braces(item)
+        if is_remote(item):
+            yield from ((u, None) for u in expanded)
+            return
+        missing = [p for p in expanded if not glob.has_magic(p) and not os.path.isfile(p)]
+        if missing:
+            raise DataError(f"the pattern '{item}' names {len(missing)} shard(s) that do not exist, e.g. "
+                            f"{missing[0]}. Fix the range or pack the missing shards.")
+        for p in expanded:
+            yield from expand_input(p)
+        return
+    if is_remote(item):
+        yield from ([(item, None)] if item.endswith(".tar") else _list_entries(item))
+        return
+    if os.path.isdir(item):
+        if os.path.isfile(os.path.join(item, "data.list")):
+            yield from _list_entries(os.path.join(item, "data.list"))
+        else:
+            tars = sorted(glob.glob(os.path.join(glob.escape(item), "*.tar")))
+            if not tars:
+                raise DataError(f"directory {item} has neither a data.list nor *.tar shards.")
+            yield from _tar_entries(tars)
+        return
+    if glob.has_magic(item):
+        matches = sorted(glob.glob(item))
+        if not matches:
+            raise DataError(f"the glob '{item}' matches no file. Check the pattern (quote it in the shell).")
+        yield from _tar_entries(matches)
+        return
+    if not os.path.isfile(item):
+        raise DataError(f"input {item} does not exist. Pass a directory, glob, brace pattern, .tar or list file.")
+    yield from _tar_entries([item]) if item.endswith(".tar") else _list_entries(item)
+
+
+def _common_dir(entries: list[str]) -> str:
+    dirs = [e.rsplit("/", 1)[0] + "/" if "/" in e else "" for e in entries]
+    common = os.path.commonprefix(dirs)
+    return common[:common.rfind("/") + 1]
+
+
+def make_shard_list(inputs: list[str], output: str, prefix: str | None = None) -> int:
+    """Merge shard inputs into ``output`` (+ sidecar when every entry has an index); returns the count."""
+    entries: list[tuple[str, dict | None, str]] = []
+    for item in inputs:
+        entries.extend((e, idx, item) for e, idx in expand_input(str(item)))
+    if not entries:
+        raise DataError(f"no shards found in {inputs}.")
+    if prefix:
+        common = _common_dir([e for e, _, _ in entries])
+        base = prefix if prefix.endswith("/") else prefix + "/"
+        entries = [(base + e[len(common):], idx, src) for e, idx, src in entries]
+    seen: dict[str, str] = {}
+    for entry, _, source in entries:
+        if entry in seen:
+            raise DataError(f"shard '{entry}' is listed twice: from input '{seen[entry]}' and from '{source}'. "
+                            f"Merge each corpus once, or pack corpora with different ++shard_prefix.")
+        seen[entry] = source
+    indexed = [dict(idx, path=e) for e, idx, _ in entries if idx is not None]
+    if len(indexed) == len(entries):
+        write_list_and_index(output, indexed)
+    else:
+        with atomic_write(output) as f:
+            f.writelines(e + "\n" for e, _, _ in entries)
+        print(f"[make-datalist] {len(entries) - len(indexed)} of {len(entries)} shards have no index entry; "
+              f"wrote the list without an index sidecar.", flush=True)
+    print(f"[make-datalist] {len(entries)} shards -> {output}", flush=True)
+    return len(entries)
+
+
+def make_raw_list(inputs: list[str], output: str) -> Summary:
+    """WeNet raw lines ``{key, wav, txt, duration, source_len[, start, end]}`` from FunASR/WeNet jsonl(s)."""
+    from corpus_io import audio
+    from corpus_io.manifest import canonical, iter_jsonl
+
+    summary = Summary()
+    with atomic_write(output) as out:
+        for path in inputs:
+            for line in iter_jsonl(path):
+                rec = canonical(line.record, where=line.where)
+                if rec.get("target") is None:
+                    raise DataError(f"{line.where}: key '{rec['key']}' has no transcript ('target' or 'txt').")
+                start, end = rec.get("start"), rec.get("end")
+                source_len = rec.get("source_len")
+                if source_len is None:
+                    info = audio.probe(str(rec["source"]))
+                    source_len = audio.frames_10ms(info.num_samples, info.sample_rate)
+                if start is not None and end is not None and float(end) >= 0:
+                    duration = float(end) - float(start)
+                else:
+                    duration = int(source_len) / 100.0
+                item: dict[str, Any] = {"key": rec["key"], "wav": rec["source"], "txt": rec["target"],
+                                        "duration": round(duration, 3), "source_len": int(source_len)}
+                if start is not None:
+                    item["start"], item["end"] = start, end
+                out.write(json.dumps(item, ensure_ascii=False) + "\n")
+                summary.kept += 1
+                summary.seconds += duration
+    summary.print("make-datalist")
+    return summary
+
+
+def make_datalist(cfg: Any) -> None:
+    """Run make-datalist for a validated :class:`corpus_io.config.MakeDatalistConfig`."""
+    inputs = [cfg.input] if isinstance(cfg.input, str) else list(cfg.input)
+    if not inputs:
+        raise ConfigError("make-datalist needs ++input: raw: ++input='[train.jsonl]'; shard: "
+                          "++input='[shards/]' (dirs, globs, brace patterns or list files).")
+    if cfg.output in ("", "???"):
+        raise ConfigError("make-datalist needs ++output=data.list.")
+    Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
+    if cfg.data_type == "raw":
+        make_raw_list(inputs, cfg.output)
+    else:
+        make_shard_list(inputs, cfg.output, cfg.prefix)

@@ -1,0 +1,116 @@
+"""The shard format: member names, grouping rule, audio sniffing and the ``.json`` metadata.
+
+See ``docs/FORMAT.md`` for the contract. In short, a shard is an uncompressed tar in
+which each utterance is adjacent members ``<name>.txt``, ``<name>.<audio ext>``,
+``<name>.json`` (and optionally ``<name>.npy``), where ``<name>`` is the key made
+safe by :func:`safe_member_name` (reversible percent-encoding, no dots, no slashes).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from urllib.parse import unquote
+
+from corpus_io.audio import AUDIO_EXTENSIONS
+from corpus_io.errors import DataError
+
+AUDIO_EXTS: frozenset[str] = frozenset(AUDIO_EXTENSIONS)
+#: Extensions the grouping rule knows; a basename ending in one of these is split at its last dot.
+KNOWN_EXTS: frozenset[str] = AUDIO_EXTS | {"txt", "json", "npy"}
+
+# Fixed tar header fields: identical bytes on every machine and every run.
+TAR_MTIME = 1704067200  # 2024-01-01T00:00:00Z (GNU tar warns about 1970 timestamps)
+TAR_MODE = 0o644
+TAR_UID = 0
+TAR_GID = 0
+TAR_UNAME = ""
+TAR_GNAME = ""
+
+_SAFE = re.compile(r"[A-Za-z0-9_\-]+")
+_UNSAFE_CHAR = re.compile(r"[^A-Za-z0-9_\-]")
+
+
+def shard_name(prefix: str, index: int) -> str:
+    """``<prefix>-000042.tar``."""
+    return f"{prefix}-{index:06d}.tar"
+
+
+def sidecar_name(shard: str) -> str:
+    """Per-shard stat file written after the shard is complete (hidden, next to it)."""
+    return f".{shard}.json"
+
+
+def safe_member_name(key: str) -> str:
+    """The member-name stem of ``key``: itself when it is ``[A-Za-z0-9_-]+``, else percent-encoded.
+
+    Every byte of the UTF-8 key outside ``[A-Za-z0-9_-]`` becomes ``%XX``, so the mapping is
+    reversible (:func:`key_from_member_name`) and injective: two different keys never share
+    a name. The result has no ``.`` and no ``/``, so WeNet (last dot) and WebDataset
+    (first dot) both group the members under the same key.
+    """
+    if not key:
+        raise DataError("an utterance has an empty key; every utterance needs a non-empty key.")
+    if _SAFE.fullmatch(key):
+        return key
+    return _UNSAFE_CHAR.sub(lambda m: "".join(f"%{b:02X}" for b in m.group(0).encode("utf-8")), key)
+
+
+def key_from_member_name(stem: str) -> str:
+    """Inverse of :func:`safe_member_name` (used only when a sample has no ``.json``)."""
+    return unquote(stem, errors="strict") if "%" in stem else stem
+
+
+def split_member(name: str) -> tuple[str, str]:
+    """``(prefix, field)`` of a member name: the grouping rule shared by our reader and verifier.
+
+    The basename (after the last ``/``) is split at its **last** dot when the text after it is a
+    known extension (txt, json, npy, wav, flac, ogg, opus, mp3, ...), so WeNet keys that contain
+    dots (``a.b.wav`` -> ``a.b``) group as WeNet groups them. Otherwise it is split at the
+    **first** dot, WebDataset's rule (``k.seg.cls`` -> ``k`` / ``seg.cls``). Our own names have no
+    dot in the stem, so both rules agree on them. A name without a dot has field ``""``.
+    """
+    base = name.rsplit("/", 1)[-1]
+    head, dot, last = base.rpartition(".")
+    if dot and last.lower() in KNOWN_EXTS and head:
+        return head, last.lower()
+    head, dot, rest = base.partition(".")
+    return head, rest.lower() if dot else ""
+
+
+def sniff_audio_format(data: bytes) -> str | None:
+    """Container of audio bytes from their magic number: wav, flac, ogg, mp3 or None."""
+    if data[:4] in (b"RIFF", b"RIFX") and data[8:12] == b"WAVE":
+        return "wav"
+    if data[:4] == b"fLaC":
+        return "flac"
+    if data[:4] == b"OggS":
+        return "opus" if b"OpusHead" in data[:64] else "ogg"
+    if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and (data[1] & 0xE0) == 0xE0):
+        return "mp3"
+    return None
+
+
+def wav_header_info(data: bytes) -> tuple[int, int] | None:
+    """``(sample_rate Hz, num_samples)`` of a little-endian PCM/float WAV from its header, or None.
+
+    Pure Python and O(header): the keep-format fast path, so packing never decodes WAV.
+    Returns None for anything unusual (RIFX, a data size of 0/0xFFFFFFFF from a pipe, ...);
+    the caller then falls back to soundfile.
+    """
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    pos, rate, block_align = 12, 0, 0
+    end = len(data)
+    while pos + 8 <= end:
+        chunk_id = data[pos:pos + 4]
+        (size,) = struct.unpack_from("<I", data, pos + 4)
+        if chunk_id == b"fmt " and pos + 24 <= end:
+            _, _, rate, _, block_align = struct.unpack_from("<HHIIH", data, pos + 8)
+        elif chunk_id == b"data":
+            if not rate or not block_align or size in (0, 0xFFFFFFFF):
+                return None
+            size = min(size, end - pos - 8)
+            return rate, size // block_align
+        pos += 8 + size + (size & 1)
+    return None

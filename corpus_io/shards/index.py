@@ -1,0 +1,80 @@
+"""Shard lists (``data.list``) and their ``index.jsonl`` sidecar.
+
+A shard ``data.list`` is WeNet's: one shard path or URL per line, nothing else. Its index
+sidecar holds one JSON object per shard, keyed by the entry exactly as written in the list:
+``path``, ``num_utts``, ``duration`` (seconds, total), ``min_duration``/``max_duration``
+(seconds), ``bytes`` (file size) and ``sha256`` (hex of the whole file).
+
+Sidecar location (:func:`index_path_for`): ``DIR/data.list`` -> ``DIR/index.jsonl``;
+any other list name ``DIR/NAME.EXT`` -> ``DIR/NAME.index.jsonl`` (so two lists in one
+directory never share a sidecar).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from corpus_io.errors import DataError
+from corpus_io.files import atomic_write
+
+INDEX_FIELDS = ("path", "num_utts", "duration", "min_duration", "max_duration", "bytes", "sha256")
+
+
+def index_path_for(list_path: str | os.PathLike) -> Path:
+    """The ``index.jsonl`` sidecar of a data.list (see the module docstring for the naming rule)."""
+    p = Path(list_path)
+    if p.name == "data.list":
+        return p.with_name("index.jsonl")
+    return p.with_name(f"{p.stem}.index.jsonl")
+
+
+def read_datalist(path: str | os.PathLike) -> list[str]:
+    """Entries of a data.list (local path or URL), stripped, blank lines skipped."""
+    from corpus_io.urls import is_remote, open_url
+
+    path = str(path)
+    if not is_remote(path) and not os.path.isfile(path):
+        raise DataError(f"data list {path} does not exist. Create it with make-datalist or pack-shards.")
+    with open_url(path) as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: invalid UTF-8 at byte {exc.start}; a data.list is UTF-8 text.") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def load_index(list_path: str | os.PathLike) -> dict[str, dict] | None:
+    """The sidecar of ``list_path`` keyed by shard entry, or None when there is no sidecar."""
+    path = index_path_for(list_path)
+    if not path.is_file():
+        return None
+    entries: dict[str, dict] = {}
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                entry = json.loads(raw)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                raise DataError(f"{path}:{lineno}: not a JSON object; the index is corrupt. Regenerate it "
+                                f"with make-datalist or pack-shards.") from None
+            if not isinstance(entry, dict) or "path" not in entry:
+                raise DataError(f"{path}:{lineno}: an index line needs a 'path' field.")
+            entries[entry["path"]] = entry
+    return entries
+
+
+def write_list_and_index(list_path: str | os.PathLike, entries: Iterable[dict]) -> int:
+    """Write ``data.list`` and its sidecar atomically (index first, so a list never lacks one)."""
+    entries = list(entries)
+    with atomic_write(index_path_for(list_path)) as f:
+        for entry in entries:
+            f.write(json.dumps({k: entry[k] for k in INDEX_FIELDS if k in entry}, ensure_ascii=False) + "\n")
+    with atomic_write(list_path) as f:
+        for entry in entries:
+            f.write(entry["path"] + "\n")
+    return len(entries)

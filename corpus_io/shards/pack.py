@@ -1,0 +1,539 @@
+"""``pack-shards``: a FunASR jsonl, a WeNet raw list or a Kaldi data dir -> tar shards + list + index.
+
+Design (memory is bounded, independent of corpus size):
+
+* The main process makes one cheap pass over the input (the *driver* file: the jsonl, or
+  ``wav.scp`` / ``segments`` / ``feats.scp`` of a Kaldi dir) to record each line's byte offset,
+  line number and a 64-bit key hash (24 bytes per utterance). That gives the total, catches
+  duplicate keys before anything is written, and lets ``shuffle=true`` permute an int64 array
+  of offsets instead of the records.
+* It then streams the records in (shuffled) order and hands out whole shards,
+  ``(shard index, its records)``, to worker processes through the bounded
+  :func:`corpus_io.progress.parallel_imap` (at most ``4 * num_workers`` shards in flight).
+* A worker writes its shard to a temp name (hashing while writing), renames it, then writes
+  a small hidden sidecar ``.<shard>.json`` with its stats and a digest of its inputs.
+* On a rerun, a shard whose sidecar digest matches and whose size and sha256 match is kept
+  as is; anything else is rewritten. ``data.list`` and ``index.jsonl`` are written atomically
+  at the very end from the sidecars, so no list line ever names a partial shard, and the
+  output after ``kill -9`` + rerun is byte-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from corpus_io import audio, kaldi
+from corpus_io.errors import ConfigError, DataError
+from corpus_io.files import atomic_write
+from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
+from corpus_io.shards import format as fmt
+from corpus_io.shards.index import write_list_and_index
+from corpus_io.shards.writer import ShardWriter
+
+# FunASR/WeNet fields that become members or computed metadata instead of being copied to the .json.
+_CORE_FIELDS = {"key", "source", "target", "source_len", "target_len", "start", "end"}
+FORMAT_VERSION = 1  # part of every shard digest: bump when member bytes change for the same input
+
+
+# --------------------------------------------------------------------------- options and tasks
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """What a worker needs besides the records (picklable)."""
+
+    audio_format: str = "keep"  # keep | wav | flac
+    resample: int | None = None  # Hz
+    feats: bool = False
+    on_error: str = "error"  # error | skip
+    allow_pipe: bool = False
+    storage_options: dict = field(default_factory=dict)
+
+    def digest_part(self) -> list:
+        return [FORMAT_VERSION, self.audio_format, self.resample, self.feats]
+
+
+@dataclass
+class ShardTask:
+    index: int
+    path: str  # final shard path (absolute)
+    records: list[dict]
+    options: PackOptions
+
+
+@dataclass
+class ShardStat:
+    path: str
+    num_utts: int
+    duration: float  # seconds, total
+    min_duration: float  # seconds
+    max_duration: float  # seconds
+    bytes: int
+    sha256: str
+    digest: str
+    skipped: dict[str, int]
+    resumed: bool = False
+
+    def index_entry(self) -> dict:
+        return {"path": self.path, "num_utts": self.num_utts, "duration": round(self.duration, 3),
+                "min_duration": round(self.min_duration, 3), "max_duration": round(self.max_duration, 3),
+                "bytes": self.bytes, "sha256": self.sha256}
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def _digest(task: ShardTask) -> str:
+    payload = [task.options.digest_part(), Path(task.path).name,
+               [{k: v for k, v in r.items() if k != "where"} for r in task.records]]
+    return hashlib.sha256(json.dumps(payload, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _resume(task: ShardTask, digest: str) -> ShardStat | None:
+    """The stat of an already complete shard for exactly this task, else None."""
+    sidecar = Path(task.path).with_name(fmt.sidecar_name(Path(task.path).name))
+    try:
+        stat = json.loads(sidecar.read_text(encoding="utf-8"))
+        if stat.get("digest") != digest or os.path.getsize(task.path) != stat["bytes"]:
+            return None
+        if _file_sha256(task.path) != stat["sha256"]:
+            return None
+        return ShardStat(**{**stat, "resumed": True})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _text_of(record: dict) -> str:
+    target = record.get("target")
+    if target is None:
+        raise DataError("no transcript ('target' / 'txt' field or a line in text)")
+    return target if isinstance(target, str) else str(target)
+
+
+def _meta(record: dict, first: dict[str, Any]) -> dict:
+    meta = {"key": record["key"], **first}
+    if "target_len" in record:
+        meta["target_len"] = record["target_len"]
+    if "start" in record:
+        meta["segment"] = [record["start"], record.get("end", -1)]
+    for name, value in record.items():
+        if name not in _CORE_FIELDS and name != "where" and name not in meta:
+            meta[name] = value
+    return meta
+
+
+def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[str, Any]]:
+    """``(extension, bytes, metadata)`` of the audio member of one record."""
+    source = str(record["source"])
+    try:
+        data = audio.read_source_bytes(source, allow_pipe=opts.allow_pipe, storage_options=opts.storage_options)
+    except OSError as exc:
+        raise DataError(f"cannot read audio {source}: {exc}") from None
+    ext = audio.extension_of(source)
+    orig = fmt.sniff_audio_format(data) or (ext if ext in fmt.AUDIO_EXTS else None)
+    if orig is None:
+        raise DataError(f"{source} is not a known audio format (not wav/flac/ogg/opus/mp3)")
+    segment = "start" in record
+    if opts.audio_format == "keep" and opts.resample is None and not segment:
+        header = fmt.wav_header_info(data) if orig == "wav" else None
+        if header is None:
+            import soundfile as sf
+
+            try:
+                info = sf.info(io.BytesIO(data))
+            except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+                raise DataError(f"{source}: not a readable audio file ({exc})") from None
+            header = (int(info.samplerate), int(info.frames))
+        rate, n = header
+        out_ext, out = orig, data
+    else:
+        # Cut, resample or re-encode: decode (only the segment's range), then encode.
+        import soundfile as sf
+
+        try:
+            info = sf.info(io.BytesIO(data))
+        except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+            raise DataError(f"{source}: not a readable audio file ({exc})") from None
+        rate = int(info.samplerate)
+        first, last = 0, None
+        if segment:
+            first, last = audio.segment_samples(float(record["start"]), float(record.get("end", -1)), rate,
+                                                int(info.frames))
+            if last <= first:
+                raise DataError(f"segment [{record['start']}, {record.get('end')}] s lies outside {source} "
+                                f"({info.frames / rate:.3f} s)")
+        wave, rate = audio.decode_bytes(data, where=source, start=first, stop=last)
+        if opts.resample and opts.resample != rate:
+            wave, rate = audio.resample(wave, rate, opts.resample), opts.resample
+        if opts.audio_format != "keep":
+            out_ext = opts.audio_format
+        else:
+            out_ext = orig if orig in ("wav", "flac") else "wav"
+        out = audio.encode(wave, rate, out_ext)
+        n = int(wave.shape[0])
+    if n <= 0 or rate <= 0:
+        raise DataError(f"{source} holds no samples")
+    return out_ext, out, {"duration": n / rate, "sample_rate": rate, "num_samples": n,
+                          "source_len": audio.frames_10ms(n, rate)}
+
+
+def _feats_member(record: dict) -> tuple[bytes, dict[str, Any]]:
+    mat = np.asarray(kaldi.read_feats(str(record["source"])))
+    if mat.ndim != 2:
+        raise DataError(f"features '{record['source']}' are not a matrix (shape {mat.shape})")
+    buf = io.BytesIO()
+    np.save(buf, mat, allow_pickle=False)
+    frames = int(mat.shape[0])
+    return buf.getvalue(), {"duration": frames / 100.0, "num_frames": frames, "feat_dim": int(mat.shape[1]),
+                            "source_len": frames}
+
+
+def pack_shard(task: ShardTask) -> ShardStat:
+    """Write one shard (or reuse it if complete and identical); runs in a worker process."""
+    digest = _digest(task)
+    done = _resume(task, digest)
+    if done is not None:
+        return done
+    opts = task.options
+    skipped: Counter = Counter()
+    durations: list[float] = []
+    seen: dict[str, str] = {}
+    with ShardWriter(task.path) as writer:
+        for record in task.records:
+            key = record["key"]
+            try:
+                stem = fmt.safe_member_name(key)
+                txt = _text_of(record).encode("utf-8")
+                if opts.feats:
+                    npy, first = _feats_member(record)
+                else:
+                    ext, data, first = _audio_members(record, opts)
+            except DataError as exc:
+                if opts.on_error == "error":
+                    raise DataError(f"{record.get('where', '?')}: key '{key}': {exc}. Fix the input, or pass "
+                                    f"++on_error=skip to drop such utterances (they are counted).") from None
+                reason = "missing transcript" if "transcript" in str(exc) else "unreadable audio"
+                skipped[reason] += 1
+                continue
+            if stem in seen:  # unreachable with an injective mapping unless a key repeats
+                raise DataError(f"keys '{seen[stem]}' and '{key}' map to the same member name '{stem}' in "
+                                f"{task.path}; keys must be unique.")
+            seen[stem] = key
+            meta = json.dumps(_meta(record, first), ensure_ascii=False, sort_keys=False).encode("utf-8")
+            writer.add(f"{stem}.txt", txt)
+            if opts.feats:
+                writer.add(f"{stem}.json", meta)
+                writer.add(f"{stem}.npy", npy)
+            else:
+                writer.add(f"{stem}.{ext}", data)
+                writer.add(f"{stem}.json", meta)
+            durations.append(first["duration"])
+    stat = ShardStat(task.path, len(durations), float(sum(durations)), min(durations, default=0.0),
+                     max(durations, default=0.0), writer.bytes, writer.sha256, digest, dict(skipped))
+    sidecar = Path(task.path).with_name(fmt.sidecar_name(Path(task.path).name))
+    with atomic_write(sidecar) as f:
+        json.dump({k: v for k, v in stat.__dict__.items() if k != "resumed"}, f, sort_keys=True)
+    return stat
+
+
+# --------------------------------------------------------------------------- input side
+
+
+class _Input:
+    """One input: a driver file read line by line, and a parser from a line to a record."""
+
+    def __init__(self, driver: str, key_of: Callable[[bytes, int], str | None],
+                 record_of: Callable[[bytes, int], dict | str | None], describe: str):
+        self.driver = driver
+        self.key_of = key_of  # cheap, for the first pass; None for a blank line
+        self.record_of = record_of  # a record, a skip reason (str), or None for a blank line
+        self.describe = describe
+        self.offsets = array("q")
+        self.linenos = array("q")
+
+    def scan(self) -> int:
+        """First pass: offsets, line numbers, duplicate keys. 24 bytes per utterance."""
+        hashes = array("q")
+        offset = 0
+        with open(self.driver, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                key = self.key_of(raw, lineno)
+                if key is not None:
+                    self.offsets.append(offset)
+                    self.linenos.append(lineno)
+                    hashes.append(kaldi.key_hash(key))
+                offset += len(raw)
+        h = np.frombuffer(hashes, dtype=np.int64)
+        if len(h) and len(np.unique(h)) != len(h):
+            self._raise_duplicate(h)
+        return len(h)
+
+    def _raise_duplicate(self, h: np.ndarray) -> None:
+        values, counts = np.unique(h, return_counts=True)
+        dup_hashes = set(int(v) for v in values[counts > 1][:8])
+        first_seen: dict[str, int] = {}
+        with open(self.driver, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                key = self.key_of(raw, lineno)
+                if key is None or kaldi.key_hash(key) not in dup_hashes:
+                    continue
+                if key in first_seen:
+                    raise DataError(
+                        f"duplicate key '{key}' in {self.driver}: at {self.driver}:{first_seen[key]} and "
+                        f"{self.driver}:{lineno} (both would be shard member '{fmt.safe_member_name(key)}'). "
+                        f"Keys must be unique; remove or rename one.")
+                first_seen[key] = lineno
+
+    def records(self, shuffle: bool, seed: int) -> Iterator[dict | str]:
+        with open(self.driver, "rb") as f:
+            if not shuffle:
+                for lineno, raw in enumerate(f, 1):
+                    rec = self.record_of(raw, lineno)
+                    if rec is not None:
+                        yield rec
+                return
+            # Seeded permutation of line offsets (8 bytes/utt), not of records.
+            order = np.random.default_rng(seed).permutation(len(self.offsets))
+            for i in order:
+                f.seek(self.offsets[i])
+                rec = self.record_of(f.readline(), int(self.linenos[i]))
+                if rec is not None:
+                    yield rec
+
+
+def _jsonl_input(path: str) -> _Input:
+    from corpus_io.manifest import canonical
+
+    def parse(raw: bytes, lineno: int) -> dict | None:
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        if not raw.strip():
+            return None
+        try:
+            obj = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DataError(f"{path}:{lineno}: not a valid UTF-8 JSON object ({exc}). Each line of a jsonl / "
+                            f"WeNet raw list must be one JSON object.") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}.")
+        return canonical(obj, where=f"{path}:{lineno}")
+
+    def key_of(raw: bytes, lineno: int) -> str | None:
+        rec = parse(raw, lineno)
+        return None if rec is None else rec["key"]
+
+    def record_of(raw: bytes, lineno: int) -> dict | None:
+        rec = parse(raw, lineno)
+        if rec is not None:
+            rec["where"] = f"{path}:{lineno}"
+        return rec
+
+    return _Input(path, key_of, record_of, f"jsonl {path}")
+
+
+def _kaldi_input(data_dir: Path, *, feats: bool) -> _Input:
+    def table(name: str) -> kaldi.KeyedTable | None:
+        p = data_dir / name
+        return kaldi.KeyedTable(p) if p.is_file() else None
+
+    text = table("text")
+    if text is None:
+        raise DataError(f"{data_dir} has no 'text' file; a Kaldi data dir needs wav.scp (or feats.scp) and text.")
+    utt2spk = table("utt2spk")
+    segments = data_dir / "segments"
+    if feats:
+        driver = data_dir / "feats.scp"
+        recordings = None
+    elif segments.is_file():
+        driver, recordings = segments, table("wav.scp")
+    else:
+        driver, recordings = data_dir / "wav.scp", None
+    if not driver.is_file():
+        raise DataError(f"{data_dir} has no {driver.name}. For audio a Kaldi dir needs wav.scp + text; "
+                        f"for ++feats=true it needs feats.scp + text.")
+    if segments.is_file() and not feats and recordings is None:
+        raise DataError(f"{data_dir} has 'segments' but no wav.scp for its recordings.")
+    path = str(driver)
+
+    def key_of(raw: bytes, lineno: int) -> str | None:
+        parsed = kaldi._decode_line(raw, path, lineno)
+        return None if parsed is None else parsed[0]
+
+    def record_of(raw: bytes, lineno: int) -> dict | str | None:
+        parsed = kaldi._decode_line(raw, path, lineno)
+        if parsed is None:
+            return None
+        key, value = parsed
+        where = f"{path}:{lineno}"
+        rec: dict[str, Any] = {"key": key}
+        if recordings is not None:
+            parts = value.split()
+            try:
+                start, end = float(parts[1]), float(parts[2])
+                if len(parts) != 3:
+                    raise ValueError
+            except (ValueError, IndexError):
+                raise DataError(f"{where}: a segments line must be '<utt> <recording> <start> <end>' (seconds); "
+                                f"got '{key} {value}'.") from None
+            source = recordings.get(parts[0])
+            if source is None:
+                return "recording missing from wav.scp"
+            rec["source"], rec["start"], rec["end"] = source, start, end
+            if end >= 0:
+                rec["source_len"] = int(round((end - start) * 100))
+        else:
+            rec["source"] = value
+        target = text.get(key)
+        if target is None:
+            return "missing transcript"
+        rec["target"] = target
+        speaker = utt2spk.get(key) if utt2spk is not None else None
+        if speaker is not None:
+            rec["speaker"] = speaker
+        rec["where"] = where
+        return rec
+
+    return _Input(path, key_of, record_of, f"Kaldi dir {data_dir}")
+
+
+def open_input(path: str, *, feats: bool) -> _Input:
+    """The input reader for a jsonl / WeNet raw list (a file) or a Kaldi data dir (a directory)."""
+    p = Path(path)
+    if p.is_dir():
+        return _kaldi_input(p, feats=feats)
+    if feats:
+        raise ConfigError(f"++feats=true needs a Kaldi data dir with feats.scp + text; {path} is not a directory.")
+    if not p.is_file():
+        raise DataError(f"input {path} does not exist. Pass a jsonl (scp2jsonl), a WeNet raw data.list or a "
+                        f"Kaldi data dir: ++input=...")
+    return _jsonl_input(str(p))
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def parse_filter_group(specs: list[str]) -> list[tuple[int, int]]:
+    groups = []
+    for spec in specs:
+        m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", str(spec))
+        if not m or int(m.group(1)) >= int(m.group(2)):
+            raise ConfigError(f"filter_group entry '{spec}' must be 'lo:hi' in 10 ms frames with lo < hi, e.g. "
+                              f"++filter_group='[\"10:500\",\"500:1000\"]'.")
+        groups.append((int(m.group(1)), int(m.group(2))))
+    return groups
+
+
+def _source_len(record: dict, opts: PackOptions) -> int:
+    """Length in 10 ms frames, from the record or a header probe (for filter_group)."""
+    if "source_len" in record:
+        return int(record["source_len"])
+    if opts.feats:
+        return int(np.asarray(kaldi.read_feats(str(record["source"]))).shape[0])
+    info = audio.probe(str(record["source"]), allow_pipe=opts.allow_pipe, storage_options=opts.storage_options)
+    return audio.frames_10ms(info.num_samples, info.sample_rate)
+
+
+def _clean_temp_files(out_dir: Path, prefix: str) -> None:
+    """Remove temp files a killed run left behind (``.<prefix>-NNNNNN.tar.tmp-<pid>``)."""
+    pattern = re.compile(rf"\.{re.escape(prefix)}-\d{{6}}\.tar(\.json)?\.tmp-\d+")
+    for entry in os.scandir(out_dir):
+        if pattern.fullmatch(entry.name):
+            os.unlink(entry.path)
+
+
+def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
+              keep: Callable[[dict], bool] | None, summary: Summary, desc: str) -> list[ShardStat]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _clean_temp_files(out_dir, cfg.shard_prefix)
+    per_shard = cfg.num_utts_per_shard
+
+    def tasks() -> Iterator[ShardTask]:
+        batch: list[dict] = []
+        index = 0
+        for rec in inp.records(cfg.shuffle, cfg.seed):
+            if isinstance(rec, str):
+                if cfg.on_error == "error":
+                    raise DataError(f"{inp.describe}: an utterance has a {rec}. Fix the data dir, or pass "
+                                    f"++on_error=skip to drop such utterances (they are counted).")
+                summary.skip(rec)
+                continue
+            if keep is not None and not keep(rec):
+                continue
+            batch.append(rec)
+            if len(batch) == per_shard:
+                yield ShardTask(index, str(out_dir / fmt.shard_name(cfg.shard_prefix, index)), batch, opts)
+                batch, index = [], index + 1
+        if batch:
+            yield ShardTask(index, str(out_dir / fmt.shard_name(cfg.shard_prefix, index)), batch, opts)
+
+    workers = resolve_num_workers(cfg.num_workers)
+    stats: list[ShardStat] = []
+    num_shards = -(-total // per_shard) if keep is None else None
+    results = parallel_imap(pack_shard, tasks(), num_workers=workers, chunksize=1)
+    for stat in progress(results, total=num_shards, desc=desc, unit="shard"):
+        stats.append(stat)
+        summary.kept += stat.num_utts
+        summary.seconds += stat.duration
+        summary.bytes += stat.bytes
+        for reason, n in stat.skipped.items():
+            summary.skip(reason, n)
+    listed = [s for s in stats if s.num_utts > 0]
+    write_list_and_index(out_dir / "data.list", (s.index_entry() for s in listed))
+    return stats
+
+
+def pack_shards(cfg: Any) -> Summary:
+    """Run pack-shards for a validated :class:`corpus_io.config.PackShardsConfig`; returns the summary."""
+    if cfg.num_utts_per_shard <= 0:
+        raise ConfigError(f"num_utts_per_shard must be positive, got {cfg.num_utts_per_shard}.")
+    if cfg.resample is not None and cfg.resample <= 0:
+        raise ConfigError(f"resample must be a positive rate in Hz or null, got {cfg.resample}.")
+    feats = bool(getattr(cfg, "feats", False))
+    if feats and (cfg.audio_format != "keep" or cfg.resample):
+        raise ConfigError("++feats=true stores feature matrices; audio_format/resample do not apply.")
+    opts = PackOptions(cfg.audio_format, cfg.resample, feats, cfg.on_error, cfg.allow_pipe,
+                       dict(cfg.storage_options or {}))
+    inp = open_input(cfg.input, feats=feats)
+    total = inp.scan()
+    out_dir = Path(cfg.output_dir).resolve()
+    summary = Summary()
+    groups = parse_filter_group(list(cfg.filter_group))
+    all_stats: list[ShardStat] = []
+    if not groups:
+        all_stats = _pack_dir(inp, out_dir, cfg, opts, total, None, summary, "pack-shards")
+    else:
+        for lo, hi in groups:
+            def keep(rec: dict, lo: int = lo, hi: int = hi) -> bool:
+                try:
+                    return lo <= _source_len(rec, opts) < hi
+                except DataError:
+                    return True  # the worker reports (or skips) unreadable audio
+            all_stats += _pack_dir(inp, out_dir / f"{lo}_{hi}", cfg, opts, total, keep, summary,
+                                   f"pack-shards {lo}:{hi}")
+        grouped = summary.kept + sum(summary.skipped.values())
+        if grouped < total:
+            summary.skip("outside filter_group", total - grouped)
+    summary.what = "utterances"
+    summary.extra["shards"] = sum(1 for s in all_stats if s.num_utts)
+    summary.extra["resumed"] = sum(1 for s in all_stats if s.resumed)
+    summary.print("pack-shards")
+    return summary

@@ -1,0 +1,235 @@
+"""Streaming shard reader: tar members from a non-seekable stream, grouped into samples.
+
+This is a contract the loader codes against (see docs/FORMAT.md):
+
+* :func:`iter_tar_members` parses 512-byte tar headers itself (ustar, pax and GNU long
+  names), reading the stream strictly forward: local files, pipes and HTTP bodies all work.
+  Nothing is written to disk; member names are never used as paths, so ``..`` or a leading
+  ``/`` is harmless. A member over ``max_member_bytes`` is rejected before it is read.
+* :func:`group_samples` groups adjacent members by key (rule: :func:`format.split_member`)
+  into the pipeline sample dict of docs/DEVELOPING.md.
+* :func:`read_shard` opens a URL and chains the two.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Iterable, Iterator
+
+from corpus_io.errors import DataError
+from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, split_member
+
+DEFAULT_MAX_MEMBER_BYTES = 256 * 1024 * 1024  # bytes; matches dataset_conf.max_member_bytes
+_BLOCK = 512
+_REGULAR = (b"0", b"\0", b"7")
+_META = (b"x", b"g", b"L", b"K")
+
+
+def _read_exact(f: IO[bytes], n: int) -> bytes:
+    """Up to ``n`` bytes; fewer only at end of stream (pipes and sockets return short reads)."""
+    data = f.read(n)
+    if data is None:
+        data = b""
+    if len(data) == n or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < n:
+        more = f.read(n - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _octal(field: bytes, *, url: str, what: str) -> int:
+    if field and field[0] & 0x80:  # GNU base-256 for sizes over 8 GiB
+        value = int.from_bytes(field[1:], "big")
+        return -value if field[0] & 0x40 else value
+    text = field.split(b"\0", 1)[0].strip(b" \0")
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise DataError(f"{url}: corrupt tar header ({what}: {field!r} is not an octal number); "
+                        f"{what_to_do()}") from None
+
+
+def what_to_do() -> str:
+    return "the shard is damaged: re-copy it, or re-pack it with pack-shards (verify with verify-shards)."
+
+
+def _checksum_ok(block: bytes) -> bool:
+    stored = block[148:156].split(b"\0", 1)[0].strip(b" \0")
+    try:
+        expected = int(stored, 8)
+    except ValueError:
+        return False
+    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
+    signed = unsigned - sum(256 for b in block[:148] + block[156:] if b > 127)
+    return expected in (unsigned, signed)
+
+
+def _pax_records(data: bytes, *, url: str) -> dict[str, str]:
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        try:
+            length = int(data[pos:space])
+        except ValueError:
+            raise DataError(f"{url}: corrupt pax header record; {what_to_do()}") from None
+        record = data[space + 1:pos + length - 1]  # drop the trailing newline
+        key, _, value = record.partition(b"=")
+        records[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+        if length <= 0:
+            break
+        pos += length
+    return records
+
+
+def iter_tar_members(fileobj: IO[bytes], *, url: str,
+                     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES) -> Iterator[tuple[str, bytes]]:
+    """Yield ``(name, data)`` for each regular-file member of a tar stream, in order.
+
+    Directories, links and other entries are skipped. Raises :class:`DataError` naming ``url``
+    and the last good member on a truncated or corrupt stream, and naming the member when it is
+    larger than ``max_member_bytes`` (bytes).
+    """
+    last = "(none: the first header)"
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while True:
+        block = _read_exact(fileobj, _BLOCK)
+        if len(block) < _BLOCK:
+            if not block and last == "(none: the first header)":
+                raise DataError(f"{url}: empty stream (0 bytes), not a tar; {what_to_do()}")
+            raise DataError(f"{url}: truncated shard: the stream ends after member '{last}' without the "
+                            f"tar end-of-archive marker; {what_to_do()}")
+        if block.count(0) == _BLOCK:
+            return  # end-of-archive: the rest is zero padding
+        if not _checksum_ok(block):
+            raise DataError(f"{url}: corrupt tar header after member '{last}' (bad checksum); {what_to_do()}")
+        name_field = block[0:100].split(b"\0", 1)[0]
+        if block[257:262] == b"ustar" and block[345] != 0:
+            name_field = block[345:500].split(b"\0", 1)[0] + b"/" + name_field
+        name = name_field.decode("utf-8", "replace")
+        size = _octal(block[124:136], url=url, what=f"size of '{name}'")
+        typeflag = block[156:157]
+        if typeflag not in _META:  # pax / GNU long-name headers describe the entry after them
+            if pax.get("path"):
+                name = pax["path"]
+            if "size" in pax:
+                size = int(pax["size"])
+            if long_name is not None:
+                name = long_name
+            pax, long_name = {}, None
+        if size < 0 or size > max_member_bytes:
+            raise DataError(f"{url}: member '{name}' is {size} bytes, over the cap max_member_bytes="
+                            f"{max_member_bytes}; it is rejected, not buffered. Raise "
+                            f"++dataset_conf.max_member_bytes if the member is legitimate.")
+        data = _read_exact(fileobj, size)
+        if len(data) < size:
+            raise DataError(f"{url}: truncated shard: member '{name}' needs {size} bytes but the stream "
+                            f"ends after {len(data)}; the last complete member is '{last}'; {what_to_do()}")
+        pad = -size % _BLOCK
+        if pad and len(_read_exact(fileobj, pad)) < pad:
+            raise DataError(f"{url}: truncated shard inside the padding of member '{name}'; {what_to_do()}")
+        if typeflag in _REGULAR:
+            last = name
+            yield name, data
+        elif typeflag == b"x":
+            pax = _pax_records(data, url=url)
+        elif typeflag == b"L":
+            long_name = data.split(b"\0", 1)[0].decode("utf-8", "replace")
+        # 'g' (global pax), '5' (directory), links, devices: nothing to yield
+
+
+def _decode_txt(data: bytes, *, url: str, member: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{url}: member '{member}' is not UTF-8 (byte {exc.start}); transcripts must be "
+                        f"UTF-8 text. Re-pack the shard from a UTF-8 source.") from None
+
+
+def _finish(prefix: str, fields: dict[str, bytes], names: dict[str, str], *, url: str, pos: int) -> dict:
+    sample: dict = {}
+    meta: dict = {}
+    if "json" in fields:
+        try:
+            meta = json.loads(fields["json"])
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DataError(f"{url}: member '{names['json']}' is not valid JSON ({exc}); {what_to_do()}") from None
+        if not isinstance(meta, dict):
+            raise DataError(f"{url}: member '{names['json']}' must hold a JSON object; {what_to_do()}")
+    key = meta.get("key")
+    if not isinstance(key, str) or not key:
+        try:
+            key = key_from_member_name(prefix)
+        except UnicodeDecodeError:
+            key = prefix
+    sample["key"] = key
+    audio_exts = [ext for ext in fields if ext in AUDIO_EXTS]
+    if len(audio_exts) > 1:
+        raise DataError(f"{url}: sample '{key}' has several audio members "
+                        f"({', '.join(names[e] for e in audio_exts)}); a sample holds one audio member.")
+    if audio_exts:
+        sample["audio"] = fields[audio_exts[0]]
+        sample["audio_format"] = audio_exts[0]
+    if "txt" not in fields:
+        first = next(iter(names.values()))
+        raise DataError(f"{url}: sample '{key}' (member '{first}') has no .txt member; every sample needs "
+                        f"its transcript next to it (WeNet crashes without it). Re-pack the shard.")
+    sample["txt"] = _decode_txt(fields["txt"], url=url, member=names["txt"])
+    sample["meta"] = meta
+    if "npy" in fields:
+        sample["npy"] = fields["npy"]
+    for ext, data in fields.items():
+        if ext not in sample and ext not in ("json", "txt") and ext not in AUDIO_EXTS:
+            sample[ext] = data
+    sample["__url__"] = url
+    sample["__pos__"] = pos
+    return sample
+
+
+def group_samples(members: Iterable[tuple[str, bytes]], *, url: str) -> Iterator[dict]:
+    """Group adjacent members with the same key into sample dicts (see docs/DEVELOPING.md).
+
+    Keys: ``key``, ``audio``/``audio_format`` (when an audio member exists), ``txt`` (str),
+    ``meta`` (dict from ``.json``, ``{}`` without one), ``npy`` (bytes, if present), every other
+    field as ``<ext>``: bytes, then ``__url__`` and ``__pos__`` (0-based sample index in the shard).
+    """
+    prefix: str | None = None
+    fields: dict[str, bytes] = {}
+    names: dict[str, str] = {}
+    pos = 0
+    for name, data in members:
+        member_prefix, ext = split_member(name)
+        if not ext:
+            raise DataError(f"{url}: member '{name}' has no extension, so it cannot be grouped into a "
+                            f"sample (WeNet drops the rest of such a tar); {what_to_do()}")
+        if member_prefix != prefix:
+            if prefix is not None:
+                yield _finish(prefix, fields, names, url=url, pos=pos)
+                pos += 1
+            prefix, fields, names = member_prefix, {}, {}
+        if ext in fields:
+            raise DataError(f"{url}: member '{name}' repeats field '.{ext}' of sample '{prefix}' "
+                            f"(first: '{names[ext]}'); keys must be unique within a shard.")
+        fields[ext] = data
+        names[ext] = name
+    if prefix is not None:
+        yield _finish(prefix, fields, names, url=url, pos=pos)
+
+
+def read_shard(url: str, *, storage_options: dict | None = None,
+               max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES, allow_pipe: bool = False) -> Iterator[dict]:
+    """Samples of the shard at ``url`` (local path, file://, http(s)://, s3://, or pipe: when allowed)."""
+    from corpus_io.urls import open_url
+
+    f = open_url(url, storage_options=storage_options, allow_pipe=allow_pipe)
+    try:
+        yield from group_samples(iter_tar_members(f, url=url, max_member_bytes=max_member_bytes), url=url)
+    finally:
+        f.close()
