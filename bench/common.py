@@ -32,8 +32,8 @@ def real_corpus(num_files: int = 20000, *, base_utts: int = 400) -> Path:
         synth.make_digits(base / "b", base_utts - half, seed=2, sample_rate=44100, fmt="flac")
         with open(base / "wav.scp", "w") as fw, open(base / "text", "w") as ft:
             for part in ("a", "b"):
-                fw.write((base / part / "wav.scp").read_text().replace("spk", f"{part}spk"))
-                ft.write((base / part / "text").read_text().replace("spk", f"{part}spk"))
+                for name, f in (("wav.scp", fw), ("text", ft)):
+                    f.writelines(f"{part}-{line}\n" for line in (base / part / name).read_text().splitlines())
     wavs = [line.split(" ", 1) for line in (base / "wav.scp").read_text().splitlines()]
     texts = dict(line.split(" ", 1) for line in (base / "text").read_text().splitlines())
     copies = -(-num_files // len(wavs))
