@@ -1,0 +1,228 @@
+"""Batch budgets, duration bucketing and padding.
+
+Units. ``source_len`` is the number of feature frames of an utterance (``feats.shape[0]``,
+10 ms frames for fbank/mfcc); ``target_len`` is its number of tokens (``len(tokens)``).
+
+``batch_type`` (FunASR names, WeNet semantics):
+
+* ``example``: a batch holds ``batch_size`` utterances.
+* ``length``: padded input frames: ``max(source_len) * n <= batch_size`` (frames).
+* ``token``: ``max(source_len + target_len) * n <= batch_size`` (frames + tokens).
+
+For ``length``/``token``, ``max_batch_size`` caps ``n`` (utterances). An utterance whose
+own cost is over the budget forms a batch of one: it is counted in ``counts`` under
+``batch.over_budget``, never dropped.
+
+Determinism: every function here is a plain generator whose output depends only on its
+arguments and the order of its input. Nothing here draws random numbers.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from typing import Callable, Iterable, Iterator, Sequence
+
+BATCH_TYPES = ("example", "length", "token")
+Lengths = Callable[[dict], "tuple[int, int]"]
+
+
+def sample_lengths(sample: dict) -> tuple[int, int]:
+    """``(source_len, target_len)``: feature frames and tokens of a sample dict."""
+    return int(sample["feats"].shape[0]), len(sample.get("tokens", ()))
+
+
+class Budget:
+    """Does a batch of ``n`` utterances with these maxima fit? (see the module docstring for units)."""
+
+    def __init__(self, batch_type: str, batch_size: int, max_batch_size: int = 200) -> None:
+        if batch_type not in BATCH_TYPES:
+            raise ValueError(f"batch_type must be one of {BATCH_TYPES}, got {batch_type!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_type = batch_type
+        self.batch_size = batch_size
+        self.max_batch_size = batch_size if batch_type == "example" else max(1, max_batch_size)
+
+    def cost(self, source_len: int, target_len: int) -> int:
+        """Per-utterance padded unit: 1 (example), frames (length) or frames + tokens (token)."""
+        if self.batch_type == "example":
+            return 1
+        if self.batch_type == "length":
+            return source_len
+        return source_len + target_len
+
+    def fits(self, max_cost: int, n: int) -> bool:
+        if n > self.max_batch_size:
+            return False
+        return self.batch_type == "example" or max_cost * n <= self.batch_size
+
+
+class _Open:
+    """A batch being filled: its samples and its largest cost."""
+
+    __slots__ = ("items", "max_cost")
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+        self.max_cost = 0
+
+
+def _add(open_batch: _Open, sample: dict, cost: int, budget: Budget, counts: Counter | None) -> list[dict] | None:
+    """Add ``sample``; return the batch it closed (the one before it) when it does not fit."""
+    closed = None
+    if open_batch.items and not budget.fits(max(open_batch.max_cost, cost), len(open_batch.items) + 1):
+        closed = open_batch.items
+        open_batch.items, open_batch.max_cost = [], 0
+    if not open_batch.items and not budget.fits(cost, 1) and counts is not None:
+        counts["batch.over_budget"] += 1
+    open_batch.items.append(sample)
+    open_batch.max_cost = max(open_batch.max_cost, cost)
+    return closed
+
+
+def batch(samples: Iterable[dict], *, batch_type: str = "example", batch_size: int = 16, max_batch_size: int = 200,
+          counts: Counter | None = None, lengths: Lengths = sample_lengths) -> Iterator[list[dict]]:
+    """Group consecutive samples into batches within the budget (WeNet static/dynamic batching)."""
+    budget = Budget(batch_type, batch_size, max_batch_size)
+    current = _Open()
+    for sample in samples:
+        closed = _add(current, sample, budget.cost(*lengths(sample)), budget, counts)
+        if closed:
+            yield closed
+    if current.items:
+        yield current.items
+
+
+def quantile_boundaries(costs: Sequence[float], num_buckets: int) -> list[float]:
+    """``num_buckets - 1`` upper bucket edges at equal-count quantiles of ``costs`` (sorted, unique)."""
+    if not costs or num_buckets <= 1:
+        return []
+    ordered = sorted(costs)
+    edges = {ordered[min(len(ordered) - 1, (i * len(ordered)) // num_buckets)] for i in range(1, num_buckets)}
+    return sorted(edges)
+
+
+def geometric_boundaries(min_cost: float, max_cost: float, num_buckets: int) -> list[float]:
+    """``num_buckets - 1`` edges growing by a constant ratio from ``min_cost`` to ``max_cost``."""
+    lo, hi = max(1.0, float(min_cost)), max(float(min_cost) + 1.0, float(max_cost))
+    ratio = (hi / lo) ** (1.0 / num_buckets)
+    return [lo * ratio ** i for i in range(1, num_buckets)]
+
+
+def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_size: int = 16,
+                 max_batch_size: int = 200, num_buckets: int = 10, boundaries: Sequence[float] | None = None,
+                 warmup: int = 1000, bucket_batches: int = 8, counts: Counter | None = None,
+                 lengths: Lengths = sample_lengths) -> Iterator[list[dict]]:
+    """Duration bucketing: batches are cut from length buckets, so an utterance is batched with
+    utterances of about its own length.
+
+    Each sample joins the buffer of its bucket (by cost: frames, or frames + tokens for
+    ``token``; frames for ``example``). When a bucket holds ``bucket_batches`` budgets' worth,
+    it is sorted by cost and cut greedily into batches; all but the last (possibly partial)
+    batch are emitted, the last stays in the bucket. At the end every bucket is sorted and
+    emitted in bucket order.
+
+    Edges: ``boundaries`` (ascending upper edges, e.g. from the data list's index), else
+    the equal-count quantiles of the first ``warmup`` samples, which are held until then and
+    bucketed in arrival order. Memory: ``warmup`` samples, then ``num_buckets *
+    bucket_batches`` batches at most.
+    """
+    budget = Budget(batch_type, batch_size, max_batch_size)
+    full = Budget(batch_type, batch_size * bucket_batches, max_batch_size * bucket_batches)
+    bucket_cost = Budget("length" if batch_type == "example" else batch_type, 1)
+    held: list[tuple[dict, int, int]] = []
+    edges: list[float] | None = list(boundaries) if boundaries is not None else None
+    buckets: list[_Open] = []
+
+    def cut(bucket: _Open, final: bool) -> Iterator[list[dict]]:
+        bucket.items.sort(key=lambda item: item[1])
+        batches = list(batch(bucket.items, batch_type=batch_type, batch_size=batch_size,
+                             max_batch_size=max_batch_size, counts=counts, lengths=lambda item: (item[1], 0)))
+        bucket.items = [] if final else batches.pop()
+        bucket.max_cost = bucket.items[-1][1] if bucket.items else 0
+        for b in batches:
+            yield [s for s, _ in b]
+
+    def place(sample: dict, cost: int, key: float) -> Iterator[list[dict]]:
+        bucket = buckets[bisect.bisect_left(edges, key)]
+        if bucket.items and not full.fits(max(cost, bucket.max_cost), len(bucket.items) + 1):
+            yield from cut(bucket, final=False)
+        bucket.items.append((sample, cost))
+        bucket.max_cost = max(bucket.max_cost, cost)
+
+    for sample in samples:
+        src, tgt = lengths(sample)
+        held.append((sample, budget.cost(src, tgt), bucket_cost.cost(src, tgt)))
+        if edges is None:
+            if len(held) < warmup:
+                continue
+            edges = quantile_boundaries([k for _, _, k in held], num_buckets)
+        if not buckets:
+            buckets = [_Open() for _ in range(len(edges) + 1)]
+        for queued in held:
+            yield from place(*queued)
+        held = []
+    if edges is None:
+        edges = quantile_boundaries([k for _, _, k in held], num_buckets)
+    if not buckets:
+        buckets = [_Open() for _ in range(len(edges) + 1)]
+    for queued in held:
+        yield from place(*queued)
+    for bucket in buckets:
+        yield from cut(bucket, final=True)
+
+
+def padding_ratio(source_lens: Sequence[int]) -> float:
+    """Padding frames / all frames of the padded (B, T) tensor."""
+    if not source_lens:
+        return 0.0
+    total = max(source_lens) * len(source_lens)
+    return (total - sum(source_lens)) / total if total else 0.0
+
+
+def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
+    """The batch dict of docs/DEVELOPING.md from a list of samples with ``feats`` (and ``tokens``).
+
+    ``feats`` (B, T, D) float32, zero padded; ``feats_lengths`` (B,) int64 frames; ``target``
+    (B, U) int64 padded with -1; ``target_lengths`` (B,); ``audio_seconds`` = sum of
+    ``feats_lengths`` * ``frame_shift`` (seconds per frame); ``padding_ratio`` = padding
+    frames / (B * T). Batch order is kept.
+    """
+    import torch
+
+    if not samples:
+        raise ValueError("pad() needs at least one sample")
+    feats = [s["feats"] for s in samples]
+    feats_lengths = torch.tensor([f.shape[0] for f in feats], dtype=torch.int64)
+    padded = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True, padding_value=0.0)
+    tokens = [s.get("tokens") or [] for s in samples]
+    target_lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int64)
+    target = torch.full((len(samples), int(target_lengths.max())), -1, dtype=torch.int64)
+    for i, t in enumerate(tokens):
+        if t:
+            target[i, :len(t)] = torch.as_tensor(t, dtype=torch.int64)
+    return {
+        "keys": [s["key"] for s in samples],
+        "feats": padded,
+        "feats_lengths": feats_lengths,
+        "target": target,
+        "target_lengths": target_lengths,
+        "audio_seconds": float(feats_lengths.sum()) * frame_shift,
+        "padding_ratio": padding_ratio(feats_lengths.tolist()),
+    }
+
+
+def mean_padding_ratio(batches: Iterable[list[dict]], lengths: Lengths = sample_lengths) -> float:
+    """Padding frames / all padded frames over many batches (what a bench reports)."""
+    padded = real = 0
+    for b in batches:
+        src = [lengths(s)[0] for s in b]
+        padded += max(src) * len(src)
+        real += sum(src)
+    return (padded - real) / padded if padded else 0.0
+
+
+__all__ = ["BATCH_TYPES", "Budget", "batch", "bucket_batch", "geometric_boundaries", "mean_padding_ratio",
+           "pad", "padding_ratio", "quantile_boundaries", "sample_lengths"]
+

@@ -1,0 +1,383 @@
+"""Loader stages: small generators over sample dicts (keys: docs/DEVELOPING.md "The sample dict").
+
+Each stage is ``stage(samples, <plain args>, counts=None) -> Iterator``. A stage that drops a
+sample adds 1 to ``counts[reason]`` (reasons: ``decode.error``, ``decode.empty``,
+``filter.too_short``, ``filter.too_long``, ``filter.too_few_tokens``, ``filter.too_many_tokens``,
+``filter.ratio_too_low``, ``filter.ratio_too_high``, ``features.error``, ``features.empty``);
+``batch.over_budget`` counts (never drops) an utterance batched alone because it is over budget.
+
+WeNet's order: decode, filter_length, resample, speed_perturb, fbank|mfcc|raw_features
+(or precomputed_features instead of decode..features), spec_aug, spec_sub, spec_trim,
+tokenize, filter_tokens, shuffle, sort, batch (or bucket_batch instead of sort+batch), pad.
+``tokenize`` + ``filter_tokens`` only need ``txt`` and a length, so they may also run right
+after decode to drop utterances before the feature cost.
+
+Randomness: every random stage takes its generator (``random.Random``, or a
+``torch.Generator`` for dither) from the caller, seeded from (seed, epoch, rank, worker).
+A stage draws a fixed number of values per sample in input order, so replaying the same
+input with a generator in the same state reproduces the same output.
+
+Buffers (resume): ``shuffle`` and ``sort`` are block buffers: they read ``size`` samples,
+reorder them, emit them all and start empty again. After ``k * size`` inputs their state is
+only the generator state, so a loader can checkpoint (input position, generator state) at a
+block boundary and replay at most one block. ``bucket_batch`` has no such boundary; replay
+its input from the epoch start (or checkpoint after ``pad``, counting batches).
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from collections import Counter
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from corpus_io import audio
+from corpus_io.batching import batch, bucket_batch, sample_lengths
+from corpus_io.batching import pad as pad_batch
+from corpus_io.errors import DataError
+
+__all__ = [
+    "decode", "filter_length", "resample", "speed_perturb", "fbank", "mfcc", "raw_features",
+    "precomputed_features", "spec_aug", "spec_sub", "spec_trim", "tokenize", "filter_tokens", "shuffle", "sort",
+    "batch", "bucket_batch", "pad", "num_frames",
+]
+
+
+def _where(sample: dict) -> str:
+    url = sample.get("__url__")
+    return f"utterance '{sample.get('key')}'" + (f" of {url}" if url else "")
+
+
+def _count(counts: Counter | None, reason: str) -> None:
+    if counts is not None:
+        counts[reason] += 1
+
+
+def _guarded(samples: Iterable[dict], fn: Any, on_error: str, counts: Counter | None, stage: str,
+             hint: str) -> Iterator[tuple[dict, Any]]:
+    """``(sample, (name, array))`` from ``fn``; a DataError names the sample and ``hint``, or is counted
+    (``<stage>.error``) and skipped; an empty array is counted (``<stage>.empty``) and skipped."""
+    for sample in samples:
+        try:
+            value = fn(sample)
+        except DataError as exc:
+            if on_error == "skip":
+                _count(counts, f"{stage}.error")
+                continue
+            raise DataError(f"{_where(sample)}: {exc} {hint}") from None
+        if value[1].shape[0] == 0:
+            _count(counts, f"{stage}.empty")
+            continue
+        yield sample, value
+
+
+def num_frames(sample: dict) -> float:
+    """Length in 10 ms frames: from ``wav`` (num_samples / sample_rate * 100) or from ``feats``."""
+    if "wav" in sample:
+        return sample["wav"].shape[1] / sample["sample_rate"] * 100
+    return float(sample["feats"].shape[0])
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def decode(samples: Iterable[dict], *, on_error: str = "fail", counts: Counter | None = None) -> Iterator[dict]:
+    """``audio`` bytes -> ``wav`` (1, num_samples) float32 mono and ``sample_rate``.
+
+    Raw segments: ``start``/``end`` seconds (``end < 0``: to the end) cut the recording
+    without decoding the rest. Stereo is averaged to mono. A member that cannot be decoded
+    raises :class:`DataError` naming the key and ``__url__``, or with ``on_error='skip'`` is
+    counted as ``decode.error`` and skipped.
+    """
+    hint = "Re-pack or remove this utterance, or set dataset_conf.on_error=skip to skip and count such members."
+    for sample, (rate, wave) in _guarded(samples, _decode_one, on_error, counts, "decode", hint):
+        sample.pop("audio", None)
+        sample["wav"] = torch.from_numpy(np.ascontiguousarray(audio.to_mono(wave), dtype=np.float32)).unsqueeze(0)
+        sample["sample_rate"] = rate
+        yield sample
+
+
+def _decode_one(sample: dict) -> tuple[int, np.ndarray]:
+    wave, rate = _decode_bytes(sample)
+    return rate, wave
+
+
+def _decode_bytes(sample: dict) -> tuple[np.ndarray, int]:
+    data = sample.get("audio")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise DataError("has no audio bytes ('audio' is missing).")
+    fmt = sample.get("audio_format", "audio")
+    if "start" not in sample and "end" not in sample:
+        return audio.decode_bytes(bytes(data), where=f"{fmt} member")
+    import soundfile as sf
+
+    try:
+        info = sf.info(io.BytesIO(data))
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+        raise DataError(f"{fmt} member: cannot decode audio ({exc}).") from None
+    first, last = audio.segment_samples(float(sample.get("start", 0.0)), float(sample.get("end", -1)),
+                                        int(info.samplerate), int(info.frames))
+    if last <= first:
+        raise DataError(f"segment [{sample.get('start')}, {sample.get('end')}] s is outside the "
+                        f"recording ({info.frames / info.samplerate:.3f} s).")
+    return audio.decode_bytes(bytes(data), where=f"{fmt} member", start=first, stop=last)
+
+
+# --------------------------------------------------------------------------- filters
+
+
+def filter_length(samples: Iterable[dict], *, max_length: float = 10240, min_length: float = 10,
+                  counts: Counter | None = None) -> Iterator[dict]:
+    """Drop utterances outside [min_length, max_length] 10 ms frames (WeNet: before resample)."""
+    for sample in samples:
+        frames = num_frames(sample)
+        if frames < min_length:
+            _count(counts, "filter.too_short")
+        elif frames > max_length:
+            _count(counts, "filter.too_long")
+        else:
+            yield sample
+
+
+def filter_tokens(samples: Iterable[dict], *, token_max_length: int = 200, token_min_length: int = 1,
+                  min_output_input_ratio: float = 0.0005, max_output_input_ratio: float = 1.0,
+                  counts: Counter | None = None) -> Iterator[dict]:
+    """Drop by token count and by tokens per 10 ms frame (WeNet's ratio filter); after ``tokenize``."""
+    for sample in samples:
+        n = len(sample["tokens"])
+        frames = num_frames(sample)
+        if n < token_min_length:
+            _count(counts, "filter.too_few_tokens")
+        elif n > token_max_length:
+            _count(counts, "filter.too_many_tokens")
+        elif frames and n / frames < min_output_input_ratio:
+            _count(counts, "filter.ratio_too_low")
+        elif frames and n / frames > max_output_input_ratio:
+            _count(counts, "filter.ratio_too_high")
+        else:
+            yield sample
+
+
+# --------------------------------------------------------------------------- waveform
+
+
+def resample(samples: Iterable[dict], *, resample_rate: int = 16000, counts: Counter | None = None) -> Iterator[dict]:
+    """Resample ``wav`` to ``resample_rate`` Hz (torchaudio sinc); length becomes ceil(n * new / old)."""
+    import torchaudio.functional as AF
+
+    for sample in samples:
+        rate = sample["sample_rate"]
+        if rate != resample_rate:
+            sample["wav"] = AF.resample(sample["wav"], rate, resample_rate)
+            sample["sample_rate"] = resample_rate
+        yield sample
+
+
+def speed_perturb(samples: Iterable[dict], *, speeds: Sequence[float] = (0.9, 1.0, 1.1), rng: random.Random,
+                  counts: Counter | None = None) -> Iterator[dict]:
+    """Change speed (and pitch, like sox ``speed``) by a factor drawn per utterance from ``speeds``.
+
+    The waveform is read as if sampled at ``round(rate * speed)`` and resampled to ``rate``:
+    length becomes about n / speed. One ``rng.choice`` per sample.
+    """
+    import torchaudio.functional as AF
+
+    speeds = list(speeds)
+    for sample in samples:
+        speed = rng.choice(speeds)
+        if speed != 1.0:
+            rate = sample["sample_rate"]
+            sample["wav"] = AF.resample(sample["wav"], int(round(rate * speed)), rate)
+        yield sample
+
+
+# --------------------------------------------------------------------------- features
+
+
+def _dithered(wav: torch.Tensor, dither: float, generator: torch.Generator | None) -> torch.Tensor:
+    """WeNet's int16 scale; dither (if any) drawn from ``generator`` on the samples, so it is seeded."""
+    wav = wav * (1 << 15)
+    if dither:
+        wav = wav + dither * torch.randn(wav.shape, generator=generator)
+    return wav
+
+
+def _with_feats(samples: Iterable[dict], compute: Any, counts: Counter | None) -> Iterator[dict]:
+    for sample in samples:
+        feats = compute(sample)
+        if feats.shape[0] == 0:
+            _count(counts, "features.empty")
+            continue
+        sample.pop("wav", None)
+        sample["feats"] = feats
+        yield sample
+
+
+def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: float = 25.0, frame_shift: float = 10.0,
+          dither: float = 0.0, generator: torch.Generator | None = None,
+          counts: Counter | None = None) -> Iterator[dict]:
+    """Kaldi fbank (torchaudio.compliance.kaldi) of ``wav`` as WeNet computes it: ``feats``
+    (num_frames, num_mel_bins), num_frames = 1 + (n - frame_length_samples) // shift_samples."""
+    from torchaudio.compliance import kaldi
+
+    def compute(sample: dict) -> torch.Tensor:
+        return kaldi.fbank(_dithered(sample["wav"], dither, generator), num_mel_bins=num_mel_bins,
+                           frame_length=frame_length, frame_shift=frame_shift, dither=0.0, energy_floor=0.0,
+                           sample_frequency=sample["sample_rate"])
+
+    return _with_feats(samples, compute, counts)
+
+
+def mfcc(samples: Iterable[dict], *, num_mel_bins: int = 40, num_ceps: int = 40, frame_length: float = 25.0,
+         frame_shift: float = 10.0, dither: float = 0.0, high_freq: float = -200.0, low_freq: float = 20.0,
+         generator: torch.Generator | None = None, counts: Counter | None = None) -> Iterator[dict]:
+    """Kaldi MFCC of ``wav`` (WeNet's arguments): ``feats`` (num_frames, num_ceps)."""
+    from torchaudio.compliance import kaldi
+
+    def compute(sample: dict) -> torch.Tensor:
+        return kaldi.mfcc(_dithered(sample["wav"], dither, generator), num_mel_bins=num_mel_bins,
+                          frame_length=frame_length, frame_shift=frame_shift, dither=0.0, num_ceps=num_ceps,
+                          high_freq=high_freq, low_freq=low_freq, energy_floor=0.0,
+                          sample_frequency=sample["sample_rate"])
+
+    return _with_feats(samples, compute, counts)
+
+
+def raw_features(samples: Iterable[dict], *, counts: Counter | None = None) -> Iterator[dict]:
+    """The waveform itself as ``feats`` (num_samples, 1), in [-1, 1]: frames are samples here."""
+    return _with_feats(samples, lambda sample: sample["wav"].reshape(-1, 1), counts)
+
+
+_NOT_FEATURES = frozenset({"txt", "json", "audio", "key", "meta", *audio.AUDIO_EXTENSIONS})
+
+
+def precomputed_features(samples: Iterable[dict], *, field: str | None = None, fields: Sequence[str] = (),
+                         on_error: str = "fail", counts: Counter | None = None) -> Iterator[dict]:
+    """``feats`` from a stored ``.npy`` member (a (num_frames, dim) array); audio is never decoded
+    (``audio`` is dropped). The member: ``field``, else the first of ``fields`` (dataset_conf.fields,
+    text/audio names skipped) the sample has, else ``npy``. Unreadable: DataError, or
+    ``features.error`` when ``on_error='skip'``."""
+    candidates = [field] if field else [f for f in fields if f not in _NOT_FEATURES] + ["npy"]
+
+    def load(sample: dict) -> tuple[str, torch.Tensor]:
+        name = next((f for f in candidates if f in sample), candidates[0])
+        return name, _load_npy(sample, name)
+
+    hint = "Re-create the field (corpus-io add-field) or set dataset_conf.on_error=skip."
+    for sample, (name, feats) in _guarded(samples, load, on_error, counts, "features", hint):
+        sample.pop("audio", None)
+        sample.pop(name, None)
+        sample["feats"] = feats
+        yield sample
+
+
+def _load_npy(sample: dict, field: str) -> torch.Tensor:
+    data = sample.get(field)
+    if data is None:
+        raise DataError(f"has no '{field}' member (feats_type=precomputed reads it).")
+    try:
+        array = data if isinstance(data, np.ndarray) else np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise DataError(f"'{field}' is not a readable .npy array ({exc}).") from None
+    if array.ndim != 2:
+        raise DataError(f"'{field}' has shape {array.shape}; expected (num_frames, dim).")
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+
+
+# --------------------------------------------------------------------------- augmentation (WeNet semantics)
+
+
+def spec_aug(samples: Iterable[dict], *, num_t_mask: int = 2, num_f_mask: int = 2, max_t: int = 50, max_f: int = 10,
+             rng: random.Random, counts: Counter | None = None) -> Iterator[dict]:
+    """Zero ``num_t_mask`` time spans (1..max_t frames) and ``num_f_mask`` bands (1..max_f bins)."""
+    for sample in samples:
+        y = sample["feats"].clone()
+        frames, bins = y.shape
+        for _ in range(num_t_mask):
+            start = rng.randint(0, frames - 1)
+            y[start:min(frames, start + rng.randint(1, max_t)), :] = 0
+        for _ in range(num_f_mask):
+            start = rng.randint(0, bins - 1)
+            y[:, start:min(bins, start + rng.randint(1, max_f))] = 0
+        sample["feats"] = y
+        yield sample
+
+
+def spec_sub(samples: Iterable[dict], *, max_t: int = 30, num_t_sub: int = 3, rng: random.Random,
+             counts: Counter | None = None) -> Iterator[dict]:
+    """Replace ``num_t_sub`` spans (1..max_t frames) with the frames ``pos`` earlier (pos in 0..start)."""
+    for sample in samples:
+        x = sample["feats"]
+        y = x.clone()
+        frames = y.shape[0]
+        for _ in range(num_t_sub):
+            start = rng.randint(0, frames - 1)
+            end = min(frames, start + rng.randint(1, max_t))
+            pos = rng.randint(0, start)
+            y[start:end, :] = x[start - pos:end - pos, :]
+        sample["feats"] = y
+        yield sample
+
+
+def spec_trim(samples: Iterable[dict], *, max_t: int = 20, rng: random.Random,
+              counts: Counter | None = None) -> Iterator[dict]:
+    """Trim 1..max_t end frames, unless that is half the utterance or more."""
+    for sample in samples:
+        x = sample["feats"]
+        length = rng.randint(1, max_t)
+        if length < x.shape[0] / 2:
+            sample["feats"] = x[:x.shape[0] - length].clone()
+        yield sample
+
+
+# --------------------------------------------------------------------------- text
+
+
+def tokenize(samples: Iterable[dict], *, tokenizer: Any, counts: Counter | None = None) -> Iterator[dict]:
+    """``tokens`` = ``tokenizer.encode(txt)`` (a :class:`corpus_io.tokenizer.Tokenizer`)."""
+    for sample in samples:
+        text = sample.get("txt")
+        if not isinstance(text, str):
+            raise DataError(f"{_where(sample)} has no transcript ('txt'). Every utterance of a training list "
+                            f"needs one: add its .txt member or 'txt' field.")
+        sample["tokens"] = tokenizer.encode(text)
+        yield sample
+
+
+# --------------------------------------------------------------------------- buffers
+
+
+def shuffle(samples: Iterable[dict], *, shuffle_size: int = 1500, rng: random.Random,
+            counts: Counter | None = None) -> Iterator[dict]:
+    """Block shuffle (WeNet): read ``shuffle_size`` samples, ``rng.shuffle`` them, emit them all."""
+    buf: list[dict] = []
+    for sample in samples:
+        buf.append(sample)
+        if len(buf) >= shuffle_size:
+            rng.shuffle(buf)
+            yield from buf
+            buf = []
+    rng.shuffle(buf)
+    yield from buf
+
+
+def sort(samples: Iterable[dict], *, sort_size: int = 500, counts: Counter | None = None) -> Iterator[dict]:
+    """Block sort (WeNet): read ``sort_size`` samples, emit them by ascending feature frames (stable)."""
+    buf: list[dict] = []
+    for sample in samples:
+        buf.append(sample)
+        if len(buf) >= sort_size:
+            buf.sort(key=lambda s: sample_lengths(s)[0])
+            yield from buf
+            buf = []
+    buf.sort(key=lambda s: sample_lengths(s)[0])
+    yield from buf
+
+
+def pad(batches: Iterable[list[dict]], *, frame_shift: float = 0.01) -> Iterator[dict]:
+    """Each batch (list of samples) -> the padded batch dict (:func:`corpus_io.batching.pad`)."""
+    for samples in batches:
+        yield pad_batch(samples, frame_shift=frame_shift)

@@ -1,0 +1,186 @@
+"""Loader stages on the fixture corpus: decode, filters, resample, speed perturb, features, augmentation."""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from corpus_io import audio
+from corpus_io.errors import DataError
+from corpus_io.pipeline import stages
+
+
+def _read(fixture_corpus, limit: int | None = None) -> list[dict]:
+    texts = dict(line.split(" ", 1) for line in (fixture_corpus / "text").read_text(encoding="utf-8").splitlines())
+    out = []
+    for line in (fixture_corpus / "wav.scp").read_text().splitlines()[:limit]:
+        key, path = line.split(" ", 1)
+        out.append({"key": key, "audio": open(path, "rb").read(), "audio_format": path.rsplit(".", 1)[1],
+                    "txt": texts[key], "__url__": str(fixture_corpus / "wav.scp")})
+    return out
+
+
+def test_decode_gives_mono_float_tensor_at_file_rate(fixture_corpus):
+    for sample in stages.decode(_read(fixture_corpus)):
+        info = sf.info(sample["__url__"].replace("wav.scp", "") + f"wav/{sample['key']}.{sample['audio_format']}")
+        assert "audio" not in sample and sample["wav"].dtype == torch.float32
+        assert tuple(sample["wav"].shape) == (1, info.frames) and sample["sample_rate"] == info.samplerate
+
+
+def test_decode_cuts_raw_segments_by_seconds(fixture_corpus):
+    data = (fixture_corpus / "segments_dir" / "wav" / "long.wav").read_bytes()
+    rate = sf.info(io.BytesIO(data)).samplerate
+    out = list(stages.decode([{"key": "s", "audio": data, "start": 3.205, "end": 5.178},
+                              {"key": "t", "audio": data, "start": 6.332, "end": -1}]))
+    assert out[0]["wav"].shape[1] == round(5.178 * rate) - round(3.205 * rate)
+    assert out[1]["wav"].shape[1] == sf.info(io.BytesIO(data)).frames - round(6.332 * rate)
+
+
+def test_decode_averages_stereo_to_mono():
+    stereo = np.stack([np.full(800, 0.5), np.full(800, -0.25)], axis=1).astype(np.float32)
+    (sample,) = stages.decode([{"key": "st", "audio": audio.encode(stereo, 8000, "wav")}])
+    assert sample["wav"].shape == (1, 800) and abs(float(sample["wav"].mean()) - 0.125) < 1e-3
+
+
+def test_corrupt_member_names_key_and_url_or_is_counted_when_skipping():
+    bad = [{"key": "k1", "audio": b"RIFFnonsense", "audio_format": "wav", "__url__": "shard-000003.tar"}]
+    with pytest.raises(DataError, match="k1.*shard-000003.tar.*on_error=skip"):
+        list(stages.decode([dict(bad[0])]))
+    counts: Counter = Counter()
+    assert list(stages.decode(bad, on_error="skip", counts=counts)) == []
+    assert counts == {"decode.error": 1}
+
+
+def test_length_and_token_filters_count_drops_by_reason():
+    def s(frames: int, tokens: int) -> dict:
+        return {"key": f"{frames}-{tokens}", "feats": torch.zeros(frames, 2), "tokens": [3] * tokens}
+
+    counts: Counter = Counter()
+    kept = list(stages.filter_length([s(5, 1), s(20000, 1), s(100, 1)], min_length=10, max_length=10240,
+                                     counts=counts))
+    kept += list(stages.filter_tokens([s(100, 0), s(100, 300), s(100000, 1), s(20, 30), s(100, 5)],
+                                      token_min_length=1, token_max_length=200, min_output_input_ratio=0.0005,
+                                      max_output_input_ratio=1.0, counts=counts))
+    assert [x["key"] for x in kept] == ["100-1", "100-5"]
+    assert counts == {"filter.too_short": 1, "filter.too_long": 1, "filter.too_few_tokens": 1,
+                      "filter.too_many_tokens": 1, "filter.ratio_too_low": 1, "filter.ratio_too_high": 1}
+
+
+def test_length_filter_uses_seconds_of_the_waveform():
+    wav = {"key": "w", "wav": torch.zeros(1, 8000 * 2), "sample_rate": 8000}  # 200 frames
+    assert list(stages.filter_length([wav], max_length=199)) == []
+    assert len(list(stages.filter_length([dict(wav)], max_length=200))) == 1
+
+
+def test_resample_changes_length_exactly(fixture_corpus):
+    decoded = list(stages.decode(_read(fixture_corpus, 3)))  # 8 kHz, 16 kHz, 44.1 kHz
+    before = {s["key"]: (s["wav"].shape[1], s["sample_rate"]) for s in decoded}
+    for sample in stages.resample(decoded, resample_rate=16000):
+        n, rate = before[sample["key"]]
+        assert sample["sample_rate"] == 16000 and sample["wav"].shape[1] == math.ceil(n * 16000 / rate)
+
+
+def test_speed_perturb_is_seeded_and_changes_length_by_speed(fixture_corpus):
+    def run(seed: int) -> list[int]:
+        decoded = stages.resample(stages.decode(_read(fixture_corpus, 6)), resample_rate=16000)
+        return [s["wav"].shape[1] for s in stages.speed_perturb(decoded, speeds=[0.9, 1.0, 1.1],
+                                                                 rng=random.Random(seed))]
+
+    plain = [s["wav"].shape[1] for s in stages.resample(stages.decode(_read(fixture_corpus, 6)), resample_rate=16000)]
+    first = run(3)
+    assert first == run(3)
+    for n, m in zip(plain, first):
+        assert any(abs(m - n / speed) <= 2 for speed in (0.9, 1.0, 1.1))
+    assert first != plain
+
+
+def test_fbank_frames_follow_wenet_formula(fixture_corpus):
+    decoded = list(stages.resample(stages.decode(_read(fixture_corpus, 4)), resample_rate=16000))
+    lengths = [s["wav"].shape[1] for s in decoded]
+    feats = [s["feats"] for s in stages.fbank(decoded, num_mel_bins=80)]
+    for n, f in zip(lengths, feats):
+        assert f.shape == (1 + (n - 400) // 160, 80) and f.dtype == torch.float32 and torch.isfinite(f).all()
+
+
+def test_mfcc_and_raw_features_shapes(fixture_corpus):
+    decoded = list(stages.resample(stages.decode(_read(fixture_corpus, 2)), resample_rate=16000))
+    n = decoded[0]["wav"].shape[1]
+    (m,) = list(stages.mfcc([dict(decoded[0])], num_mel_bins=40, num_ceps=13))
+    assert m["feats"].shape == (1 + (n - 400) // 160, 13) and "wav" not in m
+    (r,) = list(stages.raw_features([dict(decoded[0])]))
+    assert r["feats"].shape == (n, 1)
+
+
+def test_dither_is_reproducible_with_a_seeded_generator(fixture_corpus):
+    def feats(seed: int) -> torch.Tensor:
+        decoded = stages.decode(_read(fixture_corpus, 1))
+        return next(stages.fbank(decoded, dither=1.0, generator=torch.Generator().manual_seed(seed)))["feats"]
+
+    assert torch.equal(feats(5), feats(5)) and not torch.equal(feats(5), feats(6))
+
+
+def test_precomputed_features_never_decode_audio():
+    array = np.arange(30, dtype=np.float32).reshape(10, 3)
+    buf = io.BytesIO()
+    np.save(buf, array)
+    sample = {"key": "p", "audio": b"not audio at all", "fbank": buf.getvalue(), "txt": "x"}
+    (out,) = list(stages.precomputed_features([sample], fields=["fbank", "txt"]))
+    assert torch.equal(out["feats"], torch.from_numpy(array)) and "audio" not in out and "fbank" not in out
+    counts: Counter = Counter()
+    assert list(stages.precomputed_features([{"key": "q", "npy": b"junk"}], on_error="skip", counts=counts)) == []
+    assert counts == {"features.error": 1}
+
+
+def test_spec_augmentations_are_seeded_and_follow_wenet(fixture_corpus):
+    base = torch.ones(200, 80)
+
+    def aug(seed: int) -> torch.Tensor:
+        return next(stages.spec_aug([{"feats": base}], num_t_mask=2, num_f_mask=2, max_t=50, max_f=10,
+                                    rng=random.Random(seed)))["feats"]
+
+    assert torch.equal(aug(1), aug(1)) and (aug(1) == 0).any() and base.min() == 1
+    feats = torch.arange(200.0).unsqueeze(1).repeat(1, 4)
+    sub = next(stages.spec_sub([{"feats": feats}], max_t=30, num_t_sub=3, rng=random.Random(2)))["feats"]
+    assert sub.shape == feats.shape and (sub <= feats).all()
+    trimmed = next(stages.spec_trim([{"feats": feats}], max_t=20, rng=random.Random(3)))["feats"]
+    assert 180 <= trimmed.shape[0] < 200 and torch.equal(trimmed, feats[:trimmed.shape[0]])
+
+
+def test_shuffle_and_sort_buffers_are_deterministic_blocks():
+    samples = [{"key": str(i), "feats": torch.zeros(i % 7 + 1, 1)} for i in range(10)]
+    a = [s["key"] for s in stages.shuffle(samples, shuffle_size=4, rng=random.Random(9))]
+    assert a == [s["key"] for s in stages.shuffle(samples, shuffle_size=4, rng=random.Random(9))]
+    assert sorted(a[:4]) == ["0", "1", "2", "3"] and sorted(a) == sorted(s["key"] for s in samples)
+    lengths = [s["feats"].shape[0] for s in stages.sort(samples, sort_size=5)]
+    assert lengths[:5] == sorted(lengths[:5]) and lengths[5:] == sorted(lengths[5:])
+
+
+def test_chain_on_fixture_yields_contract_batches(fixture_corpus, tmp_path):
+    from corpus_io.config import MakeTokenizerConfig, TokenizerConf
+    from corpus_io.tokenizer import build_tokenizer, make_tokenizer
+
+    make_tokenizer(MakeTokenizerConfig(input=str(fixture_corpus / "text"), output=str(tmp_path / "units.txt")))
+    tokenizer = build_tokenizer(TokenizerConf(token_list=str(tmp_path / "units.txt")))
+    counts: Counter = Counter()
+    s = stages.decode(_read(fixture_corpus), counts=counts)
+    s = stages.filter_length(s, min_length=150, max_length=10240, counts=counts)
+    s = stages.resample(s, resample_rate=16000)
+    s = stages.fbank(s, num_mel_bins=80, counts=counts)
+    s = stages.tokenize(s, tokenizer=tokenizer)
+    s = stages.filter_tokens(s, counts=counts)
+    s = stages.sort(stages.shuffle(s, shuffle_size=8, rng=random.Random(0)), sort_size=8)
+    batches = list(stages.pad(stages.batch(s, batch_type="token", batch_size=2000, counts=counts)))
+    assert counts["filter.too_short"] == 4  # the four utterances under 1.5 s
+    assert sum(len(b["keys"]) for b in batches) == 20
+    for b in batches:
+        assert b["feats"].shape[0] == len(b["keys"]) and b["feats"].shape[2] == 80
+        worst = int((b["feats_lengths"] + b["target_lengths"]).max())
+        assert worst * len(b["keys"]) <= 2000 or len(b["keys"]) == 1
+        assert 0 <= b["padding_ratio"] < 1 and b["audio_seconds"] > 0
