@@ -28,6 +28,7 @@ ZH_SENTENCES = ["今天天气很好", "我们一起学习语音识别", "北京�
 EN_SENTENCES = ["the quick brown fox jumps over the lazy dog", "speech recognition is fun",
                 "hello world", "please open the window", "this is a test of the system"]
 MIXED_SENTENCES = ["我喜欢 python 编程", "打开 wifi 设置", "今天的 meeting 取消了", "这个 model 很好"]
+ZH_VOICES = [("cmn", 150), ("cmn+f2", 165), ("cmn+m3", 175), ("cmn+f4", 140)]
 
 
 def require_tools() -> None:
@@ -78,27 +79,50 @@ def digits_text(rng: random.Random, min_len: int = 3, max_len: int = 7) -> str:
     return " ".join(rng.choice(DIGITS) for _ in range(rng.randint(min_len, max_len)))
 
 
+def _make_corpus(out_dir: str | os.PathLike, num: int, pick, *, seed: int, sample_rate: int, fmt: str,
+                 num_workers: int) -> Path:
+    """``num`` utterances, ``pick(i, rng) -> (spk, text, voice, speed)``, as a Kaldi dir; keys ``<spk>-<i>``."""
+    out = Path(out_dir).resolve()
+    rng = random.Random(seed)
+    utts, spk_of = [], {}
+    for i in range(num):
+        spk, text, voice, speed = pick(i, rng)
+        key = f"{spk}-{i:06d}"
+        utts.append(Utterance(key, text, voice, speed, sample_rate, fmt, str(out / "wav" / spk / f"{key}.{fmt}")))
+        spk_of[key] = spk
+    synthesize_all(utts, num_workers)
+    write_kaldi_dir(out, utts, spk_of=spk_of)
+    return out
+
+
 def make_digits(out_dir: str | os.PathLike, num: int, *, seed: int = 0, sample_rate: int = 16000,
                 fmt: str = "wav", num_workers: int = 0) -> Path:
     """An English digit-string corpus as a Kaldi data dir ``out_dir`` (wav.scp, text, utt2spk).
 
     Speakers are espeak voice variants; keys are ``<spk>-<index>``.
     """
-    out = Path(out_dir).resolve()
-    rng = random.Random(seed)
-    utts, spk_of = [], {}
-    for i in range(num):
-        spk_index = i % len(SPEAKERS)
-        voice, speed = SPEAKERS[spk_index]
+    def pick(i: int, rng: random.Random) -> tuple[str, str, str, int]:
+        voice, speed = SPEAKERS[i % len(SPEAKERS)]
         speed += rng.randint(-15, 15)
-        spk = f"spk{spk_index:02d}"
-        key = f"{spk}-{i:06d}"
-        utts.append(Utterance(key, digits_text(rng), voice, speed, sample_rate, fmt,
-                              str(out / "wav" / spk / f"{key}.{fmt}")))
-        spk_of[key] = spk
-    synthesize_all(utts, num_workers)
-    write_kaldi_dir(out, utts, spk_of=spk_of)
-    return out
+        return f"spk{i % len(SPEAKERS):02d}", digits_text(rng), voice, speed
+
+    return _make_corpus(out_dir, num, pick, seed=seed, sample_rate=sample_rate, fmt=fmt, num_workers=num_workers)
+
+
+def make_mixed(out_dir: str | os.PathLike, num: int, *, seed: int = 0, sample_rate: int = 16000,
+               fmt: str = "wav", num_workers: int = 0) -> Path:
+    """Chinese, English and code-switched sentences as a Kaldi dir; keys are ``mix<NN>-<index>``.
+
+    Speakers ``mix00``-``mix03`` are Mandarin voices reading Chinese and mixed sentences; ``mix04``-``mix07``
+    are English voices reading English sentences.
+    """
+    def pick(i: int, rng: random.Random) -> tuple[str, str, str, int]:
+        n = i % (len(ZH_VOICES) + 4)
+        voice, speed = ZH_VOICES[n] if n < len(ZH_VOICES) else SPEAKERS[n - len(ZH_VOICES)]
+        pool = ZH_SENTENCES + MIXED_SENTENCES if n < len(ZH_VOICES) else EN_SENTENCES
+        return f"mix{n:02d}", rng.choice(pool), voice, speed + rng.randint(-15, 15)
+
+    return _make_corpus(out_dir, num, pick, seed=seed, sample_rate=sample_rate, fmt=fmt, num_workers=num_workers)
 
 
 def make_fixture(out_dir: str | os.PathLike, *, relative_to: str | os.PathLike | None = None) -> Path:
@@ -254,6 +278,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sample-rate", type=int, default=16000)
     p.add_argument("--format", default="wav", choices=["wav", "flac"])
+    p = sub.add_parser("mixed", help="a mixed Chinese/English corpus")
+    p.add_argument("out_dir")
+    p.add_argument("--num", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("aishell", help="a tiny AISHELL-1 look-alike tree (ROOT/data_aishell)")
     p.add_argument("root")
     p.add_argument("--speakers-per-split", type=int, default=2)
@@ -271,6 +299,8 @@ def main(argv: list[str] | None = None) -> None:
         make_fixture(args.out_dir)
     elif args.what == "digits":
         make_digits(args.out_dir, args.num, seed=args.seed, sample_rate=args.sample_rate, fmt=args.format)
+    elif args.what == "mixed":
+        make_mixed(args.out_dir, args.num, seed=args.seed)
     elif args.what == "aishell":
         make_aishell_lookalike(args.root, speakers_per_split=args.speakers_per_split,
                                utts_per_speaker=args.utts_per_speaker)
