@@ -1,6 +1,7 @@
 """``corpus-io``: the typer app with every subcommand (each lives in its own module here)."""
 
 from cli import (  # noqa: F401  (importing registers the subcommands)
+    bench_loader,
     jsonl2scp,
     make_tokenizer,
     prepare,

@@ -224,3 +224,112 @@ def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer
     sources = open_sources(data_list, dataset_conf)
     dataset = CorpusDataset(sources, dataset_conf, tokenizer, train=train, rank=rank, world_size=world_size)
     return CorpusLoader(dataset, dataset_conf)
+
+
+# --------------------------------------------------------------------------- bench-loader
+
+
+def _init_distributed() -> tuple[int, int]:
+    """Join the gloo process group torchrun describes (WORLD_SIZE > 1); ``(rank, world_size)``."""
+    import os
+
+    import torch.distributed as dist
+
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return dist_info()
+
+
+def bench_loader(cfg: Any) -> dict:
+    """Iterate the training loader as ``train`` builds it; print throughput, padding and drop counts.
+
+    ``dump_keys``: write ``DIR/keys.rank{R}.epoch{E}.txt`` in consumption order (appended to when
+    resuming). ``save_state_after=K`` + ``state_file``: save the loader state after K batches and
+    exit; ``state_file`` alone: resume from it when it exists.
+    """
+    import json
+    import os
+    import time
+    from pathlib import Path
+
+    from corpus_io.config import require
+    from corpus_io.files import atomic_write
+
+    if not cfg.dataset_conf.sources:
+        require(cfg, "data_list")
+    if cfg.save_state_after and not cfg.state_file:
+        raise ConfigError("save_state_after needs state_file: ++state_file=loader_state.json")
+    rank, world_size = _init_distributed()
+    tokenizer = None
+    if cfg.tokenizer.token_list or cfg.tokenizer.bpe_model:
+        from corpus_io.tokenizer import build_tokenizer
+
+        tokenizer = build_tokenizer(cfg.tokenizer)
+    data_list = None if cfg.data_list == "???" else cfg.data_list
+    loader = build_dataloader(data_list, cfg.dataset_conf, tokenizer, train=cfg.train, rank=rank,
+                              world_size=world_size)
+    state_path = None
+    if cfg.state_file:
+        state_path = Path(cfg.state_file.replace("{rank}", str(rank)))
+        if world_size > 1 and "{rank}" not in cfg.state_file:
+            state_path = state_path.with_name(f"{state_path.name}.rank{rank}")
+    resumed_epoch = None
+    if state_path is not None and not cfg.save_state_after and state_path.is_file():
+        loader.load_state_dict(json.loads(state_path.read_text()))
+        resumed_epoch = loader.epoch
+        print(f"rank {rank}: resuming epoch {loader.epoch} after {loader.state_dict()['batches']} batches",
+              flush=True)
+    dump = Path(cfg.dump_keys) if cfg.dump_keys else None
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+    first_epoch = resumed_epoch if resumed_epoch is not None else 0
+    consumed = 0
+    summary: dict = {"epochs": []}
+    for epoch in range(first_epoch, cfg.epochs):
+        loader.set_epoch(epoch)
+        keys_file = None
+        if dump is not None:
+            keys_file = open(dump / f"keys.rank{rank}.epoch{epoch}.txt", "a" if epoch == resumed_epoch else "w",
+                             encoding="utf-8")
+        utts = batches = 0
+        seconds = padded = real = 0.0
+        start = time.perf_counter()
+        for batch in loader:
+            batches += 1
+            consumed += 1
+            utts += len(batch["keys"])
+            seconds += batch["audio_seconds"]
+            lengths = batch["feats_lengths"]
+            padded += float(lengths.max()) * len(lengths)
+            real += float(lengths.sum())
+            if keys_file is not None:
+                keys_file.write("".join(k + "\n" for k in batch["keys"]))
+            if cfg.save_state_after and consumed >= cfg.save_state_after:
+                if keys_file is not None:
+                    keys_file.flush()
+                    os.fsync(keys_file.fileno())
+                with atomic_write(state_path) as f:
+                    f.write(json.dumps(loader.state_dict()))
+                print(f"rank {rank}: saved loader state after {consumed} batches to {state_path}", flush=True)
+                if keys_file is not None:
+                    keys_file.close()
+                return {"saved": str(state_path), "batches": consumed}
+            if cfg.max_batches and batches >= cfg.max_batches:
+                break
+        elapsed = time.perf_counter() - start
+        if keys_file is not None:
+            keys_file.close()
+        counts = loader.epoch_counts()
+        row = {"epoch": epoch, "rank": rank, "utterances": utts, "batches": batches, "audio_seconds": seconds,
+               "elapsed_s": elapsed, "utts_per_s": utts / elapsed if elapsed else 0.0,
+               "audio_s_per_s": seconds / elapsed if elapsed else 0.0,
+               "padding_ratio": (padded - real) / padded if padded else 0.0, "dropped": counts}
+        summary["epochs"].append(row)
+        dropped = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+        print(f"epoch {epoch} rank {rank}: {utts} utterances, {batches} batches, {seconds:.1f} s of audio in "
+              f"{elapsed:.2f} s: {row['utts_per_s']:.1f} utt/s, {row['audio_s_per_s']:.1f} audio-s/s, "
+              f"padding {100 * row['padding_ratio']:.1f}%, dropped: {dropped}", flush=True)
+    if state_path is not None and not cfg.save_state_after and state_path.is_file():
+        state_path.unlink()  # the resumed run finished: the state is spent
+    return summary

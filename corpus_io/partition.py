@@ -148,8 +148,14 @@ class SlotState:
     finished: bool = False
 
     def enter(self, sid: tuple[int, int, int], seconds: float) -> None:
+        """``sid`` entered the buffers. A resumed reader re-enters the pending samples of its checkpoint:
+        they are already pending and counted, and the cursor never moves back."""
         src, unit, pos = sid
-        self.cursor[src] = (unit, pos)
+        if sid in self.pending:
+            return
+        cur = self.cursor.get(src)
+        if cur is None or (unit, pos) > cur:
+            self.cursor[src] = (unit, pos)
         self.pending.add(sid)
         self.taken[src] = self.taken.get(src, 0) + 1
         self.seconds += seconds

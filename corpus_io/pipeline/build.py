@@ -70,7 +70,15 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
 
     epoch = state.epoch
     seed = conf.seed
-    rng = random.Random(f"{seed}:{epoch}:{slot.index}:{len(state.pending)}:{sum(state.taken.values())}")
+    # seeded by (seed, epoch, rank, worker) and, on resume, by the position (a resumed worker's buffers
+    # are refilled in a new order; the *set* of utterances is what resume keeps exact)
+    tag = f"{seed}:{epoch}:{slot.rank}:{slot.worker}:{sum(state.taken.values())}"
+    rng = random.Random(tag)
+    generator = None
+    if (conf.fbank_conf.dither if conf.feats_type == "fbank" else conf.mfcc_conf.dither) and train:
+        import torch
+
+        generator = torch.Generator().manual_seed(random.Random(tag + ":dither").getrandbits(63))
     shuffle = train and conf.shuffle
     infinite = bool(conf.epoch_hours)
     opts = read_options(conf)
@@ -83,51 +91,58 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
     samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state,
                                                        stop=lambda: stop[0])
     f = conf.filter_conf
-    samples = stages.decode(samples, counts=counts)
-    samples = stages.filter_length(samples, min_length=f.min_length, max_length=f.max_length, counts=counts)
-    samples = stages.resample(samples, resample_rate=conf.resample_conf.resample_rate)
-    if train and conf.speed_perturb:
-        samples = stages.speed_perturb(samples, speeds=conf.speed_perturb_conf.speeds, rng=rng)
-    samples = _features(stages, samples, conf, counts)
+    if conf.feats_type == "precomputed":
+        samples = stages.precomputed_features(samples, fields=list(conf.fields), on_error=conf.on_error,
+                                              counts=counts)
+        samples = stages.filter_length(samples, min_length=f.min_length, max_length=f.max_length, counts=counts)
+    else:
+        samples = stages.decode(samples, on_error=conf.on_error, counts=counts)
+        samples = stages.filter_length(samples, min_length=f.min_length, max_length=f.max_length, counts=counts)
+        samples = stages.resample(samples, resample_rate=conf.resample_conf.resample_rate, counts=counts)
+        if train and conf.speed_perturb:
+            samples = stages.speed_perturb(samples, speeds=conf.speed_perturb_conf.speeds, rng=rng, counts=counts)
+        samples = _features(stages, samples, conf, counts, generator)
     if train and conf.spec_aug:
         a = conf.spec_aug_conf
         samples = stages.spec_aug(samples, num_t_mask=a.num_t_mask, num_f_mask=a.num_f_mask, max_t=a.max_t,
-                                  max_f=a.max_f, rng=rng)
+                                  max_f=a.max_f, rng=rng, counts=counts)
     if train and conf.spec_sub:
         samples = stages.spec_sub(samples, max_t=conf.spec_sub_conf.max_t, num_t_sub=conf.spec_sub_conf.num_t_sub,
-                                  rng=rng)
+                                  rng=rng, counts=counts)
     if train and conf.spec_trim:
-        samples = stages.spec_trim(samples, max_t=conf.spec_trim_conf.max_t, rng=rng)
-    samples = stages.tokenize(samples, tokenizer=tokenizer, counts=counts)
-    samples = stages.filter_tokens(samples, token_min_length=f.token_min_length, token_max_length=f.token_max_length,
-                                   min_output_input_ratio=f.min_output_input_ratio,
-                                   max_output_input_ratio=f.max_output_input_ratio, counts=counts)
+        samples = stages.spec_trim(samples, max_t=conf.spec_trim_conf.max_t, rng=rng, counts=counts)
+    if tokenizer is not None:
+        samples = stages.tokenize(samples, tokenizer=tokenizer, counts=counts)
+        samples = stages.filter_tokens(samples, token_min_length=f.token_min_length,
+                                       token_max_length=f.token_max_length,
+                                       min_output_input_ratio=f.min_output_input_ratio,
+                                       max_output_input_ratio=f.max_output_input_ratio, counts=counts)
 
     samples = enter(samples, state, slot_budget_seconds(conf, slot), stop)
     if shuffle:
-        samples = stages.shuffle(samples, shuffle_size=conf.shuffle_conf.shuffle_size, rng=rng)
+        samples = stages.shuffle(samples, shuffle_size=conf.shuffle_conf.shuffle_size, rng=rng, counts=counts)
     if conf.bucketing:
         batches = batching.bucket_batch(samples, batch_type=conf.batch_type, batch_size=conf.batch_size,
                                         max_batch_size=conf.max_batch_size, num_buckets=conf.num_buckets,
                                         counts=counts)
     else:
         if conf.sort:
-            samples = stages.sort(samples, sort_size=conf.sort_conf.sort_size)
+            samples = stages.sort(samples, sort_size=conf.sort_conf.sort_size, counts=counts)
         batches = batching.batch(samples, batch_type=conf.batch_type, batch_size=conf.batch_size,
                                  max_batch_size=conf.max_batch_size, counts=counts)
     batches = emit(batches, state)
-    return (batching.pad(b) for b in batches)
+    return stages.pad(batches)
 
 
-def _features(stages: Any, samples: Iterator[dict], conf: DatasetConf, counts: Counter) -> Iterator[dict]:
+def _features(stages: Any, samples: Iterator[dict], conf: DatasetConf, counts: Counter,
+              generator: Any) -> Iterator[dict]:
     if conf.feats_type == "fbank":
         c = conf.fbank_conf
         return stages.fbank(samples, num_mel_bins=c.num_mel_bins, frame_length=c.frame_length,
-                            frame_shift=c.frame_shift, dither=c.dither)
+                            frame_shift=c.frame_shift, dither=c.dither, generator=generator, counts=counts)
     if conf.feats_type == "mfcc":
         c = conf.mfcc_conf
         return stages.mfcc(samples, num_mel_bins=c.num_mel_bins, num_ceps=c.num_ceps, frame_length=c.frame_length,
-                           frame_shift=c.frame_shift, dither=c.dither, high_freq=c.high_freq, low_freq=c.low_freq)
-    if conf.feats_type == "precomputed":
-        return stages.precomputed_features(samples, fields=list(conf.fields), counts=counts)
-    return samples
+                           frame_shift=c.frame_shift, dither=c.dither, high_freq=c.high_freq, low_freq=c.low_freq,
+                           generator=generator, counts=counts)
+    return stages.raw_features(samples, counts=counts)

@@ -155,6 +155,7 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
                 for pos, line in enumerate(chunk):
                     sid = (src, uid, pos)
                     if state.already_done(sid):
+                        counts["resume.reread"] += 1
                         continue
                     sample = read_raw_entry(source.raw, int(line), opts, counts)  # type: ignore[arg-type]
                     if sample is not None:
@@ -168,6 +169,7 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
                     continue
                 sid = (src, uid, pos)
                 if state.already_done(sid):
+                    counts["resume.reread"] += 1
                     continue
                 sample["__sid__"] = sid
                 yield sample

@@ -1,0 +1,97 @@
+"""Tiny real corpora for the loader tests: shards (WeNet/corpus-io tar layout) and raw lists,
+built from the committed fixture corpus (24 real utterances, 8/16/44.1 kHz, wav and flac)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import soundfile as sf
+
+from corpus_io.config import DatasetConf, TokenizerConf
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE = REPO / "tests" / "fixtures" / "corpus"
+
+
+def fixture_utts(copies: int = 1) -> list[tuple[str, str, str]]:
+    """``(key, audio path, text)``; ``copies`` > 1 repeats the corpus under new keys ``c{i}-<key>``."""
+    wavs = dict(line.split(" ", 1) for line in (FIXTURE / "wav.scp").read_text().splitlines() if line.strip())
+    texts = dict(line.split(" ", 1) for line in (FIXTURE / "text").read_text(encoding="utf-8").splitlines()
+                 if line.strip())
+    base = [(k, str(REPO / wavs[k]), texts[k]) for k in sorted(wavs)]
+    if copies == 1:
+        return base
+    return [(f"c{c}-{k}", p, t) for c in range(copies) for k, p, t in base]
+
+
+def make_shards(out: Path, *, copies: int = 1, per_shard: int = 4, index: bool = True,
+                utts: list | None = None) -> tuple[Path, list[str]]:
+    """Shards ``out/shard-NNNNNN.tar`` (+ data.list, index.jsonl); returns (data.list, keys)."""
+    out.mkdir(parents=True, exist_ok=True)
+    utts = utts if utts is not None else fixture_utts(copies)
+    lines, entries = [], []
+    for s in range(0, len(utts), per_shard):
+        path = out / f"shard-{s // per_shard:06d}.tar"
+        dur = 0.0
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for key, audio, text in utts[s:s + per_shard]:
+                ext = Path(audio).suffix[1:]
+                dur += sf.info(audio).duration
+                for suffix, data in (("txt", text.encode()), (ext, Path(audio).read_bytes()),
+                                     ("json", json.dumps({"key": key}).encode())):
+                    info = tarfile.TarInfo(f"{key}.{suffix}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        lines.append(str(path))
+        entries.append({"path": str(path), "num_utts": len(utts[s:s + per_shard]), "duration": round(dur, 3)})
+    (out / "data.list").write_text("".join(x + "\n" for x in lines))
+    if index:
+        (out / "index.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+    return out / "data.list", [k for k, _, _ in utts]
+
+
+def make_raw(out: Path, *, copies: int = 1, wenet: bool = True) -> tuple[Path, list[str]]:
+    """A raw JSONL list (WeNet key/wav/txt or FunASR key/source/target); returns (list, keys)."""
+    out.mkdir(parents=True, exist_ok=True)
+    utts = fixture_utts(copies)
+    path = out / "raw.list"
+    with open(path, "w", encoding="utf-8") as f:
+        for key, audio, text in utts:
+            rec = {"key": key, "wav": audio, "txt": text} if wenet else {"key": key, "source": audio, "target": text}
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    return path, [k for k, _, _ in utts]
+
+
+def token_list(out: Path) -> TokenizerConf:
+    """A char token list covering the fixture texts."""
+    from corpus_io.tokenizer import char_split
+
+    split = char_split("word")
+    tokens = sorted({t for _, _, text in fixture_utts() for t in split(text)})
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "tokens.txt"
+    symbols = ["<blank>", "<unk>", *tokens, "<sos/eos>"]
+    path.write_text("".join(f"{s} {i}\n" for i, s in enumerate(symbols)), encoding="utf-8")
+    return TokenizerConf(type="char", token_list=str(path))
+
+
+def small_conf(**overrides) -> DatasetConf:
+    """A fast DatasetConf: small buffers, batch of 4, 2 workers, no augmentation."""
+    conf = DatasetConf()
+    conf.shuffle_conf.shuffle_size = 8
+    conf.sort_conf.sort_size = 4
+    conf.batch_size = 4
+    conf.num_workers = 2
+    conf.prefetch = 2
+    conf.filter_conf.token_min_length = 0
+    for key, value in overrides.items():
+        setattr(conf, key, value)
+    return conf
+
+
+def env_no_threads() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
