@@ -1,0 +1,84 @@
+"""make-datalist: raw lists, shard lists from dirs/globs/braces/lists, merging and prefix rewrite."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from corpus_io.config import MakeDatalistConfig
+from corpus_io.errors import DataError
+from corpus_io.shards.datalist import expand_braces, make_datalist
+from corpus_io.shards.index import load_index, read_datalist
+from corpus_io.shards.pack import pack_shards
+from tests.conftest import assert_user_error, run_cli
+from tests.shards.test_pack import _cfg
+
+
+@pytest.fixture
+def two_corpora(tmp_path, fixture_jsonl) -> tuple[Path, Path]:
+    pack_shards(_cfg(fixture_jsonl, tmp_path / "corpora" / "a"))
+    pack_shards(_cfg(fixture_jsonl, tmp_path / "corpora" / "b", num_utts_per_shard=12))
+    return tmp_path / "corpora" / "a", tmp_path / "corpora" / "b"
+
+
+def test_expand_braces():
+    assert expand_braces("d-{000..002}.tar") == ["d-000.tar", "d-001.tar", "d-002.tar"]
+    assert expand_braces("{a,b}/{1..2}") == ["a/1", "a/2", "b/1", "b/2"]
+    assert expand_braces("x{a,{b,c}}") == ["xa", "xb", "xc"]
+    assert expand_braces("plain.tar") == ["plain.tar"]
+
+
+def test_raw_mode_writes_wenet_fields(tmp_path):
+    src = tmp_path / "t.jsonl"
+    src.write_text(json.dumps({"key": "k1", "source": "/a.wav", "source_len": 250, "target": "hi",
+                               "target_len": 1}) + "\n" +
+                   json.dumps({"key": "k2", "wav": "/b.wav", "txt": "yo", "source_len": 100, "start": 1.0,
+                               "end": 2.5}) + "\n")
+    make_datalist(MakeDatalistConfig(data_type="raw", input=str(src), output=str(tmp_path / "raw.list")))
+    lines = [json.loads(x) for x in (tmp_path / "raw.list").read_text().splitlines()]
+    assert lines[0] == {"key": "k1", "wav": "/a.wav", "txt": "hi", "duration": 2.5, "source_len": 250}
+    assert lines[1] == {"key": "k2", "wav": "/b.wav", "txt": "yo", "duration": 1.5, "source_len": 100,
+                        "start": 1.0, "end": 2.5}
+
+
+def test_shard_mode_dir_glob_brace_and_list_agree(two_corpora, tmp_path):
+    a, _ = two_corpora
+    expected = read_datalist(a / "data.list")
+    for i, spec in enumerate([str(a), f"{a}/*.tar", f"{a}/shard-{{000000..000002}}.tar", str(a / "data.list")]):
+        out = tmp_path / f"l{i}" / "data.list"
+        make_datalist(MakeDatalistConfig(data_type="shard", input=spec, output=str(out)))
+        assert read_datalist(out) == expected, spec
+        assert load_index(out) == load_index(a / "data.list"), spec
+
+
+def test_merge_and_prefix_rewrite_keys_the_index_by_the_new_url(two_corpora, tmp_path):
+    a, b = two_corpora
+    out = tmp_path / "merged.list"
+    r = run_cli("make-datalist", f"++input=[{a},{b}]", f"++output={out}", "++prefix=s3://bucket/corpus")
+    assert r.returncode == 0, r.stderr
+    urls = read_datalist(out)
+    assert urls == [f"s3://bucket/corpus/a/shard-00000{i}.tar" for i in range(3)] + \
+                   [f"s3://bucket/corpus/b/shard-00000{i}.tar" for i in range(2)]
+    index = load_index(out)
+    assert list(index) == urls and (tmp_path / "merged.index.jsonl").is_file()
+    assert index[urls[3]]["num_utts"] == 12
+    original = load_index(a / "data.list")[str(a / "shard-000000.tar")]
+    assert {k: v for k, v in index[urls[0]].items() if k != "path"} == \
+           {k: v for k, v in original.items() if k != "path"}
+
+
+def test_same_shard_twice_is_an_error_naming_both_inputs(two_corpora, tmp_path):
+    a, _ = two_corpora
+    with pytest.raises(DataError, match="listed twice"):
+        make_datalist(MakeDatalistConfig(data_type="shard", input=[str(a), f"{a}/*.tar"],
+                                         output=str(tmp_path / "x.list")))
+
+
+def test_missing_brace_shard_is_a_user_error(two_corpora, tmp_path):
+    a, _ = two_corpora
+    r = run_cli("corpus-io", "make-datalist", f"++input='{a}/shard-{{000000..000005}}.tar'",
+                f"++output={tmp_path / 'x.list'}")
+    assert_user_error(r, "shard-000003.tar")
+    assert r.returncode == 2

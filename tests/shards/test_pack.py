@@ -1,0 +1,223 @@
+"""pack-shards: round trips, determinism, resume after kill -9, input formats and modes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from corpus_io.config import PackShardsConfig
+from corpus_io.kaldi import iter_table
+from corpus_io.shards.index import load_index, read_datalist
+from corpus_io.shards.pack import pack_shards
+from corpus_io.shards.reader import read_shard
+from tests.conftest import BIN, FIXTURE, REPO, assert_user_error, run_cli
+from tests.shards.conftest import fixture_records, write_jsonl
+
+
+def _cfg(input_: Path | str, out: Path, **kw) -> PackShardsConfig:
+    kw.setdefault("num_workers", 1)
+    kw.setdefault("num_utts_per_shard", 10)
+    return PackShardsConfig(input=str(input_), output_dir=str(out), **kw)
+
+
+def _all_samples(list_path: Path) -> list[dict]:
+    return [s for url in read_datalist(list_path) for s in read_shard(url)]
+
+
+def _tree_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("*.tar"))}
+
+
+def test_round_trip_scp_to_jsonl_to_shards_is_exact(tmp_path):
+    jsonl = tmp_path / "train.jsonl"
+    r = run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[{FIXTURE}/wav.scp,{FIXTURE}/text]",
+                f"++jsonl_file_out={jsonl}")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("pack-shards", f"++input={jsonl}", f"++output_dir={tmp_path / 'out'}", "++num_utts_per_shard=7",
+                "++num_workers=2")
+    assert r.returncode == 0, r.stderr
+    assert "24 utterances" in r.stderr and "shards 4" in r.stderr
+    samples = _all_samples(tmp_path / "out" / "data.list")
+    wavs = {line.key: (REPO / line.value).read_bytes() for line in iter_table(FIXTURE / "wav.scp")}
+    texts = {line.key: line.value for line in iter_table(FIXTURE / "text")}
+    assert sorted(s["key"] for s in samples) == sorted(wavs)  # every utterance exactly once
+    for s in samples:
+        assert s["audio"] == wavs[s["key"]] and s["txt"] == texts[s["key"]]
+        info = sf.info(str(REPO / f"tests/fixtures/corpus/wav/{s['key']}.{s['audio_format']}"))
+        assert (s["meta"]["sample_rate"], s["meta"]["num_samples"]) == (info.samplerate, info.frames)
+        assert s["meta"]["duration"] == pytest.approx(info.duration)
+    index = load_index(tmp_path / "out" / "data.list")
+    assert [e["num_utts"] for e in index.values()] == [7, 7, 7, 3]
+    total = sum(s["meta"]["duration"] for s in samples)
+    assert sum(e["duration"] for e in index.values()) == pytest.approx(total, abs=0.01)
+
+
+def test_jsonl_extras_go_into_json_and_packing_twice_is_identical(tmp_path, fixture_jsonl):
+    pack_shards(_cfg(fixture_jsonl, tmp_path / "a"))
+    pack_shards(_cfg(fixture_jsonl, tmp_path / "b", num_workers=2))
+    assert _tree_bytes(tmp_path / "a") == _tree_bytes(tmp_path / "b")
+    meta = _all_samples(tmp_path / "a" / "data.list")[0]["meta"]
+    assert {"key", "duration", "sample_rate", "num_samples", "source_len", "speaker", "language"} <= set(meta)
+    assert "source" not in meta
+
+
+def test_shuffle_is_seeded(tmp_path, fixture_jsonl):
+    orders = []
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        pack_shards(_cfg(fixture_jsonl, tmp_path / name, shuffle=True, seed=seed))
+        orders.append([s["key"] for s in _all_samples(tmp_path / name / "data.list")])
+    plain = [r["key"] for r in fixture_records()]
+    assert orders[0] == orders[1] != orders[2]
+    assert orders[0] != plain and sorted(orders[0]) == sorted(plain)
+
+
+def test_keys_with_dots_and_slashes_get_safe_names_and_keep_the_key(tmp_path):
+    recs = fixture_records()[:3]
+    recs[0]["key"], recs[1]["key"], recs[2]["key"] = "a.b.c", "dir/utt", "x%2Ey"
+    pack_shards(_cfg(write_jsonl(tmp_path / "t.jsonl", recs), tmp_path / "out"))
+    import tarfile
+
+    with tarfile.open(tmp_path / "out" / "shard-000000.tar") as tf:
+        names = tf.getnames()
+    assert all(n.count(".") == 1 and "/" not in n for n in names), names
+    assert [s["key"] for s in _all_samples(tmp_path / "out" / "data.list")] == ["a.b.c", "dir/utt", "x%2Ey"]
+
+
+def test_duplicate_key_names_both_lines(tmp_path):
+    recs = fixture_records()[:4]
+    recs[3]["key"] = recs[1]["key"]
+    path = write_jsonl(tmp_path / "t.jsonl", recs)
+    r = run_cli("corpus-io", "pack-shards", f"++input={path}", f"++output_dir={tmp_path / 'o'}")
+    assert_user_error(r, f"duplicate key '{recs[1]['key']}'", f"{path}:2", f"{path}:4")
+    assert not (tmp_path / "o" / "data.list").exists()
+
+
+def test_bad_inputs_exit_2_with_one_paragraph(tmp_path):
+    r = run_cli("corpus-io", "pack-shards", f"++input={tmp_path / 'nope.jsonl'}", f"++output_dir={tmp_path}")
+    assert_user_error(r, "nope.jsonl does not exist")
+    assert r.returncode == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"key": "a", "source": "/no/such.wav", "target": "x"}\n')
+    r = run_cli("corpus-io", "pack-shards", f"++input={bad}", f"++output_dir={tmp_path / 'o'}")
+    assert_user_error(r, f"{bad}:1", "key 'a'", "/no/such.wav", "on_error=skip")
+    r = run_cli("corpus-io", "pack-shards", f"++input={bad}", f"++output_dir={tmp_path / 'o'}", "++on_error=skip")
+    assert r.returncode == 0 and "unreadable audio: 1" in r.stderr
+    notjson = tmp_path / "x.jsonl"
+    notjson.write_text("{oops\n")
+    assert_user_error(run_cli("corpus-io", "pack-shards", f"++input={notjson}", f"++output_dir={tmp_path}"),
+                      f"{notjson}:1")
+    assert_user_error(run_cli("corpus-io", "pack-shards", f"++input={bad}", f"++output_dir={tmp_path}",
+                              "++audio_format=mp4"), "audio_format")
+
+
+def test_kaldi_dir_with_utt2spk_and_wenet_raw_list_give_the_same_samples(tmp_path):
+    pack_shards(_cfg(FIXTURE, tmp_path / "kaldi"))
+    raw = [{"key": r["key"], "wav": r["source"], "txt": r["target"]} for r in fixture_records()]
+    pack_shards(_cfg(write_jsonl(tmp_path / "data.list", raw), tmp_path / "raw"))
+    kaldi = _all_samples(tmp_path / "kaldi" / "data.list")
+    wenet = _all_samples(tmp_path / "raw" / "data.list")
+    assert [(s["key"], s["audio"], s["txt"]) for s in kaldi] == [(s["key"], s["audio"], s["txt"]) for s in wenet]
+    assert kaldi[0]["meta"]["speaker"] == "spk0"
+
+
+def test_segments_store_only_the_segment_audio(tmp_path):
+    pack_shards(_cfg(FIXTURE / "segments_dir", tmp_path / "out"))
+    samples = _all_samples(tmp_path / "out" / "data.list")
+    long_wave, rate = sf.read(str(FIXTURE / "segments_dir" / "wav" / "long.wav"), dtype="int16")
+    assert [s["key"] for s in samples] == [f"long-seg{i:02d}" for i in range(4)]
+    total = 0
+    for s in samples:
+        wave, r = sf.read(__import__("io").BytesIO(s["audio"]), dtype="int16")
+        start = int(round(s["meta"]["segment"][0] * rate))
+        assert r == rate and np.array_equal(wave, long_wave[start:start + len(wave)])
+        total += len(wave)
+    assert total == len(long_wave)
+
+
+def test_reencode_and_resample(tmp_path, fixture_jsonl):
+    pack_shards(_cfg(fixture_jsonl, tmp_path / "out", audio_format="flac", resample=16000))
+    for s in _all_samples(tmp_path / "out" / "data.list"):
+        info = sf.info(__import__("io").BytesIO(s["audio"]))
+        assert s["audio_format"] == "flac" and info.samplerate == 16000 == s["meta"]["sample_rate"]
+        assert info.frames == s["meta"]["num_samples"]
+
+
+def test_filter_group_writes_bucketed_subdirs(tmp_path, fixture_jsonl):
+    recs = [json.loads(line) for line in fixture_jsonl.read_text().splitlines()]
+    # no source_len in the input: lengths come from header probes
+    pack_shards(_cfg(fixture_jsonl, tmp_path / "out", filter_group=["0:250", "250:100000"]))
+    short = _all_samples(tmp_path / "out" / "0_250" / "data.list")
+    long_ = _all_samples(tmp_path / "out" / "250_100000" / "data.list")
+    assert len(short) + len(long_) == len(recs) and short and long_
+    assert all(s["meta"]["source_len"] < 250 for s in short) and all(s["meta"]["source_len"] >= 250 for s in long_)
+
+
+def test_features_mode_stores_npy(tmp_path):
+    import kaldiio
+
+    data = tmp_path / "data"
+    data.mkdir()
+    mats = {f"u{i}": np.random.default_rng(i).standard_normal((50 + i, 13)).astype(np.float32) for i in range(3)}
+    kaldiio.save_ark(str(data / "feats.ark"), mats, scp=str(data / "feats.scp"))
+    (data / "text").write_text("".join(f"{k} hello {k}\n" for k in mats))
+    pack_shards(_cfg(data, tmp_path / "out", feats=True))
+    samples = _all_samples(tmp_path / "out" / "data.list")
+    assert [s["key"] for s in samples] == list(mats)
+    for s in samples:
+        assert "audio" not in s and s["meta"]["num_frames"] == mats[s["key"]].shape[0]
+        assert np.array_equal(np.load(__import__("io").BytesIO(s["npy"])), mats[s["key"]])
+
+
+def _resume_input(tmp_path: Path) -> Path:
+    recs = []
+    for copy in range(30):
+        recs += [dict(r, key=f"c{copy:02d}-{r['key']}") for r in fixture_records()]
+    return write_jsonl(tmp_path / "big.jsonl", recs)  # 720 utterances
+
+
+def test_kill_9_then_rerun_is_byte_identical_to_an_uninterrupted_run(tmp_path):
+    jsonl = _resume_input(tmp_path)
+    args = [f"++input={jsonl}", "++num_utts_per_shard=6", "++num_workers=2", "++audio_format=flac"]
+    ref = run_cli("corpus-io", "pack-shards", *args, f"++output_dir={tmp_path / 'ref'}")
+    assert ref.returncode == 0, ref.stderr
+    out = tmp_path / "out"
+    env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1")
+    proc = subprocess.Popen([str(BIN / "corpus-io"), "pack-shards", *args, f"++output_dir={out}"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(out.glob(".shard-*.tar.json"))) < 5:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # the main process and its workers, mid-run
+    proc.wait()
+    assert not (out / "data.list").exists(), "the run finished before it was killed; the test proved nothing"
+    done_before = len(list(out.glob(".shard-*.tar.json")))
+    rerun = run_cli("corpus-io", "pack-shards", *args, f"++output_dir={out}")
+    assert rerun.returncode == 0, rerun.stderr
+    resumed = int(rerun.stderr.split("resumed ")[1].split(";")[0])
+    assert resumed >= done_before - 4 > 0  # only the shards in flight at the kill may be redone
+    assert _tree_bytes(out) == _tree_bytes(tmp_path / "ref")
+    strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "path"}  # noqa: E731
+                       for x in p.read_text().splitlines()]
+    assert strip(out / "index.jsonl") == strip(tmp_path / "ref" / "index.jsonl")
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+    assert len(read_datalist(out / "data.list")) == 120
+
+
+def test_rerun_redoes_a_damaged_shard(tmp_path, fixture_jsonl):
+    pack_shards(_cfg(fixture_jsonl, tmp_path / "out"))
+    before = _tree_bytes(tmp_path / "out")
+    victim = tmp_path / "out" / "shard-000001.tar"
+    data = bytearray(victim.read_bytes())
+    data[3000] ^= 1
+    victim.write_bytes(bytes(data))
+    summary = pack_shards(_cfg(fixture_jsonl, tmp_path / "out"))
+    assert summary.extra["resumed"] == 2
+    assert _tree_bytes(tmp_path / "out") == before

@@ -1,0 +1,71 @@
+"""verify-shards catches a flipped byte, a truncated shard and a missing shard, each by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corpus_io.config import VerifyShardsConfig
+from corpus_io.errors import DataError
+from corpus_io.shards.pack import pack_shards
+from corpus_io.shards.verify import verify_shards
+from corpus_io.shards.writer import ShardWriter
+from tests.conftest import assert_user_error, run_cli
+from tests.shards.test_pack import _cfg
+
+
+@pytest.fixture
+def packed(tmp_path, fixture_jsonl) -> Path:
+    pack_shards(_cfg(fixture_jsonl, tmp_path / "out"))
+    return tmp_path / "out"
+
+
+def _verify(out: Path) -> str:
+    with pytest.raises(DataError) as err:
+        verify_shards(VerifyShardsConfig(input=str(out / "data.list"), num_workers=2))
+    return str(err.value)
+
+
+def test_clean_shards_pass(packed, capsys):
+    results = verify_shards(VerifyShardsConfig(input=str(packed / "data.list"), num_workers=1))
+    assert sum(r.num_utts for r in results) == 24 and not any(r.problems for r in results)
+    assert "3 ok, 0 failed" in capsys.readouterr().out
+
+
+def test_flipped_byte_is_caught_by_name(packed):
+    victim = packed / "shard-000001.tar"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    message = _verify(packed)
+    assert "shard-000001.tar" in message and ("sha256" in message or "member" in message)
+
+
+def test_truncated_shard_is_caught_naming_shard_and_member(packed, capsys):
+    victim = packed / "shard-000002.tar"
+    victim.write_bytes(victim.read_bytes()[:60000])
+    _verify(packed)
+    report = capsys.readouterr().out
+    assert "FAIL " + str(victim) in report and "truncated" in report and "member '" in report
+    assert "size 60000 bytes" in report
+
+
+def test_missing_shard_is_caught_by_name_and_exits_2(packed):
+    (packed / "shard-000000.tar").unlink()
+    r = run_cli("corpus-io", "verify-shards", f"++input={packed / 'data.list'}")
+    assert_user_error(r, "shard-000000.tar")
+    assert r.returncode == 2 and "FAIL" in r.stdout
+
+
+def test_undecodable_audio_and_duplicate_keys_name_the_member(tmp_path):
+    shard = tmp_path / "s.tar"
+    with ShardWriter(shard) as w:
+        for name, data in [("k1.txt", b"a"), ("k1.wav", b"RIFF garbage"), ("k2.txt", b"b"), ("k2.flac", b"x"),
+                           ("k1.txt", b"c"), ("k1.npy", b"n")]:
+            w.add(name, data)
+    (tmp_path / "data.list").write_text(f"{shard}\n")
+    with pytest.raises(DataError):
+        verify_shards(VerifyShardsConfig(input=str(tmp_path / "data.list"), num_workers=1))
+    r = run_cli("corpus-io", "verify-shards", f"++input={tmp_path / 'data.list'}")
+    assert "member 'k1.wav'" in r.stdout and "member 'k2.flac'" in r.stdout and "duplicate key 'k1'" in r.stdout
