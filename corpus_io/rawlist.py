@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -138,20 +136,3 @@ def slot_lines(n: int, *, slot_index: int, slot_count: int, seed: int, epoch: in
     else:
         order = np.arange(n, dtype=np.int64 if n >= 2**31 else np.int32)
     return np.ascontiguousarray(order[slot_index::slot_count])
-
-
-def iter_chunk(lst: RawList, lines: np.ndarray, chunk: int, *, start_pos: int = 0, storage_options=None,
-               allow_pipe: bool = False) -> Iterator[tuple[int, int]]:
-    """``(position, line index)`` of unit ``chunk`` of a slot's ``lines``."""
-    lo = chunk * CHUNK_LINES
-    for pos, i in enumerate(lines[lo:lo + CHUNK_LINES]):
-        if pos >= start_pos:
-            yield pos, int(i)
-
-
-def num_chunks(lines: np.ndarray) -> int:
-    return (len(lines) + CHUNK_LINES - 1) // CHUNK_LINES
-
-
-def list_path_exists(path: str) -> bool:
-    return Path(path).is_file()

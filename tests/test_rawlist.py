@@ -1,0 +1,74 @@
+"""Raw mode: a JSONL list indexed by byte offsets (never Python objects), WeNet and FunASR keys."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import psutil
+import pytest
+
+from corpus_io.dataset import build_dataloader
+from corpus_io.errors import DataError
+from corpus_io.rawlist import RawList
+from corpus_io.tokenizer import build_tokenizer
+from tests.loader_data import FIXTURE, REPO, make_raw, small_conf, token_list
+
+
+@pytest.mark.parametrize("wenet", [True, False])
+def test_raw_list_with_wenet_or_funasr_keys_loads_every_utterance_once(tmp_path, wenet):
+    raw, keys = make_raw(tmp_path, copies=2, wenet=wenet)
+    tok = build_tokenizer(token_list(tmp_path))
+    loader = build_dataloader(str(raw), small_conf(data_type="raw"), tok, train=True, rank=0, world_size=1)
+    loader.set_epoch(0)
+    got = [k for batch in loader for k in batch["keys"]]
+    assert sorted(got) == sorted(keys)
+    assert (tmp_path / "raw.list.idx").is_file()
+
+
+def test_raw_segments_are_cut_by_start_and_end(tmp_path):
+    long_wav = REPO / (FIXTURE / "segments_dir" / "wav.scp").read_text().split()[1]
+    path = tmp_path / "seg.list"
+    path.write_text("".join(json.dumps({"key": f"s{i}", "wav": str(long_wav), "txt": "one two",
+                                        "start": 1.0 * i, "end": 1.0 * i + 0.5}) + "\n" for i in range(3)))
+    loader = build_dataloader(str(path), small_conf(data_type="raw", num_workers=0), None, train=False, rank=0,
+                              world_size=1)
+    lengths = [int(n) for batch in loader for n in batch["feats_lengths"]]
+    assert len(lengths) == 3 and all(48 <= n <= 50 for n in lengths)
+
+
+def test_index_is_int64_offsets_cached_beside_the_list_and_rebuilt_when_it_changes(tmp_path):
+    path = tmp_path / "a.list"
+    path.write_text('{"key": "a", "wav": "x.wav", "txt": "t"}\n\n{"key": "b", "source": "y.wav"}\n')
+    lst = RawList(path)
+    assert len(lst) == 2 and lst.offsets.dtype == np.int64
+    assert lst.record(1)["key"] == "b" and lst.record(0)["target"] == "t"
+    with open(path, "a") as f:
+        f.write('{"key": "c", "wav": "z.wav", "txt": "u"}\n')
+    os.utime(path, ns=(1, 1))
+    assert len(RawList(path)) == 3
+
+
+def test_a_bad_line_names_the_file_and_line(tmp_path):
+    path = tmp_path / "bad.list"
+    path.write_text('{"key": "a", "wav": "x.wav"}\n{"key": "b"\n')
+    with pytest.raises(DataError, match=r"bad.list:2"):
+        RawList(path).record(1)
+
+
+def test_one_million_lines_cost_offsets_not_python_objects(tmp_path):
+    path = tmp_path / "big.list"
+    line = '{"key": "utt%07d", "wav": "/data/wav/utt%07d.wav", "txt": "one two three four"}\n'
+    with open(path, "w") as f:
+        for start in range(0, 1_000_000, 100_000):
+            f.write("".join(line % (i, i) for i in range(start, start + 100_000)))
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    lst = RawList(path)
+    again = RawList(path)  # from the cached .idx, memory-mapped
+    grown = proc.memory_info().rss - before
+    assert len(again) == 1_000_000 and again.record(999_999)["key"] == "utt0999999"
+    assert isinstance(again.offsets.base, np.memmap) or isinstance(again.offsets, np.memmap)
+    assert grown < 40 * 1024 * 1024, f"1M lines grew RSS by {grown / 2**20:.0f} MB"
+    del lst
