@@ -114,3 +114,17 @@ def wav_header_info(data: bytes) -> tuple[int, int] | None:
             return rate, size // block_align
         pos += 8 + size + (size & 1)
     return None
+
+
+def flac_header_info(data: bytes) -> tuple[int, int] | None:
+    """``(sample_rate Hz, num_samples)`` from a FLAC STREAMINFO block, or None (unknown length, not FLAC).
+
+    STREAMINFO is always the first metadata block: 20-bit rate and 36-bit total samples packed
+    from byte 18 of the file.
+    """
+    if data[:4] != b"fLaC" or len(data) < 42 or data[4] & 0x7F != 0:
+        return None
+    packed = int.from_bytes(data[18:26], "big")
+    rate = packed >> 44
+    total = packed & ((1 << 36) - 1)
+    return (rate, total) if rate and total else None

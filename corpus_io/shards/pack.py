@@ -154,7 +154,8 @@ def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[st
         raise DataError(f"{source} is not a known audio format (not wav/flac/ogg/opus/mp3)")
     segment = "start" in record
     if opts.audio_format == "keep" and opts.resample is None and not segment:
-        header = fmt.wav_header_info(data) if orig == "wav" else None
+        # Header parsing in pure Python: soundfile's probe costs ~0.3 ms per file, as much as the write.
+        header = fmt.wav_header_info(data) if orig == "wav" else fmt.flac_header_info(data) if orig == "flac" else None
         if header is None:
             import soundfile as sf
 

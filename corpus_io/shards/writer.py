@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import queue
 import tarfile
+import threading
 from pathlib import Path
 from types import TracebackType
 
@@ -53,6 +55,43 @@ def member_header(name: str, size: int) -> bytes:
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
 
 
+class _Hasher:
+    """sha256 on a helper thread, fed in ~4 MiB batches of immutable ``bytes``.
+
+    hashlib releases the GIL on large inputs, so hashing overlaps the file writes instead of
+    adding to them (sha256 here runs at ~0.7 GB/s, a third of the write cost).
+    """
+
+    BATCH = 4 << 20  # bytes
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._queue: queue.Queue = queue.Queue(maxsize=4)  # bounded: at most ~20 MiB pending
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (batch := self._queue.get()) is not None:
+            for piece in batch:
+                self._sha.update(piece)
+
+    def update(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        if self._pending_bytes >= self.BATCH:
+            self._queue.put(self._pending)
+            self._pending, self._pending_bytes = [], 0
+
+    def hexdigest(self) -> str:
+        if self._thread.is_alive():
+            self._queue.put(self._pending)
+            self._queue.put(None)
+            self._thread.join()
+        return self._sha.hexdigest()
+
+
 class ShardWriter:
     """Write one tar to ``<final>`` via a temp name; sha256 and size are known at :meth:`close`.
 
@@ -60,17 +99,18 @@ class ShardWriter:
     only when the block succeeds; on an exception the temp file is removed.
     """
 
-    def __init__(self, path: str | os.PathLike, *, buffer_size: int = 1 << 20):
+    def __init__(self, path: str | os.PathLike, *, buffer_size: int = 1 << 16):
         self.path = Path(path)
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        # A small buffer: audio members (tens of KB) then go straight to the OS without a copy.
         self._f = open(self.tmp, "wb", buffering=buffer_size)
-        self._sha = hashlib.sha256()
+        self._hasher = _Hasher()
         self.bytes = 0
         self.sha256 = ""
 
-    def _write(self, data: bytes | memoryview) -> None:
+    def _write(self, data: bytes) -> None:
         self._f.write(data)
-        self._sha.update(data)
+        self._hasher.update(data)
         self.bytes += len(data)
 
     def add(self, name: str, data: bytes) -> None:
@@ -88,11 +128,12 @@ class ShardWriter:
         if pad:
             self._write(_ZERO[:pad])
         self._f.close()
-        self.sha256 = self._sha.hexdigest()
+        self.sha256 = self._hasher.hexdigest()
         os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
         self._f.close()
+        self._hasher.hexdigest()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.tmp)
 
