@@ -3,9 +3,12 @@
 from cli import (  # noqa: F401  (importing registers the subcommands)
     bench_loader,
     jsonl2scp,
+    make_datalist,
     make_tokenizer,
+    pack_shards,
     prepare,
     scp2jsonl,
+    verify_shards,
 )
 from cli._app import app
 

@@ -267,6 +267,7 @@ class PackShardsConfig:
     filter_group: List[str] = opt(help="length buckets 'lo:hi' in frames, each packed into its own sub-directory",
                                   factory=list)
     shard_prefix: str = opt("shard", "shard file name prefix: <prefix>-000000.tar")
+    feats: bool = opt(False, "features mode: pack a Kaldi dir's feats.scp (kaldiio) as <key>.npy, no audio")
     on_error: str = opt("error", "unreadable audio or a missing transcript: error, or skip and count",
                         choices=("error", "skip"))
     allow_pipe: bool = opt(False, "allow Kaldi pipe entries in wav.scp (run without a shell)")
@@ -277,7 +278,8 @@ class PackShardsConfig:
 class MakeDatalistConfig:
     data_type: str = opt("shard", "raw: utterance list from a JSONL; shard: list of shard URLs",
                          choices=("raw", "shard"))
-    input: List[str] = opt(help="raw: a JSONL; shard: dirs, globs, brace patterns or list files", factory=list)
+    input: Any = opt(help="raw: a JSONL; shard: dirs, globs, brace patterns or list files (one, or a list)",
+                     factory=list)
     output: str = opt("???", "the data.list to write")
     prefix: Optional[str] = opt(None, "rewrite each shard's directory to this prefix, e.g. s3://bucket/corpus/")
 
