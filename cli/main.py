@@ -1,6 +1,7 @@
 """``corpus-io``: the typer app with every subcommand (each lives in its own module here)."""
 
 from cli import (  # noqa: F401  (importing registers the subcommands)
+    add_field,
     bench_loader,
     jsonl2scp,
     make_datalist,
@@ -8,6 +9,7 @@ from cli import (  # noqa: F401  (importing registers the subcommands)
     pack_shards,
     prepare,
     scp2jsonl,
+    stats,
     verify_shards,
 )
 from cli._app import app

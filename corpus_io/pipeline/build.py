@@ -27,7 +27,8 @@ from corpus_io.pipeline.read import ReadOptions, Source, iter_source, mix
 def read_options(conf: DatasetConf) -> ReadOptions:
     return ReadOptions(storage_options=dict(conf.storage_options or {}), allow_pipe=conf.allow_pipe,
                        max_member_bytes=conf.max_member_bytes, retries=conf.retries,
-                       retry_backoff=conf.retry_backoff, on_error=conf.on_error)
+                       retry_backoff=conf.retry_backoff, on_error=conf.on_error,
+                       fields=tuple(conf.fields))
 
 
 def slot_budget_seconds(conf: DatasetConf, slot: Slot) -> float | None:

@@ -67,6 +67,7 @@ class ReadOptions:
     retries: int = 3
     retry_backoff: float = 0.5
     on_error: str = "fail"
+    fields: tuple = ()  # dataset_conf.fields: read only these (companion files in lockstep)
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -82,6 +83,12 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter) -> Iterator[di
     """The samples of one shard; retries transient failures, then skips-and-counts or fails."""
     from corpus_io.shards.reader import read_shard
 
+    if opts.fields:  # dataset_conf.fields: only these, companion files in lockstep (corpus_io.shards.fields)
+        from functools import partial
+
+        from corpus_io.shards.fields import open_shard_fields
+
+        read_shard = partial(open_shard_fields, fields=opts.fields)  # type: ignore[assignment]
     delivered = 0
     attempt = 0
     delay = opts.retry_backoff

@@ -1,0 +1,618 @@
+"""Companion field files: per-shard side files that add data without rewriting the shard.
+
+Next to ``shard-000123.tar`` (see docs/FORMAT.md, "Companion fields"):
+
+* ``shard-000123.<field>.tar``: one member per utterance, in the main shard's order:
+  ``<safe_key>.npy`` (``numpy.save`` bytes) or ``<safe_key>.missing`` (0 bytes, an explicit
+  placeholder for an utterance without a value);
+* ``shard-000123.<field>.jsonl.gz``: one line per utterance, ``{"key": k, "<field>": value}``;
+  ``null`` is the placeholder;
+* ``shard-000123.meta.jsonl.gz``: the metadata companion, ``{"key", "txt", "meta"}`` per utterance
+  (``meta`` is the ``.json`` member). With it, a loader that does not need audio never touches the
+  main tar, so no audio byte is fetched (local, http or s3).
+
+:func:`open_shard_fields` reads a shard's fields in lockstep and checks every key;
+:func:`add_field` (``corpus-io add-field``) writes companion files and records them in the index.
+This module imports no torch at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import tarfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from corpus_io.errors import ConfigError, DataError
+from corpus_io.files import atomic_write
+from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, safe_member_name, split_member
+from corpus_io.shards.reader import DEFAULT_MAX_MEMBER_BYTES
+
+META = "meta"
+MISSING_EXT = "missing"
+#: names read from the main shard itself (or from the meta companion for txt/meta)
+MAIN_FIELDS = frozenset({"key", "txt", "json", "meta", "audio", "npy", *AUDIO_EXTS})
+_AUDIO_FIELDS = frozenset({"audio", "npy", *AUDIO_EXTS})
+_FIELD_NAME = re.compile(r"[A-Za-z0-9_]+")
+KINDS = ("tar", "jsonl.gz")
+
+
+# --------------------------------------------------------------------------- names
+
+
+def check_field_name(name: str) -> None:
+    if not _FIELD_NAME.fullmatch(name or "") or name in MAIN_FIELDS or name == MISSING_EXT:
+        raise ConfigError(f"'{name}' cannot be a companion field name: use letters, digits and '_' only, and "
+                          f"none of {', '.join(sorted(MAIN_FIELDS | {MISSING_EXT}))} (those are the main shard's "
+                          f"members). Example: ++field=fbank or ++field=speaker.")
+
+
+def companion_url(shard_url: str, field_name: str, kind: str) -> str:
+    """``.../shard-000123.tar`` -> ``.../shard-000123.<field>.<kind>`` (kind: tar or jsonl.gz)."""
+    base = shard_url[:-4] if shard_url.endswith(".tar") else shard_url
+    return f"{base}.{field_name}.{kind}"
+
+
+def meta_url(shard_url: str) -> str:
+    return companion_url(shard_url, META, "jsonl.gz")
+
+
+def _exists(url: str, storage_options: dict | None) -> bool:
+    from corpus_io.urls import is_remote, local_path
+
+    if not is_remote(url):
+        return os.path.isfile(local_path(url))
+    import fsspec
+
+    from corpus_io.urls import _storage_options
+
+    fs, path = fsspec.core.url_to_fs(url, **_storage_options(url, storage_options))
+    try:
+        return bool(fs.exists(path))
+    except (OSError, ValueError):
+        return False
+
+
+def _companion_of(shard_url: str, name: str, entry: dict | None, storage_options: dict | None) -> tuple[str, str]:
+    """(url, kind) of field ``name`` of a shard: from the index entry when it lists it, else by probing."""
+    info = ((entry or {}).get("fields") or {}).get(name)
+    if info and info.get("kind") in KINDS:
+        return companion_url(shard_url, name, info["kind"]), info["kind"]
+    for kind in KINDS:
+        url = companion_url(shard_url, name, kind)
+        if _exists(url, storage_options):
+            return url, kind
+    raise DataError(f"shard {shard_url} has no companion file for field '{name}' (looked for "
+                    f"{companion_url(shard_url, name, 'tar')} and {companion_url(shard_url, name, 'jsonl.gz')}). "
+                    f"Create it with corpus-io add-field ++input=<data.list> ++field={name}, or remove "
+                    f"'{name}' from dataset_conf.fields.")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def iter_meta_companion(url: str, *, shard_url: str, storage_options: dict | None = None) -> Iterator[dict]:
+    """Samples ``{key, txt, meta, __url__, __pos__}`` of a ``.meta.jsonl.gz`` companion."""
+    for pos, rec in enumerate(_iter_jsonl_gz(url, storage_options)):
+        if not isinstance(rec.get("key"), str) or not isinstance(rec.get("txt"), str):
+            raise DataError(f"{url}: line {pos + 1} needs a string 'key' and 'txt'; the metadata companion is "
+                            f"damaged. Delete it and re-run corpus-io add-field.")
+        meta = rec.get("meta") if isinstance(rec.get("meta"), dict) else {}
+        yield {"key": rec["key"], "txt": rec["txt"], "meta": meta, "__url__": shard_url, "__pos__": pos}
+
+
+def _json_objects(lines: Any, where: str, hint: str) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` of each non-blank line; anything else is a DataError with ``hint``."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DataError(f"{where}:{lineno}: not a JSON object ({exc}); {hint}") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{where}:{lineno}: not a JSON object; {hint}")
+        yield lineno, rec
+
+
+def _iter_jsonl_gz(url: str, storage_options: dict | None) -> Iterator[dict]:
+    from corpus_io.urls import open_url
+
+    with open_url(url, storage_options=storage_options) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
+        try:
+            for _, rec in _json_objects(f, url, "the companion file is damaged: delete it and re-run "
+                                                "corpus-io add-field."):
+                yield rec
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+            raise DataError(f"{url}: not a complete gzip file ({exc}); delete it and re-run corpus-io add-field.") \
+                from None
+
+
+def iter_main_without_audio(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
+                            max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES) -> Iterator[dict]:
+    """Samples ``{key, txt, meta, __url__, __pos__}`` of a main shard, never reading an audio payload.
+
+    A local shard is read with seeks, so audio bytes are not read at all. A remote or piped shard
+    is a forward-only stream: audio members are read past in small blocks and discarded (never
+    buffered whole), so their bytes still cross the network. The meta companion avoids that.
+    """
+    from corpus_io.shards.reader import _finish, what_to_do
+    from corpus_io.urls import is_command, is_remote, local_path, open_url
+
+    stream = is_remote(url) or is_command(url)
+    f = open_url(url, storage_options=storage_options, allow_pipe=allow_pipe) if stream else None
+    try:
+        tar = tarfile.open(fileobj=f, mode="r|") if stream else tarfile.open(local_path(url), mode="r:")
+    except (tarfile.TarError, OSError) as exc:
+        if f is not None:
+            f.close()
+        if isinstance(exc, FileNotFoundError):
+            raise DataError(f"{url} does not exist.") from None
+        raise DataError(f"{url}: not a readable tar ({exc}); {what_to_do()}") from None
+    prefix: str | None = None
+    members: dict[str, bytes] = {}
+    names: dict[str, str] = {}
+    pos = 0
+    try:
+        for info in tar:
+            if not info.isfile():
+                continue
+            member_prefix, ext = split_member(info.name)
+            if member_prefix != prefix:
+                if prefix is not None:
+                    yield _without_payloads(_finish(prefix, members, names, url=url, pos=pos))
+                    pos += 1
+                prefix, members, names = member_prefix, {}, {}
+            names[ext] = info.name
+            if ext in ("txt", "json"):
+                if info.size > max_member_bytes:
+                    raise DataError(f"{url}: member '{info.name}' is {info.size} bytes, over max_member_bytes="
+                                    f"{max_member_bytes}.")
+                members[ext] = tar.extractfile(info).read()  # type: ignore[union-attr]
+            else:
+                members.setdefault(ext, b"")  # audio/npy: skipped (seeked past, or streamed past)
+        if prefix is not None:
+            yield _without_payloads(_finish(prefix, members, names, url=url, pos=pos))
+    except tarfile.TarError as exc:
+        raise DataError(f"{url}: corrupt or truncated tar after sample {pos} ({exc}); {what_to_do()}") from None
+    finally:
+        tar.close()
+        if f is not None:
+            f.close()
+
+
+def _without_payloads(sample: dict) -> dict:
+    for name in [k for k in sample if k in _AUDIO_FIELDS or k == "audio_format"]:
+        del sample[name]
+    return sample
+
+
+def _iter_tar_field(url: str, name: str, storage_options: dict | None,
+                    max_member_bytes: int) -> Iterator[tuple[str, Any]]:
+    from corpus_io.shards.reader import iter_tar_members
+    from corpus_io.urls import open_url
+
+    with open_url(url, storage_options=storage_options) as f:
+        for member, data in iter_tar_members(f, url=url, max_member_bytes=max_member_bytes):
+            prefix, ext = split_member(member)
+            try:
+                key = key_from_member_name(prefix)
+            except UnicodeDecodeError:
+                key = prefix
+            yield key, (None if ext == MISSING_EXT else data)
+
+
+def _iter_jsonl_field(url: str, name: str, storage_options: dict | None) -> Iterator[tuple[str, Any]]:
+    for rec in _iter_jsonl_gz(url, storage_options):
+        yield str(rec.get("key")), rec.get(name)
+
+
+def open_shard_fields(url: str, fields: list[str] | tuple[str, ...], index_entry: dict | None = None, *,
+                      storage_options: dict | None = None, allow_pipe: bool = False,
+                      max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES) -> Iterator[dict]:
+    """Samples of shard ``url`` with only ``fields`` read, companions in lockstep with the main keys.
+
+    ``fields`` names main-shard members (``txt``, ``meta``, ``audio``/``wav``/..., ``npy``) and
+    companion fields (``fbank``, ``speaker``, ...). Without audio or ``npy`` in ``fields`` the keys,
+    ``txt`` and ``meta`` come from the meta companion when it exists (the main tar is not opened), else
+    from the main tar with audio payloads skipped. Each companion field adds ``sample[<field>]``:
+    bytes (tar) or the JSON value (jsonl.gz); ``None`` for the explicit missing placeholder.
+    A companion whose key at some position differs from the main shard's, or which is shorter or longer,
+    raises :class:`DataError` naming the shard, the field file, the position and both keys.
+    """
+    from corpus_io.shards.reader import read_shard
+
+    fields = list(fields)
+    companions = [f for f in fields if f not in MAIN_FIELDS]
+    so = storage_options
+    if any(f in _AUDIO_FIELDS for f in fields):
+        base = read_shard(url, storage_options=so, max_member_bytes=max_member_bytes, allow_pipe=allow_pipe)
+    elif _has_meta(url, index_entry, so):
+        base = iter_meta_companion(meta_url(url), shard_url=url, storage_options=so)
+    else:
+        base = iter_main_without_audio(url, storage_options=so, allow_pipe=allow_pipe,
+                                       max_member_bytes=max_member_bytes)
+    with contextlib.ExitStack() as stack:
+        stack.callback(getattr(base, "close", lambda: None))
+        streams = []
+        for name in companions:
+            curl, kind = _companion_of(url, name, index_entry, so)
+            it = (_iter_tar_field(curl, name, so, max_member_bytes) if kind == "tar"
+                  else _iter_jsonl_field(curl, name, so))
+            stack.callback(it.close)
+            streams.append((name, curl, it))
+        pos = -1
+        for pos, sample in enumerate(base):
+            for name, curl, it in streams:
+                got = next(it, None)
+                if got is None:
+                    raise DataError(f"shard {url}: field file {curl} ends after {pos} entries, but the shard has "
+                                    f"more (expected key '{sample['key']}' at position {pos}). The field file is "
+                                    f"incomplete or belongs to another shard: delete it and re-run corpus-io "
+                                    f"add-field ++field={name}.")
+                if got[0] != sample["key"]:
+                    raise DataError(f"shard {url}: field file {curl} is out of step at position {pos}: expected "
+                                    f"key '{sample['key']}', found '{got[0]}'. Companion files must list exactly "
+                                    f"the shard's keys in the shard's order: delete it and re-run corpus-io "
+                                    f"add-field ++field={name}.")
+                sample[name] = got[1]
+            yield sample
+        for name, curl, it in streams:
+            extra = next(it, None)
+            if extra is not None:
+                raise DataError(f"shard {url}: field file {curl} has more entries than the shard ({pos + 1}); "
+                                f"the first extra key is '{extra[0]}' at position {pos + 1}. Delete it and re-run "
+                                f"corpus-io add-field ++field={name}.")
+
+
+def _has_meta(url: str, entry: dict | None, storage_options: dict | None) -> bool:
+    if entry is not None and META in (entry.get("fields") or {}):
+        return True
+    return _exists(meta_url(url), storage_options)
+
+
+def iter_shard_metadata(url: str, *, storage_options: dict | None = None) -> Iterator[dict]:
+    """``{key, txt, meta}`` of every utterance of a shard, without reading audio (for stats, add-field)."""
+    return open_shard_fields(url, ["txt", "meta"], storage_options=storage_options)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(f".{path.name}.json")
+
+
+def _done(path: Path, digest: str) -> dict | None:
+    """The sidecar stat of a complete companion file made from exactly these inputs, else None."""
+    try:
+        stat = json.loads(_sidecar(path).read_text(encoding="utf-8"))
+        if stat.get("digest") != digest or path.stat().st_size != stat["bytes"]:
+            return None
+        if _file_sha256(path) != stat["sha256"]:
+            return None
+        return stat
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _finish_file(path: Path, digest: str, kind: str, num_utts: int, missing: int, extra: dict) -> dict:
+    stat = {"file": path.name, "kind": kind, "bytes": path.stat().st_size, "sha256": _file_sha256(path),
+            "num_utts": num_utts, "missing": missing, **extra, "digest": digest}
+    with atomic_write(_sidecar(path)) as f:
+        f.write(json.dumps(stat, sort_keys=True) + "\n")
+    return stat
+
+
+class _JsonlGzWriter:
+    """Deterministic ``.jsonl.gz`` (gzip mtime 0, no file name) under a temp name, renamed on close."""
+
+    def __init__(self, path: Path):
+        self._ctx = atomic_write(path, "wb")
+        self._raw = self._ctx.__enter__()
+        self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0)
+
+    def write(self, rec: dict) -> None:
+        self._gz.write((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    def close(self) -> None:
+        self._gz.close()
+        self._ctx.__exit__(None, None, None)
+
+    def abort(self, exc: BaseException) -> None:
+        self._gz.close()
+        with contextlib.suppress(BaseException):
+            self._ctx.__exit__(type(exc), exc, exc.__traceback__)
+
+
+@dataclass
+class FieldTask:
+    url: str
+    field: str
+    mode: str  # fbank | mfcc | scp | jsonl
+    shard_digest: str
+    options: dict
+    on_error: str = "fail"
+    storage_options: dict = field(default_factory=dict)
+
+
+@dataclass
+class FieldResult:
+    url: str
+    stats: dict
+    num_utts: int = 0
+    seconds: float = 0.0
+    missing: int = 0
+    resumed: int = 0
+    reasons: dict = field(default_factory=dict)
+
+
+# process-wide sources, set by add_field before the pool forks (shared copy-on-write)
+_SOURCES: dict[str, Any] = {}
+
+
+def _npy_bytes(array: Any) -> bytes:
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array, dtype=np.float32), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _feature_fn(task: FieldTask) -> Any:
+    """``sample -> np.ndarray`` through the loader's own stages (decode, resample, fbank|mfcc)."""
+    from corpus_io.pipeline import stages
+
+    o = task.options
+
+    def compute(sample: dict) -> Any:
+        s = {k: v for k, v in sample.items() if k in ("key", "audio", "audio_format", "__url__", "start", "end")}
+        it = stages.decode(iter([s]), on_error="fail")
+        it = stages.resample(it, resample_rate=o["resample_rate"])
+        if task.mode == "fbank":
+            c = o["fbank_conf"]
+            it = stages.fbank(it, num_mel_bins=c["num_mel_bins"], frame_length=c["frame_length"],
+                              frame_shift=c["frame_shift"], dither=0.0)
+        else:
+            c = o["mfcc_conf"]
+            it = stages.mfcc(it, num_mel_bins=c["num_mel_bins"], num_ceps=c["num_ceps"],
+                             frame_length=c["frame_length"], frame_shift=c["frame_shift"], dither=0.0,
+                             high_freq=c["high_freq"], low_freq=c["low_freq"])
+        out = list(it)
+        if not out:
+            raise DataError("gives 0 feature frames (shorter than one window).")
+        return out[0]["feats"].numpy()
+
+    return compute
+
+
+def add_field_to_shard(task: FieldTask) -> FieldResult:
+    """Write the field file (and the meta companion when missing) of one shard; resumable."""
+    from corpus_io.shards.writer import ShardWriter
+    from corpus_io.urls import local_path
+
+    kind = "tar" if task.mode in ("fbank", "mfcc", "scp") else "jsonl.gz"
+    fpath = Path(local_path(companion_url(task.url, task.field, kind)))
+    mpath = Path(local_path(meta_url(task.url)))
+    fdigest = _digest([task.shard_digest, task.field, task.mode, task.options])
+    mdigest = _digest([task.shard_digest, META])
+    result = FieldResult(task.url, {})
+    fstat, mstat = _done(fpath, fdigest), _done(mpath, mdigest)
+    if fstat and mstat:
+        result.stats = {task.field: fstat, META: mstat}
+        result.num_utts, result.missing, result.resumed = fstat["num_utts"], fstat["missing"], 1
+        result.seconds = float(mstat.get("seconds", 0.0))
+        return result
+    for stale in (fpath, mpath):  # a complete file from other inputs is replaced; temp files are ours
+        if stale == fpath and fstat or stale == mpath and mstat:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            _sidecar(stale).unlink()
+    compute = _feature_fn(task) if task.mode in ("fbank", "mfcc") else None
+    if compute is not None:
+        samples = open_shard_fields(task.url, ["audio"], storage_options=task.storage_options)
+    else:
+        samples = iter_shard_metadata(task.url, storage_options=task.storage_options)
+    fwriter = None if fstat else (ShardWriter(fpath) if kind == "tar" else _JsonlGzWriter(fpath))
+    mwriter = None if mstat else _JsonlGzWriter(mpath)
+    reasons: dict[str, int] = {}
+    try:
+        for sample in samples:
+            key = sample["key"]
+            dur = _duration(sample.get("meta") or {})
+            result.num_utts += 1
+            result.seconds += dur
+            if mwriter is not None:
+                mwriter.write({"key": key, "txt": sample["txt"], "meta": sample.get("meta") or {}})
+            if fwriter is None:
+                continue
+            value, why = _value(task, sample, compute)
+            if why:
+                reasons[why] = reasons.get(why, 0) + 1
+                result.missing += 1
+            if kind == "tar":
+                name = safe_member_name(key)
+                fwriter.add(f"{name}.{MISSING_EXT}" if value is None else f"{name}.npy",
+                            b"" if value is None else value)
+            else:
+                fwriter.write({"key": key, task.field: value})
+    except BaseException as exc:
+        for w in (fwriter, mwriter):
+            if w is not None:
+                w.abort(exc) if isinstance(w, _JsonlGzWriter) else w.abort()
+        raise
+    for w in (fwriter, mwriter):
+        if w is not None:
+            w.close()
+    if fstat is None:
+        extra = {"conf": task.options} if task.mode in ("fbank", "mfcc") else {}
+        fstat = _finish_file(fpath, fdigest, kind, result.num_utts, result.missing, extra)
+    if mstat is None:
+        mstat = _finish_file(mpath, mdigest, "jsonl.gz", result.num_utts, 0, {"seconds": round(result.seconds, 3)})
+    result.stats = {task.field: fstat, META: mstat}
+    result.reasons = reasons
+    return result
+
+
+def _duration(meta: dict) -> float:
+    for name, scale in (("duration", 1.0), ("source_len", 0.01), ("num_frames", 0.01)):
+        value = meta.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value) * scale
+    return 0.0
+
+
+def _value(task: FieldTask, sample: dict, compute: Any) -> tuple[Any, str]:
+    """(value or None, reason it is missing or '')."""
+    key = sample["key"]
+    if compute is not None:
+        try:
+            return _npy_bytes(compute(sample)), ""
+        except DataError as exc:
+            if task.on_error == "skip":
+                return None, "features failed"
+            raise DataError(f"shard {task.url}, utterance '{key}': {exc} Fix or remove the utterance, or set "
+                            f"++dataset_conf.on_error=skip to store a missing placeholder instead.") from None
+    source = _SOURCES[task.mode]
+    if task.mode == "scp":
+        if key not in source:
+            return None, "not in feats.scp"
+        try:
+            return _npy_bytes(source[key]), ""
+        except Exception as exc:  # noqa: BLE001 - kaldiio raises many kinds
+            raise DataError(f"{task.options['from_scp']}: cannot read the features of '{key}' ({exc}).") from None
+    if key not in source:
+        return None, "not in the jsonl"
+    return source[key], ""
+
+
+def _digest(parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def _source_signature(path: str) -> list:
+    st = os.stat(path)
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+
+
+def _load_jsonl_values(path: str, name: str) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    with open(path, "rb") as f:
+        for lineno, rec in _json_objects(f, path, f'each line must be {{"key": ..., "{name}": ...}}.'):
+            if not isinstance(rec.get("key"), str):
+                raise DataError(f"{path}:{lineno}: needs a string 'key'.")
+            if name not in rec:
+                raise DataError(f"{path}:{lineno}: key '{rec['key']}' has no '{name}' value. Each line must be "
+                                f'{{"key": ..., "{name}": ...}}; pass the matching ++field=.')
+            if rec["key"] in values:
+                raise DataError(f"{path}:{lineno}: key '{rec['key']}' appears twice; keys must be unique.")
+            values[rec["key"]] = rec[name]
+    return values
+
+
+def add_field(cfg: Any) -> Any:
+    """``corpus-io add-field`` for a validated :class:`corpus_io.config.AddFieldConfig`; returns the Summary."""
+    from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
+    from corpus_io.shards.index import index_path_for, load_index, read_datalist
+    from corpus_io.urls import is_command, is_remote
+
+    check_field_name(cfg.field)
+    if cfg.from_scp and cfg.from_jsonl:
+        raise ConfigError("pass one of ++from_scp and ++from_jsonl, not both.")
+    dc = cfg.dataset_conf
+    options: dict[str, Any]
+    if cfg.from_scp:
+        import kaldiio
+
+        if not os.path.isfile(cfg.from_scp):
+            raise ConfigError(f"from_scp={cfg.from_scp} does not exist. Pass a Kaldi feats.scp.")
+        mode, options = "scp", {"from_scp": _source_signature(cfg.from_scp)}
+        _SOURCES["scp"] = kaldiio.load_scp(cfg.from_scp)
+    elif cfg.from_jsonl:
+        if not os.path.isfile(cfg.from_jsonl):
+            raise ConfigError(f"from_jsonl={cfg.from_jsonl} does not exist. Pass a JSONL of "
+                              f'{{"key": ..., "{cfg.field}": ...}} lines.')
+        mode, options = "jsonl", {"from_jsonl": _source_signature(cfg.from_jsonl)}
+        _SOURCES["jsonl"] = _load_jsonl_values(cfg.from_jsonl, cfg.field)
+    elif cfg.field in ("fbank", "mfcc"):
+        mode = cfg.field
+        conf = dc.fbank_conf if mode == "fbank" else dc.mfcc_conf
+        if conf.dither:
+            raise ConfigError(f"dataset_conf.{mode}_conf.dither={conf.dither}: stored features are computed once, "
+                              f"so they cannot be dithered per epoch. Set ++dataset_conf.{mode}_conf.dither=0.")
+        options = {"resample_rate": dc.resample_conf.resample_rate,
+                   f"{mode}_conf": {k: getattr(conf, k) for k in conf.__dataclass_fields__}}
+    else:
+        raise ConfigError(f"field '{cfg.field}' is not computed by add-field (only fbank and mfcc are): pass "
+                          f"++from_scp=feats.scp or ++from_jsonl=values.jsonl with it.")
+    urls = read_datalist(cfg.input)
+    for url in urls:
+        if is_remote(url) or is_command(url):
+            raise ConfigError(f"{cfg.input} lists {url}: add-field writes companion files next to each shard, so "
+                              f"the shards must be local. Run it where the shards were packed, then upload the "
+                              f"new files with the shards.")
+    index = load_index(cfg.input) or {}
+    tasks = [FieldTask(url, cfg.field, mode, _shard_digest(url, index.get(url)), options, dc.on_error,
+                       dict(dc.storage_options or {})) for url in urls]
+    summary = Summary()
+    results: dict[str, dict] = {}
+    workers = min(resolve_num_workers(cfg.num_workers), max(1, len(tasks)))
+    resumed = 0
+    for res in progress(parallel_imap(add_field_to_shard, tasks, num_workers=workers, chunksize=1),
+                        total=len(tasks), desc="add-field", unit="shard"):
+        results[res.url] = res.stats
+        summary.kept += res.num_utts - res.missing
+        summary.seconds += res.seconds
+        resumed += res.resumed
+        for why, n in res.reasons.items():
+            summary.skip(why, n)
+        if res.resumed and res.missing:
+            summary.skip("missing (resumed)", res.missing)
+    _update_index(index_path_for(cfg.input), urls, index, results)
+    summary.extra["field"] = cfg.field
+    summary.extra["shards"] = len(tasks)
+    summary.extra["resumed"] = resumed
+    summary.print("add-field")
+    _SOURCES.clear()
+    return summary
+
+
+def _shard_digest(url: str, entry: dict | None) -> str:
+    from corpus_io.urls import local_path
+
+    if entry and entry.get("sha256"):
+        return str(entry["sha256"])
+    try:
+        st = os.stat(local_path(url))
+    except FileNotFoundError:
+        raise DataError(f"shard {url} does not exist. Check the data.list.") from None
+    return f"size={st.st_size},mtime={st.st_mtime_ns}"
+
+
+def _update_index(path: Path, urls: list[str], index: dict[str, dict], results: dict[str, dict]) -> None:
+    """Rewrite the index atomically with ``fields`` (file, kind, sha256, bytes, ...) per shard."""
+    order = list(index) + [u for u in urls if u not in index]
+    with atomic_write(path) as f:
+        for url in order:
+            entry = dict(index.get(url) or {"path": url})
+            fields = dict(entry.get("fields") or {})
+            for name, stat in results.get(url, {}).items():
+                fields[name] = {k: v for k, v in stat.items() if k not in ("digest",)}
+            entry["fields"] = dict(sorted(fields.items()))
+            f.write(json.dumps(entry, ensure_ascii=False) + "\n")
