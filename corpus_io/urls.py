@@ -22,6 +22,13 @@ REMOTE_SCHEMES = ("http://", "https://", "s3://", "gs://", "oss://")
 T = TypeVar("T")
 
 
+class RemoteNotFoundError(DataError):
+    """A remote URL could not be opened. HTTP servers under load answer 5xx and fsspec reports those as
+    "not found" too, so loaders retry this one (``with_retries`` and the shard reader do)."""
+
+    transient = True
+
+
 def is_remote(url: str) -> bool:
     return url.startswith(REMOTE_SCHEMES)
 
@@ -113,9 +120,11 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
         import fsspec
 
         try:
-            return fsspec.open(url, "rb", block_size=block_size, **_storage_options(url, storage_options)).open()
+            fs, path = fsspec.core.url_to_fs(url, **_storage_options(url, storage_options))
+            return fs.open(path, "rb", block_size=block_size)
         except FileNotFoundError:
-            raise DataError(f"{url} does not exist on the server.") from None
+            raise RemoteNotFoundError(f"{url} does not exist on the server (or the server did not answer "
+                                      f"with it).") from None
     try:
         return open(local_path(url), "rb", buffering=block_size)
     except FileNotFoundError:
@@ -133,14 +142,18 @@ def read_url(url: str, **kwargs: Any) -> bytes:
 def with_retries(fn: Callable[[], T], *, retries: int, backoff_s: float, what: str) -> T:
     """Call ``fn``; retry transient errors (OSError, timeouts) with exponential backoff.
 
-    A :class:`DataError` (a missing file, a bad command) is not transient and is raised at once.
+    A :class:`DataError` (a missing file, a bad command) is raised at once, except a remote
+    :class:`RemoteNotFoundError` (servers answering 5xx look the same to fsspec), which is retried.
     """
     delay = backoff_s
     for attempt in range(1, max(1, retries) + 1):
         try:
             return fn()
-        except DataError:
-            raise
+        except DataError as exc:
+            if not getattr(exc, "transient", False) or attempt >= retries:
+                raise
+            time.sleep(delay)
+            delay *= 2
         except (OSError, TimeoutError) as exc:
             if attempt >= retries:
                 raise DataError(f"{what}: failed after {attempt} attempts: {exc}") from None

@@ -72,7 +72,7 @@ class ReadOptions:
 
 def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, DataError):
-        return False
+        return bool(getattr(exc, "transient", False))
     if isinstance(exc, (OSError, TimeoutError, ConnectionError)) and not isinstance(exc, FileNotFoundError):
         return True
     mod = type(exc).__module__ or ""
