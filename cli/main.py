@@ -2,7 +2,10 @@
 
 from cli import (  # noqa: F401  (importing registers the subcommands)
     add_field,
+    average,
     bench_loader,
+    compute_cmvn,
+    decode,
     jsonl2scp,
     make_datalist,
     make_tokenizer,
@@ -10,6 +13,7 @@ from cli import (  # noqa: F401  (importing registers the subcommands)
     prepare,
     scp2jsonl,
     stats,
+    train,
     verify_shards,
 )
 from cli._app import app

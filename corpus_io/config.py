@@ -202,6 +202,10 @@ class TrainConf:
     seed: int = opt(1234, "seed of model init and dropout")
     device: str = opt("auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
     timeout_s: int = opt(600, "collective timeout", unit="seconds")
+    dump_trained_keys: bool = opt(False, "debug: write output_dir/trained_keys.rank{R}.txt ('epoch key' per trained "
+                                         "utterance, cut back to the checkpoint on resume) and unused_keys.rank{R}.txt")
+    debug_fail_at_step: int = opt(0, "debug: rank 0 raises at this global step on the first torchrun attempt "
+                                     "(tests --max-restarts); 0: off", unit="steps")
 
 
 @dataclass

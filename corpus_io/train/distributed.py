@@ -1,0 +1,128 @@
+"""torchrun / env:// set-up and the few collectives the trainer needs.
+
+One process (no ``WORLD_SIZE`` in the environment) runs without a process group; every helper
+then works locally. Under torchrun the backend is NCCL when the process has a CUDA device and gloo
+otherwise; multi-node runs use torchrun's own flags (``--nnodes``, ``--rdzv-endpoint``, ...).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    backend: str = ""
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str = "auto", timeout_s: int = 600) -> DistContext:
+    """Read RANK/WORLD_SIZE/LOCAL_RANK (torchrun), pick the device and init the process group."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    if use_cuda and not torch.cuda.is_available():
+        from corpus_io.errors import ConfigError
+
+        raise ConfigError("train_conf.device=cuda but no CUDA device is visible. Use ++train_conf.device=auto or cpu.")
+    if use_cuda:
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        dev = torch.device("cuda", torch.cuda.current_device())
+    else:
+        dev = torch.device("cpu")
+    ctx = DistContext(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+    if world > 1 and not dist.is_initialized():
+        ctx.backend = "nccl" if use_cuda else "gloo"
+        timeout = datetime.timedelta(seconds=timeout_s)
+        kwargs: dict[str, Any] = {"backend": ctx.backend, "timeout": timeout}
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # torchrun shares its rendezvous TCPStore with the workers, and it outlives a restart:
+            # without a per-attempt prefix a restarted gloo/NCCL group reads the dead attempt's
+            # addresses (pytorch#135712). Same store as env://, keys isolated by restart count.
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                  is_master=False, timeout=timeout)
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            kwargs.update(store=dist.PrefixStore(f"corpus_io/attempt{attempt}", store), rank=rank, world_size=world)
+        else:
+            kwargs["init_method"] = "env://"
+        if use_cuda:
+            kwargs["device_id"] = dev
+        dist.init_process_group(**kwargs)
+    return ctx
+
+
+def cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _tensor(ctx: DistContext, values: list[float], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    # NCCL needs device tensors; gloo works on CPU tensors.
+    dev = ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+    return torch.tensor(values, dtype=dtype, device=dev)
+
+
+def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:
+    """Element-wise sum over ranks (local values when not distributed)."""
+    if not ctx.distributed:
+        return list(values)
+    t = _tensor(ctx, values)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.cpu().tolist()
+
+
+def all_ranks_have_data(ctx: DistContext, have_data: bool) -> bool:
+    """True only when every rank has a batch (an all-reduce MIN of a 0/1 flag), called before each step."""
+    from corpus_io.partition import all_ranks_have_data as stop_together
+
+    return stop_together(have_data) if ctx.distributed else have_data
+
+
+def all_gather_object(ctx: DistContext, obj: Any) -> list[Any]:
+    if not ctx.distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(ctx: DistContext, obj: Any, src: int = 0) -> Any:
+    if not ctx.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def average_gradients(ctx: DistContext, params: list[torch.nn.Parameter]) -> None:
+    """Mean of ``.grad`` over ranks, for a step DDP did not sync (the last, partial accumulation)."""
+    if not ctx.distributed:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+        p.grad.div_(ctx.world_size)

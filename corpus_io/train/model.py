@@ -1,0 +1,136 @@
+"""The model interface and a compact Conformer-CTC.
+
+Any model built by ``corpus-io train`` is instantiated with Hydra from the ``model`` config group::
+
+    model = hydra.utils.instantiate(model_conf, input_dim=D, vocab_size=V, cmvn_file=PATH_OR_None)
+
+and must implement::
+
+    forward(feats: (B, T, D) float32, feats_lengths: (B,) long) -> (log_probs: (B, T', V), out_lengths: (B,))
+
+``log_probs`` are CTC log-softmax outputs over the vocabulary (blank id 0). Put your own class on
+the Python path and select it with ``++model._target_=my_pkg.MyModel``; extra keys of ``model`` are
+passed to its constructor. ``cmvn_file`` may be ignored by models that normalise themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class GlobalCMVN(nn.Module):
+    """``(x - mean) * istd`` with stats from ``compute-cmvn`` (stored as buffers, so they travel in checkpoints)."""
+
+    def __init__(self, dim: int, cmvn_file: str | None = None) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("istd", torch.ones(dim))
+        if cmvn_file:
+            from corpus_io.train.cmvn import load_cmvn
+
+            mean, istd = load_cmvn(cmvn_file, dim)
+            self.mean.copy_(torch.tensor(mean))
+            self.istd.copy_(torch.tensor(istd))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) * self.istd
+
+
+class Conv2dSubsampling4(nn.Module):
+    """Two 3x3 stride-2 convolutions: T frames -> ((T - 1) // 2 - 1) // 2 frames (x4 subsampling)."""
+
+    def __init__(self, input_dim: int, output_dim: int, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv2d(1, channels, 3, 2), nn.ReLU(),
+                                  nn.Conv2d(channels, channels, 3, 2), nn.ReLU())
+        freq = ((input_dim - 1) // 2 - 1) // 2
+        self.out = nn.Linear(channels * freq, output_dim)
+
+    @staticmethod
+    def output_lengths(lengths: torch.Tensor) -> torch.Tensor:
+        return ((lengths - 1) // 2 - 1) // 2
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.conv(x.unsqueeze(1))  # (B, C, T', F')
+        b, c, t, f = x.shape
+        x = self.out(x.transpose(1, 2).reshape(b, t, c * f))
+        return x, self.output_lengths(lengths).clamp(min=0, max=t)
+
+
+class ConformerCTC(nn.Module):
+    """CMVN -> conv2d subsampling (x4) -> torchaudio Conformer -> linear CTC head (log-softmax).
+
+    Sizes: ``output_size`` (attention dim), ``attention_heads``, ``linear_units`` (feed-forward),
+    ``num_blocks``, ``cnn_module_kernel`` (odd), ``subsampling_channels``, ``dropout_rate``,
+    ``use_group_norm`` (GroupNorm instead of BatchNorm in the convolution module).
+    ``input_dim`` and ``vocab_size`` are filled in by the trainer from the features and tokenizer.
+    """
+
+    def __init__(self, input_dim: int, vocab_size: int, cmvn_file: str | None = None, *,
+                 output_size: int = 144, attention_heads: int = 4, linear_units: int = 576, num_blocks: int = 4,
+                 cnn_module_kernel: int = 15, subsampling_channels: int = 64, dropout_rate: float = 0.1,
+                 use_group_norm: bool = False) -> None:
+        super().__init__()
+        if input_dim < 7:
+            raise ValueError(f"input_dim={input_dim} is too small for conv2d subsampling (need >= 7)")
+        self.input_dim = input_dim
+        self.vocab_size = vocab_size
+        self.cmvn = GlobalCMVN(input_dim, cmvn_file)
+        self.embed = Conv2dSubsampling4(input_dim, output_size, subsampling_channels)
+        self.dropout = nn.Dropout(dropout_rate)
+        from torchaudio.models import Conformer
+
+        self.encoder = Conformer(input_dim=output_size, num_heads=attention_heads, ffn_dim=linear_units,
+                                 num_layers=num_blocks, depthwise_conv_kernel_size=cnn_module_kernel,
+                                 dropout=dropout_rate, use_group_norm=use_group_norm)
+        self.ctc = nn.Linear(output_size, vocab_size)
+
+    def forward(self, feats: torch.Tensor, feats_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.cmvn(feats)
+        x, lengths = self.embed(x, feats_lengths)
+        x = self.dropout(x)
+        # Conformer needs every length >= 1 for its padding mask.
+        x, _ = self.encoder(x, lengths.clamp(min=1))
+        return torch.log_softmax(self.ctc(x).float(), dim=-1), lengths
+
+
+def feature_dim(dataset_conf: Any) -> int:
+    """The feature dimension the loader produces for ``dataset_conf``."""
+    from corpus_io.errors import ConfigError
+
+    if dataset_conf.feats_type == "fbank":
+        return int(dataset_conf.fbank_conf.num_mel_bins)
+    if dataset_conf.feats_type == "mfcc":
+        return int(dataset_conf.mfcc_conf.num_ceps)
+    raise ConfigError(f"dataset_conf.feats_type={dataset_conf.feats_type} has no fixed feature dimension for "
+                      f"training; use ++dataset_conf.feats_type=fbank or mfcc.")
+
+
+def build_model(model_conf: dict, input_dim: int, vocab_size: int, cmvn_file: str | None = None) -> nn.Module:
+    """Instantiate ``model_conf`` (a dict with ``_target_``) with the data-dependent sizes filled in."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    from corpus_io.errors import ConfigError
+
+    if not model_conf or "_target_" not in model_conf:
+        raise ConfigError("config key 'model' needs a '_target_' (e.g. corpus_io.train.model.ConformerCTC). "
+                          "Pick a preset with model=conformer_tiny or set ++model._target_=pkg.Class.")
+    conf = {k: v for k, v in model_conf.items() if k not in ("input_dim", "vocab_size", "cmvn_file")}
+    try:
+        model = instantiate(conf, input_dim=input_dim, vocab_size=vocab_size, cmvn_file=cmvn_file,
+                            _convert_="all")
+    except InstantiationException as exc:
+        msg = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"could not build the model from 'model' ({model_conf.get('_target_')}): {msg}. "
+                          f"Check the keys of the model config against the class's constructor.") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model._target_={model_conf['_target_']} did not return a torch.nn.Module")
+    return model
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

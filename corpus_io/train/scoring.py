@@ -1,0 +1,128 @@
+"""Edit-distance scoring: CER (every non-space character), WER (Latin words, each CJK character a word).
+
+For Chinese the WER units are characters (so WER == CER on CJK), for English they are words, and
+for mixed text CJK characters and Latin words are scored together (the usual "MER").
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+
+# CJK ideographs, kana, hangul and CJK punctuation are scored one character at a time.
+_CJK = re.compile(r"[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
+
+
+def char_units(text: str) -> list[str]:
+    """Every character except whitespace."""
+    return [c for c in unicodedata.normalize("NFKC", text) if not c.isspace()]
+
+
+def word_units(text: str) -> list[str]:
+    """Whitespace words, with each CJK character as its own word."""
+    units: list[str] = []
+    for word in unicodedata.normalize("NFKC", text).split():
+        buf = ""
+        for c in word:
+            if _CJK.match(c):
+                if buf:
+                    units.append(buf)
+                    buf = ""
+                units.append(c)
+            else:
+                buf += c
+        if buf:
+            units.append(buf)
+    return units
+
+
+@dataclass
+class EditCounts:
+    ref: int = 0
+    sub: int = 0
+    ins: int = 0
+    dele: int = 0
+
+    @property
+    def errors(self) -> int:
+        return self.sub + self.ins + self.dele
+
+    @property
+    def rate(self) -> float:
+        return self.errors / self.ref if self.ref else (0.0 if not self.errors else float("inf"))
+
+    def add(self, other: EditCounts) -> None:
+        self.ref += other.ref
+        self.sub += other.sub
+        self.ins += other.ins
+        self.dele += other.dele
+
+
+def edit_counts(ref: list[str], hyp: list[str]) -> EditCounts:
+    """Levenshtein alignment of ``hyp`` against ``ref``: substitutions, insertions, deletions.
+
+    Ties prefer substitution, then deletion, then insertion (as Kaldi's compute-wer). O(len(ref)*len(hyp)).
+    """
+    n, m = len(ref), len(hyp)
+    # each cell: (cost, sub, ins, del)
+    prev = [(j, 0, j, 0) for j in range(m + 1)]
+    for i in range(1, n + 1):
+        cur = [(i, 0, 0, i)] + [None] * m  # type: ignore[list-item]
+        r = ref[i - 1]
+        for j in range(1, m + 1):
+            d = prev[j - 1]
+            diag = (d[0], d[1], d[2], d[3]) if r == hyp[j - 1] else (d[0] + 1, d[1] + 1, d[2], d[3])
+            u = prev[j]
+            up = (u[0] + 1, u[1], u[2], u[3] + 1)
+            left_cell = cur[j - 1]
+            left = (left_cell[0] + 1, left_cell[1], left_cell[2] + 1, left_cell[3])
+            best = diag
+            if up[0] < best[0]:
+                best = up
+            if left[0] < best[0]:
+                best = left
+            cur[j] = best
+        prev = cur
+    cost, sub, ins, dele = prev[m]
+    return EditCounts(ref=n, sub=sub, ins=ins, dele=dele)
+
+
+@dataclass
+class Scorer:
+    """Accumulates CER and WER over utterances and keeps per-utterance lines for the report."""
+
+    cer: EditCounts = field(default_factory=EditCounts)
+    wer: EditCounts = field(default_factory=EditCounts)
+    lines: list[str] = field(default_factory=list)
+    utts: int = 0
+    utts_wrong: int = 0
+    missing: list[str] = field(default_factory=list)
+
+    def add(self, key: str, ref: str, hyp: str) -> tuple[EditCounts, EditCounts]:
+        c = edit_counts(char_units(ref), char_units(hyp))
+        w = edit_counts(word_units(ref), word_units(hyp))
+        self.cer.add(c)
+        self.wer.add(w)
+        self.utts += 1
+        self.utts_wrong += bool(w.errors or c.errors)
+        self.lines.append(f"{key} cer {c.errors}/{c.ref} (S={c.sub} I={c.ins} D={c.dele}) "
+                          f"wer {w.errors}/{w.ref} (S={w.sub} I={w.ins} D={w.dele})\n"
+                          f"  ref: {ref}\n  hyp: {hyp}\n")
+        return c, w
+
+    def summary(self) -> str:
+        c, w = self.cer, self.wer
+        lines = [
+            f"%CER {100 * c.rate:.2f} [ {c.errors} / {c.ref}, {c.ins} ins, {c.dele} del, {c.sub} sub ]",
+            f"%WER {100 * w.rate:.2f} [ {w.errors} / {w.ref}, {w.ins} ins, {w.dele} del, {w.sub} sub ]",
+            f"%SER {100 * self.utts_wrong / max(self.utts, 1):.2f} [ {self.utts_wrong} / {self.utts} utterances ]",
+            "(CER: every non-space character; WER: Latin words, each CJK character counted as a word)",
+        ]
+        if self.missing:
+            lines.append(f"{len(self.missing)} reference utterances have no hypothesis (not scored), "
+                         f"e.g. {', '.join(self.missing[:5])}")
+        return "\n".join(lines) + "\n"
+
+    def report(self) -> str:
+        return self.summary() + "\n" + "".join(self.lines)

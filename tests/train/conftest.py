@@ -1,0 +1,57 @@
+"""Helpers for the training tests: real shards/raw lists from the espeak fixture corpus, real torchrun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.loader_data import make_raw, make_shards, token_list
+
+BIN = Path(sys.executable).parent
+
+
+def torchrun_cmd(output_dir: Path, corpus: dict, *overrides: str, nproc: int = 2, max_restarts: int = 0) -> list[str]:
+    """``torchrun --standalone --nproc_per_node=N --no-python corpus-io train`` with a tiny, fast config."""
+    return [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={max_restarts}",
+            "--no-python", str(BIN / "corpus-io"), "train",
+            f"++train_data_set_list={corpus['shards']}", f"++output_dir={output_dir}",
+            f"++tokenizer.token_list={corpus['tokens']}",
+            "++dataset_conf.num_workers=0", "++dataset_conf.batch_size=4",
+            "++dataset_conf.shuffle_conf.shuffle_size=8", "++dataset_conf.sort_conf.sort_size=4",
+            "++dataset_conf.filter_conf.token_min_length=0",
+            "++scheduler_conf.warmup_steps=4", "++train_conf.log_interval=1", "++train_conf.grad_clip=5",
+            *overrides]
+
+
+def run_train(cmd: list[str], timeout: float = 150) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> dict:
+    """48 real utterances in 3 shards of 16 (uneven over 2 ranks), a raw list of 24, a char token list."""
+    root = tmp_path_factory.mktemp("train_corpus")
+    shards, keys = make_shards(root / "shards", copies=2, per_shard=16)
+    raw, raw_keys = make_raw(root / "raw")
+    tokens = token_list(root).token_list
+    return {"root": root, "shards": shards, "keys": keys, "raw": raw, "raw_keys": raw_keys, "tokens": tokens}
+
+
+@pytest.fixture(scope="session")
+def trained(corpus, tmp_path_factory) -> dict:
+    """One 2-rank gloo training run (3 epochs, cv set, per-step checkpoints) shared by several tests."""
+    out = tmp_path_factory.mktemp("trained") / "exp"
+    cmd = torchrun_cmd(out, corpus, f"++valid_data_set_list={corpus['shards']}",
+                       "++train_conf.max_epoch=3", "++train_conf.accum_grad=2", "++dataset_conf.batch_size=3",
+                       "++train_conf.keep_nbest_models=2", "++train_conf.avg_nbest_model=2",
+                       "++train_conf.save_checkpoint_interval=2", "++train_conf.dump_trained_keys=true",
+                       "++optim_conf.lr=0.002")
+    result = run_train(cmd)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return {"out": out, "result": result}

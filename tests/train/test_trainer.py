@@ -1,0 +1,110 @@
+"""corpus-io train under real torchrun (2 gloo ranks, CPU): no hang on uneven shards, loss goes down,
+checkpoints/TensorBoard/average, exact resume after kill -9 and after an elastic restart."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from tests.conftest import REPO
+from tests.loader_data import make_shards
+from tests.train.conftest import run_train, torchrun_cmd
+
+
+def epoch_losses(log: str) -> list[float]:
+    return [float(m) for m in re.findall(r"epoch \d+ done .*?train loss ([0-9.]+)", log)]
+
+
+def keys_by_epoch(out: Path, prefix: str) -> Counter:
+    counts: Counter = Counter()
+    for path in out.glob(f"{prefix}.rank*.txt"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            counts[tuple(line.split(" ", 1))] += 1
+    return counts
+
+
+def test_two_ranks_uneven_shards_end_every_epoch_together_and_loss_decreases(trained, corpus):
+    out = trained["out"]
+    log = (out / "train.log").read_text(encoding="utf-8")
+    # 3 shards over 2 ranks: one rank runs out first, both leave the epoch, the leftover is reported
+    assert log.count("training finished") == 1
+    done = re.findall(r"epoch (\d+) done \(([^)]*)\).*left unused when the epoch ended: (.*?); loader", log)
+    assert [d[0] for d in done] == ["0", "1", "2"], log
+    assert any("ran out" in d[1] for d in done), log
+    trained_keys, unused = keys_by_epoch(out, "trained_keys"), keys_by_epoch(out, "unused_keys")
+    for epoch in ("0", "1", "2"):
+        seen = [k for (e, k) in trained_keys if e == epoch] + [k for (e, k) in unused if e == epoch]
+        assert sorted(seen) == sorted(corpus["keys"]), f"epoch {epoch}: trained + unused != the corpus"
+    assert max(trained_keys.values()) == 1 and max(unused.values(), default=1) == 1
+    reported = sum(int(n) for d in done for n in re.findall(r"(\d+) utts", d[2]))
+    assert reported == sum(unused.values())
+    losses = epoch_losses(log)
+    assert losses[-1] < losses[0], losses
+    # FunASR-style log line with timings, data wait, throughput and memory
+    assert re.search(r"\[rank 1\] epoch: 0/3, step: 1 .*loss: .*lr: .*batch: .*padding: .*data_load: .*forward_time: "
+                     r".*backward_time: .*optim_time: .*total_time: .*data_wait: .*%, audio_s/s: .*rss: \d+MB",
+                     trained["result"].stderr)
+    # checkpoints: latest, keep_nbest_models=2 epoch checkpoints, the average; cv metrics; tensorboard
+    names = {p.name for p in out.iterdir()}
+    assert {"model.pt", "model.pt.avg2", "cv_metrics.json", "config.yaml", "tensorboard"} <= names
+    assert len([n for n in names if re.fullmatch(r"model\.pt\.ep\d+", n)]) == 2
+    assert any(p.name.startswith("events.out.tfevents") for p in (out / "tensorboard").iterdir())
+    latest = torch.load(out / "model.pt", map_location="cpu", weights_only=False)
+    assert latest["epoch"] == 2 and latest["epoch_done"] and len(latest["loader_states"]) == 2
+    assert [s["rank"] for s in latest["loader_states"]] == [0, 1]
+    assert set(latest["cv_metrics"]) >= {"loss", "acc"} and "train_data_set_list" in latest["config"]
+
+
+def kill9_job(job: subprocess.Popen) -> None:
+    """SIGKILL torchrun and every process under it (its workers run in their own sessions)."""
+    import psutil
+
+    procs = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGKILL)
+    psutil.wait_procs(procs, timeout=30)
+
+
+def test_elastic_restart_then_kill9_then_resume_trains_each_utterance_once(corpus, tmp_path):
+    out = tmp_path / "exp"
+    shards, keys = make_shards(tmp_path / "shards", copies=4, per_shard=32)  # 96 utts, 3 uneven shards
+    corpus = dict(corpus, shards=shards, keys=keys)
+    cmd = torchrun_cmd(out, corpus, "++train_conf.max_epoch=1", "++dataset_conf.batch_size=2",
+                       "++dataset_conf.num_workers=1", "++train_conf.save_checkpoint_interval=2",
+                       "++train_conf.dump_trained_keys=true", "++train_conf.debug_fail_at_step=3",
+                       "++train_conf.avg_nbest_model=0", max_restarts=1)
+    env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+    stderr = open(tmp_path / "first_run.stderr", "w")
+    job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        # rank 0 crashes at step 3 -> torchrun restarts both ranks -> they resume from model.pt.ep0.2;
+        # once the restarted job has saved step 4, kill -9 the whole job (launcher and workers)
+        deadline = time.time() + 120
+        while not (out / "model.pt.ep0.4").exists():
+            assert job.poll() is None, (tmp_path / "first_run.stderr").read_text()[-5000:]
+            assert time.time() < deadline, "no checkpoint at step 4"
+            time.sleep(0.05)
+    finally:
+        kill9_job(job)
+        stderr.close()
+    log = (out / "train.log").read_text(encoding="utf-8")
+    assert "resumed from" in log and "step_in_epoch 2" in log, log  # the elastic restart
+    assert (out / "model.pt.ep0.4").exists() and "resumed from" in log
+    assert not (out / "model.pt.ep0").exists(), "the first run finished before the kill; the test needs more steps"
+
+    result = run_train(cmd[:4] + ["--max-restarts=0"] + cmd[5:])
+    assert result.returncode == 0, result.stderr[-5000:]
+    log = (out / "train.log").read_text(encoding="utf-8")
+    assert log.count("training finished") == 1
+    trained_keys, unused = keys_by_epoch(out, "trained_keys"), keys_by_epoch(out, "unused_keys")
+    assert max(trained_keys.values()) == 1, [k for k, n in trained_keys.items() if n > 1]
+    assert sorted([k for _, k in trained_keys] + [k for _, k in unused]) == sorted(corpus["keys"])
