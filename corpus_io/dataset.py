@@ -109,7 +109,9 @@ class CorpusLoader:
     def set_epoch(self, epoch: int) -> None:
         """Epoch ``epoch`` (shuffle seed ``(seed, epoch)``); a loaded state for another epoch is dropped."""
         if self._resume is not None and epoch != self.epoch:
-            log.warning("loader state was for epoch %d; epoch %d starts from its beginning", self.epoch, epoch)
+            if not all(s.get("finished") for s in self._resume.values()):
+                log.warning("the loaded loader state is in the middle of epoch %d; epoch %d starts from its "
+                            "beginning instead", self.epoch, epoch)
             self._resume = None
         if epoch != self.epoch and self.conf.epoch_hours and self._snapshots:
             self._carry = dict(self._snapshots)  # epoch_hours: continue the streams where they stopped
