@@ -42,7 +42,8 @@ class TableLine:
         return f"{self.path}:{self.lineno}"
 
 
-def _decode_line(raw: bytes, path: str, lineno: int) -> tuple[str, str] | None:
+def parse_line(raw: bytes, path: str, lineno: int) -> tuple[str, str] | None:
+    """``(key, value)`` of one raw table line, ``None`` for a blank line; errors name ``path:lineno``."""
     if lineno == 1 and raw.startswith(_BOM):
         raw = raw[len(_BOM):]
     raw = raw.rstrip(b"\r\n")
@@ -68,7 +69,7 @@ def iter_table(path: str | os.PathLike, *, allow_empty_value: bool = False) -> I
         raise DataError(f"cannot open table {path}: {exc.strerror}. Check the path.") from None
     with f:
         for lineno, raw in enumerate(f, 1):
-            parsed = _decode_line(raw, path, lineno)
+            parsed = parse_line(raw, path, lineno)
             if parsed is None:
                 continue
             key, value = parsed
@@ -131,7 +132,7 @@ class KeyedTable:
         offset = 0
         with open(self.path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
-                parsed = _decode_line(raw, self.path, lineno)
+                parsed = parse_line(raw, self.path, lineno)
                 if parsed is not None:
                     key, value = parsed
                     if not value and not allow_empty_value:
@@ -159,7 +160,7 @@ class KeyedTable:
         i = int(np.searchsorted(self._hashes, h))
         while i < len(self._hashes) and self._hashes[i] == h:
             self._file.seek(int(self._offsets[i]))
-            parsed = _decode_line(self._file.readline(), self.path, int(self._linenos[i]))
+            parsed = parse_line(self._file.readline(), self.path, int(self._linenos[i]))
             if parsed and parsed[0] == key:
                 return i
             i += 1
@@ -171,7 +172,7 @@ class KeyedTable:
             return None
         self._used[i] = True
         self._file.seek(int(self._offsets[i]))
-        parsed = _decode_line(self._file.readline(), self.path, int(self._linenos[i]))
+        parsed = parse_line(self._file.readline(), self.path, int(self._linenos[i]))
         return parsed[1] if parsed else None
 
     def __contains__(self, key: str) -> bool:
@@ -205,20 +206,25 @@ class Segment:
     where: str
 
 
+def parse_segment(key: str, value: str, where: str) -> Segment:
+    """One ``segments`` line (``<utt> <recording> <start> <end>``, seconds); errors name ``where``."""
+    fields = value.split()
+    try:
+        if len(fields) != 3:
+            raise ValueError
+        start, end = float(fields[1]), float(fields[2])
+    except ValueError:
+        raise DataError(f"{where}: a segments line must be '<utt> <recording> <start> <end>' "
+                        f"(seconds); got '{key} {value}'.") from None
+    if start < 0 or (end >= 0 and end <= start):
+        raise DataError(f"{where}: segment '{key}' has start {start} and end {end}; "
+                        f"need 0 <= start < end (or end = -1 for the end of the recording).")
+    return Segment(key, fields[0], start, end, where)
+
+
 def iter_segments(path: str | os.PathLike) -> Iterator[Segment]:
     for line in iter_table(path):
-        fields = line.value.split()
-        try:
-            if len(fields) != 3:
-                raise ValueError
-            start, end = float(fields[1]), float(fields[2])
-        except ValueError:
-            raise DataError(f"{line.where}: a segments line must be '<utt> <recording> <start> <end>' "
-                            f"(seconds); got '{line.key} {line.value}'.") from None
-        if start < 0 or (end >= 0 and end <= start):
-            raise DataError(f"{line.where}: segment '{line.key}' has start {start} and end {end}; "
-                            f"need 0 <= start < end (or end = -1 for the end of the recording).")
-        yield Segment(line.key, fields[0], start, end, line.where)
+        yield parse_segment(line.key, line.value, line.where)
 
 
 def is_pipe(value: str) -> bool:

@@ -376,26 +376,20 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> _Input:
     path = str(driver)
 
     def key_of(raw: bytes, lineno: int) -> str | None:
-        parsed = kaldi._decode_line(raw, path, lineno)
+        parsed = kaldi.parse_line(raw, path, lineno)
         return None if parsed is None else parsed[0]
 
     def record_of(raw: bytes, lineno: int) -> dict | str | None:
-        parsed = kaldi._decode_line(raw, path, lineno)
+        parsed = kaldi.parse_line(raw, path, lineno)
         if parsed is None:
             return None
         key, value = parsed
         where = f"{path}:{lineno}"
         rec: dict[str, Any] = {"key": key}
         if recordings is not None:
-            parts = value.split()
-            try:
-                start, end = float(parts[1]), float(parts[2])
-                if len(parts) != 3:
-                    raise ValueError
-            except (ValueError, IndexError):
-                raise DataError(f"{where}: a segments line must be '<utt> <recording> <start> <end>' (seconds); "
-                                f"got '{key} {value}'.") from None
-            source = recordings.get(parts[0])
+            seg = kaldi.parse_segment(key, value, where)
+            start, end = seg.start, seg.end
+            source = recordings.get(seg.recording)
             if source is None:
                 return "recording missing from wav.scp"
             rec["source"], rec["start"], rec["end"] = source, start, end
