@@ -7,6 +7,10 @@ import os
 from pathlib import Path
 from typing import IO, Iterator
 
+from corpus_io.errors import DataError
+
+UTF8_BOM = b"\xef\xbb\xbf"
+
 
 def temp_name(path: str | os.PathLike) -> Path:
     """The temp name used while ``path`` is being written (same directory, so rename is atomic)."""
@@ -35,3 +39,19 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | No
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def iter_raw_lines(path: str | os.PathLike, *, what: str = "file") -> Iterator[tuple[int, bytes]]:
+    """``(lineno, bytes)`` of a text file, streamed, with a leading UTF-8 BOM removed.
+
+    Opening errors become a :class:`DataError` naming the file.
+    """
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise DataError(f"cannot open {what} {path}: {exc.strerror}. Check the path.") from None
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and raw.startswith(UTF8_BOM):
+                raw = raw[len(UTF8_BOM):]
+            yield lineno, raw

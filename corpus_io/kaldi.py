@@ -24,10 +24,9 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from corpus_io.errors import DataError
-from corpus_io.files import atomic_write
+from corpus_io.files import UTF8_BOM, atomic_write, iter_raw_lines
 
 _SEP = re.compile(rb"[ \t]+")
-_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -44,8 +43,8 @@ class TableLine:
 
 def parse_line(raw: bytes, path: str, lineno: int) -> tuple[str, str] | None:
     """``(key, value)`` of one raw table line, ``None`` for a blank line; errors name ``path:lineno``."""
-    if lineno == 1 and raw.startswith(_BOM):
-        raw = raw[len(_BOM):]
+    if lineno == 1 and raw.startswith(UTF8_BOM):
+        raw = raw[len(UTF8_BOM):]
     raw = raw.rstrip(b"\r\n")
     stripped = raw.strip(b" \t\r")
     if not stripped:
@@ -63,20 +62,15 @@ def parse_line(raw: bytes, path: str, lineno: int) -> tuple[str, str] | None:
 def iter_table(path: str | os.PathLike, *, allow_empty_value: bool = False) -> Iterator[TableLine]:
     """Stream ``(key, value)`` lines of a Kaldi table; the value is the rest of the line."""
     path = str(path)
-    try:
-        f = open(path, "rb")
-    except OSError as exc:
-        raise DataError(f"cannot open table {path}: {exc.strerror}. Check the path.") from None
-    with f:
-        for lineno, raw in enumerate(f, 1):
-            parsed = parse_line(raw, path, lineno)
-            if parsed is None:
-                continue
-            key, value = parsed
-            if not value and not allow_empty_value:
-                raise DataError(f"{path}:{lineno}: key '{key}' has no value. Each line must be "
-                                f"'<key> <value>'; remove the line or fill in the value.")
-            yield TableLine(key, value, path, lineno)
+    for lineno, raw in iter_raw_lines(path, what="table"):
+        parsed = parse_line(raw, path, lineno)
+        if parsed is None:
+            continue
+        key, value = parsed
+        if not value and not allow_empty_value:
+            raise DataError(f"{path}:{lineno}: key '{key}' has no value. Each line must be "
+                            f"'<key> <value>'; remove the line or fill in the value.")
+        yield TableLine(key, value, path, lineno)
 
 
 def key_hash(key: str) -> int:

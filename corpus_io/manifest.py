@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 from corpus_io import audio, kaldi
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write
+from corpus_io.files import atomic_write, iter_raw_lines
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 
 WENET_TO_FUNASR = {"wav": "source", "txt": "target"}
@@ -39,26 +39,19 @@ class ManifestLine:
 def iter_jsonl(path: str | os.PathLike) -> Iterator[ManifestLine]:
     """Stream the objects of a JSONL file; blank lines are skipped, bad lines name file:line."""
     path = str(path)
-    try:
-        f = open(path, "rb")
-    except OSError as exc:
-        raise DataError(f"cannot open {path}: {exc.strerror}. Check the path.") from None
-    with f:
-        for lineno, raw in enumerate(f, 1):
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except UnicodeDecodeError:
-                raise DataError(f"{path}:{lineno}: invalid UTF-8. Re-encode the file as UTF-8.") from None
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno}). "
-                                f"Each line must be one JSON object.") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}.")
-            yield ManifestLine(record, path, lineno)
+    for lineno, raw in iter_raw_lines(path, what="manifest"):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except UnicodeDecodeError:
+            raise DataError(f"{path}:{lineno}: invalid UTF-8. Re-encode the file as UTF-8.") from None
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno}). "
+                            f"Each line must be one JSON object.") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}.")
+        yield ManifestLine(record, path, lineno)
 
 
 def canonical(record: dict, where: str = "") -> dict:

@@ -55,7 +55,7 @@ class Summary:
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] += n
 
-    def merge(self, other: "Summary") -> None:
+    def merge(self, other: Summary) -> None:
         self.kept += other.kept
         self.seconds += other.seconds
         self.bytes += other.bytes
