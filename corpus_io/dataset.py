@@ -19,6 +19,7 @@ A DDP trainer ends an epoch with :func:`corpus_io.partition.all_ranks_have_data`
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from typing import Any, Iterator
@@ -68,8 +69,10 @@ class CorpusDataset(IterableDataset):
         def bookkeeping(final: bool = False) -> dict:
             delta = counts - sent
             sent.update(delta)
-            return {"__worker__": worker, "__state__": state.to_dict(), "__counts__": dict(delta),
-                    "__final__": final}
+            # a JSON string: DataLoader passes str through as is (a nested list of ~2000 pending ids would
+            # cost default_convert a recursive walk per batch); parsed only when state_dict() is asked for
+            return {"__worker__": worker, "__state__": json.dumps(state.to_dict(), separators=(",", ":")),
+                    "__counts__": json.dumps(delta), "__final__": final}
 
         try:
             if not state.finished:
@@ -109,7 +112,7 @@ class CorpusLoader:
     def set_epoch(self, epoch: int) -> None:
         """Epoch ``epoch`` (shuffle seed ``(seed, epoch)``); a loaded state for another epoch is dropped."""
         if self._resume is not None and epoch != self.epoch:
-            if not all(s.get("finished") for s in self._resume.values()):
+            if not all(_parsed(s).get("finished") for s in self._resume.values()):
                 log.warning("the loaded loader state is in the middle of epoch %d; epoch %d starts from its "
                             "beginning instead", self.epoch, epoch)
             self._resume = None
@@ -131,7 +134,7 @@ class CorpusLoader:
         if self.conf.epoch_hours and self._carry:
             out = {}
             for w, d in self._carry.items():
-                d = dict(d, finished=False, seconds=0.0, pending=[])
+                d = dict(_parsed(d), finished=False, seconds=0.0, pending=[])
                 out[w] = d
             self._carry = {}
             return out
@@ -155,7 +158,7 @@ class CorpusLoader:
                 name, message = batch["__error__"]
                 raise (ConfigError if name == "ConfigError" else DataError)(message)
             self._snapshots[worker] = batch.pop("__state__")
-            delta = batch.pop("__counts__")
+            delta = json.loads(batch.pop("__counts__"))
             self._counts.update(delta)
             self._epoch_counts.update(delta)
             if batch.pop("__final__"):
@@ -171,7 +174,7 @@ class CorpusLoader:
         return {"version": STATE_VERSION, "epoch": self.epoch, "seed": self.conf.seed, "rank": self.rank,
                 "world_size": self.world_size, "num_workers": self.num_workers, "batches": self._batches,
                 "data_lists": [s.data_list for s in self.dataset.sources],
-                "workers": {str(w): s for w, s in self._snapshots.items()}, "counts": dict(self._counts)}
+                "workers": {str(w): _parsed(s) for w, s in self._snapshots.items()}, "counts": dict(self._counts)}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next iteration of ``state['epoch']`` yields exactly what was not yet consumed."""
@@ -198,6 +201,10 @@ class CorpusLoader:
     def __len__(self) -> int:
         raise TypeError("a streaming loader has no length; iterate it (the trainer stops ranks together with "
                         "all_ranks_have_data)")
+
+
+def _parsed(snapshot: dict | str) -> dict:
+    return json.loads(snapshot) if isinstance(snapshot, str) else snapshot
 
 
 def open_sources(data_list: str | None, conf: DatasetConf) -> list[Source]:

@@ -179,7 +179,7 @@ class SlotState:
     def to_dict(self) -> dict:
         return {"epoch": self.epoch,
                 "cursor": {str(s): list(c) for s, c in self.cursor.items()},
-                "pending": sorted(list(p) for p in self.pending),
+                "pending": sorted(self.pending),  # tuples: JSON writes them as lists
                 "taken": {str(s): n for s, n in self.taken.items()},
                 "seconds": self.seconds, "finished": self.finished}
 
