@@ -99,7 +99,8 @@ def compute_cmvn(cfg: Any) -> dict:
     return obj
 
 
-def loader_counts(loader: Any) -> dict:
-    """The loader's skip/filter counts (empty if it keeps none)."""
-    counts = loader.counts() if hasattr(loader, "counts") else {}
+def loader_counts(loader: Any, *, epoch: bool = False) -> dict:
+    """The loader's skip/filter counts (of the current epoch with ``epoch``; empty if it keeps none)."""
+    name = "epoch_counts" if epoch and hasattr(loader, "epoch_counts") else "counts"
+    counts = getattr(loader, name)() if hasattr(loader, name) else {}
     return {str(k): int(v) for k, v in dict(counts or {}).items() if isinstance(v, (int, float)) and v}

@@ -124,7 +124,7 @@ def build_model(model_conf: dict, input_dim: int, vocab_size: int, cmvn_file: st
         model = instantiate(conf, input_dim=input_dim, vocab_size=vocab_size, cmvn_file=cmvn_file,
                             _convert_="all")
     except InstantiationException as exc:
-        msg = str(exc).strip().splitlines()[0]
+        msg = " ".join(str(exc).split())[:400]
         raise ConfigError(f"could not build the model from 'model' ({model_conf.get('_target_')}): {msg}. "
                           f"Check the keys of the model config against the class's constructor.") from None
     if not isinstance(model, nn.Module):

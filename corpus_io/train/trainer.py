@@ -347,6 +347,7 @@ class Trainer:
         self.global_step = 0
         self.epoch_done = False
         self.keys_file = None
+        self.resumed_mid_epoch = False
         self.log(f"world_size {ctx.world_size}, backend {ctx.backend or 'none'}, device {ctx.device}, "
                  f"model {type(self.module).__name__} {num_parameters(self.module) / 1e6:.3f}M params, "
                  f"vocab {self.tokenizer.vocab_size}, input_dim {self.input_dim}", all_ranks=False)
@@ -411,13 +412,13 @@ class Trainer:
             self.train_loader.set_epoch(self.epoch)
             self.train_loader.load_state_dict(state["loader_states"][self.ctx.rank])
             set_rng_state(state["rng_states"][self.ctx.rank], self.ctx.device)
+            self.resumed_mid_epoch = True
         else:
             self.log(f"checkpoint was written by {state.get('world_size')} ranks, this run has "
                      f"{self.ctx.world_size}: epoch {self.epoch} restarts from its beginning", all_ranks=False)
             self.step_in_epoch = 0
         keys_bytes = state.get("trained_keys_bytes") or []
         self._open_keys_file(keys_bytes[self.ctx.rank] if same_world and self.ctx.rank < len(keys_bytes) else 0)
-        self.resumed_from = state
         self.log(f"resumed from {latest}: epoch {self.epoch}, step_in_epoch {self.step_in_epoch}, "
                  f"global_step {self.global_step}", all_ranks=False)
 
@@ -509,7 +510,9 @@ class Trainer:
             average_gradients(ctx, [p for p in self.module.parameters() if p.requires_grad])
             self._finish_step(meter, epoch_meter, tick)
             self._after_step(meter)
-        return self._epoch_summary(epoch_meter, stop_reason, unused_batches, unused_utts)
+        summary = self._epoch_summary(epoch_meter, stop_reason, unused_batches, unused_utts)
+        self.resumed_mid_epoch = False
+        return summary
 
     def _finish_step(self, meter: Meter, epoch_meter: Meter, tick: float) -> float:
         t0 = time.perf_counter()
@@ -597,7 +600,7 @@ class Trainer:
                                          m.times["total_time"], m.steps])
         utts, loss_sum, audio, wait, total, _ = sums
         per_rank = all_gather_object(self.ctx, {"unused_batches": unused_batches, "unused_utts": unused_utts,
-                                                "utts": m.utts, "counts": loader_counts(self.train_loader),
+                                                "utts": m.utts, "counts": loader_counts(self.train_loader, epoch=True),
                                                 "wall": wall})
         loss = loss_sum / utts if utts else float("nan")
         if self.ctx.is_main:
@@ -609,11 +612,12 @@ class Trainer:
                                for i, r in enumerate(per_rank))
             max_wall = max(r["wall"] for r in per_rank)
             skip = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
+            since = " since the resume" if self.resumed_mid_epoch else ""
             if stop_reason == "data":
                 ran_out = any(r["unused_utts"] for r in per_rank)
                 stop_reason = "another rank ran out of data" if ran_out else "end of data"
             self.log(f"epoch {self.epoch} done ({stop_reason})"
-                     f": {self.step_in_epoch} steps, {int(utts)} utts trained on {self.ctx.world_size} ranks "
+                     f": {self.step_in_epoch} steps, {int(utts)} utts trained{since} on {self.ctx.world_size} ranks "
                      f"({', '.join(str(r['utts']) for r in per_rank)} per rank), train loss {loss:.3f}, "
                      f"{audio / 3600:.3f} h audio in {max_wall:.1f}s = {audio / max_wall:.1f} audio_s/s, "
                      f"data_wait {100 * wait / max(total, 1e-9):.1f}%; left unused when the epoch ended: {unused}; "

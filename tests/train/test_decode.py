@@ -1,0 +1,51 @@
+"""decode and compute-cmvn through the CLI, on real lists; decode uses the shared 2-rank training run."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import torch
+
+from corpus_io.config import ComputeCmvnConfig
+from corpus_io.dataset import build_dataloader
+from corpus_io.train.cmvn import compute_cmvn, eval_dataset_conf
+from tests.conftest import assert_user_error, run_cli
+from tests.loader_data import small_conf
+
+
+def test_decode_writes_kaldi_text_and_a_cer_report(trained, corpus, tmp_path):
+    out = tmp_path / "decode"
+    result = run_cli("corpus-io", "decode", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
+                     f"++checkpoint={trained['out'] / 'model.pt.avg2'}", f"++output_dir={out}",
+                     "++dataset_conf.num_workers=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    hyps = dict((line.split(" ", 1) + [""])[:2] for line in (out / "text").read_text(encoding="utf-8").splitlines())
+    assert sorted(hyps) == sorted(corpus["raw_keys"])
+    report = (out / "cer.txt").read_text(encoding="utf-8")
+    assert re.search(r"^%CER \d+\.\d+ \[ \d+ / \d+, \d+ ins, \d+ del, \d+ sub \]", report, re.M)
+    assert re.search(r"^%WER ", report, re.M) and "spk0-utt000 cer " in report and "ref: 今天天气很好" in report
+    assert "%CER" in result.stdout
+
+
+def test_decode_user_errors_have_no_traceback(tmp_path, corpus):
+    result = run_cli("corpus-io", "decode", f"++data_list={corpus['raw']}", f"++checkpoint={tmp_path / 'none.pt'}",
+                     f"++output_dir={tmp_path}")
+    assert_user_error(result, "none.pt", "does not exist")
+
+
+def test_compute_cmvn_normalises_the_loader_features(corpus, tmp_path):
+    conf = small_conf(data_type="raw", num_workers=0)
+    cfg = ComputeCmvnConfig(data_list=str(corpus["raw"]), output=str(tmp_path / "cmvn.json"), dataset_conf=conf)
+    stats = compute_cmvn(cfg)
+    saved = json.loads((tmp_path / "cmvn.json").read_text())
+    assert saved["dim"] == 80 and saved["frame_num"] == stats["frame_num"] > 0
+    mean, istd = torch.tensor(saved["mean"]), torch.tensor(saved["istd"])
+    frames = []
+    for batch in build_dataloader(str(corpus["raw"]), eval_dataset_conf(conf), None, train=False, rank=0,
+                                  world_size=1):
+        for feats, n in zip(batch["feats"], batch["feats_lengths"]):
+            frames.append(feats[: int(n)])
+    x = (torch.cat(frames).double() - mean) * istd
+    assert len(x) == saved["frame_num"]
+    assert x.mean(0).abs().max() < 1e-3 and (x.std(0) - 1).abs().max() < 1e-2
