@@ -22,11 +22,17 @@ test: install
 lint: install
 	$(BIN)/ruff check corpus_io cli tests bench recipes
 
+# The espeak recipe end to end: synthesize, prepare, pack, train (torchrun, 2 processes), decode, CER table.
+# Re-run one part with e.g. `make demo DEMO_ARGS="--stage 6 --stop_stage 7"`.
+DEMO_ARGS ?=
 demo: install
-	$(BIN)/corpus-io scp2jsonl \
-	  ++scp_file_list='["tests/fixtures/corpus/wav.scp","tests/fixtures/corpus/text"]' \
-	  ++data_type_list='["source","target"]' ++jsonl_file_out=exp/demo/train.jsonl
-	head -n 3 exp/demo/train.jsonl
+	recipes/espeak/run.sh $(DEMO_ARGS)
+
+# The same recipe with a tiny corpus and a few training steps (tests/recipes/test_smoke.py runs it too).
+SMOKE_DIR ?= recipes/espeak/exp/smoke
+smoke: install
+	recipes/espeak/run.sh $$(cat recipes/espeak/conf/smoke.opts) --data $(abspath $(SMOKE_DIR))/data \
+	  --exp $(abspath $(SMOKE_DIR))/exp
 
 bench: install
 	$(BIN)/python -m bench $(BENCH)

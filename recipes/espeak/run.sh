@@ -4,8 +4,8 @@
 #   1 Kaldi dirs -> FunASR JSONL (corpus-io scp2jsonl)
 #   2 token list (corpus-io make-tokenizer)
 #   3 global CMVN (corpus-io compute-cmvn, on the raw JSONL)
-#   4 shards (corpus-io pack-shards)
-#   5 data lists (corpus-io make-datalist: shard list for train/dev, raw lists for the test sets)
+#   4 shards (corpus-io pack-shards): data/{train,dev}/shards/
+#   5 data lists (corpus-io make-datalist): shard lists for train/dev, raw lists for the test sets
 #   6 train (torchrun --nproc_per_node=$nproc --no-python corpus-io train, shard mode)
 #   7 average checkpoints, greedy CTC decode, CER table (exp dir RESULTS.md)
 # Usage: ./run.sh [--stage N] [--stop_stage N] [--nj N] [--max_epoch N] ...   (run from anywhere)
@@ -23,30 +23,28 @@ num_digits_dev=160
 num_digits_test=200       # held out: the CER check is on this set
 num_mixed_train=800       # Chinese / English / code-switched sentences
 num_mixed_test=80
-num_utts_per_shard=250
+num_utts_per_shard=200    # 16 train shards: an even share for each of the 2 readers
+num_utts_per_shard_dev=40 # small dev shards: at least one per reader (nproc x num_workers)
 train_config=conf/train.yaml
 max_epoch=                # empty: as in $train_config
 max_steps_per_epoch=      # empty: as in $train_config (smoke: a few steps)
 batch_type=token          # example | length | token
-batch_size=6000           # token: padded frames + tokens per batch
+batch_size=4800           # token: padded frames + tokens per batch (about 16 utterances)
 shuffle_size=1000
 sort_size=200
 num_workers=1             # DataLoader workers per training process
 average_num=3             # checkpoints averaged for decoding
 cer_target=10             # digits test %CER the demo must reach (checked at stage 7, 0 = no check)
 recipe_options=(stage stop_stage nj nproc data exp num_digits_train num_digits_dev num_digits_test num_mixed_train
-                num_mixed_test num_utts_per_shard train_config max_epoch max_steps_per_epoch batch_type batch_size
-                shuffle_size sort_size num_workers average_num cer_target)
+                num_mixed_test num_utts_per_shard num_utts_per_shard_dev train_config max_epoch max_steps_per_epoch
+                batch_type batch_size shuffle_size sort_size num_workers average_num cer_target)
 
 cd "$(dirname "$0")"
-recipe_dir=$(pwd)
 repo=$(cd ../.. && pwd)
 . ../tools/parse_options.sh
 . ../tools/common.sh
 
 num_mel_bins=$(train_config_value dataset_conf.fbank_conf.num_mel_bins)
-feats=(++dataset_conf.feats_type=fbank "++dataset_conf.fbank_conf.num_mel_bins=$num_mel_bins")
-tokenizer=(++tokenizer.type=char ++tokenizer.latin_unit=word)
 
 if stage_on 0; then
   log 0 "synthesizing with espeak-ng ($nj processes)"
@@ -65,41 +63,29 @@ if stage_on 0; then
 fi
 
 if stage_on 1; then
-  for x in train dev test_digits test_mixed; do
-    corpus-io scp2jsonl "++scp_file_list=[$data/$x/wav.scp,$data/$x/text]" "++data_type_list=[source,target]" \
-      "++jsonl_file_out=$data/$x/data.jsonl" "++num_workers=$nj"
-    log 1 "made $data/$x/data.jsonl: $(wc -l < "$data/$x/data.jsonl") lines, $(audio_hours "$data/$x/data.jsonl") h"
-  done
+  make_jsonl 1 "$data"/{train,dev,test_digits,test_mixed}
 fi
 
 if stage_on 2; then
-  corpus-io make-tokenizer "++input=$data/train/text" "++output=$data/lang/tokens.txt" "${tokenizer[@]}"
+  corpus-io make-tokenizer "++input=$data/train/text" "++output=$data/lang/tokens.txt" \
+    ++tokenizer.type=char ++tokenizer.latin_unit=word
   log 2 "made $data/lang/tokens.txt: $(wc -l < "$data/lang/tokens.txt") tokens"
 fi
 
 if stage_on 3; then
   corpus-io compute-cmvn "++data_list=$data/train/data.jsonl" "++output=$data/train/cmvn.json" \
-    ++dataset_conf.data_type=raw "${feats[@]}" "++dataset_conf.num_workers=$nj"
+    ++dataset_conf.data_type=raw "++dataset_conf.fbank_conf.num_mel_bins=$num_mel_bins" "++dataset_conf.num_workers=$nj"
   log 3 "made $data/train/cmvn.json ($num_mel_bins-dim fbank)"
 fi
 
 if stage_on 4; then
-  for x in train dev; do
-    corpus-io pack-shards "++input=$data/$x/data.jsonl" "++output_dir=$data/shards/$x" \
-      "++num_utts_per_shard=$num_utts_per_shard" "++num_workers=$nj" "++shuffle=$([ $x = train ] && echo true || echo false)"
-    log 4 "made $data/shards/$x: $(find "$data/shards/$x" -name '*.tar' | wc -l) shards"
-  done
+  make_shards 4 "$num_utts_per_shard" true "$data/train"
+  make_shards 4 "$num_utts_per_shard_dev" false "$data/dev"
 fi
 
 if stage_on 5; then
-  for x in train dev; do
-    corpus-io make-datalist ++data_type=shard "++input=[$data/shards/$x]" "++output=$data/$x/shard.list"
-    log 5 "made $data/$x/shard.list: $(wc -l < "$data/$x/shard.list") shards"
-  done
-  for x in test_digits test_mixed; do
-    corpus-io make-datalist ++data_type=raw "++input=[$data/$x/data.jsonl]" "++output=$data/$x/raw.list"
-    log 5 "made $data/$x/raw.list: $(wc -l < "$data/$x/raw.list") utterances"
-  done
+  make_shard_lists 5 "$data"/{train,dev}
+  make_raw_lists 5 "$data"/{test_digits,test_mixed}
 fi
 
 if stage_on 6; then
@@ -110,7 +96,7 @@ if stage_on 6; then
   [ -n "$max_steps_per_epoch" ] && extra+=("++train_conf.max_steps_per_epoch=$max_steps_per_epoch")
   start=$(date +%s)
   OMP_NUM_THREADS=1 torchrun --standalone --nnodes=1 --nproc_per_node="$nproc" --no-python \
-    corpus-io train --config-path "$recipe_dir/conf" --config-name "$(basename "$train_config")" \
+    corpus-io train --config-path "$(cd "$(dirname "$train_config")" && pwd)" --config-name "$(basename "$train_config")" \
       "++train_data_set_list=$data/train/shard.list" "++valid_data_set_list=$data/dev/shard.list" \
       "++output_dir=$exp" "++cmvn_file=$data/train/cmvn.json" "++tokenizer.token_list=$data/lang/tokens.txt" \
       ++dataset_conf.data_type=shard "++dataset_conf.batch_type=$batch_type" "++dataset_conf.batch_size=$batch_size" \
@@ -121,15 +107,7 @@ if stage_on 6; then
 fi
 
 if stage_on 7; then
-  corpus-io average "++output_dir=$exp" "++num=$average_num"
-  checkpoint=$(ls -t "$exp"/model.pt.avg* | head -n 1)
-  log 7 "made $checkpoint"
-  for x in test_digits test_mixed; do
-    corpus-io decode "++data_list=$data/$x/raw.list" "++checkpoint=$checkpoint" "++output_dir=$exp/decode_$x" \
-      ++dataset_conf.data_type=raw "${feats[@]}" ++dataset_conf.shuffle=false ++dataset_conf.sort=false \
-      ++dataset_conf.batch_type=example ++dataset_conf.batch_size=16 "++dataset_conf.num_workers=$num_workers"
-    log 7 "decoded $x: $(head -n 1 "$exp/decode_$x/cer.txt")"
-  done
+  average_and_decode 7 "$exp" "$average_num" "$data"/{test_digits,test_mixed}
   results_table "$exp" "$data/train/data.jsonl" test_digits test_mixed | tee "$exp/RESULTS.md"
   check_cer "$exp/decode_test_digits/cer.txt" "$cer_target"
 fi

@@ -39,3 +39,59 @@ results_table() {  # results_table EXP TRAIN_JSONL TEST_SET...: the markdown CER
 check_cer() {  # check_cer CER_TXT TARGET: fail when %CER > TARGET (TARGET 0: no check)
   python "$repo/recipes/tools/results.py" check "$1" "$2"
 }
+
+# ---- pipeline stages shared by the recipes; each logs what it made. Uses $nj (processes).
+
+make_jsonl() {  # make_jsonl STAGE DIR...: DIR/{wav.scp,text} -> DIR/data.jsonl (scp2jsonl)
+  local st=$1 dir
+  shift
+  for dir in "$@"; do
+    corpus-io scp2jsonl "++scp_file_list=[$dir/wav.scp,$dir/text]" "++data_type_list=[source,target]" \
+      "++jsonl_file_out=$dir/data.jsonl" "++num_workers=$nj"
+    log "$st" "made $dir/data.jsonl: $(wc -l < "$dir/data.jsonl") utterances, $(audio_hours "$dir/data.jsonl") h"
+  done
+}
+
+make_shards() {  # make_shards STAGE UTTS_PER_SHARD SHUFFLE DIR...: DIR/data.jsonl -> DIR/shards/ (pack-shards)
+  local st=$1 per_shard=$2 shuffle=$3 dir
+  shift 3
+  for dir in "$@"; do
+    corpus-io pack-shards "++input=$dir/data.jsonl" "++output_dir=$dir/shards" "++num_utts_per_shard=$per_shard" \
+      "++num_workers=$nj" "++shuffle=$shuffle"
+    log "$st" "made $dir/shards: $(find "$dir/shards" -name '*.tar' | wc -l) shards"
+  done
+}
+
+make_shard_lists() {  # make_shard_lists STAGE DIR...: DIR/shard.list; shard_prefix=s3://b/c rewrites to c/<DIR name>/
+  local st=$1 dir prefix
+  shift
+  for dir in "$@"; do
+    prefix=()
+    if [ -n "${shard_prefix:-}" ]; then prefix=("++prefix=${shard_prefix%/}/$(basename "$dir")/"); fi
+    corpus-io make-datalist ++data_type=shard "++input=[$dir/shards]" "++output=$dir/shard.list" "${prefix[@]}"
+    log "$st" "made $dir/shard.list: $(wc -l < "$dir/shard.list") shards"
+  done
+}
+
+make_raw_lists() {  # make_raw_lists STAGE DIR...: DIR/raw.list (one utterance a line, for decoding)
+  local st=$1 dir
+  shift
+  for dir in "$@"; do
+    corpus-io make-datalist ++data_type=raw "++input=[$dir/data.jsonl]" "++output=$dir/raw.list"
+    log "$st" "made $dir/raw.list: $(wc -l < "$dir/raw.list") utterances"
+  done
+}
+
+average_and_decode() {  # average_and_decode STAGE EXP NUM DIR...: model.pt.avgNUM, then EXP/decode_<DIR name>/
+  local st=$1 exp=$2 num=$3 dir name
+  shift 3
+  corpus-io average "++output_dir=$exp" "++num=$num"
+  log "$st" "made $exp/model.pt.avg$num"
+  for dir in "$@"; do
+    name=$(basename "$dir")
+    corpus-io decode "++data_list=$dir/raw.list" "++checkpoint=$exp/model.pt.avg$num" "++output_dir=$exp/decode_$name" \
+      ++dataset_conf.data_type=raw ++dataset_conf.batch_type=example ++dataset_conf.batch_size=16 \
+      "++dataset_conf.num_workers=$nj"
+    log "$st" "decoded $name: $(head -n 1 "$exp/decode_$name/cer.txt")"
+  done
+}

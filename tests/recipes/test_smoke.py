@@ -1,0 +1,115 @@
+"""The recipes end to end with tiny settings: `make smoke` (the espeak recipe, every stage, a few training
+steps) and the AISHELL-1 / LibriSpeech recipes on look-alike trees built with espeak-ng."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from corpus_io import synth
+from tests.conftest import REPO, free_port, have, run_cli
+
+RECIPES = REPO / "recipes"
+PIPELINE = ("prepare", "scp2jsonl", "make-tokenizer", "compute-cmvn", "pack-shards", "make-datalist", "train",
+            "average", "decode")
+
+pytestmark = pytest.mark.skipif(not (have("espeak-ng") and have("sox")), reason="needs espeak-ng and sox")
+
+
+@pytest.fixture(scope="module")
+def pipeline_commands():
+    """Skip (naming them) while a subcommand the recipes call is not registered yet."""
+    listed = run_cli("corpus-io", "--help").stdout
+    missing = [c for c in PIPELINE if not re.search(rf"^\s+{re.escape(c)}\s", listed, re.M)]
+    if missing:
+        pytest.skip(f"corpus-io has no {', '.join(missing)} subcommand yet; the recipes need every stage")
+
+
+def run_recipe(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1")
+    return subprocess.run([str(RECIPES / name / "run.sh"), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def stage_lines(stderr: str) -> set[int]:
+    return {int(n) for n in re.findall(r"\[stage (\d+)\] ", stderr)}
+
+
+def test_recipe_rejects_an_unknown_option():
+    result = run_recipe("espeak", "--stop-stage", "3", "--max_epochs", "2")
+    assert result.returncode == 2
+    assert "unknown option --max_epochs" in result.stderr and "--max_epoch" in result.stderr
+
+
+def test_recipe_help_lists_stages_and_options():
+    result = run_recipe("espeak", "--help")
+    assert result.returncode == 0
+    assert "0 synthesize" in result.stdout and "--stop_stage" in result.stdout and "--nproc" in result.stdout
+
+
+@pytest.mark.slow
+def test_make_smoke_runs_every_stage_of_the_espeak_recipe(pipeline_commands, tmp_path):
+    opts = shlex.split((RECIPES / "espeak" / "conf" / "smoke.opts").read_text())
+    start = time.monotonic()
+    result = run_recipe("espeak", *opts, "--data", str(tmp_path / "data"), "--exp", str(tmp_path / "exp"),
+                        timeout=240)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert stage_lines(result.stderr) == set(range(8)), result.stderr[-3000:]
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    assert len(list((data / "train" / "shards").glob("*.tar"))) >= 2
+    assert (data / "train" / "shard.list").read_text().count(".tar") >= 2
+    assert (exp / "model.pt.avg1").is_file()
+    table = (exp / "RESULTS.md").read_text()
+    assert re.search(r"^\| test_digits \| [0-9.]+ \| [0-9.]+ \|", table, re.M), table
+    assert re.search(r"^\| test_mixed \| [0-9.]+ \|", table, re.M), table
+    assert elapsed < 180, f"make smoke took {elapsed:.0f} s"
+
+
+def tiny_training(tmp_path: Path) -> list[str]:
+    return ["--data", str(tmp_path / "data"), "--exp", str(tmp_path / "exp"), "--nj", "2", "--nproc", "2",
+            "--num_workers", "1", "--num_utts_per_shard", "4", "--max_epoch", "1", "--max_steps_per_epoch", "2",
+            "--average_num", "1", "--cmvn_max_utts", "0", "--batch_size", "3000",
+            "--train_config", str(tmp_path / "train.yaml"), "--master_port", str(free_port())]
+
+
+def cpu_train_config(recipe: str, tmp_path: Path) -> None:
+    """The recipe's train.yaml with a CPU-sized model (the real one is 12 blocks of 256)."""
+    text = (RECIPES / recipe / "conf" / "train.yaml").read_text()
+    for key, value in {"num_blocks": 1, "output_size": 32, "linear_units": 64, "subsampling_channels": 8,
+                       "attention_heads": 2, "num_workers": 1, "min_length": 10}.items():
+        text = re.sub(rf"(\b{key}: )\d+", rf"\g<1>{value}", text)
+    (tmp_path / "train.yaml").write_text(text.replace("pin_memory: true", "pin_memory: false"))
+
+
+@pytest.mark.slow
+def test_aishell_recipe_prepares_trains_and_decodes_a_lookalike_tree(pipeline_commands, tmp_path):
+    synth.make_aishell_lookalike(tmp_path / "corpus", speakers_per_split=2, utts_per_speaker=4)
+    cpu_train_config("aishell", tmp_path)
+    result = run_recipe("aishell", "--aishell_root", str(tmp_path / "corpus"), *tiny_training(tmp_path))
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert stage_lines(result.stderr) == set(range(8)), result.stderr[-3000:]
+    assert "[prepare train] 8 utterances, 2 speakers" in result.stderr
+    assert (tmp_path / "data" / "train" / "text").read_text().count("BAC009S0002W") == 4
+    assert re.search(r"^\| test \| [0-9.]+ \|", (tmp_path / "exp" / "RESULTS.md").read_text(), re.M)
+
+
+@pytest.mark.slow
+def test_librispeech_recipe_prepares_trains_and_decodes_a_lookalike_tree(pipeline_commands, tmp_path):
+    synth.make_librispeech_lookalike(tmp_path / "corpus", subsets=("train-clean-100", "dev-clean", "test-clean"),
+                                     readers_per_subset=2, utts_per_chapter=4)
+    cpu_train_config("librispeech", tmp_path)
+    result = run_recipe("librispeech", "--librispeech_root", str(tmp_path / "corpus"),
+                        "--train_sets", "train-clean-100", "--dev_sets", "dev-clean", "--test_sets", "test-clean",
+                        "--vocab_size", "40", *tiny_training(tmp_path))
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert stage_lines(result.stderr) == set(range(8)), result.stderr[-3000:]
+    assert (tmp_path / "data" / "train" / "wav.scp").read_text().count(".flac") == 8
+    assert (tmp_path / "data" / "lang" / "tokens.model").is_file()
+    assert re.search(r"^\| test_clean \| [0-9.]+ \|", (tmp_path / "exp" / "RESULTS.md").read_text(), re.M)
