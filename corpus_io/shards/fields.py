@@ -404,7 +404,6 @@ def _feature_fn(task: FieldTask) -> Any:
 
 def add_field_to_shard(task: FieldTask) -> FieldResult:
     """Write the field file (and the meta companion when missing) of one shard; resumable."""
-    from corpus_io.shards.writer import ShardWriter
     from corpus_io.urls import local_path
 
     kind = "tar" if task.mode in ("fbank", "mfcc", "scp") else "jsonl.gz"
@@ -425,6 +424,26 @@ def add_field_to_shard(task: FieldTask) -> FieldResult:
         with contextlib.suppress(FileNotFoundError):
             _sidecar(stale).unlink()
     compute = _feature_fn(task) if task.mode in ("fbank", "mfcc") else None
+    threads = None
+    if compute is not None:  # parallelism comes from the shard processes (as in the loader's workers)
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+    try:
+        return _write_shard_fields(task, result, kind, fpath, mpath, fstat, mstat, fdigest, mdigest, compute)
+    finally:
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+
+
+def _write_shard_fields(task: FieldTask, result: FieldResult, kind: str, fpath: Path, mpath: Path,
+                        fstat: dict | None, mstat: dict | None, fdigest: str, mdigest: str,
+                        compute: Any) -> FieldResult:
+    from corpus_io.shards.writer import ShardWriter
+
     if compute is not None:
         samples = open_shard_fields(task.url, ["audio"], storage_options=task.storage_options)
     else:
