@@ -103,7 +103,7 @@ if stage_on 6; then
       "++dataset_conf.shuffle_conf.shuffle_size=$shuffle_size" "++dataset_conf.sort_conf.sort_size=$sort_size" \
       "++dataset_conf.num_workers=$num_workers" "${extra[@]}"
   echo $(($(date +%s) - start)) > "$exp/train_seconds"
-  log 6 "trained in $(cat "$exp/train_seconds") s: $(ls "$exp" | grep -c '^model\.pt\.ep') epoch checkpoints in $exp"
+  log 6 "trained $(grep -c 'epoch [0-9]* done' "$exp/train.log") epochs in $(cat "$exp/train_seconds") s: checkpoints in $exp"
 fi
 
 if stage_on 7; then
