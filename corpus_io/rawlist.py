@@ -110,7 +110,10 @@ class RawList:
         except ValueError as exc:
             raise DataError(f"{self.path}:{self._lineno(off)}: not a JSON object ({exc}). "
                             f"Each line must be one JSON object with key and wav/source.") from None
-        return canonical(rec, where=f"{self.path}:{self._lineno(off)}")
+        try:
+            return canonical(rec)
+        except DataError as exc:  # the line number costs a read up to the line: only on error
+            raise DataError(f"{self.path}:{self._lineno(off)}{exc}") from None
 
     def sample(self, i: int, *, storage_options: dict | None = None, allow_pipe: bool = False) -> dict:
         """Entry ``i`` as a pipeline sample (key, audio bytes, audio_format, txt, meta, start/end)."""
