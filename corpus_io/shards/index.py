@@ -69,11 +69,17 @@ def load_index(list_path: str | os.PathLike) -> dict[str, dict] | None:
 
 
 def write_list_and_index(list_path: str | os.PathLike, entries: Iterable[dict]) -> int:
-    """Write ``data.list`` and its sidecar atomically (index first, so a list never lacks one)."""
+    """Write ``data.list`` and its sidecar atomically (index first, so a list never lacks one).
+
+    The standard keys come first, in :data:`INDEX_FIELDS` order; any other key of an entry (e.g.
+    ``fields``, written by add-field) is kept after them.
+    """
     entries = list(entries)
     with atomic_write(index_path_for(list_path)) as f:
         for entry in entries:
-            f.write(json.dumps({k: entry[k] for k in INDEX_FIELDS if k in entry}, ensure_ascii=False) + "\n")
+            ordered = {k: entry[k] for k in INDEX_FIELDS if k in entry}
+            ordered.update((k, v) for k, v in entry.items() if k not in ordered)
+            f.write(json.dumps(ordered, ensure_ascii=False) + "\n")
     with atomic_write(list_path) as f:
         for entry in entries:
             f.write(entry["path"] + "\n")

@@ -38,7 +38,7 @@ from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 from corpus_io.shards import format as fmt
-from corpus_io.shards.index import write_list_and_index
+from corpus_io.shards.index import load_index, write_list_and_index
 from corpus_io.shards.writer import ShardWriter
 
 # FunASR/WeNet fields that become members or computed metadata instead of being copied to the .json.
@@ -492,8 +492,19 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
         for reason, n in stat.skipped.items():
             summary.skip(reason, n)
     listed = [s for s in stats if s.num_utts > 0]
-    write_list_and_index(out_dir / "data.list", (s.index_entry() for s in listed))
+    write_list_and_index(out_dir / "data.list", _keep_companion_fields(out_dir / "data.list",
+                                                                       [s.index_entry() for s in listed]))
     return stats
+
+
+def _keep_companion_fields(list_path: Path, entries: list[dict]) -> list[dict]:
+    """Carry add-field's ``fields`` over from the old index for shards whose bytes did not change."""
+    old = load_index(list_path) or {}
+    for entry in entries:
+        previous = old.get(entry["path"])
+        if previous and previous.get("sha256") == entry.get("sha256") and "fields" in previous:
+            entry["fields"] = previous["fields"]
+    return entries
 
 
 def pack_shards(cfg: Any) -> Summary:

@@ -237,3 +237,18 @@ def test_fields_over_http_never_fetch_the_main_tar(shards):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_pack_shards_rerun_keeps_the_fields_of_unchanged_shards(tmp_path):
+    jsonl = write_jsonl(tmp_path / "t.jsonl", fixture_records())
+    conf = PackShardsConfig(input=str(jsonl), output_dir=str(tmp_path / "out"), num_utts_per_shard=10,
+                            num_workers=1)
+    pack_shards(conf)
+    labels = tmp_path / "spk.jsonl"
+    labels.write_text("".join(json.dumps({"key": r["key"], "speaker": "s"}) + "\n" for r in fixture_records()))
+    add_field(AddFieldConfig(input=str(tmp_path / "out" / "data.list"), field="speaker", from_jsonl=str(labels),
+                             num_workers=1))
+    before = load_index(tmp_path / "out" / "data.list")
+    assert all("speaker" in e["fields"] for e in before.values())
+    pack_shards(conf)  # resumes: same bytes, so the companion files still match
+    assert load_index(tmp_path / "out" / "data.list") == before
