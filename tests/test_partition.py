@@ -98,9 +98,13 @@ def test_all_ranks_have_data_under_torchrun_is_false_when_any_rank_ran_out(tmp_p
         "from corpus_io.partition import all_ranks_have_data\n"
         "dist.init_process_group('gloo')\n"
         "r = dist.get_rank()\n"
-        "print(f'rank{r}', all_ranks_have_data(True), all_ranks_have_data(r == 0), flush=True)\n"
+        "import sys\n"
+        "flags = (all_ranks_have_data(True), all_ranks_have_data(r == 0))\n"
+        "open(sys.argv[1] + f'.rank{r}', 'w').write(f'{flags[0]} {flags[1]}')\n"
         "dist.destroy_process_group()\n")
     result = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}",
-                             str(script)], capture_output=True, text=True, timeout=120, cwd=REPO)
+                             str(script), str(tmp_path / "flags")], capture_output=True, text=True, timeout=120,
+                            cwd=REPO)
     assert result.returncode == 0, result.stderr
-    assert "rank0 True False" in result.stdout and "rank1 True False" in result.stdout
+    # each rank writes its own file: stdout of two ranks interleaves
+    assert [(tmp_path / f"flags.rank{r}").read_text() for r in (0, 1)] == ["True False", "True False"]
