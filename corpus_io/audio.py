@@ -105,13 +105,70 @@ def read_source_bytes(source: str, *, allow_pipe: bool = False, storage_options:
     return urls.read_url(source, allow_pipe=allow_pipe, storage_options=storage_options)
 
 
+_PCM_GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"  # KSDATAFORMAT_SUBTYPE_PCM
+
+
+def _pcm16_layout(data: bytes | memoryview) -> tuple[int, int, int, int] | None:
+    """``(sample_rate, channels, data_offset, num_frames)`` of a little-endian 16-bit PCM WAV, or None.
+
+    None for anything else (RIFX, RF64, float, 8/24/32-bit, a data chunk that overruns the bytes or
+    has no fmt before it): those go to soundfile. Chunks other than ``fmt `` and ``data`` (LIST,
+    fact, odd-sized ones with their pad byte) are skipped.
+    """
+    n = len(data)
+    if n < 44 or data[0:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    pos, fmt = 12, None
+    while pos + 8 <= n:
+        cid = bytes(data[pos:pos + 4])
+        size = int.from_bytes(data[pos + 4:pos + 8], "little")
+        body = pos + 8
+        if cid == b"fmt ":
+            if size < 16 or body + size > n:
+                return None
+            tag, channels, rate = (int.from_bytes(data[body:body + 2], "little"),
+                                   int.from_bytes(data[body + 2:body + 4], "little"),
+                                   int.from_bytes(data[body + 4:body + 8], "little"))
+            align, bits = int.from_bytes(data[body + 12:body + 14], "little"), int.from_bytes(
+                data[body + 14:body + 16], "little")
+            if tag == 0xFFFE:  # WAVE_FORMAT_EXTENSIBLE: PCM subformat with 16 valid bits only
+                if size < 40 or int.from_bytes(data[body + 18:body + 20], "little") != 16 or \
+                        int.from_bytes(data[body + 24:body + 26], "little") != 1 or \
+                        bytes(data[body + 26:body + 40]) != _PCM_GUID_TAIL:
+                    return None
+            elif tag != 1:
+                return None
+            if bits != 16 or channels < 1 or rate < 1 or align != 2 * channels:
+                return None
+            fmt = (rate, channels)
+        elif cid == b"data":
+            if fmt is None or body + size > n:
+                return None
+            return fmt[0], fmt[1], body, size // (2 * fmt[1])
+        pos = body + size + (size & 1)
+    return None
+
+
 def decode_bytes(data: bytes, *, where: str = "<bytes>", start: int = 0, stop: int | None = None,
                  dtype: str = "float32") -> tuple[np.ndarray, int]:
     """Decode audio bytes (any soundfile format) into ``(samples[, channels]), sample_rate``.
 
     ``start``/``stop`` select a sample range (for segments) without decoding the rest
-    where the format allows seeking.
+    where the format allows seeking. 16-bit PCM WAV (what WeNet shards hold) is parsed here
+    and converted with numpy (int16 / 32768, bit-identical to soundfile's float32); every
+    other format, and any WAV this parser does not take, is decoded by soundfile.
     """
+    if dtype == "float32":
+        layout = _pcm16_layout(data)
+        if layout is not None:
+            rate, channels, offset, frames = layout
+            if start <= frames:
+                last = frames if stop is None else max(start, min(frames, stop))
+                pcm = np.frombuffer(data, dtype="<i2", count=(last - start) * channels,
+                                    offset=offset + 2 * start * channels)
+                wave = pcm.astype(np.float32)
+                wave *= np.float32(1.0 / 32768.0)
+                return (wave if channels == 1 else wave.reshape(-1, channels)), rate
     import soundfile as sf
 
     try:
