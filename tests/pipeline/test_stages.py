@@ -87,6 +87,16 @@ def test_resample_changes_length_exactly(fixture_corpus):
         assert sample["sample_rate"] == 16000 and sample["wav"].shape[1] == math.ceil(n * 16000 / rate)
 
 
+def test_resample_with_cached_kernel_equals_torchaudio_resample(fixture_corpus):
+    import torchaudio.functional as AF
+
+    for sample in stages.decode(_read(fixture_corpus, 3)):  # 8 kHz, 16 kHz, 44.1 kHz
+        wav, rate = sample["wav"], sample["sample_rate"]
+        for new in (16000, 14400, 17600):  # the target rate and speed perturbation's rates
+            first, again = stages.resample_wav(wav, rate, new), stages.resample_wav(wav, rate, new)
+            assert torch.equal(first, AF.resample(wav, rate, new)) and torch.equal(again, first)
+
+
 def test_speed_perturb_is_seeded_and_changes_length_by_speed(fixture_corpus):
     def run(seed: int) -> list[int]:
         decoded = stages.resample(stages.decode(_read(fixture_corpus, 6)), resample_rate=16000)
