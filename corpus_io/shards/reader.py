@@ -59,15 +59,20 @@ def what_to_do() -> str:
     return "the shard is damaged: re-copy it, or re-pack it with pack-shards (verify with verify-shards)."
 
 
+_HIGH_BYTES = bytes(range(128, 256))
+
+
 def _checksum_ok(block: bytes) -> bool:
     stored = block[148:156].split(b"\0", 1)[0].strip(b" \0")
     try:
         expected = int(stored, 8)
     except ValueError:
         return False
-    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
-    signed = unsigned - sum(256 for b in block[:148] + block[156:] if b > 127)
-    return expected in (unsigned, signed)
+    unsigned = sum(block) - sum(block[148:156]) + 8 * 32
+    if expected == unsigned:
+        return True
+    rest = block[:148] + block[156:]  # some old tars sum the bytes as signed chars
+    return expected == unsigned - 256 * (len(rest) - len(rest.translate(None, _HIGH_BYTES)))
 
 
 def _pax_records(data: bytes, *, url: str) -> dict[str, str]:
