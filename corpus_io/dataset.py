@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from collections import Counter
 from typing import Any, Iterator
 
@@ -69,10 +70,13 @@ class CorpusDataset(IterableDataset):
         def bookkeeping(final: bool = False) -> dict:
             delta = counts - sent
             sent.update(delta)
-            # a JSON string: DataLoader passes str through as is (a nested list of ~2000 pending ids would
-            # cost default_convert a recursive walk per batch); parsed only when state_dict() is asked for
-            return {"__worker__": worker, "__state__": json.dumps(state.to_dict(), separators=(",", ":")),
-                    "__counts__": json.dumps(delta), "__final__": final}
+            # pickled bytes: DataLoader passes bytes through as is (a nested list of ~2000 pending ids would
+            # cost default_convert a recursive walk per batch), and pickling the pending set is ~8x cheaper
+            # than sorting it into JSON per batch; turned into the JSON-able dict only when state_dict() is
+            # asked for (see _parsed)
+            snapshot = (state.epoch, state.cursor, state.pending, state.taken, state.seconds, state.finished)
+            return {"__worker__": worker, "__state__": pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL),
+                    "__counts__": json.dumps(delta) if delta else "{}", "__final__": final}
 
         try:
             if not state.finished:
@@ -203,7 +207,10 @@ class CorpusLoader:
                         "all_ranks_have_data)")
 
 
-def _parsed(snapshot: dict | str) -> dict:
+def _parsed(snapshot: dict | str | bytes) -> dict:
+    """A worker snapshot as the JSON-able dict of SlotState.to_dict (workers send pickled bytes)."""
+    if isinstance(snapshot, bytes):
+        return SlotState(*pickle.loads(snapshot)).to_dict()
     return json.loads(snapshot) if isinstance(snapshot, str) else snapshot
 
 
