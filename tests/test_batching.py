@@ -8,7 +8,7 @@ from collections import Counter
 import torch
 
 from bench.bench_batching import compare, lognormal_corpus
-from corpus_io.batching import Budget, batch, bucket_batch, pad, quantile_boundaries
+from corpus_io.batching import Budget, batch, bucket_batch, mean_padding_ratio, pad, quantile_boundaries
 
 
 def _lengths(s: dict) -> tuple[int, int]:
@@ -66,6 +66,22 @@ def test_bucketing_pads_less_than_sort_buffer_at_same_budget():
     assert p_bucket < p_sort and p_bucket <= 0.05 and p_sort <= 0.12
 
 
+def test_example_bucketing_sorts_each_bucket_by_frames_and_pads_less_than_sort_buffer():
+    corpus = lognormal_corpus(5000, mu=0.78, sigma=0.36, tokens_per_second=2.2)
+    stream = list(corpus)
+    random.Random(1).shuffle(stream)
+    batches = list(bucket_batch(stream, batch_type="example", batch_size=16, lengths=_lengths))
+    assert sorted(s["key"] for b in batches for s in b) == sorted(s["key"] for s in corpus)
+    assert all(len(b) <= 16 for b in batches)
+    block_sorted = [s for j in range(0, len(stream), 500)
+                    for s in sorted(stream[j:j + 500], key=lambda s: s["source_len"])]
+    sort_batches = batch(block_sorted, batch_type="example", batch_size=16, lengths=_lengths)
+    p_bucket, p_sort = mean_padding_ratio(batches, _lengths), mean_padding_ratio(sort_batches, _lengths)
+    assert p_bucket < p_sort / 2 and p_bucket <= 0.03, (p_bucket, p_sort)  # 1.6% vs 5.7% (unsorted buckets: 10.8%)
+    frames = [[s["source_len"] for s in b] for b in batches]
+    assert sum(f == sorted(f) for f in frames) >= 0.9 * len(frames)
+
+
 def test_bucket_batch_with_given_boundaries_separates_lengths():
     samples = [{"key": str(i), "source_len": n, "target_len": 0} for i, n in enumerate([10, 500, 12, 480, 11, 490])]
     batches = list(bucket_batch(samples, batch_type="length", batch_size=100000, boundaries=[100],
@@ -87,3 +103,34 @@ def test_pad_builds_the_contract_batch():
     assert out["feats_lengths"].tolist() == [3, 1] and out["target_lengths"].tolist() == [2, 1]
     assert out["target"].tolist() == [[5, 6], [7, -1]]
     assert abs(out["padding_ratio"] - 2 / 6) < 1e-9 and abs(out["audio_seconds"] - 0.04) < 1e-9
+
+
+class _PadInWorker(torch.utils.data.IterableDataset):
+    def __init__(self, batches: list[list[dict]]):
+        self.batches = batches
+
+    def __iter__(self):
+        for samples in self.batches:
+            yield pad(samples)
+
+
+def test_pad_in_a_dataloader_worker_gives_the_same_batch_through_shared_memory():
+    rng = random.Random(5)
+    batches = []
+    for n in (1, 3, 16):
+        for with_tokens in (True, False):
+            batches.append([{"key": f"k{i}", "feats": torch.randn(rng.randint(1, 40), 80),
+                             **({"tokens": [rng.randint(0, 9) for _ in range(rng.randint(0, 6))]} if with_tokens
+                                else {})} for i in range(n)])
+    batches.append([{"key": "raw", "feats": torch.randn(50, 1)}, {"key": "raw2", "feats": torch.randn(7, 1)}])
+    loader = torch.utils.data.DataLoader(_PadInWorker(batches), batch_size=None, num_workers=1)
+    got = list(loader)
+    assert len(got) == len(batches)
+    for samples, b in zip(batches, got):
+        want = pad(samples)
+        assert b.keys() == want.keys() and b["keys"] == want["keys"]
+        for name in ("feats", "feats_lengths", "target", "target_lengths"):
+            assert b[name].dtype == want[name].dtype and b[name].shape == want[name].shape, name
+            assert torch.equal(b[name], want[name]), name
+        assert b["audio_seconds"] == want["audio_seconds"] and b["padding_ratio"] == want["padding_ratio"]
+        assert b["feats"].is_shared()
