@@ -1,14 +1,24 @@
 """Loader throughput: corpus-io shard mode vs raw mode vs a plain WebDataset pipeline, side by side.
 
-Corpus: bench/out/corpus20000 (20k real espeak utterances, half 16 kHz wav, half 44.1 kHz flac,
-each a distinct file). Shards: pack-shards with audio_format=keep (the same bytes raw mode reads),
-1000 utterances per shard. Raw mode reads the original files through a JSONL list. WebDataset
-reads the same shards as corpus-io shard mode.
+Corpus: bench/out/corpus20000_16k (20k real espeak utterances, 16 kHz 16-bit wav as WeNet's packer
+stores them, each a distinct file; ``bench.common.real_corpus(sample_rates=(16000, 16000))``).
+Shards: pack-shards with audio_format=keep (the same bytes raw mode reads), 1000 utterances per
+shard. Raw mode reads the original files through a JSONL list. WebDataset reads the same shards as
+corpus-io shard mode: ``wds.WebDataset(urls).shuffle(1500).decode(soundfile handler).map(...)
+.batched(16)`` through a torch DataLoader with the same num_workers and one torch thread per worker.
 
-* IO only: read + decode + resample to 16 kHz (half the files are 44.1 kHz flac), batch of 16.
-* End to end: decode + fbank 80 + shuffle + sort + batch + pad.
-* fbank-only limit: fbank 80 on waveforms already in memory, in the same number of processes.
+* IO only: read + decode (+ resample to 16 kHz where needed), batch of 16, padded.
+* End to end: decode + fbank 80 + shuffle + sort + batch + pad (WebDataset: shuffle, no sort).
+* fbank-only limit: the same fbank function (corpus_io.pipeline.stages.fbank_features) on 16 kHz
+  waveforms already in memory, in the same number of processes (forked, so no copy is timed).
+* Every DataLoader (corpus-io shard and raw, WebDataset) prefetches ``BENCH_LOADER_PREFETCH`` (16)
+  batches per worker (see PREFETCH below).
 * Cold cache: posix_fadvise(DONTNEED) on every file read, before the run. Warm: read once before.
+* Rates: all the audio a run read over its whole wall time, from building the loader (worker
+  start-up included) to the last batch; the fbank-only limit times only the fbank calls.
+* Extra lines: WebDataset with corpus-io's 16-bit WAV decoder instead of soundfile (the pipeline
+  difference alone), and the mixed corpus (half 44.1 kHz flac: resampling at load time) vs the
+  same corpus packed with ``pack-shards ++resample=16000`` (BENCH_LOADER_MIXED=0 skips them).
 * Raw list of 10M lines: peak RSS of a process that opens it (index build, then cached index).
 
 Each variant runs in its own process (peak RSS covers its DataLoader workers). Figures are
@@ -26,25 +36,29 @@ from pathlib import Path
 
 from bench.common import BIN, OUT, drop_cache, mb, real_corpus, run_measured
 
-HERE = OUT / "loader"
-# The corpus is 20k utterances; each run reads a prefix of it so that the 26 runs fit in minutes on
-# 2 shared cores (half the files are 44.1 kHz flac: decode + resample dominate at 1-2 cores).
-N_IO = int(os.environ.get("BENCH_LOADER_N_IO", 4000))  # utterances per IO-only run
-N_E2E = int(os.environ.get("BENCH_LOADER_N_E2E", 2000))  # utterances per end-to-end run
+HERE = OUT / "loader16k"
+MIXED = OUT / "loader"
+N_IO = int(os.environ.get("BENCH_LOADER_N_IO", 20000))  # utterances per IO-only run (all of the corpus)
+N_E2E = int(os.environ.get("BENCH_LOADER_N_E2E", 10000))  # utterances per end-to-end run
+N_MIXED = int(os.environ.get("BENCH_LOADER_N_MIXED", 4000))  # utterances per mixed-corpus run
+# batches prefetched per DataLoader worker, the same for every loader: DataLoader hands batches over in
+# worker order, and block buffers (sort 500: 31 batches at once) and buckets (7 at once) emit in bursts; with
+# a prefetch below the burst the other worker idles (bucketing, 2 workers: 0.50 of the limit at 4, 0.61-0.65 at 16)
+PREFETCH = int(os.environ.get("BENCH_LOADER_PREFETCH", 16))
+WITH_MIXED = os.environ.get("BENCH_LOADER_MIXED", "1") != "0"
 
 
-def prepare() -> tuple[Path, Path]:
-    corpus = real_corpus(20000)
-    shards = HERE / "shards"
+def prepare(corpus: Path, here: Path, name: str = "shards", pack_args: tuple = ()) -> tuple[Path, Path]:
+    shards = here / name
     if not (shards / "data.list").exists():
         t = time.perf_counter()
         r = subprocess.run([str(BIN / "corpus-io"), "pack-shards", f"++input={corpus}", f"++output_dir={shards}",
-                            "++num_utts_per_shard=1000", "++audio_format=keep"],
+                            "++num_utts_per_shard=1000", "++audio_format=keep", *pack_args],
                            capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit(r.stderr)
-        print(f"packed 20000 utterances in {time.perf_counter() - t:.0f} s", flush=True)
-    raw = HERE / "raw.list"
+        print(f"packed {corpus.name} into {shards} in {time.perf_counter() - t:.0f} s", flush=True)
+    raw = here / "raw.list"
     if not raw.exists():
         texts = dict(line.split(" ", 1) for line in (corpus / "text").read_text().splitlines())
         with open(raw, "w") as f:
@@ -56,20 +70,31 @@ def prepare() -> tuple[Path, Path]:
 
 def subset_list(data_list: Path, raw: Path, n: int) -> tuple[Path, Path]:
     urls = data_list.read_text().split()
-    sub = HERE / f"shards{n}.list"
+    here = raw.parent
+    sub = here / f"{data_list.parent.name}{n}.list"
     sub.write_text("".join(u + "\n" for u in urls[:max(1, n // 1000)]))
     idx = data_list.with_name("index.jsonl")
     if idx.exists():
         keep = set(urls[:max(1, n // 1000)])
-        sub.with_name(f"shards{n}.index.jsonl").write_text(
+        sub.with_name(f"{data_list.parent.name}{n}.index.jsonl").write_text(
             "".join(x + "\n" for x in idx.read_text().splitlines() if json.loads(x)["path"] in keep))
-    rsub = HERE / f"raw{n}.list"
+    rsub = here / f"raw{n}.list"
     with open(raw) as f, open(rsub, "w") as g:
         for i, line in enumerate(f):
             if i >= n:
                 break
             g.write(line)
     return sub, rsub
+
+
+def _head_corpus(corpus: Path, out: Path, n: int) -> Path:
+    """A Kaldi dir of the first ``n`` utterances of ``corpus`` (the same files, listed)."""
+    if not (out / "wav.scp").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("text", "wav.scp"):
+            lines = (corpus / name).read_text().splitlines()[:n]
+            (out / name).write_text("".join(x + "\n" for x in lines))
+    return out
 
 
 # --------------------------------------------------------------------------- children (one per variant)
@@ -86,23 +111,23 @@ def child(spec: dict) -> dict:
 
     torch.set_num_threads(1)
     mode, nw, feats = spec["mode"], spec["workers"], spec["feats"]
-    utts = 0
-    seconds = padded = real = 0.0
-    start = time.perf_counter()
     if mode == "fbank_only":
         return fbank_limit(spec)
+    start = time.perf_counter()
     if mode == "webdataset":
-        batches = webdataset_batches(spec["list"], nw, feats)
+        batches = webdataset_batches(spec["list"], nw, feats, spec.get("decoder", "soundfile"))
     else:
         from corpus_io.config import DatasetConf
         from corpus_io.dataset import build_dataloader
 
         conf = DatasetConf(data_type=mode, num_workers=nw, feats_type="fbank" if feats else "raw", batch_size=16,
-                           prefetch=4, bucketing=spec.get("bucketing", False))
+                           prefetch=spec.get("prefetch", PREFETCH), bucketing=spec.get("bucketing", False))
         conf.filter_conf.max_length = 10**9
         conf.filter_conf.min_length = 0
         loader = build_dataloader(spec["list"], conf, None, train=True, rank=0, world_size=1)
         batches = iter(loader)
+    utts = 0
+    seconds = padded = real = 0.0
     for batch in batches:
         n = batch["feats_lengths"]
         utts += len(n)
@@ -113,26 +138,39 @@ def child(spec: dict) -> dict:
     return {"utts": utts, "seconds": seconds, "wall": wall, "padding": (padded - real) / padded if padded else 0}
 
 
-def _decode(sample: dict, feats: bool) -> dict:
+def _one_thread(_worker: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _soundfile_audio(data: bytes):
+    """The WebDataset decode handler for .wav/.flac: soundfile, as a plain pipeline would."""
     import io
 
     import soundfile as sf
     import torch
 
-    ext = "wav" if "wav" in sample else "flac"
-    wave, rate = sf.read(io.BytesIO(sample[ext]), dtype="float32")
-    wav = torch.from_numpy(wave).unsqueeze(0)
-    if rate != 16000:
-        import torchaudio.functional as AF
+    wave, rate = sf.read(io.BytesIO(data), dtype="float32")
+    return torch.from_numpy(wave if wave.ndim == 1 else wave.mean(axis=1)).unsqueeze(0), rate
 
-        wav = AF.resample(wav, rate, 16000)
-    if feats:
-        from torchaudio.compliance import kaldi
 
-        x = kaldi.fbank(wav * 32768, num_mel_bins=80, frame_length=25, frame_shift=10, dither=0.0,
-                        energy_floor=0.0, sample_frequency=16000)
-    else:
-        x = wav.reshape(-1, 1)
+def _fast_audio(data: bytes):
+    """The same handler on corpus-io's decoder (16-bit PCM WAV fast path, soundfile otherwise)."""
+    import torch
+
+    from corpus_io import audio
+
+    wave, rate = audio.decode_bytes(data)
+    return torch.from_numpy(audio.to_mono(wave)).unsqueeze(0), rate
+
+
+def _features(sample: dict, feats: bool) -> dict:
+    from corpus_io.pipeline.stages import fbank_features, resample_wav
+
+    wav, rate = sample["wav"] if "wav" in sample else sample["flac"]
+    wav = resample_wav(wav, rate, 16000)
+    x = fbank_features(wav, 16000, num_mel_bins=80) if feats else wav.reshape(-1, 1)
     return {"key": sample["__key__"], "feats": x}
 
 
@@ -142,61 +180,68 @@ def _collate(samples: list) -> dict:
     return pad(samples, frame_shift=0.01 if samples and samples[0]["feats"].shape[1] > 1 else 1 / 16000)
 
 
-def webdataset_batches(list_path: str, nw: int, feats: bool):
-    """A plain WebDataset pipeline: shard shuffle, split by worker, decode (+ fbank), shuffle 1500, batch 16."""
+def webdataset_batches(list_path: str, nw: int, feats: bool, decoder: str = "soundfile"):
+    """A plain WebDataset pipeline: shard shuffle, split by worker, shuffle 1500, decode (handler),
+    resample (+ fbank) in a map, batch 16, through a torch DataLoader with ``nw`` one-thread workers."""
     import functools
 
     import webdataset as wds
+    from torch.utils.data import DataLoader
 
     urls = open(list_path).read().split()
+    handler = _fast_audio if decoder == "fast" else _soundfile_audio
     ds = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, empty_check=False)
           .shuffle(1500)
-          .map(functools.partial(_decode, feats=feats))
+          .decode(wds.handle_extension("wav flac", handler))
+          .map(functools.partial(_features, feats=feats))
           .batched(16, collation_fn=_collate, partial=True))
-    kwargs = {"prefetch_factor": 4} if nw else {}
-    return wds.WebLoader(ds, batch_size=None, num_workers=nw, **kwargs)
+    kwargs = {"prefetch_factor": PREFETCH, "worker_init_fn": _one_thread} if nw else {}
+    return DataLoader(ds, batch_size=None, num_workers=nw, **kwargs)
 
 
-def _fbank_share(waves: list) -> int:
+_WAVES: list = []
+
+
+def _fbank_share(share: tuple[int, int]) -> tuple[int, float]:
     import torch
-    from torchaudio.compliance import kaldi
+
+    from corpus_io.pipeline.stages import fbank_features
 
     torch.set_num_threads(1)
-    for w in waves:
-        kaldi.fbank(w * 32768, num_mel_bins=80, frame_length=25, frame_shift=10, dither=0.0, energy_floor=0.0,
-                    sample_frequency=16000)
-    return len(waves)
+    t = time.perf_counter()
+    for w in _WAVES[share[0]::share[1]]:
+        fbank_features(w, 16000, num_mel_bins=80)
+    return len(_WAVES[share[0]::share[1]]), time.perf_counter() - t
 
 
 def fbank_limit(spec: dict) -> dict:
-    """fbank 80 on in-memory 16 kHz waveforms, in ``workers`` processes (the compute ceiling)."""
-    import io
-    import multiprocessing as mp
-    import tarfile
+    """fbank 80 on in-memory 16 kHz waveforms, in ``workers`` forked processes (the compute ceiling).
 
-    import soundfile as sf
+    The waveforms are decoded (and resampled) before the clock starts and inherited by the fork, so
+    only the fbank calls are timed: wall = from the map call until every process is done."""
+    import multiprocessing as mp
+
     import torch
 
-    waves, seconds = [], 0.0
-    for url in open(spec["list"]).read().split():
-        with tarfile.open(url) as tar:
-            for m in tar:
-                if m.name.endswith((".wav", ".flac")):
-                    w, rate = sf.read(io.BytesIO(tar.extractfile(m).read()), dtype="float32")
-                    wav = torch.from_numpy(w).unsqueeze(0)
-                    if rate != 16000:
-                        import torchaudio.functional as AF
+    from corpus_io import audio
+    from corpus_io.pipeline.stages import resample_wav
+    from corpus_io.shards.reader import read_shard
 
-                        wav = AF.resample(wav, rate, 16000)
-                    waves.append(wav)
-                    seconds += len(w) / rate
+    seconds = 0.0
+    for url in open(spec["list"]).read().split():
+        for sample in read_shard(url):
+            w, rate = audio.decode_bytes(sample["audio"])
+            wav = resample_wav(torch.from_numpy(audio.to_mono(w)).unsqueeze(0), rate, 16000)
+            _WAVES.append(wav)
+            seconds += wav.shape[1] / 16000
     procs = max(1, spec["workers"])
-    shares = [waves[i::procs] for i in range(procs)]
     ctx = mp.get_context("fork")
-    start = time.perf_counter()
     with ctx.Pool(procs) as pool:
-        n = sum(pool.map(_fbank_share, shares))
-    wall = time.perf_counter() - start
+        pool.map(_one_thread, range(procs))  # started and idle before the clock
+        start = time.perf_counter()
+        done = pool.map(_fbank_share, [(i, procs) for i in range(procs)], chunksize=1)
+        wall = time.perf_counter() - start
+    n = sum(d[0] for d in done)
     return {"utts": n, "seconds": seconds, "wall": wall, "padding": 0.0}
 
 
@@ -235,15 +280,21 @@ def measure(spec: dict, *, cold: bool) -> dict:
     return out
 
 
+def rate_of(res: dict) -> float:
+    """Audio seconds per second: all the audio read, over the whole run (loader start-up included)."""
+    return res["seconds"] / res["wall"]
+
+
 def fmt(name: str, res: dict) -> str:
-    return (f"  {name:<34} {res['utts']:>6} utts {res['wall']:7.1f} s {res['utts'] / res['wall']:8.0f} utt/s "
-            f"{res['seconds'] / res['wall']:9.0f} audio-s/s  pad {100 * res['padding']:4.1f}%  "
-            f"peak RSS {mb(res['peak_rss'])}")
+    return (f"  {name:<40} {res['utts']:>6} utts read {res['wall']:6.1f} s {res['utts'] / res['wall']:7.0f} utt/s "
+            f"{rate_of(res):7.0f} audio-s/s  "
+            f"pad {100 * res['padding']:4.1f}%  peak RSS {mb(res['peak_rss'])}")
 
 
 def main() -> None:
     HERE.mkdir(parents=True, exist_ok=True)
-    data_list, raw = prepare()
+    corpus = real_corpus(20000, sample_rates=(16000, 16000), formats=("wav", "wav"))
+    data_list, raw = prepare(corpus, HERE)
     shards_io, raw_io = subset_list(data_list, raw, N_IO)
     shards_e2e, raw_e2e = subset_list(data_list, raw, N_E2E)
     results: dict = {}
@@ -253,27 +304,40 @@ def main() -> None:
         return {"mode": "shard" if mode == "corpus-io" else mode, "list": str(lst), "workers": nw,
                 "feats": feats, "files": files, **kw}
 
-    print(f"IO only (read + decode + resample, batch 16), {N_IO} of the 20000 utterances", flush=True)
+    def run(key, name: str, s: dict, cold: bool = False) -> None:
+        results[key] = measure(s, cold=cold)
+        print(fmt(name, results[key]), flush=True)
+
+    print(f"16 kHz wav corpus ({corpus}), shards of 1000, audio_format=keep", flush=True)
+    print(f"IO only (read + decode, batch 16, padded), {N_IO} utterances per run", flush=True)
     for cache in ("cold", "warm"):
         for nw in (1, 2):
             for mode, lst in (("corpus-io", shards_io), ("webdataset", shards_io), ("raw", raw_io)):
-                res = measure(spec(mode, lst, nw, False), cold=cache == "cold")
-                results[("io", cache, nw, mode)] = res
-                print(fmt(f"{mode} {cache} workers={nw}", res), flush=True)
-    print(f"End to end (decode + fbank 80 + shuffle + sort + batch + pad), warm, {N_E2E} utterances", flush=True)
+                run(("io", cache, nw, mode), f"{mode} {cache} workers={nw}", spec(mode, lst, nw, False),
+                    cold=cache == "cold")
+            run(("io", cache, nw, "wds-fast"), f"webdataset+fast wav {cache} workers={nw}",
+                spec("webdataset", shards_io, nw, False, decoder="fast"), cold=cache == "cold")
+    print(f"End to end (decode + fbank 80 + shuffle + sort + batch + pad), warm, {N_E2E} utterances per run",
+          flush=True)
     for nw in (1, 2):
-        res = measure(spec("fbank_only", shards_e2e, nw, True), cold=False)
-        results[("limit", nw)] = res
-        print(fmt(f"fbank-only limit processes={nw}", res), flush=True)
+        run(("limit", nw), f"fbank-only limit processes={nw}", spec("fbank_only", shards_e2e, nw, True))
         for mode, lst in (("corpus-io", shards_e2e), ("webdataset", shards_e2e), ("raw", raw_e2e)):
-            res = measure(spec(mode, lst, nw, True), cold=False)
-            results[("e2e", nw, mode)] = res
-            print(fmt(f"{mode} workers={nw}", res), flush=True)
-    res = measure(spec("corpus-io", shards_e2e, 2, True, bucketing=True), cold=False)
-    results[("e2e", 2, "bucket")] = res
-    print(fmt("corpus-io bucketing workers=2", res), flush=True)
+            run(("e2e", nw, mode), f"{mode} workers={nw}", spec(mode, lst, nw, True))
+        run(("e2e", nw, "bucket"), f"corpus-io bucketing workers={nw}",
+            spec("corpus-io", shards_e2e, nw, True, bucketing=True))
 
-    big = HERE / "raw10M.list"
+    if WITH_MIXED:
+        mixed = _head_corpus(real_corpus(20000), MIXED / f"corpus{N_MIXED}", N_MIXED)
+        m_io, _ = prepare(mixed, MIXED, f"shards{N_MIXED}_keep")
+        r_io, _ = prepare(mixed, MIXED, f"shards{N_MIXED}_resampled16k", ("++resample=16000",))
+        print(f"Mixed corpus (half 44.1 kHz flac), IO only, warm, workers=1, {N_MIXED} utterances per run",
+              flush=True)
+        run(("mixed", "load"), "shard, resample at load time", spec("corpus-io", m_io, 1, False))
+        run(("mixed", "pack"), "shard, packed ++resample=16000", spec("corpus-io", r_io, 1, False))
+        run(("mixed", "wds"), "webdataset, resample at load time", spec("webdataset", m_io, 1, False))
+
+    big = MIXED / "raw10M.list"  # shared with earlier runs (1 GB)
+    big.parent.mkdir(parents=True, exist_ok=True)
     if not big.exists():
         line = '{"key": "utt%08d", "wav": "/data/corpus/wav/utt%08d.wav", "txt": "one two three four five"}\n'
         with open(str(big) + ".tmp", "w") as f:
@@ -289,22 +353,26 @@ def main() -> None:
         rss[phase] = (peak, json.loads(r.stdout.strip().splitlines()[-1])["wall"])
 
     def rate(key) -> float:
-        r = results[key]
-        return r["seconds"] / r["wall"]
+        return rate_of(results[key])
 
     print("\nSummary (ratios of audio-seconds/s measured above)")
     for cache in ("cold", "warm"):
         for nw in (1, 2):
-            s, w, r = (rate(("io", cache, nw, m)) for m in ("corpus-io", "webdataset", "raw"))
+            s, w, r, f = (rate(("io", cache, nw, m)) for m in ("corpus-io", "webdataset", "raw", "wds-fast"))
             print(f"  IO only {cache} workers={nw}: shard / WebDataset = {s / w:.2f} (target >= 1.5), "
-                  f"shard / raw = {s / r:.2f} (target >= 2)")
+                  f"shard / raw = {s / r:.2f} (target >= 2); shard / WebDataset+fast wav = {s / f:.2f}")
     for nw in (1, 2):
-        s, lim, w, r = (rate(k) for k in (("e2e", nw, "corpus-io"), ("limit", nw), ("e2e", nw, "webdataset"),
-                                          ("e2e", nw, "raw")))
+        s, lim, w, r, b = (rate(k) for k in (("e2e", nw, "corpus-io"), ("limit", nw), ("e2e", nw, "webdataset"),
+                                             ("e2e", nw, "raw"), ("e2e", nw, "bucket")))
         print(f"  end to end workers={nw}: shard / fbank-only limit = {s / lim:.2f} (target >= 0.90), "
-              f"shard / WebDataset = {s / w:.2f}, shard / raw = {s / r:.2f}")
-    print(f"  padding: sort buffer {100 * results[('e2e', 2, 'corpus-io')]['padding']:.1f}% (target <= 10%), "
-          f"bucketing {100 * results[('e2e', 2, 'bucket')]['padding']:.1f}% (target <= 5%)")
+              f"bucketing / limit = {b / lim:.2f}, shard / WebDataset = {s / w:.2f}, shard / raw = {s / r:.2f}")
+    for nw in (1, 2):
+        print(f"  padding workers={nw}: sort buffer {100 * results[('e2e', nw, 'corpus-io')]['padding']:.1f}% "
+              f"(target <= 10%), bucketing {100 * results[('e2e', nw, 'bucket')]['padding']:.1f}% (target <= 5%)")
+    if WITH_MIXED:
+        print(f"  mixed corpus IO warm workers=1: packed at 16 kHz / resampled at load = "
+              f"{rate(('mixed', 'pack')) / rate(('mixed', 'load')):.2f}, shard / WebDataset = "
+              f"{rate(('mixed', 'load')) / rate(('mixed', 'wds')):.2f}")
     for phase, (peak, wall) in rss.items():
         print(f"  raw list of 10M lines, {phase}: peak RSS {mb(peak)} in {wall:.1f} s (target < 1 GB)")
 

@@ -14,26 +14,52 @@ OUT = Path(__file__).resolve().parent / "out"
 BIN = Path(sys.executable).parent
 
 
-def real_corpus(num_files: int = 20000, *, base_utts: int = 400) -> Path:
+def real_corpus(num_files: int = 20000, *, base_utts: int = 400, sample_rates: tuple[int, int] = (16000, 44100),
+                formats: tuple[str, str] = ("wav", "flac")) -> Path:
     """A Kaldi dir of ``num_files`` real audio files (copies of ``base_utts`` espeak utterances).
 
-    Half the base utterances are 16 kHz wav, half 44.1 kHz flac. Copies are real files
-    (not links), so every read is a distinct file. Cached under bench/out/.
+    The base utterances are two halves (seeds 1 and 2): half ``a`` at ``sample_rates[0]`` Hz stored
+    as ``formats[0]``, half ``b`` at ``sample_rates[1]`` as ``formats[1]``. The default is the mixed
+    corpus (16 kHz wav + 44.1 kHz flac, ``bench/out/corpus20000``); ``sample_rates=(16000, 16000),
+    formats=("wav", "wav")`` is a 16 kHz wav corpus as WeNet shards hold (``corpus20000_16k``): the
+    same texts and voices. Copies are real files (not links), so every read is a distinct file.
+    Cached under bench/out/.
     """
     from corpus_io import synth
 
-    out = OUT / f"corpus{num_files}"
+    mixed = tuple(sample_rates) == (16000, 44100) and tuple(formats) == ("wav", "flac")
+    tag = "" if mixed else "_" + "_".join(f"{r // 1000 if r % 1000 == 0 else r / 1000:g}k{f}"
+                                          for r, f in zip(sample_rates, formats))
+    if tag == "_16kwav_16kwav":
+        tag = "_16k"
+    out = OUT / f"corpus{num_files}{tag}"
     if (out / "wav.scp").exists():
         return out
-    base = OUT / f"base{base_utts}"
+    base = OUT / f"base{base_utts}{tag}"
     if not (base / "wav.scp").exists():
         half = base_utts // 2
-        synth.make_digits(base / "a", half, seed=1, sample_rate=16000, fmt="wav")
-        synth.make_digits(base / "b", base_utts - half, seed=2, sample_rate=44100, fmt="flac")
-        with open(base / "wav.scp", "w") as fw, open(base / "text", "w") as ft:
+        tmp_base = base.with_name(base.name + ".tmp")
+        shutil.rmtree(tmp_base, ignore_errors=True)
+        for part, num, seed, rate, fmt in (("a", half, 1, sample_rates[0], formats[0]),
+                                           ("b", base_utts - half, 2, sample_rates[1], formats[1])):
+            shared = OUT / f"base{base_utts}" / part  # the mixed corpus's half at this rate/format: reuse it
+            if (rate, fmt) == ((16000, "wav") if part == "a" else (44100, "flac")) and (shared / "wav.scp").exists():
+                shutil.copytree(shared, tmp_base / part)
+                lines = (tmp_base / part / "wav.scp").read_text().splitlines()
+                (tmp_base / part / "wav.scp").write_text("".join(
+                    line.replace(str(shared), str(base / part)) + "\n" for line in lines))
+            else:
+                synth.make_digits(tmp_base / part, num, seed=seed, sample_rate=rate, fmt=fmt)
+                lines = (tmp_base / part / "wav.scp").read_text().splitlines()
+                (tmp_base / part / "wav.scp").write_text("".join(
+                    line.replace(str(tmp_base.resolve()), str(base)) + "\n" for line in lines))
+        with open(tmp_base / "wav.scp", "w") as fw, open(tmp_base / "text", "w") as ft:
             for part in ("a", "b"):
                 for name, f in (("wav.scp", fw), ("text", ft)):
-                    f.writelines(f"{part}-{line}\n" for line in (base / part / name).read_text().splitlines())
+                    f.writelines(f"{part}-{line}\n" for line in (tmp_base / part / name).read_text().splitlines())
+        if base.exists():
+            shutil.rmtree(base)
+        tmp_base.rename(base)
     wavs = [line.split(" ", 1) for line in (base / "wav.scp").read_text().splitlines()]
     texts = dict(line.split(" ", 1) for line in (base / "text").read_text().splitlines())
     copies = -(-num_files // len(wavs))
