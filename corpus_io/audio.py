@@ -9,6 +9,7 @@ it never decodes the whole file.
 from __future__ import annotations
 
 import io
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 from corpus_io import kaldi, urls
 from corpus_io.errors import DataError
 
+HEAD_BYTES = 64 * 1024  # enough for any WAV/FLAC header with the usual LIST/metadata chunks
 AUDIO_EXTENSIONS = ("wav", "flac", "ogg", "opus", "mp3", "sph", "aiff", "aif", "m4a")
 
 
@@ -71,17 +73,23 @@ def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None
         wave, rate = decode_bytes(data, where=source)  # stdout headers often lack the length
         return AudioInfo(rate, wave.shape[0], 1 if wave.ndim == 1 else wave.shape[1], "wav")
     if urls.is_remote(source):
-        with urls.open_url(source, storage_options=storage_options, block_size=64 * 1024) as f:
+        with urls.open_url(source, storage_options=storage_options, block_size=HEAD_BYTES) as f:
+            size = getattr(f, "size", None)
+            info = header_info(f.read(HEAD_BYTES), size) if size else None
+            if info is not None:
+                return info
+            f.seek(0)
             return _info_from_fileobj(f, source)
     path = urls.local_path(source)
     try:
-        return _info_from_fileobj(path, source)
-    except DataError:
-        import os
-
-        if not os.path.exists(path):
-            raise DataError(f"{source} does not exist. Check the path in your wav.scp.") from None
-        raise
+        with open(path, "rb") as f:
+            info = header_info(f.read(HEAD_BYTES), os.fstat(f.fileno()).st_size)
+    except FileNotFoundError:
+        raise DataError(f"{source} does not exist. Check the path in your wav.scp.") from None
+    except OSError as exc:
+        raise DataError(f"cannot read {source}: {exc.strerror}.") from None
+    # WAV and FLAC headers are parsed here (~10 us); anything else, or anything odd, goes to soundfile.
+    return info if info is not None else _info_from_fileobj(path, source)
 
 
 def _load_ark_wav(source: str) -> tuple[int, np.ndarray]:
@@ -105,15 +113,29 @@ def read_source_bytes(source: str, *, allow_pipe: bool = False, storage_options:
     return urls.read_url(source, allow_pipe=allow_pipe, storage_options=storage_options)
 
 
-_PCM_GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"  # KSDATAFORMAT_SUBTYPE_PCM
+_GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"  # KSDATAFORMAT_SUBTYPE_* tail
 
 
-def _pcm16_layout(data: bytes | memoryview) -> tuple[int, int, int, int] | None:
-    """``(sample_rate, channels, data_offset, num_frames)`` of a little-endian 16-bit PCM WAV, or None.
+@dataclass(frozen=True)
+class WavLayout:
+    """Where the samples of a little-endian WAV are: rate (Hz), channels, bits, offset (bytes), frames."""
 
-    None for anything else (RIFX, RF64, float, 8/24/32-bit, a data chunk that overruns the bytes or
-    has no fmt before it): those go to soundfile. Chunks other than ``fmt `` and ``data`` (LIST,
-    fact, odd-sized ones with their pad byte) are skipped.
+    sample_rate: int
+    channels: int
+    bits: int
+    is_float: bool
+    data_offset: int
+    num_frames: int
+
+
+def wav_layout(data: bytes | memoryview, total_size: int | None = None) -> WavLayout | None:
+    """Parse a RIFF/WAVE header of integer PCM or float samples, or return None.
+
+    ``data`` is the whole file, or only its head when ``total_size`` (the file size in bytes) is
+    given: then a data chunk longer than the file is cut to the file. Without ``total_size`` a data
+    chunk that overruns ``data`` gives None (a truncated file: soundfile decides). None also for
+    RIFX/RF64, compressed formats, and a streamed length (0 or 0xFFFFFFFF). Chunks other than
+    ``fmt `` and ``data`` (LIST, fact, odd-sized ones with their pad byte) are skipped.
     """
     n = len(data)
     if n < 44 or data[0:4] != b"RIFF" or data[8:12] != b"WAVE":
@@ -124,28 +146,55 @@ def _pcm16_layout(data: bytes | memoryview) -> tuple[int, int, int, int] | None:
         size = int.from_bytes(data[pos + 4:pos + 8], "little")
         body = pos + 8
         if cid == b"fmt ":
-            if size < 16 or body + size > n:
+            if size < 16 or body + 16 > n:
                 return None
             tag, channels, rate = (int.from_bytes(data[body:body + 2], "little"),
                                    int.from_bytes(data[body + 2:body + 4], "little"),
                                    int.from_bytes(data[body + 4:body + 8], "little"))
-            align, bits = int.from_bytes(data[body + 12:body + 14], "little"), int.from_bytes(
-                data[body + 14:body + 16], "little")
-            if tag == 0xFFFE:  # WAVE_FORMAT_EXTENSIBLE: PCM subformat with 16 valid bits only
-                if size < 40 or int.from_bytes(data[body + 18:body + 20], "little") != 16 or \
-                        int.from_bytes(data[body + 24:body + 26], "little") != 1 or \
-                        bytes(data[body + 26:body + 40]) != _PCM_GUID_TAIL:
+            align = int.from_bytes(data[body + 12:body + 14], "little")
+            bits = int.from_bytes(data[body + 14:body + 16], "little")
+            if tag == 0xFFFE:  # WAVE_FORMAT_EXTENSIBLE: the sub-format GUID says PCM (1) or float (3)
+                if size < 40 or body + 40 > n or bytes(data[body + 26:body + 40]) != _GUID_TAIL:
                     return None
-            elif tag != 1:
+                tag = int.from_bytes(data[body + 24:body + 26], "little")
+            if tag not in (1, 3) or channels < 1 or rate < 1 or bits % 8 or align != bits // 8 * channels:
                 return None
-            if bits != 16 or channels < 1 or rate < 1 or align != 2 * channels:
-                return None
-            fmt = (rate, channels)
+            fmt = (rate, channels, bits, tag == 3)
         elif cid == b"data":
-            if fmt is None or body + size > n:
+            if fmt is None or size in (0, 0xFFFFFFFF):
                 return None
-            return fmt[0], fmt[1], body, size // (2 * fmt[1])
+            limit = n if total_size is None else total_size
+            if body + size > limit:
+                if total_size is None:
+                    return None
+                size = max(0, limit - body)
+            rate, channels, bits, is_float = fmt
+            return WavLayout(rate, channels, bits, is_float, body, size // (bits // 8 * channels))
         pos = body + size + (size & 1)
+    return None
+
+
+def flac_streaminfo(data: bytes) -> tuple[int, int, int] | None:
+    """``(sample_rate Hz, channels, num_samples)`` from a FLAC STREAMINFO block, or None.
+
+    STREAMINFO is always the first metadata block: from byte 18, 20 bits of rate, 3 of
+    channels - 1, 5 of bits - 1 and 36 of total samples (0: unknown, so None).
+    """
+    if data[:4] != b"fLaC" or len(data) < 42 or data[4] & 0x7F != 0:
+        return None
+    packed = int.from_bytes(data[18:26], "big")
+    rate, channels, total = packed >> 44, ((packed >> 41) & 0x7) + 1, packed & ((1 << 36) - 1)
+    return (rate, channels, total) if rate and total else None
+
+
+def header_info(head: bytes, total_size: int) -> AudioInfo | None:
+    """AudioInfo of a WAV or FLAC from its first bytes and the file size; None: ask soundfile."""
+    wav = wav_layout(head, total_size)
+    if wav is not None:
+        return AudioInfo(wav.sample_rate, wav.num_frames, wav.channels, "wav")
+    flac = flac_streaminfo(head)
+    if flac is not None:
+        return AudioInfo(flac[0], flac[2], flac[1], "flac")
     return None
 
 
@@ -159,9 +208,10 @@ def decode_bytes(data: bytes, *, where: str = "<bytes>", start: int = 0, stop: i
     other format, and any WAV this parser does not take, is decoded by soundfile.
     """
     if dtype == "float32":
-        layout = _pcm16_layout(data)
-        if layout is not None:
-            rate, channels, offset, frames = layout
+        layout = wav_layout(data)
+        if layout is not None and layout.bits == 16 and not layout.is_float:
+            rate, channels, offset, frames = (layout.sample_rate, layout.channels, layout.data_offset,
+                                              layout.num_frames)
             if start <= frames:
                 last = frames if stop is None else max(start, min(frames, stop))
                 pcm = np.frombuffer(data, dtype="<i2", count=(last - start) * channels,

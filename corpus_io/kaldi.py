@@ -19,7 +19,7 @@ import re
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -88,7 +88,9 @@ def _find_key_lines(path: str, key: str, limit: int = 2) -> list[int]:
     return found
 
 
-def _raise_if_duplicates(path: str, hashes: np.ndarray) -> None:
+def raise_if_duplicates(path: str, hashes: Any) -> None:
+    """Raise a DataError naming both lines of a repeated key, given the keys' :func:`key_hash` values."""
+    hashes = np.asarray(hashes, dtype=np.int64)
     order = np.sort(hashes, kind="stable")
     dup = np.nonzero(order[1:] == order[:-1])[0]
     for i in dup[:8]:
@@ -107,7 +109,7 @@ def check_unique_keys(path: str | os.PathLike) -> int:
     hashes = array("q")
     for line in iter_table(path, allow_empty_value=True):
         hashes.append(key_hash(line.key))
-    _raise_if_duplicates(str(path), np.frombuffer(hashes, dtype=np.int64))
+    raise_if_duplicates(str(path), np.frombuffer(hashes, dtype=np.int64))
     return len(hashes)
 
 
@@ -138,39 +140,55 @@ class KeyedTable:
                 offset += len(raw)
         h = np.frombuffer(hashes, dtype=np.int64)
         pairs = np.frombuffer(offsets, dtype=np.int64).reshape(-1, 2)
-        _raise_if_duplicates(self.path, h)
+        raise_if_duplicates(self.path, h)
         order = np.argsort(h, kind="stable")
         self._hashes = h[order]
         self._offsets = pairs[order, 0].copy()
         self._linenos = pairs[order, 1].copy()
         self._used = np.zeros(len(self._hashes), dtype=bool)
         self._file = open(self.path, "rb")
+        self._pid = os.getpid()
 
     def __len__(self) -> int:
         return len(self._hashes)
 
-    def _slot(self, key: str) -> int:
+    def _lookup(self, key: str) -> tuple[int, str | None]:
+        """``(slot, value)`` of ``key``, ``(-1, None)`` when absent; reads and parses one line."""
+        if self._pid != os.getpid():  # a forked worker: a shared file offset would race
+            self._file = open(self.path, "rb")
+            self._pid = os.getpid()
         h = key_hash(key)
         i = int(np.searchsorted(self._hashes, h))
         while i < len(self._hashes) and self._hashes[i] == h:
             self._file.seek(int(self._offsets[i]))
             parsed = parse_line(self._file.readline(), self.path, int(self._linenos[i]))
             if parsed and parsed[0] == key:
-                return i
+                return i, parsed[1]
             i += 1
-        return -1
+        return -1, None
 
     def get(self, key: str) -> str | None:
-        i = self._slot(key)
-        if i < 0:
-            return None
-        self._used[i] = True
-        self._file.seek(int(self._offsets[i]))
-        parsed = parse_line(self._file.readline(), self.path, int(self._linenos[i]))
-        return parsed[1] if parsed else None
+        i, value = self._lookup(key)
+        if i >= 0:
+            self._used[i] = True
+        return value
+
+    def mark_present(self, key: str) -> bool:
+        """Whether ``key`` is in the table, by its hash alone (no file read); marks it used.
+
+        A 64-bit hash collision could only make a missing key look present; :meth:`get` still
+        checks the key itself, so that case surfaces later as a missing value, never a wrong one.
+        """
+        h = key_hash(key)
+        i = int(np.searchsorted(self._hashes, h))
+        found = False
+        while i < len(self._hashes) and self._hashes[i] == h:
+            self._used[i] = found = True
+            i += 1
+        return found
 
     def __contains__(self, key: str) -> bool:
-        return self._slot(key) >= 0
+        return self._lookup(key)[0] >= 0
 
     def num_unused(self) -> int:
         return int((~self._used).sum())

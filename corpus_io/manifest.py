@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -79,7 +80,9 @@ def _is_audio_field(name: str, path: str) -> bool:
 @dataclass
 class _Task:
     key: str
-    values: dict[str, str]
+    values: dict[str, str]  # the driving table's own value, if it is one of the fields
+    lookups: dict[str, str]  # field -> the key it is looked up by in that field's KeyedTable
+    names: tuple[str, ...]  # output field order
     audio_fields: tuple[str, ...]
     where: str
     segment: tuple[float, float] | None = None
@@ -90,15 +93,27 @@ class _Task:
 @dataclass
 class _Result:
     key: str
-    record: dict | None
+    line: str | None  # the JSONL line, None when skipped
     seconds: float = 0.0
-    error: str | None = None
+    error: str | None = None  # unreadable audio; None with line None: a key missing from a table
+
+
+# The joined tables, set by scp2jsonl before its worker processes fork: workers do the lookups
+# (each reopens the table files), so the main process only streams keys and writes lines.
+_KEYED: dict[str, kaldi.KeyedTable] = {}
 
 
 def _probe_task(task: _Task) -> _Result:
+    values = dict(task.values)
+    for name, lookup in task.lookups.items():
+        value = _KEYED[name].get(lookup)
+        if value is None:
+            return _Result(task.key, None)
+        values[name] = value
     record: dict[str, Any] = {"key": task.key}
     seconds = 0.0
-    for name, value in task.values.items():
+    for name in task.names:
+        value = values[name]
         if name in task.audio_fields:
             try:
                 info = audio.probe(value, allow_pipe=task.allow_pipe, storage_options=task.storage_options)
@@ -121,7 +136,7 @@ def _probe_task(task: _Task) -> _Result:
         else:
             record[name] = value
             record[f"{name}_len"] = target_len(value)
-    return _Result(task.key, record, seconds)
+    return _Result(task.key, json.dumps(record, ensure_ascii=False) + "\n", seconds)
 
 
 def _check_lists(cfg: Any) -> None:
@@ -166,30 +181,31 @@ def scp2jsonl(cfg: Any) -> Summary:
         keyed = {n: kaldi.KeyedTable(p) for n, p in zip(names[1:], paths[1:])}
         recording_fields = set()
     summary = Summary()
-    total = kaldi.check_unique_keys(driver_path)
 
-    def driver() -> Iterator[tuple[str, str, str, dict[str, str | None], tuple[float, float] | None]]:
+    def driver_keys() -> Iterator[tuple[str, dict[str, str]]]:
+        """Each utterance key and the key it is looked up by in every other table."""
         if cfg.segments:
             for seg in kaldi.iter_segments(driver_path):
-                values = {n: (t.get(seg.recording) if n in recording_fields else t.get(seg.key))
-                          for n, t in keyed.items()}
-                yield seg.key, seg.where, driver_path, values, (seg.start, seg.end)
+                yield seg.key, {n: (seg.recording if n in recording_fields else seg.key) for n in keyed}
         else:
             for line in kaldi.iter_table(driver_path):
-                values = {names[0]: line.value}
-                values.update({n: t.get(line.key) for n, t in keyed.items()})
-                yield line.key, line.where, driver_path, values, None
+                yield line.key, {n: line.key for n in keyed}
 
-    # Pass 1 (cheap): every key present in every table?
+    # Pass 1 (cheap, hashes only): unique keys, and every key present in every table?
     missing: dict[str, list[str]] = {}
     missing_counts: dict[str, int] = {}
-    for key, _where, _, values, _seg in driver():
-        for n, v in values.items():
-            if v is None:
+    hashes = array("q")
+    for key, lookups in driver_keys():
+        hashes.append(kaldi.key_hash(key))
+        for n, lookup in lookups.items():
+            if not keyed[n].mark_present(lookup):
                 where = keyed[n].path
                 missing_counts[where] = missing_counts.get(where, 0) + 1
                 if len(missing.setdefault(where, [])) < 10:
                     missing[where].append(key)
+    kaldi.raise_if_duplicates(driver_path, hashes)
+    total = len(hashes)
+    del hashes
     extra = {t.path: t.unused_keys(10) for t in keyed.values() if t.num_unused()} if not cfg.segments else {}
     extra_counts = {t.path: t.num_unused() for t in keyed.values() if t.num_unused()} if not cfg.segments else {}
     if cfg.on_missing == "error" and (missing or extra):
@@ -204,24 +220,35 @@ def scp2jsonl(cfg: Any) -> Summary:
         summary.skip(f"only in {Path(where).name}", n)
 
     def tasks() -> Iterator[_Task]:
-        for key, where, _, values, seg in driver():
-            if any(v is None for v in values.values()):
-                continue
-            ordered = {n: values[n] for n in names}
-            yield _Task(key, ordered, audio_fields, where, seg, cfg.allow_pipe, dict(cfg.storage_options))
+        if cfg.segments:
+            for seg in kaldi.iter_segments(driver_path):
+                lookups = {n: (seg.recording if n in recording_fields else seg.key) for n in keyed}
+                yield _Task(seg.key, {}, lookups, tuple(names), audio_fields, seg.where, (seg.start, seg.end),
+                            cfg.allow_pipe, dict(cfg.storage_options))
+        else:
+            for line in kaldi.iter_table(driver_path):
+                yield _Task(line.key, {names[0]: line.value}, {n: line.key for n in keyed}, tuple(names),
+                            audio_fields, line.where, None, cfg.allow_pipe, dict(cfg.storage_options))
 
     workers = resolve_num_workers(cfg.num_workers)
-    with atomic_write(cfg.jsonl_file_out) as out:
-        results = parallel_imap(_probe_task, tasks(), num_workers=workers, chunksize=256)
-        for result in progress(results, total=total, desc="scp2jsonl", unit="utt"):
-            if result.record is None:
-                if cfg.on_missing == "error":
-                    raise DataError(f"{result.error} Fix or remove the entry, or pass ++on_missing=skip.")
-                summary.skip("unreadable audio")
-                continue
-            out.write(json.dumps(result.record, ensure_ascii=False) + "\n")
-            summary.kept += 1
-            summary.seconds += result.seconds
+    _KEYED.clear()
+    _KEYED.update(keyed)
+    try:
+        with atomic_write(cfg.jsonl_file_out) as out:
+            results = parallel_imap(_probe_task, tasks(), num_workers=workers, chunksize=256)
+            for result in progress(results, total=total, desc="scp2jsonl", unit="utt"):
+                if result.line is None:
+                    if result.error is None:
+                        continue  # missing from a table: counted (or refused) by pass 1
+                    if cfg.on_missing == "error":
+                        raise DataError(f"{result.error} Fix or remove the entry, or pass ++on_missing=skip.")
+                    summary.skip("unreadable audio")
+                    continue
+                out.write(result.line)
+                summary.kept += 1
+                summary.seconds += result.seconds
+    finally:
+        _KEYED.clear()
     for t in keyed.values():
         t.close()
     summary.print("scp2jsonl")

@@ -14,6 +14,12 @@ from corpus_io import audio
 from corpus_io.errors import DataError
 
 
+def _fast_path_takes(data: bytes) -> bool:
+    """decode_bytes converts these with numpy instead of soundfile: whole 16-bit PCM WAVs."""
+    layout = audio.wav_layout(data)
+    return layout is not None and layout.bits == 16 and not layout.is_float
+
+
 def _real_wavs(fixture_corpus: Path) -> list[Path]:
     paths = sorted((fixture_corpus / "wav").glob("*.wav"))
     assert {sf.info(p).samplerate for p in paths} >= {8000, 16000, 44100}
@@ -54,7 +60,7 @@ def _with_odd_chunks(data: bytes) -> bytes:
 def test_pcm16_wav_fast_path_matches_soundfile_on_real_8_16_44k_mono(fixture_corpus):
     for path in _real_wavs(fixture_corpus):
         data = path.read_bytes()
-        assert audio._pcm16_layout(data) is not None, path  # the fast path is the one tested
+        assert _fast_path_takes(data), path  # the fast path is the one tested
         wave = _same(data)
         assert wave.ndim == 1 and wave.flags.writeable
 
@@ -68,7 +74,7 @@ def test_pcm16_wav_fast_path_matches_soundfile_on_stereo_odd_chunks_and_wavex(fi
         wave, rate = sf.read(path, dtype="int16")
         buf = io.BytesIO()
         sf.write(buf, wave, rate, format="WAVEX", subtype="PCM_16")
-        assert audio._pcm16_layout(buf.getvalue()) is not None
+        assert _fast_path_takes(buf.getvalue())
         _same(buf.getvalue())
 
 
@@ -86,16 +92,45 @@ def test_other_formats_go_to_soundfile(fixture_corpus):
     for fmt, subtype in (("WAV", "PCM_24"), ("WAV", "FLOAT"), ("WAV", "PCM_U8"), ("FLAC", "PCM_16")):
         buf = io.BytesIO()
         sf.write(buf, wave, rate, format=fmt, subtype=subtype)
-        assert audio._pcm16_layout(buf.getvalue()) is None
+        assert not _fast_path_takes(buf.getvalue())
         _same(buf.getvalue())
     flac = next((fixture_corpus / "wav").glob("*.flac")).read_bytes()
-    assert audio._pcm16_layout(flac) is None
+    assert not _fast_path_takes(flac)
     _same(flac)
 
 
 def test_truncated_or_broken_wav_is_not_taken_by_the_fast_path(fixture_corpus):
     data = _real_wavs(fixture_corpus)[0].read_bytes()
-    assert audio._pcm16_layout(data[:1000]) is None  # the data chunk overruns: soundfile decides
-    assert audio._pcm16_layout(data[:30]) is None
+    assert not _fast_path_takes(data[:1000])  # the data chunk overruns: soundfile decides
+    assert not _fast_path_takes(data[:30])
     with pytest.raises(DataError, match="cannot decode audio"):
         audio.decode_bytes(b"RIFF\0\0\0\0WAVEjunk" * 4, where="x")
+
+
+def _written(tmp_path: Path, name: str, subtype: str, fmt: str = "WAV", channels: int = 1) -> Path:
+    rng = np.random.default_rng(0)
+    path = tmp_path / name
+    sf.write(path, rng.uniform(-0.5, 0.5, (12345, channels)).astype(np.float32), 22050, format=fmt, subtype=subtype)
+    return path
+
+
+def test_header_probe_matches_soundfile_on_every_fixture_file_from_the_head_only(fixture_corpus, tmp_path):
+    paths = sorted((fixture_corpus / "wav").iterdir()) + [
+        _written(tmp_path, "a24.wav", "PCM_24"), _written(tmp_path, "f32.wav", "FLOAT", channels=2),
+        _written(tmp_path, "b.flac", "PCM_16", fmt="FLAC", channels=2)]
+    odd = tmp_path / "odd.wav"
+    odd.write_bytes(_with_odd_chunks(paths[0].read_bytes()))
+    for path in [*paths, odd]:
+        ref = sf.info(str(path))
+        data = path.read_bytes()
+        info = audio.header_info(data[:4096], len(data))
+        assert info is not None, path
+        assert (info.sample_rate, info.num_samples, info.channels) == (ref.samplerate, ref.frames, ref.channels)
+        assert audio.probe(str(path)) == info
+
+
+def test_header_probe_falls_back_to_soundfile_for_other_formats(tmp_path):
+    ogg = _written(tmp_path, "a.ogg", "VORBIS", fmt="OGG")
+    assert audio.header_info(ogg.read_bytes(), ogg.stat().st_size) is None
+    info = audio.probe(str(ogg))
+    assert info.sample_rate == 22050 and info.format == "ogg"

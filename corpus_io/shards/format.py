@@ -9,7 +9,6 @@ safe by :func:`safe_member_name` (reversible percent-encoding, no dots, no slash
 from __future__ import annotations
 
 import re
-import struct
 from urllib.parse import unquote
 
 from corpus_io.audio import AUDIO_EXTENSIONS
@@ -89,42 +88,3 @@ def sniff_audio_format(data: bytes) -> str | None:
     if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and (data[1] & 0xE0) == 0xE0):
         return "mp3"
     return None
-
-
-def wav_header_info(data: bytes) -> tuple[int, int] | None:
-    """``(sample_rate Hz, num_samples)`` of a little-endian PCM/float WAV from its header, or None.
-
-    Pure Python and O(header): the keep-format fast path, so packing never decodes WAV.
-    Returns None for anything unusual (RIFX, a data size of 0/0xFFFFFFFF from a pipe, ...);
-    the caller then falls back to soundfile.
-    """
-    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        return None
-    pos, rate, block_align = 12, 0, 0
-    end = len(data)
-    while pos + 8 <= end:
-        chunk_id = data[pos:pos + 4]
-        (size,) = struct.unpack_from("<I", data, pos + 4)
-        if chunk_id == b"fmt " and pos + 24 <= end:
-            _, _, rate, _, block_align = struct.unpack_from("<HHIIH", data, pos + 8)
-        elif chunk_id == b"data":
-            if not rate or not block_align or size in (0, 0xFFFFFFFF):
-                return None
-            size = min(size, end - pos - 8)
-            return rate, size // block_align
-        pos += 8 + size + (size & 1)
-    return None
-
-
-def flac_header_info(data: bytes) -> tuple[int, int] | None:
-    """``(sample_rate Hz, num_samples)`` from a FLAC STREAMINFO block, or None (unknown length, not FLAC).
-
-    STREAMINFO is always the first metadata block: 20-bit rate and 36-bit total samples packed
-    from byte 18 of the file.
-    """
-    if data[:4] != b"fLaC" or len(data) < 42 or data[4] & 0x7F != 0:
-        return None
-    packed = int.from_bytes(data[18:26], "big")
-    rate = packed >> 44
-    total = packed & ((1 << 36) - 1)
-    return (rate, total) if rate and total else None

@@ -155,15 +155,16 @@ def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[st
     segment = "start" in record
     if opts.audio_format == "keep" and opts.resample is None and not segment:
         # Header parsing in pure Python: soundfile's probe costs ~0.3 ms per file, as much as the write.
-        header = fmt.wav_header_info(data) if orig == "wav" else fmt.flac_header_info(data) if orig == "flac" else None
-        if header is None:
+        info = audio.header_info(data, len(data))
+        if info is None:
             import soundfile as sf
 
             try:
-                info = sf.info(io.BytesIO(data))
+                sfi = sf.info(io.BytesIO(data))
             except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
                 raise DataError(f"{source}: not a readable audio file ({exc})") from None
-            header = (int(info.samplerate), int(info.frames))
+            info = audio.AudioInfo(int(sfi.samplerate), int(sfi.frames), int(sfi.channels), orig)
+        header = (info.sample_rate, info.num_samples)
         rate, n = header
         out_ext, out = orig, data
     else:

@@ -8,7 +8,7 @@ import tarfile
 import pytest
 
 from corpus_io.errors import DataError
-from corpus_io.shards.format import key_from_member_name, safe_member_name, split_member, wav_header_info
+from corpus_io.shards.format import key_from_member_name, safe_member_name, split_member
 from corpus_io.shards.writer import ShardWriter
 
 
@@ -63,11 +63,3 @@ def test_writer_removes_temp_file_on_error(tmp_path):
         w.add("k.txt", b"x")
         raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
-
-
-def test_wav_header_info_matches_soundfile(fixture_corpus):
-    import soundfile as sf
-
-    for path in sorted((fixture_corpus / "wav").glob("*.wav"))[:3]:
-        info = sf.info(str(path))
-        assert wav_header_info(path.read_bytes()) == (info.samplerate, info.frames)
