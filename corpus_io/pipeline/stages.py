@@ -360,13 +360,19 @@ def spec_trim(samples: Iterable[dict], *, max_t: int = 20, rng: random.Random,
 
 
 def tokenize(samples: Iterable[dict], *, tokenizer: Any, counts: Counter | None = None) -> Iterator[dict]:
-    """``tokens`` = ``tokenizer.encode(txt)`` (a :class:`corpus_io.tokenizer.Tokenizer`)."""
+    """``tokens`` = ``tokenizer.encode(txt)`` (a :class:`corpus_io.tokenizer.Tokenizer`).
+
+    Tokens missing from the token list are counted as ``tokenize.unknown_tokens`` (they become ``<unk>``).
+    """
     for sample in samples:
         text = sample.get("txt")
         if not isinstance(text, str):
             raise DataError(f"{_where(sample)} has no transcript ('txt'). Every utterance of a training list "
                             f"needs one: add its .txt member or 'txt' field.")
+        unknown_before = getattr(tokenizer, "num_unknown", 0)
         sample["tokens"] = tokenizer.encode(text)
+        if counts is not None and getattr(tokenizer, "num_unknown", 0) != unknown_before:
+            counts["tokenize.unknown_tokens"] += tokenizer.num_unknown - unknown_before
         yield sample
 
 

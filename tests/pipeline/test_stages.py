@@ -194,3 +194,16 @@ def test_chain_on_fixture_yields_contract_batches(fixture_corpus, tmp_path):
         worst = int((b["feats_lengths"] + b["target_lengths"]).max())
         assert worst * len(b["keys"]) <= 2000 or len(b["keys"]) == 1
         assert 0 <= b["padding_ratio"] < 1 and b["audio_seconds"] > 0
+
+
+def test_tokenize_counts_tokens_missing_from_the_token_list(tmp_path):
+    from corpus_io.config import TokenizerConf
+    from corpus_io.tokenizer import build_tokenizer
+
+    (tmp_path / "units.txt").write_text("<blank> 0\n<unk> 1\n你 2\n好 3\n<sos/eos> 4\n", encoding="utf-8")
+    tokenizer = build_tokenizer(TokenizerConf(token_list=str(tmp_path / "units.txt")))
+    counts: Counter = Counter()
+    out = list(stages.tokenize([{"key": "a", "txt": "你好"}, {"key": "b", "txt": "你坏 hello"}],
+                               tokenizer=tokenizer, counts=counts))
+    assert out[0]["tokens"] == [2, 3] and out[1]["tokens"] == [2, 1, 1]
+    assert counts["tokenize.unknown_tokens"] == 2
