@@ -4,7 +4,7 @@ Lengths follow a lognormal fitted to the fixture corpus (durations from file hea
 tokens per second by FunASR's target_len rule), plus a wider one (sigma x 1.7) for corpora
 with more spread. Both chains see the same block-shuffled stream (shuffle_size 1500).
 Targets (issue 4): padding <= 10% with the sort buffer (sort_size 500) and <= 5% with
-bucketing (num_buckets 10) at the same budget.
+bucketing (the default num_buckets) at the same budget.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from corpus_io.batching import batch, bucket_batch, mean_padding_ratio
+from corpus_io.config import DatasetConf
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "corpus"
 
@@ -60,7 +61,8 @@ def _block_sort(samples: list[dict], size: int) -> list[dict]:
     return out
 
 
-def compare(corpus: list[dict], batch_size: int, *, sort_size: int = 500, num_buckets: int = 10) -> tuple[float, float]:
+def compare(corpus: list[dict], batch_size: int, *, sort_size: int = 500,
+            num_buckets: int = DatasetConf().num_buckets) -> tuple[float, float]:
     """(sort-buffer padding, bucketing padding) of the same shuffled stream at one token budget."""
     stream = list(corpus)
     random.Random(1).shuffle(stream)

@@ -111,8 +111,8 @@ def geometric_boundaries(min_cost: float, max_cost: float, num_buckets: int) -> 
 
 
 def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_size: int = 16,
-                 max_batch_size: int = 200, num_buckets: int = 10, boundaries: Sequence[float] | None = None,
-                 warmup: int = 1000, bucket_batches: int = 8, counts: Counter | None = None,
+                 max_batch_size: int = 200, num_buckets: int = 30, boundaries: Sequence[float] | None = None,
+                 warmup: int = 1000, bucket_batches: int = 4, counts: Counter | None = None,
                  lengths: Lengths = sample_lengths) -> Iterator[list[dict]]:
     """Duration bucketing: batches are cut from length buckets, so an utterance is batched with
     utterances of about its own length.

@@ -140,7 +140,8 @@ class DatasetConf:
     sort: bool = opt(True, "sort utterances by length inside a buffer before batching")
     sort_conf: SortConf = opt(factory=SortConf)
     bucketing: bool = opt(False, "batch from duration buckets instead of the sort buffer")
-    num_buckets: int = opt(10, "duration buckets when bucketing=true")
+    num_buckets: int = opt(30, "duration buckets when bucketing=true; memory: up to num_buckets x 4 batches "
+                                   "of samples are held")
     batch_type: str = opt("example", "example: utterances; length: padded frames; token: padded frames+tokens",
                           choices=("example", "length", "token"))
     batch_size: int = opt(16, "example: utterances per batch; length: max(source_len)*n; "
