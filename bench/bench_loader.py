@@ -20,6 +20,7 @@ corpus-io shard mode: ``wds.WebDataset(urls).shuffle(1500).decode(soundfile hand
   difference alone), and the mixed corpus (half 44.1 kHz flac: resampling at load time) vs the
   same corpus packed with ``pack-shards ++resample=16000`` (BENCH_LOADER_MIXED=0 skips them).
 * Raw list of 10M lines: peak RSS of a process that opens it (index build, then cached index).
+* BENCH_LOADER_ONLY=e2e (comma separated among io, e2e, mixed, rss) runs only those sections.
 
 Each variant runs in its own process (peak RSS covers its DataLoader workers). Figures are
 printed side by side from this one run, as ratios.
@@ -46,6 +47,8 @@ N_MIXED = int(os.environ.get("BENCH_LOADER_N_MIXED", 4000))  # utterances per mi
 # a prefetch below the burst the other worker idles (bucketing, 2 workers: 0.50 of the limit at 4, 0.61-0.65 at 16)
 PREFETCH = int(os.environ.get("BENCH_LOADER_PREFETCH", 16))
 WITH_MIXED = os.environ.get("BENCH_LOADER_MIXED", "1") != "0"
+# sections to run (comma separated: io, e2e, mixed, rss); all by default. The summary prints what ran.
+ONLY = set(filter(None, os.environ.get("BENCH_LOADER_ONLY", "io,e2e,mixed,rss").split(",")))
 
 
 def prepare(corpus: Path, here: Path, name: str = "shards", pack_args: tuple = ()) -> tuple[Path, Path]:
@@ -208,17 +211,20 @@ def _fbank_share(share: tuple[int, int]) -> tuple[int, float]:
     from corpus_io.pipeline.stages import fbank_features
 
     torch.set_num_threads(1)
+    frames = 0
     t = time.perf_counter()
     for w in _WAVES[share[0]::share[1]]:
-        fbank_features(w, 16000, num_mel_bins=80)
-    return len(_WAVES[share[0]::share[1]]), time.perf_counter() - t
+        frames += fbank_features(w, 16000, num_mel_bins=80).shape[0]
+    return len(_WAVES[share[0]::share[1]]), time.perf_counter() - t, frames
 
 
 def fbank_limit(spec: dict) -> dict:
     """fbank 80 on in-memory 16 kHz waveforms, in ``workers`` forked processes (the compute ceiling).
 
     The waveforms are decoded (and resampled) before the clock starts and inherited by the fork, so
-    only the fbank calls are timed: wall = from the map call until every process is done."""
+    only the fbank calls are timed: wall = from the map call until every process is done. Audio seconds
+    are counted as the loaders count them (fbank frames * 10 ms), not from the sample counts: those are
+    ~1% more (a 25 ms window in 10 ms steps leaves ~15-25 ms per utterance out of the frames)."""
     import multiprocessing as mp
 
     import torch
@@ -227,13 +233,11 @@ def fbank_limit(spec: dict) -> dict:
     from corpus_io.pipeline.stages import resample_wav
     from corpus_io.shards.reader import read_shard
 
-    seconds = 0.0
     for url in open(spec["list"]).read().split():
         for sample in read_shard(url):
             w, rate = audio.decode_bytes(sample["audio"])
             wav = resample_wav(torch.from_numpy(audio.to_mono(w)).unsqueeze(0), rate, 16000)
             _WAVES.append(wav)
-            seconds += wav.shape[1] / 16000
     procs = max(1, spec["workers"])
     ctx = mp.get_context("fork")
     with ctx.Pool(procs) as pool:
@@ -242,6 +246,7 @@ def fbank_limit(spec: dict) -> dict:
         done = pool.map(_fbank_share, [(i, procs) for i in range(procs)], chunksize=1)
         wall = time.perf_counter() - start
     n = sum(d[0] for d in done)
+    seconds = sum(d[2] for d in done) * 0.01  # frames * frame shift, as child() counts a loader's batches
     return {"utts": n, "seconds": seconds, "wall": wall, "padding": 0.0}
 
 
@@ -309,24 +314,26 @@ def main() -> None:
         print(fmt(name, results[key]), flush=True)
 
     print(f"16 kHz wav corpus ({corpus}), shards of 1000, audio_format=keep", flush=True)
-    print(f"IO only (read + decode, batch 16, padded), {N_IO} utterances per run", flush=True)
-    for cache in ("cold", "warm"):
+    if "io" in ONLY:
+        print(f"IO only (read + decode, batch 16, padded), {N_IO} utterances per run", flush=True)
+    for cache in ("cold", "warm") if "io" in ONLY else ():
         for nw in (1, 2):
             for mode, lst in (("corpus-io", shards_io), ("webdataset", shards_io), ("raw", raw_io)):
                 run(("io", cache, nw, mode), f"{mode} {cache} workers={nw}", spec(mode, lst, nw, False),
                     cold=cache == "cold")
             run(("io", cache, nw, "wds-fast"), f"webdataset+fast wav {cache} workers={nw}",
                 spec("webdataset", shards_io, nw, False, decoder="fast"), cold=cache == "cold")
-    print(f"End to end (decode + fbank 80 + shuffle + sort + batch + pad), warm, {N_E2E} utterances per run",
-          flush=True)
-    for nw in (1, 2):
+    if "e2e" in ONLY:
+        print(f"End to end (decode + fbank 80 + shuffle + sort + batch + pad), warm, {N_E2E} utterances per run",
+              flush=True)
+    for nw in (1, 2) if "e2e" in ONLY else ():
         run(("limit", nw), f"fbank-only limit processes={nw}", spec("fbank_only", shards_e2e, nw, True))
         for mode, lst in (("corpus-io", shards_e2e), ("webdataset", shards_e2e), ("raw", raw_e2e)):
             run(("e2e", nw, mode), f"{mode} workers={nw}", spec(mode, lst, nw, True))
         run(("e2e", nw, "bucket"), f"corpus-io bucketing workers={nw}",
             spec("corpus-io", shards_e2e, nw, True, bucketing=True))
 
-    if WITH_MIXED:
+    if WITH_MIXED and "mixed" in ONLY:
         mixed = _head_corpus(real_corpus(20000), MIXED / f"corpus{N_MIXED}", N_MIXED)
         m_io, _ = prepare(mixed, MIXED, f"shards{N_MIXED}_keep")
         r_io, _ = prepare(mixed, MIXED, f"shards{N_MIXED}_resampled16k", ("++resample=16000",))
@@ -338,14 +345,14 @@ def main() -> None:
 
     big = MIXED / "raw10M.list"  # shared with earlier runs (1 GB)
     big.parent.mkdir(parents=True, exist_ok=True)
-    if not big.exists():
+    if not big.exists() and "rss" in ONLY:
         line = '{"key": "utt%08d", "wav": "/data/corpus/wav/utt%08d.wav", "txt": "one two three four five"}\n'
         with open(str(big) + ".tmp", "w") as f:
             for s in range(0, 10_000_000, 200_000):
                 f.write("".join(line % (i, i) for i in range(s, s + 200_000)))
         os.replace(str(big) + ".tmp", big)
     rss = {}
-    for phase in ("build index", "cached index"):
+    for phase in ("build index", "cached index") if "rss" in ONLY else ():
         if phase == "build index":
             Path(str(big) + ".idx").unlink(missing_ok=True)
         wall, peak, r = run_measured([sys.executable, "-m", "bench.bench_loader", "--raw-rss", str(big)],
@@ -356,20 +363,20 @@ def main() -> None:
         return rate_of(results[key])
 
     print("\nSummary (ratios of audio-seconds/s measured above)")
-    for cache in ("cold", "warm"):
+    for cache in ("cold", "warm") if "io" in ONLY else ():
         for nw in (1, 2):
             s, w, r, f = (rate(("io", cache, nw, m)) for m in ("corpus-io", "webdataset", "raw", "wds-fast"))
             print(f"  IO only {cache} workers={nw}: shard / WebDataset = {s / w:.2f} (target >= 1.5), "
                   f"shard / raw = {s / r:.2f} (target >= 2); shard / WebDataset+fast wav = {s / f:.2f}")
-    for nw in (1, 2):
+    for nw in (1, 2) if "e2e" in ONLY else ():
         s, lim, w, r, b = (rate(k) for k in (("e2e", nw, "corpus-io"), ("limit", nw), ("e2e", nw, "webdataset"),
                                              ("e2e", nw, "raw"), ("e2e", nw, "bucket")))
         print(f"  end to end workers={nw}: shard / fbank-only limit = {s / lim:.2f} (target >= 0.90), "
               f"bucketing / limit = {b / lim:.2f}, shard / WebDataset = {s / w:.2f}, shard / raw = {s / r:.2f}")
-    for nw in (1, 2):
+    for nw in (1, 2) if "e2e" in ONLY else ():
         print(f"  padding workers={nw}: sort buffer {100 * results[('e2e', nw, 'corpus-io')]['padding']:.1f}% "
               f"(target <= 10%), bucketing {100 * results[('e2e', nw, 'bucket')]['padding']:.1f}% (target <= 5%)")
-    if WITH_MIXED:
+    if WITH_MIXED and "mixed" in ONLY:
         print(f"  mixed corpus IO warm workers=1: packed at 16 kHz / resampled at load = "
               f"{rate(('mixed', 'pack')) / rate(('mixed', 'load')):.2f}, shard / WebDataset = "
               f"{rate(('mixed', 'load')) / rate(('mixed', 'wds')):.2f}")
