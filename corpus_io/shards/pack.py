@@ -449,8 +449,12 @@ def _source_len(record: dict, opts: PackOptions) -> int:
 
 
 def _clean_temp_files(out_dir: Path, prefix: str) -> None:
-    """Remove temp files a killed run left behind (``.<prefix>-NNNNNN.tar.tmp-<pid>``)."""
-    pattern = re.compile(rf"\.{re.escape(prefix)}-\d{{6}}\.tar(\.json)?\.tmp-\d+")
+    """Remove temp files a killed run left behind.
+
+    Shards: ``.<prefix>-NNNNNN.tar.tmp-<pid>``; sidecars (themselves hidden, so two dots):
+    ``..<prefix>-NNNNNN.tar.json.tmp-<pid>``.
+    """
+    pattern = re.compile(rf"\.\.?{re.escape(prefix)}-\d{{6}}\.tar(\.json)?\.tmp-\d+")
     for entry in os.scandir(out_dir):
         if pattern.fullmatch(entry.name):
             os.unlink(entry.path)

@@ -221,3 +221,15 @@ def test_rerun_redoes_a_damaged_shard(tmp_path, fixture_jsonl):
     summary = pack_shards(_cfg(fixture_jsonl, tmp_path / "out"))
     assert summary.extra["resumed"] == 2
     assert _tree_bytes(tmp_path / "out") == before
+
+
+def test_rerun_removes_temp_files_of_a_killed_run(tmp_path, fixture_jsonl):
+    out = tmp_path / "out"
+    pack_shards(_cfg(fixture_jsonl, out))
+    before = _tree_bytes(out)
+    stale = [out / ".shard-000001.tar.tmp-4242", out / "..shard-000001.tar.json.tmp-4242"]
+    for path in stale:  # what kill -9 leaves when it lands inside a shard or a sidecar write
+        path.write_bytes(b"partial")
+    pack_shards(_cfg(fixture_jsonl, out))
+    assert not any(p.exists() for p in stale)
+    assert _tree_bytes(out) == before
