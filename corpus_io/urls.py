@@ -13,18 +13,16 @@ import io
 import os
 import shlex
 import subprocess
-import time
-from typing import IO, Any, Callable, TypeVar
+from typing import IO, Any
 
 from corpus_io.errors import DataError
 
 REMOTE_SCHEMES = ("http://", "https://", "s3://", "gs://", "oss://")
-T = TypeVar("T")
 
 
 class RemoteNotFoundError(DataError):
     """A remote URL could not be opened. HTTP servers under load answer 5xx and fsspec reports those as
-    "not found" too, so loaders retry this one (``with_retries`` and the shard reader do)."""
+    "not found" too, so loaders retry this one (``corpus_io.pipeline.read`` does)."""
 
     transient = True
 
@@ -137,26 +135,3 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
 def read_url(url: str, **kwargs: Any) -> bytes:
     with open_url(url, **kwargs) as f:
         return f.read()
-
-
-def with_retries(fn: Callable[[], T], *, retries: int, backoff_s: float, what: str) -> T:
-    """Call ``fn``; retry transient errors (OSError, timeouts) with exponential backoff.
-
-    A :class:`DataError` (a missing file, a bad command) is raised at once, except a remote
-    :class:`RemoteNotFoundError` (servers answering 5xx look the same to fsspec), which is retried.
-    """
-    delay = backoff_s
-    for attempt in range(1, max(1, retries) + 1):
-        try:
-            return fn()
-        except DataError as exc:
-            if not getattr(exc, "transient", False) or attempt >= retries:
-                raise
-            time.sleep(delay)
-            delay *= 2
-        except (OSError, TimeoutError) as exc:
-            if attempt >= retries:
-                raise DataError(f"{what}: failed after {attempt} attempts: {exc}") from None
-            time.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
