@@ -18,7 +18,6 @@ import os
 import re
 from array import array
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -267,12 +266,3 @@ def read_feats(value: str):
         return kaldiio.load_mat(value)
     except Exception as exc:  # kaldiio raises many types for a bad ark
         raise DataError(f"cannot read features '{value}': {exc}. Check the ark file and offset.") from None
-
-
-def iter_feats_scp(path: str | os.PathLike) -> Iterator[TableLine]:
-    """Stream feats.scp lines; load each matrix with :func:`read_feats`."""
-    yield from iter_table(path)
-
-
-def table_path(data_dir: str | os.PathLike, name: str) -> Path:
-    return Path(data_dir) / name

@@ -91,6 +91,6 @@ def test_feats_scp_reads_kaldi_ark_offsets(tmp_path):
     mat = np.arange(12, dtype=np.float32).reshape(3, 4)
     with kaldiio.WriteHelper(f"ark,scp:{tmp_path}/feats.ark,{tmp_path}/feats.scp") as writer:
         writer("utt1", mat)
-    (line,) = kaldi.iter_feats_scp(tmp_path / "feats.scp")
+    (line,) = kaldi.iter_table(tmp_path / "feats.scp")
     assert line.key == "utt1" and ".ark:" in line.value
     np.testing.assert_array_equal(kaldi.read_feats(line.value), mat)
