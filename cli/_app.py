@@ -6,6 +6,8 @@ module turns that into a typer command and a standalone console script.
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 from typing import Any, Callable, Optional
 
@@ -37,7 +39,12 @@ def keys_table(schema: type) -> str:
 
 
 def run_with_errors(fn: Callable[[], Any]) -> None:
-    """Run ``fn``; a user error becomes one paragraph on stderr and a non-zero exit."""
+    """Run ``fn``; a user error becomes one paragraph on stderr and a non-zero exit.
+
+    A stuck run can be asked where it is: ``kill -USR1 <pid>`` prints every thread's stack to stderr
+    (DataLoader workers forked from it inherit this).
+    """
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         fn()
     except CorpusIOError as exc:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,12 +31,38 @@ def fixture_corpus() -> Path:
     return FIXTURE
 
 
+def run_bounded(cmd: list[str], timeout: float, env: dict | None = None,
+                cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+    """subprocess.run in its own process group. On timeout the whole tree (torchrun, its ranks, their
+    DataLoader workers) first prints every Python thread's stack (SIGUSR1: faulthandler, see cli/_app.py),
+    then is killed, and the test fails with those stacks, so a hang in CI says where it hung and leaves
+    no orphan behind to disturb later tests."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=cwd or REPO, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGUSR1)
+        time.sleep(3)
+        _signal_group(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd[:3]))} ... hung for {timeout:.0f} s; its stacks and output:\n"
+                    f"--- stderr (tail) ---\n{err[-20000:]}\n--- stdout (tail) ---\n{out[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def run_cli(*args: str, timeout: float = 300, env: dict | None = None, cwd: str | os.PathLike | None = None):
     """Run a console script from the venv; returns CompletedProcess with text output."""
     exe = args[0] if os.path.isabs(args[0]) else str(BIN / args[0])
     full_env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1", **(env or {}))
-    return subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=timeout, env=full_env,
-                          cwd=cwd or REPO)
+    return run_bounded([exe, *args[1:]], timeout, env=full_env, cwd=cwd)
 
 
 def free_port() -> int:

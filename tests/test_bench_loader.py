@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, REPO, assert_user_error, free_port, run_cli
+from tests.conftest import BIN, REPO, assert_user_error, free_port, run_bounded, run_cli
 from tests.loader_data import env_no_threads, make_shards, token_list
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ def torchrun(data_list: Path, tokens: str, dump: Path) -> subprocess.CompletedPr
     cmd = [str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}", "--no-python",
            str(BIN / "corpus-io"), "bench-loader",
            *overrides(data_list, tokens, f"++dump_keys={dump}", "++epochs=2", "++dataset_conf.num_workers=2")]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env_no_threads())
+    result = run_bounded(cmd, 240, env=env_no_threads())
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 

@@ -88,9 +88,8 @@ def test_all_ranks_have_data_without_distributed_is_the_local_flag():
 
 
 def test_all_ranks_have_data_under_torchrun_is_false_when_any_rank_ran_out(tmp_path):
-    import subprocess
 
-    from tests.conftest import BIN, REPO, free_port
+    from tests.conftest import BIN, free_port, run_bounded
 
     script = tmp_path / "stop_together.py"
     script.write_text(
@@ -102,9 +101,8 @@ def test_all_ranks_have_data_under_torchrun_is_false_when_any_rank_ran_out(tmp_p
         "flags = (all_ranks_have_data(True), all_ranks_have_data(r == 0))\n"
         "open(sys.argv[1] + f'.rank{r}', 'w').write(f'{flags[0]} {flags[1]}')\n"
         "dist.destroy_process_group()\n")
-    result = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}",
-                             str(script), str(tmp_path / "flags")], capture_output=True, text=True, timeout=120,
-                            cwd=REPO)
+    result = run_bounded([str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}",
+                          str(script), str(tmp_path / "flags")], 120)
     assert result.returncode == 0, result.stderr
     # each rank writes its own file: stdout of two ranks interleaves
     assert [(tmp_path / f"flags.rank{r}").read_text() for r in (0, 1)] == ["True False", "True False"]

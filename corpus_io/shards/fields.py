@@ -25,7 +25,6 @@ import io
 import json
 import os
 import re
-import tarfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,55 +137,23 @@ def _iter_jsonl_gz(url: str, storage_options: dict | None) -> Iterator[dict]:
 
 def iter_main_without_audio(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
                             max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES) -> Iterator[dict]:
-    """Samples ``{key, txt, meta, __url__, __pos__}`` of a main shard, never reading an audio payload.
+    """Samples ``{key, txt, meta, __url__, __pos__}`` of a main shard, never buffering an audio payload.
 
     A local shard is read with seeks, so audio bytes are not read at all. A remote or piped shard
     is a forward-only stream: audio members are read past in small blocks and discarded (never
     buffered whole), so their bytes still cross the network. The meta companion avoids that.
     """
-    from corpus_io.shards.reader import _finish, what_to_do
-    from corpus_io.urls import is_command, is_remote, local_path, open_url
+    from corpus_io.shards.reader import group_samples, iter_tar_members
+    from corpus_io.urls import open_url
 
-    stream = is_remote(url) or is_command(url)
-    f = open_url(url, storage_options=storage_options, allow_pipe=allow_pipe) if stream else None
+    f = open_url(url, storage_options=storage_options, allow_pipe=allow_pipe)
     try:
-        tar = tarfile.open(fileobj=f, mode="r|") if stream else tarfile.open(local_path(url), mode="r:")
-    except (tarfile.TarError, OSError) as exc:
-        if f is not None:
-            f.close()
-        if isinstance(exc, FileNotFoundError):
-            raise DataError(f"{url} does not exist.") from None
-        raise DataError(f"{url}: not a readable tar ({exc}); {what_to_do()}") from None
-    prefix: str | None = None
-    members: dict[str, bytes] = {}
-    names: dict[str, str] = {}
-    pos = 0
-    try:
-        for info in tar:
-            if not info.isfile():
-                continue
-            member_prefix, ext = split_member(info.name)
-            if member_prefix != prefix:
-                if prefix is not None:
-                    yield _without_payloads(_finish(prefix, members, names, url=url, pos=pos))
-                    pos += 1
-                prefix, members, names = member_prefix, {}, {}
-            names[ext] = info.name
-            if ext in ("txt", "json"):
-                if info.size > max_member_bytes:
-                    raise DataError(f"{url}: member '{info.name}' is {info.size} bytes, over max_member_bytes="
-                                    f"{max_member_bytes}.")
-                members[ext] = tar.extractfile(info).read()  # type: ignore[union-attr]
-            else:
-                members.setdefault(ext, b"")  # audio/npy: skipped (seeked past, or streamed past)
-        if prefix is not None:
-            yield _without_payloads(_finish(prefix, members, names, url=url, pos=pos))
-    except tarfile.TarError as exc:
-        raise DataError(f"{url}: corrupt or truncated tar after sample {pos} ({exc}); {what_to_do()}") from None
+        members = iter_tar_members(f, url=url, max_member_bytes=max_member_bytes,
+                                   skip_payload=lambda name: split_member(name)[1] not in ("txt", "json"))
+        for sample in group_samples(members, url=url):
+            yield _without_payloads(sample)
     finally:
-        tar.close()
-        if f is not None:
-            f.close()
+        f.close()
 
 
 def _without_payloads(sample: dict) -> dict:

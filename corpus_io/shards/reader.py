@@ -13,8 +13,10 @@ This is a contract the loader codes against (see docs/FORMAT.md):
 
 from __future__ import annotations
 
+import io
 import json
-from typing import IO, Iterable, Iterator
+import os
+from typing import IO, Callable, Iterable, Iterator
 
 from corpus_io.errors import DataError
 from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, split_member
@@ -93,14 +95,19 @@ def _pax_records(data: bytes, *, url: str) -> dict[str, str]:
     return records
 
 
-def iter_tar_members(fileobj: IO[bytes], *, url: str,
-                     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES) -> Iterator[tuple[str, bytes]]:
+def iter_tar_members(fileobj: IO[bytes], *, url: str, max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
+                     skip_payload: Callable[[str], bool] | None = None) -> Iterator[tuple[str, bytes]]:
     """Yield ``(name, data)`` for each regular-file member of a tar stream, in order.
 
     Directories, links and other entries are skipped. Raises :class:`DataError` naming ``url``
     and the last good member on a truncated or corrupt stream, and naming the member when it is
     larger than ``max_member_bytes`` (bytes).
+
+    Members for which ``skip_payload(name)`` is true are yielded as ``(name, b"")`` without being
+    buffered: a local file seeks past them (their bytes are never read), any other stream reads
+    past them in 1 MiB blocks.
     """
+    file_size = _local_file_size(fileobj) if skip_payload is not None else None
     last = "(none: the first header)"
     long_name: str | None = None
     pax: dict[str, str] = {}
@@ -129,6 +136,13 @@ def iter_tar_members(fileobj: IO[bytes], *, url: str,
             if long_name is not None:
                 name = long_name
             pax, long_name = {}, None
+        if typeflag in _REGULAR and skip_payload is not None and skip_payload(name):
+            if not _skip(fileobj, size + (-size % _BLOCK), file_size):
+                raise DataError(f"{url}: truncated shard: member '{name}' needs {size} bytes but the stream "
+                                f"ends first; the last complete member is '{last}'; {what_to_do()}")
+            last = name
+            yield name, b""
+            continue
         if size < 0 or size > max_member_bytes:
             raise DataError(f"{url}: member '{name}' is {size} bytes, over the cap max_member_bytes="
                             f"{max_member_bytes}; it is rejected, not buffered. Raise "
@@ -148,6 +162,28 @@ def iter_tar_members(fileobj: IO[bytes], *, url: str,
         elif typeflag == b"L":
             long_name = data.split(b"\0", 1)[0].decode("utf-8", "replace")
         # 'g' (global pax), '5' (directory), links, devices: nothing to yield
+
+
+def _local_file_size(fileobj: IO[bytes]) -> int | None:
+    """Size in bytes of a seekable local file, None for pipes, sockets and remote files (read past)."""
+    if not (isinstance(fileobj, io.BufferedReader) and fileobj.seekable()):
+        return None
+    try:
+        return os.fstat(fileobj.fileno()).st_size
+    except (OSError, io.UnsupportedOperation):
+        return None
+
+
+def _skip(fileobj: IO[bytes], n: int, file_size: int | None) -> bool:
+    """Move ``n`` bytes forward (seek when ``file_size`` is known); False when the stream ends first."""
+    if file_size is not None:
+        return fileobj.seek(n, io.SEEK_CUR) <= file_size
+    while n > 0:
+        chunk = fileobj.read(min(n, 1 << 20))
+        if not chunk:
+            return False
+        n -= len(chunk)
+    return True
 
 
 def _decode_txt(data: bytes, *, url: str, member: str) -> str:

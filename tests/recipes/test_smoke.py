@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from corpus_io import synth
-from tests.conftest import REPO, free_port, have, run_cli
+from tests.conftest import REPO, free_port, have, run_bounded, run_cli
 
 RECIPES = REPO / "recipes"
 PIPELINE = ("prepare", "scp2jsonl", "make-tokenizer", "compute-cmvn", "pack-shards", "make-datalist", "train",
@@ -33,8 +33,7 @@ def pipeline_commands():
 
 def run_recipe(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1")
-    return subprocess.run([str(RECIPES / name / "run.sh"), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    return run_bounded([str(RECIPES / name / "run.sh"), *args], timeout, env=env)
 
 
 def stage_lines(stderr: str) -> set[int]:
@@ -85,6 +84,8 @@ def cpu_train_config(recipe: str, tmp_path: Path) -> None:
     for key, value in {"num_blocks": 1, "output_size": 32, "linear_units": 64, "subsampling_channels": 8,
                        "attention_heads": 2, "num_workers": 1, "min_length": 10}.items():
         text = re.sub(rf"(\b{key}: )\d+", rf"\g<1>{value}", text)
+    # a collective stuck on one rank fails within 90 s, naming the op, instead of running into the test timeout
+    text = text.replace("train_conf:\n", "train_conf:\n  timeout_s: 90\n")
     (tmp_path / "train.yaml").write_text(text.replace("pin_memory: true", "pin_memory: false"))
 
 

@@ -82,6 +82,46 @@ def test_truncated_shard_names_shard_and_last_good_member(tmp_path):
         list(iter_tar_members(io.BytesIO(data[:data.index(b"NPY") - 512]), url="c.tar", max_member_bytes=1 << 20))
 
 
+class _CountingFile(io.BufferedReader):
+    """A local file that counts the bytes handed out by read()."""
+
+    bytes_read = 0
+
+    def read(self, n=-1):
+        data = super().read(n)
+        self.bytes_read += len(data)
+        return data
+
+
+def _skip_audio(name):
+    return name.endswith((".wav", ".flac", ".npy"))
+
+
+def test_skip_payload_yields_empty_payloads_and_a_local_file_never_reads_them(tmp_path):
+    path = _shard(tmp_path / "s.tar", [("a.txt", b"one"), ("a.wav", b"\1" * 300_000),
+                                       ("b.txt", b"two"), ("b.wav", b"\2" * 300_000)])
+    with _CountingFile(open(path, "rb", buffering=0), buffer_size=4096) as f:
+        members = list(iter_tar_members(f, url=str(path), skip_payload=_skip_audio))
+        assert f.bytes_read < 10_000  # headers and transcripts only: the 600 kB of audio was seeked past
+    assert members == [("a.txt", b"one"), ("a.wav", b""), ("b.txt", b"two"), ("b.wav", b"")]
+    r, w = os.pipe()  # a forward-only stream reads past them instead, with the same result
+    feeder = threading.Thread(target=lambda: os.fdopen(w, "wb").write(path.read_bytes()))
+    feeder.start()
+    with os.fdopen(r, "rb") as f:
+        assert list(iter_tar_members(f, url="pipe", skip_payload=_skip_audio)) == members
+    feeder.join()
+
+
+def test_a_shard_cut_inside_a_skipped_member_is_still_reported_as_truncated(tmp_path):
+    data = _three(tmp_path / "s.tar").read_bytes()
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(data[:data.index(b"fLaC-two") + 3])
+    with open(cut, "rb") as f, pytest.raises(DataError, match="truncated shard: member 'k2.flac'.*'k2.txt'"):
+        list(iter_tar_members(f, url=str(cut), skip_payload=_skip_audio))
+    with open(cut, "rb") as f, pytest.raises(DataError, match="truncated shard: member 'k2.flac'.*'k2.txt'"):
+        list(iter_tar_members(io.BufferedReader(io.BytesIO(f.read())), url="stream", skip_payload=_skip_audio))
+
+
 def test_corrupt_header_is_reported_with_last_good_member(tmp_path):
     data = bytearray(_three(tmp_path / "s.tar").read_bytes())
     data[512 * 2 + 10] ^= 0xFF  # inside the k1.wav header name

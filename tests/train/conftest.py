@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import run_bounded
 from tests.loader_data import make_raw, make_shards, token_list
 
 BIN = Path(sys.executable).parent
@@ -30,7 +30,7 @@ def torchrun_cmd(output_dir: Path, corpus: dict, *overrides: str, nproc: int = 2
 
 def run_train(cmd: list[str], timeout: float = 150) -> subprocess.CompletedProcess:
     env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1", OMP_NUM_THREADS="1")
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    return run_bounded(cmd, timeout, env=env)
 
 
 @pytest.fixture(scope="session")
