@@ -42,13 +42,29 @@ def run_bounded(cmd: list[str], timeout: float, env: dict | None = None,
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _signal_group(proc.pid, signal.SIGUSR1)
+        _dump_corpus_io_stacks(proc.pid)
         time.sleep(3)
         _signal_group(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         pytest.fail(f"{' '.join(map(str, cmd[:3]))} ... hung for {timeout:.0f} s; its stacks and output:\n"
                     f"--- stderr (tail) ---\n{err[-20000:]}\n--- stdout (tail) ---\n{out[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _dump_corpus_io_stacks(pid: int) -> None:
+    """SIGUSR1 to the corpus-io processes under ``pid`` only: it would stop bash or torchrun."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in tree:
+        try:
+            if any(Path(arg).name == "corpus-io" for arg in p.cmdline()[:2]):
+                p.send_signal(signal.SIGUSR1)
+        except psutil.Error:
+            pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:

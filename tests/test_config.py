@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from corpus_io import config
 from corpus_io.errors import ConfigError
-from tests.conftest import assert_user_error, run_cli
+from tests.conftest import REPO, assert_user_error, run_cli
 
 
 def test_overrides_compose_into_a_typed_object():
@@ -106,3 +109,20 @@ def _wall(args) -> float:
     t = time.perf_counter()
     run_cli(*args)
     return time.perf_counter() - t
+
+
+def test_sigusr1_prints_every_thread_stack_and_the_command_carries_on():
+    code = ("import sys, time\n"
+            "from cli._app import run_with_errors\n"
+            "def work():\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(1.5)\n"
+            "    print('finished', flush=True)\n"
+            "run_with_errors(work)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and out == "finished\n"
+    assert "most recent call first" in err and "in work" in err and "run_with_errors" in err
