@@ -499,7 +499,24 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
     listed = [s for s in stats if s.num_utts > 0]
     write_list_and_index(out_dir / "data.list", _keep_companion_fields(out_dir / "data.list",
                                                                        [s.index_entry() for s in listed]))
+    removed = _remove_stale_shards(out_dir, cfg.shard_prefix, {Path(s.path).name for s in listed})
+    if removed:
+        summary.extra["stale shards removed"] = summary.extra.get("stale shards removed", 0) + removed
     return stats
+
+
+def _remove_stale_shards(out_dir: Path, prefix: str, current: set[str]) -> int:
+    """Delete shards (with their sidecars and add-field companions) of an earlier run that this run's
+    list no longer names, e.g. after a rerun with a larger num_utts_per_shard; a directory glob would
+    otherwise read them twice. Runs after the new list is in place. Returns the number of shards."""
+    pattern = re.compile(rf"\.?({re.escape(prefix)}-\d{{6}})\..+")
+    stale: set[str] = set()
+    for entry in os.scandir(out_dir):
+        match = pattern.fullmatch(entry.name)
+        if match and f"{match.group(1)}.tar" not in current and entry.is_file():
+            os.unlink(entry.path)
+            stale.add(match.group(1))
+    return len(stale)
 
 
 def _keep_companion_fields(list_path: Path, entries: list[dict]) -> list[dict]:

@@ -233,3 +233,17 @@ def test_rerun_removes_temp_files_of_a_killed_run(tmp_path, fixture_jsonl):
     pack_shards(_cfg(fixture_jsonl, out))
     assert not any(p.exists() for p in stale)
     assert _tree_bytes(out) == before
+
+
+def test_rerun_with_fewer_shards_removes_the_earlier_runs_extra_shards(tmp_path, fixture_jsonl):
+    out = tmp_path / "out"
+    first = pack_shards(_cfg(fixture_jsonl, out, num_utts_per_shard=3))
+    assert first.extra["shards"] > 2
+    (out / "shard-000002.fbank.tar").write_bytes(b"an add-field companion of a shard about to go stale")
+    (out / "notes.txt").write_text("not ours")
+    second = pack_shards(_cfg(fixture_jsonl, out, num_utts_per_shard=100))
+    assert second.extra["shards"] == 1
+    assert second.extra["stale shards removed"] == first.extra["shards"] - 1
+    assert sorted(p.name for p in out.iterdir()) == [".shard-000000.tar.json", "data.list", "index.jsonl",
+                                                      "notes.txt", "shard-000000.tar"]
+    assert len(_all_samples(out / "data.list")) == first.kept == second.kept
