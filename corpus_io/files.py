@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
 
 from corpus_io.errors import DataError
 
@@ -16,6 +17,21 @@ def temp_name(path: str | os.PathLike) -> Path:
     """The temp name used while ``path`` is being written (same directory, so rename is atomic)."""
     p = Path(path)
     return p.with_name(f".{p.name}.tmp-{os.getpid()}")
+
+
+def remove_temp_files(directory: str | os.PathLike, is_ours: Callable[[str], bool]) -> int:
+    """Delete the :func:`temp_name` files a killed run left in ``directory`` for final names that
+    ``is_ours(final_name)`` accepts; returns how many. Call it before a rerun writes anything."""
+    removed = 0
+    for entry in os.scandir(directory):
+        match = _TEMP.fullmatch(entry.name)
+        if match and is_ours(match.group(1)) and entry.is_file():
+            os.unlink(entry.path)
+            removed += 1
+    return removed
+
+
+_TEMP = re.compile(r"\.(.+)\.tmp-\d+")
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write
+from corpus_io.files import atomic_write, remove_temp_files
 from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, safe_member_name, split_member
 from corpus_io.shards.reader import DEFAULT_MAX_MEMBER_BYTES
 
@@ -553,6 +553,7 @@ def add_field(cfg: Any) -> Any:
             raise ConfigError(f"{cfg.input} lists {url}: add-field writes companion files next to each shard, so "
                               f"the shards must be local. Run it where the shards were packed, then upload the "
                               f"new files with the shards.")
+    _clean_temp_files(urls)
     index = load_index(cfg.input) or {}
     tasks = [FieldTask(url, cfg.field, mode, _shard_digest(url, index.get(url)), options, dc.on_error,
                        dict(dc.storage_options or {})) for url in urls]
@@ -577,6 +578,25 @@ def add_field(cfg: Any) -> Any:
     summary.print("add-field")
     _SOURCES.clear()
     return summary
+
+
+def _clean_temp_files(urls: list[str]) -> None:
+    """Remove the temp companion files and sidecars (``.<shard>.<field>.<kind>.json``) of a killed run."""
+    from corpus_io.urls import local_path
+
+    stems: dict[str, set[str]] = {}
+    for url in urls:
+        path = Path(local_path(url))
+        stems.setdefault(str(path.parent), set()).add(path.name[:-4] if path.name.endswith(".tar") else path.name)
+
+    for directory, names in stems.items():
+        def is_companion(final: str, names: set[str] = names) -> bool:
+            stem, _, rest = final.lstrip(".").partition(".")
+            return stem in names and rest.endswith((".tar", ".jsonl.gz", ".tar.json", ".jsonl.gz.json")) \
+                and rest not in ("tar", "tar.json")  # the main shard and its sidecar belong to pack-shards
+
+        if os.path.isdir(directory):
+            remove_temp_files(directory, is_companion)
 
 
 def _shard_digest(url: str, entry: dict | None) -> str:

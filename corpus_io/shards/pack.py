@@ -35,7 +35,7 @@ import numpy as np
 
 from corpus_io import audio, kaldi
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write
+from corpus_io.files import atomic_write, remove_temp_files
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 from corpus_io.shards import format as fmt
 from corpus_io.shards.index import load_index, write_list_and_index
@@ -449,15 +449,9 @@ def _source_len(record: dict, opts: PackOptions) -> int:
 
 
 def _clean_temp_files(out_dir: Path, prefix: str) -> None:
-    """Remove temp files a killed run left behind.
-
-    Shards: ``.<prefix>-NNNNNN.tar.tmp-<pid>``; sidecars (themselves hidden, so two dots):
-    ``..<prefix>-NNNNNN.tar.json.tmp-<pid>``.
-    """
-    pattern = re.compile(rf"\.\.?{re.escape(prefix)}-\d{{6}}\.tar(\.json)?\.tmp-\d+")
-    for entry in os.scandir(out_dir):
-        if pattern.fullmatch(entry.name):
-            os.unlink(entry.path)
+    """Remove the temp files of shards and sidecars (``.<prefix>-NNNNNN.tar.json``) a killed run left."""
+    shard_or_sidecar = re.compile(rf"\.?{re.escape(prefix)}-\d{{6}}\.tar(\.json)?")
+    remove_temp_files(out_dir, shard_or_sidecar.fullmatch)
 
 
 def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,

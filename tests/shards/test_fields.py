@@ -204,6 +204,18 @@ def test_rerun_resumes_and_a_damaged_file_is_rewritten(shards):
     assert field_file.read_bytes() == before
 
 
+def test_rerun_removes_temp_files_a_killed_run_left_but_not_pack_shards_ones(shards):
+    out, _ = shards
+    ours = [out / ".shard-000001.fbank.tar.tmp-4242", out / "..shard-000001.fbank.tar.json.tmp-4242",
+            out / ".shard-000000.meta.jsonl.gz.tmp-77"]
+    packs = out / ".shard-000001.tar.tmp-4242"
+    for path in [*ours, packs]:
+        path.write_bytes(b"partial")
+    add_field(AddFieldConfig(input=str(out / "data.list"), field="fbank", num_workers=1))
+    assert not any(p.exists() for p in ours)
+    assert packs.exists()
+
+
 class _Logged(http.server.SimpleHTTPRequestHandler):
     requested: list[str] = []
 
