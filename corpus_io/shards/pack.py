@@ -20,6 +20,7 @@ Design (memory is bounded, independent of corpus size):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -394,8 +395,6 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> _Input:
             if source is None:
                 return "recording missing from wav.scp"
             rec["source"], rec["start"], rec["end"] = source, start, end
-            if end >= 0:
-                rec["source_len"] = int(round((end - start) * 100))
         else:
             rec["source"] = value
         target = text.get(key)
@@ -444,8 +443,19 @@ def _source_len(record: dict, opts: PackOptions) -> int:
         return int(record["source_len"])
     if opts.feats:
         return int(np.asarray(kaldi.read_feats(str(record["source"]))).shape[0])
-    info = audio.probe(str(record["source"]), allow_pipe=opts.allow_pipe, storage_options=opts.storage_options)
-    return audio.frames_10ms(info.num_samples, info.sample_rate)
+    info = _probe_cached(str(record["source"]), opts.allow_pipe, json.dumps(opts.storage_options, sort_keys=True))
+    num_samples = info.num_samples
+    if "start" in record:  # a segment: counted exactly as the packed shard's meta will count it
+        first, last = audio.segment_samples(float(record["start"]), float(record["end"]), info.sample_rate,
+                                            info.num_samples)
+        num_samples = max(0, last - first)
+    return audio.frames_10ms(num_samples, info.sample_rate)
+
+
+@functools.lru_cache(maxsize=64)
+def _probe_cached(source: str, allow_pipe: bool, storage_options_json: str) -> audio.AudioInfo:
+    """Header probe; cached because the segments of one recording arrive one after another."""
+    return audio.probe(source, allow_pipe=allow_pipe, storage_options=json.loads(storage_options_json))
 
 
 def _clean_temp_files(out_dir: Path, prefix: str) -> None:

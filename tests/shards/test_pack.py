@@ -247,3 +247,13 @@ def test_rerun_with_fewer_shards_removes_the_earlier_runs_extra_shards(tmp_path,
     assert sorted(p.name for p in out.iterdir()) == [".shard-000000.tar.json", "data.list", "index.jsonl",
                                                       "notes.txt", "shard-000000.tar"]
     assert len(_all_samples(out / "data.list")) == first.kept == second.kept
+
+
+def test_filter_group_on_segments_buckets_each_segment_by_its_own_length(tmp_path):
+    # the last segment runs to the end of the recording (end -1): its length is the rest, not the whole file
+    pack_shards(_cfg(FIXTURE / "segments_dir", tmp_path / "out", filter_group=["0:200", "200:100000"]))
+    short = _all_samples(tmp_path / "out" / "0_200" / "data.list")
+    long_ = _all_samples(tmp_path / "out" / "200_100000" / "data.list")
+    assert sorted(s["key"] for s in short) == ["long-seg01", "long-seg02", "long-seg03"]
+    assert [s["key"] for s in long_] == ["long-seg00"]
+    assert all(s["meta"]["source_len"] < 200 for s in short) and long_[0]["meta"]["source_len"] >= 200
