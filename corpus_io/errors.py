@@ -18,3 +18,13 @@ class ConfigError(CorpusIOError):
 
 class DataError(CorpusIOError):
     """Invalid or unreadable data: a table line, an audio file, a shard member."""
+
+
+class WorkerDied(CorpusIOError):
+    """A process of a parallel job died without a Python exception (a signal or a native crash).
+
+    Not the user's mistake, but the remedy is theirs (fewer workers, more memory), so the CLI
+    reports it as one paragraph too.
+    """
+
+    exit_code = 1

@@ -13,6 +13,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, TypeVar
 
+from corpus_io.errors import WorkerDied
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -84,20 +86,32 @@ def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int,
 
     Results come back in input order. The input is consumed lazily with at most
     ``4 * num_workers`` chunks in flight (``Pool.imap`` would read it all ahead),
-    so memory stays bounded by the window, not by the input length.
+    so memory stays bounded by the window, not by the input length. A worker that dies (the OOM
+    killer, a crash in a native decoder) fails the job with :class:`WorkerDied`; a
+    ``multiprocessing.Pool`` would wait for its lost result forever.
     """
     if num_workers <= 1:
         yield from map(fn, items)
         return
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     ctx = mp.get_context("fork") if sys.platform.startswith("linux") else mp.get_context()
     window: deque = deque()
-    with ctx.Pool(num_workers) as pool:
+    pool = ProcessPoolExecutor(num_workers, mp_context=ctx)
+    try:
         for chunk in _chunks(items, chunksize):
-            window.append(pool.apply_async(_map_chunk, (fn, chunk)))
+            window.append(pool.submit(_map_chunk, fn, chunk))
             if len(window) >= 4 * num_workers:
-                yield from window.popleft().get()
+                yield from window.popleft().result()
         while window:
-            yield from window.popleft().get()
+            yield from window.popleft().result()
+    except BrokenProcessPool:
+        raise WorkerDied("a worker process of this job died abruptly (killed, e.g. by the out-of-memory killer, "
+                         "or crashed in a native library); nothing it was writing was kept. Rerun with fewer "
+                         "workers (++num_workers) or more memory; jobs that resume skip finished work.") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _map_chunk(fn: Callable[[T], R], chunk: list[T]) -> list[R]:
