@@ -238,6 +238,11 @@ def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer
     if dataset_conf.epoch_hours is not None and dataset_conf.epoch_hours <= 0:
         raise ConfigError(f"dataset_conf.epoch_hours is {dataset_conf.epoch_hours}; it must be > 0 (or null).")
     sources = open_sources(data_list, dataset_conf)
+    raw = [s for s in sources if s.data_type == "raw"]
+    if dataset_conf.fields and raw:
+        raise ConfigError(f"dataset_conf.fields={list(dataset_conf.fields)} selects companion fields of shards, but "
+                          f"{raw[0].data_list} is a raw list, which has none. Drop ++dataset_conf.fields, or "
+                          f"pack the list into shards and run add-field on them.")
     dataset = CorpusDataset(sources, dataset_conf, tokenizer, train=train, rank=rank, world_size=world_size)
     return CorpusLoader(dataset, dataset_conf)
 

@@ -166,3 +166,11 @@ def test_epoch_hours_defines_an_epoch_as_an_amount_of_audio(shards):
     # the epochs continue the stream: the first full pass has every key once before any repeats
     n = len(keys)
     assert sorted(seen[:n]) == sorted(keys)
+
+
+def test_companion_fields_on_a_raw_list_are_a_config_error_not_ignored(tmp_path):
+    raw, _ = make_raw(tmp_path)
+    conf = small_conf()
+    conf.data_type, conf.fields = "raw", ["fbank"]
+    with pytest.raises(ConfigError, match=r"fields=\['fbank'\].*raw list.*add-field"):
+        build_dataloader(str(raw), conf, build_tokenizer(token_list(tmp_path)), train=True, rank=0, world_size=1)
