@@ -59,7 +59,8 @@ class CorpusDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        torch.set_num_threads(1)
+        if info is not None:  # N workers share the cores; without workers this is the training process
+            torch.set_num_threads(1)
         slot = Slot(self.rank, self.world_size, worker, num_workers)
         start = self.start_states.get(worker)
         state = SlotState.from_dict(start) if start else SlotState(epoch=self.epoch)

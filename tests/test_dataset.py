@@ -174,3 +174,18 @@ def test_companion_fields_on_a_raw_list_are_a_config_error_not_ignored(tmp_path)
     conf.data_type, conf.fields = "raw", ["fbank"]
     with pytest.raises(ConfigError, match=r"fields=\['fbank'\].*raw list.*add-field"):
         build_dataloader(str(raw), conf, build_tokenizer(token_list(tmp_path)), train=True, rank=0, world_size=1)
+
+
+def test_without_workers_the_loader_leaves_the_callers_torch_threads_alone(shards):
+    import torch
+
+    data_list, _, tok = shards
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        conf = small_conf()
+        conf.num_workers = 0  # the loader runs in the training process, whose model wants every thread
+        assert next(iter(build_dataloader(str(data_list), conf, tok, train=True, rank=0, world_size=1)))["keys"]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -48,8 +48,14 @@ def load_cmvn(path: str, dim: int | None = None) -> tuple[list[float], list[floa
 
 
 def eval_dataset_conf(dataset_conf: Any) -> Any:
-    """A copy of ``dataset_conf`` without shuffling or augmentation (cmvn, cv and decode)."""
+    """A copy of ``dataset_conf`` without shuffling or augmentation (cmvn, cv and decode).
+
+    It reads the one list it is given, once: a training mix (``sources``) or an epoch measured in
+    hours (``epoch_hours``, an endless stream) would make cv score training data, or loop.
+    """
     conf = copy.deepcopy(dataset_conf)
+    conf.sources = []
+    conf.epoch_hours = None
     conf.shuffle = False
     conf.speed_perturb = False
     conf.spec_aug = False

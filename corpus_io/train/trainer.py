@@ -453,17 +453,25 @@ class Trainer:
                     self.log("pruned " + ", ".join(p.name for p in removed), all_ranks=False)
             barrier(self.ctx)
             self.epoch, self.step_in_epoch, self.epoch_done = self.epoch + 1, 0, False
-        if self.ctx.is_main and tc.avg_nbest_model > 0 and ckpt.epoch_checkpoints(self.out):
-            path = ckpt.average_checkpoints(self.out, tc.avg_nbest_model, tc.avg_keep_nbest_models_type)
-            chosen = ckpt.load_checkpoint(path)["averaged_epochs"]
-            self.log(f"averaged epochs {chosen} (best cv {tc.avg_keep_nbest_models_type}) -> {path}", all_ranks=False)
+        # the other ranks are done: they exit rather than wait in a barrier (timeout_s) while rank 0 averages
         barrier(self.ctx)
+        if self.ctx.is_main and tc.avg_nbest_model > 0 and ckpt.epoch_checkpoints(self.out):
+            self._average(tc.avg_nbest_model, tc.avg_keep_nbest_models_type)
         if self.writer is not None:
             self.writer.close()
         if self.keys_file is not None:
             self.keys_file.close()
         self.log("training finished", all_ranks=False)
         self.log.close()
+
+    def _average(self, num: int, metric: str) -> None:
+        if not ckpt.ranked_epochs(self.out, metric):
+            self.log(f"not averaging: no epoch recorded a '{metric}' (avg_keep_nbest_models_type); average later "
+                     f"with `corpus-io average ++output_dir={self.out} ++metric=loss`", all_ranks=False)
+            return
+        path = ckpt.average_checkpoints(self.out, num, metric)
+        chosen = ckpt.load_checkpoint(path)["averaged_epochs"]
+        self.log(f"averaged epochs {chosen} (best cv {metric}) -> {path}", all_ranks=False)
 
     def _batches(self) -> Iterator[tuple[dict | None, float]]:
         it = iter(self.train_loader)

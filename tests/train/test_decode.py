@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from corpus_io.config import ComputeCmvnConfig
+from corpus_io.config import ComputeCmvnConfig, SourceConf
 from corpus_io.dataset import build_dataloader
 from corpus_io.train.cmvn import compute_cmvn, eval_dataset_conf
 from tests.conftest import assert_user_error, run_cli
@@ -49,3 +49,12 @@ def test_compute_cmvn_normalises_the_loader_features(corpus, tmp_path):
     x = (torch.cat(frames).double() - mean) * istd
     assert len(x) == saved["frame_num"]
     assert x.mean(0).abs().max() < 1e-3 and (x.std(0) - 1).abs().max() < 1e-2
+
+
+def test_cv_and_decode_read_their_own_list_once_even_when_training_mixes_lists_by_hours(corpus):
+    conf = small_conf(data_type="raw", num_workers=0)  # a training conf: a weighted mix of the shards, epochs of 0.01 h
+    conf.sources = [SourceConf(data_list=str(corpus["shards"]), weight=1.0)]
+    conf.epoch_hours = 0.01
+    keys = [k for batch in build_dataloader(str(corpus["raw"]), eval_dataset_conf(conf), None, train=False, rank=0,
+                                            world_size=1) for k in batch["keys"]]
+    assert sorted(keys) == sorted(corpus["raw_keys"])  # the raw list, each utterance once, not the training mix
