@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -166,6 +167,25 @@ def test_epoch_hours_defines_an_epoch_as_an_amount_of_audio(shards):
     # the epochs continue the stream: the first full pass has every key once before any repeats
     n = len(keys)
     assert sorted(seen[:n]) == sorted(keys)
+
+
+def test_an_epoch_hours_stream_with_nothing_usable_ends_instead_of_spinning(shards):
+    data_list, _, tok = shards
+    conf = small_conf(num_workers=0, epoch_hours=1.0)
+    conf.filter_conf.max_length = 1  # every utterance is longer than 10 ms: a pass yields nothing
+    loader = build_dataloader(str(data_list), conf, tok, train=True, rank=0, world_size=1)
+
+    def spinning(*_):
+        raise AssertionError("the loader re-read its shards for 60 s without yielding")
+
+    old = signal.signal(signal.SIGALRM, spinning)
+    signal.alarm(60)
+    try:
+        assert list(loader) == []
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert loader.epoch_counts()["epoch_hours.empty_pass"] == 1
 
 
 def test_companion_fields_on_a_raw_list_are_a_config_error_not_ignored(tmp_path):

@@ -153,6 +153,7 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
         assignment, lines = _units_of_pass(source, slot, seed=seed, pass_=pass_, shuffle=shuffle)
         if infinite and not assignment.units:
             return  # this slot gets nothing from this source, in any pass
+        taken_before = state.taken.get(src, 0)
         for ordinal, unit in enumerate(assignment.units):
             uid = pass_ * PASS_STRIDE + ordinal
             if start is not None and uid < start:
@@ -181,6 +182,13 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
                 sample["__sid__"] = sid
                 yield sample
         if not infinite:
+            return
+        if state.taken.get(src, 0) == taken_before and (start is None or start < pass_ * PASS_STRIDE):
+            # a whole pass put nothing into the buffers (all unreadable, filtered, or strided away): every
+            # later pass would be the same, so end this stream instead of re-reading it forever
+            log.warning("%s: a whole pass gave this reader (rank %d, worker %d) no usable sample; its "
+                        "epoch_hours stream ends here", source.data_list, slot.rank, slot.worker)
+            counts["epoch_hours.empty_pass"] += 1
             return
         pass_ += 1
 
