@@ -139,8 +139,9 @@ class CorpusLoader:
         if self.conf.epoch_hours and self._carry:
             out = {}
             for w, d in self._carry.items():
-                d = dict(_parsed(d), finished=False, seconds=0.0, pending=[])
-                out[w] = d
+                # pending (in the buffers, not yet trained: the trainer stopped early) stays pending, so the
+                # next epoch reads those samples again instead of counting them as done
+                out[w] = dict(_parsed(d), finished=False, seconds=0.0)
             self._carry = {}
             return out
         return {}
