@@ -7,6 +7,7 @@ module turns that into a typer command and a standalone console script.
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import sys
 from typing import Any, Callable, Optional
@@ -53,6 +54,15 @@ def run_with_errors(fn: Callable[[], Any]) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    except OSError as exc:
+        # a path the job could not read or write (no such directory, no permission, disk full): the
+        # user's to fix, so one paragraph; CORPUS_IO_DEBUG=1 shows where it happened
+        if os.environ.get("CORPUS_IO_DEBUG") == "1":
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}. Check the path, its permissions and free space "
+              f"(CORPUS_IO_DEBUG=1 shows the traceback).", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def command(name: str, schema: type, help: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:

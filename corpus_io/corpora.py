@@ -73,8 +73,9 @@ class _KaldiDirWriter:
     are sorted once at the end.
     """
 
-    def __init__(self, data_dir: Path, report: SplitReport):
+    def __init__(self, data_dir: Path, report: SplitReport, source: Path):
         self.data_dir = data_dir
+        self.source = source
         self.report = report
         self.last_key: str | None = None
         self.sorted = True
@@ -85,6 +86,11 @@ class _KaldiDirWriter:
         return self
 
     def __exit__(self, *exc) -> bool:
+        if exc[0] is None and self.report.utterances == 0:
+            # an empty split is an error: the temp files go, and an earlier good dir stays as it was
+            error = _empty_split_error(self.report, self.source)
+            self._stack.__exit__(type(error), error, None)
+            raise error
         ok = self._stack.__exit__(*exc)
         if exc[0] is None and not self.sorted:
             for name in TABLES:
@@ -172,7 +178,7 @@ def prepare_aishell(root: str | os.PathLike, output_dir: str | os.PathLike, spli
     try:
         for split in chosen:
             report = SplitReport(split, Path(output_dir) / split)
-            with _KaldiDirWriter(report.data_dir, report) as out:
+            with _KaldiDirWriter(report.data_dir, report, base / "wav" / split) as out:
                 for spk_dir in progress(_subdirs(base / "wav" / split), desc=f"aishell {split}", unit="spk"):
                     utts = []
                     for wav in _files_with_suffix(spk_dir, ".wav"):
@@ -184,7 +190,6 @@ def prepare_aishell(root: str | os.PathLike, output_dir: str | os.PathLike, spli
                         text = "".join(text.split()) if remove_spaces else text
                         utts.append((key, str(wav.resolve()), text))
                     out.speaker(spk_dir.name, utts)
-            _check_nonempty(report, base / "wav" / split)
             reports.append(report)
         if set(chosen) >= set(AISHELL_SPLITS):
             reports[-1].transcript_without_audio = transcript.num_unused()
@@ -236,7 +241,7 @@ def prepare_librispeech(root: str | os.PathLike, output_dir: str | os.PathLike,
     reports = []
     for subset in chosen:
         report = SplitReport(subset.replace("-", "_"), Path(output_dir) / subset.replace("-", "_"))
-        with _KaldiDirWriter(report.data_dir, report) as out:
+        with _KaldiDirWriter(report.data_dir, report, base / subset) as out:
             chapters = progress(_iter_librispeech_chapters(base / subset), desc=f"librispeech {subset}",
                                 unit="chapter")
             for spk, chapter_dir in chapters:
@@ -252,7 +257,6 @@ def prepare_librispeech(root: str | os.PathLike, output_dir: str | os.PathLike,
                     utts.append((key, str(flac.resolve()), entry[0]))
                 report.transcript_without_audio += len(texts)
                 out.speaker(spk, utts)
-        _check_nonempty(report, base / subset)
         reports.append(report)
     return reports
 
@@ -260,12 +264,11 @@ def prepare_librispeech(root: str | os.PathLike, output_dir: str | os.PathLike,
 # --------------------------------------------------------------------------- entry point
 
 
-def _check_nonempty(report: SplitReport, where: Path) -> None:
-    if report.utterances == 0:
-        why = (f"all {report.no_transcript} audio files lack a transcript" if report.no_transcript
-               else "no audio file was found")
-        raise DataError(f"split '{report.split}' under {where} is empty: {why}. Check ++root and the layout "
-                        f"(corpus-io prepare --help).")
+def _empty_split_error(report: SplitReport, where: Path) -> DataError:
+    why = (f"all {report.no_transcript} audio files lack a transcript" if report.no_transcript
+           else "no audio file was found")
+    return DataError(f"split '{report.split}' under {where} is empty: {why}. Check ++root and the layout "
+                     f"(corpus-io prepare --help). Nothing was written for it.")
 
 
 def prepare(cfg) -> list[SplitReport]:

@@ -34,15 +34,36 @@ def remove_temp_files(directory: str | os.PathLike, is_ours: Callable[[str], boo
 _TEMP = re.compile(r"\.(.+)\.tmp-\d+")
 
 
+def ensure_dir(path: str | os.PathLike, *, what: str = "output directory") -> Path:
+    """``mkdir -p path``; a file in the way or a path that cannot be made is a :class:`DataError`."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DataError(f"{what} {p} is a file, not a directory. Give a directory path.") from None
+    except OSError as exc:
+        raise DataError(f"cannot create {what} {p}: {exc.strerror}. Check the path and its permissions.") from None
+    return p
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | None = "utf-8",
                  newline: str | None = "\n", fsync: bool = False) -> Iterator[IO]:
-    """Open a temp file for writing; rename it over ``path`` only if the block succeeds."""
+    """Open a temp file for writing; rename it over ``path`` only if the block succeeds.
+
+    An output that cannot be written (a directory in the way, no permission) is a :class:`DataError`
+    naming ``path``, raised before anything is written.
+    """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.is_dir():
+        raise DataError(f"cannot write {final}: it is a directory. Give a file path for this output.")
+    ensure_dir(final.parent, what=f"the directory of {final}")
     tmp = temp_name(final)
     binary = "b" in mode
-    f = open(tmp, mode, encoding=None if binary else encoding, newline=None if binary else newline)
+    try:
+        f = open(tmp, mode, encoding=None if binary else encoding, newline=None if binary else newline)
+    except OSError as exc:
+        raise DataError(f"cannot write {final}: {exc.strerror}. Check the path and its permissions.") from None
     try:
         yield f
         f.flush()

@@ -208,6 +208,18 @@ def test_librispeech_split_with_no_transcripts_at_all_is_an_error(tree, tmp_path
         trans.unlink()
     with pytest.raises(DataError, match="all 4 audio files lack a transcript"):
         corpora.prepare_librispeech(tree, tmp_path / "data", ["dev-clean"])
+    assert not [p for p in (tmp_path / "data" / "dev_clean").iterdir()]  # no empty tables, no temp files
+
+
+def test_a_failed_rerun_leaves_the_earlier_good_dir_as_it_was(tree, tmp_path):
+    corpora.prepare_librispeech(tree, tmp_path / "data", ["dev-clean"])
+    good = {p.name: p.read_bytes() for p in (tmp_path / "data" / "dev_clean").iterdir()}
+    assert set(good) == {"wav.scp", "text", "utt2spk", "spk2utt"} and all(good.values())
+    for trans in (tree / "LibriSpeech" / "dev-clean").glob("*/*/*.trans.txt"):
+        trans.unlink()
+    with pytest.raises(DataError, match="is empty.*Nothing was written"):
+        corpora.prepare_librispeech(tree, tmp_path / "data", ["dev-clean"])
+    assert {p.name: p.read_bytes() for p in (tmp_path / "data" / "dev_clean").iterdir()} == good
 
 
 def test_prepared_dir_feeds_scp2jsonl(trees, tmp_path):

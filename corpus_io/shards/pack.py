@@ -36,7 +36,7 @@ import numpy as np
 
 from corpus_io import audio, kaldi
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write, remove_temp_files
+from corpus_io.files import atomic_write, ensure_dir, remove_temp_files
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 from corpus_io.shards import format as fmt
 from corpus_io.shards.index import load_index, write_list_and_index
@@ -466,7 +466,7 @@ def _clean_temp_files(out_dir: Path, prefix: str) -> None:
 
 def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
               keep: Callable[[dict], bool] | None, summary: Summary, desc: str) -> list[ShardStat]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out_dir, what="output_dir")
     _clean_temp_files(out_dir, cfg.shard_prefix)
     per_shard = cfg.num_utts_per_shard
 

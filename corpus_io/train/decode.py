@@ -65,7 +65,7 @@ def decode(cfg: Any) -> dict:
 
     from corpus_io.config import require
     from corpus_io.dataset import build_dataloader
-    from corpus_io.files import atomic_write
+    from corpus_io.files import atomic_write, ensure_dir
     from corpus_io.progress import progress
     from corpus_io.train.cmvn import loader_counts
     from corpus_io.train.scoring import Scorer
@@ -94,7 +94,7 @@ def decode(cfg: Any) -> dict:
             audio += float(batch.get("audio_seconds", 0.0))
     wall = time.perf_counter() - t0
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out, what="output_dir")
     with atomic_write(out / "text") as f:
         f.write("".join(f"{k} {hyps[k]}\n" for k in sorted(hyps)))
     with atomic_write(out / "ref") as f:

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from corpus_io.errors import ConfigError
+from corpus_io.files import ensure_dir
 from corpus_io.train import checkpoint as ckpt
 from corpus_io.train.distributed import (
     DistContext,
@@ -243,7 +244,7 @@ class RankLog:
     """Log lines to stderr and to ``output_dir/log/train.rank{R}.log`` (rank 0 also to ``train.log``)."""
 
     def __init__(self, output_dir: Path, rank: int) -> None:
-        (output_dir / "log").mkdir(parents=True, exist_ok=True)
+        ensure_dir(output_dir / "log")
         self.rank = rank
         self.file = open(output_dir / "log" / f"train.rank{rank}.log", "a", encoding="utf-8")
         self.main = open(output_dir / "train.log", "a", encoding="utf-8") if rank == 0 else None
@@ -304,7 +305,7 @@ class Trainer:
         if tc.use_fp16 and ctx.device.type != "cuda":
             raise ConfigError("train_conf.use_fp16 needs a CUDA device; on CPU use ++train_conf.use_bf16=true.")
         self.out = Path(cfg.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.out, what="output_dir")
         self.log = RankLog(self.out, ctx.rank)
         self.config_yaml = to_yaml(cfg)
         if ctx.is_main:
