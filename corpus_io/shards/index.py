@@ -49,7 +49,11 @@ def read_datalist(path: str | os.PathLike) -> list[str]:
 
 def load_index(list_path: str | os.PathLike) -> dict[str, dict] | None:
     """The sidecar of ``list_path`` keyed by shard entry, or None when there is no sidecar."""
-    path = index_path_for(list_path)
+    return read_index_file(index_path_for(list_path))
+
+
+def read_index_file(path: Path) -> dict[str, dict] | None:
+    """An ``index.jsonl`` keyed by shard entry, or None when ``path`` is not a file."""
     if not path.is_file():
         return None
     entries: dict[str, dict] = {}

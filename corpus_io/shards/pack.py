@@ -39,7 +39,7 @@ from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write, ensure_dir, remove_temp_files
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 from corpus_io.shards import format as fmt
-from corpus_io.shards.index import load_index, write_list_and_index
+from corpus_io.shards.index import index_path_for, read_index_file, write_list_and_index
 from corpus_io.shards.writer import ShardWriter
 
 # FunASR/WeNet fields that become members or computed metadata instead of being copied to the .json.
@@ -468,6 +468,7 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
               keep: Callable[[dict], bool] | None, summary: Summary, desc: str) -> list[ShardStat]:
     ensure_dir(out_dir, what="output_dir")
     _clean_temp_files(out_dir, cfg.shard_prefix)
+    previous_index = _withdraw_list(out_dir / "data.list")
     per_shard = cfg.num_utts_per_shard
 
     def tasks() -> Iterator[ShardTask]:
@@ -501,8 +502,9 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
         for reason, n in stat.skipped.items():
             summary.skip(reason, n)
     listed = [s for s in stats if s.num_utts > 0]
-    write_list_and_index(out_dir / "data.list", _keep_companion_fields(out_dir / "data.list",
+    write_list_and_index(out_dir / "data.list", _keep_companion_fields(previous_index,
                                                                        [s.index_entry() for s in listed]))
+    previous_index.unlink(missing_ok=True)
     removed = _remove_stale_shards(out_dir, cfg.shard_prefix, {Path(s.path).name for s in listed})
     if removed:
         summary.extra["stale shards removed"] = summary.extra.get("stale shards removed", 0) + removed
@@ -523,9 +525,22 @@ def _remove_stale_shards(out_dir: Path, prefix: str, current: set[str]) -> int:
     return len(stale)
 
 
-def _keep_companion_fields(list_path: Path, entries: list[dict]) -> list[dict]:
+def _withdraw_list(list_path: Path) -> Path:
+    """Take a previous run's list out of the way before any shard is rewritten, so a run that fails
+    halfway leaves no list naming shards that no longer match it. Its index moves to a hidden name,
+    which the end of the run reads (add-field's entries) and then deletes. Returns that name."""
+    index = index_path_for(list_path)
+    kept = index.with_name(f".{index.name}.previous")
+    if index.is_file() and not kept.is_file():  # a kept one is from a run that failed: it is the older truth
+        os.replace(index, kept)
+    index.unlink(missing_ok=True)
+    list_path.unlink(missing_ok=True)
+    return kept
+
+
+def _keep_companion_fields(previous_index: Path, entries: list[dict]) -> list[dict]:
     """Carry add-field's ``fields`` over from the old index for shards whose bytes did not change."""
-    old = load_index(list_path) or {}
+    old = read_index_file(previous_index) or {}
     for entry in entries:
         previous = old.get(entry["path"])
         if previous and previous.get("sha256") == entry.get("sha256") and "fields" in previous:

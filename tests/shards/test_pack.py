@@ -14,6 +14,7 @@ import pytest
 import soundfile as sf
 
 from corpus_io.config import PackShardsConfig
+from corpus_io.errors import DataError
 from corpus_io.kaldi import iter_table
 from corpus_io.shards.index import load_index, read_datalist
 from corpus_io.shards.pack import pack_shards
@@ -257,3 +258,22 @@ def test_filter_group_on_segments_buckets_each_segment_by_its_own_length(tmp_pat
     assert sorted(s["key"] for s in short) == ["long-seg01", "long-seg02", "long-seg03"]
     assert [s["key"] for s in long_] == ["long-seg00"]
     assert all(s["meta"]["source_len"] < 200 for s in short) and long_[0]["meta"]["source_len"] >= 200
+
+
+def test_a_failed_rerun_leaves_no_list_naming_shards_it_rewrote_and_the_next_run_restores_it(tmp_path):
+    records = fixture_records()
+    out = tmp_path / "out"
+    pack_shards(_cfg(write_jsonl(tmp_path / "good.jsonl", records), out, num_utts_per_shard=1))
+    fields = {"fbank": {"file": "x"}}  # what add-field records; an unchanged shard keeps it
+    index = [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
+    index[0]["fields"] = fields
+    (out / "index.jsonl").write_text("".join(json.dumps(e) + "\n" for e in index))
+    broken = [dict(r) for r in records]
+    broken[2]["source"] = str(tmp_path / "gone.wav")
+    with pytest.raises(DataError, match="gone.wav"):
+        pack_shards(_cfg(write_jsonl(tmp_path / "broken.jsonl", broken), out, num_utts_per_shard=1))
+    assert not (out / "data.list").exists() and not (out / "index.jsonl").exists()
+    pack_shards(_cfg(tmp_path / "good.jsonl", out, num_utts_per_shard=1))
+    assert len(read_datalist(out / "data.list")) == len(records)
+    first = json.loads((out / "index.jsonl").read_text().splitlines()[0])
+    assert first["fields"] == fields and not list(out.glob(".index.jsonl*"))
