@@ -442,6 +442,19 @@ def _hydra_compose(config_name: str, overrides: list[str], *, config_path: str |
             cfg = hydra_compose(config_name=name, overrides=list(overrides))
     except HydraException as exc:
         raise ConfigError(_explain_hydra_error(str(exc), overrides)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"a YAML file under {conf_dir} (config {name}.yaml or a group it uses) is not UTF-8 "
+                          f"(byte {exc.start}). Save it as UTF-8.") from None
+    except Exception as exc:  # yaml.YAMLError: a syntax error or a key given twice
+        import yaml
+
+        if not isinstance(exc, yaml.YAMLError):
+            raise
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{conf_dir / (name + '.yaml')} (or a config group it uses) is not valid YAML{where}: "
+                          f"{problem}. Fix the file.") from None
     finally:
         GlobalHydra.instance().clear()
     return OmegaConf.to_container(cfg, resolve=False)

@@ -126,3 +126,12 @@ def test_sigusr1_prints_every_thread_stack_and_the_command_carries_on():
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and out == "finished\n"
     assert "most recent call first" in err and "in work" in err and "run_with_errors" in err
+
+
+@pytest.mark.parametrize("text, needle", [(b"input: [a\n", "not valid YAML at line 2"),
+                                          (b"input: x\ninput: y\n", "duplicate key input"),
+                                          (b"input: \xff\n", "not UTF-8")])
+def test_a_broken_user_yaml_is_one_paragraph_naming_the_file(tmp_path, text, needle):
+    (tmp_path / "mine.yaml").write_bytes(text)
+    result = run_cli("corpus-io", "stats", "--config-path", str(tmp_path), "--config-name", "mine.yaml")
+    assert_user_error(result, needle, str(tmp_path))
