@@ -307,6 +307,7 @@ class Trainer:
         self.out = Path(cfg.output_dir)
         ensure_dir(self.out, what="output_dir")
         self.log = RankLog(self.out, ctx.rank)
+        _absolute_paths(cfg.tokenizer, "token_list", "bpe_model")  # so decode finds them from any directory
         self.config_yaml = to_yaml(cfg)
         if ctx.is_main:
             (self.out / "config.yaml").write_text(self.config_yaml, encoding="utf-8")
@@ -668,6 +669,16 @@ class Trainer:
             self.writer.add_scalar("cv/acc", metrics["acc"], self.global_step)
         self.module.train()
         return metrics
+
+
+def _absolute_paths(section: Any, *keys: str) -> None:
+    """Make the local file paths under ``keys`` absolute (URLs stay as they are)."""
+    from corpus_io.urls import is_command, is_remote
+
+    for key in keys:
+        value = getattr(section, key, None)
+        if isinstance(value, str) and value and not (is_remote(value) or is_command(value)):
+            setattr(section, key, os.path.abspath(value))
 
 
 def train(cfg: Any) -> None:

@@ -28,9 +28,10 @@ def torchrun_cmd(output_dir: Path, corpus: dict, *overrides: str, nproc: int = 2
             *overrides]
 
 
-def run_train(cmd: list[str], timeout: float = 150) -> subprocess.CompletedProcess:
+def run_train(cmd: list[str], timeout: float = 150,
+              cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1", OMP_NUM_THREADS="1")
-    return run_bounded(cmd, timeout, env=env)
+    return run_bounded(cmd, timeout, env=env, cwd=cwd)
 
 
 @pytest.fixture(scope="session")

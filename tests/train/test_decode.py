@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import torch
@@ -12,6 +13,7 @@ from corpus_io.dataset import build_dataloader
 from corpus_io.train.cmvn import compute_cmvn, eval_dataset_conf
 from tests.conftest import assert_user_error, run_cli
 from tests.loader_data import small_conf
+from tests.train.conftest import run_train, torchrun_cmd
 
 
 def test_decode_writes_kaldi_text_and_a_cer_report(trained, corpus, tmp_path):
@@ -58,3 +60,15 @@ def test_cv_and_decode_read_their_own_list_once_even_when_training_mixes_lists_b
     keys = [k for batch in build_dataloader(str(corpus["raw"]), eval_dataset_conf(conf), None, train=False, rank=0,
                                             world_size=1) for k in batch["keys"]]
     assert sorted(keys) == sorted(corpus["raw_keys"])  # the raw list, each utterance once, not the training mix
+
+
+def test_a_model_trained_with_a_relative_token_list_decodes_from_another_directory(corpus, tmp_path):
+    tokens = str(corpus["tokens"])
+    cmd = torchrun_cmd(tmp_path / "exp", corpus, "++train_conf.max_epoch=1", "++train_conf.max_steps_per_epoch=1",
+                       f"++tokenizer.token_list={os.path.basename(tokens)}")
+    trained = run_train(cmd[cmd.index("--no-python") + 1:], cwd=os.path.dirname(tokens))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    result = run_cli("corpus-io", "decode", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
+                     f"++checkpoint={tmp_path / 'exp' / 'model.pt.ep0'}", f"++output_dir={tmp_path / 'dec'}",
+                     "++dataset_conf.num_workers=0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
