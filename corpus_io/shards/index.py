@@ -36,6 +36,10 @@ def read_datalist(path: str | os.PathLike) -> list[str]:
     from corpus_io.urls import is_remote, open_url
 
     path = str(path)
+    if not is_remote(path) and os.path.isdir(path):
+        hint = f" Did you mean {os.path.join(path, 'data.list')}?" if os.path.isfile(os.path.join(path, "data.list")) \
+            else ""
+        raise DataError(f"data list {path} is a directory, not a list file.{hint}")
     if not is_remote(path) and not os.path.isfile(path):
         raise DataError(f"data list {path} does not exist. Create it with make-datalist or pack-shards.")
     with open_url(path) as f:
@@ -44,7 +48,11 @@ def read_datalist(path: str | os.PathLike) -> list[str]:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: invalid UTF-8 at byte {exc.start}; a data.list is UTF-8 text.") from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    entries = [line.strip() for line in text.splitlines() if line.strip()]
+    if entries and entries[0].startswith("{"):
+        raise DataError(f"{path} holds JSON lines (a raw list or a FunASR jsonl), not shard paths. Read it with "
+                        f"++dataset_conf.data_type=raw, or pack it into shards with pack-shards first.")
+    return entries
 
 
 def load_index(list_path: str | os.PathLike) -> dict[str, dict] | None:

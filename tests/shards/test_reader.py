@@ -183,6 +183,16 @@ def test_index_helpers(tmp_path):
     assert load_index(tmp_path / "data.list") == {"a.tar": {"path": "a.tar", "num_utts": 3}}
 
 
+def test_a_data_list_that_is_a_directory_or_a_raw_list_says_what_to_pass(tmp_path):
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "data.list").write_text("a.tar\n")
+    with pytest.raises(DataError, match=r"is a directory.*Did you mean .*shards/data\.list"):
+        read_datalist(tmp_path / "shards")
+    (tmp_path / "raw.list").write_text('{"key": "k", "wav": "k.wav", "txt": "hi"}\n')
+    with pytest.raises(DataError, match=r"raw\.list holds JSON lines.*data_type=raw"):
+        read_datalist(tmp_path / "raw.list")
+
+
 def test_read_shard_over_http(tmp_path):
     import http.server
 
