@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from corpus_io.config import DatasetConf
 from corpus_io.errors import ConfigError, CorpusIOError, DataError
+from corpus_io.files import read_json_object
 from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info
 from corpus_io.pipeline.build import build_pipeline
 from corpus_io.pipeline.read import Source
@@ -237,6 +238,10 @@ def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer
         r, w = dist_info()
         rank = r if rank is None else rank
         world_size = w if world_size is None else world_size
+    if dataset_conf.batch_size < 1:  # the lazy pipeline would only reject it inside a worker
+        unit = {"example": "utterances", "length": "frames"}.get(dataset_conf.batch_type, "frames + tokens")
+        raise ConfigError(f"dataset_conf.batch_size={dataset_conf.batch_size}: a batch budget must be >= 1 ({unit} "
+                          f"per batch for batch_type={dataset_conf.batch_type}), e.g. ++dataset_conf.batch_size=16.")
     if dataset_conf.epoch_hours is not None and dataset_conf.epoch_hours <= 0:
         raise ConfigError(f"dataset_conf.epoch_hours is {dataset_conf.epoch_hours}; it must be > 0 (or null).")
     sources = open_sources(data_list, dataset_conf)
@@ -281,6 +286,7 @@ def bench_loader(cfg: Any) -> dict:
 
     if not cfg.dataset_conf.sources:
         require(cfg, "data_list")
+    _check_bench_config(cfg)
     if cfg.save_state_after and not cfg.state_file:
         raise ConfigError("save_state_after needs state_file: ++state_file=loader_state.json")
     rank, world_size = _init_distributed()
@@ -289,17 +295,24 @@ def bench_loader(cfg: Any) -> dict:
         from corpus_io.tokenizer import build_tokenizer
 
         tokenizer = build_tokenizer(cfg.tokenizer)
-    data_list = None if cfg.data_list == "???" else cfg.data_list
-    loader = build_dataloader(data_list, cfg.dataset_conf, tokenizer, train=cfg.train, rank=rank,
-                              world_size=world_size)
     state_path = None
     if cfg.state_file:
         state_path = Path(cfg.state_file.replace("{rank}", str(rank)))
         if world_size > 1 and "{rank}" not in cfg.state_file:
             state_path = state_path.with_name(f"{state_path.name}.rank{rank}")
-    resumed_epoch = None
+    saved_state = None
     if state_path is not None and not cfg.save_state_after and state_path.is_file():
-        loader.load_state_dict(json.loads(state_path.read_text()))
+        saved_state = _read_loader_state(state_path)
+        if int(saved_state["epoch"]) >= cfg.epochs:
+            raise ConfigError(f"the loader state {state_path} is in epoch {saved_state['epoch']}, but epochs="
+                              f"{cfg.epochs} ends before it, so there is nothing to resume. Raise ++epochs above "
+                              f"{saved_state['epoch']}, or delete {state_path} to start afresh.")
+    data_list = None if cfg.data_list == "???" else cfg.data_list
+    loader = build_dataloader(data_list, cfg.dataset_conf, tokenizer, train=cfg.train, rank=rank,
+                              world_size=world_size)
+    resumed_epoch = None
+    if saved_state is not None:
+        loader.load_state_dict(saved_state)
         resumed_epoch = loader.epoch
         print(f"rank {rank}: resuming epoch {loader.epoch} after {loader.state_dict()['batches']} batches",
               flush=True)
@@ -356,3 +369,35 @@ def bench_loader(cfg: Any) -> dict:
     if state_path is not None and not cfg.save_state_after and state_path.is_file():
         state_path.unlink()  # the resumed run finished: the state is spent
     return summary
+
+
+def _check_bench_config(cfg: Any) -> None:
+    """bench-loader's own counts (dataset_conf is checked by build_dataloader)."""
+    if cfg.epochs < 1:
+        raise ConfigError(f"epochs={cfg.epochs}: bench-loader iterates epochs 0..epochs-1, so it must be >= 1 "
+                          f"(e.g. ++epochs=1).")
+    for key in ("max_batches", "save_state_after"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"{key}={getattr(cfg, key)} is negative; give a number of batches, or 0 for off.")
+
+
+def _read_loader_state(path: Any) -> dict:
+    """The JSON loader state bench-loader saved (``CorpusLoader.state_dict``); anything else is a DataError."""
+    remedy = ("Point ++state_file= at a loader state saved by `bench-loader ++save_state_after=K ++state_file=...`, "
+              "or at a path that does not exist yet to start afresh.")
+
+    def bad(why: str) -> DataError:
+        return DataError(f"state_file {path} {why}, so it is not a loader state. {remedy}")
+
+    state = read_json_object(path, bad)
+    missing = [k for k in ("version", "epoch", "workers") if k not in state]
+    if missing:
+        raise bad(f"has no {', '.join(repr(k) for k in missing)} entr{'y' if len(missing) == 1 else 'ies'}")
+    if isinstance(state["epoch"], bool) or not isinstance(state["epoch"], int) or state["epoch"] < 0:
+        raise bad(f"has epoch={state['epoch']!r}, not an epoch number")
+    workers = state["workers"]
+    if not isinstance(workers, dict) or not all(k.isdigit() and isinstance(w, dict) for k, w in workers.items()):
+        raise bad("has a 'workers' entry that is not an object of per-worker read positions")
+    if not isinstance(state.get("batches", 0), int) or not isinstance(state.get("counts", {}), dict):
+        raise bad("has a malformed 'batches' or 'counts' entry")
+    return state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 from pathlib import Path
@@ -76,6 +77,27 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | No
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def read_json_object(path: str | os.PathLike, bad: Callable[[str], DataError]) -> dict:
+    """The JSON object stored in ``path``; anything else raises ``bad(why)``, a DataError whose
+    message names the file and says what to do (``why``: "is empty", "is not UTF-8 text", ...)."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise bad(f"cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise bad(f"is not UTF-8 text (byte {exc.start})") from None
+    if not text.strip():
+        raise bad("is empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise bad(f"is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); it may be truncated") \
+            from None
+    if not isinstance(data, dict):
+        raise bad(f"holds a JSON {type(data).__name__}, not an object")
+    return data
 
 
 def iter_raw_lines(path: str | os.PathLike, *, what: str = "file") -> Iterator[tuple[int, bytes]]:

@@ -13,7 +13,9 @@ import os
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
+
+import numpy as np
 
 from corpus_io import audio, kaldi
 from corpus_io.errors import ConfigError, DataError
@@ -203,6 +205,10 @@ def scp2jsonl(cfg: Any) -> Summary:
                 missing_counts[where] = missing_counts.get(where, 0) + 1
                 if len(missing.setdefault(where, [])) < 10:
                     missing[where].append(key)
+    if not hashes:
+        raise DataError(f"{driver_path} has no utterances; there is nothing to write. Check "
+                        f"{'++segments' if cfg.segments else 'the first file of ++scp_file_list'} "
+                        f"(an earlier step may have written an empty table).")
     kaldi.raise_if_duplicates(driver_path, hashes)
     total = len(hashes)
     del hashes
@@ -247,6 +253,9 @@ def scp2jsonl(cfg: Any) -> Summary:
                 out.write(result.line)
                 summary.kept += 1
                 summary.seconds += result.seconds
+            if not summary.kept:  # raised inside the block: no empty JSONL is left behind
+                raise DataError(f"no utterance of {driver_path} is left to write ({summary.line()}). "
+                                f"Fix the tables or the audio they name.")
     finally:
         _KEYED.clear()
     for t in keyed.values():
@@ -258,21 +267,73 @@ def scp2jsonl(cfg: Any) -> Summary:
 # --------------------------------------------------------------------------- jsonl2scp
 
 
-def jsonl2scp(cfg: Any) -> int:
-    """Write one Kaldi table per field of a JSONL; returns the number of lines."""
+def raise_if_duplicate_keys(paths: Iterable[str | os.PathLike], hashes: Any) -> None:
+    """Raise a DataError naming both ``file:line`` of a key repeated in the JSONL ``paths`` (read in
+    order), given the :func:`kaldi.key_hash` of ``str(key)`` of every line that has a ``key``.
+
+    Memory: the 8-byte hashes only; the files are re-read to name the lines only when two hashes match.
+    """
+    h = np.sort(np.asarray(hashes, dtype=np.int64))
+    dup = np.unique(h[1:][h[1:] == h[:-1]])
+    if not len(dup):
+        return
+    wanted = set(int(x) for x in dup[:8])
+    first_seen: dict[str, ManifestLine] = {}
+    for path in paths:
+        for line in iter_jsonl(path):
+            if "key" not in line.record:
+                continue
+            key = str(line.record["key"])
+            if kaldi.key_hash(key) not in wanted:
+                continue
+            first = first_seen.get(key)
+            if first is not None:
+                where = f" in {line.path}" if first.path == line.path else ""
+                raise DataError(f"duplicate key '{key}'{where}: at {first.where} and {line.where}. "
+                                f"Keys must be unique; remove or rename one.")
+            first_seen[key] = line
+    # Equal hashes of different keys (a 64-bit collision): not a duplicate.
+
+
+def _check_outputs(cfg: Any) -> list[str]:
+    """The output tables of jsonl2scp; each must be a different file, and none the input."""
     if not cfg.scp_file_list or len(cfg.scp_file_list) != len(cfg.data_type_list):
         raise ConfigError("jsonl2scp needs ++scp_file_list and ++data_type_list of the same length, e.g. "
                           "++scp_file_list='[\"wav.scp\",\"text\"]' ++data_type_list='[\"source\",\"target\"]'.")
+    outputs = [str(p) for p in cfg.scp_file_list]
+    seen: dict[str, tuple[str, int]] = {}
+    for i, path in enumerate(outputs, 1):
+        real = os.path.realpath(path)
+        if real == os.path.realpath(str(cfg.jsonl_file_in)):
+            raise ConfigError(f"++scp_file_list entry {i} ({path}) is the input ++jsonl_file_in; writing it "
+                              f"would replace the input. Give the tables other paths, e.g. "
+                              f"++scp_file_list='[\"data/wav.scp\",\"data/text\"]'.")
+        if real in seen:
+            first, j = seen[real]
+            raise ConfigError(f"++scp_file_list names the same file twice: entry {j} ({first}) and entry {i} "
+                              f"({path}). Each field needs its own output table, e.g. "
+                              f"++scp_file_list='[\"data/wav.scp\",\"data/text\"]'.")
+        seen[real] = (path, i)
+    return outputs
+
+
+def jsonl2scp(cfg: Any) -> int:
+    """Write one Kaldi table per field of a JSONL; returns the number of lines."""
+    outputs = _check_outputs(cfg)
     sep = "\t" if cfg.separator == "tab" else " "
     names = list(cfg.data_type_list)
     n = 0
-    writers = [atomic_write(p) for p in cfg.scp_file_list]
-    files = [w.__enter__() for w in writers]
+    hashes = array("q")
+    writers = [atomic_write(p) for p in outputs]
+    files = []
     try:
+        for w in writers:
+            files.append(w.__enter__())
         for line in iter_jsonl(cfg.jsonl_file_in):
             record = line.record
             if "key" not in record:
                 raise DataError(f"{line.where}: the line has no 'key'.")
+            hashes.append(kaldi.key_hash(str(record["key"])))
             for name, f in zip(names, files):
                 value = record.get(name, record.get({"source": "wav", "target": "txt"}.get(name, ""), None))
                 if value is None:
@@ -280,11 +341,16 @@ def jsonl2scp(cfg: Any) -> int:
                                     f"Fields present: {sorted(record)}.")
                 f.write(f"{record['key']}{sep}{value}\n")
             n += 1
+        # Checked before any table is renamed into place: a bad input leaves no output behind.
+        if not n:
+            raise DataError(f"{cfg.jsonl_file_in} has no utterances; there is nothing to write. Check "
+                            f"++jsonl_file_in (an earlier step may have written an empty file).")
+        raise_if_duplicate_keys([cfg.jsonl_file_in], hashes)
     except BaseException as exc:
-        for w in writers:
+        for w in writers[:len(files)]:
             w.__exit__(type(exc), exc, exc.__traceback__)
         raise
     for w in writers:
         w.__exit__(None, None, None)
-    print(f"[jsonl2scp] {n} utterances -> {', '.join(map(str, cfg.scp_file_list))}", flush=True)
+    print(f"[jsonl2scp] {n} utterances -> {', '.join(outputs)}", flush=True)
     return n

@@ -19,12 +19,13 @@ from __future__ import annotations
 import os
 import re
 import sys
+from array import array
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from corpus_io.config import MakeTokenizerConfig, TokenizerConf, require
-from corpus_io.errors import ConfigError, DataError
+from corpus_io.errors import ConfigError, CorpusIOError, DataError
 from corpus_io.files import atomic_write, temp_name
 
 SOS_EOS = "<sos/eos>"
@@ -231,19 +232,40 @@ def build_tokenizer(conf: TokenizerConf) -> Tokenizer:
 
 
 def iter_texts(path: str) -> Iterator[str]:
-    """Transcripts of a Kaldi ``text`` file or a JSONL (``target`` or ``txt``), streamed."""
+    """Transcripts of a Kaldi ``text`` file or a JSONL (``target`` or ``txt``), streamed.
+
+    Strict like scp2jsonl: a Kaldi line with a key but no transcript, a duplicate key (both lines
+    named, checked by 8-byte key hashes once the file is read) and a file without any utterance are
+    :class:`DataError`; these surface when the iteration reaches them.
+    """
     from corpus_io import kaldi, manifest
 
+    hashes = array("q")
+    count = 0
     if _looks_like_jsonl(path):
         for line in manifest.iter_jsonl(path):
             text = line.record.get("target", line.record.get("txt"))
             if not isinstance(text, str):
                 raise DataError(f"{line.where}: no 'target' or 'txt' string in this line. Each line of a "
                                 f"JSONL transcript needs one.")
+            if "key" in line.record:
+                hashes.append(kaldi.key_hash(str(line.record["key"])))
+            count += 1
             yield text
+        manifest.raise_if_duplicate_keys([path], hashes)
     else:
         for row in kaldi.iter_table(path, allow_empty_value=True):
+            if not row.value:
+                raise DataError(f"{row.where}: key '{row.key}' has no transcript (the line is only a key). "
+                                f"Each line must be '<key> <transcript>'; fill in the transcript or remove "
+                                f"the line.")
+            hashes.append(kaldi.key_hash(row.key))
+            count += 1
             yield row.value
+        kaldi.raise_if_duplicates(path, hashes)
+    if not count:
+        raise DataError(f"{path} has no utterances; there is no text to build a token list from. Check "
+                        f"++input (an earlier step may have written an empty file).")
 
 
 def _looks_like_jsonl(path: str) -> bool:
@@ -292,14 +314,19 @@ def _make_bpe(cfg: MakeTokenizerConfig) -> dict:
     model_prefix = temp_name(out.with_suffix(""))
     normalizer = Tokenizer([conf.blank, conf.unk], lambda text: [text], conf)
     lines = 0
+    input_error: list[CorpusIOError] = []  # sentencepiece turns an exception of the iterator into RuntimeError
 
     def sentences() -> Iterator[str]:
         nonlocal lines
-        for text in iter_texts(cfg.input):
-            text = normalizer.normalize(text)
-            if text:
-                lines += 1
-                yield text
+        try:
+            for text in iter_texts(cfg.input):
+                text = normalizer.normalize(text)
+                if text:
+                    lines += 1
+                    yield text
+        except CorpusIOError as exc:
+            input_error.append(exc)
+            raise
 
     try:
         spm.SentencePieceTrainer.train(
@@ -308,6 +335,10 @@ def _make_bpe(cfg: MakeTokenizerConfig) -> dict:
             input_sentence_size=10_000_000, shuffle_input_sentence=False, num_threads=1,
             hard_vocab_limit=False, minloglevel=2)
     except RuntimeError as exc:
+        for suffix in (".model", ".vocab"):
+            Path(f"{model_prefix}{suffix}").unlink(missing_ok=True)
+        if input_error:
+            raise input_error[0] from None
         raise ConfigError(f"sentencepiece could not train on {cfg.input} with vocab_size={cfg.vocab_size}: "
                           f"{exc}. Lower ++vocab_size or add more text.") from None
     os.replace(f"{model_prefix}.model", model)

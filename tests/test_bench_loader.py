@@ -1,7 +1,9 @@
-"""bench-loader as the partition and resume test: real torchrun (gloo, CPU), real worker processes, kill -9."""
+"""bench-loader as the partition and resume test: real torchrun (gloo, CPU), real worker processes, kill -9;
+and its user errors (bad state files and counts), which are fast."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from corpus_io.config import BenchLoaderConfig, compose
+from corpus_io.dataset import bench_loader
+from corpus_io.errors import ConfigError, DataError
 from tests.conftest import BIN, REPO, assert_user_error, free_port, run_bounded, run_cli
 from tests.loader_data import env_no_threads, make_shards, token_list
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +45,7 @@ def read_keys(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").split()
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_every_key_once_per_epoch_new_order_each_epoch_same_seed_same_order(corpus, tmp_path):
     data_list, keys, tokens = corpus
     torchrun(data_list, tokens, tmp_path / "a")
@@ -59,6 +63,7 @@ def test_torchrun_two_ranks_every_key_once_per_epoch_new_order_each_epoch_same_s
             assert read_keys(tmp_path / "b" / f"keys.rank{r}.epoch{epoch}.txt") == orders[epoch][r]
 
 
+@pytest.mark.slow
 def test_kill_9_after_saving_state_then_resume_is_exact(corpus, tmp_path):
     data_list, keys, tokens = corpus
     state, dump = tmp_path / "state.json", tmp_path / "keys"
@@ -89,3 +94,74 @@ def test_kill_9_after_saving_state_then_resume_is_exact(corpus, tmp_path):
     assert everything[:12] == before
     assert sorted(everything) == sorted(keys)  # none twice, none missing
     assert "resume.reread" in resumed.stdout or "dropped: none" in resumed.stdout
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_loader_small")
+    data_list, _ = make_shards(out, per_shard=24)  # 24 utterances, 1 shard
+    return data_list, token_list(out).token_list
+
+
+def bench(data_list: Path, tokens: str, *extra: str) -> dict:
+    cfg = compose(BenchLoaderConfig, "bench_loader", [f"++data_list={data_list}", f"++tokenizer.token_list={tokens}",
+                                                      "++dataset_conf.batch_size=8", *extra])
+    return bench_loader(cfg)
+
+
+@pytest.mark.parametrize("content, why", [
+    (b'{"key": "a", "wav": "a.wav"}\n{"key": "b", "wav": "b.wav"}\n', "is not valid JSON"),  # a JSONL
+    (b"", "is empty"),
+    (b"[1, 2]", "JSON list"),
+    (b"\xff\xfe{}", "not UTF-8"),
+    (b'{"key": "a", "wav": "a.wav"}', "has no 'version', 'epoch', 'workers' entries"),
+    (b'{"version": 1, "epoch": "zero", "workers": {}}', "epoch='zero'"),
+    (b'{"version": 1, "epoch": 0, "workers": [1]}', "'workers' entry"),
+])
+def test_state_file_that_is_not_a_loader_state_is_a_data_error_naming_it_and_kept(small, tmp_path, content, why):
+    state = tmp_path / "not_a_state.json"
+    state.write_bytes(content)
+    with pytest.raises(DataError) as err:
+        bench(*small, f"++state_file={state}")
+    assert str(state) in str(err.value) and why in str(err.value) and "not a loader state" in str(err.value)
+    assert state.read_bytes() == content  # a user's file pointed at by mistake is not deleted
+
+
+def test_state_file_and_count_mistakes_from_the_cli_are_one_paragraph_user_errors(small, tmp_path):
+    data_list, tokens = small
+    jsonl = tmp_path / "data.jsonl"
+    jsonl.write_text('{"key": "a"}\n{"key": "b"}\n', encoding="utf-8")
+    assert_user_error(run_cli("corpus-io", "bench-loader", *overrides(data_list, tokens, f"++state_file={jsonl}")),
+                      "error: state_file", str(jsonl))
+    assert_user_error(run_cli("corpus-io", "bench-loader", *overrides(data_list, tokens, "++epochs=0")),
+                      "error: epochs=0")
+    assert_user_error(run_cli("corpus-io", "bench-loader", f"++data_list={data_list}",
+                              f"++tokenizer.token_list={tokens}", "++dataset_conf.batch_size=0"),
+                      "error: dataset_conf.batch_size=0")
+
+
+@pytest.mark.parametrize("override, key", [
+    ("++epochs=0", "epochs=0"), ("++epochs=-1", "epochs=-1"), ("++dataset_conf.batch_size=0", "batch_size=0"),
+    ("++dataset_conf.batch_size=-4", "dataset_conf.batch_size=-4"), ("++max_batches=-1", "max_batches=-1"),
+    ("++save_state_after=-1", "save_state_after=-1"),
+])
+def test_counts_below_their_minimum_are_config_errors_naming_the_key(small, override, key):
+    with pytest.raises(ConfigError, match=key):
+        bench(*small, override)
+    if "batch_size" in override:  # every batch_type, not only example
+        with pytest.raises(ConfigError, match="dataset_conf.batch_size"):
+            bench(*small, override, "++dataset_conf.batch_type=token")
+
+
+def test_a_state_for_a_later_epoch_than_epochs_is_a_config_error_and_kept(small, tmp_path):
+    state = tmp_path / "state.json"
+    saved = bench(*small, "++save_state_after=1", f"++state_file={state}", "++epochs=3")
+    assert saved["batches"] == 1
+    later = json.loads(state.read_text())
+    later["epoch"] = 2
+    state.write_text(json.dumps(later))
+    with pytest.raises(ConfigError, match="epochs=2"):
+        bench(*small, f"++state_file={state}", "++epochs=2")
+    assert state.is_file()  # not spent by a run that did nothing
+    summary = bench(*small, f"++state_file={state}", "++epochs=3")
+    assert [row["epoch"] for row in summary["epochs"]] == [2] and not state.exists()

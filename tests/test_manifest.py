@@ -209,3 +209,53 @@ def test_jsonl_bad_json_names_the_line(tmp_path):
     result = run_cli("jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{tmp_path}/wav.scp]",
                      "++data_type_list=[source]")
     assert_user_error(result, "in.jsonl:2: not valid JSON")
+
+
+def _ls(directory) -> list[str]:
+    return sorted(p.name for p in Path(directory).iterdir()) if Path(directory).exists() else []
+
+
+def test_jsonl2scp_same_output_twice_is_a_config_error_before_writing(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"key": "a", "source": "a.wav", "target": "hi"}\n')
+    out = tmp_path / "out"
+    result = run_cli("jsonl2scp", f"++jsonl_file_in={src}",
+                     f"++scp_file_list=[\"{out}/wav.scp\",\"{out}/../out/wav.scp\"]",
+                     "++data_type_list=[source,target]")
+    assert_user_error(result, "same file twice", f"{out}/wav.scp", "entry 2")
+    assert result.returncode == 2 and _ls(out) == []
+    result = run_cli("jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{src}]", "++data_type_list=[source]")
+    assert_user_error(result, "is the input ++jsonl_file_in")
+    assert src.read_text().startswith('{"key": "a"')
+
+
+def test_jsonl2scp_duplicate_key_names_both_lines_and_writes_nothing(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"key": "a", "source": "a.wav"}\n{"key": "b", "source": "b.wav"}\n\n'
+                   '{"key": "a", "source": "c.wav"}\n')
+    result = run_cli("jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{tmp_path}/out/wav.scp]",
+                     "++data_type_list=[source]")
+    assert_user_error(result, "duplicate key 'a'", "in.jsonl:1", "in.jsonl:4")
+    assert result.returncode == 2 and _ls(tmp_path / "out") == []
+
+
+def test_empty_inputs_are_errors_and_leave_no_output(tmp_path):
+    (tmp_path / "wav.scp").write_text("")
+    (tmp_path / "text").write_text("\n")
+    (tmp_path / "in.jsonl").write_text("\n")
+    out = tmp_path / "out"
+    result = funasr_scp2jsonl(tmp_path / "wav.scp", tmp_path / "text", out / "o.jsonl")
+    assert_user_error(result, "wav.scp has no utterances")
+    result = run_cli("jsonl2scp", f"++jsonl_file_in={tmp_path}/in.jsonl", f"++scp_file_list=[{out}/wav.scp]",
+                     "++data_type_list=[source]")
+    assert_user_error(result, "in.jsonl has no utterances")
+    assert _ls(out) == []
+
+
+def test_scp2jsonl_with_every_utterance_skipped_leaves_no_output(tmp_path):
+    (tmp_path / "wav.scp").write_text("u1 a.wav\n")
+    (tmp_path / "text").write_text("u2 hello\n")
+    out = tmp_path / "out" / "o.jsonl"
+    result = funasr_scp2jsonl(tmp_path / "wav.scp", tmp_path / "text", out, "++on_missing=skip")
+    assert_user_error(result, "no utterance of", "missing in text: 1")
+    assert _ls(out.parent) == []

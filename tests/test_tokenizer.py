@@ -9,7 +9,7 @@ import pytest
 from corpus_io.config import MakeTokenizerConfig, TokenizerConf
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.tokenizer import build_tokenizer, iter_texts, make_tokenizer, read_token_list
-from tests.conftest import run_cli
+from tests.conftest import assert_user_error, run_cli
 
 
 def _make(tmp_path, fixture_corpus, name="tokens.txt", **tok) -> str:
@@ -110,3 +110,35 @@ def test_make_tokenizer_cli_reads_jsonl(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "vocab_size 6" in result.stderr
     assert read_token_list(str(tmp_path / "units.txt")) == ["<blank>", "<unk>", "world", "你", "好", "<sos/eos>"]
+
+
+@pytest.mark.parametrize("content, needles", [
+    ("a 你好\nb\nc world\n", ["text:2", "'b'", "no transcript"]),
+    ("a 你好\nb world\n\na again\n", ["duplicate key 'a'", "text:1", "text:4"]),
+    ("\n", ["text has no utterances"]),
+])
+def test_make_tokenizer_rejects_bad_kaldi_text_and_writes_nothing(tmp_path, content, needles):
+    src = tmp_path / "text"
+    src.write_text(content, encoding="utf-8")
+    for kind in ("char", "bpe"):
+        with pytest.raises(DataError) as info:
+            make_tokenizer(MakeTokenizerConfig(input=str(src), output=str(tmp_path / "out" / "units.txt"),
+                                               tokenizer=TokenizerConf(type=kind), vocab_size=10))
+        assert all(n in str(info.value) for n in needles), (kind, str(info.value))
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_make_tokenizer_cli_duplicate_key_is_a_user_error(tmp_path):
+    src = tmp_path / "text"
+    src.write_text("a 你好\na world\n", encoding="utf-8")
+    result = run_cli("corpus-io", "make-tokenizer", f"++input={src}", f"++output={tmp_path / 'units.txt'}")
+    assert_user_error(result, "duplicate key 'a'", "text:1", "text:2")
+    assert result.returncode == 2 and not (tmp_path / "units.txt").exists()
+
+
+def test_make_tokenizer_empty_jsonl_is_an_error(tmp_path):
+    src = tmp_path / "train.jsonl"
+    src.write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match="train.jsonl has no utterances"):
+        make_tokenizer(MakeTokenizerConfig(input=str(src), output=str(tmp_path / "units.txt")))
+    assert not (tmp_path / "units.txt").exists()

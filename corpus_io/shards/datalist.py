@@ -21,6 +21,7 @@ import glob
 import json
 import os
 import re
+from array import array
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -89,7 +90,7 @@ def _tar_entries(paths: list[str]) -> Iterator[tuple[str, dict | None]]:
 
 def _list_entries(path: str) -> Iterator[tuple[str, dict | None]]:
     index = load_index(path) if not is_remote(path) else None
-    for entry in read_datalist(path):
+    for entry in read_datalist(path):  # a raw list / jsonl given here is caught there
         yield entry, (index or {}).get(entry)
 
 
@@ -168,13 +169,17 @@ def make_shard_list(inputs: list[str], output: str, prefix: str | None = None) -
 def make_raw_list(inputs: list[str], output: str) -> Summary:
     """WeNet raw lines ``{key, wav, txt, duration, source_len[, start, end]}`` from FunASR/WeNet jsonl(s)."""
     from corpus_io import audio
-    from corpus_io.manifest import canonical, iter_jsonl
+    from corpus_io.kaldi import key_hash
+    from corpus_io.manifest import canonical, iter_jsonl, raise_if_duplicate_keys
 
     summary = Summary()
-    with atomic_write(output) as out:
+    hashes = array("q")  # 8 bytes per utterance, for the duplicate-key check
+    with atomic_write(output) as out:  # an error below leaves no output behind
         for path in inputs:
+            before = len(hashes)
             for line in iter_jsonl(path):
                 rec = canonical(line.record, where=line.where)
+                hashes.append(key_hash(rec["key"]))
                 if rec.get("target") is None:
                     raise DataError(f"{line.where}: key '{rec['key']}' has no transcript ('target' or 'txt').")
                 start, end = rec.get("start"), rec.get("end")
@@ -193,6 +198,10 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
                 out.write(json.dumps(item, ensure_ascii=False) + "\n")
                 summary.kept += 1
                 summary.seconds += duration
+            if len(hashes) == before:
+                raise DataError(f"{path} has no utterances; there is nothing to list. Check ++input "
+                                f"(an earlier step may have written an empty file).")
+        raise_if_duplicate_keys(inputs, hashes)
     summary.print("make-datalist")
     return summary
 

@@ -50,8 +50,9 @@ def read_datalist(path: str | os.PathLike) -> list[str]:
         raise DataError(f"{path}: invalid UTF-8 at byte {exc.start}; a data.list is UTF-8 text.") from None
     entries = [line.strip() for line in text.splitlines() if line.strip()]
     if entries and entries[0].startswith("{"):
-        raise DataError(f"{path} holds JSON lines (a raw list or a FunASR jsonl), not shard paths. Read it with "
-                        f"++dataset_conf.data_type=raw, or pack it into shards with pack-shards first.")
+        raise DataError(f"{path} holds JSON lines (a raw list or a FunASR jsonl), not shard paths. Read it as a raw "
+                        f"list (++dataset_conf.data_type=raw; make-datalist: ++data_type=raw), or pack it into "
+                        f"shards with pack-shards first.")
     return entries
 
 

@@ -12,11 +12,12 @@ import contextlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write, temp_name
+from corpus_io.files import atomic_write, read_json_object, temp_name
 
 METRICS_FILE = "cv_metrics.json"
 _EPOCH_RE = re.compile(r"^model\.pt\.ep(\d+)$")
@@ -96,18 +97,51 @@ def read_metrics(output_dir: str | os.PathLike) -> dict[int, dict]:
     """``{epoch: {"loss": .., "acc": ..}}`` from cv_metrics.json, else from the epoch checkpoints."""
     path = Path(output_dir) / METRICS_FILE
     if path.is_file():
-        return {int(k): v for k, v in json.loads(path.read_text(encoding="utf-8")).items()}
+        return _read_metrics_file(path)
+    return _metrics_from_checkpoints(output_dir)
+
+
+def _metrics_from_checkpoints(output_dir: str | os.PathLike, skip: int | None = None) -> dict[int, dict]:
     out = {}
     for epoch, ckpt in epoch_checkpoints(output_dir).items():
+        if epoch == skip:
+            continue
         metrics = load_checkpoint(ckpt).get("cv_metrics") or {}
         if metrics:
             out[epoch] = metrics
     return out
 
 
+def _read_metrics_file(path: Path) -> dict[int, dict]:
+    """Parse cv_metrics.json; anything but ``{"<epoch>": {"loss": number|null, ...}, ...}`` is a DataError."""
+    remedy = (f"Delete {path} (the cv metrics are then read from the model.pt.ep{{E}} checkpoints, and the file is "
+              f"rewritten after the next epoch) or restore it from a backup.")
+
+    def bad(why: str) -> DataError:
+        return DataError(f"{path} (the cv metrics of each epoch, used to rank checkpoints) {why}. {remedy}")
+
+    data = read_json_object(path, bad)
+    out: dict[int, dict] = {}
+    for key, value in data.items():
+        try:
+            epoch = int(key)
+        except ValueError:
+            raise bad(f"has the key {key!r}, which is not an epoch number") from None
+        if not isinstance(value, dict):
+            raise bad(f"has {type(value).__name__} {value!r} for epoch {key}, not an object of metrics")
+        for name in ("loss", "acc"):
+            v = value.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise bad(f"has {name}={v!r} for epoch {key}, which is not a number")
+        out[epoch] = value
+    return out
+
+
 def write_metrics(output_dir: str | os.PathLike, epoch: int, metrics: dict) -> None:
+    """Record ``epoch``'s cv metrics in cv_metrics.json (atomically). Without the file (deleted), the
+    other epochs' metrics are recovered from their checkpoints first."""
     path = Path(output_dir) / METRICS_FILE
-    current = read_metrics(output_dir) if path.is_file() else {}
+    current = _read_metrics_file(path) if path.is_file() else _metrics_from_checkpoints(output_dir, skip=epoch)
     current[epoch] = metrics
     with atomic_write(path) as f:
         json.dump({str(k): v for k, v in sorted(current.items())}, f, indent=1)
@@ -140,10 +174,22 @@ def prune(output_dir: str | os.PathLike, keep: int, metric: str, *, current_epoc
     return removed
 
 
-def average_checkpoints(output_dir: str | os.PathLike, num: int, metric: str = "loss") -> Path:
-    """Average the model weights of the ``num`` best epoch checkpoints into ``model.pt.avg{num}``."""
+def average_checkpoints(output_dir: str | os.PathLike, num: int, metric: str = "loss", *, key: str | None = None,
+                        warn: Callable[[str], None] | None = None) -> Path:
+    """Average the model weights of the ``num`` best epoch checkpoints into ``model.pt.avg{num}``.
+
+    The file keeps that name even when fewer than ``num`` epochs have a cv ``metric`` (recipes expect
+    it); then a warning naming the averaged epochs goes to ``warn`` (default: a ``warning:`` line on
+    stderr), and the checkpoint's ``averaged_epochs`` / ``requested_num`` record it. ``key``: the config
+    key that gave ``num`` (``num`` for ``corpus-io average``, ``avg_nbest_model`` for train), named in
+    errors and warnings.
+    """
 
     out_dir = Path(output_dir)
+    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+        name = key or "num"
+        raise ConfigError(f"{name}={num!r}: the number of epoch checkpoints to average must be >= 1 "
+                          f"(e.g. ++{name}=5).")
     if not out_dir.is_dir():
         raise ConfigError(f"output_dir {out_dir} does not exist; give the training output_dir.")
     ranked = ranked_epochs(out_dir, metric)
@@ -167,8 +213,29 @@ def average_checkpoints(output_dir: str | os.PathLike, num: int, metric: str = "
     path = out_dir / f"model.pt.avg{num}"
     metrics = read_metrics(out_dir)
     save_checkpoint(path, {"model": avg, "config": last.get("config"), "averaged_epochs": chosen,
-                           "cv_metrics": {e: metrics.get(e) for e in chosen}, "metric": metric})
+                           "requested_num": num, "cv_metrics": {e: metrics.get(e) for e in chosen},
+                           "metric": metric})
+    message = shortfall_warning(num, chosen, metric, path, key=key)
+    if message is not None:
+        if warn is None:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+        else:
+            warn(message)
     return path
+
+
+def shortfall_warning(num: int, chosen: list[int], metric: str, path: str | os.PathLike, *,
+                      key: str | None = None) -> str | None:
+    """The warning for an average of fewer epochs than asked for, else None."""
+    if len(chosen) >= num:
+        return None
+    epochs = ", ".join(str(e) for e in chosen)
+    asked = f"{key}={num} asked for" if key else "asked to average"
+    fewer = f"average with a smaller ++{key}" if key else "ask for fewer"
+    return (f"{asked} the {num} best epochs, but only {len(chosen)} epoch checkpoint"
+            f"{'s have' if len(chosen) != 1 else ' has'} a cv '{metric}', so {Path(path).name} averages only "
+            f"{len(chosen)} epoch{'s' if len(chosen) != 1 else ''} ({epochs}). Train more epochs with cv data, "
+            f"keep more checkpoints (keep_nbest_models), or {fewer}.")
 
 
 def average(cfg: Any) -> Path:
@@ -176,7 +243,7 @@ def average(cfg: Any) -> Path:
     from corpus_io.config import require
 
     require(cfg, "output_dir")
-    path = average_checkpoints(cfg.output_dir, cfg.num, cfg.metric)
+    path = average_checkpoints(cfg.output_dir, cfg.num, cfg.metric, key="num")
     chosen = load_checkpoint(path)["averaged_epochs"]
     print(f"average: epochs {chosen} (best by cv {cfg.metric}) -> {path}")
     return path

@@ -471,7 +471,8 @@ class Trainer:
             self.log(f"not averaging: no epoch recorded a '{metric}' (avg_keep_nbest_models_type); average later "
                      f"with `corpus-io average ++output_dir={self.out} ++metric=loss`", all_ranks=False)
             return
-        path = ckpt.average_checkpoints(self.out, num, metric)
+        path = ckpt.average_checkpoints(self.out, num, metric, key="train_conf.avg_nbest_model",
+                                        warn=lambda message: self.log(f"warning: {message}", all_ranks=False))
         chosen = ckpt.load_checkpoint(path)["averaged_epochs"]
         self.log(f"averaged epochs {chosen} (best cv {metric}) -> {path}", all_ranks=False)
 

@@ -82,3 +82,45 @@ def test_missing_brace_shard_is_a_user_error(two_corpora, tmp_path):
                 f"++output={tmp_path / 'x.list'}")
     assert_user_error(r, "shard-000003.tar")
     assert r.returncode == 2
+
+
+
+def _raw_line(key: str, wav: str) -> str:
+    return json.dumps({"key": key, "source": wav, "source_len": 100, "target": "hi"}) + "\n"
+
+
+def test_raw_mode_duplicate_key_names_both_lines(tmp_path):
+    src = tmp_path / "t.jsonl"
+    src.write_text(_raw_line("k1", "/a.wav") + _raw_line("k2", "/b.wav") + "\n" + _raw_line("k1", "/c.wav"))
+    out = tmp_path / "raw.list"
+    r = run_cli("corpus-io", "make-datalist", "++data_type=raw", f"++input={src}", f"++output={out}")
+    assert_user_error(r, "duplicate key 'k1'", "t.jsonl:1", "t.jsonl:4")
+    assert r.returncode == 2 and not out.exists()
+
+
+def test_raw_mode_duplicate_key_across_inputs_names_both_files(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(_raw_line("k1", "/a.wav") + _raw_line("k2", "/b.wav"))
+    b.write_text(_raw_line("k3", "/c.wav") + _raw_line("k2", "/d.wav"))
+    out = tmp_path / "raw.list"
+    with pytest.raises(DataError, match=r"duplicate key 'k2': at .*a\.jsonl:2 and .*b\.jsonl:2"):
+        make_datalist(MakeDatalistConfig(data_type="raw", input=[str(a), str(b)], output=str(out)))
+    assert not out.exists()
+
+
+def test_raw_mode_empty_jsonl_is_an_error(tmp_path):
+    src = tmp_path / "t.jsonl"
+    src.write_text("\n")
+    out = tmp_path / "raw.list"
+    with pytest.raises(DataError, match="t.jsonl has no utterances"):
+        make_datalist(MakeDatalistConfig(data_type="raw", input=str(src), output=str(out)))
+    assert list(tmp_path.iterdir()) == [src]
+
+
+def test_shard_mode_given_a_jsonl_says_to_use_raw(tmp_path):
+    src = tmp_path / "t.jsonl"
+    src.write_text("\n" + _raw_line("k1", "/a.wav"))
+    out = tmp_path / "data.list"
+    r = run_cli("corpus-io", "make-datalist", "++data_type=shard", f"++input={src}", f"++output={out}")
+    assert_user_error(r, "t.jsonl holds JSON lines", "raw list", "++data_type=raw")
+    assert r.returncode == 2 and not out.exists()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from corpus_io.errors import ConfigError, DataError
 from corpus_io.train import checkpoint as ckpt
 from tests.conftest import assert_user_error, run_cli
 
@@ -44,3 +46,64 @@ def test_average_cli_and_its_user_errors(tmp_path):
         ckpt.load_checkpoint(tmp_path / "broken")
     except Exception as exc:  # DataError naming the file
         assert "broken" in str(exc) and type(exc).__name__ == "DataError"
+
+
+def test_average_cli_num_below_one_is_a_config_error_naming_num(tmp_path):
+    write_epochs(tmp_path, [0.3, 0.2])
+    for num in ("0", "-2"):
+        result = run_cli("corpus-io", "average", f"++output_dir={tmp_path}", f"++num={num}")
+        assert_user_error(result, f"num={num}", ">= 1")
+    assert not list(tmp_path.glob("model.pt.avg*"))
+    with pytest.raises(ConfigError, match="avg_nbest_model=0"):
+        ckpt.average_checkpoints(tmp_path, 0, key="avg_nbest_model")
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"", "is empty"),
+    (b'{"0": {"loss": 0.3, "acc": 0.', "not valid JSON"),  # truncated
+    (b'{"0": {"loss": 0.3}}\xff\xfe', "not UTF-8"),
+    (b'[0.3, 0.2]', "JSON list"),
+    (b'{"best": {"loss": 0.3}}', "not an epoch number"),
+    (b'{"0": 0.3}', "not an object of metrics"),
+    (b'{"0": {"loss": "low"}}', "not a number"),
+])
+def test_unreadable_cv_metrics_file_is_a_data_error_naming_it(tmp_path, content, why):
+    write_epochs(tmp_path, [0.3, 0.2])
+    metrics_file = tmp_path / ckpt.METRICS_FILE
+    metrics_file.write_bytes(content)
+    with pytest.raises(DataError) as err:
+        ckpt.read_metrics(tmp_path)
+    assert str(metrics_file) in str(err.value) and why in str(err.value) and "Delete" in str(err.value)
+    with pytest.raises(DataError):
+        ckpt.ranked_epochs(tmp_path, "loss")
+
+
+def test_average_cli_with_a_broken_cv_metrics_file_is_a_user_error_and_deleting_it_recovers(tmp_path):
+    write_epochs(tmp_path, [0.3, 0.2])
+    (tmp_path / ckpt.METRICS_FILE).write_text('{"0": {"loss": 0.3', encoding="utf-8")
+    assert_user_error(run_cli("corpus-io", "average", f"++output_dir={tmp_path}", "++num=2"), ckpt.METRICS_FILE)
+    (tmp_path / ckpt.METRICS_FILE).unlink()  # the remedy the message gives
+    assert ckpt.ranked_epochs(tmp_path, "loss") == [1, 0]  # read from the checkpoints
+    ckpt.write_metrics(tmp_path, 2, {"loss": 0.1, "acc": 0.9})  # rewritten with every epoch, not just the new one
+    assert sorted(ckpt.read_metrics(tmp_path)) == [0, 1, 2]
+
+
+def test_averaging_fewer_epochs_than_asked_keeps_the_name_and_warns_naming_them(tmp_path, capsys):
+    write_epochs(tmp_path, [0.3, 0.2])
+    ckpt.save_checkpoint(tmp_path / "model.pt.ep2", {"model": {"w": torch.zeros(2), "n": torch.tensor(2)}})  # no cv
+    result = run_cli("corpus-io", "average", f"++output_dir={tmp_path}", "++num=10")
+    assert result.returncode == 0, result.stderr
+    warning = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "num=10" in warning[0] and "only 2 epochs (1, 0)" in warning[0], result.stderr
+    state = ckpt.load_checkpoint(tmp_path / "model.pt.avg10")
+    assert state["averaged_epochs"] == [1, 0] and state["requested_num"] == 10
+
+    # the trainer's call: a warning on stderr by default, or to its own log through warn=
+    capsys.readouterr()
+    ckpt.average_checkpoints(tmp_path, 3, "loss")
+    assert "averages only 2 epochs (1, 0)" in capsys.readouterr().err
+    logged = []
+    ckpt.average_checkpoints(tmp_path, 3, "loss", key="avg_nbest_model", warn=logged.append)
+    assert len(logged) == 1 and "avg_nbest_model=3" in logged[0] and capsys.readouterr().err == ""
+    ckpt.average_checkpoints(tmp_path, 2, "loss", warn=logged.append)  # enough epochs: no warning
+    assert len(logged) == 1
