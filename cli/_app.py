@@ -32,7 +32,7 @@ _CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True, "help_opti
 
 def keys_table(schema: type) -> str:
     rows = describe(schema)
-    width = min(max(len(key) for key, _, _ in rows), 40)
+    width = max(len(key) for key, _, _ in rows)  # every key fits: the columns stay aligned
     lines = ["\b", "Config keys (override with ++key=value):"]
     for key, default, text in rows:
         lines.append(f"  {key:<{width}}  = {default:<12} {text}")

@@ -407,8 +407,12 @@ def validate(schema: type, raw: Any) -> Any:
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
         msg = str(exc).splitlines()[0]
+        if "ListConfig" in msg:  # OmegaConf's words for "a list was expected"
+            msg, example = "it takes a list, not a single value", f"++{key}='[a,b]'"
+        else:
+            example = f"++{key}=<value>"
         raise ConfigError(f"config key '{key}': {msg}. Fix the value in your YAML or override, "
-                          f"e.g. ++{key}=<value>.") from None
+                          f"e.g. {example}.") from None
     _check_choices_and_required(obj, prefix="")
     return obj
 

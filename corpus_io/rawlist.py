@@ -105,11 +105,12 @@ class RawList:
         raw = self._f.readline()
         try:
             rec = json.loads(raw)
-            if not isinstance(rec, dict):
-                raise ValueError("not a JSON object")
         except ValueError as exc:
-            raise DataError(f"{self.path}:{self._lineno(off)}: not a JSON object ({exc}). "
+            raise DataError(f"{self.path}:{self._lineno(off)}: not valid JSON ({exc}). "
                             f"Each line must be one JSON object with key and wav/source.") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{self.path}:{self._lineno(off)}: a JSON {type(rec).__name__}, not an object. "
+                            f"Each line must be one JSON object with key and wav/source.")
         try:
             return canonical(rec)
         except DataError as exc:  # the line number costs a read up to the line: only on error

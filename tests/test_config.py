@@ -135,3 +135,8 @@ def test_a_broken_user_yaml_is_one_paragraph_naming_the_file(tmp_path, text, nee
     (tmp_path / "mine.yaml").write_bytes(text)
     result = run_cli("corpus-io", "stats", "--config-path", str(tmp_path), "--config-name", "mine.yaml")
     assert_user_error(result, needle, str(tmp_path))
+
+
+def test_a_single_value_for_a_list_key_says_to_give_a_list():
+    with pytest.raises(ConfigError, match=r"'splits': it takes a list.*\+\+splits='\[a,b\]'"):
+        config.compose(config.PrepareConfig, "prepare", ["++corpus=aishell", "++root=/tmp", "++splits=train"])
