@@ -424,6 +424,20 @@ class Trainer:
         self.log(f"resumed from {latest}: epoch {self.epoch}, step_in_epoch {self.step_in_epoch}, "
                  f"global_step {self.global_step}", all_ranks=False)
 
+    def _check_ranks_agree(self) -> None:
+        """Every rank must resume at the same step and split the same shard list; ranks that read their
+        own copies of output_dir or of the lists (per-node disks, stale NFS) would otherwise wait in
+        mismatched collectives, or read some shards twice and others never."""
+        import hashlib
+
+        sources = [(s.data_list, s.data_type, s.urls, s.durations, s.num_utts,
+                    len(s.raw) if s.raw is not None else None) for s in self.train_loader.dataset.sources]
+        mine = {"resume": (self.epoch, self.step_in_epoch, self.global_step),
+                "lists": hashlib.sha256(repr(sources).encode()).hexdigest()[:16]}
+        problem = rank_disagreement(all_gather_object(self.ctx, mine))
+        if problem:
+            raise ConfigError(problem)
+
     def _open_keys_file(self, keep_bytes: int) -> None:
         """Debug: output_dir/trained_keys.rank{R}.txt, cut back to what the checkpoint had trained."""
         if not self.tc.dump_trained_keys:
@@ -438,6 +452,7 @@ class Trainer:
 
     def run(self) -> None:
         self.resume()
+        self._check_ranks_agree()
         tc = self.tc
         if self.epoch >= tc.max_epoch:
             self.log(f"nothing to train: max_epoch={tc.max_epoch} already reached", all_ranks=False)
@@ -670,6 +685,18 @@ class Trainer:
             self.writer.add_scalar("cv/acc", metrics["acc"], self.global_step)
         self.module.train()
         return metrics
+
+
+def rank_disagreement(views: list[dict]) -> str | None:
+    """What the ranks' ``{"resume": ..., "lists": ...}`` views disagree on, as an error message, or None."""
+    for what, explain in (("resume", "resume point (epoch, step in epoch, global step)"),
+                          ("lists", "train list (digest of its shards and index)")):
+        if len({repr(v[what]) for v in views}) > 1:
+            seen = "; ".join(f"rank {r}: {v[what]}" for r, v in enumerate(views))
+            return (f"the ranks disagree on their {explain}: {seen}. Every rank must see the same output_dir "
+                    f"(checkpoints) and the same data lists and index: put them on storage all nodes share, or "
+                    f"copy them identically.")
+    return None
 
 
 def _absolute_paths(section: Any, *keys: str) -> None:

@@ -7,7 +7,15 @@ import torch
 import torchaudio
 
 from corpus_io.train.model import ConformerCTC
-from corpus_io.train.trainer import StepContext, build_scheduler, ctc_loss, greedy_ids, micro_step, optim_step
+from corpus_io.train.trainer import (
+    StepContext,
+    build_scheduler,
+    ctc_loss,
+    greedy_ids,
+    micro_step,
+    optim_step,
+    rank_disagreement,
+)
 from tests.loader_data import fixture_utts
 
 
@@ -94,3 +102,12 @@ def test_warmuplr_peaks_at_warmup_steps():
     assert max(range(30), key=lambda i: lrs[i]) == 9 and abs(lrs[9] - 1.0) < 1e-6
     assert lrs[0] < lrs[5] < lrs[9] > lrs[20]
 
+
+
+def test_ranks_that_resume_differently_or_read_different_lists_are_named():
+    same = {"resume": (2, 10, 410), "lists": "ab12"}
+    assert rank_disagreement([same, dict(same)]) is None
+    problem = rank_disagreement([same, {"resume": (1, 0, 200), "lists": "ab12"}])
+    assert "resume point" in problem and "rank 0: (2, 10, 410); rank 1: (1, 0, 200)" in problem
+    assert "shared" in problem or "share" in problem
+    assert "train list" in rank_disagreement([same, {"resume": (2, 10, 410), "lists": "ffff"}])
