@@ -23,6 +23,8 @@ DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight"
 # (espeak voice variant, words per minute): each pair is one "speaker".
 SPEAKERS = [("en-us+m1", 150), ("en-us+f2", 165), ("en-us+m3", 175), ("en-us+f4", 140),
             ("en+m2", 160), ("en-us+m7", 155), ("en+f3", 170), ("en-us+m4", 145)]
+# voices no training set uses (other accents, other variants): a test of generalization to new speakers
+HELD_OUT_SPEAKERS = [("en-gb-scotland+m5", 150), ("en-029+f1", 160), ("en-gb-x-rp+m6", 155), ("en-us+f5", 145)]
 ZH_SENTENCES = ["今天天气很好", "我们一起学习语音识别", "北京欢迎你", "请打开窗户", "这是一个测试",
                 "数据准备很重要", "模型训练需要时间", "你好世界"]
 EN_SENTENCES = ["the quick brown fox jumps over the lazy dog", "speech recognition is fun",
@@ -96,15 +98,18 @@ def _make_corpus(out_dir: str | os.PathLike, num: int, pick, *, seed: int, sampl
 
 
 def make_digits(out_dir: str | os.PathLike, num: int, *, seed: int = 0, sample_rate: int = 16000,
-                fmt: str = "wav", num_workers: int = 0) -> Path:
+                fmt: str = "wav", num_workers: int = 0, held_out_voices: bool = False) -> Path:
     """An English digit-string corpus as a Kaldi data dir ``out_dir`` (wav.scp, text, utt2spk).
 
-    Speakers are espeak voice variants; keys are ``<spk>-<index>``.
+    Speakers are espeak voice variants; keys are ``<spk>-<index>``. ``held_out_voices``: speakers
+    ``new00``.. use :data:`HELD_OUT_SPEAKERS`, voices that no other set of this module uses.
     """
+    speakers, prefix = (HELD_OUT_SPEAKERS, "new") if held_out_voices else (SPEAKERS, "spk")
+
     def pick(i: int, rng: random.Random) -> tuple[str, str, str, int]:
-        voice, speed = SPEAKERS[i % len(SPEAKERS)]
+        voice, speed = speakers[i % len(speakers)]
         speed += rng.randint(-15, 15)
-        return f"spk{i % len(SPEAKERS):02d}", digits_text(rng), voice, speed
+        return f"{prefix}{i % len(speakers):02d}", digits_text(rng), voice, speed
 
     return _make_corpus(out_dir, num, pick, seed=seed, sample_rate=sample_rate, fmt=fmt, num_workers=num_workers)
 
@@ -278,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sample-rate", type=int, default=16000)
     p.add_argument("--format", default="wav", choices=["wav", "flac"])
+    p.add_argument("--held-out-voices", action="store_true", help="voices no training set uses")
     p = sub.add_parser("mixed", help="a mixed Chinese/English corpus")
     p.add_argument("out_dir")
     p.add_argument("--num", type=int, default=1000)
@@ -298,7 +304,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.what == "fixture":
         make_fixture(args.out_dir)
     elif args.what == "digits":
-        make_digits(args.out_dir, args.num, seed=args.seed, sample_rate=args.sample_rate, fmt=args.format)
+        make_digits(args.out_dir, args.num, seed=args.seed, sample_rate=args.sample_rate, fmt=args.format,
+                    held_out_voices=args.held_out_voices)
     elif args.what == "mixed":
         make_mixed(args.out_dir, args.num, seed=args.seed)
     elif args.what == "aishell":

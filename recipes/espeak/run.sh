@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # corpus-io demo recipe: speech synthesized locally with espeak-ng + sox, end to end on CPU.
-#   0 synthesize   English digit strings (train/dev/held-out test) and mixed Chinese/English sentences
+#   0 synthesize   English digit strings (train/dev/held-out test, and a test by 4 voices no set trains on)
+#                  and mixed Chinese/English sentences
 #   1 Kaldi dirs -> FunASR JSONL (corpus-io scp2jsonl)
 #   2 token list (corpus-io make-tokenizer)
 #   3 global CMVN (corpus-io compute-cmvn, on the raw JSONL)
@@ -21,6 +22,7 @@ exp=exp/conformer_ctc
 num_digits_train=2400     # utterances of 3-7 digits, 8 espeak voices
 num_digits_dev=160
 num_digits_test=200       # held out: the CER check is on this set
+num_digits_test_newvoice=100  # held-out digit strings by 4 voices (other accents) absent from training: reported
 num_mixed_train=800       # Chinese / English / code-switched sentences
 num_mixed_test=80
 num_utts_per_shard=200    # 16 train shards: an even share for each of the 2 readers
@@ -35,7 +37,8 @@ sort_size=200
 num_workers=1             # DataLoader workers per training process
 average_num=3             # checkpoints averaged for decoding
 cer_target=10             # digits test %CER the demo must reach (checked at stage 7, 0 = no check)
-recipe_options=(stage stop_stage nj nproc data exp num_digits_train num_digits_dev num_digits_test num_mixed_train
+recipe_options=(stage stop_stage nj nproc data exp num_digits_train num_digits_dev num_digits_test
+                num_digits_test_newvoice num_mixed_train
                 num_mixed_test num_utts_per_shard num_utts_per_shard_dev train_config max_epoch max_steps_per_epoch
                 batch_type batch_size shuffle_size sort_size num_workers average_num cer_target)
 
@@ -52,18 +55,21 @@ if stage_on 0; then
   python -m corpus_io.synth digits "$local_dir/digits_train" --num "$num_digits_train" --seed 1
   python -m corpus_io.synth digits "$local_dir/digits_dev" --num "$num_digits_dev" --seed 2
   python -m corpus_io.synth digits "$local_dir/test_digits" --num "$num_digits_test" --seed 3
+  python -m corpus_io.synth digits "$local_dir/test_digits_newvoice" --num "$num_digits_test_newvoice" --seed 6 \
+    --held-out-voices
   python -m corpus_io.synth mixed "$local_dir/mixed_train" --num "$num_mixed_train" --seed 4
   python -m corpus_io.synth mixed "$local_dir/test_mixed" --num "$num_mixed_test" --seed 5
   # train = digits + mixed; dev = digits (keys differ: spkNN-... vs mixNN-...)
   combine_data_dirs "$data/train" "$local_dir/digits_train" "$local_dir/mixed_train"
   combine_data_dirs "$data/dev" "$local_dir/digits_dev"
   combine_data_dirs "$data/test_digits" "$local_dir/test_digits"
+  combine_data_dirs "$data/test_digits_newvoice" "$local_dir/test_digits_newvoice"
   combine_data_dirs "$data/test_mixed" "$local_dir/test_mixed"
-  for x in train dev test_digits test_mixed; do log 0 "made $data/$x: $(wc -l < "$data/$x/wav.scp") utterances"; done
+  for x in train dev test_digits test_digits_newvoice test_mixed; do log 0 "made $data/$x: $(wc -l < "$data/$x/wav.scp") utterances"; done
 fi
 
 if stage_on 1; then
-  make_jsonl 1 "$data"/{train,dev,test_digits,test_mixed}
+  make_jsonl 1 "$data"/{train,dev,test_digits,test_digits_newvoice,test_mixed}
 fi
 
 if stage_on 2; then
@@ -85,7 +91,7 @@ fi
 
 if stage_on 5; then
   make_shard_lists 5 "$data"/{train,dev}
-  make_raw_lists 5 "$data"/{test_digits,test_mixed}
+  make_raw_lists 5 "$data"/{test_digits,test_digits_newvoice,test_mixed}
 fi
 
 if stage_on 6; then
@@ -107,7 +113,7 @@ if stage_on 6; then
 fi
 
 if stage_on 7; then
-  average_and_decode 7 "$exp" "$average_num" "$data"/{test_digits,test_mixed}
-  results_table "$exp" "$data/train/data.jsonl" test_digits test_mixed | tee "$exp/RESULTS.md"
+  average_and_decode 7 "$exp" "$average_num" "$data"/{test_digits,test_digits_newvoice,test_mixed}
+  results_table "$exp" "$data/train/data.jsonl" test_digits test_digits_newvoice test_mixed | tee "$exp/RESULTS.md"
   check_cer "$exp/decode_test_digits/cer.txt" "$cer_target"
 fi

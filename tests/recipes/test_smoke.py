@@ -68,6 +68,12 @@ def test_make_smoke_runs_every_stage_of_the_espeak_recipe(pipeline_commands, tmp
     table = (exp / "RESULTS.md").read_text()
     assert re.search(r"^\| test_digits \| [0-9.]+ \| [0-9.]+ \|", table, re.M), table
     assert re.search(r"^\| test_mixed \| [0-9.]+ \|", table, re.M), table
+    assert re.search(r"^\| test_digits_newvoice \| [0-9.]+ \|", table, re.M), table
+    speakers = {line.split()[1] for line in (data / "test_digits_newvoice" / "utt2spk").read_text().splitlines()}
+    trained = {line.split()[1] for line in (data / "train" / "utt2spk").read_text().splitlines()}
+    assert speakers and not speakers & trained
+    held_out = {voice for voice, _ in synth.HELD_OUT_SPEAKERS}
+    assert not held_out & {voice for voice, _ in synth.SPEAKERS + synth.ZH_VOICES}  # no training set uses them
     assert elapsed < 180, f"make smoke took {elapsed:.0f} s"
 
 
