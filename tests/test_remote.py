@@ -165,7 +165,7 @@ def seaweed(tmp_path_factory):
     yield endpoint, fs
     proc.terminate()
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=3)  # weed may sit out SIGTERM for 20 s; its data dir is a throwaway tmp dir
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
