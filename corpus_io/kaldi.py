@@ -77,30 +77,37 @@ def key_hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
 
 
-def _find_key_lines(path: str, key: str, limit: int = 2) -> list[int]:
-    found = []
-    for line in iter_table(path, allow_empty_value=True):
-        if line.key == key:
-            found.append(line.lineno)
-            if len(found) >= limit:
-                break
-    return found
+def duplicate_hashes(hashes: Any, most: int = 8) -> set[int]:
+    """The :func:`key_hash` values that occur more than once (at most ``most`` of them); empty if none."""
+    h = np.sort(np.asarray(hashes, dtype=np.int64))
+    return {int(x) for x in np.unique(h[1:][h[1:] == h[:-1]])[:most]}
+
+
+def first_repeat(keyed: Iterable[tuple[str, str]], wanted: set[int]) -> tuple[str, str, str] | None:
+    """``(key, first where, second where)`` of the first key seen twice among ``(key, where)`` pairs, looking
+    only at keys whose hash is in ``wanted`` (from :func:`duplicate_hashes`); None when the equal hashes
+    were a 64-bit collision of different keys."""
+    first: dict[str, str] = {}
+    for key, where in keyed:
+        if key_hash(key) not in wanted:
+            continue
+        if key in first:
+            return key, first[key], where
+        first[key] = where
+    return None
 
 
 def raise_if_duplicates(path: str, hashes: Any) -> None:
     """Raise a DataError naming both lines of a repeated key, given the keys' :func:`key_hash` values."""
-    hashes = np.asarray(hashes, dtype=np.int64)
-    order = np.sort(hashes, kind="stable")
-    dup = np.nonzero(order[1:] == order[:-1])[0]
-    for i in dup[:8]:
-        target = int(order[i])
-        for line in iter_table(path, allow_empty_value=True):
-            if key_hash(line.key) == target:
-                lines = _find_key_lines(path, line.key)
-                if len(lines) >= 2:
-                    raise DataError(f"duplicate key '{line.key}' in {path}: at {path}:{lines[0]} and "
-                                    f"{path}:{lines[1]}. Keys must be unique; remove or rename one.")
-                break  # a 64-bit hash collision between different keys: not a duplicate
+    wanted = duplicate_hashes(hashes)
+    if not wanted:
+        return
+    repeat = first_repeat(((line.key, f"{path}:{line.lineno}") for line in iter_table(path, allow_empty_value=True)),
+                          wanted)
+    if repeat:
+        key, first, second = repeat
+        raise DataError(f"duplicate key '{key}' in {path}: at {first} and {second}. Keys must be unique; "
+                        f"remove or rename one.")
 
 
 def check_unique_keys(path: str | os.PathLike) -> int:

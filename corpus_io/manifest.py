@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-import numpy as np
-
 from corpus_io import audio, kaldi
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write, iter_raw_lines
@@ -273,26 +271,18 @@ def raise_if_duplicate_keys(paths: Iterable[str | os.PathLike], hashes: Any) -> 
 
     Memory: the 8-byte hashes only; the files are re-read to name the lines only when two hashes match.
     """
-    h = np.sort(np.asarray(hashes, dtype=np.int64))
-    dup = np.unique(h[1:][h[1:] == h[:-1]])
-    if not len(dup):
+    wanted = kaldi.duplicate_hashes(hashes)
+    if not wanted:
         return
-    wanted = set(int(x) for x in dup[:8])
-    first_seen: dict[str, ManifestLine] = {}
-    for path in paths:
-        for line in iter_jsonl(path):
-            if "key" not in line.record:
-                continue
-            key = str(line.record["key"])
-            if kaldi.key_hash(key) not in wanted:
-                continue
-            first = first_seen.get(key)
-            if first is not None:
-                where = f" in {line.path}" if first.path == line.path else ""
-                raise DataError(f"duplicate key '{key}'{where}: at {first.where} and {line.where}. "
-                                f"Keys must be unique; remove or rename one.")
-            first_seen[key] = line
-    # Equal hashes of different keys (a 64-bit collision): not a duplicate.
+    keyed = ((str(line.record["key"]), line.where) for path in paths for line in iter_jsonl(path)
+             if "key" in line.record)
+    repeat = kaldi.first_repeat(keyed, wanted)
+    if repeat:
+        key, first, second = repeat
+        file_of_first, file_of_second = first.rsplit(":", 1)[0], second.rsplit(":", 1)[0]  # where: path:line
+        where = f" in {file_of_second}" if file_of_first == file_of_second else ""
+        raise DataError(f"duplicate key '{key}'{where}: at {first} and {second}. "
+                        f"Keys must be unique; remove or rename one.")
 
 
 def _check_outputs(cfg: Any) -> list[str]:

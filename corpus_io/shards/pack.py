@@ -285,26 +285,20 @@ class _Input:
                     self.linenos.append(lineno)
                     hashes.append(kaldi.key_hash(key))
                 offset += len(raw)
-        h = np.frombuffer(hashes, dtype=np.int64)
-        if len(h) and len(np.unique(h)) != len(h):
-            self._raise_duplicate(h)
-        return len(h)
+        wanted = kaldi.duplicate_hashes(hashes)
+        if wanted:
+            self._raise_duplicate(wanted)
+        return len(hashes)
 
-    def _raise_duplicate(self, h: np.ndarray) -> None:
-        values, counts = np.unique(h, return_counts=True)
-        dup_hashes = set(int(v) for v in values[counts > 1][:8])
-        first_seen: dict[str, int] = {}
+    def _raise_duplicate(self, wanted: set[int]) -> None:
         with open(self.driver, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                key = self.key_of(raw, lineno)
-                if key is None or kaldi.key_hash(key) not in dup_hashes:
-                    continue
-                if key in first_seen:
-                    raise DataError(
-                        f"duplicate key '{key}' in {self.driver}: at {self.driver}:{first_seen[key]} and "
-                        f"{self.driver}:{lineno} (both would be shard member '{fmt.safe_member_name(key)}'). "
-                        f"Keys must be unique; remove or rename one.")
-                first_seen[key] = lineno
+            keyed = ((key, f"{self.driver}:{lineno}") for lineno, raw in enumerate(f, 1)
+                     if (key := self.key_of(raw, lineno)) is not None)
+            repeat = kaldi.first_repeat(keyed, wanted)
+        if repeat:
+            key, first, second = repeat
+            raise DataError(f"duplicate key '{key}' in {self.driver}: at {first} and {second} (both would be "
+                            f"shard member '{fmt.safe_member_name(key)}'). Keys must be unique; remove or rename one.")
 
     def records(self, shuffle: bool, seed: int) -> Iterator[dict | str]:
         with open(self.driver, "rb") as f:
