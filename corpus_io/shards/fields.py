@@ -591,9 +591,9 @@ def _clean_temp_files(urls: list[str]) -> None:
 
     for directory, names in stems.items():
         def is_companion(final: str, names: set[str] = names) -> bool:
+            # <stem>.<field>.<kind>[.json]; the main shard's "<stem>.tar[.json]" (pack-shards') has no field part
             stem, _, rest = final.lstrip(".").partition(".")
-            return stem in names and rest.endswith((".tar", ".jsonl.gz", ".tar.json", ".jsonl.gz.json")) \
-                and rest not in ("tar", "tar.json")  # the main shard and its sidecar belong to pack-shards
+            return stem in names and rest.endswith((".tar", ".jsonl.gz", ".tar.json", ".jsonl.gz.json"))
 
         if os.path.isdir(directory):
             remove_temp_files(directory, is_companion)

@@ -35,6 +35,11 @@ def shard_name(prefix: str, index: int) -> str:
     return f"{prefix}-{index:06d}.tar"
 
 
+def shard_stem_pattern(prefix: str) -> str:
+    """A regex matching the stem ``<prefix>-000042`` of :func:`shard_name` (for scanning a directory)."""
+    return rf"{re.escape(prefix)}-\d{{6}}"
+
+
 def sidecar_name(shard: str) -> str:
     """Per-shard stat file written after the shard is complete (hidden, next to it)."""
     return f".{shard}.json"

@@ -454,7 +454,7 @@ def _probe_cached(source: str, allow_pipe: bool, storage_options_json: str) -> a
 
 def _clean_temp_files(out_dir: Path, prefix: str) -> None:
     """Remove the temp files of shards and sidecars (``.<prefix>-NNNNNN.tar.json``) a killed run left."""
-    shard_or_sidecar = re.compile(rf"\.?{re.escape(prefix)}-\d{{6}}\.tar(\.json)?")
+    shard_or_sidecar = re.compile(rf"\.?{fmt.shard_stem_pattern(prefix)}\.tar(\.json)?")
     remove_temp_files(out_dir, shard_or_sidecar.fullmatch)
 
 
@@ -509,7 +509,7 @@ def _remove_stale_shards(out_dir: Path, prefix: str, current: set[str]) -> int:
     """Delete shards (with their sidecars and add-field companions) of an earlier run that this run's
     list no longer names, e.g. after a rerun with a larger num_utts_per_shard; a directory glob would
     otherwise read them twice. Runs after the new list is in place. Returns the number of shards."""
-    pattern = re.compile(rf"\.?({re.escape(prefix)}-\d{{6}})\..+")
+    pattern = re.compile(rf"\.?({fmt.shard_stem_pattern(prefix)})\..+")
     stale: set[str] = set()
     for entry in os.scandir(out_dir):
         match = pattern.fullmatch(entry.name)
