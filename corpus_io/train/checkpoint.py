@@ -215,7 +215,7 @@ def average_checkpoints(output_dir: str | os.PathLike, num: int, metric: str = "
     save_checkpoint(path, {"model": avg, "config": last.get("config"), "averaged_epochs": chosen,
                            "requested_num": num, "cv_metrics": {e: metrics.get(e) for e in chosen},
                            "metric": metric})
-    message = shortfall_warning(num, chosen, metric, path, key=key)
+    message = _shortfall_warning(num, chosen, metric, path, key=key)
     if message is not None:
         if warn is None:
             print(f"warning: {message}", file=sys.stderr, flush=True)
@@ -224,7 +224,7 @@ def average_checkpoints(output_dir: str | os.PathLike, num: int, metric: str = "
     return path
 
 
-def shortfall_warning(num: int, chosen: list[int], metric: str, path: str | os.PathLike, *,
+def _shortfall_warning(num: int, chosen: list[int], metric: str, path: str | os.PathLike, *,
                       key: str | None = None) -> str | None:
     """The warning for an average of fewer epochs than asked for, else None."""
     if len(chosen) >= num:
