@@ -16,6 +16,7 @@ import typer
 
 from corpus_io.config import compose, describe
 from corpus_io.errors import CorpusIOError
+from corpus_io.extras import missing_extra_message
 
 app = typer.Typer(
     name="corpus-io",
@@ -54,6 +55,12 @@ def run_with_errors(fn: Callable[[], Any]) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    except ImportError as exc:
+        message = missing_extra_message(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
     except OSError as exc:
         # a path the job could not read or write (no such directory, no permission, disk full): the
         # user's to fix, so one paragraph; CORPUS_IO_DEBUG=1 shows where it happened

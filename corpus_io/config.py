@@ -26,7 +26,15 @@ from typing import Any, Dict, List, Optional
 
 from corpus_io.errors import ConfigError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+def _shipped_conf_dir() -> Path:
+    """The shipped YAML configs: ``corpus_io/conf`` in an installed wheel, ``conf/`` beside it in a checkout."""
+    here = Path(__file__).resolve().parent
+    installed = here / "conf"
+    return installed if installed.is_dir() else here.parent / "conf"
+
+
+CONF_DIR = _shipped_conf_dir()
 
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", *, unit: str = "", choices: tuple = (),

@@ -93,7 +93,3 @@ def assert_user_error(result, *needles: str) -> None:
     assert "Traceback" not in result.stderr, result.stderr
     for needle in needles:
         assert needle in result.stderr, f"{needle!r} not in: {result.stderr}"
-
-
-def have(tool: str) -> bool:
-    return shutil.which(tool) is not None
