@@ -28,6 +28,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+# subcommand name -> its config schema (the help and the config test walk it)
+COMMANDS: dict[str, type] = {}
+
 _CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
 
 
@@ -75,6 +78,7 @@ def run_with_errors(fn: Callable[[], Any]) -> None:
 def command(name: str, schema: type, help: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
     """Register ``fn(cfg)`` as subcommand ``name`` taking Hydra overrides for ``schema``."""
     config_name = name.replace("-", "_")
+    COMMANDS[name] = schema
 
     def decorate(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def invoke(

@@ -4,7 +4,6 @@ test runs with the repo root as its working directory."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
