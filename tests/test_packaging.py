@@ -45,6 +45,8 @@ def test_the_packages_list_names_every_package_directory():
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     on_disk = {".".join(p.parent.relative_to(REPO).parts) for top in ("corpus_io", "cli")
                for p in (REPO / top).rglob("__init__.py")}
+    on_disk |= {".".join(("corpus_io", *p.relative_to(REPO).parts)) for p in [REPO / "conf", *(REPO / "conf").iterdir()]
+                if p.is_dir()}
     assert on_disk <= listed, f"add {sorted(on_disk - listed)} to [tool.setuptools] packages in pyproject.toml"
 
 
