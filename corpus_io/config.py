@@ -236,6 +236,10 @@ class Scp2JsonlConfig:
     num_workers: int = opt(0, "header-probe processes (0: all cores)")
     on_missing: str = opt("error", "a key missing from a table, or unreadable audio: error, or skip and count",
                           choices=("error", "skip"))
+    on_empty_text: str = opt("error", "an utterance whose transcript (or other text field) is empty: error, or "
+                                      "drop and count it", choices=("error", "skip"))
+    on_duplicate: str = opt("error", "a key repeated in a table: error, or keep its first line and drop and count "
+                                     "the others", choices=("error", "skip"))
     allow_pipe: bool = opt(False, "allow Kaldi pipe entries like 'sox a.flac -t wav - |' (run without a shell)")
     storage_options: Dict[str, Any] = opt(help="fsspec options for http(s)/s3 sources", factory=dict)
 
