@@ -328,7 +328,8 @@ class TrainConfig:
     train_data_set_list: str = opt("???", "training data.list")
     valid_data_set_list: Optional[str] = opt(None, "cv data.list (split across ranks)")
     output_dir: str = opt("???", "checkpoints, logs and tensorboard/")
-    cmvn_file: Optional[str] = opt(None, "global CMVN stats from compute-cmvn")
+    cmvn_file: Optional[str] = opt(None, "global CMVN stats: compute-cmvn JSON, WeNet JSON, Kaldi cmvn.ark or "
+                                         "FunASR am.mvn")
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
     tokenizer: TokenizerConf = opt(factory=TokenizerConf)
     model: Dict[str, Any] = opt(help="the model, built with Hydra _target_", factory=dict)
@@ -349,7 +350,9 @@ class DecodeConfig:
 @dataclass
 class ComputeCmvnConfig:
     data_list: str = opt("???", "training data.list")
-    output: str = opt("???", "CMVN stats JSON to write")
+    output: str = opt("???", "CMVN stats file to write")
+    output_format: str = opt("json", "json (WeNet-style sums, mean, istd) or kaldi (compute-cmvn-stats' binary "
+                                      "2 x (dim+1) matrix, a cmvn.ark)", choices=("json", "kaldi"))
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
     max_utts: int = opt(0, "use at most this many utterances (0: all)")
 
