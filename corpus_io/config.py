@@ -280,6 +280,9 @@ class PackShardsConfig:
     filter_group: List[str] = opt(help="length buckets 'lo:hi' in frames, each packed into its own sub-directory",
                                   factory=list)
     shard_prefix: str = opt("shard", "shard file name prefix: <prefix>-000000.tar")
+    compression: str = opt("none", "none: plain tar; gzip: WeNet-style <prefix>-000000.tar.gz (smaller only for "
+                                   "uncompressed audio; slower to pack and read, and readers cannot seek past audio)",
+                           choices=("none", "gzip"))
     feats: bool = opt(False, "features mode: pack a Kaldi dir's feats.scp (kaldiio) as <key>.npy, no audio")
     on_error: str = opt("error", "unreadable audio or a missing transcript: error, or skip and count",
                         choices=("error", "skip"))

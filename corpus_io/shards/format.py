@@ -36,9 +36,17 @@ _SAFE = re.compile(r"[A-Za-z0-9_\-]+")
 _BREAKS_GROUPING = frozenset("./\\%")
 
 
-def shard_name(prefix: str, index: int) -> str:
-    """``<prefix>-000042.tar``."""
-    return f"{prefix}-{index:06d}.tar"
+def shard_name(prefix: str, index: int, compression: str = "none") -> str:
+    """``<prefix>-000042.tar``, or ``<prefix>-000042.tar.gz`` with ``compression="gzip"``."""
+    return f"{prefix}-{index:06d}.tar" + (".gz" if compression == "gzip" else "")
+
+
+def shard_stem(name: str) -> str:
+    """The name of a shard file without its shard suffix (``.tar``, ``.tar.gz``, ``.tgz``)."""
+    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return name[:-len(suffix)]
+    return name
 
 
 def shard_stem_pattern(prefix: str) -> str:
