@@ -149,3 +149,15 @@ def test_a_file_that_is_neither_tar_nor_gzip_tar_says_which(tmp_path):
     gz.write_bytes(gzip.compress(text.read_bytes()))
     with pytest.raises(DataError, match="is gzip-compressed, but what is inside is not a tar"):
         list(read_shard(str(gz)))
+
+
+def test_make_datalist_picks_up_targz_shards_in_a_directory(targz, tmp_path):
+    data_list, _, _ = targz
+    shards = tmp_path / "shards"  # a directory of shards without a data.list: make-datalist scans it
+    shards.mkdir()
+    for i, src in enumerate(data_list.read_text().split()[:3]):
+        shutil.copy(src, shards / f"part-{i}{'.tgz' if i == 2 else '.tar.gz'}")
+    result = run_cli("corpus-io", "make-datalist", f"++input={shards}", f"++output={tmp_path / 'data.list'}")
+    assert result.returncode == 0, result.stderr
+    assert [Path(p).name for p in (tmp_path / "data.list").read_text().split()] == \
+        ["part-0.tar.gz", "part-1.tar.gz", "part-2.tgz"]
