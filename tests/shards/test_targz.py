@@ -108,6 +108,7 @@ def test_truncated_targz_is_skipped_and_counted_or_named(tmp_path):
         epoch_keys(failing, 0)
 
 
+@pytest.mark.network
 def test_targz_over_http_is_retried_after_transient_errors(tmp_path):
     data_list, keys = make_wenet_targz(tmp_path, copies=1, per_shard=12)
     tok = build_tokenizer(token_list(tmp_path))

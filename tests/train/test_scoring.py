@@ -106,3 +106,14 @@ def test_kaldi_tie_rule_prefers_deletion_and_insertion_over_an_equal_cost_substi
     c = edit_counts(["a", "b"], ["b", "c"])
     assert (c.sub, c.ins, c.dele) == (0, 1, 1)
     assert kaldi_compute_wer_counts(["a", "b"], ["b", "c"]) == (1, 1, 0)
+
+
+def test_split_equals_kaldi_on_random_pairs_over_small_alphabets_where_ties_abound():
+    import random
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        ref = [rng.choice("abc") for _ in range(rng.randint(0, 10))]
+        hyp = [rng.choice("abcd") for _ in range(rng.randint(0, 10))]
+        c = edit_counts(ref, hyp)
+        assert (c.ins, c.dele, c.sub) == kaldi_compute_wer_counts(ref, hyp), (ref, hyp)
