@@ -431,10 +431,18 @@ FUNASR_KEYS: Dict[str, FunasrKey] = {
     "dataset_conf.batch_size_scale_ratio_max": FunasrKey(note="batch sizes follow batch_type/batch_size"),
     "dataset_conf.rank_split": FunasrKey(note="every rank and worker reads its exact share of every epoch"),
     "dataset_conf.persistent_workers": FunasrKey(note="workers are kept for the whole run"),
-    "dataset_conf.preprocessor_speech": FunasrKey(
-        note="no FunASR preprocessor runs here; for speed perturbation set dataset_conf.speed_perturb=true",
+    "dataset_conf.preprocessor_speech": FunasrKey(  # SpeechPreprocessSpeedPerturb: _funasr_speed_perturb
+        note="no other FunASR preprocessor runs here; for speed perturbation set dataset_conf.speed_perturb=true",
         honoured=_off),
     "dataset_conf.preprocessor_text": FunasrKey(note="no FunASR preprocessor runs here", honoured=_off),
+    "dataset_conf.preprocessor_speech_conf": FunasrKey(note="no FunASR preprocessor runs here"),
+    "dataset_conf.preprocessor_text_conf": FunasrKey(note="no FunASR preprocessor runs here"),
+    "dataset_conf.dataloader": FunasrKey(note="the loader streams the list (an IterableDataset)"),
+    "dataset_conf.min_token_length": FunasrKey(note="FunASR's samplers do not apply it either; see "
+                                               "filter_conf.min_length and token_min_length"),
+    "train_conf.best_model_criterion": FunasrKey(note="epoch checkpoints are ranked by "
+                                                 "train_conf.avg_keep_nbest_models_type (acc or loss)"),
+    "train_conf.val_scheduler_criterion": FunasrKey(note="no plateau scheduler here; see scheduler_conf"),
     "train_conf.use_deepspeed": FunasrKey(note="training uses torch DDP (torchrun); DeepSpeed is not supported",
                                           honoured=_off),
     "train_conf.deepspeed_config": FunasrKey(note="training uses torch DDP (torchrun), not DeepSpeed"),
@@ -456,9 +464,27 @@ def _warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+FUNASR_SPEED_PERTURB = "SpeechPreprocessSpeedPerturb"
+
+
+def _funasr_speed_perturb(section: dict) -> None:
+    """FunASR's recipes perturb speed through a preprocessor; that one is honoured by our own stage."""
+    if section.get("preprocessor_speech") != FUNASR_SPEED_PERTURB:
+        return
+    section.pop("preprocessor_speech")
+    speeds = (section.pop("preprocessor_speech_conf", None) or {}).get("speed_perturb")
+    section["speed_perturb"] = True
+    if speeds:
+        section.setdefault("speed_perturb_conf", {})["speeds"] = list(speeds)
+    _warn(f"FunASR key 'dataset_conf.preprocessor_speech={FUNASR_SPEED_PERTURB}' is read as "
+          f"dataset_conf.speed_perturb=true" + (f" with speeds {list(speeds)}." if speeds else "."))
+
+
 def _apply_funasr_keys(schema: type, raw: dict) -> None:
     """Rename, drop (with one warning line each) or refuse FunASR's keys in ``raw``, in place."""
     groups = _schema_fields(schema)
+    if "dataset_conf" in groups and isinstance(raw.get("dataset_conf"), dict):
+        _funasr_speed_perturb(raw["dataset_conf"])
     for path, rule in FUNASR_KEYS.items():
         group, key = path.split(".", 1)
         section = raw.get(group)

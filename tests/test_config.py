@@ -204,7 +204,7 @@ def test_funasr_config_keys_map_onto_ours():
     ("train_conf", "use_deepspeed", True, "DeepSpeed is not supported"),
     ("train_conf", "grad_clip_type", 1, "L2 norm"),
     ("train_conf", "freeze_param", "encoder", "every parameter is trained"),
-    ("dataset_conf", "preprocessor_speech", "SpeechPreprocessSpeedPerturb", "speed_perturb=true"),
+    ("dataset_conf", "preprocessor_speech", "SpeechPreprocessSpecAug", "speed_perturb=true"),
 ])
 def test_a_funasr_key_that_would_change_results_is_an_error_saying_so(group, key, value, why):
     with pytest.raises(ConfigError, match=rf"'{group}.{key}={value}' would change the results.*{why}"):
@@ -215,3 +215,37 @@ def test_readme_documents_every_funasr_key():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     for path in config.FUNASR_KEYS:
         assert f"`{path}`" in readme, path
+
+
+def test_funasr_aishell_recipe_config_sections_validate_with_speed_perturbation_honoured(tmp_path):
+    # the dataset_conf/train_conf/optim_conf of FunASR's examples/aishell/paraformer conf, as published
+    (tmp_path / "funasr.yaml").write_text("""
+train_data_set_list: train.jsonl
+output_dir: exp
+train_conf:
+  accum_grad: 1
+  grad_clip: 5
+  max_epoch: 150
+  keep_nbest_models: 10
+  avg_nbest_model: 10
+  log_interval: 50
+optim_conf:
+  lr: 0.0005
+dataset_conf:
+  index_ds: IndexDSJsonl
+  batch_sampler: EspnetStyleBatchSampler
+  batch_type: length
+  batch_size: 25000
+  max_token_length: 2048
+  buffer_size: 1024
+  shuffle: True
+  num_workers: 4
+  preprocessor_speech: SpeechPreprocessSpeedPerturb
+  preprocessor_speech_conf:
+    speed_perturb: [0.9, 1.0, 1.1]
+""", encoding="utf-8")
+    cfg = config.compose(config.TrainConfig, "funasr.yaml", [], config_path=str(tmp_path))
+    ds = cfg.dataset_conf
+    assert ds.speed_perturb and ds.speed_perturb_conf.speeds == [0.9, 1.0, 1.1]
+    assert (ds.batch_type, ds.batch_size, ds.filter_conf.max_length) == ("length", 25000, 2048)
+    assert (cfg.train_conf.max_epoch, cfg.optim_conf.lr) == (150, 0.0005)
