@@ -5,15 +5,20 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo smoke lint bench fixture clean
+.PHONY: install system-packages test demo smoke lint bench fixture clean
 
-install: $(STAMP)
+# Everything a machine with only Python needs: system packages (espeak-ng, sox, libsndfile), then .venv.
+install: system-packages $(STAMP)
 
-# Reinstall only when the dependency list changes; a second `make install` is instant.
-$(STAMP): pyproject.toml
+system-packages:
+	recipes/tools/install_system_packages.sh
+
+# Reinstall only when the dependencies change; a second `make install` is instant. constraints.txt pins
+# the versions the tests run with (pyproject.toml states ranges, for installs beside other toolkits).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 test: install

@@ -16,6 +16,7 @@ import typer
 
 from corpus_io.config import compose, describe
 from corpus_io.errors import CorpusIOError
+from corpus_io.extras import missing_extra_message
 
 app = typer.Typer(
     name="corpus-io",
@@ -26,6 +27,9 @@ app = typer.Typer(
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
+
+# subcommand name -> its config schema (the help and the config test walk it)
+COMMANDS: dict[str, type] = {}
 
 _CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
 
@@ -54,6 +58,12 @@ def run_with_errors(fn: Callable[[], Any]) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    except ImportError as exc:
+        message = missing_extra_message(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
     except OSError as exc:
         # a path the job could not read or write (no such directory, no permission, disk full): the
         # user's to fix, so one paragraph; CORPUS_IO_DEBUG=1 shows where it happened
@@ -68,6 +78,7 @@ def run_with_errors(fn: Callable[[], Any]) -> None:
 def command(name: str, schema: type, help: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
     """Register ``fn(cfg)`` as subcommand ``name`` taking Hydra overrides for ``schema``."""
     config_name = name.replace("-", "_")
+    COMMANDS[name] = schema
 
     def decorate(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def invoke(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -29,13 +30,26 @@ from typing import Any, Dict, List, Optional
 
 from corpus_io.errors import ConfigError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+def _shipped_conf_dir() -> Path:
+    """The shipped YAML configs: ``corpus_io/conf`` in an installed wheel, ``conf/`` beside it in a checkout."""
+    here = Path(__file__).resolve().parent
+    installed = here / "conf"
+    return installed if installed.is_dir() else here.parent / "conf"
+
+
+CONF_DIR = _shipped_conf_dir()
 
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", *, unit: str = "", choices: tuple = (),
-        factory: Any = dataclasses.MISSING) -> Any:
-    """A schema field with its help text, unit and allowed values (shown by ``--help``)."""
-    meta = {"help": help, "unit": unit, "choices": tuple(choices)}
+        factory: Any = dataclasses.MISSING, group: str = "") -> Any:
+    """A schema field with its help text, unit and allowed values (shown by ``--help``).
+
+    The default given here is the one default: the shipped ``conf/*.yaml`` may restate it, and
+    ``tests/test_config.py`` fails when they disagree. ``group`` names a config group directory
+    (``conf/<group>/*.yaml`` presets, chosen in the command YAML's ``defaults`` list).
+    """
+    meta = {"help": help, "unit": unit, "choices": tuple(choices), "group": group}
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -217,7 +231,7 @@ class TrainConf:
 class OptimConf:
     optim: str = opt("adamw", "optimizer", choices=("adam", "adamw", "sgd"))
     lr: float = opt(0.001, "peak learning rate")
-    weight_decay: float = opt(0.0, "weight decay")
+    weight_decay: float = opt(1e-6, "weight decay")
 
 
 @dataclass
@@ -234,7 +248,7 @@ class SchedulerConf:
 class Scp2JsonlConfig:
     scp_file_list: List[str] = opt(help="Kaldi tables, first one drives the order, e.g. [wav.scp, text]",
                                    factory=list)
-    data_type_list: List[str] = opt(help="a field name per table, e.g. [source, target]", factory=list)
+    data_type_list: List[str] = opt(help="a field name per table", factory=lambda: ["source", "target"])
     jsonl_file_out: str = opt("???", "output JSONL (written to a temp name, then renamed)")
     segments: Optional[str] = opt(None, "Kaldi segments file: utterances are cut from wav.scp recordings")
     num_workers: int = opt(0, "header-probe processes (0: all cores)")
@@ -252,7 +266,8 @@ class Scp2JsonlConfig:
 class Jsonl2ScpConfig:
     jsonl_file_in: str = opt("???", "input JSONL")
     scp_file_list: List[str] = opt(help="output tables, one per field", factory=list)
-    data_type_list: List[str] = opt(help="the field written to each table, e.g. [source, target]", factory=list)
+    data_type_list: List[str] = opt(help="the field written to each table",
+                                    factory=lambda: ["source", "target"])
     separator: str = opt("space", "between key and value: Kaldi's space or FunASR's tab", choices=("space", "tab"))
 
 
@@ -339,7 +354,7 @@ class TrainConfig:
                                          "FunASR am.mvn")
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
     tokenizer: TokenizerConf = opt(factory=TokenizerConf)
-    model: Dict[str, Any] = opt(help="the model, built with Hydra _target_", factory=dict)
+    model: Dict[str, Any] = opt(help="the model, built with Hydra _target_", factory=dict, group="model")
     train_conf: TrainConf = opt(factory=TrainConf)
     optim_conf: OptimConf = opt(factory=OptimConf)
     scheduler_conf: SchedulerConf = opt(factory=SchedulerConf)
@@ -350,7 +365,10 @@ class DecodeConfig:
     data_list: str = opt("???", "data.list to decode")
     checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}")
     output_dir: str = opt("???", "writes text (hypotheses) and cer.txt / wer.txt")
-    dataset_conf: DatasetConf = opt(factory=DatasetConf)
+    # bigger batches (no backward pass) and no filter that would leave an utterance undecoded
+    dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(
+        batch_size=32, filter_conf=FilterConf(token_min_length=0, min_output_input_ratio=0.0,
+                                              max_output_input_ratio=1000.0)))
     device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
 
 
@@ -360,7 +378,7 @@ class ComputeCmvnConfig:
     output: str = opt("???", "CMVN stats file to write")
     output_format: str = opt("json", "json (WeNet-style sums, mean, istd) or kaldi (compute-cmvn-stats' binary "
                                       "2 x (dim+1) matrix, a cmvn.ark)", choices=("json", "kaldi"))
-    dataset_conf: DatasetConf = opt(factory=DatasetConf)
+    dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(batch_size=32))
     max_utts: int = opt(0, "use at most this many utterances (0: all)")
 
 
@@ -695,26 +713,41 @@ def require(obj: Any, *keys: str) -> None:
             raise ConfigError(f"config key '{key}' is required. Set it with ++{key}=...")
 
 
-def describe(schema: type, prefix: str = "") -> list[tuple[str, str, str]]:
-    """``(key, default, help [unit] {choices})`` rows for ``--help``; imports nothing heavy."""
+def describe(schema: type, prefix: str = "", defaults: Any = None) -> list[tuple[str, str, str]]:
+    """``(key, default, help [unit] {choices})`` rows for ``--help``: the values a run without overrides
+    uses (the default instance, so per-command defaults such as decode's batch size show); imports nothing
+    heavy."""
+    defaults = schema() if defaults is None else defaults
     rows = []
     for f in dataclasses.fields(schema):
         path = f"{prefix}{f.name}"
+        default = getattr(defaults, f.name)
         nested = _nested_schema(f, schema)
         if nested:
-            rows.extend(describe(nested, prefix=path + "."))
+            rows.extend(describe(nested, prefix=path + ".", defaults=default))
             continue
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
-        else:
-            default = "???"
         meta = f.metadata or {}
         text = meta.get("help", "")
         if meta.get("unit"):
             text += f" [{meta['unit']}]"
         if meta.get("choices"):
             text += " {" + "|".join(map(str, meta["choices"])) + "}"
+        if meta.get("group"):
+            presets = group_presets(meta["group"])
+            default = f"preset {presets[0]}" if presets else default
+            text += f"; presets in conf/{meta['group']}/: {', '.join(sorted(presets))} " \
+                    f"(choose with {meta['group']}=NAME, change keys with ++{meta['group']}.KEY=VALUE)"
         rows.append((path, "null" if default is None else str(default), text))
     return rows
+
+
+def group_presets(group: str, config_name: str = "train") -> list[str]:
+    """The YAML presets of a config group, the one ``conf/<config_name>.yaml`` chooses first."""
+    names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    # the command YAML's defaults list holds "- <group>: <name>"; read that one line, not the whole YAML
+    chosen = re.search(rf"^\s*-\s*{re.escape(group)}\s*:\s*(\S+)", (CONF_DIR / f"{config_name}.yaml").read_text(),
+                       re.M)
+    if chosen and chosen.group(1) in names:
+        names.remove(chosen.group(1))
+        names.insert(0, chosen.group(1))
+    return names

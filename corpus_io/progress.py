@@ -1,7 +1,7 @@
 """Progress bars, end-of-job summaries and the parallel map used by long jobs.
 
-Every long job shows a tqdm bar on stderr and ends with one summary line:
-counts, hours, and skipped items by reason.
+Every long job shows its progress on stderr (a tqdm bar in a terminal, a line every 30 s or 10 % in
+a log file) and ends with one summary line: counts, hours, and skipped items by reason.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, TypeVar
@@ -34,13 +35,47 @@ def resolve_num_workers(num_workers: int | None) -> int:
     return num_workers
 
 
+LOG_INTERVAL_S = 30.0  # a non-terminal stderr gets a progress line at most this often ...
+LOG_STEP = 0.10  # ... or when another 10 % of the total is done
+
+
 def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it") -> Iterator[T]:
-    """Wrap ``iterable`` in a tqdm bar on stderr (disabled when stderr is not a tty and CI is set)."""
+    """Show progress on stderr while iterating: a tqdm bar in a terminal; in a log file or pipe, a plain
+    line every ``LOG_INTERVAL_S`` seconds or ``LOG_STEP`` of the total, and one at the end (so a one-hour
+    job leaves ~100 lines, not thousands of bar redraws). ``CORPUS_IO_NO_PROGRESS=1`` turns both off."""
+    if os.environ.get("CORPUS_IO_NO_PROGRESS") == "1":
+        return iter(iterable)
+    if not sys.stderr.isatty():
+        return _log_lines(iterable, total=total, desc=desc, unit=unit)
     from tqdm import tqdm
 
-    disable = os.environ.get("CORPUS_IO_NO_PROGRESS") == "1"
-    return iter(tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, disable=disable,
-                     dynamic_ncols=True, mininterval=0.5))
+    return iter(tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True,
+                     mininterval=0.5))
+
+
+def _log_lines(iterable: Iterable[T], *, total: int | None, desc: str, unit: str) -> Iterator[T]:
+    start = last_time = time.monotonic()
+    next_share = LOG_STEP
+    done = 0
+
+    def line(now: float) -> str:
+        elapsed = now - start
+        rate = f"{done / elapsed:.1f} {unit}/s" if elapsed > 0 else ""
+        of_total = f"/{total} ({100 * done / total:.0f} %)" if total else ""
+        return f"[{desc or 'progress'}] {done}{of_total} {unit}, {elapsed:.0f} s, {rate}"
+
+    for item in iterable:
+        yield item
+        done += 1
+        now = time.monotonic()
+        crossed = bool(total) and done / total >= next_share
+        if crossed or now - last_time >= LOG_INTERVAL_S:
+            if crossed:
+                next_share = (int(done / total / LOG_STEP) + 1) * LOG_STEP
+            if not (total and done >= total):  # the closing line below covers 100 %
+                print(line(now), file=sys.stderr, flush=True)
+            last_time = now
+    print(line(time.monotonic()), file=sys.stderr, flush=True)
 
 
 @dataclass

@@ -11,6 +11,7 @@ and a PNG of the duration histogram (matplotlib, Agg backend). No torch import.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from collections import Counter
@@ -246,8 +247,13 @@ def run_stats(cfg: Any) -> CorpusStats:
         raise ConfigError(f"input {cfg.input} is remote, so the PNG cannot go next to it: pass ++output=stats.png.")
     stats = collect(cfg.input, cfg.data_type)
     print(render(stats, bins=cfg.bins), flush=True)
-    out = plot(stats, cfg.output or default_output(cfg.input), bins=cfg.bins)
-    print(f"\nduration histogram: {out}", flush=True)
+    if cfg.output is None and importlib.util.find_spec("matplotlib") is None:
+        # the core install has no matplotlib: the table is the result, the PNG is a bonus
+        print("\nduration histogram: not drawn (matplotlib is not installed: pip install 'corpus-io[plots]', "
+              "or pass ++output=FILE.png to require it)", flush=True)
+    else:
+        out = plot(stats, cfg.output or default_output(cfg.input), bins=cfg.bins)
+        print(f"\nduration histogram: {out}", flush=True)
     if not math.isfinite(stats.seconds):
         raise DataError(f"{cfg.input}: a duration is not a finite number; check the metadata.")
     return stats

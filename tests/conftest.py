@@ -4,7 +4,6 @@ test runs with the repo root as its working directory."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -93,7 +92,3 @@ def assert_user_error(result, *needles: str) -> None:
     assert "Traceback" not in result.stderr, result.stderr
     for needle in needles:
         assert needle in result.stderr, f"{needle!r} not in: {result.stderr}"
-
-
-def have(tool: str) -> bool:
-    return shutil.which(tool) is not None

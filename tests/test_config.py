@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -94,7 +95,7 @@ def test_hydra_neither_changes_cwd_nor_writes_outputs(tmp_path, fixture_corpus):
 
 
 def test_help_lists_keys_with_defaults_and_units():
-    result = run_cli("scp2jsonl", "--help")
+    result = run_cli("corpus-io", "scp2jsonl", "--help")
     assert result.returncode == 0
     assert "jsonl_file_out" in result.stdout and "num_workers" in result.stdout and "{error|skip}" in result.stdout
     result = run_cli("corpus-io", "--help")
@@ -110,7 +111,7 @@ def test_help_is_fast_and_does_not_import_torch():
     assert "NOTORCH" in result.stderr, result.stderr
     best = min(_wall(("corpus-io", "--help")) for _ in range(3))
     assert best < 0.5 * 3, best  # the strict 0.5 s figure is printed by the bench; allow a noisy machine here
-    best = min(_wall(("scp2jsonl", "--help")) for _ in range(3))
+    best = min(_wall(("corpus-io", "scp2jsonl", "--help")) for _ in range(3))
     assert best < 0.5 * 3, best
 
 
@@ -149,6 +150,50 @@ def test_a_broken_user_yaml_is_one_paragraph_naming_the_file(tmp_path, text, nee
 def test_a_single_value_for_a_list_key_says_to_give_a_list():
     with pytest.raises(ConfigError, match=r"'splits': it takes a list.*\+\+splits='\[a,b\]'"):
         config.compose(config.PrepareConfig, "prepare", ["++corpus=aishell", "++root=/tmp", "++splits=train"])
+
+
+def _commands() -> dict[str, type]:
+    import cli.main  # noqa: F401  (registers every subcommand)
+    from cli._app import COMMANDS
+
+    return COMMANDS
+
+
+@pytest.mark.parametrize("name", sorted(_commands()))
+def test_the_shipped_yaml_runs_with_the_defaults_the_help_shows(name):
+    """One source of defaults: a value restated in conf/*.yaml must equal the schema default --help shows."""
+    import dataclasses
+
+    import yaml
+
+    schema = _commands()[name]
+    composed = config._hydra_compose(name.replace("-", "_"), [], config_path=None)
+    composed.pop("defaults", None)
+    shown = dataclasses.asdict(schema())
+    groups = {f.name: f.metadata["group"] for f in dataclasses.fields(schema) if f.metadata.get("group")}
+    for group_key, group in groups.items():  # a group preset: the one the help names is the one composed
+        preset = config.group_presets(group)[0]
+        assert composed.pop(group_key) == yaml.safe_load((config.CONF_DIR / group / f"{preset}.yaml").read_text())
+        assert any(key == group_key and value == f"preset {preset}" for key, value, _ in config.describe(schema))
+
+    def compare(yaml_value, default, key):
+        if isinstance(yaml_value, dict):
+            for k, v in yaml_value.items():
+                assert k in default, f"{name}: conf key {key}{k} is not in the schema"
+                compare(v, default[k], f"{key}{k}.")
+        elif yaml_value != "???":
+            assert yaml_value == default, f"{name}: {key[:-1]} is {yaml_value!r} in conf/ but {default!r} in --help"
+
+    for key, value in composed.items():
+        compare({key: value}, shown, "")
+
+
+def test_decode_help_shows_its_own_batch_size_and_filters():
+    out = run_cli("corpus-io", "decode", "--help").stdout
+    assert re.search(r"dataset_conf\.batch_size\s+= 32 ", out), out
+    assert re.search(r"dataset_conf\.filter_conf\.token_min_length\s+= 0 ", out), out
+    train = run_cli("corpus-io", "train", "--help").stdout
+    assert re.search(r"model\s+= preset conformer_tiny .*conformer_small, conformer_tiny", train), train
 
 
 # FunASR's examples/industrial_data_pretraining/paraformer/finetune.sh (the ++dataset_conf/++train_conf/

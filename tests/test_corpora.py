@@ -11,9 +11,7 @@ import soundfile as sf
 
 from corpus_io import corpora, synth
 from corpus_io.errors import DataError
-from tests.conftest import assert_user_error, have, run_cli
-
-pytestmark = pytest.mark.skipif(not (have("espeak-ng") and have("sox")), reason="needs espeak-ng and sox")
+from tests.conftest import assert_user_error, run_cli
 
 
 @pytest.fixture(scope="module")

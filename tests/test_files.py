@@ -37,7 +37,7 @@ def test_an_output_that_cannot_be_written_is_a_data_error_naming_it(tmp_path):
 def test_cli_output_errors_are_one_paragraph(tmp_path):
     args = [f"++scp_file_list=[{FIXTURE / 'wav.scp'},{FIXTURE / 'text'}]", "++data_type_list=[source,target]"]
     (tmp_path / "taken").mkdir()
-    result = run_cli("scp2jsonl", *args, f"++jsonl_file_out={tmp_path / 'taken'}")
+    result = run_cli("corpus-io", "scp2jsonl", *args, f"++jsonl_file_out={tmp_path / 'taken'}")
     assert_user_error(result, "taken", "is a directory")
-    result = run_cli("scp2jsonl", *args, "++jsonl_file_out=/proc/no/such/dir/out.jsonl")
+    result = run_cli("corpus-io", "scp2jsonl", *args, "++jsonl_file_out=/proc/no/such/dir/out.jsonl")
     assert_user_error(result, "/proc/no/such/dir")

@@ -20,7 +20,7 @@ def read_jsonl(path) -> list[dict]:
 
 
 def funasr_scp2jsonl(wav_scp, text, out, *extra: str):
-    return run_cli("scp2jsonl", f"++scp_file_list=[\"{wav_scp}\",\"{text}\"]",
+    return run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[\"{wav_scp}\",\"{text}\"]",
                    "++data_type_list=[\"source\",\"target\"]", f"++jsonl_file_out={out}", *extra)
 
 
@@ -67,8 +67,8 @@ def test_extra_fields_get_their_own_len(tmp_path, fixture_corpus):
 def test_segments_give_lengths_from_start_and_end(tmp_path, fixture_corpus):
     seg = fixture_corpus / "segments_dir"
     out = tmp_path / "seg.jsonl"
-    result = run_cli("scp2jsonl", f"++scp_file_list=[{seg}/wav.scp,{seg}/text]", "++data_type_list=[source,target]",
-                     f"++segments={seg}/segments", f"++jsonl_file_out={out}")
+    result = run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[{seg}/wav.scp,{seg}/text]",
+                     "++data_type_list=[source,target]", f"++segments={seg}/segments", f"++jsonl_file_out={out}")
     assert result.returncode == 0, result.stderr
     records = read_jsonl(out)
     assert [r["key"] for r in records] == [f"long-seg{i:02d}" for i in range(4)]
@@ -189,12 +189,12 @@ def test_http_sources_are_probed_from_headers(http_root, fixture_corpus):
 def test_scp_jsonl_scp_round_trip_is_byte_identical(tmp_path, fixture_corpus):
     out = tmp_path / "x.jsonl"
     assert funasr_scp2jsonl(fixture_corpus / "wav.scp", fixture_corpus / "text", out).returncode == 0
-    result = run_cli("jsonl2scp", f"++jsonl_file_in={out}", f"++scp_file_list=[{tmp_path}/wav.scp,{tmp_path}/text]",
-                     "++data_type_list=[source,target]")
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={out}",
+                     f"++scp_file_list=[{tmp_path}/wav.scp,{tmp_path}/text]", "++data_type_list=[source,target]")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "wav.scp").read_bytes() == (fixture_corpus / "wav.scp").read_bytes()
     assert (tmp_path / "text").read_bytes() == (fixture_corpus / "text").read_bytes()
-    result = run_cli("jsonl2scp", f"++jsonl_file_in={out}", f"++scp_file_list=[{tmp_path}/t2]",
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={out}", f"++scp_file_list=[{tmp_path}/t2]",
                      "++data_type_list=[target]", "++separator=tab")
     assert (tmp_path / "t2").read_text().splitlines()[0].split("\t")[0] == "spk0-utt000"
 
@@ -202,7 +202,7 @@ def test_scp_jsonl_scp_round_trip_is_byte_identical(tmp_path, fixture_corpus):
 def test_jsonl2scp_names_a_line_without_the_field(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"key": "a", "source": "a.wav"}\n\n{"key": "b"}\n')
-    result = run_cli("jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{tmp_path}/wav.scp]",
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{tmp_path}/wav.scp]",
                      "++data_type_list=[source]")
     assert_user_error(result, "in.jsonl:3", "'b'", "source")
     assert not (tmp_path / "wav.scp").exists()
@@ -211,7 +211,7 @@ def test_jsonl2scp_names_a_line_without_the_field(tmp_path):
 def test_jsonl_bad_json_names_the_line(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"key": "a", "source": "a.wav"}\n{"key": oops}\n')
-    result = run_cli("jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{tmp_path}/wav.scp]",
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{tmp_path}/wav.scp]",
                      "++data_type_list=[source]")
     assert_user_error(result, "in.jsonl:2: not valid JSON")
 
@@ -224,12 +224,13 @@ def test_jsonl2scp_same_output_twice_is_a_config_error_before_writing(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"key": "a", "source": "a.wav", "target": "hi"}\n')
     out = tmp_path / "out"
-    result = run_cli("jsonl2scp", f"++jsonl_file_in={src}",
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={src}",
                      f"++scp_file_list=[\"{out}/wav.scp\",\"{out}/../out/wav.scp\"]",
                      "++data_type_list=[source,target]")
     assert_user_error(result, "same file twice", f"{out}/wav.scp", "entry 2")
     assert result.returncode == 2 and _ls(out) == []
-    result = run_cli("jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{src}]", "++data_type_list=[source]")
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{src}]",
+                     "++data_type_list=[source]")
     assert_user_error(result, "is the input ++jsonl_file_in")
     assert src.read_text().startswith('{"key": "a"')
 
@@ -238,7 +239,7 @@ def test_jsonl2scp_duplicate_key_names_both_lines_and_writes_nothing(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"key": "a", "source": "a.wav"}\n{"key": "b", "source": "b.wav"}\n\n'
                    '{"key": "a", "source": "c.wav"}\n')
-    result = run_cli("jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{tmp_path}/out/wav.scp]",
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{tmp_path}/out/wav.scp]",
                      "++data_type_list=[source]")
     assert_user_error(result, "duplicate key 'a'", "in.jsonl:1", "in.jsonl:4")
     assert result.returncode == 2 and _ls(tmp_path / "out") == []
@@ -251,8 +252,8 @@ def test_empty_inputs_are_errors_and_leave_no_output(tmp_path):
     out = tmp_path / "out"
     result = funasr_scp2jsonl(tmp_path / "wav.scp", tmp_path / "text", out / "o.jsonl")
     assert_user_error(result, "wav.scp has no utterances")
-    result = run_cli("jsonl2scp", f"++jsonl_file_in={tmp_path}/in.jsonl", f"++scp_file_list=[{out}/wav.scp]",
-                     "++data_type_list=[source]")
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={tmp_path}/in.jsonl",
+                     f"++scp_file_list=[{out}/wav.scp]", "++data_type_list=[source]")
     assert_user_error(result, "in.jsonl has no utterances")
     assert _ls(out) == []
 

@@ -65,3 +65,53 @@ def test_summary_line_counts_skips_by_reason():
     s.skip("corrupt audio", 2)
     s.skip("no transcript")
     assert s.line() == "3 utterances; 2.000 h; skipped 3 (corrupt audio: 2, no transcript: 1)"
+
+
+def test_a_log_file_gets_a_line_per_tenth_of_the_job_not_per_update(capsys, monkeypatch):
+    from corpus_io.progress import progress
+
+    monkeypatch.delenv("CORPUS_IO_NO_PROGRESS", raising=False)  # stderr here is captured: not a terminal
+    assert list(progress(range(1000), total=1000, desc="job", unit="utt")) == list(range(1000))
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 10, lines  # 10 %, 20 %, ... 90 %, then the closing line at 100 %
+    assert lines[0].startswith("[job] 100/1000 (10 %) utt") and lines[-1].startswith("[job] 1000/1000 (100 %)")
+    assert list(progress(range(5000), desc="nototal")) == list(range(5000))
+    assert len(capsys.readouterr().err.splitlines()) == 1  # a fast job without a total: only the closing line
+
+
+def test_no_progress_env_silences_progress(capsys, monkeypatch):
+    from corpus_io.progress import progress
+
+    monkeypatch.setenv("CORPUS_IO_NO_PROGRESS", "1")
+    assert sum(progress(range(100), total=100, desc="job")) == sum(range(100))
+    assert capsys.readouterr().err == ""
+
+
+def test_pack_shards_logged_to_a_file_over_20k_utterances_leaves_under_100_progress_lines(tmp_path):
+    import json
+    import subprocess
+
+    import soundfile as sf
+
+    from tests.conftest import BIN, FIXTURE
+
+    wave, rate = sf.read(FIXTURE / "wav" / "spk0-utt000.wav", dtype="int16")
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, wave[: rate // 20], rate)  # 50 ms of real speech keeps 20k utterances at ~32 MB
+    with open(tmp_path / "in.jsonl", "w") as f:
+        for i in range(20000):
+            f.write(json.dumps({"key": f"u{i:05d}", "source": str(clip), "source_len": 5, "target": "a b",
+                                "target_len": 2}) + "\n")
+    log = tmp_path / "pack.log"
+    with open(log, "w") as err:  # stderr is a regular file, as with `&> log.txt`
+        result = subprocess.run([str(BIN / "pack-shards"), f"++input={tmp_path / 'in.jsonl'}",
+                                 f"++output_dir={tmp_path / 'shards'}", "++num_utts_per_shard=50"],
+                                stdout=subprocess.DEVNULL, stderr=err, timeout=600,
+                                env={k: v for k, v in os.environ.items() if k != "CORPUS_IO_NO_PROGRESS"})
+    text = log.read_text()
+    assert result.returncode == 0, text
+    lines = text.splitlines()
+    progress_lines = [ln for ln in lines if " shard, " in ln]
+    assert 1 <= len(progress_lines) < 100, text
+    assert len(lines) < 100 and "\r" not in text, text
+    assert "400/400 (100 %)" in progress_lines[-1]

