@@ -89,8 +89,9 @@ def edit_counts(ref: list[str], hyp: list[str]) -> EditCounts:
     if _ALIGN is None:
         _ALIGN = _kaldi_align()
     ids: dict[str, int] = {}
-    d = _ALIGN([ids.setdefault(u, len(ids)) for u in ref], [ids.setdefault(u, len(ids)) for u in hyp])
-    return EditCounts(ref=len(ref), sub=int(d["sub"]), ins=int(d["ins"]), dele=int(d["del"]))
+    id_of = ids.setdefault  # symbols -> small ints, as the C++ function takes (local: called per unit)
+    d = _ALIGN([id_of(u, len(ids)) for u in ref], [id_of(u, len(ids)) for u in hyp])
+    return EditCounts(len(ref), d["sub"], d["ins"], d["del"])
 
 
 @dataclass
