@@ -1,7 +1,8 @@
 """Audio: header probing, decoding (soundfile) and resampling.
 
 Lengths: ``num_samples`` are samples at the file's own rate; ``source_len`` is
-FunASR's count of 10 ms frames at 16 kHz, ``floor(num_samples * 16000 / sr / 160)``.
+FunASR's count of 10 ms frames at 16 kHz: the length after resampling to 16 kHz,
+``ceil(num_samples * 16000 / sr)``, then ``// 160``.
 Probing reads only the header for local files and URLs (fsspec range reads);
 it never decodes the whole file.
 """
@@ -36,8 +37,14 @@ class AudioInfo:
 
 
 def frames_10ms(num_samples: int, sample_rate: int) -> int:
-    """FunASR's ``source_len``: floor(num_samples * 16000 / sample_rate / 160), exact in integers."""
-    return (num_samples * 100) // sample_rate
+    """FunASR's ``source_len`` (10 ms frames), exact in integers.
+
+    FunASR resamples to 16 kHz first, which yields ``ceil(num_samples * 16000 / sample_rate)`` samples,
+    then counts ``// 160``; flooring ``num_samples * 100 / sample_rate`` directly is one frame short
+    for some lengths at 22.05/32/44.1/48 kHz.
+    """
+    samples_16k = -(-num_samples * 16000 // sample_rate)
+    return samples_16k // 160
 
 
 def segment_samples(start: float, end: float, sample_rate: int, total: int) -> tuple[int, int]:

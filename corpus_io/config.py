@@ -6,7 +6,8 @@ user's ``--config-path/--config-name``) plus trailing Hydra overrides
 compose API (no ``outputs/`` folder, no change of cwd), then checked against
 the schema:
 
-* an unknown key is a :class:`ConfigError` naming the key and the closest valid one;
+* an unknown key is a :class:`ConfigError` naming the key, and the closest valid one when one is
+  really close (a typo); FunASR's own keys are mapped or accepted first (:data:`FUNASR_KEYS`);
 * a value of the wrong type is a :class:`ConfigError` naming the key, the
   expected type and the value;
 * a value outside a field's ``choices`` is a :class:`ConfigError` listing them.
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,7 +205,8 @@ class TrainConf:
     max_epoch: int = opt(10, "epochs to train")
     log_interval: int = opt(10, "steps between log lines", unit="steps")
     resume: bool = opt(True, "continue from output_dir/model.pt with the exact data position")
-    validate_interval: int = opt(0, "steps between validations (0: at each epoch end)", unit="steps")
+    validate_interval: int = opt(0, "steps between validations (0: at each epoch end; -1: with each mid-epoch "
+                                    "checkpoint, as FunASR)", unit="steps")
     save_checkpoint_interval: int = opt(0, "steps between mid-epoch checkpoints (0: epoch ends only)",
                                         unit="steps")
     keep_nbest_models: int = opt(5, "keep this many epoch checkpoints, best by the cv metric")
@@ -250,6 +254,10 @@ class Scp2JsonlConfig:
     num_workers: int = opt(0, "header-probe processes (0: all cores)")
     on_missing: str = opt("error", "a key missing from a table, or unreadable audio: error, or skip and count",
                           choices=("error", "skip"))
+    on_empty_text: str = opt("error", "an utterance whose transcript (or other text field) is empty: error, or "
+                                      "drop and count it", choices=("error", "skip"))
+    on_duplicate: str = opt("error", "a key repeated in a table: error, or keep its first line and drop and count "
+                                     "the others", choices=("error", "skip"))
     allow_pipe: bool = opt(False, "allow Kaldi pipe entries like 'sox a.flac -t wav - |' (run without a shell)")
     storage_options: Dict[str, Any] = opt(help="fsspec options for http(s)/s3 sources", factory=dict)
 
@@ -287,6 +295,9 @@ class PackShardsConfig:
     filter_group: List[str] = opt(help="length buckets 'lo:hi' in frames, each packed into its own sub-directory",
                                   factory=list)
     shard_prefix: str = opt("shard", "shard file name prefix: <prefix>-000000.tar")
+    compression: str = opt("none", "none: plain tar; gzip: WeNet-style <prefix>-000000.tar.gz (smaller only for "
+                                   "uncompressed audio; slower to pack and read, and readers cannot seek past audio)",
+                           choices=("none", "gzip"))
     feats: bool = opt(False, "features mode: pack a Kaldi dir's feats.scp (kaldiio) as <key>.npy, no audio")
     on_error: str = opt("error", "unreadable audio or a missing transcript: error, or skip and count",
                         choices=("error", "skip"))
@@ -339,7 +350,8 @@ class TrainConfig:
     train_data_set_list: str = opt("???", "training data.list")
     valid_data_set_list: Optional[str] = opt(None, "cv data.list (split across ranks)")
     output_dir: str = opt("???", "checkpoints, logs and tensorboard/")
-    cmvn_file: Optional[str] = opt(None, "global CMVN stats from compute-cmvn")
+    cmvn_file: Optional[str] = opt(None, "global CMVN stats: compute-cmvn JSON, WeNet JSON, Kaldi cmvn.ark or "
+                                         "FunASR am.mvn")
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
     tokenizer: TokenizerConf = opt(factory=TokenizerConf)
     model: Dict[str, Any] = opt(help="the model, built with Hydra _target_", factory=dict, group="model")
@@ -363,7 +375,9 @@ class DecodeConfig:
 @dataclass
 class ComputeCmvnConfig:
     data_list: str = opt("???", "training data.list")
-    output: str = opt("???", "CMVN stats JSON to write")
+    output: str = opt("???", "CMVN stats file to write")
+    output_format: str = opt("json", "json (WeNet-style sums, mean, istd) or kaldi (compute-cmvn-stats' binary "
+                                      "2 x (dim+1) matrix, a cmvn.ark)", choices=("json", "kaldi"))
     dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(batch_size=32))
     max_utts: int = opt(0, "use at most this many utterances (0: all)")
 
@@ -393,6 +407,123 @@ class StatsConfig:
     bins: int = opt(30, "histogram bins")
 
 
+# --------------------------------------------------------------------------- FunASR keys
+
+
+@dataclass(frozen=True)
+class FunasrKey:
+    """How a key of FunASR's training scripts/configs is taken here (see README, "FunASR keys").
+
+    ``ours``: our key in the same group that receives the value (None: the key has no effect here and is
+    dropped with one warning line). ``note``: said in that warning, or, for a mapped key whose meaning
+    differs slightly, in a warning of its own. ``honoured``: the values we can honour (a predicate on the
+    value); any other value would change results, so it is an error that says so.
+    """
+
+    ours: Optional[str] = None
+    note: str = ""
+    honoured: Any = None
+
+
+def _off(value: Any) -> bool:
+    return value in (None, False, "", "null", "None", "none", "false", "False", 0, [], {})
+
+
+FUNASR_KEYS: Dict[str, FunasrKey] = {
+    "dataset_conf.batch_size_sample_max": FunasrKey("max_batch_size"),
+    "dataset_conf.sort_size": FunasrKey("sort_conf.sort_size"),
+    "dataset_conf.prefetch_factor": FunasrKey("prefetch"),
+    "dataset_conf.retry": FunasrKey("retries"),
+    "dataset_conf.max_source_length": FunasrKey("filter_conf.max_length"),
+    "dataset_conf.min_source_length": FunasrKey("filter_conf.min_length"),
+    "dataset_conf.max_target_length": FunasrKey("filter_conf.token_max_length"),
+    "dataset_conf.min_target_length": FunasrKey("filter_conf.token_min_length"),
+    "dataset_conf.max_token_length": FunasrKey(
+        "filter_conf.max_length", "FunASR drops an utterance when source_len + target_len exceeds it; here it "
+        "caps the frames (source_len) and filter_conf.token_max_length caps the tokens"),
+    "dataset_conf.index_ds": FunasrKey(note="the list is read by data_type (raw JSONL or shards), offset-indexed"),
+    "dataset_conf.batch_sampler": FunasrKey(note="batches are formed by batch_type/batch_size (and bucketing)"),
+    "dataset_conf.data_split_num": FunasrKey(note="the list is streamed, never loaded whole, so it needs no split"),
+    "dataset_conf.data_split_i": FunasrKey(note="the list is streamed, never loaded whole, so it needs no split"),
+    "dataset_conf.buffer_size": FunasrKey(note="FunASR never reads it either; see shuffle_conf.shuffle_size"),
+    "dataset_conf.batch_size_scale_ratio_max": FunasrKey(note="batch sizes follow batch_type/batch_size"),
+    "dataset_conf.rank_split": FunasrKey(note="every rank and worker reads its exact share of every epoch"),
+    "dataset_conf.persistent_workers": FunasrKey(note="workers are kept for the whole run"),
+    "dataset_conf.preprocessor_speech": FunasrKey(  # SpeechPreprocessSpeedPerturb: _funasr_speed_perturb
+        note="no other FunASR preprocessor runs here; for speed perturbation set dataset_conf.speed_perturb=true",
+        honoured=_off),
+    "dataset_conf.preprocessor_text": FunasrKey(note="no FunASR preprocessor runs here", honoured=_off),
+    "dataset_conf.preprocessor_speech_conf": FunasrKey(note="no FunASR preprocessor runs here"),
+    "dataset_conf.preprocessor_text_conf": FunasrKey(note="no FunASR preprocessor runs here"),
+    "dataset_conf.dataloader": FunasrKey(note="the loader streams the list (an IterableDataset)"),
+    "dataset_conf.min_token_length": FunasrKey(note="FunASR's samplers do not apply it either; see "
+                                               "filter_conf.min_length and token_min_length"),
+    "train_conf.best_model_criterion": FunasrKey(note="epoch checkpoints are ranked by "
+                                                 "train_conf.avg_keep_nbest_models_type (acc or loss)"),
+    "train_conf.val_scheduler_criterion": FunasrKey(note="no plateau scheduler here; see scheduler_conf"),
+    "train_conf.use_deepspeed": FunasrKey(note="training uses torch DDP (torchrun); DeepSpeed is not supported",
+                                          honoured=_off),
+    "train_conf.deepspeed_config": FunasrKey(note="training uses torch DDP (torchrun), not DeepSpeed"),
+    "train_conf.grad_clip_type": FunasrKey(note="gradients are clipped by their L2 norm (FunASR's default 2)",
+                                           honoured=lambda v: str(v) in ("2", "2.0")),
+    "train_conf.effective_save_name_excludes": FunasrKey(note="checkpoints hold the whole model"),
+    "train_conf.avg_checkpoint_interval": FunasrKey(note="averaging uses epoch checkpoints (avg_nbest_model)"),
+    "train_conf.reset_gpu_cache": FunasrKey(note="the CUDA cache is left to torch"),
+    "train_conf.find_unused_parameters": FunasrKey(note="DDP is set up for the model by corpus-io"),
+    "train_conf.use_ddp": FunasrKey(note="DDP is used whenever torchrun starts more than one process"),
+    "train_conf.use_fsdp": FunasrKey(note="training uses torch DDP; FSDP is not supported", honoured=_off),
+    "train_conf.use_wandb": FunasrKey(note="logs go to output_dir/tensorboard", honoured=_off),
+    "train_conf.freeze_param": FunasrKey(note="every parameter is trained", honoured=_off),
+}
+
+
+def _warn(message: str) -> None:
+    if os.environ.get("RANK", "0") == "0":  # once per run under torchrun, not once per rank
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+FUNASR_SPEED_PERTURB = "SpeechPreprocessSpeedPerturb"
+
+
+def _funasr_speed_perturb(section: dict) -> None:
+    """FunASR's recipes perturb speed through a preprocessor; that one is honoured by our own stage."""
+    if section.get("preprocessor_speech") != FUNASR_SPEED_PERTURB:
+        return
+    section.pop("preprocessor_speech")
+    speeds = (section.pop("preprocessor_speech_conf", None) or {}).get("speed_perturb")
+    section["speed_perturb"] = True
+    if speeds:
+        section.setdefault("speed_perturb_conf", {})["speeds"] = list(speeds)
+    _warn(f"FunASR key 'dataset_conf.preprocessor_speech={FUNASR_SPEED_PERTURB}' is read as "
+          f"dataset_conf.speed_perturb=true" + (f" with speeds {list(speeds)}." if speeds else "."))
+
+
+def _apply_funasr_keys(schema: type, raw: dict) -> None:
+    """Rename, drop (with one warning line each) or refuse FunASR's keys in ``raw``, in place."""
+    groups = _schema_fields(schema)
+    if "dataset_conf" in groups and isinstance(raw.get("dataset_conf"), dict):
+        _funasr_speed_perturb(raw["dataset_conf"])
+    for path, rule in FUNASR_KEYS.items():
+        group, key = path.split(".", 1)
+        section = raw.get(group)
+        if group not in groups or not isinstance(section, dict) or key not in section:
+            continue
+        value = section.pop(key)
+        if rule.honoured is not None and not rule.honoured(value):
+            raise ConfigError(f"FunASR key '{path}={value}' would change the results and cannot be honoured here: "
+                              f"{rule.note}. Remove it (or set it to FunASR's default) to train with corpus-io.")
+        if rule.ours is None:
+            _warn(f"FunASR key '{path}' has no effect in corpus-io ({rule.note}); ignored.")
+            continue
+        target = section
+        *parents, leaf = rule.ours.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+        if rule.note:
+            _warn(f"FunASR key '{path}' is read as '{group}.{rule.ours}': {rule.note}.")
+
+
 # --------------------------------------------------------------------------- composition
 
 
@@ -414,6 +545,7 @@ def validate(schema: type, raw: Any) -> Any:
         raw = OmegaConf.to_container(raw, resolve=True)
     raw.pop("hydra", None)
     raw.pop("defaults", None)
+    _apply_funasr_keys(schema, raw)
     _check_keys(schema, raw, prefix="")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), raw)
@@ -537,19 +669,22 @@ def _check_keys(schema: type, raw: dict, prefix: str) -> None:
                     _check_keys(item_schema, item, prefix=f"{path}[{i}].")
 
 
+#: How similar (difflib ratio) a key must be to a valid one to be suggested: typos, not look-alikes.
+SUGGEST_CUTOFF = 0.8
+
+
 def _unknown_key_message(path: str, schema: type, prefix: str) -> str:
     leaf = path[len(prefix):]
     siblings = [f.name for f in dataclasses.fields(schema)]
-    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.5)
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=SUGGEST_CUTOFF)
     if close:
         suggestion = prefix + close[0]
-    else:
-        candidates = all_keys(schema, prefix=prefix)
-        by_leaf = {c.rsplit(".", 1)[-1]: c for c in candidates}
-        near = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.0)
-        suggestion = by_leaf[near[0]] if near else prefix + siblings[0]
-    return (f"unknown config key '{path}'. The closest valid key is '{suggestion}'. "
-            f"Run the subcommand with --help to list every key.")
+    else:  # a key that slipped one level up or down: match the leaf names of the whole group
+        by_leaf = {c.rsplit(".", 1)[-1]: c for c in all_keys(schema, prefix=prefix)}
+        near = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=SUGGEST_CUTOFF)
+        suggestion = by_leaf[near[0]] if near else None
+    hint = f" The closest valid key is '{suggestion}'." if suggestion else ""
+    return f"unknown config key '{path}'.{hint} Run the subcommand with --help to list every key."
 
 
 def _check_choices_and_required(obj: Any, prefix: str) -> None:

@@ -12,6 +12,7 @@ EXTRA_OF_MODULE = {
     "torch": ("train", "the loader, train, decode, compute-cmvn, average, fbank/mfcc and resampling"),
     "torchaudio": ("train", "the loader, train, decode, compute-cmvn, average, fbank/mfcc and resampling"),
     "tensorboard": ("train", "training logs"),
+    "kaldialign": ("train", "CER/WER scoring in decode"),
     "s3fs": ("s3", "s3:// URLs"),
     "aiohttp": ("http", "http(s):// URLs"),
     "matplotlib": ("plots", "the stats PNG histogram"),

@@ -77,8 +77,8 @@ def key_hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
 
 
-def duplicate_hashes(hashes: Any, most: int = 8) -> set[int]:
-    """The :func:`key_hash` values that occur more than once (at most ``most`` of them); empty if none."""
+def duplicate_hashes(hashes: Any, most: int | None = 8) -> set[int]:
+    """The :func:`key_hash` values that occur more than once (at most ``most`` of them, None: all); empty if none."""
     h = np.sort(np.asarray(hashes, dtype=np.int64))
     return {int(x) for x in np.unique(h[1:][h[1:] == h[:-1]])[:most]}
 
@@ -97,8 +97,9 @@ def first_repeat(keyed: Iterable[tuple[str, str]], wanted: set[int]) -> tuple[st
     return None
 
 
-def raise_if_duplicates(path: str, hashes: Any) -> None:
-    """Raise a DataError naming both lines of a repeated key, given the keys' :func:`key_hash` values."""
+def raise_if_duplicates(path: str, hashes: Any, hint: str = "") -> None:
+    """Raise a DataError naming both lines of a repeated key, given the keys' :func:`key_hash` values;
+    ``hint`` (a sentence) is appended to the message."""
     wanted = duplicate_hashes(hashes)
     if not wanted:
         return
@@ -107,7 +108,7 @@ def raise_if_duplicates(path: str, hashes: Any) -> None:
     if repeat:
         key, first, second = repeat
         raise DataError(f"duplicate key '{key}' in {path}: at {first} and {second}. Keys must be unique; "
-                        f"remove or rename one.")
+                        f"remove or rename one.{' ' + hint if hint else ''}")
 
 
 def check_unique_keys(path: str | os.PathLike) -> int:
@@ -126,7 +127,11 @@ class KeyedTable:
     ``unused_keys`` find keys that no other table mentioned.
     """
 
-    def __init__(self, path: str | os.PathLike, *, allow_empty_value: bool = False):
+    def __init__(self, path: str | os.PathLike, *, allow_empty_value: bool = False, keep_first: bool = False,
+                 hint: str = ""):
+        """``keep_first``: a repeated key is not an error; :meth:`get` returns its first line and
+        ``num_duplicates`` counts the later ones (scp2jsonl ``++on_duplicate=skip``). Otherwise a repeated
+        key is an error; ``hint`` (a sentence) is appended to that error and to the one for an empty value."""
         self.path = str(path)
         self.allow_empty_value = allow_empty_value
         hashes = array("q")
@@ -139,16 +144,19 @@ class KeyedTable:
                     key, value = parsed
                     if not value and not allow_empty_value:
                         raise DataError(f"{self.path}:{lineno}: key '{key}' has no value. Each line must be "
-                                        f"'<key> <value>'; remove the line or fill in the value.")
+                                        f"'<key> <value>'; remove the line or fill in the value."
+                                        f"{' ' + hint if hint else ''}")
                     hashes.append(key_hash(key))
                     offsets.append(offset)
                     offsets.append(lineno)
                 offset += len(raw)
         h = np.frombuffer(hashes, dtype=np.int64)
         pairs = np.frombuffer(offsets, dtype=np.int64).reshape(-1, 2)
-        raise_if_duplicates(self.path, h)
-        order = np.argsort(h, kind="stable")
+        if not keep_first:
+            raise_if_duplicates(self.path, h, hint)
+        order = np.argsort(h, kind="stable")  # stable: among equal keys the first line comes first
         self._hashes = h[order]
+        self.num_duplicates = len(h) - len(np.unique(h)) if keep_first else 0
         self._offsets = pairs[order, 0].copy()
         self._linenos = pairs[order, 1].copy()
         self._used = np.zeros(len(self._hashes), dtype=bool)

@@ -96,6 +96,7 @@ class _Result:
     line: str | None  # the JSONL line, None when skipped
     seconds: float = 0.0
     error: str | None = None  # unreadable audio; None with line None: a key missing from a table
+    empty: str | None = None  # the text field that is empty (only with ++on_empty_text=skip)
 
 
 # The joined tables, set by scp2jsonl before its worker processes fork: workers do the lookups
@@ -134,6 +135,8 @@ def _probe_task(task: _Task) -> _Result:
             record[f"{name}_len"] = audio.frames_10ms(num_samples, info.sample_rate)
             seconds = max(seconds, num_samples / info.sample_rate)
         else:
+            if not value.strip():  # only reachable with ++on_empty_text=skip (else the table refused it)
+                return _Result(task.key, None, empty=name)
             record[name] = value
             record[f"{name}_len"] = target_len(value)
     return _Result(task.key, json.dumps(record, ensure_ascii=False) + "\n", seconds)
@@ -161,6 +164,29 @@ def _missing_message(missing: dict[str, list[str]], counts: dict[str, int], what
     return "; ".join(parts)
 
 
+def _bad_audio_message(errors: list[str], count: int) -> str:
+    more = f" (and {count - len(errors)} more)" if count > len(errors) else ""
+    return (f"{count} utterance(s) have unreadable audio{more}: {' '.join(errors)} Fix or remove those entries, "
+            f"or pass ++on_missing=skip to drop them (they are counted).")
+
+
+_DROP_HINT = ("Or let scp2jsonl drop and count such lines: ++on_duplicate=skip (keeps the first line of a key), "
+              "++on_empty_text=skip.")
+
+
+def _first_lines(items: Iterable[tuple[str, Any]], repeated: set[int], dropped: list[int]) -> Iterator[tuple[str, Any]]:
+    """``(key, item)`` pairs with the later lines of a repeated key left out (counted in ``dropped[0]``);
+    ``repeated`` holds the :func:`kaldi.key_hash` of every repeated key, so only those keys are remembered."""
+    seen: set[str] = set()
+    for key, item in items:
+        if repeated and kaldi.key_hash(key) in repeated:
+            if key in seen:
+                dropped[0] += 1
+                continue
+            seen.add(key)
+        yield key, item
+
+
 def scp2jsonl(cfg: Any) -> Summary:
     """Join Kaldi tables into a FunASR JSONL by header probing; returns the job summary."""
     _check_lists(cfg)
@@ -170,26 +196,46 @@ def scp2jsonl(cfg: Any) -> Summary:
     for p in paths + ([cfg.segments] if cfg.segments else []):
         if not os.path.isfile(p):
             raise DataError(f"table {p} does not exist. Check ++scp_file_list / ++segments.")
+    skip_empty = cfg.on_empty_text == "skip"
+    skip_duplicates = cfg.on_duplicate == "skip"
+
+    def table(name: str, path: str) -> kaldi.KeyedTable:
+        return kaldi.KeyedTable(path, allow_empty_value=skip_empty and name not in audio_fields,
+                                keep_first=skip_duplicates, hint=_DROP_HINT)
 
     # The driving stream: the first table, or segments (whose recordings index wav.scp).
     if cfg.segments:
         driver_path = cfg.segments
-        keyed = {n: kaldi.KeyedTable(p) for n, p in zip(names, paths)}
+        keyed = {n: table(n, p) for n, p in zip(names, paths)}
         recording_fields = set(audio_fields)
     else:
         driver_path = paths[0]
-        keyed = {n: kaldi.KeyedTable(p) for n, p in zip(names[1:], paths[1:])}
+        keyed = {n: table(n, p) for n, p in zip(names[1:], paths[1:])}
         recording_fields = set()
+    driver_empty_ok = skip_empty and not cfg.segments and names[0] not in audio_fields
     summary = Summary()
+
+    def driver_lines() -> Iterator[tuple[str, Any]]:
+        if cfg.segments:
+            for seg in kaldi.iter_segments(driver_path):
+                yield seg.key, seg
+        else:
+            for line in kaldi.iter_table(driver_path, allow_empty_value=driver_empty_ok):
+                yield line.key, line
+
+    # ++on_duplicate=skip: the repeated keys of the driver (hashes only), so both passes keep first lines only
+    repeated: set[int] = set()
+    if skip_duplicates:
+        repeated = kaldi.duplicate_hashes(array("q", (kaldi.key_hash(k) for k, _ in driver_lines())), most=None)
+    dropped = [0]
 
     def driver_keys() -> Iterator[tuple[str, dict[str, str]]]:
         """Each utterance key and the key it is looked up by in every other table."""
-        if cfg.segments:
-            for seg in kaldi.iter_segments(driver_path):
-                yield seg.key, {n: (seg.recording if n in recording_fields else seg.key) for n in keyed}
-        else:
-            for line in kaldi.iter_table(driver_path):
-                yield line.key, {n: line.key for n in keyed}
+        for key, item in _first_lines(driver_lines(), repeated, [0]):
+            if cfg.segments:
+                yield key, {n: (item.recording if n in recording_fields else key) for n in keyed}
+            else:
+                yield key, {n: key for n in keyed}
 
     # Pass 1 (cheap, hashes only): unique keys, and every key present in every table?
     missing: dict[str, list[str]] = {}
@@ -207,7 +253,8 @@ def scp2jsonl(cfg: Any) -> Summary:
         raise DataError(f"{driver_path} has no utterances; there is nothing to write. Check "
                         f"{'++segments' if cfg.segments else 'the first file of ++scp_file_list'} "
                         f"(an earlier step may have written an empty table).")
-    kaldi.raise_if_duplicates(driver_path, hashes)
+    if not skip_duplicates:
+        kaldi.raise_if_duplicates(driver_path, hashes, _DROP_HINT)
     total = len(hashes)
     del hashes
     extra = {t.path: t.unused_keys(10) for t in keyed.values() if t.num_unused()} if not cfg.segments else {}
@@ -224,33 +271,48 @@ def scp2jsonl(cfg: Any) -> Summary:
         summary.skip(f"only in {Path(where).name}", n)
 
     def tasks() -> Iterator[_Task]:
-        if cfg.segments:
-            for seg in kaldi.iter_segments(driver_path):
+        for _, item in _first_lines(driver_lines(), repeated, dropped):
+            if cfg.segments:
+                seg = item
                 lookups = {n: (seg.recording if n in recording_fields else seg.key) for n in keyed}
                 yield _Task(seg.key, {}, lookups, tuple(names), audio_fields, seg.where, (seg.start, seg.end),
                             cfg.allow_pipe, dict(cfg.storage_options))
-        else:
-            for line in kaldi.iter_table(driver_path):
+            else:
+                line = item
                 yield _Task(line.key, {names[0]: line.value}, {n: line.key for n in keyed}, tuple(names),
                             audio_fields, line.where, None, cfg.allow_pipe, dict(cfg.storage_options))
 
     workers = resolve_num_workers(cfg.num_workers)
     _KEYED.clear()
     _KEYED.update(keyed)
+    bad_audio: list[str] = []  # the first 10 unreadable-audio errors (with on_missing=error)
+    bad_audio_count = 0
     try:
         with atomic_write(cfg.jsonl_file_out) as out:
             results = parallel_imap(_probe_task, tasks(), num_workers=workers, chunksize=256)
             for result in progress(results, total=total, desc="scp2jsonl", unit="utt"):
                 if result.line is None:
-                    if result.error is None:
+                    if result.empty is not None:
+                        summary.skip(f"empty {result.empty}")
+                    elif result.error is None:
                         continue  # missing from a table: counted (or refused) by pass 1
-                    if cfg.on_missing == "error":
-                        raise DataError(f"{result.error} Fix or remove the entry, or pass ++on_missing=skip.")
-                    summary.skip("unreadable audio")
+                    elif cfg.on_missing == "error":  # go on probing: the error names 10 keys and the count
+                        bad_audio_count += 1
+                        if len(bad_audio) < 10:
+                            bad_audio.append(result.error)
+                    else:
+                        summary.skip("unreadable audio")
                     continue
                 out.write(result.line)
                 summary.kept += 1
                 summary.seconds += result.seconds
+            if bad_audio_count:  # raised inside the block: nothing is written
+                raise DataError(_bad_audio_message(bad_audio, bad_audio_count))
+            if dropped[0]:
+                summary.skip(f"duplicate key in {Path(driver_path).name}", dropped[0])
+            for t in keyed.values():
+                if t.num_duplicates:
+                    summary.skip(f"duplicate key in {Path(t.path).name} (first line kept)", t.num_duplicates)
             if not summary.kept:  # raised inside the block: no empty JSONL is left behind
                 raise DataError(f"no utterance of {driver_path} is left to write ({summary.line()}). "
                                 f"Fix the tables or the audio they name.")

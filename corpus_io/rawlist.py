@@ -5,6 +5,10 @@ A line is WeNet's ``{"key", "wav", "txt"[, "start", "end"]}`` or FunASR's ``{"ke
 cached next to the list as ``<list>.idx`` (a ``.npy`` file, memory-mapped; rebuilt when the list's
 size or mtime changes, or kept in memory when the directory is read-only). A 10M-line list costs
 80 MB of offsets; a line is parsed only when its utterance is read.
+
+FunASR's multi-file list (one JSONL path per line, e.g. from ``data_split_num``) is read as the
+concatenation of those files, in order: each file keeps its own ``.idx``. A relative path is taken
+from the current directory, else from the list's directory.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 from corpus_io import audio
 from corpus_io.errors import DataError
 from corpus_io.manifest import canonical
+from corpus_io.shards.format import SHARD_SUFFIXES
 
 #: lines per resumable unit in raw mode (see corpus_io.partition)
 CHUNK_LINES = 1000
@@ -47,20 +52,63 @@ def build_offsets(path: str) -> np.ndarray:
     return np.concatenate(chunks)
 
 
+def _first_line(path: str) -> str:
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                return raw.decode("utf-8-sig", "replace").strip()
+    return ""
+
+
+def jsonl_paths_of(path: str) -> list[str] | None:
+    """The JSONL files a FunASR multi-file list names (one path per line), or None when ``path`` is itself a
+    JSONL (its first line is a JSON object). A missing file is a DataError naming the list line."""
+    first = _first_line(path)
+    if not first or first.startswith("{"):
+        return None
+    base = os.path.dirname(os.path.abspath(path))
+    files = []
+    with open(path, encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(f, 1):
+            entry = line.strip()
+            if not entry:
+                continue
+            if entry.endswith(SHARD_SUFFIXES):
+                raise DataError(f"{path}:{lineno}: '{entry}' is a shard, but the list is read as a raw list. For a "
+                                f"list of shards set ++dataset_conf.data_type=shard (stats: ++data_type=shard).")
+            found = entry if os.path.isabs(entry) or os.path.isfile(entry) else os.path.join(base, entry)
+            if not os.path.isfile(found):
+                raise DataError(f"{path}:{lineno}: '{entry}' is not a file. A raw data list is either a JSONL of "
+                                f"utterances or, as FunASR's multi-file list, one JSONL path per line (relative "
+                                f"to the current directory or to the list).")
+            files.append(found)
+    return files
+
+
 class RawList:
-    """Random access to the utterances of a JSONL list by index, through cached line offsets."""
+    """Random access to the utterances of a JSONL list (or of a list of JSONL files) by index, through
+    cached line offsets."""
 
     def __init__(self, path: str | os.PathLike, *, cache: bool = True):
         self.path = str(path)
         if not os.path.isfile(self.path):
             raise DataError(f"raw data list {self.path} does not exist. Pass an existing JSONL "
                             f"(make-datalist ++data_type=raw or scp2jsonl writes one).")
-        self.offsets = self._load_or_build(cache)
-        self._f = None
+        self.files = jsonl_paths_of(self.path) or [self.path]
+        self._offsets = [self._load_or_build(f, cache) for f in self.files]
+        # entry i lives in file k where starts[k] <= i < starts[k + 1]
+        self._starts = np.cumsum([0] + [len(o) for o in self._offsets], dtype=np.int64)
+        self._handles: dict[int, object] = {}
 
-    def _load_or_build(self, cache: bool) -> np.ndarray:
-        idx = self.path + ".idx"
-        sig = _signature(self.path)
+    @property
+    def offsets(self) -> np.ndarray:
+        """Line offsets of a single-file list (the common case; multi-file lists keep one array per file)."""
+        return self._offsets[0] if len(self._offsets) == 1 else np.concatenate(self._offsets)
+
+    @staticmethod
+    def _load_or_build(path: str, cache: bool) -> np.ndarray:
+        idx = path + ".idx"
+        sig = _signature(path)
         if cache and os.path.isfile(idx):
             try:
                 arr = np.load(idx, mmap_mode="r")
@@ -68,7 +116,7 @@ class RawList:
                     return arr[3:]
             except (OSError, ValueError):
                 pass
-        offsets = build_offsets(self.path)
+        offsets = build_offsets(path)
         if cache:
             tmp = f"{idx}.tmp{os.getpid()}"
             try:
@@ -84,7 +132,7 @@ class RawList:
         return offsets
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return int(self._starts[-1])
 
     def __getstate__(self) -> dict:  # workers re-open the file (and the mmap) themselves
         return {"path": self.path}
@@ -92,29 +140,33 @@ class RawList:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["path"])
 
-    def _lineno(self, offset: int) -> int:
-        with open(self.path, "rb") as f:
+    @staticmethod
+    def _lineno(path: str, offset: int) -> int:
+        with open(path, "rb") as f:
             return f.read(offset).count(b"\n") + 1
 
     def record(self, i: int) -> dict:
         """The canonical (FunASR names) record of entry ``i``."""
-        if self._f is None:
-            self._f = open(self.path, "rb")
-        off = int(self.offsets[i])
-        self._f.seek(off)
-        raw = self._f.readline()
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        path = self.files[k]
+        f = self._handles.get(k)
+        if f is None:
+            f = self._handles[k] = open(path, "rb")
+        off = int(self._offsets[k][i - int(self._starts[k])])
+        f.seek(off)
+        raw = f.readline()
         try:
             rec = json.loads(raw)
         except ValueError as exc:
-            raise DataError(f"{self.path}:{self._lineno(off)}: not valid JSON ({exc}). "
+            raise DataError(f"{path}:{self._lineno(path, off)}: not valid JSON ({exc}). "
                             f"Each line must be one JSON object with key and wav/source.") from None
         if not isinstance(rec, dict):
-            raise DataError(f"{self.path}:{self._lineno(off)}: a JSON {type(rec).__name__}, not an object. "
+            raise DataError(f"{path}:{self._lineno(path, off)}: a JSON {type(rec).__name__}, not an object. "
                             f"Each line must be one JSON object with key and wav/source.")
         try:
             return canonical(rec)
         except DataError as exc:  # the line number costs a read up to the line: only on error
-            raise DataError(f"{self.path}:{self._lineno(off)}{exc}") from None
+            raise DataError(f"{path}:{self._lineno(path, off)}{exc}") from None
 
     def sample(self, i: int, *, storage_options: dict | None = None, allow_pipe: bool = False) -> dict:
         """Entry ``i`` as a pipeline sample (key, audio bytes, audio_format, txt, meta, start/end)."""

@@ -24,12 +24,21 @@ def test_overrides_compose_into_a_typed_object():
 
 
 def test_unknown_nested_key_names_the_closest_valid_key():
-    raw = {"dataset_conf": {"buffer_size": 100}}
+    raw = {"dataset_conf": {"shuffle_sise": 100}}
     with pytest.raises(ConfigError) as err:
         config.validate(config.BenchLoaderConfig, raw)
     message = str(err.value)
-    assert "dataset_conf.buffer_size" in message
-    assert "dataset_conf.shuffle_conf.shuffle_size" in message or "dataset_conf.batch_size" in message
+    assert "dataset_conf.shuffle_sise" in message
+    assert "closest valid key is 'dataset_conf.shuffle_conf.shuffle_size'" in message
+
+
+@pytest.mark.parametrize("key", ["dataset_conf.colour", "dataset_conf.index_dss", "dataset_conf.split_count",
+                                 "train_conf.wandb_project"])
+def test_a_key_unlike_any_valid_key_gets_no_suggestion(key):
+    group, leaf = key.split(".")
+    with pytest.raises(ConfigError) as err:
+        config.validate(config.TrainConfig, {group: {leaf: 1}})
+    assert f"unknown config key '{key}'." in str(err.value) and "closest" not in str(err.value)
 
 
 def test_typo_suggests_the_sibling_key():
@@ -56,8 +65,8 @@ def test_every_schema_lists_its_keys_for_help():
 
 
 def test_cli_unknown_key_is_one_paragraph_without_traceback(tmp_path):
-    result = run_cli("corpus-io", "scp2jsonl", "++buffer_size=3", f"++jsonl_file_out={tmp_path}/x")
-    assert_user_error(result, "buffer_size", "closest valid key")
+    result = run_cli("corpus-io", "scp2jsonl", "++num_worker=3", f"++jsonl_file_out={tmp_path}/x")
+    assert_user_error(result, "num_worker", "closest valid key is 'num_workers'")
     assert result.returncode == 2
 
 
@@ -185,3 +194,103 @@ def test_decode_help_shows_its_own_batch_size_and_filters():
     assert re.search(r"dataset_conf\.filter_conf\.token_min_length\s+= 0 ", out), out
     train = run_cli("corpus-io", "train", "--help").stdout
     assert re.search(r"model\s+= preset conformer_tiny .*conformer_small, conformer_tiny", train), train
+
+
+# FunASR's examples/industrial_data_pretraining/paraformer/finetune.sh (the ++dataset_conf/++train_conf/
+# ++optim_conf lines, verbatim but for the deepspeed path)
+FUNASR_FINETUNE_OVERRIDES = [
+    "++dataset_conf.index_ds=IndexDSJsonl",
+    "++dataset_conf.data_split_num=1",
+    "++dataset_conf.batch_sampler=BatchSampler",
+    "++dataset_conf.batch_size=6000",
+    "++dataset_conf.sort_size=1024",
+    "++dataset_conf.batch_type=token",
+    "++dataset_conf.num_workers=4",
+    "++train_conf.max_epoch=50",
+    "++train_conf.log_interval=1",
+    "++train_conf.resume=true",
+    "++train_conf.validate_interval=2000",
+    "++train_conf.save_checkpoint_interval=2000",
+    "++train_conf.keep_nbest_models=20",
+    "++train_conf.avg_nbest_model=10",
+    "++train_conf.use_deepspeed=false",
+    "++train_conf.deepspeed_config=../../ds_stage1.json",
+    "++optim_conf.lr=0.0002",
+]
+
+
+def test_funasr_finetune_overrides_map_to_our_keys_and_warn_once_per_ignored_key(capsys):
+    cfg = config.compose(config.TrainConfig, "train",
+                         ["++train_data_set_list=t.jsonl", "++output_dir=exp", *FUNASR_FINETUNE_OVERRIDES])
+    ds, tc = cfg.dataset_conf, cfg.train_conf
+    assert (ds.batch_size, ds.batch_type, ds.sort_conf.sort_size, ds.num_workers) == (6000, "token", 1024, 4)
+    assert (tc.max_epoch, tc.log_interval, tc.validate_interval, tc.save_checkpoint_interval) == (50, 1, 2000, 2000)
+    assert (tc.keep_nbest_models, tc.avg_nbest_model, cfg.optim_conf.lr) == (20, 10, 0.0002)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    ignored = ["index_ds", "data_split_num", "batch_sampler", "use_deepspeed", "deepspeed_config"]
+    assert len(warnings) == len(ignored)
+    for key in ignored:
+        assert sum(f".{key}' has no effect in corpus-io" in w for w in warnings) == 1, warnings
+
+
+def test_funasr_config_keys_map_onto_ours():
+    raw = {"dataset_conf": {"batch_size_sample_max": 64, "max_source_length": 3000, "min_source_length": 5,
+                            "max_target_length": 150, "min_target_length": 2, "retry": 7, "prefetch_factor": 3,
+                            "buffer_size": 500, "preprocessor_speech": None},
+           "train_conf": {"grad_clip_type": 2.0, "use_fsdp": False}}
+    cfg = config.validate(config.TrainConfig, dict(raw, train_data_set_list="t", output_dir="o"))
+    ds = cfg.dataset_conf
+    assert (ds.max_batch_size, ds.retries, ds.prefetch) == (64, 7, 3)
+    assert (ds.filter_conf.max_length, ds.filter_conf.min_length) == (3000, 5)
+    assert (ds.filter_conf.token_max_length, ds.filter_conf.token_min_length) == (150, 2)
+
+
+@pytest.mark.parametrize("group,key,value,why", [
+    ("train_conf", "use_deepspeed", True, "DeepSpeed is not supported"),
+    ("train_conf", "grad_clip_type", 1, "L2 norm"),
+    ("train_conf", "freeze_param", "encoder", "every parameter is trained"),
+    ("dataset_conf", "preprocessor_speech", "SpeechPreprocessSpecAug", "speed_perturb=true"),
+])
+def test_a_funasr_key_that_would_change_results_is_an_error_saying_so(group, key, value, why):
+    with pytest.raises(ConfigError, match=rf"'{group}.{key}={value}' would change the results.*{why}"):
+        config.validate(config.TrainConfig, {group: {key: value}})
+
+
+def test_readme_documents_every_funasr_key():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for path in config.FUNASR_KEYS:
+        assert f"`{path}`" in readme, path
+
+
+def test_funasr_aishell_recipe_config_sections_validate_with_speed_perturbation_honoured(tmp_path):
+    # the dataset_conf/train_conf/optim_conf of FunASR's examples/aishell/paraformer conf, as published
+    (tmp_path / "funasr.yaml").write_text("""
+train_data_set_list: train.jsonl
+output_dir: exp
+train_conf:
+  accum_grad: 1
+  grad_clip: 5
+  max_epoch: 150
+  keep_nbest_models: 10
+  avg_nbest_model: 10
+  log_interval: 50
+optim_conf:
+  lr: 0.0005
+dataset_conf:
+  index_ds: IndexDSJsonl
+  batch_sampler: EspnetStyleBatchSampler
+  batch_type: length
+  batch_size: 25000
+  max_token_length: 2048
+  buffer_size: 1024
+  shuffle: True
+  num_workers: 4
+  preprocessor_speech: SpeechPreprocessSpeedPerturb
+  preprocessor_speech_conf:
+    speed_perturb: [0.9, 1.0, 1.1]
+""", encoding="utf-8")
+    cfg = config.compose(config.TrainConfig, "funasr.yaml", [], config_path=str(tmp_path))
+    ds = cfg.dataset_conf
+    assert ds.speed_perturb and ds.speed_perturb_conf.speeds == [0.9, 1.0, 1.1]
+    assert (ds.batch_type, ds.batch_size, ds.filter_conf.max_length) == ("length", 25000, 2048)
+    assert (cfg.train_conf.max_epoch, cfg.optim_conf.lr) == (150, 0.0005)

@@ -224,3 +224,37 @@ def test_without_workers_the_loader_leaves_the_callers_torch_threads_alone(shard
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def _funasr_multi_file_list(tmp_path, parts: int = 3):
+    """FunASR's multi-file data list: the lines of one real JSONL split over ``parts`` files, one path per line
+    (relative to the list's directory, as FunASR's data_split_num lists are)."""
+    raw, keys = make_raw(tmp_path, copies=2, wenet=False)
+    lines = raw.read_text(encoding="utf-8").splitlines(keepends=True)
+    names = []
+    for p in range(parts):
+        name = f"train.{p}.jsonl"
+        (tmp_path / name).write_text("".join(lines[p::parts]), encoding="utf-8")
+        names.append(name)
+    (tmp_path / "train.list").write_text("".join(n + "\n" for n in names))
+    return tmp_path / "train.list", keys
+
+
+def test_a_funasr_list_of_jsonl_files_loads_every_key_once_in_raw_mode(tmp_path):
+    data_list, keys = _funasr_multi_file_list(tmp_path)
+    tok = build_tokenizer(token_list(tmp_path))
+    got = []
+    for rank in range(2):
+        got += epoch_keys(build_dataloader(str(data_list), small_conf(data_type="raw"), tok, train=True, rank=rank,
+                                           world_size=2), 0)
+    assert sorted(got) == sorted(keys)
+
+
+def test_shard_mode_given_jsonl_says_what_it_is_and_what_to_set(tmp_path):
+    data_list, _ = _funasr_multi_file_list(tmp_path)
+    tok = build_tokenizer(token_list(tmp_path))
+    with pytest.raises(DataError, match=r"lists JSONL files .*FunASR's multi-file.*data_type=raw"):
+        build_dataloader(str(data_list), small_conf(data_type="shard"), tok, train=True, rank=0, world_size=1)
+    with pytest.raises(DataError, match=r"holds JSON lines.*data_type=raw"):
+        build_dataloader(str(tmp_path / "train.0.jsonl"), small_conf(data_type="shard"), tok, train=True, rank=0,
+                         world_size=1)

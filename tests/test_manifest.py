@@ -24,10 +24,15 @@ def funasr_scp2jsonl(wav_scp, text, out, *extra: str):
                    "++data_type_list=[\"source\",\"target\"]", f"++jsonl_file_out={out}", *extra)
 
 
+def funasr_source_len(num_samples: int, rate: int) -> int:
+    """FunASR's rule: resampling to 16 kHz gives ceil(n * 16000 / sr) samples, then // 160."""
+    return -(-num_samples * 16000 // rate) // 160
+
+
 def expected_source_len(path: str) -> int:
-    """Ground truth by full decode (what FunASR does): floor(samples * 16000 / sr / 160)."""
+    """Ground truth by full decode (what FunASR does), then FunASR's rule."""
     wave, rate = sf.read(path)
-    return int(len(wave) * 16000 / rate // 160)
+    return funasr_source_len(len(wave), rate)
 
 
 def test_funasr_command_line_matches_funasr_lengths(tmp_path, fixture_corpus):
@@ -260,3 +265,96 @@ def test_scp2jsonl_with_every_utterance_skipped_leaves_no_output(tmp_path):
     result = funasr_scp2jsonl(tmp_path / "wav.scp", tmp_path / "text", out, "++on_missing=skip")
     assert_user_error(result, "no utterance of", "missing in text: 1")
     assert _ls(out.parent) == []
+
+
+def _edge_lengths(rate: int) -> list[int]:
+    """Sample counts on both sides of 10 ms frame boundaries at 16 kHz, for a file at ``rate``."""
+    lengths = {1, 159, 160, 161}
+    for frames in (1, 10, 97, 250):
+        boundary = frames * 160 * rate // 16000
+        lengths.update(boundary + d for d in (-2, -1, 0, 1, 2))
+    lengths.update({2204, 4408, 4799})  # the lengths where flooring n*100/sr was one frame short
+    return sorted(n for n in lengths if n > 0)
+
+
+def test_source_len_equals_funasr_rule_at_every_rate_on_edge_lengths(tmp_path, fixture_corpus):
+    from corpus_io import audio
+
+    speech, rate = sf.read(next(p for p in sorted((fixture_corpus / "wav").iterdir()) if p.suffix == ".wav"),
+                           dtype="float32")
+    wav_lines, text_lines = [], []
+    for sr in (8000, 16000, 22050, 32000, 44100, 48000):
+        wave = audio.resample(speech, rate, sr)
+        for n in _edge_lengths(sr):
+            path = tmp_path / f"r{sr}_{n}.wav"
+            sf.write(path, wave[:n], sr)
+            wav_lines.append(f"r{sr}_{n} {path}")
+            text_lines.append(f"r{sr}_{n} hello")
+    (tmp_path / "wav.scp").write_text("\n".join(wav_lines) + "\n")
+    (tmp_path / "text").write_text("\n".join(text_lines) + "\n")
+    out = tmp_path / "o.jsonl"
+    result = funasr_scp2jsonl(tmp_path / "wav.scp", tmp_path / "text", out)
+    assert result.returncode == 0, result.stderr
+    floor_differs = 0
+    for r in read_jsonl(out):
+        info = sf.info(r["source"])  # the header's sample count, as FunASR would see after decoding
+        assert r["source_len"] == funasr_source_len(info.frames, info.samplerate), r
+        floor_differs += r["source_len"] != info.frames * 100 // info.samplerate
+    assert floor_differs >= 3  # the cases that used to be one frame short are in the set
+
+
+def _tables_with(tmp_path, fixture_corpus, *, text_edit=None, wav_edit=None):
+    wav, text = make_tables(tmp_path, fixture_corpus, n_text=24)
+    if text_edit:
+        text.write_text("\n".join(text_edit(text.read_text().splitlines())) + "\n")
+    if wav_edit:
+        wav.write_text("\n".join(wav_edit(wav.read_text().splitlines())) + "\n")
+    return wav, text
+
+
+def test_empty_transcripts_are_an_error_or_dropped_and_counted_with_on_empty_text_skip(tmp_path, fixture_corpus):
+    def blank_two(lines):
+        return [line.split()[0] if i in (2, 5) else line for i, line in enumerate(lines)]
+
+    wav, text = _tables_with(tmp_path, fixture_corpus, text_edit=blank_two)
+    out = tmp_path / "o.jsonl"
+    assert_user_error(funasr_scp2jsonl(wav, text, out), "text:3", "has no value", "++on_empty_text=skip")
+    assert not out.exists()
+    result = funasr_scp2jsonl(wav, text, out, "++on_empty_text=skip")
+    assert result.returncode == 0, result.stderr
+    records = read_jsonl(out)
+    assert len(records) == 22 and all(r["target"].strip() for r in records)
+    assert "skipped 2 (empty target: 2)" in result.stderr
+
+
+def test_duplicate_keys_are_an_error_or_first_kept_and_counted_with_on_duplicate_skip(tmp_path, fixture_corpus):
+    wav, text = _tables_with(tmp_path, fixture_corpus, wav_edit=lambda lines: lines + lines[:3],
+                             text_edit=lambda lines: lines + [lines[0].split()[0] + " a different text"])
+    out = tmp_path / "o.jsonl"
+    assert_user_error(funasr_scp2jsonl(wav, text, out), "duplicate key", "text:1", "text:25", "++on_duplicate=skip")
+    result = funasr_scp2jsonl(wav, text, out, "++on_duplicate=skip")
+    assert result.returncode == 0, result.stderr
+    records = read_jsonl(out)
+    keys = [r["key"] for r in records]
+    assert len(keys) == 24 == len(set(keys))
+    first_text = (fixture_corpus / "text").read_text().splitlines()[0].split(maxsplit=1)[1]
+    assert records[0]["target"] == first_text  # the first line of a repeated key wins
+    assert "duplicate key in wav.scp: 3" in result.stderr
+    assert "duplicate key in text (first line kept): 1" in result.stderr
+
+
+def test_unreadable_audio_error_names_ten_keys_and_the_count(tmp_path, fixture_corpus):
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"RIFF not really a wav file")
+
+    def break_twelve(lines):
+        return [f"{line.split()[0]} {bad}" if i < 12 else line for i, line in enumerate(lines)]
+
+    wav, text = _tables_with(tmp_path, fixture_corpus, wav_edit=break_twelve)
+    keys = [line.split()[0] for line in wav.read_text().splitlines()]
+    out = tmp_path / "o.jsonl"
+    result = funasr_scp2jsonl(wav, text, out)
+    assert_user_error(result, "12 utterance(s) have unreadable audio (and 2 more)", "++on_missing=skip")
+    named = [k for k in keys[:12] if f"key '{k}'" in result.stderr]
+    assert named == keys[:10]
+    assert not out.exists()

@@ -72,3 +72,23 @@ def test_one_million_lines_cost_offsets_not_python_objects(tmp_path):
     assert isinstance(again.offsets.base, np.memmap) or isinstance(again.offsets, np.memmap)
     assert grown < 40 * 1024 * 1024, f"1M lines grew RSS by {grown / 2**20:.0f} MB"
     del lst
+
+
+def test_a_list_of_jsonl_paths_reads_as_their_concatenation_and_names_each_files_lines(tmp_path):
+    (tmp_path / "sub").mkdir()
+    a = tmp_path / "a.jsonl"
+    a.write_text('{"key": "a1", "source": "x.wav"}\n\n{"key": "a2", "source": "y.wav"}\n', encoding="utf-8")
+    (tmp_path / "sub" / "b.jsonl").write_text('{"key": "b1", "source": "z.wav"}\nnot json\n', encoding="utf-8")
+    lst = tmp_path / "multi.list"
+    lst.write_text(f"{a}\nsub/b.jsonl\n")  # absolute, and relative to the list
+    raw = RawList(lst)
+    assert len(raw) == 4
+    assert [raw.record(i)["key"] for i in range(3)] == ["a1", "a2", "b1"]
+    with pytest.raises(DataError, match=r"sub/b.jsonl:2: not valid JSON"):
+        raw.record(3)
+    lst.write_text(f"{a}\nmissing.jsonl\n")
+    with pytest.raises(DataError, match=r"multi.list:2: 'missing.jsonl' is not a file"):
+        RawList(lst)
+    lst.write_text("shards/shard-000000.tar\n")
+    with pytest.raises(DataError, match=r"is a shard.*data_type=shard"):
+        RawList(lst)

@@ -2,11 +2,12 @@
 
 Shard inputs, each one of:
 
-* a directory: its ``data.list`` (with its sidecar) when present, else its ``*.tar`` sorted;
+* a directory: its ``data.list`` (with its sidecar) when present, else its ``*.tar`` (and WeNet's
+  ``*.tar.gz``/``*.tgz``) sorted;
 * a brace pattern ``data-{000000..000099}.tar`` / ``{a,b}`` (expanded here, numeric ranges keep
   their zero padding); local results must exist;
 * a glob ``shards/*.tar`` (sorted);
-* a ``.tar`` path or URL;
+* a ``.tar``, ``.tar.gz`` or ``.tgz`` path or URL;
 * a list file (any other file): its entries, and its sidecar when present.
 
 Several inputs are merged in order; a shard named twice is an error naming both sources.
@@ -28,6 +29,7 @@ from typing import Any, Iterator
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write
 from corpus_io.progress import Summary
+from corpus_io.shards.format import SHARD_SUFFIXES
 from corpus_io.shards.index import load_index, read_datalist, write_list_and_index
 from corpus_io.urls import is_remote
 
@@ -109,15 +111,16 @@ def expand_input(item: str) -> Iterator[tuple[str, dict | None]]:
             yield from expand_input(p)
         return
     if is_remote(item):
-        yield from ([(item, None)] if item.endswith(".tar") else _list_entries(item))
+        yield from ([(item, None)] if item.endswith(SHARD_SUFFIXES) else _list_entries(item))
         return
     if os.path.isdir(item):
         if os.path.isfile(os.path.join(item, "data.list")):
             yield from _list_entries(os.path.join(item, "data.list"))
         else:
-            tars = sorted(glob.glob(os.path.join(glob.escape(item), "*.tar")))
+            tars = sorted(p for suffix in SHARD_SUFFIXES for p in glob.glob(os.path.join(glob.escape(item),
+                                                                                         "*" + suffix)))
             if not tars:
-                raise DataError(f"directory {item} has neither a data.list nor *.tar shards.")
+                raise DataError(f"directory {item} has neither a data.list nor *.tar / *.tar.gz shards.")
             yield from _tar_entries(tars)
         return
     if glob.has_magic(item):
@@ -128,7 +131,7 @@ def expand_input(item: str) -> Iterator[tuple[str, dict | None]]:
         return
     if not os.path.isfile(item):
         raise DataError(f"input {item} does not exist. Pass a directory, glob, brace pattern, .tar or list file.")
-    yield from _tar_entries([item]) if item.endswith(".tar") else _list_entries(item)
+    yield from _tar_entries([item]) if item.endswith(SHARD_SUFFIXES) else _list_entries(item)
 
 
 def _common_dir(entries: list[str]) -> str:

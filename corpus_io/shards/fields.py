@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write, remove_temp_files
-from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, safe_member_name, split_member
+from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, safe_member_name, shard_stem, split_member
 from corpus_io.shards.reader import DEFAULT_MAX_MEMBER_BYTES
 
 META = "meta"
@@ -55,9 +55,8 @@ def check_field_name(name: str) -> None:
 
 
 def companion_url(shard_url: str, field_name: str, kind: str) -> str:
-    """``.../shard-000123.tar`` -> ``.../shard-000123.<field>.<kind>`` (kind: tar or jsonl.gz)."""
-    base = shard_url[:-4] if shard_url.endswith(".tar") else shard_url
-    return f"{base}.{field_name}.{kind}"
+    """``.../shard-000123.tar`` (or ``.tar.gz``) -> ``.../shard-000123.<field>.<kind>`` (kind: tar or jsonl.gz)."""
+    return f"{shard_stem(shard_url)}.{field_name}.{kind}"
 
 
 def meta_url(shard_url: str) -> str:
@@ -587,7 +586,7 @@ def _clean_temp_files(urls: list[str]) -> None:
     stems: dict[str, set[str]] = {}
     for url in urls:
         path = Path(local_path(url))
-        stems.setdefault(str(path.parent), set()).add(path.name[:-4] if path.name.endswith(".tar") else path.name)
+        stems.setdefault(str(path.parent), set()).add(shard_stem(path.name))
 
     for directory, names in stems.items():
         def is_companion(final: str, names: set[str] = names) -> bool:

@@ -2,19 +2,23 @@
 
 See ``docs/FORMAT.md`` for the contract. In short, a shard is an uncompressed tar in
 which each utterance is adjacent members ``<name>.txt``, ``<name>.<audio ext>``,
-``<name>.json`` (and optionally ``<name>.npy``), where ``<name>`` is the key made
-safe by :func:`safe_member_name` (reversible percent-encoding, no dots, no slashes).
+``<name>.json`` (and optionally ``<name>.npy``), where ``<name>`` is the key with only what
+breaks member grouping percent-encoded by :func:`safe_member_name` (dots, slashes, ``%``,
+whitespace, control characters); Unicode letters and digits stay as they are.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from urllib.parse import unquote
 
 from corpus_io.audio import AUDIO_EXTENSIONS
 from corpus_io.errors import DataError
 
 AUDIO_EXTS: frozenset[str] = frozenset(AUDIO_EXTENSIONS)
+#: Shard file names the scanners pick up: our tars, and WeNet's gzip-compressed tars (read alike).
+SHARD_SUFFIXES: tuple[str, ...] = (".tar", ".tar.gz", ".tgz")
 #: Extensions the grouping rule knows; a basename ending in one of these is split at its last dot.
 KNOWN_EXTS: frozenset[str] = AUDIO_EXTS | {"txt", "json", "npy"}
 
@@ -27,12 +31,22 @@ TAR_UNAME = ""
 TAR_GNAME = ""
 
 _SAFE = re.compile(r"[A-Za-z0-9_\-]+")
-_UNSAFE_CHAR = re.compile(r"[^A-Za-z0-9_\-]")
+#: Characters escaped in member names besides whitespace and control/format characters: ``.`` splits the
+#: key (WeNet: last dot, WebDataset: first dot), slash and backslash are path separators, ``%`` is the escape.
+_BREAKS_GROUPING = frozenset("./\\%")
 
 
-def shard_name(prefix: str, index: int) -> str:
-    """``<prefix>-000042.tar``."""
-    return f"{prefix}-{index:06d}.tar"
+def shard_name(prefix: str, index: int, compression: str = "none") -> str:
+    """``<prefix>-000042.tar``, or ``<prefix>-000042.tar.gz`` with ``compression="gzip"``."""
+    return f"{prefix}-{index:06d}.tar" + (".gz" if compression == "gzip" else "")
+
+
+def shard_stem(name: str) -> str:
+    """The name of a shard file without its shard suffix (``.tar``, ``.tar.gz``, ``.tgz``)."""
+    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return name[:-len(suffix)]
+    return name
 
 
 def shard_stem_pattern(prefix: str) -> str:
@@ -45,23 +59,39 @@ def sidecar_name(shard: str) -> str:
     return f".{shard}.json"
 
 
-def safe_member_name(key: str) -> str:
-    """The member-name stem of ``key``: itself when it is ``[A-Za-z0-9_-]+``, else percent-encoded.
+def _must_escape(c: str) -> bool:
+    return c in _BREAKS_GROUPING or c.isspace() or unicodedata.category(c)[0] == "C"
 
-    Every byte of the UTF-8 key outside ``[A-Za-z0-9_-]`` becomes ``%XX``, so the mapping is
-    reversible (:func:`key_from_member_name`) and injective: two different keys never share
-    a name. The result has no ``.`` and no ``/``, so WeNet (last dot) and WebDataset
-    (first dot) both group the members under the same key.
+
+def _escape(c: str) -> str:
+    return "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+
+
+def safe_member_name(key: str) -> str:
+    """The member-name stem of ``key``: the key itself, with only what breaks member grouping escaped.
+
+    ``.``, slash, backslash, ``%``, whitespace and control/format characters become ``%XX`` per UTF-8 byte;
+    everything else, Unicode letters and digits included, is kept (``中文004`` stays ``中文004``, so
+    WeNet's reader, which keys samples by member name, sees the original key). The result has no dot
+    and no slash, so WeNet (last dot) and WebDataset (first dot) group the members under the same key;
+    the mapping is reversible (:func:`key_from_member_name`) and injective, since ``%`` itself is escaped.
+    Shards written before (every non-ASCII byte escaped) decode with the same inverse.
     """
     if not key:
         raise DataError("an utterance has an empty key; every utterance needs a non-empty key.")
     if _SAFE.fullmatch(key):
         return key
-    return _UNSAFE_CHAR.sub(lambda m: "".join(f"%{b:02X}" for b in m.group(0).encode("utf-8")), key)
+    return "".join(_escape(c) if _must_escape(c) else c for c in key)
+
+
+def legacy_member_name(key: str) -> str:
+    """The stem shards packed before issue 13 used: every character outside ``[A-Za-z0-9_-]`` escaped."""
+    return key if _SAFE.fullmatch(key) else "".join(c if _SAFE.fullmatch(c) else _escape(c) for c in key)
 
 
 def key_from_member_name(stem: str) -> str:
-    """Inverse of :func:`safe_member_name` (used only when a sample has no ``.json``)."""
+    """Inverse of :func:`safe_member_name`, for current and older shards (used only when a sample has no
+    ``.json``)."""
     return unquote(stem, errors="strict") if "%" in stem else stem
 
 

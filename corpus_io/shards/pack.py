@@ -60,9 +60,12 @@ class PackOptions:
     on_error: str = "error"  # error | skip
     allow_pipe: bool = False
     storage_options: dict = field(default_factory=dict)
+    compression: str = "none"  # none | gzip (.tar.gz)
 
     def digest_part(self) -> list:
-        return [FORMAT_VERSION, self.audio_format, self.resample, self.feats]
+        # compression only when set, so the digests of plain shards packed before it existed still match
+        return [FORMAT_VERSION, self.audio_format, self.resample, self.feats] + \
+            ([self.compression] if self.compression != "none" else [])
 
 
 @dataclass
@@ -220,7 +223,7 @@ def pack_shard(task: ShardTask) -> ShardStat:
     skipped: Counter = Counter()
     durations: list[float] = []
     seen: dict[str, str] = {}
-    with ShardWriter(task.path) as writer:
+    with ShardWriter(task.path, compress=opts.compression == "gzip") as writer:
         for record in task.records:
             key = record["key"]
             try:
@@ -454,7 +457,7 @@ def _probe_cached(source: str, allow_pipe: bool, storage_options_json: str) -> a
 
 def _clean_temp_files(out_dir: Path, prefix: str) -> None:
     """Remove the temp files of shards and sidecars (``.<prefix>-NNNNNN.tar.json``) a killed run left."""
-    shard_or_sidecar = re.compile(rf"\.?{fmt.shard_stem_pattern(prefix)}\.tar(\.json)?")
+    shard_or_sidecar = re.compile(rf"\.?{fmt.shard_stem_pattern(prefix)}\.tar(\.gz)?(\.json)?")
     remove_temp_files(out_dir, shard_or_sidecar.fullmatch)
 
 
@@ -464,6 +467,9 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
     _clean_temp_files(out_dir, cfg.shard_prefix)
     previous_index = _withdraw_list(out_dir / "data.list")
     per_shard = cfg.num_utts_per_shard
+
+    def task(index: int, batch: list[dict]) -> ShardTask:
+        return ShardTask(index, str(out_dir / fmt.shard_name(cfg.shard_prefix, index, opts.compression)), batch, opts)
 
     def tasks() -> Iterator[ShardTask]:
         batch: list[dict] = []
@@ -479,10 +485,10 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
                 continue
             batch.append(rec)
             if len(batch) == per_shard:
-                yield ShardTask(index, str(out_dir / fmt.shard_name(cfg.shard_prefix, index)), batch, opts)
+                yield task(index, batch)
                 batch, index = [], index + 1
         if batch:
-            yield ShardTask(index, str(out_dir / fmt.shard_name(cfg.shard_prefix, index)), batch, opts)
+            yield task(index, batch)
 
     workers = resolve_num_workers(cfg.num_workers)
     stats: list[ShardStat] = []
@@ -510,13 +516,21 @@ def _remove_stale_shards(out_dir: Path, prefix: str, current: set[str]) -> int:
     list no longer names, e.g. after a rerun with a larger num_utts_per_shard; a directory glob would
     otherwise read them twice. Runs after the new list is in place. Returns the number of shards."""
     pattern = re.compile(rf"\.?({fmt.shard_stem_pattern(prefix)})\..+")
-    stale: set[str] = set()
+    current_stems = {fmt.shard_stem(name) for name in current}
+    removed = 0
     for entry in os.scandir(out_dir):
         match = pattern.fullmatch(entry.name)
-        if match and f"{match.group(1)}.tar" not in current and entry.is_file():
+        if not match or not entry.is_file():
+            continue
+        stem = match.group(1)
+        name = entry.name.lstrip(".").removesuffix(".json")  # a shard's hidden sidecar goes with the shard
+        is_shard = fmt.shard_stem(name) == stem  # stem + .tar / .tar.gz / .tgz
+        # stale: nothing of this run has the stem, or a shard of this stem with another suffix (compression
+        # switched between runs), which a directory glob would otherwise read next to the new one
+        if stem not in current_stems or (is_shard and name not in current):
             os.unlink(entry.path)
-            stale.add(match.group(1))
-    return len(stale)
+            removed += is_shard and not entry.name.startswith(".")
+    return removed
 
 
 def _withdraw_list(list_path: Path) -> Path:
@@ -552,7 +566,7 @@ def pack_shards(cfg: Any) -> Summary:
     if feats and (cfg.audio_format != "keep" or cfg.resample):
         raise ConfigError("++feats=true stores feature matrices; audio_format/resample do not apply.")
     opts = PackOptions(cfg.audio_format, cfg.resample, feats, cfg.on_error, cfg.allow_pipe,
-                       dict(cfg.storage_options or {}))
+                       dict(cfg.storage_options or {}), cfg.compression)
     inp = open_input(cfg.input, feats=feats)
     total = inp.scan()
     out_dir = Path(cfg.output_dir).resolve()

@@ -4,6 +4,8 @@ This is a contract the loader codes against (see docs/FORMAT.md):
 
 * :func:`iter_tar_members` parses 512-byte tar headers itself (ustar, pax and GNU long
   names), reading the stream strictly forward: local files, pipes and HTTP bodies all work.
+  A gzip-compressed tar (WeNet's ``.tar.gz``/``.tgz``) is recognised by its magic bytes, whatever
+  its name, and decompressed on the fly (:func:`tar_stream`).
   Nothing is written to disk; member names are never used as paths, so ``..`` or a leading
   ``/`` is harmless. A member over ``max_member_bytes`` is rejected before it is read.
 * :func:`group_samples` groups adjacent members by key (rule: :func:`format.split_member`)
@@ -13,9 +15,11 @@ This is a contract the loader codes against (see docs/FORMAT.md):
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
+import zlib
 from typing import IO, Callable, Iterable, Iterator
 
 from corpus_io.errors import DataError
@@ -95,6 +99,72 @@ def _pax_records(data: bytes, *, url: str) -> dict[str, str]:
     return records
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _peek_head(fileobj: IO[bytes], n: int) -> bytes | None:
+    """The first ``n`` bytes without consuming them, or None when the stream can neither peek nor seek."""
+    peek = getattr(fileobj, "peek", None)
+    if peek is not None:
+        return peek(n)[:n]
+    try:
+        if fileobj.seekable():
+            pos = fileobj.tell()
+            head = fileobj.read(n)
+            fileobj.seek(pos)
+            return head
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        pass
+    return None
+
+
+class _Replay:
+    """``head`` (already read) followed by the rest of ``fileobj``: sniffing a stream that cannot peek."""
+
+    def __init__(self, head: bytes, fileobj: IO[bytes]):
+        self._head, self._f = head, fileobj
+
+    def read(self, n: int = -1) -> bytes:
+        if not self._head:
+            return self._f.read(n)
+        if n < 0:
+            data, self._head = self._head + self._f.read(), b""
+            return data
+        data, self._head = self._head[:n], self._head[n:]
+        return data if len(data) == n else data + self._f.read(n - len(data))
+
+
+class _Gunzip:
+    """A gzip stream's decompressed bytes; a damaged or cut-off gzip becomes a DataError naming ``url``
+    (never an OSError, which the loader would retry as a network failure)."""
+
+    compressed = True
+
+    def __init__(self, fileobj: IO[bytes], url: str):
+        self._gz = gzip.GzipFile(fileobj=fileobj, mode="rb")  # type: ignore[arg-type]
+        self._url = url
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            return self._gz.read(n)
+        except EOFError:
+            raise DataError(f"{self._url}: truncated gzip shard: the compressed stream ends before its end "
+                            f"marker; {what_to_do()}") from None
+        except (gzip.BadGzipFile, zlib.error) as exc:
+            raise DataError(f"{self._url}: damaged gzip shard ({exc}); {what_to_do()}") from None
+
+
+def tar_stream(fileobj: IO[bytes], *, url: str) -> IO[bytes]:
+    """The tar bytes of a shard stream: ``fileobj`` itself, or its decompressed content when it starts with
+    the gzip magic (``tar czf`` output, whatever the file is named). Nothing is consumed from a stream
+    that can peek or seek, so a local plain tar still skips payloads by seeking."""
+    head = _peek_head(fileobj, 2)
+    if head is None:
+        head = _read_exact(fileobj, 2)
+        fileobj = _Replay(head, fileobj)  # type: ignore[assignment]
+    return _Gunzip(fileobj, url) if head == GZIP_MAGIC else fileobj  # type: ignore[return-value]
+
+
 def iter_tar_members(fileobj: IO[bytes], *, url: str, max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
                      skip_payload: Callable[[str], bool] | None = None) -> Iterator[tuple[str, bytes]]:
     """Yield ``(name, data)`` for each regular-file member of a tar stream, in order.
@@ -107,19 +177,28 @@ def iter_tar_members(fileobj: IO[bytes], *, url: str, max_member_bytes: int = DE
     buffered: a local file seeks past them (their bytes are never read), any other stream reads
     past them in 1 MiB blocks.
     """
+    fileobj = tar_stream(fileobj, url=url)
+    compressed = getattr(fileobj, "compressed", False)
     file_size = _local_file_size(fileobj) if skip_payload is not None else None
-    last = "(none: the first header)"
+    first = last = "(none: the first header)"
     long_name: str | None = None
     pax: dict[str, str] = {}
     while True:
         block = _read_exact(fileobj, _BLOCK)
         if len(block) < _BLOCK:
-            if not block and last == "(none: the first header)":
-                raise DataError(f"{url}: empty stream (0 bytes), not a tar; {what_to_do()}")
+            if last == first:
+                what = "a gzip file whose content is" if compressed else "a stream of"
+                raise DataError(f"{url}: {what} {len(block)} bytes, too short for a tar (a tar header is "
+                                f"{_BLOCK} bytes); {what_to_do()}")
             raise DataError(f"{url}: truncated shard: the stream ends after member '{last}' without the "
                             f"tar end-of-archive marker; {what_to_do()}")
         if block.count(0) == _BLOCK:
             return  # end-of-archive: the rest is zero padding
+        if not _checksum_ok(block) and last == first:
+            what = ("is gzip-compressed, but what is inside is not a tar" if compressed else
+                    "is neither a tar nor a gzip-compressed tar (its first block is not a tar header)")
+            raise DataError(f"{url} {what}. A shard must be a tar (pack-shards) or a WeNet-style .tar.gz "
+                            f"(tar czf); check that the data list names shards.")
         if not _checksum_ok(block):
             raise DataError(f"{url}: corrupt tar header after member '{last}' (bad checksum); {what_to_do()}")
         name_field = block[0:100].split(b"\0", 1)[0]

@@ -16,7 +16,7 @@ from typing import IO, Any, Iterator
 
 from corpus_io.errors import DataError
 from corpus_io.progress import parallel_imap, progress, resolve_num_workers
-from corpus_io.shards.format import safe_member_name, split_member
+from corpus_io.shards.format import legacy_member_name, safe_member_name, split_member
 from corpus_io.shards.index import index_path_for, load_index, read_datalist
 from corpus_io.shards.reader import DEFAULT_MAX_MEMBER_BYTES, group_samples, iter_tar_members
 
@@ -87,7 +87,7 @@ def verify_one(task: VerifyTask) -> VerifyResult:
                                  names)
         for sample in group_samples(members, url=task.url):
             key, pos = sample["key"], sample["__pos__"]
-            stem = safe_member_name(key) if safe_member_name(key) in names else key
+            stem = next((s for s in (safe_member_name(key), legacy_member_name(key)) if s in names), key)
             member_names = names.get(stem, [])
             if key in first_pos:
                 problems.append(f"{task.url}: duplicate key '{key}' (samples {first_pos[key]} and {pos}, members "

@@ -4,12 +4,15 @@ Headers are built here rather than through ``tarfile.addfile`` so that every byt
 (mtime, uid, gid, names, mode; see :mod:`corpus_io.shards.format`) and so sha256 and the
 byte count are computed while writing, with no second read. The output is a POSIX ustar
 archive (pax headers only for names over 100 bytes) that ``tarfile``, GNU tar, WeNet and
-WebDataset read.
+WebDataset read; with ``compress=True`` it is gzip-compressed (WeNet's ``.tar.gz``; mtime 0 and
+no file name in the gzip header, so the bytes stay deterministic), and sha256/bytes are those of
+the compressed file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import os
 import queue
@@ -92,26 +95,60 @@ class _Hasher:
         return self._sha.hexdigest()
 
 
+class _HashedFile:
+    """The file a GzipFile writes into: every compressed byte is hashed and counted on its way out."""
+
+    def __init__(self, f, hasher: _Hasher):
+        self._f, self._hasher, self.bytes = f, hasher, 0
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        self._f.write(data)
+        self._hasher.update(data)
+        self.bytes += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
 class ShardWriter:
     """Write one tar to ``<final>`` via a temp name; sha256 and size are known at :meth:`close`.
 
     ``with ShardWriter(path) as w: w.add("k.txt", b"...")`` renames the temp file to ``path``
-    only when the block succeeds; on an exception the temp file is removed.
+    only when the block succeeds; on an exception the temp file is removed. ``compress``: gzip the
+    tar (level ``GZIP_LEVEL``); ``bytes``/``sha256`` then describe the compressed file.
     """
 
-    def __init__(self, path: str | os.PathLike, *, buffer_size: int = 1 << 16):
+    GZIP_LEVEL = 6  # gzip's own default: most of level 9's size at a fraction of its time
+
+    def __init__(self, path: str | os.PathLike, *, buffer_size: int = 1 << 16, compress: bool = False):
         self.path = Path(path)
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         # A small buffer: audio members (tens of KB) then go straight to the OS without a copy.
         self._f = open(self.tmp, "wb", buffering=buffer_size)
         self._hasher = _Hasher()
-        self.bytes = 0
+        self._gz: gzip.GzipFile | None = None
+        self._out: _HashedFile | None = None
+        if compress:
+            self._out = _HashedFile(self._f, self._hasher)
+            self._gz = gzip.GzipFile(filename="", mode="wb", compresslevel=self.GZIP_LEVEL, fileobj=self._out,
+                                     mtime=0)
+        self.tar_bytes = 0  # uncompressed tar bytes (the 10 KiB record padding counts these)
         self.sha256 = ""
 
+    @property
+    def bytes(self) -> int:
+        """Bytes of the shard file (compressed when ``compress``)."""
+        return self._out.bytes if self._out is not None else self.tar_bytes
+
     def _write(self, data: bytes) -> None:
-        self._f.write(data)
-        self._hasher.update(data)
-        self.bytes += len(data)
+        if self._gz is not None:
+            self._gz.write(data)
+        else:
+            self._f.write(data)
+            self._hasher.update(data)
+        self.tar_bytes += len(data)
 
     def add(self, name: str, data: bytes) -> None:
         """Append a regular-file member (header, data, zero padding to 512 bytes)."""
@@ -124,14 +161,18 @@ class ShardWriter:
     def close(self) -> None:
         """End-of-archive blocks, pad to a 10 KiB record, rename into place."""
         self._write(_ZERO[:2 * BLOCK])
-        pad = -self.bytes % RECORD
+        pad = -self.tar_bytes % RECORD
         if pad:
             self._write(_ZERO[:pad])
+        if self._gz is not None:
+            self._gz.close()  # writes the gzip trailer through _HashedFile
         self._f.close()
         self.sha256 = self._hasher.hexdigest()
         os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
+        if self._gz is not None:
+            self._gz.close()
         self._f.close()
         self._hasher.hexdigest()
         with contextlib.suppress(FileNotFoundError):

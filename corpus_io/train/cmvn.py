@@ -1,7 +1,16 @@
 """Global CMVN: mean and inverse standard deviation of the feature frames of a training list.
 
 ``compute-cmvn`` writes JSON: ``{"dim", "frame_num", "mean_stat", "var_stat", "mean", "istd"}``
-(``mean_stat``/``var_stat`` are WeNet's sums of x and x^2, so stats from several lists can be added).
+(``mean_stat``/``var_stat`` are WeNet's sums of x and x^2, so stats from several lists can be added),
+or with ``++output_format=kaldi`` Kaldi's global stats matrix (what ``compute-cmvn-stats`` writes: a
+binary double matrix, 2 x (dim+1), row 0 the sums of x then the frame count, row 1 the sums of x^2).
+
+``cmvn_file`` may be any of (recognised by content, not name):
+
+* that JSON (WeNet's ``global_cmvn`` JSON too);
+* a Kaldi ``cmvn.ark``: the stats matrix, binary or text, bare or as the first entry of an ark (kaldiio);
+* FunASR's ``am.mvn`` (Kaldi nnet1 text): ``<AddShift>`` holds ``-mean``, ``<Rescale>`` holds ``istd``.
+
 The model applies ``(x - mean) * istd`` itself (see ``model.GlobalCMVN``).
 """
 
@@ -27,19 +36,80 @@ def stats_to_json(sum_x: list[float], sum_x2: list[float], frames: int) -> dict:
     return {"dim": len(mean), "frame_num": frames, "mean_stat": sum_x, "var_stat": sum_x2, "mean": mean, "istd": istd}
 
 
+def _from_json(text: str) -> tuple[list[float], list[float]]:
+    obj = json.loads(text)
+    if "mean" not in obj:
+        obj = stats_to_json(obj["mean_stat"], obj["var_stat"], int(obj["frame_num"]))
+    return [float(v) for v in obj["mean"]], [float(v) for v in obj["istd"]]
+
+
+def _nnet1_vector(lines: list[str], i: int, component: str, path: str) -> list[float]:
+    """The values of ``<LearnRateCoef> c [ v1 v2 ... ]`` on the line after ``component`` (FunASR's layout)."""
+    parts = lines[i + 1].split() if i + 1 < len(lines) else []
+    if len(parts) < 4 or parts[0] != "<LearnRateCoef>" or parts[2] != "[" or parts[-1] != "]":
+        raise ConfigError(f"cmvn_file {path} line {i + 2}: expected '<LearnRateCoef> 0 [ v1 v2 ... ]' after "
+                          f"{component} (FunASR's am.mvn layout). Fix or regenerate the file.")
+    return [float(v) for v in parts[3:-1]]
+
+
+def _from_am_mvn(text: str, path: str) -> tuple[list[float], list[float]]:
+    """FunASR applies ``(x + shift) * rescale``: the mean is ``-shift`` and the istd is ``rescale``."""
+    lines = text.splitlines()
+    shift = rescale = None
+    for i, line in enumerate(lines):
+        head = line.split()[:1]
+        if head == ["<AddShift>"]:
+            shift = _nnet1_vector(lines, i, "<AddShift>", path)
+        elif head == ["<Rescale>"]:
+            rescale = _nnet1_vector(lines, i, "<Rescale>", path)
+    if shift is None or rescale is None or len(shift) != len(rescale):
+        raise ConfigError(f"cmvn_file {path} is an nnet1 file (<Nnet>) but lacks an <AddShift> and a <Rescale> "
+                          f"of the same size, as FunASR's am.mvn has. Use FunASR's am.mvn as shipped.")
+    return [-v for v in shift], rescale
+
+
+def _from_kaldi_stats(path: str) -> tuple[list[float], list[float]]:
+    import kaldiio
+    import numpy as np
+
+    try:
+        stats = kaldiio.load_mat(path)
+    except Exception:  # noqa: BLE001 - not a bare matrix: an ark holding it ("global" -> matrix)
+        with kaldiio.ReadHelper(f"ark:{path}") as reader:
+            stats = next((mat for _, mat in reader), None)
+    stats = np.asarray(stats, dtype=np.float64)
+    if stats.ndim != 2 or stats.shape[0] < 2 or stats.shape[1] < 2:
+        raise ValueError(f"a matrix of shape {stats.shape}, not Kaldi's 2 x (dim+1) CMVN stats")
+    frames = stats[0, -1]
+    if frames < 1:
+        raise ValueError(f"a frame count of {frames} in the last column of row 0")
+    obj = stats_to_json(stats[0, :-1].tolist(), stats[1, :-1].tolist(), int(round(frames)))
+    return obj["mean"], obj["istd"]
+
+
 def load_cmvn(path: str, dim: int | None = None) -> tuple[list[float], list[float]]:
-    """``(mean, istd)`` from a compute-cmvn JSON; checks the dimension against the features."""
+    """``(mean, istd)`` from a compute-cmvn/WeNet JSON, a Kaldi cmvn.ark or FunASR's am.mvn (see the module
+    docstring); checks the dimension against the features."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"cmvn_file {path} does not exist. Create it with: corpus-io compute-cmvn "
                           f"++data_list=<train data.list> ++output={path}")
+    head = p.read_bytes()[:64].lstrip()
     try:
-        obj = json.loads(p.read_text(encoding="utf-8"))
-        if "mean" not in obj:
-            obj = stats_to_json(obj["mean_stat"], obj["var_stat"], int(obj["frame_num"]))
-        mean, istd = [float(v) for v in obj["mean"]], [float(v) for v in obj["istd"]]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"cmvn_file {path} is not a compute-cmvn JSON ({exc}). Recreate it with "
+        if head.startswith(b"{"):
+            kind = "a JSON CMVN file"
+            mean, istd = _from_json(p.read_text(encoding="utf-8"))
+        elif head.startswith(b"<Nnet>"):
+            kind = "FunASR am.mvn"
+            mean, istd = _from_am_mvn(p.read_text(encoding="utf-8"), path)
+        else:
+            kind = "Kaldi CMVN stats (cmvn.ark)"
+            mean, istd = _from_kaldi_stats(path)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - json, kaldiio and float() raise many types on a bad file
+        raise ConfigError(f"cmvn_file {path} looks like {kind} but cannot be read ({exc}). Pass a compute-cmvn "
+                          f"JSON or Kaldi cmvn.ark, WeNet's global_cmvn, or FunASR's am.mvn; or recreate it with "
                           f"corpus-io compute-cmvn.") from None
     if dim is not None and len(mean) != dim:
         raise ConfigError(f"cmvn_file {path} has dimension {len(mean)} but the features have {dim}. "
@@ -94,15 +164,31 @@ def compute_cmvn(cfg: Any) -> dict:
     if sum_x is None:
         stats_to_json([], [], 0)
     obj = stats_to_json(sum_x.tolist(), sum_x2.tolist(), frames)
-    with atomic_write(cfg.output) as f:
-        json.dump(obj, f)
-        f.write("\n")
+    if cfg.output_format == "kaldi":
+        write_kaldi_stats(cfg.output, obj)
+    else:
+        with atomic_write(cfg.output) as f:
+            json.dump(obj, f)
+            f.write("\n")
     summary = Summary(what="utterances", kept=utts, seconds=frames * 0.01, extra={"frames": frames, "dim": obj["dim"]})
     for reason, n in loader_counts(loader).items():
         summary.skip(reason, n)
     print(f"compute-cmvn -> {cfg.output}")
     summary.print("compute-cmvn")
     return obj
+
+
+def write_kaldi_stats(path: str, obj: dict) -> None:
+    """Kaldi's global CMVN stats (as compute-cmvn-stats writes them): a binary double matrix, 2 x (dim+1)."""
+    import kaldiio
+    import numpy as np
+
+    from corpus_io.files import atomic_write
+
+    stats = np.zeros((2, obj["dim"] + 1), dtype=np.float64)
+    stats[0, :-1], stats[1, :-1], stats[0, -1] = obj["mean_stat"], obj["var_stat"], obj["frame_num"]
+    with atomic_write(path, "wb") as f:
+        kaldiio.save_mat(f, stats)
 
 
 def loader_counts(loader: Any, *, epoch: bool = False) -> dict:

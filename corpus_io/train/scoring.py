@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from typing import Callable
 
 # CJK ideographs, kana, hangul and CJK punctuation are scored one character at a time.
 _CJK = re.compile(r"[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
@@ -59,33 +60,38 @@ class EditCounts:
         self.dele += other.dele
 
 
-def edit_counts(ref: list[str], hyp: list[str]) -> EditCounts:
-    """Levenshtein alignment of ``hyp`` against ``ref``: substitutions, insertions, deletions.
+def _kaldi_align() -> Callable[[list[int], list[int]], dict]:
+    """kaldialign's C++ ``edit_distance`` on int ids. Its Python wrapper sorts the symbol set on every
+    call, half the time on short pairs, so the compiled function is called directly when present."""
+    try:
+        from _kaldialign import edit_distance as align
 
-    Ties prefer substitution, then deletion, then insertion (as Kaldi's compute-wer). O(len(ref)*len(hyp)).
+        return lambda ref, hyp: align(ref, hyp, False)
+    except ImportError:  # a kaldialign without the compiled module name: the public function
+        import kaldialign
+
+        return kaldialign.edit_distance
+
+
+_ALIGN: Callable[[list[int], list[int]], dict] | None = None
+
+
+def edit_counts(ref: list[str], hyp: list[str]) -> EditCounts:
+    """Substitutions, insertions and deletions of ``hyp`` against ``ref``, exactly as Kaldi's compute-wer.
+
+    kaldialign implements Kaldi's ``LevenshteinEditDistance`` (C++): unit costs, and on equal cost it
+    takes a substitution only when strictly cheaper, else a deletion when strictly cheaper than an
+    insertion, else an insertion; so the split (not only the total) matches compute-wer.
     """
-    n, m = len(ref), len(hyp)
-    # each cell: (cost, sub, ins, del)
-    prev = [(j, 0, j, 0) for j in range(m + 1)]
-    for i in range(1, n + 1):
-        cur = [(i, 0, 0, i)] + [None] * m  # type: ignore[list-item]
-        r = ref[i - 1]
-        for j in range(1, m + 1):
-            d = prev[j - 1]
-            diag = (d[0], d[1], d[2], d[3]) if r == hyp[j - 1] else (d[0] + 1, d[1] + 1, d[2], d[3])
-            u = prev[j]
-            up = (u[0] + 1, u[1], u[2], u[3] + 1)
-            left_cell = cur[j - 1]
-            left = (left_cell[0] + 1, left_cell[1], left_cell[2] + 1, left_cell[3])
-            best = diag
-            if up[0] < best[0]:
-                best = up
-            if left[0] < best[0]:
-                best = left
-            cur[j] = best
-        prev = cur
-    cost, sub, ins, dele = prev[m]
-    return EditCounts(ref=n, sub=sub, ins=ins, dele=dele)
+    global _ALIGN
+    if ref == hyp:  # the diagonal costs 0, strictly below any other path: nothing to align
+        return EditCounts(ref=len(ref))
+    if _ALIGN is None:
+        _ALIGN = _kaldi_align()
+    ids: dict[str, int] = {}
+    id_of = ids.setdefault  # symbols -> small ints, as the C++ function takes (local: called per unit)
+    d = _ALIGN([id_of(u, len(ids)) for u in ref], [id_of(u, len(ids)) for u in hyp])
+    return EditCounts(len(ref), d["sub"], d["ins"], d["del"])
 
 
 @dataclass

@@ -709,11 +709,40 @@ def _absolute_paths(section: Any, *keys: str) -> None:
             setattr(section, key, os.path.abspath(value))
 
 
+def resolve_intervals(tc: Any) -> None:
+    """Check the step intervals of ``train_conf`` and give FunASR's ``validate_interval=-1`` its meaning.
+
+    ``log_interval`` >= 1. ``save_checkpoint_interval``: 0 (epoch ends only) or >= 1 steps.
+    ``validate_interval``: 0 (epoch ends), >= 1 steps, or -1: with every mid-epoch checkpoint, as FunASR's
+    trainer sets it (``validate_interval = save_checkpoint_interval``). FunASR's code runs
+    ``step % -1 == 0`` at every step for ``save_checkpoint_interval=-1``, which nobody means by -1, so that
+    one is an error asking for 1 or 0.
+    """
+    from corpus_io.errors import ConfigError
+
+    if tc.log_interval < 1:
+        raise ConfigError(f"train_conf.log_interval={tc.log_interval}: it is the number of steps between log "
+                          f"lines and must be at least 1, e.g. ++train_conf.log_interval=10.")
+    if tc.save_checkpoint_interval == -1:
+        raise ConfigError("train_conf.save_checkpoint_interval=-1 is ambiguous: FunASR's trainer then saves at "
+                          "every step (step % -1 == 0). Set ++train_conf.save_checkpoint_interval=0 for checkpoints "
+                          "at epoch ends only, or a number of steps (1: every step).")
+    if tc.save_checkpoint_interval < 0:
+        raise ConfigError(f"train_conf.save_checkpoint_interval={tc.save_checkpoint_interval} must be 0 (epoch ends "
+                          f"only) or a number of steps >= 1.")
+    if tc.validate_interval == -1:
+        tc.validate_interval = tc.save_checkpoint_interval
+    elif tc.validate_interval < 0:
+        raise ConfigError(f"train_conf.validate_interval={tc.validate_interval} must be 0 (epoch ends), a number of "
+                          f"steps >= 1, or -1 (with every mid-epoch checkpoint, as in FunASR).")
+
+
 def train(cfg: Any) -> None:
     """``corpus-io train``: one process, or one per rank under torchrun (env://)."""
     from corpus_io.config import require
 
     require(cfg, "train_data_set_list", "output_dir")
+    resolve_intervals(cfg.train_conf)
     ctx = init_distributed(cfg.train_conf.device, cfg.train_conf.timeout_s)
     try:
         Trainer(cfg, ctx).run()

@@ -264,3 +264,18 @@ def test_a_pack_shards_rerun_keeps_the_fields_of_unchanged_shards(tmp_path):
     assert all("speaker" in e["fields"] for e in before.values())
     pack_shards(conf)  # resumes: same bytes, so the companion files still match
     assert load_index(tmp_path / "out" / "data.list") == before
+
+
+def test_fields_of_gzip_shards_sit_beside_them_under_the_shard_stem(tmp_path):
+    jsonl = write_jsonl(tmp_path / "t.jsonl", fixture_records())
+    pack_shards(PackShardsConfig(input=str(jsonl), output_dir=str(tmp_path / "out"), num_utts_per_shard=10,
+                                 num_workers=1, compression="gzip"))
+    labels = tmp_path / "spk.jsonl"
+    labels.write_text("".join(json.dumps({"key": r["key"], "speaker": r["speaker"]}) + "\n"
+                              for r in fixture_records()))
+    add_field(AddFieldConfig(input=str(tmp_path / "out" / "data.list"), field="speaker", from_jsonl=str(labels),
+                             num_workers=1))
+    assert (tmp_path / "out" / "shard-000000.speaker.jsonl.gz").is_file()
+    got = {s["key"]: s["speaker"] for u in read_datalist(tmp_path / "out" / "data.list")
+           for s in open_shard_fields(u, ["speaker", "txt"])}
+    assert got == {r["key"]: r["speaker"] for r in fixture_records()}

@@ -277,3 +277,36 @@ def test_a_failed_rerun_leaves_no_list_naming_shards_it_rewrote_and_the_next_run
     assert len(read_datalist(out / "data.list")) == len(records)
     first = json.loads((out / "index.jsonl").read_text().splitlines()[0])
     assert first["fields"] == fields and not list(out.glob(".index.jsonl*"))
+
+
+def test_gzip_compression_writes_wenet_tar_gz_that_reads_verifies_and_switches_back(tmp_path, fixture_jsonl):
+    import gzip
+    import tarfile
+
+    from corpus_io.config import VerifyShardsConfig
+    from corpus_io.shards.verify import verify_shards
+
+    plain, gz = tmp_path / "plain", tmp_path / "gz"
+    pack_shards(_cfg(fixture_jsonl, plain))
+    pack_shards(_cfg(fixture_jsonl, gz, compression="gzip"))
+    names = sorted(p.name for p in gz.glob("shard-*"))
+    assert names == ["shard-000000.tar.gz", "shard-000001.tar.gz", "shard-000002.tar.gz"]
+    members = 0
+    for name in names:  # the same tar bytes inside, deterministic gzip around them; tarfile reads it as WeNet does
+        inner = gzip.decompress((gz / name).read_bytes())
+        assert inner == (plain / name.removesuffix(".gz")).read_bytes()
+        with tarfile.open(gz / name, "r:gz") as tar:
+            members += len(tar.getnames())
+    assert members == 24 * 3
+    assert [(s["key"], s["audio"]) for s in _all_samples(gz / "data.list")] == \
+        [(s["key"], s["audio"]) for s in _all_samples(plain / "data.list")]
+    index = load_index(gz / "data.list")
+    assert all(e["bytes"] == os.path.getsize(e["path"]) for e in index.values())
+    results = verify_shards(VerifyShardsConfig(input=str(gz / "data.list"), num_workers=1))  # sha256 of the .gz
+    assert sum(r.num_utts for r in results) == 24 and not any(r.problems for r in results)
+    before = {n: (gz / n).read_bytes() for n in names}
+    pack_shards(_cfg(fixture_jsonl, gz, compression="gzip", num_workers=2))
+    assert {n: (gz / n).read_bytes() for n in names} == before  # deterministic bytes at any worker count
+    back = pack_shards(_cfg(fixture_jsonl, gz))  # switching back replaces the .tar.gz, never keeps both
+    assert sorted(p.name for p in gz.glob("shard-*")) == [n.removesuffix(".gz") for n in names]
+    assert back.extra["stale shards removed"] == 3

@@ -12,9 +12,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import BIN, REPO
 from tests.loader_data import make_shards
 from tests.train.conftest import run_train, torchrun_cmd
 
@@ -117,3 +118,44 @@ def test_training_without_the_metric_to_average_by_still_succeeds_and_says_so(co
     assert result.returncode == 0, result.stderr[-3000:]
     assert "not averaging: no epoch recorded a 'acc'" in result.stderr and "++metric=loss" in result.stderr
     assert (tmp_path / "exp" / "model.pt.ep0").is_file() and not list((tmp_path / "exp").glob("model.pt.avg*"))
+
+
+def test_funasr_finetune_sh_overrides_train_without_an_unknown_key(corpus, tmp_path):
+    from tests.loader_data import make_raw
+    from tests.test_config import FUNASR_FINETUNE_OVERRIDES
+
+    jsonl, _ = make_raw(tmp_path / "data", wenet=False)  # a FunASR train.jsonl (key/source/target)
+    out = tmp_path / "exp"
+    cmd = [str(BIN / "corpus-io"), "train", f"++train_data_set_list={jsonl}",
+           f"++valid_data_set_list={jsonl}", f"++output_dir={out}", f"++tokenizer.token_list={corpus['tokens']}",
+           *FUNASR_FINETUNE_OVERRIDES,
+           # then only what makes it a short CPU run on a FunASR jsonl
+           "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=0", "++train_conf.max_epoch=1",
+           "++train_conf.max_steps_per_epoch=2", "++dataset_conf.filter_conf.token_min_length=0"]
+    result = run_train(cmd, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert "unknown config key" not in result.stderr
+    assert "FunASR key 'dataset_conf.index_ds' has no effect" in result.stderr
+    assert (out / "model.pt").is_file()
+
+
+def test_intervals_are_range_checked_and_validate_interval_minus_one_follows_checkpoints(tmp_path):
+    from corpus_io.config import TrainConf
+    from corpus_io.errors import ConfigError
+    from corpus_io.train.trainer import resolve_intervals
+
+    tc = TrainConf(validate_interval=-1, save_checkpoint_interval=500)
+    resolve_intervals(tc)
+    assert tc.validate_interval == 500
+    tc = TrainConf(validate_interval=-1, save_checkpoint_interval=0)
+    resolve_intervals(tc)
+    assert tc.validate_interval == 0  # no mid-epoch checkpoints: validate at epoch ends
+    for bad, match in [(dict(log_interval=0), "log_interval=0.*at least 1"),
+                       (dict(save_checkpoint_interval=-1), "save_checkpoint_interval=-1 is ambiguous"),
+                       (dict(validate_interval=-3), "validate_interval=-3 must be")]:
+        with pytest.raises(ConfigError, match=match):
+            resolve_intervals(TrainConf(**bad))
+    result = run_train([str(BIN / "corpus-io"), "train", "++train_data_set_list=x.list",
+                        f"++output_dir={tmp_path}", "++train_conf.log_interval=0"], timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "train_conf.log_interval=0" in result.stderr
