@@ -154,6 +154,8 @@ class DatasetConf:
                         choices=("fail", "skip"))
     retries: int = opt(3, "attempts to open a remote URL before on_error applies")
     retry_backoff: float = opt(0.5, "first wait between retries, doubled each time", unit="seconds")
+    read_timeout: float = opt(30.0, "longest wait for a connection or the next byte of a remote read, per "
+                                    "attempt; a stall past it is retried, then on_error", unit="seconds")
     max_member_bytes: int = opt(256 * 1024 * 1024, "a tar member larger than this is rejected", unit="bytes")
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote URLs (e.g. endpoint_url, key, secret)",
                                           factory=dict)

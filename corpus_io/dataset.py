@@ -82,14 +82,32 @@ class CorpusDataset(IterableDataset):
 
         try:
             if not state.finished:
-                for batch in build_pipeline(self.sources, self.conf, self.tokenizer, slot=slot, state=state,
-                                            train=self.train, counts=counts):
+                batches = build_pipeline(self.sources, self.conf, self.tokenizer, slot=slot, state=state,
+                                         train=self.train, counts=counts)
+                if info is None:  # in the training process: one thread for the data work, all for the model
+                    batches = _one_thread(batches)
+                for batch in batches:
                     batch.update(bookkeeping())
                     yield batch
             state.finished = True
             yield bookkeeping(final=True)
         except CorpusIOError as exc:  # re-raised in the main process with its own message
             yield {"__worker__": worker, "__error__": (type(exc).__name__, str(exc))}
+
+
+def _one_thread(batches: Iterator[dict]) -> Iterator[dict]:
+    """Run each step of ``batches`` with one torch thread and give the caller its threads back in between:
+    per-utterance features on many threads under load are ~8x slower than on one (num_workers=0)."""
+    while True:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            batch = next(batches, None)
+        finally:
+            torch.set_num_threads(threads)
+        if batch is None:
+            return
+        yield batch
 
 
 class CorpusLoader:

@@ -120,6 +120,8 @@ def test_truncated_shard_is_skipped_and_counted_or_named(tmp_path):
     got = epoch_keys(loader, 0)
     assert loader.counts()["unreadable shards"] == 1
     assert 18 <= len(got) < len(keys) and len(set(got)) == len(got)
+    # the utterances lost, not just "1 shard": from the index's num_utts minus those read before the break
+    assert loader.counts()["utterances lost in unreadable shards"] == len(keys) - len(got)
     failing = build_dataloader(str(data_list), small_conf(on_error="fail"), tok, train=True, rank=0, world_size=1)
     with pytest.raises(DataError, match="shard-000001.tar"):
         epoch_keys(failing, 0)
@@ -221,6 +223,32 @@ def test_without_workers_the_loader_leaves_the_callers_torch_threads_alone(shard
         conf = small_conf()
         conf.num_workers = 0  # the loader runs in the training process, whose model wants every thread
         assert next(iter(build_dataloader(str(data_list), conf, tok, train=True, rank=0, world_size=1)))["keys"]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_without_workers_the_data_work_runs_on_one_torch_thread(shards):
+    import torch
+
+    data_list, _, tok = shards
+
+    class ThreadsSeen:  # the real tokenizer, noting torch's thread count while the pipeline runs
+        def __init__(self, inner):
+            self.inner, self.seen = inner, set()
+
+        def encode(self, text):
+            self.seen.add(torch.get_num_threads())
+            return self.inner.encode(text)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        observed = ThreadsSeen(tok)
+        conf = small_conf()
+        conf.num_workers = 0
+        batches = list(build_dataloader(str(data_list), conf, observed, train=True, rank=0, world_size=1))
+        assert batches and observed.seen == {1}
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -20,12 +20,17 @@ from collections import Counter
 from typing import Any, Iterator
 
 from corpus_io.config import DatasetConf
+from corpus_io.errors import ConfigError
 from corpus_io.partition import Slot, SlotState
 from corpus_io.pipeline.read import ReadOptions, Source, iter_source, mix
 
 
 def read_options(conf: DatasetConf) -> ReadOptions:
-    return ReadOptions(storage_options=dict(conf.storage_options or {}), allow_pipe=conf.allow_pipe,
+    if not conf.read_timeout > 0:
+        raise ConfigError(f"dataset_conf.read_timeout={conf.read_timeout}: the longest wait for a remote read must "
+                          f"be > 0 seconds (default 30), e.g. ++dataset_conf.read_timeout=60.")
+    storage_options = {**(conf.storage_options or {}), "read_timeout": float(conf.read_timeout)}
+    return ReadOptions(storage_options=storage_options, allow_pipe=conf.allow_pipe,
                        max_member_bytes=conf.max_member_bytes, retries=conf.retries,
                        retry_backoff=conf.retry_backoff, on_error=conf.on_error,
                        fields=tuple(conf.fields))

@@ -18,6 +18,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterator
 
 from corpus_io.errors import DataError
@@ -71,21 +72,24 @@ class ReadOptions:
 
 
 def _is_transient(exc: BaseException) -> bool:
+    """Worth a retry: anything but a DataError that says the bytes themselves are wrong (a corrupt or
+    truncated shard reads the same way twice). Unknown exception types count as transient, so every
+    read failure goes through retries and then on_error."""
     if isinstance(exc, DataError):
         return bool(getattr(exc, "transient", False))
-    if isinstance(exc, (OSError, TimeoutError, ConnectionError)) and not isinstance(exc, FileNotFoundError):
-        return True
-    mod = type(exc).__module__ or ""
-    return mod.startswith(("aiohttp", "botocore", "aiobotocore", "urllib3", "requests"))
+    return not isinstance(exc, FileNotFoundError)
 
 
-def read_shard_unit(url: str, opts: ReadOptions, counts: Counter) -> Iterator[dict]:
-    """The samples of one shard; retries transient failures, then skips-and-counts or fails."""
+def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: int | None = None,
+                    kept: Callable[[int], bool] = lambda pos: True) -> Iterator[dict]:
+    """The samples of one shard; retries transient failures, then skips-and-counts or fails.
+
+    ``expected``: the shard's utterance count from the index; a skipped shard then also counts the
+    utterances it loses (those at or after the break that ``kept`` says this reader would keep).
+    """
     from corpus_io.shards.reader import read_shard
 
     if opts.fields:  # dataset_conf.fields: only these, companion files in lockstep (corpus_io.shards.fields)
-        from functools import partial
-
         from corpus_io.shards.fields import open_shard_fields
 
         read_shard = partial(open_shard_fields, fields=opts.fields)  # type: ignore[assignment]
@@ -102,25 +106,37 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter) -> Iterator[di
                 delivered = sample["__pos__"] + 1
                 yield sample
             return
-        except Exception as exc:  # noqa: BLE001 - classified below
+        except GeneratorExit:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every read failure: retries, then on_error
             if _is_transient(exc) and attempt < max(1, opts.retries):
-                log.warning("shard %s: %s; retrying in %.1f s (attempt %d of %d)", url, exc, delay, attempt,
+                log.warning("shard %s: %s; retrying in %.1f s (attempt %d of %d)", url, _why(exc), delay, attempt,
                             opts.retries)
                 counts["shard retries"] += 1
                 time.sleep(delay)
                 delay *= 2
                 continue
-            if not isinstance(exc, (DataError, OSError, TimeoutError)) and not _is_transient(exc):
-                raise
-            why = str(exc) if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
+            why = _why(exc)
             if opts.on_error == "skip":
-                log.warning("skipping the rest of shard %s after %d utterances: %s", url, delivered, why)
+                lost = "" if expected is None else sum(1 for p in range(delivered, expected) if kept(p))
+                log.warning("skipping the rest of shard %s after %d utterances%s: %s", url, delivered,
+                            f" ({lost} utterances lost)" if lost != "" else "", why)
                 counts["unreadable shards"] += 1
+                if lost:
+                    counts["utterances lost in unreadable shards"] += lost
                 return
+            tries = f" after {attempt} attempts" if attempt > 1 else ""
             if url in why:
-                raise DataError(f"{why} (set dataset_conf.on_error=skip to skip and count broken shards)") from None
-            raise DataError(f"shard {url}: {why}. Check the shard (verify-shards), or set "
+                raise DataError(f"{why}{tries} (set dataset_conf.on_error=skip to skip and count broken "
+                                f"shards)") from None
+            raise DataError(f"shard {url}: {why}{tries}. Check the shard (verify-shards), or set "
                             f"dataset_conf.on_error=skip to skip and count broken shards.") from None
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, DataError):
+        return str(exc).rstrip(".")
+    return f"{type(exc).__name__}: {exc}".rstrip(": ") or type(exc).__name__
 
 
 def read_raw_entry(lst: RawList, i: int, opts: ReadOptions, counts: Counter) -> dict | None:
@@ -171,7 +187,9 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
                         yield sample
                 continue
             url = source.urls[unit]
-            for sample in read_shard_unit(url, opts, counts):
+            expected = source.num_utts[unit] if source.num_utts and source.num_utts[unit] else None
+            for sample in read_shard_unit(url, opts, counts, expected=expected,
+                                          kept=partial(assignment.keeps, ordinal)):
                 pos = sample["__pos__"]
                 if not assignment.keeps(ordinal, pos):
                     continue
