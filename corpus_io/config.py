@@ -310,7 +310,7 @@ class MakeTokenizerConfig:
 
 @dataclass
 class BenchLoaderConfig:
-    data_list: str = opt("???", "the data.list to read")
+    data_list: str = opt("", "the data.list to read (required unless dataset_conf.sources is set)")
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
     tokenizer: TokenizerConf = opt(factory=TokenizerConf)
     epochs: int = opt(1, "epochs to iterate")
@@ -323,7 +323,7 @@ class BenchLoaderConfig:
 
 @dataclass
 class TrainConfig:
-    train_data_set_list: str = opt("???", "training data.list")
+    train_data_set_list: str = opt("", "training data.list (required unless dataset_conf.sources is set)")
     valid_data_set_list: Optional[str] = opt(None, "cv data.list (split across ranks)")
     output_dir: str = opt("???", "checkpoints, logs and tensorboard/")
     cmvn_file: Optional[str] = opt(None, "global CMVN stats from compute-cmvn")
@@ -558,7 +558,7 @@ def require(obj: Any, *keys: str) -> None:
         value = obj
         for part in key.split("."):
             value = getattr(value, part)
-        if value == "???" or value == [] or value is None:
+        if value in ("???", "") or value == [] or value is None:
             raise ConfigError(f"config key '{key}' is required. Set it with ++{key}=...")
 
 

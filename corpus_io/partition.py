@@ -135,33 +135,35 @@ class SlotState:
     """A worker's read position (JSON-able through :meth:`to_dict`).
 
     ``cursor[src]`` = ``(unit, position)`` of the last sample of source ``src`` that entered the
-    buffers; ``pending`` = samples that entered but were not yet emitted; ``taken[src]`` = samples of
-    ``src`` that entered (weighted interleaving); ``seconds`` = audio that entered this epoch
-    (``epoch_hours``); ``passes[src]`` = the pass an infinite source is on.
+    buffers; ``pending`` = samples that entered but were not yet emitted, each with its seconds of
+    audio; ``taken[src]`` = samples of ``src`` that entered (weighted interleaving); ``seconds`` =
+    audio that entered this epoch (``epoch_hours``), pending samples included.
     """
 
     epoch: int = 0
     cursor: dict[int, tuple[int, int]] = field(default_factory=dict)
-    pending: set[tuple[int, int, int]] = field(default_factory=set)
+    pending: dict[tuple[int, int, int], float] = field(default_factory=dict)
     taken: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
     finished: bool = False
 
-    def enter(self, sid: tuple[int, int, int], seconds: float) -> None:
-        """``sid`` entered the buffers. A resumed reader re-enters the pending samples of its checkpoint:
-        they are already pending and counted, and the cursor never moves back."""
+    def enter(self, sid: tuple[int, int, int], seconds: float) -> bool:
+        """``sid`` entered the buffers; False for a pending sample of the checkpoint coming back (a resumed
+        or continued reader re-enters those: they are already pending and counted, and the cursor never
+        moves back)."""
         src, unit, pos = sid
         if sid in self.pending:
-            return
+            return False
         cur = self.cursor.get(src)
         if cur is None or (unit, pos) > cur:
             self.cursor[src] = (unit, pos)
-        self.pending.add(sid)
+        self.pending[sid] = seconds
         self.taken[src] = self.taken.get(src, 0) + 1
         self.seconds += seconds
+        return True
 
     def emit(self, sid: tuple[int, int, int]) -> None:
-        self.pending.discard(sid)
+        self.pending.pop(sid, None)
 
     def start_unit(self, src: int) -> int | None:
         """The first unit a resumed reader of ``src`` must open (None: start from the beginning)."""
@@ -176,10 +178,17 @@ class SlotState:
         cur = self.cursor.get(src)
         return cur is not None and (unit, pos) <= cur and sid not in self.pending
 
+    def next_epoch(self, epoch: int) -> SlotState:
+        """The state that continues this stream in ``epoch`` (epoch_hours, weighted mixes): the samples
+        still pending (in the buffers, not trained: the trainer stopped early) come back first and count
+        towards the new epoch's audio."""
+        return SlotState(epoch, dict(self.cursor), dict(self.pending), dict(self.taken),
+                         sum(self.pending.values()), False)
+
     def to_dict(self) -> dict:
         return {"epoch": self.epoch,
                 "cursor": {str(s): list(c) for s, c in self.cursor.items()},
-                "pending": sorted(self.pending),  # tuples: JSON writes them as lists
+                "pending": sorted([*sid, sec] for sid, sec in self.pending.items()),
                 "taken": {str(s): n for s, n in self.taken.items()},
                 "seconds": self.seconds, "finished": self.finished}
 
@@ -187,12 +196,13 @@ class SlotState:
     def from_dict(cls, d: dict) -> SlotState:
         return cls(epoch=int(d.get("epoch", 0)),
                    cursor={int(s): (int(c[0]), int(c[1])) for s, c in d.get("cursor", {}).items()},
-                   pending={(int(a), int(b), int(c)) for a, b, c in d.get("pending", [])},
+                   pending={(int(p[0]), int(p[1]), int(p[2])): float(p[3]) if len(p) > 3 else 0.0
+                            for p in d.get("pending", [])},
                    taken={int(s): int(n) for s, n in d.get("taken", {}).items()},
                    seconds=float(d.get("seconds", 0.0)), finished=bool(d.get("finished", False)))
 
     def copy(self) -> SlotState:
-        return SlotState(self.epoch, dict(self.cursor), set(self.pending), dict(self.taken), self.seconds,
+        return SlotState(self.epoch, dict(self.cursor), dict(self.pending), dict(self.taken), self.seconds,
                          self.finished)
 
 

@@ -161,8 +161,12 @@ def _units_of_pass(source: Source, slot: Slot, *, seed: int, pass_: int, shuffle
 
 
 def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: ReadOptions, counts: Counter, *,
-                seed: int, first_pass: int, shuffle: bool, infinite: bool) -> Iterator[dict]:
-    """Samples of one source for one slot, passes ``first_pass``, ``first_pass + 1``, ... (one unless infinite)."""
+                seed: int, first_pass: int, shuffle: bool, infinite: bool,
+                mark_pass_end: bool = False) -> Iterator[dict | None]:
+    """Samples of one source for one slot, passes ``first_pass``, ``first_pass + 1``, ... (one unless infinite).
+
+    ``mark_pass_end``: yield ``None`` after each completed pass (:func:`mix` ends its epoch there).
+    """
     start = state.start_unit(src)
     pass_ = first_pass if start is None else max(first_pass, start // PASS_STRIDE)
     while True:
@@ -201,6 +205,11 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
                 yield sample
         if not infinite:
             return
+        pass_end = ((pass_ + 1) * PASS_STRIDE, -1)  # a cursor before the next pass's first sample
+        if mark_pass_end and state.cursor.get(src, (-1, -1)) < pass_end:
+            # first time this pass ends (not a re-read for samples still pending from it): mark it done
+            state.cursor[src] = pass_end
+            yield None
         if state.taken.get(src, 0) == taken_before and (start is None or start < pass_ * PASS_STRIDE):
             # a whole pass put nothing into the buffers (all unreadable, filtered, or strided away): every
             # later pass would be the same, so end this stream instead of re-reading it forever
@@ -211,12 +220,16 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
         pass_ += 1
 
 
-def mix(streams: list[Iterator[dict]], weights: list[float], state: SlotState,
+def mix(streams: list[Iterator[dict | None]], weights: list[float], state: SlotState,
         stop: Callable[[], bool] = lambda: False) -> Iterator[dict]:
     """Interleave ``streams`` by weight, deterministically: next is the one furthest below its share.
 
     The shares count samples that entered the buffers (``state.taken``), so the mix resumes from a
-    checkpoint. An exhausted stream leaves the mix; the others go on.
+    checkpoint; a pending sample of the checkpoint coming back is not counted twice. A ``None`` from a
+    stream (the end of its pass, see ``iter_source(mark_pass_end=True)``) ends the mix: the epoch of a
+    weighted mix ends when the source with the least data per weight has been read once, and the next
+    epoch continues every stream where it stopped, so the shares follow the weights in every epoch. A
+    stream that simply ends leaves the mix; the others go on.
     """
     live = {i: s for i, s in enumerate(streams) if weights[i] > 0}
     picked = Counter({i: state.taken.get(i, 0) for i in live})
@@ -227,5 +240,8 @@ def mix(streams: list[Iterator[dict]], weights: list[float], state: SlotState,
         except StopIteration:
             del live[i]
             continue
-        picked[i] += 1
+        if sample is None:
+            return
+        if sample["__sid__"] not in state.pending:
+            picked[i] += 1
         yield sample

@@ -333,8 +333,8 @@ class Trainer:
         random.seed(tc.seed + ctx.rank)
         torch.manual_seed(tc.seed + ctx.rank)
 
-        self.train_loader = build_dataloader(cfg.train_data_set_list, cfg.dataset_conf, self.tokenizer, train=True,
-                                             rank=ctx.rank, world_size=ctx.world_size)
+        self.train_loader = build_dataloader(cfg.train_data_set_list or None, cfg.dataset_conf, self.tokenizer,
+                                             train=True, rank=ctx.rank, world_size=ctx.world_size)
         self.cv_loader = None
         if cfg.valid_data_set_list:
             self.cv_loader = build_dataloader(cfg.valid_data_set_list, eval_dataset_conf(cfg.dataset_conf),
@@ -713,7 +713,9 @@ def train(cfg: Any) -> None:
     """``corpus-io train``: one process, or one per rank under torchrun (env://)."""
     from corpus_io.config import require
 
-    require(cfg, "train_data_set_list", "output_dir")
+    require(cfg, "output_dir")
+    if not cfg.dataset_conf.sources:  # a weighted mix names its own lists
+        require(cfg, "train_data_set_list")
     ctx = init_distributed(cfg.train_conf.device, cfg.train_conf.timeout_s)
     try:
         Trainer(cfg, ctx).run()
