@@ -3,8 +3,10 @@
 A *slot* is one DataLoader worker of one rank (``slot = rank * num_workers + worker``). Every
 epoch, all ranks shuffle the list of *units* (shards, or chunks of lines in raw mode) identically,
 seeded by ``(seed, epoch)``; units are then assigned to ranks and, inside a rank, to workers,
-balancing total audio duration greedily (longest first; durations from the shard index, else
-utterance counts, else equal weights). Every utterance is read by exactly one slot per epoch.
+balancing total audio duration (greedy longest-first, then random moves and swaps seeded by
+``(seed, epoch)`` that keep the balance, so the split differs every epoch; durations from the shard
+index, else utterance counts, else equal weights). Every utterance is read by exactly one slot per
+epoch.
 
 With fewer units than slots, each slot reads every unit and keeps the samples whose
 ``(unit + position) % slots == slot`` ("stride" mode): still exactly once, never a hang, at the
@@ -81,20 +83,64 @@ def epoch_order(n: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:
     return order
 
 
-def balance(items: Sequence[int], weights: Sequence[float], bins: int) -> list[list[int]]:
-    """Greedy longest-first: split ``items`` (in their given order) into ``bins`` lists of similar weight.
+def balance(items: Sequence[int], weights: Sequence[float], bins: int,
+            rng: random.Random | None = None) -> list[list[int]]:
+    """Split ``items`` (in their given order) into ``bins`` lists of similar total weight.
 
-    Each bin keeps the items in the order they had in ``items`` (so a shuffled list stays shuffled);
-    ties between equal weights follow that order too, so a new shuffle gives a new split.
+    Greedy longest-first first; then, with ``rng``, random moves and swaps between bins that keep the
+    spread (heaviest minus lightest bin) within ``max(greedy spread, BALANCE_SLACK x mean load)``. Longest-
+    first alone gives the same split every epoch whenever the weights differ, so the same shards would
+    share a rank, and a rank that runs out first would leave the same utterances unused every epoch; the
+    random phase (seeded per epoch, identical on all ranks) varies the split at no cost in balance.
+    Each bin keeps its items in the order they had in ``items`` (so a shuffled list stays shuffled).
     """
+    w = [float(weights[item]) for item in items]
     loads = [0.0] * bins
-    members: list[list[tuple[int, int]]] = [[] for _ in range(bins)]
-    ranked = sorted(range(len(items)), key=lambda i: -float(weights[items[i]]))
-    for i in ranked:
-        b = min(range(bins), key=lambda j: (loads[j], len(members[j]), j))
-        loads[b] += float(weights[items[i]])
-        members[b].append((i, items[i]))
-    return [[item for _, item in sorted(m)] for m in members]
+    where = [0] * len(items)
+    counts = [0] * bins
+    for i in sorted(range(len(items)), key=lambda i: -w[i]):
+        b = min(range(bins), key=lambda j: (loads[j], counts[j], j))
+        loads[b] += w[i]
+        counts[b] += 1
+        where[i] = b
+    if rng is not None and bins > 1 and len(items) > 1:
+        _vary(w, where, loads, bins, rng)
+    members: list[list[int]] = [[] for _ in range(bins)]
+    for i, item in enumerate(items):
+        members[where[i]].append(item)
+    return members
+
+
+#: the spread (heaviest minus lightest bin, as a share of the mean load) the random phase of balance may use
+BALANCE_SLACK = 0.01
+
+
+def _vary(w: list[float], where: list[int], loads: list[float], bins: int, rng: random.Random) -> None:
+    """Random moves and swaps between bins that keep the spread within the greedy one (or the slack)."""
+    n = len(w)
+    limit = max(max(loads) - min(loads), BALANCE_SLACK * sum(loads) / bins) + 1e-9
+    members: list[list[int]] = [[] for _ in range(bins)]
+    for i, b in enumerate(where):
+        members[b].append(i)
+    for _ in range(min(8 * n, 50_000)):
+        i = rng.randrange(n)
+        a, b = where[i], rng.randrange(bins - 1)
+        b += b >= a
+        j = members[b][rng.randrange(len(members[b]))] if members[b] and rng.random() < 0.5 else None
+        delta = w[i] - (w[j] if j is not None else 0.0)
+        loads[a] -= delta
+        loads[b] += delta
+        if max(loads) - min(loads) > limit or (j is None and len(members[a]) == 1):
+            loads[a] += delta  # undo: it would unbalance (or empty) a bin
+            loads[b] -= delta
+            continue
+        members[a].remove(i)
+        members[b].append(i)
+        where[i] = b
+        if j is not None:
+            members[b].remove(j)
+            members[a].append(j)
+            where[j] = a
 
 
 def unit_weights(n: int, durations: Sequence[float] | None = None,
@@ -123,8 +169,11 @@ def assign(n_units: int, slot: Slot, *, seed: int, epoch: int, shuffle: bool,
                         slot.world_size, slot.num_workers, slot.count)
         return Assignment(order, stride=slot.count, offset=slot.index)
     w = list(weights) if weights is not None else [1.0] * n_units
-    per_rank = balance(order, w, slot.world_size)[slot.rank]
-    return Assignment(balance(per_rank, w, slot.num_workers)[slot.worker])
+    # seeded by (seed, epoch) like the order: every rank computes the same split, a new one each epoch
+    rng = random.Random(f"{seed}:{epoch}:balance") if shuffle else None
+    per_rank = balance(order, w, slot.world_size, rng)[slot.rank]
+    rng = random.Random(f"{seed}:{epoch}:balance:{slot.rank}") if shuffle else None
+    return Assignment(balance(per_rank, w, slot.num_workers, rng)[slot.worker])
 
 
 # --------------------------------------------------------------------------- resumable state
