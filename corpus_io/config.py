@@ -442,10 +442,13 @@ def _hydra_compose(config_name: str, overrides: list[str], *, config_path: str |
     if not (conf_dir / f"{name}.yaml").is_file():
         raise ConfigError(f"config file {conf_dir / (name + '.yaml')} does not exist. "
                           f"Pass --config-path DIR --config-name NAME.yaml with an existing file.")
+    hydra_overrides = list(overrides)
+    if conf_dir != CONF_DIR.resolve():  # a user's YAML may use the shipped groups (dataset_conf: shard, ...)
+        hydra_overrides.append(f"hydra.searchpath=[file://{CONF_DIR.resolve()}]")
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base=None, job_name=name):
-            cfg = hydra_compose(config_name=name, overrides=list(overrides))
+            cfg = hydra_compose(config_name=name, overrides=hydra_overrides)
     except HydraException as exc:
         raise ConfigError(_explain_hydra_error(str(exc), overrides)) from None
     except UnicodeDecodeError as exc:

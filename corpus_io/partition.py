@@ -156,12 +156,16 @@ _warned: set[tuple[int, int]] = set()
 
 
 def assign(n_units: int, slot: Slot, *, seed: int, epoch: int, shuffle: bool,
-           weights: Sequence[float] | None = None, what: str = "shards") -> Assignment:
-    """The units ``slot`` reads in ``epoch``: list shuffle, then duration-balanced ranks, then workers."""
+           weights: Sequence[float] | None = None, what: str = "shards", warn: bool = True) -> Assignment:
+    """The units ``slot`` reads in ``epoch``: list shuffle, then duration-balanced ranks, then workers.
+
+    ``warn``: say so when there are fewer units than readers (striding re-reads whole shards; a raw chunk's
+    skipped entries cost nothing, so raw mode passes False).
+    """
     order = epoch_order(n_units, seed=seed, epoch=epoch, shuffle=shuffle)
     if n_units < slot.count:
         key = (n_units, slot.count)
-        if key not in _warned and slot.index == 0:
+        if warn and key not in _warned and slot.index == 0:
             _warned.add(key)
             log.warning("%d %s for %d readers (%d ranks x %d workers): every reader reads every one of them "
                         "and keeps every %d-th utterance. Pack smaller shards (num_utts_per_shard) so that "

@@ -140,3 +140,19 @@ def test_a_broken_user_yaml_is_one_paragraph_naming_the_file(tmp_path, text, nee
 def test_a_single_value_for_a_list_key_says_to_give_a_list():
     with pytest.raises(ConfigError, match=r"'splits': it takes a list.*\+\+splits='\[a,b\]'"):
         config.compose(config.PrepareConfig, "prepare", ["++corpus=aishell", "++root=/tmp", "++splits=train"])
+
+
+def test_a_user_yaml_can_use_the_shipped_config_groups(tmp_path):
+    (tmp_path / "my.yaml").write_text("defaults:\n  - dataset_conf: raw\n  - _self_\n"
+                                      "data_list: my.list\ndataset_conf:\n  batch_size: 7\n", encoding="utf-8")
+    cfg = config.compose(config.BenchLoaderConfig, "my.yaml", [], config_path=str(tmp_path))
+    assert cfg.dataset_conf.data_type == "raw" and cfg.dataset_conf.batch_size == 7  # shipped group + own value
+    # a group of the user's own directory comes first
+    (tmp_path / "dataset_conf").mkdir()
+    (tmp_path / "dataset_conf" / "raw.yaml").write_text("data_type: raw\nbatch_size: 3\n", encoding="utf-8")
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - dataset_conf: raw\n  - _self_\ndata_list: my.list\n",
+                                        encoding="utf-8")
+    assert config.compose(config.BenchLoaderConfig, "mine", [], config_path=str(tmp_path)).dataset_conf.batch_size == 3
+    result = run_cli("corpus-io", "bench-loader", "--config-path", str(tmp_path), "--config-name", "my.yaml")
+    assert_user_error(result, "my.list")  # composed; it only fails on the missing list
+    assert "Could not find" not in result.stderr

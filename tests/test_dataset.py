@@ -74,8 +74,10 @@ def test_resume_is_exact_and_rereads_only_the_open_shards(shards, bucketing):
     rest = [k for batch in resumed for k in batch["keys"]]
     assert len(first) + len(rest) == len(keys)
     assert sorted(first + rest) == sorted(keys)  # none twice, none missing
-    # bounded re-read: only units still open at the checkpoint are read again, not the epoch so far
-    assert resumed.counts().get("resume.reread", 0) < len(first)
+    # bounded re-read: only units still open at the checkpoint are read again, never more than the epoch so far
+    # (buckets may hold a sample of the very first unit, which then is still open)
+    reread = resumed.counts().get("resume.reread", 0)
+    assert reread <= len(first) if bucketing else reread < len(first)
 
 
 def test_resume_with_a_different_worker_count_is_a_clear_error(shards):

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from corpus_io.errors import DataError
 from corpus_io.partition import PASS_STRIDE, Assignment, Slot, SlotState, assign, unit_weights
-from corpus_io.rawlist import CHUNK_LINES, RawList, slot_lines
+from corpus_io.rawlist import CHUNK_LINES, RawList, chunk_sizes, permuted_lines
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +152,11 @@ def read_raw_entry(lst: RawList, i: int, opts: ReadOptions, counts: Counter) -> 
 
 def _units_of_pass(source: Source, slot: Slot, *, seed: int, pass_: int, shuffle: bool) -> tuple[Assignment, Any]:
     if source.data_type == "raw":
-        lines = slot_lines(source.num_units, slot_index=slot.index, slot_count=slot.count, seed=seed, epoch=pass_,
-                           shuffle=shuffle)
-        n_chunks = (len(lines) + CHUNK_LINES - 1) // CHUNK_LINES
-        return Assignment(list(range(n_chunks))), lines
+        # units are chunks of CHUNK_LINES entries of the list's (seed, pass) permutation, assigned like shards;
+        # a reader computes its chunks' lines when it reaches them (rawlist.permuted_lines)
+        sizes = chunk_sizes(source.num_units)
+        return assign(len(sizes), slot, seed=seed, epoch=pass_, shuffle=shuffle, weights=sizes, what="raw chunks",
+                      warn=False), None
     weights = unit_weights(source.num_units, source.durations, source.num_utts)
     return assign(source.num_units, slot, seed=seed, epoch=pass_, shuffle=shuffle, weights=weights), None
 
@@ -170,7 +171,7 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
     start = state.start_unit(src)
     pass_ = first_pass if start is None else max(first_pass, start // PASS_STRIDE)
     while True:
-        assignment, lines = _units_of_pass(source, slot, seed=seed, pass_=pass_, shuffle=shuffle)
+        assignment, _ = _units_of_pass(source, slot, seed=seed, pass_=pass_, shuffle=shuffle)
         if infinite and not assignment.units:
             return  # this slot gets nothing from this source, in any pass
         taken_before = state.taken.get(src, 0)
@@ -179,8 +180,12 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
             if start is not None and uid < start:
                 continue
             if source.data_type == "raw":
-                chunk = lines[unit * CHUNK_LINES:(unit + 1) * CHUNK_LINES]
+                chunk = permuted_lines(source.num_units, unit * CHUNK_LINES,
+                                       min(source.num_units, (unit + 1) * CHUNK_LINES), seed=seed, epoch=pass_,
+                                       shuffle=shuffle)
                 for pos, line in enumerate(chunk):
+                    if not assignment.keeps(ordinal, pos):
+                        continue
                     sid = (src, uid, pos)
                     if state.already_done(sid):
                         counts["resume.reread"] += 1

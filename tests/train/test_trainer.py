@@ -147,3 +147,18 @@ def test_four_ranks_uneven_shards_split_differently_each_epoch_so_every_key_is_t
                 read.setdefault(epoch, [set() for _ in range(4)])[r].add(key)
     splits = {tuple(frozenset(s) for s in read[e]) for e in map(str, range(4))}
     assert len(splits) > 1, "every epoch gave every rank the same utterances"
+
+
+def test_train_on_weighted_sources_without_train_data_set_list(corpus, tmp_path):
+    from tests.train.conftest import BIN
+
+    out = tmp_path / "exp"
+    sources = (f"[{{data_list: {corpus['shards']}, weight: 1}}, "
+               f"{{data_list: {corpus['raw']}, weight: 1, data_type: raw}}]")
+    cmd = [str(BIN / "corpus-io"), "train", f"++output_dir={out}", f"++tokenizer.token_list={corpus['tokens']}",
+           f"++dataset_conf.sources={sources}", *[a for a in torchrun_cmd(out, corpus)[7:] if "dataset_conf" in a
+                                                  and "train_data_set_list" not in a],
+           "++train_conf.max_epoch=1", "++model.num_blocks=1"]
+    result = run_train(cmd)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert "epoch 0 done" in (out / "train.log").read_text(encoding="utf-8")
