@@ -6,9 +6,10 @@ is the utterance's index inside the shard (or raw chunk). Resumed readers start 
 ``state.start_unit(src)`` and drop samples ``state.already_done`` says were emitted, before any
 decoding.
 
-Remote shards are streamed sequentially (no seek). A transient failure (connection, timeout)
-re-opens the shard after a backoff (``retries``, ``retry_backoff`` doubling) and skips the
-utterances already delivered; a corrupt shard, or one still failing, is skipped and counted
+Remote shards are streamed sequentially (no seek). Any read failure but a corrupt shard (connection,
+stall past ``read_timeout``, HTTP 5xx, an exception of any other type) re-opens the shard after a
+backoff (``retries``, ``retry_backoff`` doubling) and skips the utterances already delivered; a
+corrupt shard, or one still failing, is skipped and counted with the utterances it lost
 (``on_error=skip``) or raised as a DataError naming the shard (``on_error=fail``).
 """
 
