@@ -4,8 +4,8 @@ and its user errors (bad state files and counts), which are fast."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import time
