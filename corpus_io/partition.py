@@ -94,15 +94,17 @@ def balance(items: Sequence[int], weights: Sequence[float], bins: int,
     random phase (seeded per epoch, identical on all ranks) varies the split at no cost in balance.
     Each bin keeps its items in the order they had in ``items`` (so a shuffled list stays shuffled).
     """
+    import heapq
+
     w = [float(weights[item]) for item in items]
     loads = [0.0] * bins
     where = [0] * len(items)
-    counts = [0] * bins
+    heap = [(0.0, 0, j) for j in range(bins)]  # (load, count, bin): the lightest bin, then the emptiest
     for i in sorted(range(len(items)), key=lambda i: -w[i]):
-        b = min(range(bins), key=lambda j: (loads[j], counts[j], j))
-        loads[b] += w[i]
-        counts[b] += 1
+        load, count, b = heapq.heappop(heap)
+        loads[b] = load + w[i]
         where[i] = b
+        heapq.heappush(heap, (loads[b], count + 1, b))
     if rng is not None and bins > 1 and len(items) > 1:
         _vary(w, where, loads, bins, rng)
     members: list[list[int]] = [[] for _ in range(bins)]
@@ -118,7 +120,11 @@ BALANCE_SLACK = 0.01
 def _vary(w: list[float], where: list[int], loads: list[float], bins: int, rng: random.Random) -> None:
     """Random moves and swaps between bins that keep the spread within the greedy one (or the slack)."""
     n = len(w)
-    limit = max(max(loads) - min(loads), BALANCE_SLACK * sum(loads) / bins) + 1e-9
+    spread = max(loads) - min(loads)
+    limit = max(spread, BALANCE_SLACK * sum(loads) / bins)
+    # every bin stays inside one band of width `limit` around the greedy loads: O(1) per step
+    low = min(loads) - (limit - spread) / 2 - 1e-9
+    high = low + limit + 2e-9
     members: list[list[int]] = [[] for _ in range(bins)]
     for i, b in enumerate(where):
         members[b].append(i)
@@ -128,12 +134,11 @@ def _vary(w: list[float], where: list[int], loads: list[float], bins: int, rng: 
         b += b >= a
         j = members[b][rng.randrange(len(members[b]))] if members[b] and rng.random() < 0.5 else None
         delta = w[i] - (w[j] if j is not None else 0.0)
+        if not (low <= loads[a] - delta <= high and low <= loads[b] + delta <= high) or (
+                j is None and len(members[a]) == 1):
+            continue  # it would unbalance (or empty) a bin
         loads[a] -= delta
         loads[b] += delta
-        if max(loads) - min(loads) > limit or (j is None and len(members[a]) == 1):
-            loads[a] += delta  # undo: it would unbalance (or empty) a bin
-            loads[b] -= delta
-            continue
         members[a].remove(i)
         members[b].append(i)
         where[i] = b
