@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from corpus_io.errors import DataError
 from corpus_io.partition import PASS_STRIDE, Assignment, Slot, SlotState, assign, unit_weights
@@ -107,8 +107,6 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: i
                 delivered = sample["__pos__"] + 1
                 yield sample
             return
-        except GeneratorExit:
-            raise
         except Exception as exc:  # noqa: BLE001 - every read failure: retries, then on_error
             if _is_transient(exc) and attempt < max(1, opts.retries):
                 log.warning("shard %s: %s; retrying in %.1f s (attempt %d of %d)", url, _why(exc, opts), delay, attempt,
@@ -156,15 +154,15 @@ def read_raw_entry(lst: RawList, i: int, opts: ReadOptions, counts: Counter) -> 
         raise
 
 
-def _units_of_pass(source: Source, slot: Slot, *, seed: int, pass_: int, shuffle: bool) -> tuple[Assignment, Any]:
+def _units_of_pass(source: Source, slot: Slot, *, seed: int, pass_: int, shuffle: bool) -> Assignment:
     if source.data_type == "raw":
         # units are chunks of CHUNK_LINES entries of the list's (seed, pass) permutation, assigned like shards;
         # a reader computes its chunks' lines when it reaches them (rawlist.permuted_lines)
         sizes = chunk_sizes(source.num_units)
         return assign(len(sizes), slot, seed=seed, epoch=pass_, shuffle=shuffle, weights=sizes, what="raw chunks",
-                      warn=False), None
+                      warn=False)
     weights = unit_weights(source.num_units, source.durations, source.num_utts)
-    return assign(source.num_units, slot, seed=seed, epoch=pass_, shuffle=shuffle, weights=weights), None
+    return assign(source.num_units, slot, seed=seed, epoch=pass_, shuffle=shuffle, weights=weights)
 
 
 def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: ReadOptions, counts: Counter, *,
@@ -177,7 +175,7 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
     start = state.start_unit(src)
     pass_ = first_pass if start is None else max(first_pass, start // PASS_STRIDE)
     while True:
-        assignment, _ = _units_of_pass(source, slot, seed=seed, pass_=pass_, shuffle=shuffle)
+        assignment = _units_of_pass(source, slot, seed=seed, pass_=pass_, shuffle=shuffle)
         if infinite and not assignment.units:
             return  # this slot gets nothing from this source, in any pass
         taken_before = state.taken.get(src, 0)
