@@ -23,6 +23,7 @@ was emitted, and refills its buffers: the re-read is bounded by the units open a
 
 from __future__ import annotations
 
+import heapq
 import logging
 import random
 from dataclasses import dataclass, field
@@ -94,8 +95,6 @@ def balance(items: Sequence[int], weights: Sequence[float], bins: int,
     random phase (seeded per epoch, identical on all ranks) varies the split at no cost in balance.
     Each bin keeps its items in the order they had in ``items`` (so a shuffled list stays shuffled).
     """
-    import heapq
-
     w = [float(weights[item]) for item in items]
     loads = [0.0] * bins
     where = [0] * len(items)
