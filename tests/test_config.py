@@ -152,7 +152,6 @@ def test_a_single_value_for_a_list_key_says_to_give_a_list():
         config.compose(config.PrepareConfig, "prepare", ["++corpus=aishell", "++root=/tmp", "++splits=train"])
 
 
-<<<<<<< HEAD
 def _commands() -> dict[str, type]:
     import cli.main  # noqa: F401  (registers every subcommand)
     from cli._app import COMMANDS
@@ -295,7 +294,8 @@ dataset_conf:
     assert ds.speed_perturb and ds.speed_perturb_conf.speeds == [0.9, 1.0, 1.1]
     assert (ds.batch_type, ds.batch_size, ds.filter_conf.max_length) == ("length", 25000, 2048)
     assert (cfg.train_conf.max_epoch, cfg.optim_conf.lr) == (150, 0.0005)
-=======
+
+
 def test_a_user_yaml_can_use_the_shipped_config_groups(tmp_path):
     (tmp_path / "my.yaml").write_text("defaults:\n  - dataset_conf: raw\n  - _self_\n"
                                       "data_list: my.list\ndataset_conf:\n  batch_size: 7\n", encoding="utf-8")
@@ -310,4 +310,3 @@ def test_a_user_yaml_can_use_the_shipped_config_groups(tmp_path):
     result = run_cli("corpus-io", "bench-loader", "--config-path", str(tmp_path), "--config-name", "my.yaml")
     assert_user_error(result, "my.list")  # composed; it only fails on the missing list
     assert "Could not find" not in result.stderr
->>>>>>> issue-10

@@ -231,7 +231,6 @@ def test_without_workers_the_loader_leaves_the_callers_torch_threads_alone(shard
         torch.set_num_threads(before)
 
 
-<<<<<<< HEAD
 def _funasr_multi_file_list(tmp_path, parts: int = 3):
     """FunASR's multi-file data list: the lines of one real JSONL split over ``parts`` files, one path per line
     (relative to the list's directory, as FunASR's data_split_num lists are)."""
@@ -264,7 +263,8 @@ def test_shard_mode_given_jsonl_says_what_it_is_and_what_to_set(tmp_path):
     with pytest.raises(DataError, match=r"holds JSON lines.*data_type=raw"):
         build_dataloader(str(tmp_path / "train.0.jsonl"), small_conf(data_type="shard"), tok, train=True, rank=0,
                          world_size=1)
-=======
+
+
 def test_without_workers_the_data_work_runs_on_one_torch_thread(shards):
     import torch
 
@@ -350,4 +350,3 @@ def test_weighted_sources_without_epoch_hours_give_shares_by_weight_every_epoch(
         assert sorted(k for k in got if k in set(keys_a)) == sorted(keys_a)  # a: read once per epoch
     # b continues where it stopped: 3 epochs x 16 = each of its 48 utterances once
     assert sorted(k for got in epochs for k in got if k in set(keys_b)) == sorted(keys_b)
->>>>>>> issue-10

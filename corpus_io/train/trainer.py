@@ -747,14 +747,10 @@ def train(cfg: Any) -> None:
     """``corpus-io train``: one process, or one per rank under torchrun (env://)."""
     from corpus_io.config import require
 
-<<<<<<< HEAD
-    require(cfg, "train_data_set_list", "output_dir")
-    resolve_intervals(cfg.train_conf)
-=======
     require(cfg, "output_dir")
     if not cfg.dataset_conf.sources:  # a weighted mix names its own lists
         require(cfg, "train_data_set_list")
->>>>>>> issue-10
+    resolve_intervals(cfg.train_conf)
     ctx = init_distributed(cfg.train_conf.device, cfg.train_conf.timeout_s)
     try:
         Trainer(cfg, ctx).run()
