@@ -245,6 +245,24 @@ def encode(wave: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+_RESAMPLERS: dict[tuple, Any] = {}
+
+
+def resample_wav(wav: Any, orig_rate: int, new_rate: int) -> Any:
+    """``torchaudio.functional.resample(wav, orig_rate, new_rate)`` of a torch tensor with its default
+    arguments, the sinc kernel built once per (orig, new) rate pair in this process
+    (torchaudio.transforms.Resample keeps it) instead of on every call; the output is the same."""
+    if orig_rate == new_rate:
+        return wav
+    key = (int(orig_rate), int(new_rate), wav.dtype)
+    fn = _RESAMPLERS.get(key)
+    if fn is None:
+        import torchaudio.transforms as T
+
+        fn = _RESAMPLERS[key] = T.Resample(key[0], key[1], dtype=wav.dtype)  # the kernel in the wave's dtype
+    return fn(wav)
+
+
 def resample(wave: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
     """Resample with torchaudio's sinc interpolation (imports torch)."""
     if orig_rate == new_rate:
