@@ -55,8 +55,12 @@ def dithered(wav: torch.Tensor, dither: float, generator: torch.Generator | None
 
 def fbank(wav: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 80, frame_length: float = 25.0,
           frame_shift: float = 10.0, dither: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Kaldi fbank ``(num_frames, num_mel_bins)`` of one ``(1, num_samples)`` waveform in [-1, 1]."""
+    """Kaldi fbank ``(num_frames, num_mel_bins)`` of one ``(1, num_samples)`` waveform in [-1, 1]
+    (no frames below one window, where torchaudio would raise)."""
     from torchaudio.compliance import kaldi
+
+    if num_frames(wav.shape[-1], sample_rate, frame_length, frame_shift) == 0:
+        return wav.new_zeros(0, num_mel_bins)
 
     return kaldi.fbank(dithered(wav, dither, generator), num_mel_bins=num_mel_bins, frame_length=frame_length,
                        frame_shift=frame_shift, dither=0.0, energy_floor=0.0, sample_frequency=sample_rate)
@@ -67,6 +71,9 @@ def mfcc(wav: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 40, num_cep
          low_freq: float = 20.0, generator: torch.Generator | None = None) -> torch.Tensor:
     """Kaldi MFCC ``(num_frames, num_ceps)`` of one ``(1, num_samples)`` waveform in [-1, 1] (WeNet's arguments)."""
     from torchaudio.compliance import kaldi
+
+    if num_frames(wav.shape[-1], sample_rate, frame_length, frame_shift) == 0:
+        return wav.new_zeros(0, num_ceps)
 
     return kaldi.mfcc(dithered(wav, dither, generator), num_mel_bins=num_mel_bins, frame_length=frame_length,
                       frame_shift=frame_shift, dither=0.0, num_ceps=num_ceps, high_freq=high_freq,
@@ -101,8 +108,8 @@ def _frame_samples(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, f
     if dither and seeds is not None:
         x = x + dither * _noise(lengths, x.shape[1], seeds, x.device)
     frames = torch.where(lengths >= window, torch.div(lengths - window, shift, rounding_mode="floor") + 1, 0)
-    if x.shape[1] < window:
-        x = torch.nn.functional.pad(x, (0, window - x.shape[1]))
+    if x.shape[1] < window:  # no row has a frame
+        return x.new_zeros(x.shape[0], 0, window), frames
     strided = x.unfold(1, window, shift)  # (B, T, window): a view, every frame its own samples
     strided = strided - strided.mean(dim=-1, keepdim=True)
     return strided, frames
@@ -147,6 +154,8 @@ def batch_fbank(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, n
     for frame; frames past a row's count are 0. ``dither`` > 0 needs ``seeds`` (one per row).
     """
     strided, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds)
+    if strided.shape[1] == 0:  # the FFT refuses empty input
+        return strided.new_zeros(strided.shape[0], 0, num_mel_bins), frames
     return _valid(_log_mel(strided, sample_rate, num_mel_bins, low_freq, high_freq), frames), frames
 
 
@@ -173,6 +182,8 @@ def batch_mfcc(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, nu
                low_freq: float = 20.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Kaldi MFCC of padded waveforms: ``(feats (B, T, num_ceps), frames (B,))`` (see :func:`batch_fbank`)."""
     strided, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds)
+    if strided.shape[1] == 0:
+        return strided.new_zeros(strided.shape[0], 0, num_ceps), frames
     ceps = torch.matmul(_log_mel(strided, sample_rate, num_mel_bins, low_freq, high_freq),
                         _dct_lifter(num_mel_bins, num_ceps, 22.0, strided.device))
     return _valid(ceps, frames), frames

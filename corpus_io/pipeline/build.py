@@ -2,7 +2,7 @@
 
     list shuffle -> partition -> open -> tar group | raw read      (corpus_io.pipeline.read)
     -> decode -> filter -> resample -> speed perturb -> features -> augmentation -> tokenize
-       (feats_on=model: ... -> speed perturb -> frame count -> filter -> tokenize; features and
+       (feats_on=model: ... -> speed perturb -> frame count -> filter -> drop empty -> tokenize; features and
        augmentation run batched on the model's device, corpus_io.train.frontend)
     -> [enter: resume bookkeeping, epoch_hours budget]
     -> shuffle buffer -> sort buffer | bucketing -> batch
@@ -111,6 +111,7 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
             samples = stages.waveform_frames(samples, frame_length=c.frame_length, frame_shift=c.frame_shift,
                                              counts=counts)
             samples = stages.filter_length(samples, min_length=f.min_length, max_length=f.max_length, counts=counts)
+            samples = stages.drop_empty(samples, counts=counts)
         else:
             samples = _features(stages, samples, conf, counts, generator)
     augment = train and conf.feats_on == "loader"  # feats_on=model: the device front end augments

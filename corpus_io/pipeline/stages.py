@@ -42,8 +42,8 @@ from corpus_io.errors import DataError
 
 __all__ = [
     "decode", "filter_length", "resample", "resample_wav", "speed_perturb", "fbank", "mfcc", "waveform_frames",
-    "raw_features", "precomputed_features", "spec_aug", "spec_sub", "spec_trim", "tokenize", "filter_tokens",
-    "shuffle", "sort", "batch", "bucket_batch", "pad", "num_frames",
+    "drop_empty", "raw_features", "precomputed_features", "spec_aug", "spec_sub", "spec_trim", "tokenize",
+    "filter_tokens", "shuffle", "sort", "batch", "bucket_batch", "pad", "num_frames",
 ]
 
 
@@ -235,18 +235,24 @@ def mfcc(samples: Iterable[dict], *, num_mel_bins: int = 40, num_ceps: int = 40,
 def waveform_frames(samples: Iterable[dict], *, frame_length: float = 25.0, frame_shift: float = 10.0,
                     counts: Counter | None = None) -> Iterator[dict]:
     """``feats_on=model``: keep ``wav`` for the device front end and set ``frames``, the number of
-    frames it will compute (what the filters and batch budgets count); an utterance shorter than one
-    window is counted as ``features.empty`` and dropped, as the fbank stage does. A waveform whose
-    samples are exactly 16-bit integers (a 16-bit source the loader did not resample or perturb)
-    travels as int16 (half the bytes); any other stays float32 in [-1, 1]."""
+    frames it will compute (what the filters and batch budgets count; :func:`drop_empty` then drops
+    those with none, as the fbank stage does). A waveform whose samples are exactly 16-bit integers
+    (a 16-bit source the loader did not resample or perturb) travels as int16 (half the bytes); any
+    other stays float32 in [-1, 1]."""
     for sample in samples:
-        frames = features.num_frames(sample["wav"].shape[1], sample["sample_rate"], frame_length, frame_shift)
-        if frames == 0:
-            _count(counts, "features.empty")
-            continue
+        sample["frames"] = features.num_frames(sample["wav"].shape[1], sample["sample_rate"], frame_length,
+                                               frame_shift)
         sample["wav"] = _int16_if_exact(sample["wav"])
-        sample["frames"] = frames
         yield sample
+
+
+def drop_empty(samples: Iterable[dict], *, counts: Counter | None = None) -> Iterator[dict]:
+    """Drop (and count as ``features.empty``) waveforms shorter than one analysis window (``frames`` 0)."""
+    for sample in samples:
+        if sample["frames"]:
+            yield sample
+        else:
+            _count(counts, "features.empty")
 
 
 def _int16_if_exact(wav: torch.Tensor) -> torch.Tensor:
