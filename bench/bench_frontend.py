@@ -1,0 +1,166 @@
+"""Features on the model's device (``dataset_conf.feats_on=model``) vs in the loader, side by side.
+
+Corpus: ``BENCH_FRONTEND_N`` (default 4000) real espeak utterances, 16 kHz 16-bit wav as WeNet's packer
+stores them (``bench.common.real_corpus``), packed like the loader bench does (1000 per shard,
+audio_format=keep; ``bench.bench_loader.prepare``) under bench/out/frontend16k.
+
+* Loader feed rate, cold cache (posix_fadvise DONTNEED on every shard before each run), 1 and 2
+  DataLoader workers, train mode (shuffle 1500, sort 500, batch 16, pad), one torch thread per worker:
+  ``feats_on=model`` (waveforms shipped, int16) vs loader-side fbank 80 vs IO only (``feats_type=raw``,
+  the same read + decode + batch without features). Ratios are of utterances per second (the same
+  utterances in every run); audio-s/s is printed from the sample counts.
+* Front end on CPU: ``corpus_io.features.batch_fbank`` on padded batches of 16 (cut from the
+  length-sorted utterances, as the sort buffer does) vs torchaudio's per-utterance Kaldi fbank
+  (``corpus_io.features.fbank``) on the same waveforms, both with ``torch.set_num_threads(T)`` for
+  T = 1 and 2, best of 3 passes. Rates in audio-seconds per second.
+* No GPU on the development machine: the front-end GPU figures of the issue are not measured here;
+  the code path is the same device-agnostic one (``FrontEnd(conf, device)``).
+
+Each run is its own process. BENCH_FRONTEND_N sets the utterances per loader run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from bench.common import OUT, drop_cache, mb, real_corpus, run_measured
+
+N = int(os.environ.get("BENCH_FRONTEND_N", 4000))
+N_COMPUTE = int(os.environ.get("BENCH_FRONTEND_N_COMPUTE", 800))  # utterances of the CPU front-end run
+PREFETCH = 16  # as bench_loader: batches per worker, above the sort buffer's bursts
+
+
+def loader_child(spec: dict) -> dict:
+    import torch
+
+    from corpus_io.config import DatasetConf
+    from corpus_io.dataset import build_dataloader
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    feats_type = "raw" if spec["mode"] == "io" else "fbank"
+    conf = DatasetConf(data_type="shard", num_workers=spec["workers"], feats_type=feats_type, batch_size=16,
+                       prefetch=PREFETCH, feats_on="model" if spec["mode"] == "model" else "loader")
+    conf.filter_conf.max_length = 10**9
+    conf.filter_conf.min_length = 0
+    loader = build_dataloader(spec["list"], conf, None, train=True, rank=0, world_size=1)
+    utts = 0
+    seconds = nbytes = 0.0
+    for batch in loader:
+        utts += len(batch["keys"])
+        if "wav" in batch:
+            seconds += float(batch["wav_lengths"].sum()) / batch["sample_rate"]
+            nbytes += batch["wav"].numel() * batch["wav"].element_size()
+        else:
+            rows = batch["feats_lengths"]
+            seconds += float(rows.sum()) * (0.01 if batch["feats"].shape[-1] > 1 else 1 / 16000)
+            nbytes += batch["feats"].numel() * batch["feats"].element_size()
+    return {"utts": utts, "seconds": seconds, "wall": time.perf_counter() - start, "bytes": nbytes}
+
+
+def compute_child(spec: dict) -> dict:
+    """batch_fbank on padded batches of 16 vs torchaudio per utterance, on the same waveforms, T threads."""
+    import torch
+
+    from corpus_io import audio, features
+    from corpus_io.shards.reader import read_shard
+
+    torch.set_num_threads(spec["threads"])
+    waves = []
+    for url in open(spec["list"]).read().split():
+        for sample in read_shard(url):
+            w, rate = audio.decode_bytes(sample["audio"])
+            waves.append(torch.from_numpy(audio.to_mono(w)).unsqueeze(0))
+            if len(waves) >= spec["n"]:
+                break
+        if len(waves) >= spec["n"]:
+            break
+    waves.sort(key=lambda w: w.shape[1])
+    batches = []
+    for i in range(0, len(waves), 16):
+        rows = waves[i:i + 16]
+        lengths = torch.tensor([w.shape[1] for w in rows])
+        batches.append((torch.nn.utils.rnn.pad_sequence([(w[0] * 32768).to(torch.int16) for w in rows],
+                                                        batch_first=True), lengths))
+    seconds = sum(w.shape[1] for w in waves) / 16000
+
+    def per_utterance() -> None:
+        for w in waves:
+            features.fbank(w, 16000, num_mel_bins=80)
+
+    def batched() -> None:
+        for wav, lengths in batches:
+            features.batch_fbank(wav, lengths, 16000, num_mel_bins=80)
+
+    best = {}
+    batched()  # constants built, allocator warm
+    for name, fn in (("per_utterance", per_utterance), ("batched", batched)):
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        best[name] = min(times)
+    return {"seconds": seconds, "utts": len(waves), **best}
+
+
+def _run(spec: dict) -> dict:
+    wall, peak, r = run_measured([sys.executable, "-m", "bench.bench_frontend", json.dumps(spec)],
+                                 cwd=Path(__file__).resolve().parent.parent)
+    if r.returncode != 0:
+        raise SystemExit(f"{spec}: {r.stderr[-3000:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["peak_rss"] = peak
+    return out
+
+
+def main() -> None:
+    from bench.bench_loader import prepare
+
+    here = OUT / f"frontend16k_{N}"
+    here.mkdir(parents=True, exist_ok=True)
+    corpus = real_corpus(N, sample_rates=(16000, 16000), formats=("wav", "wav"))
+    shards, _ = prepare(corpus, here)
+    files = [str(shards)] + shards.read_text().split()
+    print(f"16 kHz wav shards ({shards}), {N} utterances per loader run, cold cache, train mode, batch 16",
+          flush=True)
+    results: dict = {}
+    for nw in (1, 2):
+        for mode, name in (("model", "feats_on=model (waveforms)"), ("loader", "loader-side fbank 80"),
+                           ("io", "IO only (feats_type=raw)")):
+            drop_cache(files)
+            res = results[(nw, mode)] = _run({"kind": "loader", "mode": mode, "workers": nw, "list": str(shards)})
+            shipped = res["bytes"] / max(res["seconds"], 1e-9) / 1e3
+            print(f"  workers={nw} {name:<28} {res['utts'] / res['wall']:7.0f} utt/s "
+                  f"{res['seconds'] / res['wall']:7.0f} audio-s/s  {shipped:6.1f} kB per audio-s shipped  "
+                  f"peak RSS {mb(res['peak_rss'])}", flush=True)
+    print(f"CPU front end, {N_COMPUTE} utterances sorted by length, batches of 16, best of 3", flush=True)
+    compute = {}
+    for threads in (1, 2):
+        res = compute[threads] = _run({"kind": "compute", "threads": threads, "list": str(shards), "n": N_COMPUTE})
+        for name in ("per_utterance", "batched"):
+            print(f"  threads={threads} {name:<14} {res['seconds'] / res[name]:8.0f} audio-s/s", flush=True)
+
+    print("\nSummary (ratios measured above)")
+    for nw in (1, 2):
+        rate = {m: results[(nw, m)]["utts"] / results[(nw, m)]["wall"] for m in ("model", "loader", "io")}
+        print(f"  loader feed, cold, workers={nw}: feats_on=model / loader-side fbank = "
+              f"{rate['model'] / rate['loader']:.2f} (target >= 3), feats_on=model / IO only = "
+              f"{rate['model'] / rate['io']:.2f} (target >= 0.9)")
+    for threads in (1, 2):
+        res = compute[threads]
+        print(f"  CPU front end, threads={threads}: batched / torchaudio per utterance = "
+              f"{res['per_utterance'] / res['batched']:.2f} (target >= 1, not slower)")
+    print("  GPU front end and conformer_small data-wait: not measured (no GPU on this machine)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        spec = json.loads(sys.argv[1])
+        print(json.dumps(loader_child(spec) if spec["kind"] == "loader" else compute_child(spec)))
+    else:
+        main()
