@@ -144,7 +144,9 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
         batches = batching.batch(samples, batch_type=conf.batch_type, batch_size=conf.batch_size,
                                  max_batch_size=conf.max_batch_size, counts=counts)
     batches = emit(batches, state)
-    return stages.pad(batches)
+    # feats_type=raw: a "frame" is one sample, so audio_seconds counts samples / rate, not 10 ms frames
+    shift = 1.0 / conf.resample_conf.resample_rate if conf.feats_type == "raw" else 0.01
+    return stages.pad(batches, frame_shift=shift)
 
 
 def _features(stages: Any, samples: Iterator[dict], conf: DatasetConf, counts: Counter,
