@@ -82,37 +82,54 @@ def mfcc(wav: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 40, num_cep
 
 # --------------------------------------------------------------------------- batched (plain torch ops)
 
-_CONSTANTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
 
 
-def _constants(sample_rate: int, window: int, fft_size: int, num_mel_bins: int, low_freq: float, high_freq: float,
-               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The povey window (window,) and the mel matrix (fft_size // 2 + 1, num_mel_bins) on ``device``, built once."""
-    key = (sample_rate, window, fft_size, num_mel_bins, low_freq, high_freq, str(device))
-    found = _CONSTANTS.get(key)
-    if found is None:
+def _povey(window: int, device: torch.device) -> torch.Tensor:
+    """Kaldi's povey window (hann, not periodic, to the power 0.85): (window,) on ``device``, built once."""
+    key = ("povey", window, str(device))
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.hann_window(window, periodic=False, dtype=torch.float32).pow(0.85).to(device)
+    return _CONSTANTS[key]
+
+
+def _mel(sample_rate: int, fft_size: int, num_mel_bins: int, low_freq: float, high_freq: float,
+         device: torch.device) -> torch.Tensor:
+    """Kaldi's mel matrix (fft_size // 2 + 1, num_mel_bins) on ``device``, built once (the Nyquist bin weighs 0)."""
+    key = ("mel", sample_rate, fft_size, num_mel_bins, low_freq, high_freq, str(device))
+    if key not in _CONSTANTS:
         from torchaudio.compliance.kaldi import get_mel_banks
 
-        povey = torch.hann_window(window, periodic=False, dtype=torch.float32).pow(0.85)
         banks, _ = get_mel_banks(num_mel_bins, fft_size, float(sample_rate), low_freq, high_freq, 100.0, -500.0, 1.0)
-        mel = torch.nn.functional.pad(banks.float(), (0, 1)).T.contiguous()  # Nyquist bin weighs 0, as in Kaldi
-        found = _CONSTANTS[key] = (povey.to(device), mel.to(device))
-    return found
+        _CONSTANTS[key] = torch.nn.functional.pad(banks.float(), (0, 1)).T.contiguous().to(device)
+    return _CONSTANTS[key]
 
 
 def _frame_samples(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, frame_length: float,
                    frame_shift: float, dither: float, seeds: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Frames ``(B, T, window)`` at int16 scale (dithered, DC removed) and valid frames per row ``(B,)``."""
-    window, shift, _ = window_geometry(sample_rate, frame_length, frame_shift)
+    """Windowed frames ``(B, T, fft_size)`` (int16 scale, dithered, DC removed, pre-emphasised, povey
+    window, zero padded to the FFT size) and the valid frames per row ``(B,)``.
+
+    Kaldi's order, frame by frame: s = x - mean(x), y[j] = s[j] - 0.97 s[j - 1], y[0] = 0.03 s[0],
+    then the window; the results are written straight into the zero-padded FFT input (no
+    concatenated or padded copies). Every frame is computed from its own samples only.
+    """
+    window, shift, fft_size = window_geometry(sample_rate, frame_length, frame_shift)
     x = wav.float() if wav.dtype == torch.int16 else wav.float() * INT16_SCALE
     if dither and seeds is not None:
         x = x + dither * _noise(lengths, x.shape[1], seeds, x.device)
     frames = torch.where(lengths >= window, torch.div(lengths - window, shift, rounding_mode="floor") + 1, 0)
     if x.shape[1] < window:  # no row has a frame
-        return x.new_zeros(x.shape[0], 0, window), frames
-    strided = x.unfold(1, window, shift)  # (B, T, window): a view, every frame its own samples
-    strided = strided - strided.mean(dim=-1, keepdim=True)
-    return strided, frames
+        return x.new_zeros(x.shape[0], 0, fft_size), frames
+    raw = x.unfold(1, window, shift)  # (B, T, window): a view, every frame its own samples
+    centred = raw - raw.mean(dim=-1, keepdim=True)
+    out = x.new_zeros(raw.shape[0], raw.shape[1], fft_size)
+    framed = out[..., :window]
+    # written as torchaudio rounds it (no fused multiply-add): low-energy mel bins are ill-conditioned
+    framed[..., 1:] = centred[..., 1:] - PREEMPHASIS * centred[..., :-1]
+    framed[..., 0] = centred[..., 0] - PREEMPHASIS * centred[..., 0]
+    framed.mul_(_povey(window, x.device))
+    return out, frames
 
 
 def _noise(lengths: torch.Tensor, width: int, seeds: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -125,22 +142,19 @@ def _noise(lengths: torch.Tensor, width: int, seeds: Sequence[int], device: torc
     return noise
 
 
-def _log_mel(strided: torch.Tensor, sample_rate: int, num_mel_bins: int, low_freq: float,
+def _log_mel(framed: torch.Tensor, sample_rate: int, num_mel_bins: int, low_freq: float,
              high_freq: float) -> torch.Tensor:
-    window = strided.shape[-1]
-    fft_size = 1 if window == 0 else 2 ** (window - 1).bit_length()
-    povey, mel = _constants(sample_rate, window, fft_size, num_mel_bins, low_freq, high_freq, strided.device)
-    # pre-emphasis with the first sample repeated (x[j] - 0.97 x[max(0, j - 1)]), then the window
-    previous = torch.cat([strided[..., :1], strided[..., :-1]], dim=-1)
-    spectrum = torch.fft.rfft((strided - PREEMPHASIS * previous) * povey, n=fft_size)
+    """log(max(mel energies, eps)) of windowed frames ``(B, T, fft_size)``: ``(B, T, num_mel_bins)``."""
+    mel = _mel(sample_rate, framed.shape[-1], num_mel_bins, low_freq, high_freq, framed.device)
+    spectrum = torch.fft.rfft(framed)
     power = spectrum.real.square() + spectrum.imag.square()
-    return torch.matmul(power, mel).clamp_min(EPSILON).log()
+    return torch.matmul(power, mel).clamp_min_(EPSILON).log_()
 
 
 def _valid(feats: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
     """Zero every frame at or past its row's length (padding carries no values)."""
-    mask = torch.arange(feats.shape[1], device=feats.device)[None, :] < frames[:, None]
-    return feats * mask.unsqueeze(-1)
+    past = torch.arange(feats.shape[1], device=feats.device)[None, :] >= frames[:, None]
+    return feats.masked_fill_(past.unsqueeze(-1), 0.0)
 
 
 def batch_fbank(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 80,
@@ -159,21 +173,24 @@ def batch_fbank(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, n
     return _valid(_log_mel(strided, sample_rate, num_mel_bins, low_freq, high_freq), frames), frames
 
 
-_DCT: dict[tuple, torch.Tensor] = {}
+def _dct(num_mel_bins: int, num_ceps: int, device: torch.device) -> torch.Tensor:
+    """Kaldi's DCT (num_mel_bins, num_ceps): orthonormal, C0 weighted sqrt(1/num_mel_bins), built once."""
+    key = ("dct", num_mel_bins, num_ceps, str(device))
+    if key not in _CONSTANTS:
+        from torchaudio.functional import create_dct
 
-
-def _dct_lifter(num_mel_bins: int, num_ceps: int, lifter: float, device: torch.device) -> torch.Tensor:
-    """Kaldi's DCT (orthonormal, C0 weighted sqrt(1/num_mel_bins)) times the lifter: (num_mel_bins, num_ceps)."""
-    key = (num_mel_bins, num_ceps, lifter, str(device))
-    if key not in _DCT:
-        n = torch.arange(num_mel_bins, dtype=torch.float64)
-        k = torch.arange(num_ceps, dtype=torch.float64)
-        dct = torch.cos(math.pi / num_mel_bins * (n[:, None] + 0.5) * k[None, :]) * math.sqrt(2.0 / num_mel_bins)
+        dct = create_dct(num_mel_bins, num_mel_bins, "ortho")
         dct[:, 0] = math.sqrt(1.0 / num_mel_bins)
-        if lifter:
-            dct = dct * (1.0 + 0.5 * lifter * torch.sin(math.pi * k / lifter))[None, :]
-        _DCT[key] = dct.float().to(device)
-    return _DCT[key]
+        _CONSTANTS[key] = dct[:, :num_ceps].contiguous().to(device)
+    return _CONSTANTS[key]
+
+
+def _lifter(num_ceps: int, lifter: float, device: torch.device) -> torch.Tensor:
+    key = ("lifter", num_ceps, lifter, str(device))
+    if key not in _CONSTANTS:
+        i = torch.arange(num_ceps)
+        _CONSTANTS[key] = (1.0 + 0.5 * lifter * torch.sin(math.pi * i / lifter)).float().to(device)
+    return _CONSTANTS[key]
 
 
 def batch_mfcc(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 40,
@@ -185,5 +202,5 @@ def batch_mfcc(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, nu
     if strided.shape[1] == 0:
         return strided.new_zeros(strided.shape[0], 0, num_ceps), frames
     ceps = torch.matmul(_log_mel(strided, sample_rate, num_mel_bins, low_freq, high_freq),
-                        _dct_lifter(num_mel_bins, num_ceps, 22.0, strided.device))
+                        _dct(num_mel_bins, num_ceps, strided.device)) * _lifter(num_ceps, 22.0, strided.device)
     return _valid(ceps, frames), frames
