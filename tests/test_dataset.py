@@ -224,3 +224,12 @@ def test_without_workers_the_loader_leaves_the_callers_torch_threads_alone(shard
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_raw_waveform_batches_count_audio_seconds_from_samples(shards):
+    data_list, _, _ = shards
+    loader = build_dataloader(str(data_list), small_conf(num_workers=0, feats_type="raw"), None, train=False, rank=0,
+                              world_size=1)
+    batch = next(iter(loader))
+    assert batch["feats"].shape[-1] == 1
+    assert batch["audio_seconds"] == pytest.approx(float(batch["feats_lengths"].sum()) / 16000)
