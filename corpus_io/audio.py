@@ -187,6 +187,17 @@ def flac_streaminfo(data: bytes) -> tuple[int, int, int] | None:
     return (rate, channels, total) if rate and total else None
 
 
+def is_pcm16(data: bytes | memoryview) -> bool:
+    """Is this a 16-bit integer PCM WAV or a 16-bit FLAC (from its header)? Decoded to float32, such
+    samples are exactly k / 32768 (STREAMINFO: 5 bits of bits-per-sample - 1 at bit 36 of bytes 18..25)."""
+    wav = wav_layout(data[:HEAD_BYTES], len(data))
+    if wav is not None:
+        return wav.bits == 16 and not wav.is_float
+    if bytes(data[:4]) == b"fLaC" and len(data) >= 42 and data[4] & 0x7F == 0:
+        return ((int.from_bytes(data[18:26], "big") >> 36) & 0x1F) + 1 == 16
+    return False
+
+
 def header_info(head: bytes, total_size: int) -> AudioInfo | None:
     """AudioInfo of a WAV or FLAC from its first bytes and the file size; None: ask soundfile."""
     wav = wav_layout(head, total_size)

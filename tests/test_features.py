@@ -7,6 +7,7 @@ frames, so the batch holds utterances of 40+ different lengths.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import numpy as np
@@ -132,3 +133,11 @@ def test_waveform_frames_ships_16_bit_sources_as_int16_and_resampled_ones_as_flo
     assert torch.equal(mixed["wav"][0, :len(wave)] * 32768, torch.from_numpy(wave).float())
     assert mixed["audio_seconds"] == pytest.approx((len(wave) + resampled["wav"].shape[1]) / 16000)
     assert pad([sample])["wav"].dtype == torch.int16
+    raw = [{"key": "c", "audio": (FIXTURE / "wav" / "spk1-utt001.flac").read_bytes()}]  # 16 kHz 16-bit flac
+    (flac,) = stages.waveform_frames(stages.resample(stages.decode(raw), resample_rate=16000))
+    wave, _ = sf.read(FIXTURE / "wav" / "spk1-utt001.flac", dtype="int16")
+    assert flac["wav"].dtype == torch.int16 and np.array_equal(flac["wav"][0].numpy(), wave)
+    raw = [{"key": "d", "audio": (FIXTURE / "wav" / "spk1-utt001.flac").read_bytes()}]
+    perturbed = stages.speed_perturb(stages.decode(raw), speeds=[1.1], rng=random.Random(0))
+    (fast,) = stages.waveform_frames(perturbed)
+    assert fast["wav"].dtype == torch.float32

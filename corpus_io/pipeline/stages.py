@@ -98,9 +98,11 @@ def decode(samples: Iterable[dict], *, on_error: str = "fail", counts: Counter |
     """
     hint = "Re-pack or remove this utterance, or set dataset_conf.on_error=skip to skip and count such members."
     for sample, (rate, wave) in _guarded(samples, _decode_one, on_error, counts, "decode", hint):
-        sample.pop("audio", None)
+        data = sample.pop("audio", None)
         sample["wav"] = torch.from_numpy(np.ascontiguousarray(audio.to_mono(wave), dtype=np.float32)).unsqueeze(0)
         sample["sample_rate"] = rate
+        # the samples are exactly k / 32768 (mono 16-bit source): waveform_frames ships them as int16
+        sample["pcm16"] = wave.ndim == 1 and audio.is_pcm16(data)
         yield sample
 
 
@@ -175,6 +177,7 @@ def resample(samples: Iterable[dict], *, resample_rate: int = 16000, counts: Cou
         if rate != resample_rate:
             sample["wav"] = audio.resample_wav(sample["wav"], rate, resample_rate)
             sample["sample_rate"] = resample_rate
+            sample["pcm16"] = False
         yield sample
 
 
@@ -191,6 +194,7 @@ def speed_perturb(samples: Iterable[dict], *, speeds: Sequence[float] = (0.9, 1.
         if speed != 1.0:
             rate = sample["sample_rate"]
             sample["wav"] = audio.resample_wav(sample["wav"], int(round(rate * speed)), rate)
+            sample["pcm16"] = False
         yield sample
 
 
@@ -236,13 +240,15 @@ def waveform_frames(samples: Iterable[dict], *, frame_length: float = 25.0, fram
                     counts: Counter | None = None) -> Iterator[dict]:
     """``feats_on=model``: keep ``wav`` for the device front end and set ``frames``, the number of
     frames it will compute (what the filters and batch budgets count; :func:`drop_empty` then drops
-    those with none, as the fbank stage does). A waveform whose samples are exactly 16-bit integers
-    (a 16-bit source the loader did not resample or perturb) travels as int16 (half the bytes); any
-    other stays float32 in [-1, 1]."""
+    those with none, as the fbank stage does). A waveform still holding a 16-bit source's samples
+    (``pcm16``: mono 16-bit PCM, not resampled or perturbed) travels as int16, half the bytes, exactly;
+    any other stays float32 in [-1, 1]."""
     for sample in samples:
         sample["frames"] = features.num_frames(sample["wav"].shape[1], sample["sample_rate"], frame_length,
                                                frame_shift)
-        sample["wav"] = _int16_if_exact(sample["wav"])
+        if sample.pop("pcm16", False):  # k / 32768 exactly: the int16 conversion loses nothing
+            scaled = sample["wav"].numpy() * np.float32(features.INT16_SCALE)
+            sample["wav"] = torch.from_numpy(scaled.astype(np.int16))
         yield sample
 
 
@@ -253,14 +259,6 @@ def drop_empty(samples: Iterable[dict], *, counts: Counter | None = None) -> Ite
             yield sample
         else:
             _count(counts, "features.empty")
-
-
-def _int16_if_exact(wav: torch.Tensor) -> torch.Tensor:
-    scaled = wav * features.INT16_SCALE
-    if scaled.numel() and torch.equal(scaled, scaled.round()) and float(scaled.min()) >= -32768 \
-            and float(scaled.max()) <= 32767:
-        return scaled.to(torch.int16)
-    return wav
 
 
 def raw_features(samples: Iterable[dict], *, counts: Counter | None = None) -> Iterator[dict]:
