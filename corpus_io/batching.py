@@ -1,7 +1,8 @@
 """Batch budgets, duration bucketing and padding.
 
 Units. ``source_len`` is the number of feature frames of an utterance (``feats.shape[0]``,
-10 ms frames for fbank/mfcc); ``target_len`` is its number of tokens (``len(tokens)``).
+10 ms frames for fbank/mfcc; for a waveform sample of ``feats_on=model``, ``frames``: what the
+device front end will compute); ``target_len`` is its number of tokens (``len(tokens)``).
 
 ``batch_type`` (FunASR names, WeNet semantics):
 
