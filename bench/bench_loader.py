@@ -9,7 +9,7 @@ corpus-io shard mode: ``wds.WebDataset(urls).shuffle(1500).decode(soundfile hand
 
 * IO only: read + decode (+ resample to 16 kHz where needed), batch of 16, padded.
 * End to end: decode + fbank 80 + shuffle + sort + batch + pad (WebDataset: shuffle, no sort).
-* fbank-only limit: the same fbank function (corpus_io.pipeline.stages.fbank_features) on 16 kHz
+* fbank-only limit: the same fbank function (corpus_io.features.fbank) on 16 kHz
   waveforms already in memory, in the same number of processes (forked, so no copy is timed).
 * Every DataLoader (corpus-io shard and raw, WebDataset) prefetches ``BENCH_LOADER_PREFETCH`` (16)
   batches per worker (see PREFETCH below).
@@ -170,7 +170,8 @@ def _fast_audio(data: bytes):
 
 
 def _features(sample: dict, feats: bool) -> dict:
-    from corpus_io.pipeline.stages import fbank_features, resample_wav
+    from corpus_io.audio import resample_wav
+    from corpus_io.features import fbank as fbank_features
 
     wav, rate = sample["wav"] if "wav" in sample else sample["flac"]
     wav = resample_wav(wav, rate, 16000)
@@ -209,7 +210,7 @@ _WAVES: list = []
 def _fbank_share(share: tuple[int, int]) -> tuple[int, float]:
     import torch
 
-    from corpus_io.pipeline.stages import fbank_features
+    from corpus_io.features import fbank as fbank_features
 
     torch.set_num_threads(1)
     frames = 0
@@ -231,7 +232,7 @@ def fbank_limit(spec: dict) -> dict:
     import torch
 
     from corpus_io import audio
-    from corpus_io.pipeline.stages import resample_wav
+    from corpus_io.audio import resample_wav
     from corpus_io.shards.reader import read_shard
 
     for url in open(spec["list"]).read().split():

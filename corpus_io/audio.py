@@ -194,6 +194,17 @@ def flac_streaminfo(data: bytes) -> tuple[int, int, int] | None:
     return (rate, channels, total) if rate and total else None
 
 
+def is_pcm16(data: bytes | memoryview) -> bool:
+    """Is this a 16-bit integer PCM WAV or a 16-bit FLAC (from its header)? Decoded to float32, such
+    samples are exactly k / 32768 (STREAMINFO: 5 bits of bits-per-sample - 1 at bit 36 of bytes 18..25)."""
+    wav = wav_layout(data[:HEAD_BYTES], len(data))
+    if wav is not None:
+        return wav.bits == 16 and not wav.is_float
+    if bytes(data[:4]) == b"fLaC" and len(data) >= 42 and data[4] & 0x7F == 0:
+        return ((int.from_bytes(data[18:26], "big") >> 36) & 0x1F) + 1 == 16
+    return False
+
+
 def header_info(head: bytes, total_size: int) -> AudioInfo | None:
     """AudioInfo of a WAV or FLAC from its first bytes and the file size; None: ask soundfile."""
     wav = wav_layout(head, total_size)
@@ -250,6 +261,24 @@ def encode(wave: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, wave, sample_rate, format=fmt.upper(), subtype="PCM_16")
     return buf.getvalue()
+
+
+_RESAMPLERS: dict[tuple, Any] = {}
+
+
+def resample_wav(wav: Any, orig_rate: int, new_rate: int) -> Any:
+    """``torchaudio.functional.resample(wav, orig_rate, new_rate)`` of a torch tensor with its default
+    arguments, the sinc kernel built once per (orig, new) rate pair in this process
+    (torchaudio.transforms.Resample keeps it) instead of on every call; the output is the same."""
+    if orig_rate == new_rate:
+        return wav
+    key = (int(orig_rate), int(new_rate), wav.dtype)
+    fn = _RESAMPLERS.get(key)
+    if fn is None:
+        import torchaudio.transforms as T
+
+        fn = _RESAMPLERS[key] = T.Resample(key[0], key[1], dtype=wav.dtype)  # the kernel in the wave's dtype
+    return fn(wav)
 
 
 def resample(wave: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:

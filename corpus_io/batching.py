@@ -1,7 +1,8 @@
 """Batch budgets, duration bucketing and padding.
 
 Units. ``source_len`` is the number of feature frames of an utterance (``feats.shape[0]``,
-10 ms frames for fbank/mfcc); ``target_len`` is its number of tokens (``len(tokens)``).
+10 ms frames for fbank/mfcc; for a waveform sample of ``feats_on=model``, ``frames``: what the
+device front end will compute); ``target_len`` is its number of tokens (``len(tokens)``).
 
 ``batch_type`` (FunASR names, WeNet semantics):
 
@@ -28,8 +29,10 @@ Lengths = Callable[[dict], "tuple[int, int]"]
 
 
 def sample_lengths(sample: dict) -> tuple[int, int]:
-    """``(source_len, target_len)``: feature frames and tokens of a sample dict."""
-    return int(sample["feats"].shape[0]), len(sample.get("tokens", ()))
+    """``(source_len, target_len)``: feature frames (``frames``, the device front end's count, for a
+    waveform sample; else ``feats.shape[0]``) and tokens of a sample dict."""
+    frames = sample["frames"] if "frames" in sample else sample["feats"].shape[0]
+    return int(frames), len(sample.get("tokens", ()))
 
 
 class Budget:
@@ -190,33 +193,48 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
     (B, U) int64 padded with -1; ``target_lengths`` (B,); ``audio_seconds`` = sum of
     ``feats_lengths`` * ``frame_shift`` (seconds per frame); ``padding_ratio`` = padding
     frames / (B * T). Batch order is kept.
+
+    Waveform samples (``wav`` + ``frames``, feats_on=model) give ``wav`` (B, N) zero padded (int16
+    when every row is int16, else float32 in [-1, 1]), ``wav_lengths`` (B,) samples, ``sample_rate``
+    (Hz), ``feats_lengths`` = the frames the front end will compute, and ``audio_seconds`` from the
+    samples; no ``feats``.
     """
     import torch
 
     if not samples:
         raise ValueError("pad() needs at least one sample")
-    feats = [s["feats"] for s in samples]
-    tokens = [s.get("tokens") or [] for s in samples]
-    shared = _shared_batch(feats, tokens)
-    if shared is not None:
-        padded, feats_lengths, target, target_lengths = shared
+    waveform = "feats" not in samples[0]
+    if waveform:
+        rows = [s["wav"].reshape(-1) for s in samples]
+        if len({r.dtype for r in rows}) > 1:  # int16 rows join float rows at their [-1, 1] scale
+            rows = [r.float() / 32768.0 if r.dtype == torch.int16 else r for r in rows]
     else:
-        feats_lengths = torch.tensor([f.shape[0] for f in feats], dtype=torch.int64)
-        padded = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True, padding_value=0.0)
+        rows = [s["feats"] for s in samples]
+    tokens = [s.get("tokens") or [] for s in samples]
+    shared = _shared_batch(rows, tokens)
+    if shared is not None:
+        padded, row_lengths, target, target_lengths = shared
+    else:
+        row_lengths = torch.tensor([f.shape[0] for f in rows], dtype=torch.int64)
+        padded = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0.0)
         target_lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int64)
         target = torch.full((len(samples), int(target_lengths.max())), -1, dtype=torch.int64)
         for i, t in enumerate(tokens):
             if t:
                 target[i, :len(t)] = torch.as_tensor(t, dtype=torch.int64)
-    return {
-        "keys": [s["key"] for s in samples],
-        "feats": padded,
-        "feats_lengths": feats_lengths,
-        "target": target,
-        "target_lengths": target_lengths,
-        "audio_seconds": float(feats_lengths.sum()) * frame_shift,
-        "padding_ratio": padding_ratio(feats_lengths.tolist()),
-    }
+    batch: dict = {"keys": [s["key"] for s in samples]}
+    if waveform:
+        rate = int(samples[0]["sample_rate"])
+        feats_lengths = torch.tensor([int(s["frames"]) for s in samples], dtype=torch.int64)
+        batch.update(wav=padded, wav_lengths=row_lengths, sample_rate=rate, feats_lengths=feats_lengths)
+        seconds = float(row_lengths.sum()) / rate
+    else:
+        feats_lengths = row_lengths
+        batch.update(feats=padded, feats_lengths=feats_lengths)
+        seconds = float(feats_lengths.sum()) * frame_shift
+    batch.update(target=target, target_lengths=target_lengths, audio_seconds=seconds,
+                 padding_ratio=padding_ratio(feats_lengths.tolist()))
+    return batch
 
 
 def _shared_batch(feats: list, tokens: list) -> tuple | None:

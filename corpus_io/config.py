@@ -144,6 +144,9 @@ class DatasetConf:
     speed_perturb_conf: SpeedPerturbConf = opt(factory=SpeedPerturbConf)
     feats_type: str = opt("fbank", "features computed by the loader",
                           choices=("fbank", "mfcc", "raw", "precomputed"))
+    feats_on: str = opt("loader", "where fbank/mfcc and spec_aug/sub/trim run: loader (DataLoader workers, per "
+                                  "utterance), or model (the loader ships padded waveforms; train/cv/decode compute "
+                                  "them batched on the model's device)", choices=("loader", "model"))
     fbank_conf: FbankConf = opt(factory=FbankConf)
     mfcc_conf: MfccConf = opt(factory=MfccConf)
     spec_aug: bool = opt(False, "SpecAugment masks (train only)")

@@ -258,6 +258,10 @@ def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer
                           f"per batch for batch_type={dataset_conf.batch_type}), e.g. ++dataset_conf.batch_size=16.")
     if dataset_conf.epoch_hours is not None and dataset_conf.epoch_hours <= 0:
         raise ConfigError(f"dataset_conf.epoch_hours is {dataset_conf.epoch_hours}; it must be > 0 (or null).")
+    if dataset_conf.feats_on == "model" and dataset_conf.feats_type not in ("fbank", "mfcc"):
+        raise ConfigError(f"dataset_conf.feats_on=model computes fbank or mfcc on the model's device, but "
+                          f"dataset_conf.feats_type={dataset_conf.feats_type}. Use ++dataset_conf.feats_type=fbank "
+                          f"(or mfcc), or ++dataset_conf.feats_on=loader.")
     sources = open_sources(data_list, dataset_conf)
     raw = [s for s in sources if s.data_type == "raw"]
     if dataset_conf.fields and raw:

@@ -134,3 +134,14 @@ def test_header_probe_falls_back_to_soundfile_for_other_formats(tmp_path):
     assert audio.header_info(ogg.read_bytes(), ogg.stat().st_size) is None
     info = audio.probe(str(ogg))
     assert info.sample_rate == 22050 and info.format == "ogg"
+
+
+def test_is_pcm16_knows_16_bit_wav_and_flac_from_their_headers(fixture_corpus, tmp_path):
+    wav = (fixture_corpus / "wav" / "spk0-utt000.wav").read_bytes()
+    flac = (fixture_corpus / "wav" / "spk1-utt001.flac").read_bytes()
+    assert audio.is_pcm16(wav) and audio.is_pcm16(flac)
+    wave, rate = sf.read(fixture_corpus / "wav" / "spk0-utt000.wav", dtype="float32")
+    for fmt, subtype in (("WAV", "FLOAT"), ("WAV", "PCM_24"), ("FLAC", "PCM_24")):
+        sf.write(tmp_path / "x", wave, rate, format=fmt, subtype=subtype)
+        assert not audio.is_pcm16((tmp_path / "x").read_bytes()), (fmt, subtype)
+    assert not audio.is_pcm16(b"RIFF....not audio")

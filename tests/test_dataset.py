@@ -350,3 +350,12 @@ def test_weighted_sources_without_epoch_hours_give_shares_by_weight_every_epoch(
         assert sorted(k for k in got if k in set(keys_a)) == sorted(keys_a)  # a: read once per epoch
     # b continues where it stopped: 3 epochs x 16 = each of its 48 utterances once
     assert sorted(k for got in epochs for k in got if k in set(keys_b)) == sorted(keys_b)
+
+
+def test_raw_waveform_batches_count_audio_seconds_from_samples(shards):
+    data_list, _, _ = shards
+    loader = build_dataloader(str(data_list), small_conf(num_workers=0, feats_type="raw"), None, train=False, rank=0,
+                              world_size=1)
+    batch = next(iter(loader))
+    assert batch["feats"].shape[-1] == 1
+    assert batch["audio_seconds"] == pytest.approx(float(batch["feats_lengths"].sum()) / 16000)

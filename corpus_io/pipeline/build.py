@@ -2,6 +2,8 @@
 
     list shuffle -> partition -> open -> tar group | raw read      (corpus_io.pipeline.read)
     -> decode -> filter -> resample -> speed perturb -> features -> augmentation -> tokenize
+       (feats_on=model: ... -> speed perturb -> frame count -> filter -> drop empty -> tokenize; features and
+       augmentation run batched on the model's device, corpus_io.train.frontend)
     -> [enter: resume bookkeeping, epoch_hours budget]
     -> shuffle buffer -> sort buffer | bucketing -> batch
     -> [emit: resume bookkeeping] -> pad
@@ -120,19 +122,29 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
         samples = stages.filter_length(samples, min_length=f.min_length, max_length=f.max_length, counts=counts)
     else:
         samples = stages.decode(samples, on_error=conf.on_error, counts=counts)
-        samples = stages.filter_length(samples, min_length=f.min_length, max_length=f.max_length, counts=counts)
+        on_model = conf.feats_on == "model"
+        if not on_model:
+            samples = stages.filter_length(samples, min_length=f.min_length, max_length=f.max_length, counts=counts)
         samples = stages.resample(samples, resample_rate=conf.resample_conf.resample_rate, counts=counts)
         if train and conf.speed_perturb:
             samples = stages.speed_perturb(samples, speeds=conf.speed_perturb_conf.speeds, rng=rng, counts=counts)
-        samples = _features(stages, samples, conf, counts, generator)
-    if train and conf.spec_aug:
+        if on_model:  # waveforms to the device front end; the length filter counts its exact frames
+            c = conf.fbank_conf if conf.feats_type == "fbank" else conf.mfcc_conf
+            samples = stages.waveform_frames(samples, frame_length=c.frame_length, frame_shift=c.frame_shift,
+                                             counts=counts)
+            samples = stages.filter_length(samples, min_length=f.min_length, max_length=f.max_length, counts=counts)
+            samples = stages.drop_empty(samples, counts=counts)
+        else:
+            samples = _features(stages, samples, conf, counts, generator)
+    augment = train and conf.feats_on == "loader"  # feats_on=model: the device front end augments
+    if augment and conf.spec_aug:
         a = conf.spec_aug_conf
         samples = stages.spec_aug(samples, num_t_mask=a.num_t_mask, num_f_mask=a.num_f_mask, max_t=a.max_t,
                                   max_f=a.max_f, rng=rng, counts=counts)
-    if train and conf.spec_sub:
+    if augment and conf.spec_sub:
         samples = stages.spec_sub(samples, max_t=conf.spec_sub_conf.max_t, num_t_sub=conf.spec_sub_conf.num_t_sub,
                                   rng=rng, counts=counts)
-    if train and conf.spec_trim:
+    if augment and conf.spec_trim:
         samples = stages.spec_trim(samples, max_t=conf.spec_trim_conf.max_t, rng=rng, counts=counts)
     if tokenizer is not None:
         samples = stages.tokenize(samples, tokenizer=tokenizer, counts=counts)
@@ -154,7 +166,9 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
         batches = batching.batch(samples, batch_type=conf.batch_type, batch_size=conf.batch_size,
                                  max_batch_size=conf.max_batch_size, counts=counts)
     batches = emit(batches, state)
-    return stages.pad(batches)
+    # feats_type=raw: a "frame" is one sample, so audio_seconds counts samples / rate, not 10 ms frames
+    shift = 1.0 / conf.resample_conf.resample_rate if conf.feats_type == "raw" else 0.01
+    return stages.pad(batches, frame_shift=shift)
 
 
 def _features(stages: Any, samples: Iterator[dict], conf: DatasetConf, counts: Counter,

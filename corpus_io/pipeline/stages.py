@@ -34,15 +34,16 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from corpus_io import audio
+from corpus_io import audio, augment, features
+from corpus_io.audio import resample_wav
 from corpus_io.batching import batch, bucket_batch, sample_lengths
 from corpus_io.batching import pad as pad_batch
 from corpus_io.errors import DataError
 
 __all__ = [
-    "decode", "filter_length", "resample", "resample_wav", "speed_perturb", "fbank", "fbank_features", "mfcc",
-    "raw_features", "precomputed_features", "spec_aug", "spec_sub", "spec_trim", "tokenize", "filter_tokens",
-    "shuffle", "sort", "batch", "bucket_batch", "pad", "num_frames",
+    "decode", "filter_length", "resample", "resample_wav", "speed_perturb", "fbank", "mfcc", "waveform_frames",
+    "drop_empty", "raw_features", "precomputed_features", "spec_aug", "spec_sub", "spec_trim", "tokenize",
+    "filter_tokens", "shuffle", "sort", "batch", "bucket_batch", "pad", "num_frames",
 ]
 
 
@@ -75,7 +76,10 @@ def _guarded(samples: Iterable[dict], fn: Any, on_error: str, counts: Counter | 
 
 
 def num_frames(sample: dict) -> float:
-    """Length in 10 ms frames: from ``wav`` (num_samples / sample_rate * 100) or from ``feats``."""
+    """Length in 10 ms frames: the front end's count (``frames``, feats_on=model), else from ``wav``
+    (num_samples / sample_rate * 100) or from ``feats``."""
+    if "frames" in sample:
+        return float(sample["frames"])
     if "wav" in sample:
         return sample["wav"].shape[1] / sample["sample_rate"] * 100
     return float(sample["feats"].shape[0])
@@ -94,9 +98,11 @@ def decode(samples: Iterable[dict], *, on_error: str = "fail", counts: Counter |
     """
     hint = "Re-pack or remove this utterance, or set dataset_conf.on_error=skip to skip and count such members."
     for sample, (rate, wave) in _guarded(samples, _decode_one, on_error, counts, "decode", hint):
-        sample.pop("audio", None)
+        data = sample.pop("audio", None)
         sample["wav"] = torch.from_numpy(np.ascontiguousarray(audio.to_mono(wave), dtype=np.float32)).unsqueeze(0)
         sample["sample_rate"] = rate
+        # the samples are exactly k / 32768 (mono 16-bit source): waveform_frames ships them as int16
+        sample["pcm16"] = wave.ndim == 1 and audio.is_pcm16(data)
         yield sample
 
 
@@ -164,31 +170,14 @@ def filter_tokens(samples: Iterable[dict], *, token_max_length: int = 200, token
 # --------------------------------------------------------------------------- waveform
 
 
-_RESAMPLERS: dict[tuple[int, int, torch.dtype], Any] = {}
-
-
-def resample_wav(wav: torch.Tensor, orig_rate: int, new_rate: int) -> torch.Tensor:
-    """``torchaudio.functional.resample(wav, orig_rate, new_rate)`` with its default arguments, the sinc
-    kernel built once per (orig, new) rate pair in this process (torchaudio.transforms.Resample keeps it)
-    instead of on every call; the output is the same."""
-    if orig_rate == new_rate:
-        return wav
-    key = (int(orig_rate), int(new_rate), wav.dtype)
-    fn = _RESAMPLERS.get(key)
-    if fn is None:
-        import torchaudio.transforms as T
-
-        fn = _RESAMPLERS[key] = T.Resample(key[0], key[1], dtype=wav.dtype)  # the kernel in the wave's dtype
-    return fn(wav)
-
-
 def resample(samples: Iterable[dict], *, resample_rate: int = 16000, counts: Counter | None = None) -> Iterator[dict]:
     """Resample ``wav`` to ``resample_rate`` Hz (torchaudio sinc); length becomes ceil(n * new / old)."""
     for sample in samples:
         rate = sample["sample_rate"]
         if rate != resample_rate:
-            sample["wav"] = resample_wav(sample["wav"], rate, resample_rate)
+            sample["wav"] = audio.resample_wav(sample["wav"], rate, resample_rate)
             sample["sample_rate"] = resample_rate
+            sample["pcm16"] = False
         yield sample
 
 
@@ -204,19 +193,12 @@ def speed_perturb(samples: Iterable[dict], *, speeds: Sequence[float] = (0.9, 1.
         speed = rng.choice(speeds)
         if speed != 1.0:
             rate = sample["sample_rate"]
-            sample["wav"] = resample_wav(sample["wav"], int(round(rate * speed)), rate)
+            sample["wav"] = audio.resample_wav(sample["wav"], int(round(rate * speed)), rate)
+            sample["pcm16"] = False
         yield sample
 
 
 # --------------------------------------------------------------------------- features
-
-
-def _dithered(wav: torch.Tensor, dither: float, generator: torch.Generator | None) -> torch.Tensor:
-    """WeNet's int16 scale; dither (if any) drawn from ``generator`` on the samples, so it is seeded."""
-    wav = wav * (1 << 15)
-    if dither:
-        wav = wav + dither * torch.randn(wav.shape, generator=generator)
-    return wav
 
 
 def _with_feats(samples: Iterable[dict], compute: Any, counts: Counter | None) -> Iterator[dict]:
@@ -230,26 +212,14 @@ def _with_feats(samples: Iterable[dict], compute: Any, counts: Counter | None) -
         yield sample
 
 
-def fbank_features(wav: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 80, frame_length: float = 25.0,
-                   frame_shift: float = 10.0, dither: float = 0.0,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
-    """Kaldi fbank of one (1, num_samples) waveform in [-1, 1], as WeNet computes it (int16 scale,
-    torchaudio.compliance.kaldi, energy_floor 0). The fbank stage calls this; so do the benches."""
-    from torchaudio.compliance import kaldi
-
-    return kaldi.fbank(_dithered(wav, dither, generator), num_mel_bins=num_mel_bins, frame_length=frame_length,
-                       frame_shift=frame_shift, dither=0.0, energy_floor=0.0, sample_frequency=sample_rate)
-
-
 def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: float = 25.0, frame_shift: float = 10.0,
           dither: float = 0.0, generator: torch.Generator | None = None,
           counts: Counter | None = None) -> Iterator[dict]:
-    """Kaldi fbank (torchaudio.compliance.kaldi) of ``wav`` as WeNet computes it: ``feats``
+    """Kaldi fbank (:func:`corpus_io.features.fbank`) of ``wav`` as WeNet computes it: ``feats``
     (num_frames, num_mel_bins), num_frames = 1 + (n - frame_length_samples) // shift_samples."""
     def compute(sample: dict) -> torch.Tensor:
-        return fbank_features(sample["wav"], sample["sample_rate"], num_mel_bins=num_mel_bins,
-                              frame_length=frame_length, frame_shift=frame_shift, dither=dither,
-                              generator=generator)
+        return features.fbank(sample["wav"], sample["sample_rate"], num_mel_bins=num_mel_bins,
+                              frame_length=frame_length, frame_shift=frame_shift, dither=dither, generator=generator)
 
     return _with_feats(samples, compute, counts)
 
@@ -257,16 +227,38 @@ def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: floa
 def mfcc(samples: Iterable[dict], *, num_mel_bins: int = 40, num_ceps: int = 40, frame_length: float = 25.0,
          frame_shift: float = 10.0, dither: float = 0.0, high_freq: float = -200.0, low_freq: float = 20.0,
          generator: torch.Generator | None = None, counts: Counter | None = None) -> Iterator[dict]:
-    """Kaldi MFCC of ``wav`` (WeNet's arguments): ``feats`` (num_frames, num_ceps)."""
-    from torchaudio.compliance import kaldi
-
+    """Kaldi MFCC (:func:`corpus_io.features.mfcc`) of ``wav``: ``feats`` (num_frames, num_ceps)."""
     def compute(sample: dict) -> torch.Tensor:
-        return kaldi.mfcc(_dithered(sample["wav"], dither, generator), num_mel_bins=num_mel_bins,
-                          frame_length=frame_length, frame_shift=frame_shift, dither=0.0, num_ceps=num_ceps,
-                          high_freq=high_freq, low_freq=low_freq, energy_floor=0.0,
-                          sample_frequency=sample["sample_rate"])
+        return features.mfcc(sample["wav"], sample["sample_rate"], num_mel_bins=num_mel_bins, num_ceps=num_ceps,
+                             frame_length=frame_length, frame_shift=frame_shift, dither=dither,
+                             high_freq=high_freq, low_freq=low_freq, generator=generator)
 
     return _with_feats(samples, compute, counts)
+
+
+def waveform_frames(samples: Iterable[dict], *, frame_length: float = 25.0, frame_shift: float = 10.0,
+                    counts: Counter | None = None) -> Iterator[dict]:
+    """``feats_on=model``: keep ``wav`` for the device front end and set ``frames``, the number of
+    frames it will compute (what the filters and batch budgets count; :func:`drop_empty` then drops
+    those with none, as the fbank stage does). A waveform still holding a 16-bit source's samples
+    (``pcm16``: mono 16-bit PCM, not resampled or perturbed) travels as int16, half the bytes, exactly;
+    any other stays float32 in [-1, 1]."""
+    for sample in samples:
+        sample["frames"] = features.num_frames(sample["wav"].shape[1], sample["sample_rate"], frame_length,
+                                               frame_shift)
+        if sample.pop("pcm16", False):  # k / 32768 exactly: the int16 conversion loses nothing
+            scaled = sample["wav"].numpy() * np.float32(features.INT16_SCALE)
+            sample["wav"] = torch.from_numpy(scaled.astype(np.int16))
+        yield sample
+
+
+def drop_empty(samples: Iterable[dict], *, counts: Counter | None = None) -> Iterator[dict]:
+    """Drop (and count as ``features.empty``) waveforms shorter than one analysis window (``frames`` 0)."""
+    for sample in samples:
+        if sample["frames"]:
+            yield sample
+        else:
+            _count(counts, "features.empty")
 
 
 def raw_features(samples: Iterable[dict], *, counts: Counter | None = None) -> Iterator[dict]:
@@ -318,13 +310,12 @@ def spec_aug(samples: Iterable[dict], *, num_t_mask: int = 2, num_f_mask: int = 
     """Zero ``num_t_mask`` time spans (1..max_t frames) and ``num_f_mask`` bands (1..max_f bins)."""
     for sample in samples:
         y = sample["feats"].clone()
-        frames, bins = y.shape
-        for _ in range(num_t_mask):
-            start = rng.randint(0, frames - 1)
-            y[start:min(frames, start + rng.randint(1, max_t)), :] = 0
-        for _ in range(num_f_mask):
-            start = rng.randint(0, bins - 1)
-            y[:, start:min(bins, start + rng.randint(1, max_f))] = 0
+        time_masks, freq_masks = augment.draw_spec_aug(rng, *y.shape, num_t_mask=num_t_mask, num_f_mask=num_f_mask,
+                                                       max_t=max_t, max_f=max_f)
+        for start, end in time_masks:
+            y[start:end, :] = 0
+        for start, end in freq_masks:
+            y[:, start:end] = 0
         sample["feats"] = y
         yield sample
 
@@ -335,11 +326,7 @@ def spec_sub(samples: Iterable[dict], *, max_t: int = 30, num_t_sub: int = 3, rn
     for sample in samples:
         x = sample["feats"]
         y = x.clone()
-        frames = y.shape[0]
-        for _ in range(num_t_sub):
-            start = rng.randint(0, frames - 1)
-            end = min(frames, start + rng.randint(1, max_t))
-            pos = rng.randint(0, start)
+        for start, end, pos in augment.draw_spec_sub(rng, y.shape[0], max_t=max_t, num_t_sub=num_t_sub):
             y[start:end, :] = x[start - pos:end - pos, :]
         sample["feats"] = y
         yield sample
@@ -350,9 +337,9 @@ def spec_trim(samples: Iterable[dict], *, max_t: int = 20, rng: random.Random,
     """Trim 1..max_t end frames, unless that is half the utterance or more."""
     for sample in samples:
         x = sample["feats"]
-        length = rng.randint(1, max_t)
-        if length < x.shape[0] / 2:
-            sample["feats"] = x[:x.shape[0] - length].clone()
+        kept = augment.draw_spec_trim(rng, x.shape[0], max_t=max_t)
+        if kept is not None:
+            sample["feats"] = x[:kept].clone()
         yield sample
 
 

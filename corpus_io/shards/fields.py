@@ -342,28 +342,35 @@ def _npy_bytes(array: Any) -> bytes:
 
 
 def _feature_fn(task: FieldTask) -> Any:
-    """``sample -> np.ndarray`` through the loader's own stages (decode, resample, fbank|mfcc)."""
-    from corpus_io.pipeline import stages
+    """``sample -> np.ndarray``: decode, resample and fbank|mfcc with the loader's own functions
+    (corpus_io.audio, corpus_io.features), so the field equals what the loader would compute."""
+    import numpy as np
+    import torch
+
+    from corpus_io import audio, features
 
     o = task.options
 
     def compute(sample: dict) -> Any:
-        s = {k: v for k, v in sample.items() if k in ("key", "audio", "audio_format", "__url__", "start", "end")}
-        it = stages.decode(iter([s]), on_error="fail")
-        it = stages.resample(it, resample_rate=o["resample_rate"])
+        data = sample.get("audio")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise DataError("has no audio bytes ('audio' is missing).")
+        wave, rate = audio.decode_bytes(bytes(data), where=f"{sample.get('audio_format', 'audio')} member")
+        wav = torch.from_numpy(np.ascontiguousarray(audio.to_mono(wave), dtype=np.float32)).unsqueeze(0)
+        wav = audio.resample_wav(wav, rate, o["resample_rate"])
+        rate = o["resample_rate"]
         if task.mode == "fbank":
             c = o["fbank_conf"]
-            it = stages.fbank(it, num_mel_bins=c["num_mel_bins"], frame_length=c["frame_length"],
-                              frame_shift=c["frame_shift"], dither=0.0)
+            feats = features.fbank(wav, rate, num_mel_bins=c["num_mel_bins"], frame_length=c["frame_length"],
+                                   frame_shift=c["frame_shift"])
         else:
             c = o["mfcc_conf"]
-            it = stages.mfcc(it, num_mel_bins=c["num_mel_bins"], num_ceps=c["num_ceps"],
-                             frame_length=c["frame_length"], frame_shift=c["frame_shift"], dither=0.0,
-                             high_freq=c["high_freq"], low_freq=c["low_freq"])
-        out = list(it)
-        if not out:
+            feats = features.mfcc(wav, rate, num_mel_bins=c["num_mel_bins"], num_ceps=c["num_ceps"],
+                                  frame_length=c["frame_length"], frame_shift=c["frame_shift"],
+                                  high_freq=c["high_freq"], low_freq=c["low_freq"])
+        if feats.shape[0] == 0:
             raise DataError("gives 0 feature frames (shorter than one window).")
-        return out[0]["feats"].numpy()
+        return feats.numpy()
 
     return compute
 

@@ -144,15 +144,19 @@ def compute_cmvn(cfg: Any) -> dict:
     from corpus_io.dataset import build_dataloader
     from corpus_io.files import atomic_write
     from corpus_io.progress import Summary, progress
+    from corpus_io.train.frontend import build_front_end, model_inputs
 
     require(cfg, "data_list", "output")
     conf = eval_dataset_conf(cfg.dataset_conf)
     loader = build_dataloader(cfg.data_list, conf, None, train=False, rank=0, world_size=1)
+    device = torch.device("cuda" if conf.feats_on == "model" and torch.cuda.is_available() else "cpu")
+    front_end = build_front_end(conf, device)  # feats_on=model: the same features the trainer will compute
     sum_x = sum_x2 = None
     frames = utts = 0
     for batch in progress(loader, desc="compute-cmvn", unit="batch"):
-        feats, lengths = batch["feats"].double(), batch["feats_lengths"]
-        mask = (torch.arange(feats.shape[1])[None, :] < lengths[:, None]).unsqueeze(-1)
+        feats, lengths = model_inputs(front_end, batch, device, train=False)
+        feats = feats.double()
+        mask = (torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]).unsqueeze(-1)
         feats = feats * mask
         s, s2 = feats.sum(dim=(0, 1)), (feats * feats).sum(dim=(0, 1))
         sum_x = s if sum_x is None else sum_x + s

@@ -1,7 +1,7 @@
 """``corpus-io decode``: greedy CTC over a raw or shard list, a Kaldi ``text`` of hypotheses and a CER/WER report.
 
 The model and tokenizer come from the checkpoint's resolved training config; feature extraction
-(``feats_type``, ``fbank_conf``/``mfcc_conf``, ``resample_conf``) too, so decoding sees the same
+(``feats_type``, ``feats_on``, ``fbank_conf``/``mfcc_conf``, ``resample_conf``) too, so decoding sees the same
 features as training. The user's ``dataset_conf`` chooses the list format, batching and error policy;
 shuffling and augmentation are always off.
 """
@@ -33,6 +33,7 @@ def decode_dataset_conf(user: Any, trained: Any) -> Any:
 
     conf = eval_dataset_conf(user)
     conf.feats_type = trained.feats_type
+    conf.feats_on = trained.feats_on
     conf.fbank_conf = trained.fbank_conf
     conf.mfcc_conf = trained.mfcc_conf
     conf.resample_conf = trained.resample_conf
@@ -68,6 +69,7 @@ def decode(cfg: Any) -> dict:
     from corpus_io.files import atomic_write, ensure_dir
     from corpus_io.progress import progress
     from corpus_io.train.cmvn import loader_counts
+    from corpus_io.train.frontend import build_front_end, model_inputs
     from corpus_io.train.scoring import Scorer
     from corpus_io.train.trainer import greedy_ids
 
@@ -79,13 +81,14 @@ def decode(cfg: Any) -> dict:
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
+    front_end = build_front_end(conf, device)
     hyps: dict[str, str] = {}
     refs: dict[str, str] = {}
     audio = 0.0
     t0 = time.perf_counter()
     with torch.no_grad():
         for batch in progress(loader, desc="decode", unit="batch"):
-            log_probs, lengths = model(batch["feats"].to(device), batch["feats_lengths"].to(device))
+            log_probs, lengths = model(*model_inputs(front_end, batch, device, train=False))
             for key, ids in zip(batch["keys"], greedy_ids(log_probs, lengths)):
                 hyps[key] = tokenizer.decode(ids)
             target, tlen = batch["target"].tolist(), batch["target_lengths"].tolist()

@@ -93,6 +93,7 @@ class StepContext:
     accum_grad: int = 1
     amp_dtype: torch.dtype | None = None
     scaler: Any = None
+    front_end: Any = None  # feats_on=model: corpus_io.train.frontend.FrontEnd
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -106,13 +107,17 @@ def micro_step(sc: StepContext, batch: dict, *, sync: bool, want_acc: bool = Fal
 
     Returns ``{"loss", "utts", "errors", "tokens", "forward_time", "backward_time"}``.
     """
-    b = to_device(batch, sc.device)
+    from corpus_io.train.frontend import model_inputs
+
+    b = to_device({k: v for k, v in batch.items() if k not in ("feats", "wav")}, sc.device)
     no_sync = getattr(sc.model, "no_sync", None)
     guard = no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()
     with guard:
         t0 = time.perf_counter()
+        # outside autocast: the front end computes Kaldi features in float32
+        feats, feats_lengths = model_inputs(sc.front_end, batch, sc.device, train=True)
         with _autocast(sc.device, sc.amp_dtype):
-            log_probs, out_lengths = sc.model(b["feats"], b["feats_lengths"])
+            log_probs, out_lengths = sc.model(feats, feats_lengths)
         loss = ctc_loss(log_probs, out_lengths, b["target"], b["target_lengths"])
         _sync_device(sc.device)
         t1 = time.perf_counter()
@@ -294,6 +299,7 @@ class Trainer:
         from corpus_io.dataset import build_dataloader
         from corpus_io.tokenizer import build_tokenizer
         from corpus_io.train.cmvn import eval_dataset_conf
+        from corpus_io.train.frontend import build_front_end
         from corpus_io.train.model import build_model, feature_dim, num_parameters
 
         self.cfg, self.ctx, self.tc = cfg, ctx, cfg.train_conf
@@ -328,7 +334,8 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.scheduler_conf)
         self.scaler = torch.amp.GradScaler("cuda") if tc.use_fp16 else None
         amp = torch.float16 if tc.use_fp16 else torch.bfloat16 if tc.use_bf16 else None
-        self.sc = StepContext(self.model, ctx.device, tc.accum_grad, amp, self.scaler)
+        self.front_end = build_front_end(cfg.dataset_conf, ctx.device)
+        self.sc = StepContext(self.model, ctx.device, tc.accum_grad, amp, self.scaler, self.front_end)
         # seeds differ per rank for dropout/augmentation (model init was shared above)
         random.seed(tc.seed + ctx.rank)
         torch.manual_seed(tc.seed + ctx.rank)
@@ -504,6 +511,8 @@ class Trainer:
         tc, ctx = self.tc, self.ctx
         if self.step_in_epoch == 0:
             self.train_loader.set_epoch(self.epoch)
+        if self.front_end is not None:
+            self.front_end.set_epoch(self.epoch)
         self.model.train()
         epoch_meter, meter = Meter(), Meter()
         micro = 0
@@ -665,14 +674,17 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> dict:
         """cv loss and greedy token accuracy; each rank scores its split, the sums are all-reduced."""
+        from corpus_io.train.frontend import model_inputs
+
         self.module.eval()
         self.cv_loader.set_epoch(0)
         loss_sum = utts = errors = tokens = 0.0
         t0 = time.perf_counter()
         for batch in self.cv_loader:
-            b = to_device(batch, self.ctx.device)
+            b = to_device({k: v for k, v in batch.items() if k not in ("feats", "wav")}, self.ctx.device)
+            feats, feats_lengths = model_inputs(self.front_end, batch, self.ctx.device, train=False)
             with _autocast(self.ctx.device, self.sc.amp_dtype):
-                log_probs, out_lengths = self.module(b["feats"], b["feats_lengths"])
+                log_probs, out_lengths = self.module(feats, feats_lengths)
             loss = ctc_loss(log_probs, out_lengths, b["target"], b["target_lengths"])
             n = len(batch["keys"])
             loss_sum += float(loss) * n

@@ -35,12 +35,13 @@ batch_size=4800           # token: padded frames + tokens per batch (about 16 ut
 shuffle_size=1000
 sort_size=200
 num_workers=1             # DataLoader workers per training process
+feats_on=                 # empty: as in $train_config (loader); model: fbank + SpecAugment batched in the trainer
 average_num=3             # checkpoints averaged for decoding
 cer_target=10             # digits test %CER the demo must reach (checked at stage 7, 0 = no check)
 recipe_options=(stage stop_stage nj nproc data exp num_digits_train num_digits_dev num_digits_test
                 num_digits_test_newvoice num_mixed_train
                 num_mixed_test num_utts_per_shard num_utts_per_shard_dev train_config max_epoch max_steps_per_epoch
-                batch_type batch_size shuffle_size sort_size num_workers average_num cer_target)
+                batch_type batch_size shuffle_size sort_size num_workers feats_on average_num cer_target)
 
 cd "$(dirname "$0")"
 repo=$(cd ../.. && pwd)
@@ -100,6 +101,7 @@ if stage_on 6; then
   extra=()
   [ -n "$max_epoch" ] && extra+=("++train_conf.max_epoch=$max_epoch")
   [ -n "$max_steps_per_epoch" ] && extra+=("++train_conf.max_steps_per_epoch=$max_steps_per_epoch")
+  [ -n "$feats_on" ] && extra+=("++dataset_conf.feats_on=$feats_on")
   start=$(date +%s)
   OMP_NUM_THREADS=1 torchrun --standalone --nnodes=1 --nproc_per_node="$nproc" --no-python \
     corpus-io train --config-path "$(cd "$(dirname "$train_config")" && pwd)" --config-name "$(basename "$train_config")" \

@@ -1,0 +1,206 @@
+"""Kaldi features, per utterance and batched: the one home of feature computation.
+
+Per utterance (the loader's fbank/mfcc stages, add-field, the benches): :func:`fbank` and
+:func:`mfcc` call ``torchaudio.compliance.kaldi`` on one ``(1, num_samples)`` waveform in [-1, 1],
+as WeNet does (int16 scale, energy_floor 0, dither added to the samples from a seeded generator).
+
+Batched (``dataset_conf.feats_on=model``: features on the training device): :func:`batch_fbank` and
+:func:`batch_mfcc` take padded waveforms ``(B, N)`` plus their lengths in samples and compute the same
+features in plain torch ops on the waveforms' device, every frame from its own samples only, so
+padding never changes a valid frame. Options are Kaldi's as torchaudio applies them with our
+arguments: povey window, pre-emphasis 0.97, DC offset removed per frame, FFT size the next power of
+two, power spectrum, log with a floor of float32 eps, ``snip_edges`` (only frames that fit:
+:func:`num_frames`). MFCC adds Kaldi's DCT (C0 weighted sqrt(1/num_mel_bins)) and the 22 lifter
+(torchaudio's ``use_energy=False``: C0 stays the DCT's).
+
+Units: frame_length/frame_shift in ms, sample rates in Hz, lengths in samples (waveforms) or frames.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+INT16_SCALE = float(1 << 15)  # WeNet/Kaldi feed the samples as 16-bit integers
+EPSILON = torch.finfo(torch.float32).eps  # Kaldi's log floor (numeric_limits<float>::epsilon)
+PREEMPHASIS = 0.97
+LOW_FREQ = 20.0  # Hz, fbank's default low cutoff
+
+
+def window_geometry(sample_rate: int, frame_length: float = 25.0, frame_shift: float = 10.0) -> tuple[int, int, int]:
+    """``(window, shift, fft_size)`` in samples, exactly as torchaudio.compliance.kaldi derives them."""
+    shift = int(sample_rate * frame_shift * 0.001)
+    window = int(sample_rate * frame_length * 0.001)
+    return window, shift, 1 if window == 0 else 2 ** (window - 1).bit_length()
+
+
+def num_frames(num_samples: int, sample_rate: int, frame_length: float = 25.0, frame_shift: float = 10.0) -> int:
+    """Frames Kaldi makes from ``num_samples`` (snip_edges): ``1 + (n - window) // shift``, 0 below one window."""
+    window, shift, _ = window_geometry(sample_rate, frame_length, frame_shift)
+    return 0 if num_samples < window else 1 + (num_samples - window) // shift
+
+
+# --------------------------------------------------------------------------- per utterance (torchaudio)
+
+
+def dithered(wav: torch.Tensor, dither: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``wav`` in [-1, 1] at WeNet's int16 scale; dither (if any) drawn from ``generator`` on the samples."""
+    wav = wav * INT16_SCALE
+    if dither:
+        wav = wav + dither * torch.randn(wav.shape, generator=generator, device=wav.device)
+    return wav
+
+
+def fbank(wav: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 80, frame_length: float = 25.0,
+          frame_shift: float = 10.0, dither: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Kaldi fbank ``(num_frames, num_mel_bins)`` of one ``(1, num_samples)`` waveform in [-1, 1]
+    (no frames below one window, where torchaudio would raise)."""
+    from torchaudio.compliance import kaldi
+
+    if num_frames(wav.shape[-1], sample_rate, frame_length, frame_shift) == 0:
+        return wav.new_zeros(0, num_mel_bins)
+
+    return kaldi.fbank(dithered(wav, dither, generator), num_mel_bins=num_mel_bins, frame_length=frame_length,
+                       frame_shift=frame_shift, dither=0.0, energy_floor=0.0, sample_frequency=sample_rate)
+
+
+def mfcc(wav: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 40, num_ceps: int = 40,
+         frame_length: float = 25.0, frame_shift: float = 10.0, dither: float = 0.0, high_freq: float = -200.0,
+         low_freq: float = 20.0, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Kaldi MFCC ``(num_frames, num_ceps)`` of one ``(1, num_samples)`` waveform in [-1, 1] (WeNet's arguments)."""
+    from torchaudio.compliance import kaldi
+
+    if num_frames(wav.shape[-1], sample_rate, frame_length, frame_shift) == 0:
+        return wav.new_zeros(0, num_ceps)
+
+    return kaldi.mfcc(dithered(wav, dither, generator), num_mel_bins=num_mel_bins, frame_length=frame_length,
+                      frame_shift=frame_shift, dither=0.0, num_ceps=num_ceps, high_freq=high_freq,
+                      low_freq=low_freq, energy_floor=0.0, sample_frequency=sample_rate)
+
+
+# --------------------------------------------------------------------------- batched (plain torch ops)
+
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def _povey(window: int, device: torch.device) -> torch.Tensor:
+    """Kaldi's povey window (hann, not periodic, to the power 0.85): (window,) on ``device``, built once."""
+    key = ("povey", window, str(device))
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.hann_window(window, periodic=False, dtype=torch.float32).pow(0.85).to(device)
+    return _CONSTANTS[key]
+
+
+def _mel(sample_rate: int, fft_size: int, num_mel_bins: int, low_freq: float, high_freq: float,
+         device: torch.device) -> torch.Tensor:
+    """Kaldi's mel matrix (fft_size // 2 + 1, num_mel_bins) on ``device``, built once (the Nyquist bin weighs 0)."""
+    key = ("mel", sample_rate, fft_size, num_mel_bins, low_freq, high_freq, str(device))
+    if key not in _CONSTANTS:
+        from torchaudio.compliance.kaldi import get_mel_banks
+
+        banks, _ = get_mel_banks(num_mel_bins, fft_size, float(sample_rate), low_freq, high_freq, 100.0, -500.0, 1.0)
+        _CONSTANTS[key] = torch.nn.functional.pad(banks.float(), (0, 1)).T.contiguous().to(device)
+    return _CONSTANTS[key]
+
+
+def _frame_samples(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, frame_length: float,
+                   frame_shift: float, dither: float, seeds: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windowed frames ``(B, T, fft_size)`` (int16 scale, dithered, DC removed, pre-emphasised, povey
+    window, zero padded to the FFT size) and the valid frames per row ``(B,)``.
+
+    Kaldi's order, frame by frame: s = x - mean(x), y[j] = s[j] - 0.97 s[j - 1], y[0] = 0.03 s[0],
+    then the window; the results are written straight into the zero-padded FFT input (no
+    concatenated or padded copies). Every frame is computed from its own samples only.
+    """
+    window, shift, fft_size = window_geometry(sample_rate, frame_length, frame_shift)
+    x = wav.float() if wav.dtype == torch.int16 else wav.float() * INT16_SCALE
+    if dither and seeds is not None:
+        x = x + dither * _noise(lengths, x.shape[1], seeds, x.device)
+    frames = torch.where(lengths >= window, torch.div(lengths - window, shift, rounding_mode="floor") + 1, 0)
+    if x.shape[1] < window:  # no row has a frame
+        return x.new_zeros(x.shape[0], 0, fft_size), frames
+    raw = x.unfold(1, window, shift)  # (B, T, window): a view, every frame its own samples
+    centred = raw - raw.mean(dim=-1, keepdim=True)
+    out = x.new_zeros(raw.shape[0], raw.shape[1], fft_size)
+    framed = out[..., :window]
+    # written as torchaudio rounds it (no fused multiply-add): low-energy mel bins are ill-conditioned
+    framed[..., 1:] = centred[..., 1:] - PREEMPHASIS * centred[..., :-1]
+    framed[..., 0] = centred[..., 0] - PREEMPHASIS * centred[..., 0]
+    framed.mul_(_povey(window, x.device))
+    return out, frames
+
+
+def _noise(lengths: torch.Tensor, width: int, seeds: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Gaussian dither per utterance from its own seed, so it does not depend on the batch it is in."""
+    noise = torch.zeros(len(seeds), width, device=device)
+    generator = torch.Generator(device=device)
+    for i, (seed, n) in enumerate(zip(seeds, lengths.tolist())):
+        generator.manual_seed(int(seed))
+        noise[i, :n] = torch.randn(int(n), generator=generator, device=device)
+    return noise
+
+
+def _log_mel(framed: torch.Tensor, sample_rate: int, num_mel_bins: int, low_freq: float,
+             high_freq: float) -> torch.Tensor:
+    """log(max(mel energies, eps)) of windowed frames ``(B, T, fft_size)``: ``(B, T, num_mel_bins)``."""
+    mel = _mel(sample_rate, framed.shape[-1], num_mel_bins, low_freq, high_freq, framed.device)
+    spectrum = torch.fft.rfft(framed)
+    power = spectrum.real.square() + spectrum.imag.square()
+    return torch.matmul(power, mel).clamp_min_(EPSILON).log_()
+
+
+def _valid(feats: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
+    """Zero every frame at or past its row's length (padding carries no values)."""
+    past = torch.arange(feats.shape[1], device=feats.device)[None, :] >= frames[:, None]
+    return feats.masked_fill_(past.unsqueeze(-1), 0.0)
+
+
+def batch_fbank(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 80,
+                frame_length: float = 25.0, frame_shift: float = 10.0, dither: float = 0.0,
+                seeds: Sequence[int] | None = None, low_freq: float = LOW_FREQ,
+                high_freq: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kaldi fbank of padded waveforms: ``(feats (B, T, num_mel_bins), frames (B,))``.
+
+    ``wav`` (B, N): int16 samples, or float in [-1, 1] (scaled by 2^15 like :func:`fbank`);
+    ``lengths`` (B,) samples. Equals :func:`fbank` of each row cut to its length (dither 0), frame
+    for frame; frames past a row's count are 0. ``dither`` > 0 needs ``seeds`` (one per row).
+    """
+    strided, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds)
+    if strided.shape[1] == 0:  # the FFT refuses empty input
+        return strided.new_zeros(strided.shape[0], 0, num_mel_bins), frames
+    return _valid(_log_mel(strided, sample_rate, num_mel_bins, low_freq, high_freq), frames), frames
+
+
+def _dct(num_mel_bins: int, num_ceps: int, device: torch.device) -> torch.Tensor:
+    """Kaldi's DCT (num_mel_bins, num_ceps): orthonormal, C0 weighted sqrt(1/num_mel_bins), built once."""
+    key = ("dct", num_mel_bins, num_ceps, str(device))
+    if key not in _CONSTANTS:
+        from torchaudio.functional import create_dct
+
+        dct = create_dct(num_mel_bins, num_mel_bins, "ortho")
+        dct[:, 0] = math.sqrt(1.0 / num_mel_bins)
+        _CONSTANTS[key] = dct[:, :num_ceps].contiguous().to(device)
+    return _CONSTANTS[key]
+
+
+def _lifter(num_ceps: int, lifter: float, device: torch.device) -> torch.Tensor:
+    key = ("lifter", num_ceps, lifter, str(device))
+    if key not in _CONSTANTS:
+        i = torch.arange(num_ceps)
+        _CONSTANTS[key] = (1.0 + 0.5 * lifter * torch.sin(math.pi * i / lifter)).float().to(device)
+    return _CONSTANTS[key]
+
+
+def batch_mfcc(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 40,
+               num_ceps: int = 40, frame_length: float = 25.0, frame_shift: float = 10.0, dither: float = 0.0,
+               seeds: Sequence[int] | None = None, high_freq: float = -200.0,
+               low_freq: float = 20.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kaldi MFCC of padded waveforms: ``(feats (B, T, num_ceps), frames (B,))`` (see :func:`batch_fbank`)."""
+    strided, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds)
+    if strided.shape[1] == 0:
+        return strided.new_zeros(strided.shape[0], 0, num_ceps), frames
+    ceps = torch.matmul(_log_mel(strided, sample_rate, num_mel_bins, low_freq, high_freq),
+                        _dct(num_mel_bins, num_ceps, strided.device)) * _lifter(num_ceps, 22.0, strided.device)
+    return _valid(ceps, frames), frames

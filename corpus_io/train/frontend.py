@@ -1,0 +1,78 @@
+"""The device front end (``dataset_conf.feats_on=model``): padded waveforms -> Kaldi features -> augmentation.
+
+The loader ships ``wav`` (B, N), ``wav_lengths`` and ``feats_lengths`` (the frames Kaldi makes from
+each row: what its filters and batch budgets counted). Train, cv, decode and compute-cmvn call
+:func:`model_inputs`, which runs :func:`corpus_io.features.batch_fbank` (or ``batch_mfcc``) on the
+model's device, then in train mode spec_aug / spec_sub / spec_trim (:mod:`corpus_io.augment`), and
+hands ``(feats, feats_lengths)`` to the model (which applies CMVN). With ``feats_on=loader`` the batch
+already carries ``feats`` and passes through unchanged.
+
+Randomness: each utterance draws its augmentation (and its dither seed) from
+``random.Random(f"{seed}:{epoch}:{key}")`` with ``dataset_conf.seed``: the same utterance in the same
+epoch is augmented the same way whatever batch, rank or worker it lands in, and after a resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+import torch
+
+from corpus_io import augment, features
+from corpus_io.errors import ConfigError
+
+
+class FrontEnd:
+    """Features (and, in train mode, augmentation) of waveform batches on ``device``."""
+
+    def __init__(self, conf: Any, device: torch.device | str = "cpu") -> None:
+        self.conf = conf
+        self.device = torch.device(device)
+        self.epoch = 0
+        self.kind = conf.feats_type
+        c = conf.fbank_conf if self.kind == "fbank" else conf.mfcc_conf
+        self.options = {k: v for k, v in dataclasses.asdict(c).items() if k != "dither"}
+        self.dither = float(c.dither)
+        self.bins = int(c.num_mel_bins if self.kind == "fbank" else c.num_ceps)
+        self.augment = {name: dataclasses.asdict(getattr(conf, f"{name}_conf"))
+                        for name in ("spec_aug", "spec_sub", "spec_trim") if getattr(conf, name)}
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __call__(self, batch: dict, *, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(feats (B, T, D), feats_lengths (B,))`` on the device from a (CPU) waveform batch."""
+        wav = batch["wav"].to(self.device, non_blocking=True)
+        lengths = batch["wav_lengths"].to(self.device, non_blocking=True)
+        rngs = None
+        if train and (self.augment or self.dither):
+            rngs = [random.Random(f"{self.conf.seed}:{self.epoch}:{key}") for key in batch["keys"]]
+        seeds = [rng.getrandbits(63) for rng in rngs] if rngs is not None and self.dither else None
+        compute = features.batch_fbank if self.kind == "fbank" else features.batch_mfcc
+        feats, frames = compute(wav, lengths, int(batch["sample_rate"]), dither=self.dither if seeds else 0.0,
+                                seeds=seeds, **self.options)
+        if rngs is not None and self.augment:
+            plans = [augment.plan(rng, int(n), self.bins, **self.augment)
+                     for rng, n in zip(rngs, batch["feats_lengths"].tolist())]
+            feats, frames = augment.apply(feats, frames, plans)
+        return feats, frames
+
+
+def build_front_end(conf: Any, device: torch.device | str = "cpu") -> FrontEnd | None:
+    """The front end of ``conf`` (None with feats_on=loader: the loader computed the features)."""
+    return FrontEnd(conf, device) if conf.feats_on == "model" else None
+
+
+def model_inputs(front_end: FrontEnd | None, batch: dict, device: torch.device, *,
+                 train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(feats, feats_lengths)`` on ``device`` for the model, from either kind of batch."""
+    if "wav" in batch:
+        if front_end is None:
+            raise ConfigError("the loader shipped waveforms (dataset_conf.feats_on=model) but no front end was "
+                              "built; pass the same dataset_conf to the loader and the front end.")
+        return front_end(batch, train=train)
+    non_blocking = device.type == "cuda"
+    return (batch["feats"].to(device, non_blocking=non_blocking),
+            batch["feats_lengths"].to(device, non_blocking=non_blocking))

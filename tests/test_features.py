@@ -1,0 +1,143 @@
+"""Batched Kaldi features (corpus_io.features) against torchaudio's per-utterance ones, on real speech.
+
+The waveforms come from the committed espeak corpus (8, 16 and 44.1 kHz, wav and flac) through the
+loader's own decode and resample stages, plus cuts of it just below, at and above one and two
+frames, so the batch holds utterances of 40+ different lengths.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from torchaudio.compliance import kaldi
+
+from corpus_io import features
+from corpus_io.batching import pad
+from corpus_io.pipeline import stages
+from tests.loader_data import FIXTURE, fixture_utts
+
+# (source file, first sample, samples at the source rate) -> after resampling to 16 kHz: around 1 and 2 frames
+CUTS = [("spk0-utt004.wav", 8000, n) for n in (399, 400, 401, 559, 560, 561, 719, 720)] + \
+       [("spk0-utt000.wav", 4000, n) for n in (199, 200, 201, 280)] + \
+       [("spk0-utt008.wav", 22050, n) for n in (1099, 1100, 1105, 1600)]
+
+
+def loader_waveforms(tmp_path) -> list[dict]:
+    """The fixture corpus and its cuts, decoded and resampled to 16 kHz by the loader's stages."""
+    samples = [{"key": key, "audio": open(path, "rb").read(), "audio_format": path.rsplit(".", 1)[1]}
+               for key, path, _ in fixture_utts()]
+    for i, (name, start, n) in enumerate(CUTS):
+        wave, rate = sf.read(FIXTURE / "wav" / name, dtype="int16")
+        path = tmp_path / f"cut{i}.wav"
+        sf.write(path, wave[start:start + n], rate, subtype="PCM_16")
+        samples.append({"key": f"cut{i}-{name}-{n}", "audio": path.read_bytes(), "audio_format": "wav"})
+    return list(stages.resample(stages.decode(samples), resample_rate=16000))
+
+
+@pytest.fixture(scope="module")
+def waveforms(tmp_path_factory) -> list[dict]:
+    return loader_waveforms(tmp_path_factory.mktemp("cuts"))
+
+
+def test_batched_fbank_equals_torchaudio_per_utterance_on_real_speech_of_many_lengths(waveforms):
+    lengths = [s["wav"].shape[1] for s in waveforms]
+    assert len(set(lengths)) >= 20 and {399, 400, 401, 559, 560, 561} <= set(lengths)
+    counts: Counter = Counter()
+    kept = list(stages.drop_empty(stages.waveform_frames([dict(s) for s in waveforms]), counts=counts))
+    assert counts["features.empty"] == sum(n < 400 for n in lengths) >= 2  # below one window: no frame
+    batch = pad(kept)
+    feats, frames = features.batch_fbank(batch["wav"], batch["wav_lengths"], 16000, num_mel_bins=80)
+    assert torch.equal(frames, batch["feats_lengths"])
+    assert feats.shape == (len(kept), int(frames.max()), 80)
+    loader_wav = {s["key"]: s["wav"] for s in waveforms}  # float32 in [-1, 1], as the loader decoded it
+    for i, sample in enumerate(kept):
+        wav = loader_wav[sample["key"]]
+        reference = kaldi.fbank(wav * 32768, num_mel_bins=80, dither=0.0, energy_floor=0.0, sample_frequency=16000)
+        assert reference.shape[0] == int(frames[i]) == features.num_frames(wav.shape[1], 16000)
+        assert (feats[i, :reference.shape[0]] - reference).abs().max() < 1e-3, sample["key"]
+        assert not feats[i, reference.shape[0]:].any(), "padded frames must be 0"
+
+
+def test_batch_of_sub_window_utterances_gives_no_frames():
+    wav = torch.zeros(3, 399, dtype=torch.int16)
+    feats, frames = features.batch_fbank(wav, torch.tensor([399, 200, 1]), 16000)
+    assert frames.tolist() == [0, 0, 0] and feats.shape[:2] == (3, 0)
+
+
+def test_padding_values_never_change_the_valid_frames(waveforms):
+    batch = pad(list(stages.drop_empty(stages.waveform_frames([dict(s) for s in waveforms[:8]]))))
+    wav, lengths = batch["wav"].float(), batch["wav_lengths"]
+    clean, frames = features.batch_fbank(wav, lengths, 16000, num_mel_bins=40)
+    noisy = wav.clone()
+    outside = torch.arange(wav.shape[1])[None, :] >= lengths[:, None]
+    noisy[outside] = torch.rand(int(outside.sum()), generator=torch.Generator().manual_seed(0)) * 2 - 1
+    wider = torch.nn.functional.pad(noisy, (0, 1234), value=0.5)  # and more padding than needed
+    for padded in (noisy, wider):
+        feats, again = features.batch_fbank(padded, lengths, 16000, num_mel_bins=40)
+        assert torch.equal(again, frames)
+        assert torch.equal(feats[:, :clean.shape[1]], clean) and not feats[:, clean.shape[1]:].any()
+
+
+def test_int16_and_float_waveforms_give_the_same_features(waveforms):
+    sample = dict(waveforms[1])
+    n = sample["wav"].shape[1]
+    as_int16 = (sample["wav"] * 32768).round().clamp(-32768, 32767).to(torch.int16)
+    a, _ = features.batch_fbank(as_int16, torch.tensor([n]), 16000)
+    b, _ = features.batch_fbank(as_int16.float() / 32768, torch.tensor([n]), 16000)
+    assert torch.equal(a, b)
+
+
+def test_batched_mfcc_equals_torchaudio_per_utterance(waveforms):
+    kept = list(stages.drop_empty(stages.waveform_frames([dict(s) for s in waveforms[::3]])))
+    batch = pad(kept)
+    feats, frames = features.batch_mfcc(batch["wav"], batch["wav_lengths"], 16000, num_mel_bins=40, num_ceps=13)
+    loader_wav = {s["key"]: s["wav"] for s in waveforms}
+    for i, sample in enumerate(kept):
+        reference = features.mfcc(loader_wav[sample["key"]], 16000, num_mel_bins=40, num_ceps=13)
+        assert reference.shape == (int(frames[i]), 13)
+        assert (feats[i, :reference.shape[0]] - reference).abs().max() < 1e-3, sample["key"]
+
+
+def test_dither_is_per_utterance_and_reproducible_from_its_seed(waveforms):
+    kept = list(stages.drop_empty(stages.waveform_frames([dict(s) for s in waveforms[:4]])))
+    batch = pad(kept)
+    args = (batch["wav"], batch["wav_lengths"], 16000)
+    a, _ = features.batch_fbank(*args, dither=1.0, seeds=[1, 2, 3, 4])
+    b, _ = features.batch_fbank(*args, dither=1.0, seeds=[1, 2, 3, 4])
+    c, _ = features.batch_fbank(*args, dither=1.0, seeds=[9, 2, 3, 4])
+    clean, frames = features.batch_fbank(*args)
+    assert torch.equal(a, b) and not torch.equal(a[0], c[0]) and torch.equal(a[1:], c[1:])
+    assert not torch.equal(a, clean)
+    alone, _ = features.batch_fbank(batch["wav"][1:2, :kept[1]["wav"].shape[1]], batch["wav_lengths"][1:2], 16000,
+                                    dither=1.0, seeds=[2])
+    assert torch.equal(alone[0], a[1, :alone.shape[1]])  # the same noise whatever batch the utterance is in
+
+
+def test_waveform_frames_ships_16_bit_sources_as_int16_and_resampled_ones_as_float(tmp_path):
+    wave, rate = sf.read(FIXTURE / "wav" / "spk0-utt004.wav", dtype="int16")
+    assert rate == 16000
+    raw = [{"key": "a", "audio": (FIXTURE / "wav" / "spk0-utt004.wav").read_bytes()}]
+    (sample,) = stages.waveform_frames(stages.resample(stages.decode(raw), resample_rate=16000))
+    assert sample["wav"].dtype == torch.int16 and np.array_equal(sample["wav"][0].numpy(), wave)
+    assert sample["frames"] == 1 + (len(wave) - 400) // 160
+    raw = [{"key": "b", "audio": (FIXTURE / "wav" / "spk0-utt000.wav").read_bytes()}]  # 8 kHz
+    (resampled,) = stages.waveform_frames(stages.resample(stages.decode(raw), resample_rate=16000))
+    assert resampled["wav"].dtype == torch.float32
+    mixed = pad([sample, resampled])
+    assert mixed["wav"].dtype == torch.float32 and mixed["sample_rate"] == 16000
+    assert torch.equal(mixed["wav"][0, :len(wave)] * 32768, torch.from_numpy(wave).float())
+    assert mixed["audio_seconds"] == pytest.approx((len(wave) + resampled["wav"].shape[1]) / 16000)
+    assert pad([sample])["wav"].dtype == torch.int16
+    raw = [{"key": "c", "audio": (FIXTURE / "wav" / "spk1-utt001.flac").read_bytes()}]  # 16 kHz 16-bit flac
+    (flac,) = stages.waveform_frames(stages.resample(stages.decode(raw), resample_rate=16000))
+    wave, _ = sf.read(FIXTURE / "wav" / "spk1-utt001.flac", dtype="int16")
+    assert flac["wav"].dtype == torch.int16 and np.array_equal(flac["wav"][0].numpy(), wave)
+    raw = [{"key": "d", "audio": (FIXTURE / "wav" / "spk1-utt001.flac").read_bytes()}]
+    perturbed = stages.speed_perturb(stages.decode(raw), speeds=[1.1], rng=random.Random(0))
+    (fast,) = stages.waveform_frames(perturbed)
+    assert fast["wav"].dtype == torch.float32
