@@ -1,8 +1,9 @@
-"""Crash-safe file writing: write to a temp name in the same directory, then rename."""
+"""Crash-safe file writing (temp name, then rename), resumable outputs with sidecars, JSON-line parsing."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -114,3 +115,93 @@ def iter_raw_lines(path: str | os.PathLike, *, what: str = "file") -> Iterator[t
             if lineno == 1 and raw.startswith(UTF8_BOM):
                 raw = raw[len(UTF8_BOM):]
             yield lineno, raw
+
+
+def parse_json_object(raw: bytes | str, where: str | Callable[[], str], hint: str) -> dict:
+    """The JSON object on one line of a JSON-lines file, or a :class:`DataError` naming ``where``.
+
+    ``where`` is ``"file:line"`` (or a function returning it, for readers that find the line number
+    only when something is wrong); ``hint`` says what the line should hold or what to do.
+    """
+    try:
+        obj = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{_where(where)}: invalid UTF-8 (byte {exc.start}). {hint}") from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{_where(where)}: not valid JSON ({exc.msg} at column {exc.colno}). {hint}") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{_where(where)}: a JSON {type(obj).__name__}, not an object. {hint}")
+    return obj
+
+
+def _where(where: str | Callable[[], str]) -> str:
+    return where if isinstance(where, str) else where()
+
+
+# --------------------------------------------------------------------------- resumable outputs
+# The crash-safe output protocol of pack-shards and add-field: an output is written under a temp name
+# while its sha256 is computed, renamed, and then described by a hidden sidecar ``.<name>.json`` holding
+# its size, sha256 and a digest of the inputs it was made from. A rerun keeps an output whose sidecar
+# matches (same inputs, same bytes) and rewrites anything else; a sidecar is written last, so an output
+# without one was never finished.
+
+
+def inputs_digest(parts: object) -> str:
+    """sha256 (hex) of ``parts`` as canonical JSON: what an output was made from."""
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 (hex) of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """The hidden stat file ``.<name>.json`` next to the output ``path``."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.json")
+
+
+def completed_output(path: str | os.PathLike, digest: str) -> dict | None:
+    """The sidecar stat of ``path`` when the file is complete and was made from inputs with ``digest``
+    (the sidecar's digest, byte count and sha256 all match), else None: the output must be (re)written."""
+    try:
+        stat = json.loads(sidecar_path(path).read_text(encoding="utf-8"))
+        if stat.get("digest") != digest or os.path.getsize(path) != stat["bytes"]:
+            return None
+        if file_sha256(path) != stat["sha256"]:
+            return None
+        return stat
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def write_sidecar(path: str | os.PathLike, stat: dict) -> None:
+    """Mark ``path`` complete: write its stat (``digest``, ``bytes``, ``sha256``, ...) atomically."""
+    with atomic_write(sidecar_path(path)) as f:
+        f.write(json.dumps(stat, sort_keys=True) + "\n")
+
+
+class HashingWriter:
+    """A binary file wrapper that counts and hashes the bytes written through it (no second read)."""
+
+    def __init__(self, raw: IO[bytes]):
+        self._raw = raw
+        self._sha = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self._sha.update(data)
+        self.bytes += len(data)
+        return self._raw.write(data)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    @property
+    def sha256(self) -> str:
+        return self._sha.hexdigest()

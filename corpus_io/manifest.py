@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator
 
 from corpus_io import audio, kaldi
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write, iter_raw_lines
+from corpus_io.files import atomic_write, iter_raw_lines, parse_json_object
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 
 WENET_TO_FUNASR = {"wav": "source", "txt": "target"}
@@ -43,15 +43,7 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[ManifestLine]:
     for lineno, raw in iter_raw_lines(path, what="manifest"):
         if not raw.strip():
             continue
-        try:
-            record = json.loads(raw)
-        except UnicodeDecodeError:
-            raise DataError(f"{path}:{lineno}: invalid UTF-8. Re-encode the file as UTF-8.") from None
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno}). "
-                            f"Each line must be one JSON object.") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}.")
+        record = parse_json_object(raw, f"{path}:{lineno}", "Each line must be one JSON object, in UTF-8.")
         yield ManifestLine(record, path, lineno)
 
 

@@ -13,13 +13,13 @@ from the current directory, else from the list's directory.
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
 from corpus_io import audio
 from corpus_io.errors import DataError
+from corpus_io.files import parse_json_object
 from corpus_io.manifest import canonical
 from corpus_io.shards.format import SHARD_SUFFIXES
 
@@ -155,14 +155,9 @@ class RawList:
         off = int(self._offsets[k][i - int(self._starts[k])])
         f.seek(off)
         raw = f.readline()
-        try:
-            rec = json.loads(raw)
-        except ValueError as exc:
-            raise DataError(f"{path}:{self._lineno(path, off)}: not valid JSON ({exc}). "
-                            f"Each line must be one JSON object with key and wav/source.") from None
-        if not isinstance(rec, dict):
-            raise DataError(f"{path}:{self._lineno(path, off)}: a JSON {type(rec).__name__}, not an object. "
-                            f"Each line must be one JSON object with key and wav/source.")
+        # the line number costs a read up to the line: found only on error
+        rec = parse_json_object(raw, lambda: f"{path}:{self._lineno(path, off)}",
+                                "Each line must be one JSON object with key and wav/source.")
         try:
             return canonical(rec)
         except DataError as exc:  # the line number costs a read up to the line: only on error

@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from corpus_io.errors import DataError
-from corpus_io.files import atomic_write, ensure_dir
+from corpus_io.files import (
+    HashingWriter,
+    atomic_write,
+    completed_output,
+    ensure_dir,
+    file_sha256,
+    inputs_digest,
+    parse_json_object,
+    sidecar_path,
+    write_sidecar,
+)
 from tests.conftest import FIXTURE, assert_user_error, run_cli
 
 
@@ -41,3 +51,40 @@ def test_cli_output_errors_are_one_paragraph(tmp_path):
     assert_user_error(result, "taken", "is a directory")
     result = run_cli("corpus-io", "scp2jsonl", *args, "++jsonl_file_out=/proc/no/such/dir/out.jsonl")
     assert_user_error(result, "/proc/no/such/dir")
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    (b'{"key": "a", ', "not valid JSON"),
+    (b'[1, 2]', "a JSON list, not an object"),
+    (b'{"key": "\xff"}', "invalid UTF-8"),
+])
+def test_a_bad_json_line_is_a_data_error_naming_file_line_and_the_fix(raw, why):
+    with pytest.raises(DataError, match=rf"^data.jsonl:7: {why}.*One object per line\.$"):
+        parse_json_object(raw, "data.jsonl:7", "One object per line.")
+    assert parse_json_object(b'{"key": "a"}\n', "data.jsonl:7", "") == {"key": "a"}
+
+
+def test_a_json_line_finds_its_line_number_only_when_it_is_bad():
+    asked = []
+    assert parse_json_object('{"a": 1}', lambda: asked.append(1) or "x:1", "") == {"a": 1}
+    assert not asked
+    with pytest.raises(DataError, match=r"^x:9: not valid JSON"):
+        parse_json_object("{", lambda: "x:9", "")
+
+
+def test_an_output_is_reused_only_with_its_sidecar_and_the_same_inputs_and_bytes(tmp_path):
+    out = tmp_path / "part.bin"
+    digest = inputs_digest(["inputs", 1])
+    with atomic_write(out, "wb") as raw:
+        writer = HashingWriter(raw)
+        writer.write(b"payload" * 1000)
+    assert (writer.bytes, writer.sha256) == (7000, file_sha256(out))  # hashed while writing
+    assert completed_output(out, digest) is None  # no sidecar: never finished
+    write_sidecar(out, {"digest": digest, "bytes": writer.bytes, "sha256": writer.sha256, "n": 3})
+    assert sidecar_path(out).name == ".part.bin.json"
+    assert completed_output(out, digest)["n"] == 3
+    assert completed_output(out, inputs_digest(["inputs", 2])) is None  # other inputs
+    out.write_bytes(b"PAYLOAD" * 1000)  # same size, other bytes
+    assert completed_output(out, digest) is None
+    sidecar_path(out).write_text("{trunc")
+    assert completed_output(out, digest) is None

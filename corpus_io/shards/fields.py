@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -31,7 +30,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write, remove_temp_files
+from corpus_io.files import (
+    HashingWriter,
+    atomic_write,
+    completed_output,
+    inputs_digest,
+    parse_json_object,
+    remove_temp_files,
+    sidecar_path,
+    write_sidecar,
+)
 from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, safe_member_name, shard_stem, split_member
 from corpus_io.shards.reader import DEFAULT_MAX_MEMBER_BYTES
 
@@ -112,13 +120,7 @@ def _json_objects(lines: Any, where: str, hint: str) -> Iterator[tuple[int, dict
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DataError(f"{where}:{lineno}: not a JSON object ({exc}); {hint}") from None
-        if not isinstance(rec, dict):
-            raise DataError(f"{where}:{lineno}: not a JSON object; {hint}")
-        yield lineno, rec
+        yield lineno, parse_json_object(line, f"{where}:{lineno}", hint)
 
 
 def _iter_jsonl_gz(url: str, storage_options: dict | None) -> Iterator[dict]:
@@ -253,36 +255,11 @@ def iter_shard_metadata(url: str, *, storage_options: dict | None = None) -> Ite
 # --------------------------------------------------------------------------- writing
 
 
-def _file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _sidecar(path: Path) -> Path:
-    return path.with_name(f".{path.name}.json")
-
-
-def _done(path: Path, digest: str) -> dict | None:
-    """The sidecar stat of a complete companion file made from exactly these inputs, else None."""
-    try:
-        stat = json.loads(_sidecar(path).read_text(encoding="utf-8"))
-        if stat.get("digest") != digest or path.stat().st_size != stat["bytes"]:
-            return None
-        if _file_sha256(path) != stat["sha256"]:
-            return None
-        return stat
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _finish_file(path: Path, digest: str, kind: str, num_utts: int, missing: int, extra: dict) -> dict:
-    stat = {"file": path.name, "kind": kind, "bytes": path.stat().st_size, "sha256": _file_sha256(path),
+def _finish_file(path: Path, writer: Any, digest: str, kind: str, num_utts: int, missing: int, extra: dict) -> dict:
+    """Write the sidecar of a companion file ``writer`` (hashing while writing) has just completed."""
+    stat = {"file": path.name, "kind": kind, "bytes": writer.bytes, "sha256": writer.sha256,
             "num_utts": num_utts, "missing": missing, **extra, "digest": digest}
-    with atomic_write(_sidecar(path)) as f:
-        f.write(json.dumps(stat, sort_keys=True) + "\n")
+    write_sidecar(path, stat)
     return stat
 
 
@@ -291,11 +268,19 @@ class _JsonlGzWriter:
 
     def __init__(self, path: Path):
         self._ctx = atomic_write(path, "wb")
-        self._raw = self._ctx.__enter__()
+        self._raw = HashingWriter(self._ctx.__enter__())
         self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0)
 
     def write(self, rec: dict) -> None:
         self._gz.write((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    @property
+    def bytes(self) -> int:
+        return self._raw.bytes
+
+    @property
+    def sha256(self) -> str:
+        return self._raw.sha256
 
     def close(self) -> None:
         self._gz.close()
@@ -382,10 +367,10 @@ def add_field_to_shard(task: FieldTask) -> FieldResult:
     kind = "tar" if task.mode in ("fbank", "mfcc", "scp") else "jsonl.gz"
     fpath = Path(local_path(companion_url(task.url, task.field, kind)))
     mpath = Path(local_path(meta_url(task.url)))
-    fdigest = _digest([task.shard_digest, task.field, task.mode, task.options])
-    mdigest = _digest([task.shard_digest, META])
+    fdigest = inputs_digest([task.shard_digest, task.field, task.mode, task.options])
+    mdigest = inputs_digest([task.shard_digest, META])
     result = FieldResult(task.url, {})
-    fstat, mstat = _done(fpath, fdigest), _done(mpath, mdigest)
+    fstat, mstat = completed_output(fpath, fdigest), completed_output(mpath, mdigest)
     if fstat and mstat:
         result.stats = {task.field: fstat, META: mstat}
         result.num_utts, result.missing, result.resumed = fstat["num_utts"], fstat["missing"], 1
@@ -395,7 +380,7 @@ def add_field_to_shard(task: FieldTask) -> FieldResult:
         if stale == fpath and fstat or stale == mpath and mstat:
             continue
         with contextlib.suppress(FileNotFoundError):
-            _sidecar(stale).unlink()
+            sidecar_path(stale).unlink()
     compute = _feature_fn(task) if task.mode in ("fbank", "mfcc") else None
     threads = None
     if compute is not None:  # parallelism comes from the shard processes (as in the loader's workers)
@@ -454,9 +439,10 @@ def _write_shard_fields(task: FieldTask, result: FieldResult, kind: str, fpath: 
             w.close()
     if fstat is None:
         extra = {"conf": task.options} if task.mode in ("fbank", "mfcc") else {}
-        fstat = _finish_file(fpath, fdigest, kind, result.num_utts, result.missing, extra)
+        fstat = _finish_file(fpath, fwriter, fdigest, kind, result.num_utts, result.missing, extra)
     if mstat is None:
-        mstat = _finish_file(mpath, mdigest, "jsonl.gz", result.num_utts, 0, {"seconds": round(result.seconds, 3)})
+        mstat = _finish_file(mpath, mwriter, mdigest, "jsonl.gz", result.num_utts, 0,
+                             {"seconds": round(result.seconds, 3)})
     result.stats = {task.field: fstat, META: mstat}
     result.reasons = reasons
     return result
@@ -492,10 +478,6 @@ def _value(task: FieldTask, sample: dict, compute: Any) -> tuple[Any, str]:
     if key not in source:
         return None, "not in the jsonl"
     return source[key], ""
-
-
-def _digest(parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
 def _source_signature(path: str) -> list:

@@ -54,11 +54,6 @@ def shard_stem_pattern(prefix: str) -> str:
     return rf"{re.escape(prefix)}-\d{{6}}"
 
 
-def sidecar_name(shard: str) -> str:
-    """Per-shard stat file written after the shard is complete (hidden, next to it)."""
-    return f".{shard}.json"
-
-
 def _must_escape(c: str) -> bool:
     return c in _BREAKS_GROUPING or c.isspace() or unicodedata.category(c)[0] == "C"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from corpus_io.errors import DataError
-from corpus_io.files import atomic_write
+from corpus_io.files import atomic_write, parse_json_object
 
 INDEX_FIELDS = ("path", "num_utts", "duration", "min_duration", "max_duration", "bytes", "sha256")
 
@@ -75,12 +75,9 @@ def read_index_file(path: Path) -> dict[str, dict] | None:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
-            try:
-                entry = json.loads(raw)
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                raise DataError(f"{path}:{lineno}: not a JSON object; the index is corrupt. Regenerate it "
-                                f"with make-datalist or pack-shards.") from None
-            if not isinstance(entry, dict) or "path" not in entry:
+            entry = parse_json_object(raw, f"{path}:{lineno}", "The index is corrupt: regenerate it with "
+                                                                "make-datalist or pack-shards.")
+            if "path" not in entry:
                 raise DataError(f"{path}:{lineno}: an index line needs a 'path' field.")
             entries[entry["path"]] = entry
     return entries

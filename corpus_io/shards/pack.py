@@ -21,7 +21,6 @@ Design (memory is bounded, independent of corpus size):
 from __future__ import annotations
 
 import functools
-import hashlib
 import io
 import json
 import os
@@ -36,7 +35,14 @@ import numpy as np
 
 from corpus_io import audio, kaldi
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write, ensure_dir, remove_temp_files
+from corpus_io.files import (
+    completed_output,
+    ensure_dir,
+    inputs_digest,
+    parse_json_object,
+    remove_temp_files,
+    write_sidecar,
+)
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 from corpus_io.shards import format as fmt
 from corpus_io.shards.index import index_path_for, read_index_file, write_list_and_index
@@ -99,30 +105,16 @@ class ShardStat:
 
 
 def _digest(task: ShardTask) -> str:
-    payload = [task.options.digest_part(), Path(task.path).name,
-               [{k: v for k, v in r.items() if k != "where"} for r in task.records]]
-    return hashlib.sha256(json.dumps(payload, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
-
-
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    return inputs_digest([task.options.digest_part(), Path(task.path).name,
+                          [{k: v for k, v in r.items() if k != "where"} for r in task.records]])
 
 
 def _resume(task: ShardTask, digest: str) -> ShardStat | None:
     """The stat of an already complete shard for exactly this task, else None."""
-    sidecar = Path(task.path).with_name(fmt.sidecar_name(Path(task.path).name))
+    stat = completed_output(task.path, digest)
     try:
-        stat = json.loads(sidecar.read_text(encoding="utf-8"))
-        if stat.get("digest") != digest or os.path.getsize(task.path) != stat["bytes"]:
-            return None
-        if _file_sha256(task.path) != stat["sha256"]:
-            return None
-        return ShardStat(**{**stat, "resumed": True})
-    except (OSError, ValueError, KeyError, TypeError):
+        return None if stat is None else ShardStat(**{**stat, "resumed": True})
+    except TypeError:  # a sidecar of another version, missing a field
         return None
 
 
@@ -255,9 +247,7 @@ def pack_shard(task: ShardTask) -> ShardStat:
             durations.append(first["duration"])
     stat = ShardStat(task.path, len(durations), float(sum(durations)), min(durations, default=0.0),
                      max(durations, default=0.0), writer.bytes, writer.sha256, digest, dict(skipped))
-    sidecar = Path(task.path).with_name(fmt.sidecar_name(Path(task.path).name))
-    with atomic_write(sidecar) as f:
-        json.dump({k: v for k, v in stat.__dict__.items() if k != "resumed"}, f, sort_keys=True)
+    write_sidecar(task.path, {k: v for k, v in stat.__dict__.items() if k != "resumed"})
     return stat
 
 
@@ -328,13 +318,8 @@ def _jsonl_input(path: str) -> _Input:
             raw = raw[3:]
         if not raw.strip():
             return None
-        try:
-            obj = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DataError(f"{path}:{lineno}: not a valid UTF-8 JSON object ({exc}). Each line of a jsonl / "
-                            f"WeNet raw list must be one JSON object.") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}.")
+        obj = parse_json_object(raw, f"{path}:{lineno}", "Each line of a jsonl / WeNet raw list must be one JSON "
+                                                          "object.")
         return canonical(obj, where=f"{path}:{lineno}")
 
     def key_of(raw: bytes, lineno: int) -> str | None:

@@ -1,0 +1,98 @@
+"""The package layering: a module imports only from its own unit or from units in lower layers.
+
+The order is written down in docs/DEVELOPING.md ("Layers"); this test is the copy that runs. A unit is
+a top-level module of corpus_io (``corpus_io.audio``), a subpackage (``corpus_io.shards``), or ``cli``.
+Imports are read with ``ast`` (function-level imports included), so a lazy import cannot hide a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+# Lowest first. Units in one layer are siblings: they may not import each other.
+LAYERS: list[tuple[str, ...]] = [
+    ("corpus_io", "corpus_io.errors", "corpus_io.extras"),
+    ("corpus_io.files", "corpus_io.progress", "corpus_io.config"),
+    ("corpus_io.kaldi", "corpus_io.urls", "corpus_io.partition", "corpus_io.batching", "corpus_io.augment",
+     "corpus_io.features"),
+    ("corpus_io.audio",),
+    ("corpus_io.manifest", "corpus_io.synth", "corpus_io.corpora"),
+    ("corpus_io.tokenizer", "corpus_io.shards"),
+    ("corpus_io.rawlist",),
+    ("corpus_io.pipeline", "corpus_io.stats"),
+    ("corpus_io.dataset",),
+    ("corpus_io.train",),
+    ("cli",),
+]
+LAYER_OF = {unit: depth for depth, layer in enumerate(LAYERS) for unit in layer}
+SUBPACKAGES = ("shards", "pipeline", "train")
+
+
+def unit_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "cli":
+        return "cli"
+    return ".".join(parts[:2])
+
+
+def imported_modules(tree: ast.AST) -> list[tuple[str, int]]:
+    """(module, line) for every absolute import of corpus_io or cli anywhere in the file."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            package_like = node.module in ("corpus_io", "cli") or (
+                node.module.startswith("corpus_io.") and node.module.split(".")[1] in SUBPACKAGES
+                and node.module.count(".") == 1)
+            if package_like:  # `from corpus_io import audio` imports corpus_io.audio
+                found += [(node.module if alias.name.startswith("_") else f"{node.module}.{alias.name}", node.lineno)
+                          for alias in node.names]
+            else:
+                found.append((node.module, node.lineno))
+    return [(name, line) for name, line in found if name.split(".")[0] in ("corpus_io", "cli")]
+
+
+def source_modules() -> list[tuple[str, Path]]:
+    files = sorted((REPO / "corpus_io").rglob("*.py")) + sorted((REPO / "cli").rglob("*.py"))
+    return [(".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"), path)
+            for path in files]
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted({unit_of(module) for module, _ in source_modules()} - set(LAYER_OF))
+    assert not unplaced, f"add these units to LAYERS (and to docs/DEVELOPING.md): {unplaced}"
+
+
+def test_no_module_imports_from_its_own_layer_or_above():
+    violations = []
+    for module, path in source_modules():
+        mine = unit_of(module)
+        for target, line in imported_modules(ast.parse(path.read_text(), str(path))):
+            theirs = unit_of(target)
+            if theirs == mine or theirs == "corpus_io":
+                continue
+            if LAYER_OF.get(theirs, len(LAYERS)) >= LAYER_OF[mine]:
+                violations.append(f"{path.relative_to(REPO)}:{line}: {mine} imports {theirs}")
+    assert not violations, "imports against the layer order:\n" + "\n".join(violations)
+
+
+def test_layering_check_catches_a_lower_module_importing_a_higher_one():
+    tree = ast.parse("def f():\n    from corpus_io.pipeline import stages\nfrom corpus_io import dataset\n")
+    targets = {unit_of(name) for name, _ in imported_modules(tree)}
+    assert targets == {"corpus_io.pipeline", "corpus_io.dataset"}
+    assert LAYER_OF["corpus_io.shards"] < LAYER_OF["corpus_io.pipeline"] < LAYER_OF["cli"]
+
+
+def test_the_documented_layers_match_the_checked_ones():
+    text = (REPO / "docs" / "DEVELOPING.md").read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    documented = [line for line in section.splitlines() if line.startswith(tuple("0123456789"))]
+    assert len(documented) == len(LAYERS), section
+    for line, layer in zip(documented, LAYERS):
+        for unit in layer:
+            short = unit.removeprefix("corpus_io.") if unit != "corpus_io" else "corpus_io/__init__"
+            assert f"`{short}`" in line, f"{unit} missing from the documented layer: {line}"
