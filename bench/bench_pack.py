@@ -46,7 +46,7 @@ def _jsonl(n: int) -> Path:
         full.parent.mkdir(parents=True, exist_ok=True)
         scp2jsonl(SimpleNamespace(scp_file_list=[str(corpus / "wav.scp"), str(corpus / "text")],
                                   data_type_list=["source", "target"], jsonl_file_out=str(full), segments=None,
-                                  num_workers=0, on_missing="error", allow_pipe=False, storage_options={}))
+                                  num_workers=0, on_error="fail", allow_pipe=False, storage_options={}))
     if n != 20000:
         with open(full, encoding="utf-8") as src, open(out, "w", encoding="utf-8") as dst:
             for i, line in enumerate(src):

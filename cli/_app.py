@@ -1,16 +1,17 @@
-"""Shared plumbing for subcommands: Hydra overrides, ``--help`` key tables, error reporting.
+"""The plumbing of the CLI: a Typer app built from the command table, ``--help`` key tables, and
+error reporting (one paragraph, no traceback, for anything the user can fix).
 
-A subcommand module declares its schema and one call into ``corpus_io``; this
-module turns that into a typer command and a standalone console script.
+The table itself is :data:`cli.commands.COMMANDS`; :mod:`cli.main` builds the app from it.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import os
 import signal
 import sys
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import typer
 
@@ -18,18 +19,8 @@ from corpus_io.config import compose, describe
 from corpus_io.errors import CorpusIOError
 from corpus_io.extras import missing_extra_message
 
-app = typer.Typer(
-    name="corpus-io",
-    help="Prepare speech corpora of any size and stream them into training. "
-         "Every subcommand takes Hydra overrides: key=value, +key=value, ++key=value.",
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode=None,
-    pretty_exceptions_enable=False,
-)
-
-# subcommand name -> its config schema (the help and the config test walk it)
-COMMANDS: dict[str, type] = {}
+if TYPE_CHECKING:
+    from cli.commands import Command
 
 _CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
 
@@ -75,35 +66,43 @@ def run_with_errors(fn: Callable[[], Any]) -> None:
         raise SystemExit(2) from None
 
 
-def command(name: str, schema: type, help: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
-    """Register ``fn(cfg)`` as subcommand ``name`` taking Hydra overrides for ``schema``."""
-    config_name = name.replace("-", "_")
-    COMMANDS[name] = schema
-
-    def decorate(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        def invoke(
-            ctx: typer.Context,
-            config_path: Optional[str] = typer.Option(None, "--config-path", help="directory of your own YAML"),
-            config_name_opt: Optional[str] = typer.Option(None, "--config-name", help="YAML file in --config-path"),
-        ) -> None:
-            overrides = list(ctx.args)
-            chosen = config_name_opt or config_name
-            if config_path and not config_name_opt:
-                chosen = config_name
-            run_with_errors(lambda: fn(compose(schema, chosen, overrides, config_path=config_path)))
-
-        invoke.__doc__ = help
-        app.command(name, help=help, epilog=keys_table(schema), context_settings=_CONTEXT)(invoke)
-        fn.standalone = _standalone(name)  # type: ignore[attr-defined]
-        return fn
-
-    return decorate
+def build_app(commands: Iterable[Command]) -> typer.Typer:
+    """A Typer app with one subcommand per table row; each composes its config and calls its ``run``."""
+    app = typer.Typer(
+        name="corpus-io",
+        help="Prepare speech corpora of any size and stream them into training. "
+             "Every subcommand takes Hydra overrides: key=value, +key=value, ++key=value.",
+        no_args_is_help=True,
+        add_completion=False,
+        rich_markup_mode=None,
+        pretty_exceptions_enable=False,
+    )
+    for cmd in commands:
+        app.command(cmd.name, help=cmd.help, epilog=keys_table(cmd.schema), context_settings=_CONTEXT)(
+            _invoker(cmd))
+    return app
 
 
-def _standalone(name: str) -> Callable[[], None]:
-    def main() -> None:
-        from cli.main import app as full_app
+def _invoker(cmd: Command) -> Callable[..., None]:
+    config_name = cmd.name.replace("-", "_")
 
-        full_app(args=[name, *sys.argv[1:]], prog_name="corpus-io")
+    def invoke(
+        ctx: typer.Context,
+        config_path: Optional[str] = typer.Option(None, "--config-path", help="directory of your own YAML"),
+        config_name_opt: Optional[str] = typer.Option(None, "--config-name", help="YAML file in --config-path"),
+    ) -> None:
+        def job() -> None:
+            cfg = compose(cmd.schema, config_name_opt or config_name, list(ctx.args), config_path=config_path)
+            _target(cmd.run)(cfg)  # imported after the config is checked: a config error costs no torch import
 
-    return main
+        run_with_errors(job)
+
+    invoke.__doc__ = cmd.help
+    return invoke
+
+
+def _target(spec: str) -> Callable[[Any], Any]:
+    """The function ``"module:function"`` names, imported now (inside run_with_errors, so a missing
+    extra is reported as "install corpus-io[EXTRA]")."""
+    module, _, function = spec.partition(":")
+    return getattr(importlib.import_module(module), function)

@@ -58,6 +58,11 @@ def opt(default: Any = dataclasses.MISSING, help: str = "", *, unit: str = "", c
 # --------------------------------------------------------------------------- dataset_conf
 
 
+#: failure handling, one word in every command: fail (a DataError naming file, line, key or shard) or skip
+#: (drop the item and count it in the closing summary)
+FAILURE_CHOICES = ("fail", "skip")
+
+
 @dataclass
 class FilterConf:
     max_length: int = opt(10240, "drop utterances longer than this", unit="frames (10 ms)")
@@ -171,7 +176,7 @@ class DatasetConf:
     prefetch: int = opt(2, "batches prefetched per worker")
     pin_memory: bool = opt(False, "pin batches in page-locked memory (GPU)")
     on_error: str = opt("fail", "a corrupt shard/member or an unreachable URL: fail, or skip and count it",
-                        choices=("fail", "skip"))
+                        choices=FAILURE_CHOICES)
     retries: int = opt(3, "attempts to open a remote URL before on_error applies")
     retry_backoff: float = opt(0.5, "first wait between retries, doubled each time", unit="seconds")
     read_timeout: float = opt(30.0, "longest wait for a connection or the next byte of a remote read, per "
@@ -257,12 +262,12 @@ class Scp2JsonlConfig:
     jsonl_file_out: str = opt("???", "output JSONL (written to a temp name, then renamed)")
     segments: Optional[str] = opt(None, "Kaldi segments file: utterances are cut from wav.scp recordings")
     num_workers: int = opt(0, "header-probe processes (0: all cores)")
-    on_missing: str = opt("error", "a key missing from a table, or unreadable audio: error, or skip and count",
-                          choices=("error", "skip"))
-    on_empty_text: str = opt("error", "an utterance whose transcript (or other text field) is empty: error, or "
-                                      "drop and count it", choices=("error", "skip"))
-    on_duplicate: str = opt("error", "a key repeated in a table: error, or keep its first line and drop and count "
-                                     "the others", choices=("error", "skip"))
+    on_error: str = opt("fail", "a key missing from a table, or unreadable audio: fail, or skip and count",
+                        choices=FAILURE_CHOICES)
+    on_empty_text: str = opt("fail", "an utterance whose transcript (or other text field) is empty: fail, or "
+                                     "drop and count it", choices=FAILURE_CHOICES)
+    on_duplicate: str = opt("fail", "a key repeated in a table: fail, or keep its first line and drop and count "
+                                    "the others", choices=FAILURE_CHOICES)
     allow_pipe: bool = opt(False, "allow Kaldi pipe entries like 'sox a.flac -t wav - |' (run without a shell)")
     storage_options: Dict[str, Any] = opt(help="fsspec options for http(s)/s3 sources", factory=dict)
 
@@ -304,8 +309,8 @@ class PackShardsConfig:
                                    "uncompressed audio; slower to pack and read, and readers cannot seek past audio)",
                            choices=("none", "gzip"))
     feats: bool = opt(False, "features mode: pack a Kaldi dir's feats.scp (kaldiio) as <key>.npy, no audio")
-    on_error: str = opt("error", "unreadable audio or a missing transcript: error, or skip and count",
-                        choices=("error", "skip"))
+    on_error: str = opt("fail", "unreadable audio or a missing transcript: fail, or skip and count",
+                        choices=FAILURE_CHOICES)
     allow_pipe: bool = opt(False, "allow Kaldi pipe entries in wav.scp (run without a shell)")
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote sources", factory=dict)
 
@@ -529,6 +534,33 @@ def _apply_funasr_keys(schema: type, raw: dict) -> None:
             _warn(f"FunASR key '{path}' is read as '{group}.{rule.ours}': {rule.note}.")
 
 
+# --------------------------------------------------------------------------- old spellings
+
+#: keys renamed to the one failure word, per command schema: old key -> new key (same group)
+RENAMED_KEYS: Dict[str, Dict[str, str]] = {"Scp2JsonlConfig": {"on_missing": "on_error"}}
+#: the old value of "fail" (pack-shards' on_error and scp2jsonl's on_* keys said "error")
+OLD_FAIL = "error"
+
+
+def _apply_old_spellings(schema: type, raw: dict, prefix: str) -> None:
+    """Read the old failure spellings as the new ones, in place, with one warning line each."""
+    fields = _schema_fields(schema)
+    for old, new in RENAMED_KEYS.get(schema.__name__, {}).items():
+        if old in raw:
+            value = raw.pop(old)
+            value = "fail" if value == OLD_FAIL else value
+            _warn(f"'{prefix}{old}' is deprecated; it is read as '{prefix}{new}={value}' (fail | skip).")
+            raw.setdefault(new, value)
+    for name, f in fields.items():
+        value = raw.get(name)
+        if f.metadata.get("choices") == FAILURE_CHOICES and value == OLD_FAIL:
+            _warn(f"'{prefix}{name}={OLD_FAIL}' is deprecated; it is read as '{prefix}{name}=fail'.")
+            raw[name] = "fail"
+        nested = _nested_schema(f, schema)
+        if nested is not None and isinstance(value, dict):
+            _apply_old_spellings(nested, value, f"{prefix}{name}.")
+
+
 # --------------------------------------------------------------------------- composition
 
 
@@ -551,6 +583,7 @@ def validate(schema: type, raw: Any) -> Any:
     raw.pop("hydra", None)
     raw.pop("defaults", None)
     _apply_funasr_keys(schema, raw)
+    _apply_old_spellings(schema, raw, prefix="")
     _check_keys(schema, raw, prefix="")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), raw)

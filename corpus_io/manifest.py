@@ -159,7 +159,7 @@ def _missing_message(missing: dict[str, list[str]], counts: dict[str, int], what
 def _bad_audio_message(errors: list[str], count: int) -> str:
     more = f" (and {count - len(errors)} more)" if count > len(errors) else ""
     return (f"{count} utterance(s) have unreadable audio{more}: {' '.join(errors)} Fix or remove those entries, "
-            f"or pass ++on_missing=skip to drop them (they are counted).")
+            f"or pass ++on_error=skip to drop them (they are counted).")
 
 
 _DROP_HINT = ("Or let scp2jsonl drop and count such lines: ++on_duplicate=skip (keeps the first line of a key), "
@@ -251,11 +251,11 @@ def scp2jsonl(cfg: Any) -> Summary:
     del hashes
     extra = {t.path: t.unused_keys(10) for t in keyed.values() if t.num_unused()} if not cfg.segments else {}
     extra_counts = {t.path: t.num_unused() for t in keyed.values() if t.num_unused()} if not cfg.segments else {}
-    if cfg.on_missing == "error" and (missing or extra):
+    if cfg.on_error == "fail" and (missing or extra):
         message = "; ".join(filter(None, [_missing_message(missing, missing_counts, "of " + driver_path +
                                                            " are missing from"),
                                           _missing_message(extra, extra_counts, "are only in")]))
-        raise DataError(f"{message}. Fix the tables, or pass ++on_missing=skip to drop those "
+        raise DataError(f"{message}. Fix the tables, or pass ++on_error=skip to drop those "
                         f"utterances (they are counted).")
     for where, n in missing_counts.items():
         summary.skip(f"missing in {Path(where).name}", n)
@@ -277,7 +277,7 @@ def scp2jsonl(cfg: Any) -> Summary:
     workers = resolve_num_workers(cfg.num_workers)
     _KEYED.clear()
     _KEYED.update(keyed)
-    bad_audio: list[str] = []  # the first 10 unreadable-audio errors (with on_missing=error)
+    bad_audio: list[str] = []  # the first 10 unreadable-audio errors (with on_error=fail)
     bad_audio_count = 0
     try:
         with atomic_write(cfg.jsonl_file_out) as out:
@@ -288,7 +288,7 @@ def scp2jsonl(cfg: Any) -> Summary:
                         summary.skip(f"empty {result.empty}")
                     elif result.error is None:
                         continue  # missing from a table: counted (or refused) by pass 1
-                    elif cfg.on_missing == "error":  # go on probing: the error names 10 keys and the count
+                    elif cfg.on_error == "fail":  # go on probing: the error names 10 keys and the count
                         bad_audio_count += 1
                         if len(bad_audio) < 10:
                             bad_audio.append(result.error)

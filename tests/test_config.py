@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import signal
@@ -52,8 +53,58 @@ def test_wrong_type_names_the_key():
 
 
 def test_value_outside_choices_lists_them():
-    with pytest.raises(ConfigError, match=r"on_missing.*error, skip"):
-        config.validate(config.Scp2JsonlConfig, {"on_missing": "ignore", "jsonl_file_out": "x"})
+    with pytest.raises(ConfigError, match=r"on_error.*fail, skip"):
+        config.validate(config.Scp2JsonlConfig, {"on_error": "ignore", "jsonl_file_out": "x"})
+
+
+@pytest.mark.parametrize(("schema", "old", "new"), [
+    (config.Scp2JsonlConfig, {"on_missing": "skip"}, {"on_error": "skip"}),
+    (config.Scp2JsonlConfig, {"on_missing": "error"}, {"on_error": "fail"}),
+    (config.Scp2JsonlConfig, {"on_empty_text": "error", "on_duplicate": "skip"},
+     {"on_empty_text": "fail", "on_duplicate": "skip"}),
+    (config.PackShardsConfig, {"on_error": "error"}, {"on_error": "fail"}),
+    (config.BenchLoaderConfig, {"dataset_conf": {"on_error": "error"}}, {"dataset_conf.on_error": "fail"}),
+])
+def test_old_failure_spellings_are_read_as_on_error_fail_skip_with_one_warning_line_each(schema, old, new, capsys):
+    required = {config.Scp2JsonlConfig: {"jsonl_file_out": "x"}, config.PackShardsConfig: {"input": "i", "output_dir": "o"},
+                config.BenchLoaderConfig: {"data_list": "d"}}[schema]
+    cfg = config.validate(schema, copy.deepcopy({**required, **old}))
+    for path, value in new.items():
+        obj = cfg
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        assert obj == value
+    warnings = capsys.readouterr().err.splitlines()
+    deprecated = [line for line in warnings if "deprecated" in line]
+    assert len(deprecated) == sum(1 for k, v in _flat(old).items() if k.endswith("on_missing") or v == "error")
+    assert all(line.startswith("warning: ") for line in deprecated)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def test_every_failure_key_of_every_command_says_fail_or_skip():
+    from cli.commands import COMMANDS
+
+    for cmd in COMMANDS:
+        for key, _, _ in config.describe(cmd.schema):
+            if key.rsplit(".", 1)[-1].startswith("on_"):
+                choices = _field(cmd.schema, key).metadata["choices"]
+                assert choices == ("fail", "skip"), (cmd.name, key, choices)
+
+
+def _field(schema: type, key: str):
+    import dataclasses
+    import typing
+
+    *parents, leaf = key.split(".")
+    for part in parents:
+        schema = typing.get_type_hints(schema)[part]
+    return {f.name: f for f in dataclasses.fields(schema)}[leaf]
 
 
 def test_every_schema_lists_its_keys_for_help():
@@ -97,7 +148,7 @@ def test_hydra_neither_changes_cwd_nor_writes_outputs(tmp_path, fixture_corpus):
 def test_help_lists_keys_with_defaults_and_units():
     result = run_cli("corpus-io", "scp2jsonl", "--help")
     assert result.returncode == 0
-    assert "jsonl_file_out" in result.stdout and "num_workers" in result.stdout and "{error|skip}" in result.stdout
+    assert "jsonl_file_out" in result.stdout and "num_workers" in result.stdout and "{fail|skip}" in result.stdout
     result = run_cli("corpus-io", "--help")
     assert "scp2jsonl" in result.stdout and "jsonl2scp" in result.stdout
 
@@ -105,7 +156,7 @@ def test_help_lists_keys_with_defaults_and_units():
 def test_help_is_fast_and_does_not_import_torch():
     code = ("import sys, time; t=time.perf_counter(); from cli.main import app\n"
             "try:\n    app(args=['--help'], prog_name='corpus-io')\nexcept SystemExit:\n    pass\n"
-            "from cli.scp2jsonl import scp2jsonl\n"
+            "from cli.main import pack_shards\n"
             "print('TORCH' if 'torch' in sys.modules else 'NOTORCH', time.perf_counter()-t, file=sys.stderr)")
     result = run_cli("python", "-c", code)
     assert "NOTORCH" in result.stderr, result.stderr
@@ -153,10 +204,9 @@ def test_a_single_value_for_a_list_key_says_to_give_a_list():
 
 
 def _commands() -> dict[str, type]:
-    import cli.main  # noqa: F401  (registers every subcommand)
-    from cli._app import COMMANDS
+    from cli.commands import SCHEMAS
 
-    return COMMANDS
+    return SCHEMAS
 
 
 @pytest.mark.parametrize("name", sorted(_commands()))

@@ -96,3 +96,38 @@ def test_the_documented_layers_match_the_checked_ones():
         for unit in layer:
             short = unit.removeprefix("corpus_io.") if unit != "corpus_io" else "corpus_io/__init__"
             assert f"`{short}`" in line, f"{unit} missing from the documented layer: {line}"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    modules = dict(source_modules())
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets = set()
+        for target, _ in imported_modules(ast.parse(path.read_text(), str(path))):
+            while target and target not in modules:  # `from corpus_io.x import name` -> corpus_io.x
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def test_no_import_circle_between_modules_even_through_function_level_imports():
+    """Within a unit too (cli/main <-> cli/_app was one): a circle means two modules are one concept."""
+    graph, state, path, circles = _module_graph(), {}, [], []
+
+    def visit(module: str) -> None:
+        state[module] = "open"
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                circles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    assert not circles, "import circles:\n" + "\n".join(circles)

@@ -92,14 +92,14 @@ def test_missing_keys_error_names_ten_and_counts_all(tmp_path, fixture_corpus):
     wav, text = make_tables(tmp_path, fixture_corpus, n_text=2)
     out = tmp_path / "o.jsonl"
     result = funasr_scp2jsonl(wav, text, out)
-    assert_user_error(result, "22 key(s)", "(and 12 more)", "++on_missing=skip")
+    assert_user_error(result, "22 key(s)", "(and 12 more)", "++on_error=skip")
     assert not out.exists() and not list(tmp_path.glob(".o.jsonl*"))
 
 
 def test_missing_keys_skip_reports_counts(tmp_path, fixture_corpus):
     wav, text = make_tables(tmp_path, fixture_corpus, n_text=5)
     out = tmp_path / "o.jsonl"
-    result = funasr_scp2jsonl(wav, text, out, "++on_missing=skip")
+    result = funasr_scp2jsonl(wav, text, out, "++on_error=skip")
     assert result.returncode == 0, result.stderr
     assert len(read_jsonl(out)) == 5
     assert "skipped 19 (missing in text: 19)" in result.stderr
@@ -123,7 +123,7 @@ def test_corrupt_audio_errors_by_key_or_is_skipped_and_counted(tmp_path, fixture
     wav.write_text("\n".join(lines) + "\n")
     result = funasr_scp2jsonl(wav, text, tmp_path / "o.jsonl")
     assert_user_error(result, key, "wav.scp:4", "not a readable audio file")
-    result = funasr_scp2jsonl(wav, text, tmp_path / "o.jsonl", "++on_missing=skip")
+    result = funasr_scp2jsonl(wav, text, tmp_path / "o.jsonl", "++on_error=skip")
     assert result.returncode == 0 and "unreadable audio: 1" in result.stderr
 
 
@@ -262,7 +262,7 @@ def test_scp2jsonl_with_every_utterance_skipped_leaves_no_output(tmp_path):
     (tmp_path / "wav.scp").write_text("u1 a.wav\n")
     (tmp_path / "text").write_text("u2 hello\n")
     out = tmp_path / "out" / "o.jsonl"
-    result = funasr_scp2jsonl(tmp_path / "wav.scp", tmp_path / "text", out, "++on_missing=skip")
+    result = funasr_scp2jsonl(tmp_path / "wav.scp", tmp_path / "text", out, "++on_error=skip")
     assert_user_error(result, "no utterance of", "missing in text: 1")
     assert _ls(out.parent) == []
 
@@ -354,7 +354,7 @@ def test_unreadable_audio_error_names_ten_keys_and_the_count(tmp_path, fixture_c
     keys = [line.split()[0] for line in wav.read_text().splitlines()]
     out = tmp_path / "o.jsonl"
     result = funasr_scp2jsonl(wav, text, out)
-    assert_user_error(result, "12 utterance(s) have unreadable audio (and 2 more)", "++on_missing=skip")
+    assert_user_error(result, "12 utterance(s) have unreadable audio (and 2 more)", "++on_error=skip")
     named = [k for k in keys[:12] if f"key '{k}'" in result.stderr]
     assert named == keys[:10]
     assert not out.exists()

@@ -63,7 +63,7 @@ class PackOptions:
     audio_format: str = "keep"  # keep | wav | flac
     resample: int | None = None  # Hz
     feats: bool = False
-    on_error: str = "error"  # error | skip
+    on_error: str = "fail"  # fail | skip
     allow_pipe: bool = False
     storage_options: dict = field(default_factory=dict)
     compression: str = "none"  # none | gzip (.tar.gz)
@@ -226,7 +226,7 @@ def pack_shard(task: ShardTask) -> ShardStat:
                 else:
                     ext, data, first = _audio_members(record, opts)
             except DataError as exc:
-                if opts.on_error == "error":
+                if opts.on_error == "fail":
                     raise DataError(f"{record.get('where', '?')}: key '{key}': {exc}. Fix the input, or pass "
                                     f"++on_error=skip to drop such utterances (they are counted).") from None
                 reason = "missing transcript" if "transcript" in str(exc) else "unreadable audio"
@@ -461,7 +461,7 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
         index = 0
         for rec in inp.records(cfg.shuffle, cfg.seed):
             if isinstance(rec, str):
-                if cfg.on_error == "error":
+                if cfg.on_error == "fail":
                     raise DataError(f"{inp.describe}: an utterance has a {rec}. Fix the data dir, or pass "
                                     f"++on_error=skip to drop such utterances (they are counted).")
                 summary.skip(rec)

@@ -1,0 +1,69 @@
+"""Every ``corpus-io`` subcommand, in one table: its name, config schema, the one function it runs, and help.
+
+A subcommand takes Hydra overrides for its schema, composed over ``conf/<name with _>.yaml``, and calls
+``run(cfg)``. ``run`` is a ``"module:function"`` string, imported only when the command runs, so
+``corpus-io --help`` and the data-preparation commands never import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corpus_io import config
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    schema: type
+    run: str  # "module:function" called with the composed config
+    help: str
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("prepare", config.PrepareConfig, "corpus_io.corpora:prepare",
+            "Prepare a corpus from its distributed layout (AISHELL-1, LibriSpeech) into sorted Kaldi dirs "
+            "<output_dir>/<split>/{wav.scp,text,utt2spk,spk2utt}. Audio without a transcript is counted and "
+            "left out."),
+    Command("scp2jsonl", config.Scp2JsonlConfig, "corpus_io.manifest:scp2jsonl",
+            "Join Kaldi tables (wav.scp, text, ...) into a FunASR JSONL. Audio lengths come from file headers."),
+    Command("jsonl2scp", config.Jsonl2ScpConfig, "corpus_io.manifest:jsonl2scp",
+            "Split a JSONL back into Kaldi tables, one per field."),
+    Command("pack-shards", config.PackShardsConfig, "corpus_io.shards.pack:pack_shards",
+            "Pack a jsonl, a WeNet raw list or a Kaldi dir into WeNet/WebDataset tar shards with data.list "
+            "and index.jsonl. Parallel, resumable, deterministic."),
+    Command("make-datalist", config.MakeDatalistConfig, "corpus_io.shards.datalist:make_datalist",
+            "Write a WeNet data.list: raw (utterance lines from a jsonl) or shard (tar URLs from dirs, globs, "
+            "brace patterns or lists, merged, with an optional prefix rewrite and the index sidecar)."),
+    Command("add-field", config.AddFieldConfig, "corpus_io.shards.fields:add_field",
+            "Add a field to packed shards without rewriting them: shard-NNNNNN.<field>.tar (fbank/mfcc "
+            "computed with the loader's dataset_conf, or ++from_scp=feats.scp) or .<field>.jsonl.gz "
+            "(++from_jsonl), plus a meta companion, recorded in index.jsonl. Parallel, resumable."),
+    Command("verify-shards", config.VerifyShardsConfig, "corpus_io.shards.verify:verify_shards",
+            "Check every shard of a data.list: sha256 and size against index.jsonl, member grouping, counts, "
+            "audio decoding and UTF-8 transcripts. Exits non-zero naming the shard and member."),
+    Command("stats", config.StatsConfig, "corpus_io.stats:run_stats",
+            "Corpus statistics of a shard or raw data.list: hours, utterances, duration/text-length/speaker "
+            "histograms, per-shard balance (a table on stdout) and a PNG duration histogram. Reads metadata "
+            "only."),
+    Command("make-tokenizer", config.MakeTokenizerConfig, "corpus_io.tokenizer:make_tokenizer",
+            "Build a token list (char/word) or train a sentencepiece model (bpe) from Kaldi text or JSONL."),
+    Command("bench-loader", config.BenchLoaderConfig, "corpus_io.dataset:bench_loader",
+            "Iterate the training loader exactly as train builds it: utterances/s, audio-seconds/s, padding, "
+            "drop counts; dump keys per rank and epoch; save or resume the loader state."),
+    Command("compute-cmvn", config.ComputeCmvnConfig, "corpus_io.train.cmvn:compute_cmvn",
+            "Global CMVN (mean, istd) over the feature frames of a training list, as JSON for train's "
+            "cmvn_file."),
+    Command("train", config.TrainConfig, "corpus_io.train.trainer:train",
+            "Train a CTC model (Conformer by default) from a shard or raw list; one process or under torchrun: "
+            "torchrun --nproc_per_node=N --no-python corpus-io train ++train_data_set_list=... "
+            "++output_dir=..."),
+    Command("average", config.AverageConfig, "corpus_io.train.checkpoint:average",
+            "Average the best epoch checkpoints of a training output_dir (by cv loss or acc) into "
+            "model.pt.avg{num}."),
+    Command("decode", config.DecodeConfig, "corpus_io.train.decode:decode",
+            "Greedy CTC decoding of a raw or shard list with a checkpoint; writes a Kaldi text and a CER/WER "
+            "report."),
+)
+
+SCHEMAS: dict[str, type] = {c.name: c.schema for c in COMMANDS}
