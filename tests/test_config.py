@@ -66,7 +66,8 @@ def test_value_outside_choices_lists_them():
     (config.BenchLoaderConfig, {"dataset_conf": {"on_error": "error"}}, {"dataset_conf.on_error": "fail"}),
 ])
 def test_old_failure_spellings_are_read_as_on_error_fail_skip_with_one_warning_line_each(schema, old, new, capsys):
-    required = {config.Scp2JsonlConfig: {"jsonl_file_out": "x"}, config.PackShardsConfig: {"input": "i", "output_dir": "o"},
+    required = {config.Scp2JsonlConfig: {"jsonl_file_out": "x"},
+                config.PackShardsConfig: {"input": "i", "output_dir": "o"},
                 config.BenchLoaderConfig: {"data_list": "d"}}[schema]
     cfg = config.validate(schema, copy.deepcopy({**required, **old}))
     for path, value in new.items():
