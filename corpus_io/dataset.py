@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import sys
 from collections import Counter
 from typing import Any, Iterator
 
@@ -32,7 +33,7 @@ from corpus_io.config import DatasetConf
 from corpus_io.errors import ConfigError, CorpusIOError, DataError
 from corpus_io.files import read_json_object
 from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info
-from corpus_io.pipeline.build import build_pipeline, continues_streams
+from corpus_io.pipeline.build import build_pipeline, continues_streams, describe_chain, loader_chain
 from corpus_io.pipeline.read import Source
 
 log = logging.getLogger(__name__)
@@ -328,6 +329,9 @@ def bench_loader(cfg: Any) -> dict:
     data_list = None if cfg.data_list in ("???", "") else cfg.data_list
     loader = build_dataloader(data_list, cfg.dataset_conf, tokenizer, train=cfg.train, rank=rank,
                               world_size=world_size)
+    if rank == 0:
+        print("loader chain:\n" + describe_chain(loader_chain(cfg.dataset_conf, tokenizer, train=cfg.train)),
+              file=sys.stderr, flush=True)
     resumed_epoch = None
     if saved_state is not None:
         loader.load_state_dict(saved_state)

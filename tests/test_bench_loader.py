@@ -191,3 +191,16 @@ def test_a_resumed_shard_epoch_reports_what_it_read_again(small, tmp_path):
     reread = re.search(r"re-read after the resume: (\d+) utterances", result.stdout)
     assert reread and int(reread.group(1)) > 0, result.stdout  # the open shard is read again up to the position
     assert "resume.reread" not in result.stdout  # not reported as dropped
+
+
+def test_bench_loader_prints_the_loader_chain_it_runs_before_the_first_batch(small):
+    data_list, tokens = small
+    result = run_cli("corpus-io", "bench-loader", f"++data_list={data_list}", f"++tokenizer.token_list={tokens}",
+                     "++dataset_conf.batch_size=8", "++dataset_conf.filter_conf.token_max_length=77",
+                     env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    chain = result.stderr.split("loader chain:\n", 1)[1]
+    names = [line.split(". ", 1)[1].split("(", 1)[0] for line in chain.splitlines() if ". " in line[:6]]
+    assert names[:2] == ["decode", "filter_length"] and names[-1] == "pad"
+    assert names.index("filter_tokens") < names.index("fbank")
+    assert "filter_tokens(token_max_length=77," in chain

@@ -1,25 +1,33 @@
-"""The one place that composes the loader chain, in WeNet's order.
+"""The one place that composes the loader chain, in WeNet's order, as a value.
 
     list shuffle -> partition -> open -> tar group | raw read      (corpus_io.pipeline.read)
-    -> decode -> filter -> resample -> speed perturb -> features -> augmentation -> tokenize
-       (feats_on=model: ... -> speed perturb -> frame count -> filter -> drop empty -> tokenize; features and
-       augmentation run batched on the model's device, corpus_io.train.frontend)
+    -> decode -> filter -> resample -> speed perturb -> frame count -> tokenize -> token filter
+    -> features -> augmentation
+       (feats_on=model: ... -> speed perturb -> frame count -> filter -> drop empty -> tokenize -> token
+       filter; features and augmentation run batched on the model's device, corpus_io.train.frontend)
     -> [enter: resume bookkeeping, epoch_hours budget]
     -> shuffle buffer -> sort buffer | bucketing -> batch
     -> [emit: resume bookkeeping] -> pad
 
-Each stage is a generator from corpus_io.pipeline.stages taking plain arguments. Augmentation and
-speed perturbation run only in train mode; cv/test reads the list unshuffled, split across ranks.
-The two bookkeeping taps keep :class:`~corpus_io.partition.SlotState` up to date so every padded
-batch carries the worker's exact read position (``__state__``) and its filter/skip count deltas
-(``__counts__``).
+:func:`loader_chain` turns a :class:`DatasetConf` into a list of named :class:`Stage` values (printable:
+``bench-loader`` and ``train`` log it at start); :func:`build_pipeline` folds it over the read samples
+of one slot. A stage takes its config block whole: every key of the block that its function names is
+passed (tests/pipeline/test_build.py checks that every key of a block reaches some stage). Tokens are
+counted and filtered before features, so no features are computed for an utterance the token filter
+drops (WeNet's order). Augmentation and speed perturbation run only in train mode; cv/test reads the
+list unshuffled, split across ranks. The two bookkeeping taps keep :class:`~corpus_io.partition.SlotState`
+up to date so every padded batch carries the worker's exact read position (``__state__``) and its
+filter/skip count deltas (``__counts__``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import random
 from collections import Counter
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
 
 from corpus_io.config import DatasetConf
 from corpus_io.errors import ConfigError
@@ -60,7 +68,7 @@ def continues_streams(conf: DatasetConf) -> bool:
     return bool(conf.epoch_hours) or len(conf.sources) > 1
 
 
-def enter(samples: Iterator[dict], state: SlotState, budget: float | None, stop: list[bool]) -> Iterator[dict]:
+def enter(samples: Iterator[dict], *, state: SlotState, budget: float | None) -> Iterator[dict]:
     """Record each sample entering the buffers; end the stream once the epoch_hours budget is spent.
 
     The samples pending at the start (a checkpoint's buffers, or what the last epoch left in them) come
@@ -74,29 +82,116 @@ def enter(samples: Iterator[dict], state: SlotState, budget: float | None, stop:
         state.enter(sid, sample_seconds(sample))
         yield sample
         if budget is not None and state.seconds >= budget and not owed:
-            stop[0] = True
             return
 
 
-def emit(batches: Iterator[list[dict]], state: SlotState) -> Iterator[list[dict]]:
+def emit(batches: Iterator[list[dict]], *, state: SlotState) -> Iterator[list[dict]]:
     for batch in batches:
         for sample in batch:
             state.emit(sample["__sid__"])
         yield batch
 
 
-def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, slot: Slot, state: SlotState,
-                   train: bool, counts: Counter) -> Iterator[dict]:
-    """Padded batch dicts of one slot (see docs/DEVELOPING.md "The sample dict"), without bookkeeping keys."""
+#: what a fold supplies to the stages that name it: per slot and epoch, not config
+RUNTIME = ("counts", "rng", "generator", "state", "budget")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One named step of the loader chain: ``fn(samples, **kwargs)`` -> samples (or batches).
+
+    ``block``: a config dataclass passed whole; every key of it that ``fn`` names is passed. ``args``:
+    plain arguments from elsewhere in the config. Runtime values (:data:`RUNTIME`) are supplied when the
+    chain is folded, to the stages whose function names them.
+    """
+
+    name: str
+    fn: Callable[..., Iterator]
+    block: Any = None
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    def config_kwargs(self) -> dict[str, Any]:
+        params = inspect.signature(self.fn).parameters
+        out = {}
+        if self.block is not None:
+            out.update({f.name: getattr(self.block, f.name) for f in dataclasses.fields(self.block)
+                        if f.name in params})
+        out.update(self.args)
+        return out
+
+    def __call__(self, samples: Iterator, runtime: Mapping[str, Any]) -> Iterator:
+        params = inspect.signature(self.fn).parameters
+        return self.fn(samples, **self.config_kwargs(), **{k: v for k, v in runtime.items() if k in params})
+
+    def __str__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.config_kwargs().items() if k != "tokenizer")
+        return f"{self.name}({shown})"
+
+
+def describe_chain(chain: list[Stage]) -> str:
+    """The chain one stage per line, with the configuration each stage runs with."""
+    return "\n".join(f"  {i:2d}. {stage}" for i, stage in enumerate(chain, 1))
+
+
+def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool) -> list[Stage]:
+    """The stages after reading, in order, for ``conf`` (see the module docstring)."""
     from corpus_io import batching
     from corpus_io.pipeline import stages
 
+    chain: list[Stage] = []
+    f = conf.filter_conf
+    tokens = [Stage("tokenize", stages.tokenize, args={"tokenizer": tokenizer}),
+              Stage("filter_tokens", stages.filter_tokens, f)] if tokenizer is not None else []
+    if conf.feats_type == "precomputed":
+        chain += [Stage("precomputed_features", stages.precomputed_features,
+                        args={"fields": list(conf.fields), "on_error": conf.on_error}),
+                  Stage("filter_length", stages.filter_length, f), *tokens]
+    else:
+        on_model = conf.feats_on == "model"
+        chain.append(Stage("decode", stages.decode, args={"on_error": conf.on_error}))
+        if not on_model:
+            chain.append(Stage("filter_length", stages.filter_length, f))
+        chain.append(Stage("resample", stages.resample, conf.resample_conf))
+        if train and conf.speed_perturb:
+            chain.append(Stage("speed_perturb", stages.speed_perturb, conf.speed_perturb_conf))
+        frames = conf.fbank_conf if conf.feats_type == "fbank" else conf.mfcc_conf
+        if on_model:  # waveforms to the device front end; the length filter counts its exact frames
+            chain += [Stage("waveform_frames", stages.waveform_frames, frames),
+                      Stage("filter_length", stages.filter_length, f), Stage("drop_empty", stages.drop_empty),
+                      *tokens]
+        elif conf.feats_type == "raw":  # a frame is a sample: the token ratio counts samples, after features
+            chain += [Stage("raw_features", stages.raw_features), *tokens]
+        else:  # the exact feature frame count first, so the token filter counts what it did after features
+            chain += [Stage("count_frames", stages.count_frames, frames), *tokens,
+                      Stage(conf.feats_type, stages.fbank if conf.feats_type == "fbank" else stages.mfcc, frames)]
+    if train and conf.feats_on == "loader":  # feats_on=model: the device front end augments
+        for name in ("spec_aug", "spec_sub", "spec_trim"):
+            if getattr(conf, name):
+                chain.append(Stage(name, getattr(stages, name), getattr(conf, f"{name}_conf")))
+    chain.append(Stage("enter", enter))
+    if train and conf.shuffle:
+        chain.append(Stage("shuffle", stages.shuffle, conf.shuffle_conf))
+    batch_args = {"batch_type": conf.batch_type, "batch_size": conf.batch_size, "max_batch_size": conf.max_batch_size}
+    if conf.bucketing:
+        chain.append(Stage("bucket_batch", batching.bucket_batch, args={**batch_args, "num_buckets": conf.num_buckets}))
+    else:
+        if conf.sort:
+            chain.append(Stage("sort", stages.sort, conf.sort_conf))
+        chain.append(Stage("batch", batching.batch, args=batch_args))
+    # feats_type=raw: a "frame" is one sample, so audio_seconds counts samples / rate, not 10 ms frames
+    shift = 1.0 / conf.resample_conf.resample_rate if conf.feats_type == "raw" else 0.01
+    chain += [Stage("emit", emit), Stage("pad", stages.pad, args={"frame_shift": shift})]
+    return chain
+
+
+def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, slot: Slot, state: SlotState,
+                   train: bool, counts: Counter) -> Iterator[dict]:
+    """Padded batch dicts of one slot (see docs/DEVELOPING.md "The sample dict"), without bookkeeping keys."""
     epoch = state.epoch
     seed = conf.seed
     # seeded by (seed, epoch, rank, worker) and, on resume, by the position (a resumed worker's buffers
     # are refilled in a new order; the *set* of utterances is what resume keeps exact)
     tag = f"{seed}:{epoch}:{slot.rank}:{slot.worker}:{sum(state.taken.values())}"
-    rng = random.Random(tag)
     generator = None
     if (conf.fbank_conf.dither if conf.feats_type == "fbank" else conf.mfcc_conf.dither) and train:
         import torch
@@ -106,80 +201,15 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
     infinite = continues_streams(conf)
     mark_pass_end = len(sources) > 1 and not conf.epoch_hours  # a mix's epoch ends when a source's pass does
     opts = read_options(conf)
-    stop = [False]
 
     # list shuffle -> partition -> open -> tar group | raw read (-> weighted mix)
     streams = [iter_source(i, src, slot, state, opts, counts, seed=seed + 7919 * i,
                            first_pass=0 if infinite else epoch, shuffle=shuffle, infinite=infinite,
                            mark_pass_end=mark_pass_end)
                for i, src in enumerate(sources)]
-    samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state,
-                                                       stop=lambda: stop[0])
-    f = conf.filter_conf
-    if conf.feats_type == "precomputed":
-        samples = stages.precomputed_features(samples, fields=list(conf.fields), on_error=conf.on_error,
-                                              counts=counts)
-        samples = stages.filter_length(samples, min_length=f.min_length, max_length=f.max_length, counts=counts)
-    else:
-        samples = stages.decode(samples, on_error=conf.on_error, counts=counts)
-        on_model = conf.feats_on == "model"
-        if not on_model:
-            samples = stages.filter_length(samples, min_length=f.min_length, max_length=f.max_length, counts=counts)
-        samples = stages.resample(samples, resample_rate=conf.resample_conf.resample_rate, counts=counts)
-        if train and conf.speed_perturb:
-            samples = stages.speed_perturb(samples, speeds=conf.speed_perturb_conf.speeds, rng=rng, counts=counts)
-        if on_model:  # waveforms to the device front end; the length filter counts its exact frames
-            c = conf.fbank_conf if conf.feats_type == "fbank" else conf.mfcc_conf
-            samples = stages.waveform_frames(samples, frame_length=c.frame_length, frame_shift=c.frame_shift,
-                                             counts=counts)
-            samples = stages.filter_length(samples, min_length=f.min_length, max_length=f.max_length, counts=counts)
-            samples = stages.drop_empty(samples, counts=counts)
-        else:
-            samples = _features(stages, samples, conf, counts, generator)
-    augment = train and conf.feats_on == "loader"  # feats_on=model: the device front end augments
-    if augment and conf.spec_aug:
-        a = conf.spec_aug_conf
-        samples = stages.spec_aug(samples, num_t_mask=a.num_t_mask, num_f_mask=a.num_f_mask, max_t=a.max_t,
-                                  max_f=a.max_f, rng=rng, counts=counts)
-    if augment and conf.spec_sub:
-        samples = stages.spec_sub(samples, max_t=conf.spec_sub_conf.max_t, num_t_sub=conf.spec_sub_conf.num_t_sub,
-                                  rng=rng, counts=counts)
-    if augment and conf.spec_trim:
-        samples = stages.spec_trim(samples, max_t=conf.spec_trim_conf.max_t, rng=rng, counts=counts)
-    if tokenizer is not None:
-        samples = stages.tokenize(samples, tokenizer=tokenizer, counts=counts)
-        samples = stages.filter_tokens(samples, token_min_length=f.token_min_length,
-                                       token_max_length=f.token_max_length,
-                                       min_output_input_ratio=f.min_output_input_ratio,
-                                       max_output_input_ratio=f.max_output_input_ratio, counts=counts)
-
-    samples = enter(samples, state, slot_budget_seconds(conf, slot), stop)
-    if shuffle:
-        samples = stages.shuffle(samples, shuffle_size=conf.shuffle_conf.shuffle_size, rng=rng, counts=counts)
-    if conf.bucketing:
-        batches = batching.bucket_batch(samples, batch_type=conf.batch_type, batch_size=conf.batch_size,
-                                        max_batch_size=conf.max_batch_size, num_buckets=conf.num_buckets,
-                                        counts=counts)
-    else:
-        if conf.sort:
-            samples = stages.sort(samples, sort_size=conf.sort_conf.sort_size, counts=counts)
-        batches = batching.batch(samples, batch_type=conf.batch_type, batch_size=conf.batch_size,
-                                 max_batch_size=conf.max_batch_size, counts=counts)
-    batches = emit(batches, state)
-    # feats_type=raw: a "frame" is one sample, so audio_seconds counts samples / rate, not 10 ms frames
-    shift = 1.0 / conf.resample_conf.resample_rate if conf.feats_type == "raw" else 0.01
-    return stages.pad(batches, frame_shift=shift)
-
-
-def _features(stages: Any, samples: Iterator[dict], conf: DatasetConf, counts: Counter,
-              generator: Any) -> Iterator[dict]:
-    if conf.feats_type == "fbank":
-        c = conf.fbank_conf
-        return stages.fbank(samples, num_mel_bins=c.num_mel_bins, frame_length=c.frame_length,
-                            frame_shift=c.frame_shift, dither=c.dither, generator=generator, counts=counts)
-    if conf.feats_type == "mfcc":
-        c = conf.mfcc_conf
-        return stages.mfcc(samples, num_mel_bins=c.num_mel_bins, num_ceps=c.num_ceps, frame_length=c.frame_length,
-                           frame_shift=c.frame_shift, dither=c.dither, high_freq=c.high_freq, low_freq=c.low_freq,
-                           generator=generator, counts=counts)
-    return stages.raw_features(samples, counts=counts)
+    samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state)
+    runtime = {"counts": counts, "rng": random.Random(tag), "generator": generator, "state": state,
+               "budget": slot_budget_seconds(conf, slot)}
+    for stage in loader_chain(conf, tokenizer, train=train):
+        samples = stage(samples, runtime)
+    return samples

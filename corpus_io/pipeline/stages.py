@@ -208,6 +208,7 @@ def _with_feats(samples: Iterable[dict], compute: Any, counts: Counter | None) -
             _count(counts, "features.empty")
             continue
         sample.pop("wav", None)
+        sample.pop("frames", None)  # the count made before features (count_frames); feats now tell
         sample["feats"] = feats
         yield sample
 
@@ -236,6 +237,16 @@ def mfcc(samples: Iterable[dict], *, num_mel_bins: int = 40, num_ceps: int = 40,
     return _with_feats(samples, compute, counts)
 
 
+def count_frames(samples: Iterable[dict], *, frame_length: float = 25.0, frame_shift: float = 10.0,
+                 counts: Counter | None = None) -> Iterator[dict]:
+    """Set ``frames``, the number of 10 ms frames the features of ``wav`` will have (Kaldi's count), so
+    the stages that run before features (the token filter) count exactly what features will count."""
+    for sample in samples:
+        sample["frames"] = features.num_frames(sample["wav"].shape[1], sample["sample_rate"], frame_length,
+                                               frame_shift)
+        yield sample
+
+
 def waveform_frames(samples: Iterable[dict], *, frame_length: float = 25.0, frame_shift: float = 10.0,
                     counts: Counter | None = None) -> Iterator[dict]:
     """``feats_on=model``: keep ``wav`` for the device front end and set ``frames``, the number of
@@ -243,9 +254,7 @@ def waveform_frames(samples: Iterable[dict], *, frame_length: float = 25.0, fram
     those with none, as the fbank stage does). A waveform still holding a 16-bit source's samples
     (``pcm16``: mono 16-bit PCM, not resampled or perturbed) travels as int16, half the bytes, exactly;
     any other stays float32 in [-1, 1]."""
-    for sample in samples:
-        sample["frames"] = features.num_frames(sample["wav"].shape[1], sample["sample_rate"], frame_length,
-                                               frame_shift)
+    for sample in count_frames(samples, frame_length=frame_length, frame_shift=frame_shift):
         if sample.pop("pcm16", False):  # k / 32768 exactly: the int16 conversion loses nothing
             scaled = sample["wav"].numpy() * np.float32(features.INT16_SCALE)
             sample["wav"] = torch.from_numpy(scaled.astype(np.int16))

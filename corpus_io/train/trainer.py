@@ -297,6 +297,7 @@ class Trainer:
     def __init__(self, cfg: Any, ctx: DistContext) -> None:
         from corpus_io.config import to_yaml
         from corpus_io.dataset import build_dataloader
+        from corpus_io.pipeline.build import describe_chain, loader_chain
         from corpus_io.tokenizer import build_tokenizer
         from corpus_io.train.cmvn import eval_dataset_conf
         from corpus_io.train.frontend import build_front_end
@@ -360,6 +361,8 @@ class Trainer:
         self.log(f"world_size {ctx.world_size}, backend {ctx.backend or 'none'}, device {ctx.device}, "
                  f"model {type(self.module).__name__} {num_parameters(self.module) / 1e6:.3f}M params, "
                  f"vocab {self.tokenizer.vocab_size}, input_dim {self.input_dim}", all_ranks=False)
+        self.log("loader chain (train):\n" + describe_chain(loader_chain(cfg.dataset_conf, self.tokenizer, train=True)),
+                 all_ranks=False)
 
     # ----------------------------------------------------------------- checkpoints
 

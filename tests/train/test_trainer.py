@@ -222,6 +222,7 @@ def test_two_ranks_train_cv_and_decode_with_features_on_the_model_device_and_los
     losses = epoch_losses(log)
     assert len(losses) == 3 and losses[-1] < losses[0], losses
     assert log.count("cv epoch") == 3 and "input_dim 80" in log
+    assert "loader chain (train):" in log and "waveform_frames(frame_length=25.0, frame_shift=10.0)" in log
     assert "feats_on: model" in (out / "config.yaml").read_text(encoding="utf-8")
     decoded = run_cli("corpus-io", "decode", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
                       f"++checkpoint={out / 'model.pt.avg2'}", f"++output_dir={tmp_path / 'dec'}",
