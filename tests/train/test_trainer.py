@@ -57,7 +57,7 @@ def test_two_ranks_uneven_shards_end_every_epoch_together_and_loss_decreases(tra
     assert {"model.pt", "model.pt.avg2", "cv_metrics.json", "config.yaml", "tensorboard"} <= names
     assert len([n for n in names if re.fullmatch(r"model\.pt\.ep\d+", n)]) == 2
     assert any(p.name.startswith("events.out.tfevents") for p in (out / "tensorboard").iterdir())
-    latest = torch.load(out / "model.pt", map_location="cpu", weights_only=False)
+    latest = torch.load(out / "model.pt", map_location="cpu", weights_only=True)  # no pickled objects
     assert latest["epoch"] == 2 and latest["epoch_done"] and len(latest["loader_states"]) == 2
     assert [s["rank"] for s in latest["loader_states"]] == [0, 1]
     assert set(latest["cv_metrics"]) >= {"loss", "acc"} and "train_data_set_list" in latest["config"]
