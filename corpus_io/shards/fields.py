@@ -33,6 +33,7 @@ from typing import Any, Iterator
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write, remove_temp_files
 from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, safe_member_name, split_member
+from corpus_io.shards.index import write_index
 from corpus_io.shards.reader import DEFAULT_MAX_MEMBER_BYTES
 
 META = "meta"
@@ -614,11 +615,12 @@ def _shard_digest(url: str, entry: dict | None) -> str:
 def _update_index(path: Path, urls: list[str], index: dict[str, dict], results: dict[str, dict]) -> None:
     """Rewrite the index atomically with ``fields`` (file, kind, sha256, bytes, ...) per shard."""
     order = list(index) + [u for u in urls if u not in index]
-    with atomic_write(path) as f:
-        for url in order:
-            entry = dict(index.get(url) or {"path": url})
-            fields = dict(entry.get("fields") or {})
-            for name, stat in results.get(url, {}).items():
-                fields[name] = {k: v for k, v in stat.items() if k not in ("digest",)}
-            entry["fields"] = dict(sorted(fields.items()))
-            f.write(json.dumps(entry, ensure_ascii=False) + "\n")
+    entries = []
+    for url in order:
+        entry = dict(index.get(url) or {"path": url})
+        fields = dict(entry.get("fields") or {})
+        for name, stat in results.get(url, {}).items():
+            fields[name] = {k: v for k, v in stat.items() if k not in ("digest",)}
+        entry["fields"] = dict(sorted(fields.items()))
+        entries.append(entry)
+    write_index(path, entries)

@@ -5,6 +5,11 @@ sidecar holds one JSON object per shard, keyed by the entry exactly as written i
 ``path``, ``num_utts``, ``duration`` (seconds, total), ``min_duration``/``max_duration``
 (seconds), ``bytes`` (file size) and ``sha256`` (hex of the whole file).
 
+Paths in the index are stored relative to the index's directory when the shard lies under it (a
+copied shard directory stays self-contained); readers get them back resolved against the index's
+real directory, so entries match the list's absolute paths. Absolute paths and URLs (older
+indexes, ``make-datalist ++prefix``) are kept as written.
+
 Sidecar location (:func:`index_path_for`): ``DIR/data.list`` -> ``DIR/index.jsonl``;
 any other list name ``DIR/NAME.EXT`` -> ``DIR/NAME.index.jsonl`` (so two lists in one
 directory never share a sidecar).
@@ -61,10 +66,38 @@ def load_index(list_path: str | os.PathLike) -> dict[str, dict] | None:
     return read_index_file(index_path_for(list_path))
 
 
+def _index_dir(index_path: str | os.PathLike) -> str:
+    return os.path.dirname(os.path.realpath(index_path))
+
+
+def _stored_path(entry_path: str, index_dir: str) -> str:
+    """``entry_path`` relative to ``index_dir`` when it is a local path under it, else unchanged."""
+    if "://" in entry_path or not os.path.isabs(entry_path):
+        return entry_path
+    rel = os.path.relpath(entry_path, index_dir)
+    return entry_path if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
+def _resolved_path(stored: str, index_dir: str) -> str:
+    if "://" in stored or ":" in stored.split("/", 1)[0] or os.path.isabs(stored):
+        return stored  # a URL (s3://, pipe:...) or an absolute path
+    return os.path.normpath(os.path.join(index_dir, stored))
+
+
+def write_index(path: str | os.PathLike, entries: Iterable[dict]) -> None:
+    """Write an index atomically, one JSON object per shard, ``path`` stored relative when under its dir."""
+    index_dir = _index_dir(path)
+    with atomic_write(path) as f:
+        for entry in entries:
+            stored = dict(entry, path=_stored_path(entry["path"], index_dir))
+            f.write(json.dumps(stored, ensure_ascii=False) + "\n")
+
+
 def read_index_file(path: Path) -> dict[str, dict] | None:
-    """An ``index.jsonl`` keyed by shard entry, or None when ``path`` is not a file."""
+    """An ``index.jsonl`` keyed by shard entry (relative paths resolved), or None when ``path`` is not a file."""
     if not path.is_file():
         return None
+    index_dir = _index_dir(path)
     entries: dict[str, dict] = {}
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -77,6 +110,7 @@ def read_index_file(path: Path) -> dict[str, dict] | None:
                                 f"with make-datalist or pack-shards.") from None
             if not isinstance(entry, dict) or "path" not in entry:
                 raise DataError(f"{path}:{lineno}: an index line needs a 'path' field.")
+            entry["path"] = _resolved_path(str(entry["path"]), index_dir)
             entries[entry["path"]] = entry
     return entries
 
@@ -88,11 +122,11 @@ def write_list_and_index(list_path: str | os.PathLike, entries: Iterable[dict]) 
     ``fields``, written by add-field) is kept after them.
     """
     entries = list(entries)
-    with atomic_write(index_path_for(list_path)) as f:
-        for entry in entries:
-            ordered = {k: entry[k] for k in INDEX_FIELDS if k in entry}
-            ordered.update((k, v) for k, v in entry.items() if k not in ordered)
-            f.write(json.dumps(ordered, ensure_ascii=False) + "\n")
+    ordered = []
+    for entry in entries:
+        ordered.append({k: entry[k] for k in INDEX_FIELDS if k in entry})
+        ordered[-1].update((k, v) for k, v in entry.items() if k not in ordered[-1])
+    write_index(index_path_for(list_path), ordered)
     with atomic_write(list_path) as f:
         for entry in entries:
             f.write(entry["path"] + "\n")

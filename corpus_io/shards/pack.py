@@ -118,7 +118,9 @@ def _resume(task: ShardTask, digest: str) -> ShardStat | None:
             return None
         if _file_sha256(task.path) != stat["sha256"]:
             return None
-        return ShardStat(**{**stat, "resumed": True})
+        # The sidecar's own path is not trusted: a copied directory (or an old sidecar that stored the
+        # first run's absolute path) resumes under this run's output_dir.
+        return ShardStat(**{**stat, "path": task.path, "resumed": True})
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -254,7 +256,8 @@ def pack_shard(task: ShardTask) -> ShardStat:
                      max(durations, default=0.0), writer.bytes, writer.sha256, digest, dict(skipped))
     sidecar = Path(task.path).with_name(fmt.sidecar_name(Path(task.path).name))
     with atomic_write(sidecar) as f:
-        json.dump({k: v for k, v in stat.__dict__.items() if k != "resumed"}, f, sort_keys=True)
+        stored = {k: v for k, v in stat.__dict__.items() if k != "resumed"}
+        json.dump(dict(stored, path=Path(task.path).name), f, sort_keys=True)  # relative: the dir may move
     return stat
 
 

@@ -277,3 +277,26 @@ def test_a_failed_rerun_leaves_no_list_naming_shards_it_rewrote_and_the_next_run
     assert len(read_datalist(out / "data.list")) == len(records)
     first = json.loads((out / "index.jsonl").read_text().splitlines()[0])
     assert first["fields"] == fields and not list(out.glob(".index.jsonl*"))
+
+
+def test_a_copied_shard_dir_rerun_resumes_in_place_and_names_only_itself(fixture_jsonl, tmp_path):
+    import shutil
+
+    first, copy = tmp_path / "first", tmp_path / "copy"
+    pack_shards(_cfg(fixture_jsonl, first))
+    index_lines = [json.loads(line) for line in (first / "index.jsonl").read_text().splitlines()]
+    assert [e["path"] for e in index_lines] == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    sidecar = json.loads((first / ".shard-000000.tar.json").read_text())
+    assert sidecar["path"] == "shard-000000.tar"  # relative: the directory may move
+    shutil.copytree(first, copy)
+    # an older corpus-io stored the first run's absolute path in the sidecar: still resumed in place
+    old = copy / ".shard-000001.tar.json"
+    old.write_text(json.dumps(dict(json.loads(old.read_text()), path=str(first / "shard-000001.tar"))))
+    shutil.rmtree(first)
+    summary = pack_shards(_cfg(fixture_jsonl, copy))
+    assert summary.extra["resumed"] == 3
+    listed = read_datalist(copy / "data.list")
+    assert listed == [str(copy.resolve() / f"shard-00000{i}.tar") for i in range(3)]
+    assert list(load_index(copy / "data.list")) == listed  # index entries resolve to the copy
+    result = run_cli("corpus-io", "verify-shards", f"++input={copy / 'data.list'}", "++decode_audio=false")
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -117,3 +117,17 @@ def test_training_without_the_metric_to_average_by_still_succeeds_and_says_so(co
     assert result.returncode == 0, result.stderr[-3000:]
     assert "not averaging: no epoch recorded a 'acc'" in result.stderr and "++metric=loss" in result.stderr
     assert (tmp_path / "exp" / "model.pt.ep0").is_file() and not list((tmp_path / "exp").glob("model.pt.avg*"))
+
+
+def test_a_run_that_trained_nothing_fails_on_every_rank_and_writes_no_model_even_with_on_error_skip(corpus, tmp_path):
+    gone = tmp_path / "gone"
+    data_list = tmp_path / "data.list"
+    data_list.write_text("".join(f"{gone}/shard-00000{i}.tar\n" for i in range(3)))
+    out = tmp_path / "exp"
+    cmd = torchrun_cmd(out, dict(corpus, shards=data_list), "++dataset_conf.on_error=skip",
+                       "++train_conf.max_epoch=2")
+    result = run_train(cmd)
+    assert result.returncode != 0, result.stderr[-3000:]
+    assert "trained 0 utterances on 2 rank(s)" in result.stderr and "on_error=skip" in result.stderr
+    assert "Traceback" not in result.stderr.split("trained 0 utterances")[0][-2000:]
+    assert not list(out.glob("model.pt*")), sorted(p.name for p in out.iterdir())
