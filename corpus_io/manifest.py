@@ -329,7 +329,7 @@ def jsonl2scp(cfg: Any) -> int:
                 if value is None:
                     raise DataError(f"{line.where}: key '{record['key']}' has no field '{name}'. "
                                     f"Fields present: {sorted(record)}.")
-                f.write(f"{record['key']}{sep}{value}\n")
+                f.write(kaldi.table_line(str(record["key"]), str(value), sep, where=line.where, field=name))
             n += 1
         # Checked before any table is renamed into place: a bad input leaves no output behind.
         if not n:

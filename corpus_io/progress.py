@@ -80,6 +80,13 @@ class Summary:
     def print(self, prefix: str) -> None:
         print(f"[{prefix}] {self.line()}", file=sys.stderr, flush=True)
 
+    def raise_if_empty(self, job: str, what_to_do: str) -> None:
+        """A job that kept nothing failed, whatever on_error/on_missing said: a DataError with the counts."""
+        if self.kept == 0:
+            from corpus_io.errors import DataError
+
+            raise DataError(f"{job} produced nothing: {self.line()}. {what_to_do}")
+
 
 def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int, chunksize: int = 64) -> Iterator[R]:
     """Ordered ``map`` over processes; runs inline when ``num_workers == 1``.

@@ -224,3 +224,16 @@ def test_without_workers_the_loader_leaves_the_callers_torch_threads_alone(shard
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_key_two_shards_hold_is_read_once_and_the_duplicate_is_counted(tmp_path):
+    from tests.shards.conftest import packed_with_a_repeat
+
+    merged, _, _ = packed_with_a_repeat(tmp_path)
+    tok = build_tokenizer(token_list(tmp_path))
+    conf = small_conf()
+    conf.filter_conf.token_min_length = 0
+    loader = build_dataloader(str(merged), conf, tok, train=True, rank=0, world_size=1)
+    got = epoch_keys(loader, 0)
+    assert len(got) == len(set(got)) == 24  # 28 samples in the shards, 24 distinct keys
+    assert loader.counts().get("duplicate key") == 4

@@ -203,6 +203,22 @@ def test_jsonl2scp_names_a_line_without_the_field(tmp_path):
     assert not (tmp_path / "wav.scp").exists()
 
 
+@pytest.mark.parametrize("line, needles", [
+    ({"key": "utt 1", "source": "a.wav", "target": "hi"}, ["in.jsonl:2", "key 'utt 1' is not one word"]),
+    ({"key": "", "source": "a.wav", "target": "hi"}, ["in.jsonl:2", "key '' is empty"]),
+    ({"key": "b", "source": "a.wav", "target": "two\nlines"}, ["in.jsonl:2", "key 'b'", "target", "line break"]),
+    ({"key": "b", "source": "a.wav", "target": "cr\rhere"}, ["in.jsonl:2", "line break"]),
+    ({"key": "b", "source": "a.wav", "target": "  "}, ["in.jsonl:2", "target", "is empty"]),
+])
+def test_jsonl2scp_refuses_a_pair_a_kaldi_table_cannot_hold_and_writes_nothing(tmp_path, line, needles):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"key": "a", "source": "a.wav", "target": "ok"}) + "\n" + json.dumps(line) + "\n")
+    result = run_cli("jsonl2scp", f"++jsonl_file_in={src}", f"++scp_file_list=[{tmp_path}/wav.scp,{tmp_path}/text]",
+                     "++data_type_list=[source,target]")
+    assert_user_error(result, *needles)
+    assert not (tmp_path / "wav.scp").exists() and not (tmp_path / "text").exists()
+
+
 def test_jsonl_bad_json_names_the_line(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"key": "a", "source": "a.wav"}\n{"key": oops}\n')

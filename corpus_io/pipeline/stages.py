@@ -129,6 +129,18 @@ def _decode_bytes(sample: dict) -> tuple[np.ndarray, int]:
 # --------------------------------------------------------------------------- filters
 
 
+def drop_repeated_keys(samples: Iterable[dict], *, owners: dict[str, str],
+                       counts: Counter | None = None) -> Iterator[dict]:
+    """Read a key that several shards hold once: drop it (counted as ``duplicate key``) everywhere but in
+    its owner shard, ``owners[key]`` (from the index, see ``shards.index.repeated_keys``)."""
+    for sample in samples:
+        owner = owners.get(sample["key"])
+        if owner is not None and sample.get("__url__") != owner:
+            _count(counts, "duplicate key")
+            continue
+        yield sample
+
+
 def filter_length(samples: Iterable[dict], *, max_length: float = 10240, min_length: float = 10,
                   counts: Counter | None = None) -> Iterator[dict]:
     """Drop utterances outside [min_length, max_length] 10 ms frames (WeNet: before resample)."""

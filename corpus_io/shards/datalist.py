@@ -28,7 +28,7 @@ from typing import Any, Iterator
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write
 from corpus_io.progress import Summary
-from corpus_io.shards.index import load_index, read_datalist, write_list_and_index
+from corpus_io.shards.index import describe_repeats, find_repeated_keys, load_index, read_datalist, write_list_and_index
 from corpus_io.urls import is_remote
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -73,7 +73,7 @@ def expand_braces(pattern: str) -> list[str]:
 
 def _index_by_name(directory: str) -> dict[str, dict]:
     """Index entries of the ``data.list`` in ``directory`` keyed by shard base name."""
-    index = load_index(os.path.join(directory, "data.list")) or {}
+    index = load_index(os.path.join(directory, "data.list"), keys=True) or {}
     return {entry["path"].rsplit("/", 1)[-1]: entry for entry in index.values()}
 
 
@@ -89,7 +89,7 @@ def _tar_entries(paths: list[str]) -> Iterator[tuple[str, dict | None]]:
 
 
 def _list_entries(path: str) -> Iterator[tuple[str, dict | None]]:
-    index = load_index(path) if not is_remote(path) else None
+    index = load_index(path, keys=True) if not is_remote(path) else None
     for entry in read_datalist(path):  # a raw list / jsonl given here is caught there
         yield entry, (index or {}).get(entry)
 
@@ -155,6 +155,11 @@ def make_shard_list(inputs: list[str], output: str, prefix: str | None = None) -
                             f"Merge each corpus once, or pack corpora with different ++shard_prefix.")
         seen[entry] = source
     indexed = [dict(idx, path=e) for e, idx, _ in entries if idx is not None]
+    repeats = find_repeated_keys(lambda: ((e["path"], e["keys"]) for e in indexed if isinstance(e.get("keys"), list)))
+    if repeats:
+        raise DataError(f"the merged list would repeat utterances: {describe_repeats(repeats)} (from the indexes). "
+                        f"Training would see them twice; merge each corpus once, or re-pack one of them with "
+                        f"unique keys (e.g. a corpus prefix).")
     if len(indexed) == len(entries):
         write_list_and_index(output, indexed)
     else:

@@ -555,7 +555,7 @@ def add_field(cfg: Any) -> Any:
                               f"the shards must be local. Run it where the shards were packed, then upload the "
                               f"new files with the shards.")
     _clean_temp_files(urls)
-    index = load_index(cfg.input) or {}
+    index = load_index(cfg.input, keys=True) or {}  # rewritten below: its keys are kept
     tasks = [FieldTask(url, cfg.field, mode, _shard_digest(url, index.get(url)), options, dc.on_error,
                        dict(dc.storage_options or {})) for url in urls]
     summary = Summary()

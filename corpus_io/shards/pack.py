@@ -85,11 +85,15 @@ class ShardStat:
     digest: str
     skipped: dict[str, int]
     resumed: bool = False
+    keys: list[str] | None = None  # utterance keys in shard order (None: a sidecar of an older version)
 
     def index_entry(self) -> dict:
-        return {"path": self.path, "num_utts": self.num_utts, "duration": round(self.duration, 3),
-                "min_duration": round(self.min_duration, 3), "max_duration": round(self.max_duration, 3),
-                "bytes": self.bytes, "sha256": self.sha256}
+        entry = {"path": self.path, "num_utts": self.num_utts, "duration": round(self.duration, 3),
+                 "min_duration": round(self.min_duration, 3), "max_duration": round(self.max_duration, 3),
+                 "bytes": self.bytes, "sha256": self.sha256}
+        if self.keys is not None:  # lets verify-shards, make-datalist and the loader find repeats without audio
+            entry["keys"] = self.keys
+        return entry
 
 
 # --------------------------------------------------------------------------- worker side
@@ -221,6 +225,7 @@ def pack_shard(task: ShardTask) -> ShardStat:
     opts = task.options
     skipped: Counter = Counter()
     durations: list[float] = []
+    keys: list[str] = []
     seen: dict[str, str] = {}
     with ShardWriter(task.path) as writer:
         for record in task.records:
@@ -252,8 +257,9 @@ def pack_shard(task: ShardTask) -> ShardStat:
                 writer.add(f"{stem}.{ext}", data)
                 writer.add(f"{stem}.json", meta)
             durations.append(first["duration"])
+            keys.append(key)
     stat = ShardStat(task.path, len(durations), float(sum(durations)), min(durations, default=0.0),
-                     max(durations, default=0.0), writer.bytes, writer.sha256, digest, dict(skipped))
+                     max(durations, default=0.0), writer.bytes, writer.sha256, digest, dict(skipped), keys=keys)
     sidecar = Path(task.path).with_name(fmt.sidecar_name(Path(task.path).name))
     with atomic_write(sidecar) as f:
         stored = {k: v for k, v in stat.__dict__.items() if k != "resumed"}
@@ -537,7 +543,7 @@ def _withdraw_list(list_path: Path) -> Path:
 
 def _keep_companion_fields(previous_index: Path, entries: list[dict]) -> list[dict]:
     """Carry add-field's ``fields`` over from the old index for shards whose bytes did not change."""
-    old = read_index_file(previous_index) or {}
+    old = read_index_file(previous_index) or {}  # only its add-field entries are carried over
     for entry in entries:
         previous = old.get(entry["path"])
         if previous and previous.get("sha256") == entry.get("sha256") and "fields" in previous:
@@ -558,6 +564,9 @@ def pack_shards(cfg: Any) -> Summary:
                        dict(cfg.storage_options or {}))
     inp = open_input(cfg.input, feats=feats)
     total = inp.scan()
+    if total == 0:
+        raise DataError(f"{inp.describe} holds no utterances, so there is nothing to pack (nothing was written). "
+                        f"Check ++input (an earlier step may have written it empty).")
     out_dir = Path(cfg.output_dir).resolve()
     summary = Summary()
     groups = parse_filter_group(list(cfg.filter_group))
@@ -580,4 +589,7 @@ def pack_shards(cfg: Any) -> Summary:
     summary.extra["shards"] = sum(1 for s in all_stats if s.num_utts)
     summary.extra["resumed"] = sum(1 for s in all_stats if s.resumed)
     summary.print("pack-shards")
+    summary.raise_if_empty("pack-shards", f"No shard was listed in {out_dir}: check {cfg.input} (an earlier step "
+                                          f"may have written it empty) and the skip reasons above (audio paths, "
+                                          f"transcripts, filter_group).")
     return summary

@@ -18,9 +18,24 @@ from tests.shards.test_pack import _cfg
 
 @pytest.fixture
 def two_corpora(tmp_path, fixture_jsonl) -> tuple[Path, Path]:
+    """Two packed corpora with distinct keys (b's are a's with a 'b-' prefix)."""
     pack_shards(_cfg(fixture_jsonl, tmp_path / "corpora" / "a"))
-    pack_shards(_cfg(fixture_jsonl, tmp_path / "corpora" / "b", num_utts_per_shard=12))
+    b_jsonl = tmp_path / "b.jsonl"
+    b_jsonl.write_text("".join(json.dumps(dict(r, key=f"b-{r['key']}")) + "\n"
+                               for r in map(json.loads, fixture_jsonl.read_text().splitlines())))
+    pack_shards(_cfg(b_jsonl, tmp_path / "corpora" / "b", num_utts_per_shard=12))
     return tmp_path / "corpora" / "a", tmp_path / "corpora" / "b"
+
+
+def test_merging_lists_that_repeat_a_key_is_refused_naming_both_shards(two_corpora, fixture_jsonl, tmp_path):
+    a, _ = two_corpora
+    again = tmp_path / "corpora" / "again"
+    pack_shards(_cfg(fixture_jsonl, again, num_utts_per_shard=12))  # the same corpus packed a second time
+    out = tmp_path / "merged.list"
+    result = run_cli("corpus-io", "make-datalist", f"++input=[{a},{again}]", f"++output={out}")
+    assert_user_error(result, "would repeat utterances", f"{a}/shard-000000.tar", f"{again}/shard-000000.tar",
+                      "23 more keys repeat")
+    assert not out.exists()
 
 
 def test_expand_braces():

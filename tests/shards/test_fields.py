@@ -48,11 +48,7 @@ def shards(packed, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(src, out)
     urls = [str(out / Path(u).name) for u in read_datalist(src / "data.list")]
-    (out / "data.list").write_text("".join(u + "\n" for u in urls))
-    index = [json.loads(line) for line in (src / "index.jsonl").read_text().splitlines()]
-    for entry in index:
-        entry["path"] = str(out / Path(entry["path"]).name)
-    (out / "index.jsonl").write_text("".join(json.dumps(e) + "\n" for e in index))
+    (out / "data.list").write_text("".join(u + "\n" for u in urls))  # the index is relative: copied as is
     return out, main_sha
 
 

@@ -110,7 +110,7 @@ def test_bad_inputs_exit_2_with_one_paragraph(tmp_path):
     r = run_cli("corpus-io", "pack-shards", f"++input={bad}", f"++output_dir={tmp_path / 'o'}")
     assert_user_error(r, f"{bad}:1", "key 'a'", "/no/such.wav", "on_error=skip")
     r = run_cli("corpus-io", "pack-shards", f"++input={bad}", f"++output_dir={tmp_path / 'o'}", "++on_error=skip")
-    assert r.returncode == 0 and "unreadable audio: 1" in r.stderr
+    assert_user_error(r, "unreadable audio: 1", "produced nothing")  # skipping everything is no success
     notjson = tmp_path / "x.jsonl"
     notjson.write_text("{oops\n")
     assert_user_error(run_cli("corpus-io", "pack-shards", f"++input={notjson}", f"++output_dir={tmp_path}"),
@@ -285,7 +285,8 @@ def test_a_copied_shard_dir_rerun_resumes_in_place_and_names_only_itself(fixture
     first, copy = tmp_path / "first", tmp_path / "copy"
     pack_shards(_cfg(fixture_jsonl, first))
     index_lines = [json.loads(line) for line in (first / "index.jsonl").read_text().splitlines()]
-    assert [e["path"] for e in index_lines] == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert [e["file"] for e in index_lines] == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert not any("path" in e for e in index_lines)
     sidecar = json.loads((first / ".shard-000000.tar.json").read_text())
     assert sidecar["path"] == "shard-000000.tar"  # relative: the directory may move
     shutil.copytree(first, copy)
@@ -300,3 +301,16 @@ def test_a_copied_shard_dir_rerun_resumes_in_place_and_names_only_itself(fixture
     assert list(load_index(copy / "data.list")) == listed  # index entries resolve to the copy
     result = run_cli("corpus-io", "verify-shards", f"++input={copy / 'data.list'}", "++decode_audio=false")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_an_empty_input_or_one_whose_every_utterance_is_skipped_fails_whatever_on_error_says(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    result = run_cli("pack-shards", f"++input={empty}", f"++output_dir={tmp_path / 'a'}")
+    assert_user_error(result, "empty.jsonl holds no utterances")
+    assert not (tmp_path / "a" / "data.list").exists()
+    unreadable = write_jsonl(tmp_path / "bad.jsonl", [{"key": f"u{i}", "source": str(tmp_path / f"no{i}.wav"),
+                                                       "target": "x"} for i in range(3)])
+    result = run_cli("pack-shards", f"++input={unreadable}", f"++output_dir={tmp_path / 'b'}", "++on_error=skip")
+    assert_user_error(result, "pack-shards produced nothing", "unreadable audio: 3")
+    assert result.returncode == 2
