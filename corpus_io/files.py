@@ -47,10 +47,60 @@ def ensure_dir(path: str | os.PathLike, *, what: str = "output directory") -> Pa
     return p
 
 
+class UnnamedFile:
+    """A file written in ``final``'s directory that has no name until :meth:`commit` gives it ``final``.
+
+    On Linux it is an ``O_TMPFILE`` inode, so a writer killed at any point (even by SIGKILL, or with
+    its parent) leaves nothing behind; :meth:`commit` links it under :func:`temp_name` and renames it
+    over ``final`` (atomic). Where the filesystem has no ``O_TMPFILE`` the file is the visible
+    :func:`temp_name` from the start (removed by :meth:`abort`, or by a rerun's :func:`remove_temp_files`).
+    """
+
+    def __init__(self, final: str | os.PathLike, mode: str = "wb", *, buffering: int = -1,
+                 encoding: str | None = None, newline: str | None = None):
+        self.final = Path(final)
+        self.tmp = temp_name(self.final)
+        fd = None
+        if hasattr(os, "O_TMPFILE"):
+            with contextlib.suppress(OSError):  # EOPNOTSUPP/EISDIR: this filesystem has no O_TMPFILE
+                fd = os.open(self.final.parent, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666)
+        self.unnamed = fd is not None
+        kwargs: dict = {"buffering": buffering, "encoding": encoding, "newline": newline}
+        self.file: IO = os.fdopen(fd, mode, **kwargs) if fd is not None else open(self.tmp, mode, **kwargs)
+
+    def commit(self, *, fsync: bool = False) -> None:
+        self.file.flush()
+        if fsync:
+            os.fsync(self.file.fileno())
+        if self.unnamed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.tmp)  # left by a writer of the same pid that was killed between link and rename
+            try:
+                os.link(f"/proc/self/fd/{self.file.fileno()}", self.tmp)
+            except OSError:  # no /proc: copy the bytes out instead
+                self._copy_to_tmp()
+        self.file.close()
+        os.replace(self.tmp, self.final)
+
+    def _copy_to_tmp(self) -> None:
+        fd, offset = self.file.fileno(), 0
+        with open(self.tmp, "wb") as out:
+            while chunk := os.pread(fd, 1 << 20, offset):
+                out.write(chunk)
+                offset += len(chunk)
+
+    def abort(self) -> None:
+        self.file.close()
+        if not self.unnamed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.tmp)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | None = "utf-8",
                  newline: str | None = "\n", fsync: bool = False) -> Iterator[IO]:
-    """Open a temp file for writing; rename it over ``path`` only if the block succeeds.
+    """Write an :class:`UnnamedFile`; it becomes ``path`` only if the block succeeds (nothing is left
+    behind otherwise, even when the process is killed).
 
     An output that cannot be written (a directory in the way, no permission) is a :class:`DataError`
     naming ``path``, raised before anything is written.
@@ -59,23 +109,16 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | No
     if final.is_dir():
         raise DataError(f"cannot write {final}: it is a directory. Give a file path for this output.")
     ensure_dir(final.parent, what=f"the directory of {final}")
-    tmp = temp_name(final)
     binary = "b" in mode
     try:
-        f = open(tmp, mode, encoding=None if binary else encoding, newline=None if binary else newline)
+        out = UnnamedFile(final, mode, encoding=None if binary else encoding, newline=None if binary else newline)
     except OSError as exc:
         raise DataError(f"cannot write {final}: {exc.strerror}. Check the path and its permissions.") from None
     try:
-        yield f
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
-        f.close()
-        os.replace(tmp, final)
+        yield out.file
+        out.commit(fsync=fsync)
     except BaseException:
-        f.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        out.abort()
         raise
 
 

@@ -9,7 +9,6 @@ WebDataset read.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import queue
@@ -18,6 +17,7 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
+from corpus_io.files import UnnamedFile
 from corpus_io.shards import format as fmt
 
 BLOCK = 512
@@ -101,9 +101,10 @@ class ShardWriter:
 
     def __init__(self, path: str | os.PathLike, *, buffer_size: int = 1 << 16):
         self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        # A small buffer: audio members (tens of KB) then go straight to the OS without a copy.
-        self._f = open(self.tmp, "wb", buffering=buffer_size)
+        # No name until close (O_TMPFILE): a writer killed mid-shard leaves no partial file. A small
+        # buffer: audio members (tens of KB) then go straight to the OS without a copy.
+        self._out = UnnamedFile(self.path, "wb", buffering=buffer_size)
+        self._f = self._out.file
         self._hasher = _Hasher()
         self.bytes = 0
         self.sha256 = ""
@@ -127,15 +128,12 @@ class ShardWriter:
         pad = -self.bytes % RECORD
         if pad:
             self._write(_ZERO[:pad])
-        self._f.close()
+        self._out.commit()
         self.sha256 = self._hasher.hexdigest()
-        os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
-        self._f.close()
+        self._out.abort()
         self._hasher.hexdigest()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.tmp)
 
     def __enter__(self) -> ShardWriter:
         return self
