@@ -85,8 +85,8 @@ class SpeedPerturbConf:
 @dataclass
 class FbankConf:
     num_mel_bins: int = opt(80, "mel filterbank channels", range="[1, 512]")
-    frame_length: float = opt(25.0, "analysis window", unit="ms", range="(0, 1000]")
-    frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="(0, 1000]")
+    frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
+    frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="[1, 1000]")
     dither: float = opt(0.0, "dither added before the FFT (0 = deterministic)", range="[0, inf)")
 
 
@@ -94,8 +94,8 @@ class FbankConf:
 class MfccConf:
     num_mel_bins: int = opt(40, "mel filterbank channels", range="[1, 512]")
     num_ceps: int = opt(40, "cepstral coefficients kept", range="[1, 512]")
-    frame_length: float = opt(25.0, "analysis window", unit="ms", range="(0, 1000]")
-    frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="(0, 1000]")
+    frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
+    frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="[1, 1000]")
     dither: float = opt(0.0, "dither added before the FFT", range="[0, inf)")
     high_freq: float = opt(-200.0, "high cutoff (negative: offset from Nyquist)", unit="Hz")
     low_freq: float = opt(20.0, "low cutoff", unit="Hz")

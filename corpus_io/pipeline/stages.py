@@ -231,8 +231,14 @@ def _dithered(wav: torch.Tensor, dither: float, generator: torch.Generator | Non
     return wav
 
 
-def _with_feats(samples: Iterable[dict], compute: Any, counts: Counter | None) -> Iterator[dict]:
+def _with_feats(samples: Iterable[dict], compute: Any, counts: Counter | None,
+                frame_length: float | None = None) -> Iterator[dict]:
+    """``feats = compute(sample)``; a waveform shorter than one ``frame_length`` ms analysis window (Kaldi
+    features would have no frame; torchaudio asserts) is dropped and counted as ``features.shorter_than_window``."""
     for sample in samples:
+        if frame_length is not None and sample["wav"].shape[-1] < int(sample["sample_rate"] * frame_length * 1e-3):
+            _count(counts, "features.shorter_than_window")
+            continue
         feats = compute(sample)
         if feats.shape[0] == 0:
             _count(counts, "features.empty")
@@ -263,7 +269,7 @@ def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: floa
                               frame_length=frame_length, frame_shift=frame_shift, dither=dither,
                               generator=generator)
 
-    return _with_feats(samples, compute, counts)
+    return _with_feats(samples, compute, counts, frame_length)
 
 
 def mfcc(samples: Iterable[dict], *, num_mel_bins: int = 40, num_ceps: int = 40, frame_length: float = 25.0,
@@ -278,7 +284,7 @@ def mfcc(samples: Iterable[dict], *, num_mel_bins: int = 40, num_ceps: int = 40,
                           high_freq=high_freq, low_freq=low_freq, energy_floor=0.0,
                           sample_frequency=sample["sample_rate"])
 
-    return _with_feats(samples, compute, counts)
+    return _with_feats(samples, compute, counts, frame_length)
 
 
 def raw_features(samples: Iterable[dict], *, counts: Counter | None = None) -> Iterator[dict]:
