@@ -62,7 +62,28 @@ def canonical(record: dict, where: str = "") -> dict:
         raise DataError(f"{where}: a line needs 'key' and 'source' (FunASR) or 'wav' (WeNet); "
                         f"it has {sorted(record)}.")
     out["key"] = str(out["key"])
+    for name, (kind, unit) in _NUMBER_FIELDS.items():
+        if out.get(name) is not None:
+            out[name] = _number(out[name], kind, f"{where}: key '{out['key']}': {name}", unit)
     return out
+
+
+# numeric fields of a line: (type, unit); a numeric string is accepted, anything else is a DataError
+_NUMBER_FIELDS = {"source_len": (int, "10 ms frames"), "target_len": (int, "tokens"),
+                  "start": (float, "seconds"), "end": (float, "seconds, negative: to the end")}
+
+
+def _number(value: Any, kind: type, what: str, unit: str) -> int | float:
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError
+        number = float(value)
+        if number != number or number in (float("inf"), float("-inf")) or (kind is int and number != int(number)):
+            raise ValueError
+        return int(number) if kind is int else number
+    except ValueError:
+        raise DataError(f"{what} is {value!r}, not a{'n integer' if kind is int else ' number'} ({unit}). Fix the "
+                        f"line, or drop the field to have it computed.") from None
 
 
 def target_len(text: str) -> int:

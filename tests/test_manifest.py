@@ -275,3 +275,15 @@ def test_scp2jsonl_with_every_utterance_skipped_leaves_no_output(tmp_path):
     result = funasr_scp2jsonl(tmp_path / "wav.scp", tmp_path / "text", out, "++on_missing=skip")
     assert_user_error(result, "no utterance of", "missing in text: 1")
     assert _ls(out.parent) == []
+
+
+def test_a_non_numeric_source_len_or_start_names_the_line_and_key_and_numeric_strings_are_numbers(tmp_path):
+    from corpus_io.manifest import canonical
+
+    assert canonical({"key": 1, "source": "a.wav", "source_len": "120", "start": "1.5"}) == \
+        {"key": "1", "source": "a.wav", "source_len": 120, "start": 1.5}
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"key": "a", "source": "a.wav", "target": "x", "source_len": "long"}) + "\n")
+    result = run_cli("corpus-io", "pack-shards", f"++input={src}", f"++output_dir={tmp_path / 'o'}",
+                     "++filter_group=[0:100]")
+    assert_user_error(result, f"{src}:1", "key 'a'", "source_len is 'long', not an integer (10 ms frames)")

@@ -171,6 +171,24 @@ def make_shard_list(inputs: list[str], output: str, prefix: str | None = None) -
     return len(entries)
 
 
+MAX_OVERSHOOT = 0.5  # seconds a segment may run past the end of its recording (Kaldi extract-segments' default)
+
+
+def _segment_length(info: Any, start: float, end: float | None, where: str, rec: dict) -> tuple[int, int]:
+    """``(num_samples, sample_rate)`` of segment [start, end] s (end None or < 0: to the end) of a recording
+    described by ``info`` (an AudioInfo); a segment outside it is a DataError naming the line."""
+    from corpus_io import audio
+
+    rate, total = info.sample_rate, info.num_samples
+    stop = -1.0 if end is None else float(end)
+    first, last = audio.segment_samples(float(start), stop, rate, total)
+    if last <= first or stop > total / rate + MAX_OVERSHOOT:
+        raise DataError(f"{where}: key '{rec['key']}': segment [{start}, {end}] s lies outside {rec['source']} "
+                        f"({total / rate:.3f} s; a segment may end at most {MAX_OVERSHOOT} s past the end). Fix "
+                        f"the segment times or the recording it names.")
+    return last - first, rate
+
+
 def make_raw_list(inputs: list[str], output: str) -> Summary:
     """WeNet raw lines ``{key, wav, txt, duration, source_len[, start, end]}`` from FunASR/WeNet jsonl(s)."""
     from corpus_io import audio
@@ -178,6 +196,7 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
     from corpus_io.manifest import canonical, iter_jsonl, raise_if_duplicate_keys
 
     summary = Summary()
+    probed: dict[str, Any] = {}  # the last recording probed for segments
     hashes = array("q")  # 8 bytes per utterance, for the duplicate-key check
     with atomic_write(output) as out:  # an error below leaves no output behind
         for path in inputs:
@@ -189,12 +208,18 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
                     raise DataError(f"{line.where}: key '{rec['key']}' has no transcript ('target' or 'txt').")
                 start, end = rec.get("start"), rec.get("end")
                 source_len = rec.get("source_len")
-                if source_len is None:
-                    info = audio.probe(str(rec["source"]))
-                    source_len = audio.frames_10ms(info.num_samples, info.sample_rate)
-                if start is not None and end is not None and float(end) >= 0:
-                    duration = float(end) - float(start)
+                if start is not None:  # a segment: its own length, and it must lie inside its recording
+                    if str(rec["source"]) not in probed:
+                        probed.clear()  # the segments of one recording come together: keep one probe
+                        probed[str(rec["source"])] = audio.probe(str(rec["source"]))
+                    num_samples, rate = _segment_length(probed[str(rec["source"])], start, end, line.where, rec)
+                    duration = num_samples / rate
+                    if source_len is None:
+                        source_len = audio.frames_10ms(num_samples, rate)
                 else:
+                    if source_len is None:
+                        info = audio.probe(str(rec["source"]))
+                        source_len = audio.frames_10ms(info.num_samples, info.sample_rate)
                     duration = int(source_len) / 100.0
                 item: dict[str, Any] = {"key": rec["key"], "wav": rec["source"], "txt": rec["target"],
                                         "duration": round(duration, 3), "source_len": int(source_len)}
