@@ -29,7 +29,7 @@ from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write
 from corpus_io.progress import Summary
 from corpus_io.shards.index import describe_repeats, find_repeated_keys, load_index, read_datalist, write_list_and_index
-from corpus_io.urls import is_remote
+from corpus_io.urls import is_command, is_remote
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
@@ -189,6 +189,18 @@ def _segment_length(info: Any, start: float, end: float | None, where: str, rec:
     return last - first, rate
 
 
+def _probe(rec: dict, where: str) -> Any:
+    """The header of ``rec``'s recording; make-datalist runs no commands, so a command entry is refused."""
+    from corpus_io import audio
+
+    source = str(rec["source"])
+    if is_command(source):
+        raise DataError(f"{where}: key '{rec['key']}': the source '{source}' is a command, which make-datalist "
+                        f"does not run, so it cannot measure its length. Give the line a source_len (scp2jsonl "
+                        f"++allow_pipe=true computes it), or convert the audio to files first.")
+    return audio.probe(source)
+
+
 def make_raw_list(inputs: list[str], output: str) -> Summary:
     """WeNet raw lines ``{key, wav, txt, duration, source_len[, start, end]}`` from FunASR/WeNet jsonl(s)."""
     from corpus_io import audio
@@ -208,17 +220,20 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
                     raise DataError(f"{line.where}: key '{rec['key']}' has no transcript ('target' or 'txt').")
                 start, end = rec.get("start"), rec.get("end")
                 source_len = rec.get("source_len")
-                if start is not None:  # a segment: its own length, and it must lie inside its recording
+                if start is not None and source_len is not None and is_command(str(rec["source"])):
+                    # a measured segment of a command's output (scp2jsonl ++allow_pipe): nothing to probe
+                    duration = float(end) - float(start) if end is not None and float(end) >= 0 else source_len / 100
+                elif start is not None:  # a segment: its own length, and it must lie inside its recording
                     if str(rec["source"]) not in probed:
                         probed.clear()  # the segments of one recording come together: keep one probe
-                        probed[str(rec["source"])] = audio.probe(str(rec["source"]))
+                        probed[str(rec["source"])] = _probe(rec, line.where)
                     num_samples, rate = _segment_length(probed[str(rec["source"])], start, end, line.where, rec)
                     duration = num_samples / rate
                     if source_len is None:
                         source_len = audio.frames_10ms(num_samples, rate)
                 else:
                     if source_len is None:
-                        info = audio.probe(str(rec["source"]))
+                        info = _probe(rec, line.where)
                         source_len = audio.frames_10ms(info.num_samples, info.sample_rate)
                     duration = int(source_len) / 100.0
                 item: dict[str, Any] = {"key": rec["key"], "wav": rec["source"], "txt": rec["target"],

@@ -483,7 +483,9 @@ def _value(task: FieldTask, sample: dict, compute: Any) -> tuple[Any, str]:
         try:
             return _npy_bytes(source[key]), ""
         except Exception as exc:  # noqa: BLE001 - kaldiio raises many kinds
-            raise DataError(f"{task.options['from_scp']}: cannot read the features of '{key}' ({exc}).") from None
+            scp = task.options["from_scp"][0]  # the signature [path, size, mtime]: name the path
+            raise DataError(f"{scp}: cannot read the features of '{key}' ({type(exc).__name__}: {exc}). Check that "
+                            f"line of the scp and the ark file it points into, then rerun add-field.") from None
     if key not in source:
         return None, "not in the jsonl"
     return source[key], ""

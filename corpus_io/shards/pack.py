@@ -270,14 +270,23 @@ def pack_shard(task: ShardTask) -> ShardStat:
 # --------------------------------------------------------------------------- input side
 
 
+@dataclass(frozen=True)
+class _Skip:
+    """An input line that yields no record: why (the skip reason counted in the summary), where, which key."""
+
+    reason: str
+    where: str
+    key: str
+
+
 class _Input:
     """One input: a driver file read line by line, and a parser from a line to a record."""
 
     def __init__(self, driver: str, key_of: Callable[[bytes, int], str | None],
-                 record_of: Callable[[bytes, int], dict | str | None], describe: str):
+                 record_of: Callable[[bytes, int], dict | _Skip | None], describe: str):
         self.driver = driver
         self.key_of = key_of  # cheap, for the first pass; None for a blank line
-        self.record_of = record_of  # a record, a skip reason (str), or None for a blank line
+        self.record_of = record_of  # a record, a _Skip, or None for a blank line
         self.describe = describe
         self.offsets = array("q")
         self.linenos = array("q")
@@ -309,7 +318,7 @@ class _Input:
             raise DataError(f"duplicate key '{key}' in {self.driver}: at {first} and {second} (both would be "
                             f"shard member '{fmt.safe_member_name(key)}'). Keys must be unique; remove or rename one.")
 
-    def records(self, shuffle: bool, seed: int) -> Iterator[dict | str]:
+    def records(self, shuffle: bool, seed: int) -> Iterator[dict | _Skip]:
         with open(self.driver, "rb") as f:
             if not shuffle:
                 for lineno, raw in enumerate(f, 1):
@@ -384,7 +393,7 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> _Input:
         parsed = kaldi.parse_line(raw, path, lineno)
         return None if parsed is None else parsed[0]
 
-    def record_of(raw: bytes, lineno: int) -> dict | str | None:
+    def record_of(raw: bytes, lineno: int) -> dict | _Skip | None:
         parsed = kaldi.parse_line(raw, path, lineno)
         if parsed is None:
             return None
@@ -396,13 +405,13 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> _Input:
             start, end = seg.start, seg.end
             source = recordings.get(seg.recording)
             if source is None:
-                return "recording missing from wav.scp"
+                return _Skip("recording missing from wav.scp", where, key)
             rec["source"], rec["start"], rec["end"] = source, start, end
         else:
             rec["source"] = value
         target = text.get(key)
         if target is None:
-            return "missing transcript"
+            return _Skip("missing transcript", where, key)
         rec["target"] = target
         speaker = utt2spk.get(key) if utt2spk is not None else None
         if speaker is not None:
@@ -478,11 +487,11 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
         batch: list[dict] = []
         index = 0
         for rec in inp.records(cfg.shuffle, cfg.seed):
-            if isinstance(rec, str):
+            if isinstance(rec, _Skip):
                 if cfg.on_error == "error":
-                    raise DataError(f"{inp.describe}: an utterance has a {rec}. Fix the data dir, or pass "
-                                    f"++on_error=skip to drop such utterances (they are counted).")
-                summary.skip(rec)
+                    raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the data "
+                                    f"dir, or pass ++on_error=skip to drop such utterances (they are counted).")
+                summary.skip(rec.reason)
                 continue
             if keep is not None and not keep(rec):
                 continue

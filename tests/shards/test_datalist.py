@@ -165,3 +165,18 @@ def test_shard_mode_given_a_jsonl_says_to_use_raw(tmp_path):
     r = run_cli("corpus-io", "make-datalist", "++data_type=shard", f"++input={src}", f"++output={out}")
     assert_user_error(r, "t.jsonl holds JSON lines", "raw list", "++data_type=raw")
     assert r.returncode == 2 and not out.exists()
+
+
+def test_raw_mode_with_an_unmeasured_command_source_says_to_give_source_len_not_a_missing_key(tmp_path):
+    src = tmp_path / "t.jsonl"
+    src.write_text(json.dumps({"key": "p", "source": f"sox {LONG} -t wav - |", "target": "hi"}) + "\n")
+    result = run_cli("corpus-io", "make-datalist", "++data_type=raw", f"++input={src}",
+                     f"++output={tmp_path / 'raw.list'}")
+    assert_user_error(result, f"{src}:1", "key 'p'", "is a command", "source_len")
+    assert "allow_pipe=true (or" not in result.stderr  # make-datalist has no such key
+    measured = {"key": "p", "source": f"sox {LONG} -t wav - |", "target": "hi", "source_len": 150, "start": 1.0,
+                "end": 2.5}
+    src.write_text(json.dumps(measured) + "\n")
+    make_datalist(MakeDatalistConfig(data_type="raw", input=str(src), output=str(tmp_path / "raw.list")))
+    (line,) = [json.loads(x) for x in (tmp_path / "raw.list").read_text().splitlines()]
+    assert line["duration"] == 1.5 and line["source_len"] == 150

@@ -23,6 +23,7 @@ from corpus_io.shards.pack import pack_shards
 from corpus_io.shards.reader import iter_tar_members, read_shard
 from corpus_io.shards.writer import ShardWriter
 from corpus_io.tokenizer import build_tokenizer
+from tests.conftest import assert_user_error, run_cli
 from tests.loader_data import token_list
 from tests.shards.conftest import fixture_records, write_jsonl
 
@@ -260,3 +261,18 @@ def test_a_pack_shards_rerun_keeps_the_fields_of_unchanged_shards(tmp_path):
     assert all("speaker" in e["fields"] for e in before.values())
     pack_shards(conf)  # resumes: same bytes, so the companion files still match
     assert load_index(tmp_path / "out" / "data.list") == before
+
+
+def test_from_scp_with_a_damaged_ark_names_the_scp_path_and_key(shards, tmp_path):
+    import kaldiio
+
+    out, _ = shards
+    first = fixture_records()[0]["key"]
+    scp = tmp_path / "feats.scp"
+    with kaldiio.WriteHelper(f"ark,scp:{tmp_path / 'feats.ark'},{scp}") as w:
+        w(first, np.zeros((7, 5), dtype=np.float32))
+    (tmp_path / "feats.ark").write_bytes(b"garbage")  # the offset now points past the end
+    result = run_cli("corpus-io", "add-field", f"++input={out / 'data.list'}", "++field=kf", f"++from_scp={scp}",
+                     "++num_workers=1")
+    assert_user_error(result, f"{scp}: cannot read the features of '{first}'")
+    assert "[" not in result.stderr.split("cannot read")[0]  # the path, not the internal [path, size, mtime]

@@ -314,3 +314,21 @@ def test_an_empty_input_or_one_whose_every_utterance_is_skipped_fails_whatever_o
     result = run_cli("pack-shards", f"++input={unreadable}", f"++output_dir={tmp_path / 'b'}", "++on_error=skip")
     assert_user_error(result, "pack-shards produced nothing", "unreadable audio: 3")
     assert result.returncode == 2
+
+
+def test_a_kaldi_dir_utterance_without_a_transcript_is_named_by_key_and_line(tmp_path):
+    import shutil
+
+    kaldi_dir = tmp_path / "kaldi"
+    shutil.copytree(FIXTURE, kaldi_dir)
+    lines = (kaldi_dir / "text").read_text(encoding="utf-8").splitlines(keepends=True)
+    dropped = lines[5].split(" ", 1)[0]
+    (kaldi_dir / "text").write_text("".join(lines[:5] + lines[6:]), encoding="utf-8")
+    wav_line = next(i for i, line in enumerate((kaldi_dir / "wav.scp").read_text().splitlines(), 1)
+                    if line.split(" ", 1)[0] == dropped)
+    result = run_cli("corpus-io", "pack-shards", f"++input={kaldi_dir}", f"++output_dir={tmp_path / 'out'}",
+                     cwd=REPO)
+    assert_user_error(result, f"{kaldi_dir / 'wav.scp'}:{wav_line}: key '{dropped}': missing transcript")
+    result = run_cli("corpus-io", "pack-shards", f"++input={kaldi_dir}", f"++output_dir={tmp_path / 'out'}",
+                     "++on_error=skip", cwd=REPO)
+    assert result.returncode == 0 and "missing transcript: 1" in result.stderr, result.stderr
