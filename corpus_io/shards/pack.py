@@ -152,7 +152,7 @@ def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[st
     """``(extension, bytes, metadata)`` of the audio member of one record."""
     source = str(record["source"])
     try:
-        data = audio.read_source_bytes(source, allow_pipe=opts.allow_pipe, storage_options=opts.storage_options)
+        data = _source_bytes(source, opts.allow_pipe, json.dumps(opts.storage_options, sort_keys=True))
     except OSError as exc:
         raise DataError(f"cannot read audio {source}: {exc}") from None
     ext = audio.extension_of(source)
@@ -205,6 +205,14 @@ def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[st
                           "source_len": audio.frames_10ms(n, rate)}
 
 
+@functools.lru_cache(maxsize=1)
+def _source_bytes(source: str, allow_pipe: bool, storage_options_json: str) -> bytes:
+    """A source's bytes, kept for the next call: the segments of one recording arrive one after another,
+    and reading a 1-hour recording once per 1-second segment made packing O(segments x recording).
+    Holds one source (at most audio.MAX_SOURCE_BYTES) per worker; cleared at the start of each shard."""
+    return audio.read_source_bytes(source, allow_pipe=allow_pipe, storage_options=json.loads(storage_options_json))
+
+
 def _feats_member(record: dict) -> tuple[bytes, dict[str, Any]]:
     mat = np.asarray(kaldi.read_feats(str(record["source"])))
     if mat.ndim != 2:
@@ -223,6 +231,7 @@ def pack_shard(task: ShardTask) -> ShardStat:
     if done is not None:
         return done
     opts = task.options
+    _source_bytes.cache_clear()  # reuse a recording within this shard only: files may change between runs
     skipped: Counter = Counter()
     durations: list[float] = []
     keys: list[str] = []
