@@ -578,7 +578,7 @@ def _check_choices_and_required(obj: Any, prefix: str) -> None:
         if bounds and value is not None and not in_range(value, bounds):
             unit = f" {f.metadata['unit']}" if f.metadata.get("unit") else ""
             example = "null" if f.default is None else f.default
-            raise ConfigError(f"config key {path}={value}{unit} is outside its range {bounds} "
+            raise ConfigError(f"{path}={value}{unit} is outside its range {bounds} "
                               f"({f.metadata.get('help')}). Give a value in range, e.g. ++{path}={example}.")
         if dataclasses.is_dataclass(value):
             _check_choices_and_required(value, path + ".")
