@@ -143,8 +143,26 @@ def read_json_object(path: str | os.PathLike, bad: Callable[[str], DataError]) -
     return data
 
 
+MAX_LINE_BYTES = 4 * 1024 * 1024  # bytes: one line of a table, jsonl or list; longer is not text (/dev/zero)
+
+
+def bounded_lines(f: IO[bytes], path: str | os.PathLike,
+                  max_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    """``(lineno, raw line)`` of a binary file, like ``enumerate(f, 1)``, but a line longer than ``max_bytes``
+    is a DataError instead of an unbounded read (a device, or a binary file given as a table)."""
+    lineno = 0
+    while raw := f.readline(max_bytes + 1):
+        lineno += 1
+        if len(raw) > max_bytes:
+            raise DataError(f"{path}:{lineno}: the line is longer than {max_bytes} bytes (the per-line bound of "
+                            f"text inputs), so this is not a text table, jsonl or list (a binary file or a device "
+                            f"such as /dev/zero?). Point the option at the right file.")
+        yield lineno, raw
+
+
 def iter_raw_lines(path: str | os.PathLike, *, what: str = "file") -> Iterator[tuple[int, bytes]]:
-    """``(lineno, bytes)`` of a text file, streamed, with a leading UTF-8 BOM removed.
+    """``(lineno, bytes)`` of a text file, streamed, with a leading UTF-8 BOM removed; lines are bounded
+    (:func:`bounded_lines`).
 
     Opening errors become a :class:`DataError` naming the file.
     """
@@ -153,7 +171,7 @@ def iter_raw_lines(path: str | os.PathLike, *, what: str = "file") -> Iterator[t
     except OSError as exc:
         raise DataError(f"cannot open {what} {path}: {exc.strerror}. Check the path.") from None
     with f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in bounded_lines(f, path):
             if lineno == 1 and raw.startswith(UTF8_BOM):
                 raw = raw[len(UTF8_BOM):]
             yield lineno, raw

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from corpus_io.errors import DataError
-from corpus_io.files import UTF8_BOM, atomic_write, iter_raw_lines
+from corpus_io.files import UTF8_BOM, atomic_write, bounded_lines, iter_raw_lines
 
 _SEP = re.compile(rb"[ \t]+")
 
@@ -133,7 +133,7 @@ class KeyedTable:
         offsets = array("q")
         offset = 0
         with open(self.path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
+            for lineno, raw in bounded_lines(f, self.path):
                 parsed = parse_line(raw, self.path, lineno)
                 if parsed is not None:
                     key, value = parsed

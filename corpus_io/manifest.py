@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from corpus_io import audio, kaldi
+from corpus_io import audio, kaldi, urls
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write, iter_raw_lines
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
@@ -190,6 +190,7 @@ def scp2jsonl(cfg: Any) -> Summary:
     audio_fields = tuple(n for n, p in zip(names, paths) if _is_audio_field(n, p))
     for p in paths + ([cfg.segments] if cfg.segments else []):
         if not os.path.isfile(p):
+            urls.check_regular_file(p)  # a FIFO or a device: say so, not "does not exist"
             raise DataError(f"table {p} does not exist. Check ++scp_file_list / ++segments.")
 
     # The driving stream: the first table, or segments (whose recordings index wav.scp).

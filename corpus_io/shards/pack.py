@@ -36,7 +36,7 @@ import numpy as np
 
 from corpus_io import audio, kaldi
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write, ensure_dir, remove_temp_files
+from corpus_io.files import atomic_write, bounded_lines, ensure_dir, remove_temp_files
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 from corpus_io.shards import format as fmt
 from corpus_io.shards.index import index_path_for, read_index_file, write_list_and_index
@@ -305,7 +305,7 @@ class _Input:
         hashes = array("q")
         offset = 0
         with open(self.driver, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
+            for lineno, raw in bounded_lines(f, self.driver):
                 key = self.key_of(raw, lineno)
                 if key is not None:
                     self.offsets.append(offset)
@@ -319,7 +319,7 @@ class _Input:
 
     def _raise_duplicate(self, wanted: set[int]) -> None:
         with open(self.driver, "rb") as f:
-            keyed = ((key, f"{self.driver}:{lineno}") for lineno, raw in enumerate(f, 1)
+            keyed = ((key, f"{self.driver}:{lineno}") for lineno, raw in bounded_lines(f, self.driver)
                      if (key := self.key_of(raw, lineno)) is not None)
             repeat = kaldi.first_repeat(keyed, wanted)
         if repeat:
@@ -330,7 +330,7 @@ class _Input:
     def records(self, shuffle: bool, seed: int) -> Iterator[dict | _Skip]:
         with open(self.driver, "rb") as f:
             if not shuffle:
-                for lineno, raw in enumerate(f, 1):
+                for lineno, raw in bounded_lines(f, self.driver):
                     rec = self.record_of(raw, lineno)
                     if rec is not None:
                         yield rec
