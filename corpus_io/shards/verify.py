@@ -17,7 +17,7 @@ from typing import IO, Any, Iterator
 from corpus_io.errors import DataError
 from corpus_io.progress import parallel_imap, progress, resolve_num_workers
 from corpus_io.shards.format import safe_member_name, split_member
-from corpus_io.shards.index import index_path_for, load_index, read_datalist, repeated_keys
+from corpus_io.shards.index import index_path_for, load_index, read_datalist, read_index_file, repeated_keys
 from corpus_io.shards.reader import DEFAULT_MAX_MEMBER_BYTES, group_samples, iter_tar_members
 
 
@@ -140,6 +140,11 @@ def verify_shards(cfg: Any) -> list[VerifyResult]:
                            total=len(urls), desc="verify-shards", unit="shard"):
         results.append(result)
     repeats = repeated_keys(cfg.input)  # across shards, from the index alone
+    if index is not None and not any(isinstance(e.get("keys"), list)
+                                     for e in read_index_file(index_path_for(cfg.input), keys=True, lazy=True)):
+        print(f"[verify-shards] {index_path_for(cfg.input)} records no utterance keys (an older pack-shards or "
+              f"another tool wrote it): a key repeated across shards is not checked. Re-run pack-shards to "
+              f"record them.", file=sys.stderr, flush=True)
     by_url = {r.url: r for r in results}
     for key, shards in repeats.items():
         later = shards[-1]

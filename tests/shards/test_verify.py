@@ -92,3 +92,12 @@ def test_a_key_repeated_across_shards_is_found_from_the_index_without_reading_au
     repeats = repeated_keys(merged)
     assert len(repeats) == 4
     assert all(shards == [str(a / "shard-000000.tar"), str(again / "shard-000000.tar")] for shards in repeats.values())
+
+
+def test_an_index_without_keys_says_repeats_across_shards_are_not_checked(tmp_path):
+    from tests.loader_data import make_shards
+
+    data_list, _ = make_shards(tmp_path / "old", per_shard=12)  # an index as other tools write it: no keys
+    result = run_cli("corpus-io", "verify-shards", f"++input={data_list}", "++decode_audio=false")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "records no utterance keys" in result.stderr and "not checked" in result.stderr
