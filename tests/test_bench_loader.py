@@ -191,3 +191,20 @@ def test_a_resumed_shard_epoch_reports_what_it_read_again(small, tmp_path):
     reread = re.search(r"re-read after the resume: (\d+) utterances", result.stdout)
     assert reread and int(reread.group(1)) > 0, result.stdout  # the open shard is read again up to the position
     assert "resume.reread" not in result.stdout  # not reported as dropped
+
+
+@pytest.mark.parametrize("edit", [
+    lambda w: w.update(cursor={"0": "x"}), lambda w: w.update(pending=[[1]]), lambda w: w.update(taken=[3]),
+    lambda w: w.update(seconds="a while"),
+])
+def test_a_hand_broken_worker_position_is_one_paragraph_not_a_worker_traceback(small, tmp_path, edit):
+    data_list, tokens = small
+    state = tmp_path / "state.json"
+    bench(data_list, tokens, "++save_state_after=1", f"++state_file={state}", "++dataset_conf.num_workers=1")
+    saved = json.loads(state.read_text())
+    for worker in saved["workers"].values():
+        edit(worker)
+    state.write_text(json.dumps(saved))
+    result = run_cli("corpus-io", "bench-loader", *overrides(data_list, tokens, f"++state_file={state}",
+                                                             "++dataset_conf.num_workers=1"))
+    assert_user_error(result, "read position in the loader state is malformed", "Drop it")

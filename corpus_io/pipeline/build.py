@@ -113,6 +113,8 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
                            first_pass=0 if infinite else epoch, shuffle=shuffle, infinite=infinite,
                            mark_pass_end=mark_pass_end)
                for i, src in enumerate(sources)]
+    streams = [stages.drop_repeated_keys(stream, owners=src.owners, counts=counts) if src.owners else stream
+               for stream, src in zip(streams, sources)]
     samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state,
                                                        stop=lambda: stop[0])
     f = conf.filter_conf
