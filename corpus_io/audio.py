@@ -76,7 +76,7 @@ def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None
         rate, samples = _load_ark_wav(source)
         return AudioInfo(rate, samples.shape[0], 1 if samples.ndim == 1 else samples.shape[1], "wav")
     if urls.is_command(source):
-        data = urls.read_url(source, allow_pipe=allow_pipe)
+        data = read_source_bytes(source, allow_pipe=allow_pipe)
         wave, rate = decode_bytes(data, where=source)  # stdout headers often lack the length
         return AudioInfo(rate, wave.shape[0], 1 if wave.ndim == 1 else wave.shape[1], "wav")
     if urls.is_remote(source):
@@ -88,6 +88,7 @@ def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None
             f.seek(0)
             return _info_from_fileobj(f, source)
     path = urls.local_path(source)
+    urls.check_regular_file(path)
     try:
         with open(path, "rb") as f:
             info = header_info(f.read(HEAD_BYTES), os.fstat(f.fileno()).st_size)
@@ -112,12 +113,33 @@ def _load_ark_wav(source: str) -> tuple[int, np.ndarray]:
     raise DataError(f"'{source}' is a feature matrix, not audio. Use feats.scp for features.")
 
 
-def read_source_bytes(source: str, *, allow_pipe: bool = False, storage_options: dict | None = None) -> bytes:
-    """The stored bytes of an audio source, unchanged (used by ``audio_format=keep``)."""
+# bytes: the largest audio source read whole; the shard reader's default limit for one member
+# (dataset_conf.max_member_bytes), so nothing is packed that a loader would refuse.
+MAX_SOURCE_BYTES = 256 * 1024 * 1024
+
+
+def read_source_bytes(source: str, *, allow_pipe: bool = False, storage_options: dict | None = None,
+                      max_bytes: int = MAX_SOURCE_BYTES) -> bytes:
+    """The stored bytes of an audio source, unchanged (used by ``audio_format=keep``); at most
+    ``max_bytes`` bytes are read: a longer source (an endless pipe, a huge file) is a DataError."""
     if kaldi.is_ark_offset(source):
         rate, samples = _load_ark_wav(source)
         return encode(samples.astype(np.float32) / 32768.0 if samples.dtype == np.int16 else samples, rate, "wav")
-    return urls.read_url(source, allow_pipe=allow_pipe, storage_options=storage_options)
+    f = urls.open_url(source, allow_pipe=allow_pipe, storage_options=storage_options)
+    data = b""
+    try:
+        data = f.read(max_bytes + 1)
+    finally:
+        try:
+            f.close()
+        except DataError:  # a command killed by our early close (SIGPIPE) when the source was too long
+            if len(data) <= max_bytes:
+                raise
+    if len(data) > max_bytes:
+        raise DataError(f"{source} is longer than {max_bytes} bytes (the per-source read bound, equal to the "
+                        f"shard reader's max_member_bytes); only that much was read. Split or shorten the "
+                        f"recording (e.g. with a segments file), or check that the entry names an audio file.")
+    return data
 
 
 _GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"  # KSDATAFORMAT_SUBTYPE_* tail

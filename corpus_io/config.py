@@ -42,17 +42,36 @@ CONF_DIR = _shipped_conf_dir()
 
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", *, unit: str = "", choices: tuple = (),
-        factory: Any = dataclasses.MISSING, group: str = "") -> Any:
+        factory: Any = dataclasses.MISSING, group: str = "", range: str = "") -> Any:
     """A schema field with its help text, unit and allowed values (shown by ``--help``).
 
     The default given here is the one default: the shipped ``conf/*.yaml`` may restate it, and
     ``tests/test_config.py`` fails when they disagree. ``group`` names a config group directory
     (``conf/<group>/*.yaml`` presets, chosen in the command YAML's ``defaults`` list).
+    ``range``: the allowed interval of a number, in interval notation, e.g. ``"[1, 64]"`` or ``"(0, inf)"``
+    (``[``/``]`` include the bound, ``(``/``)`` exclude it). Every value that sizes memory, time or
+    processes has one; a value outside it is a :class:`ConfigError` (null stays allowed for Optional keys).
     """
-    meta = {"help": help, "unit": unit, "choices": tuple(choices), "group": group}
+    if range:
+        parse_range(range)  # a typo in a schema fails at import, not in a user's run
+    meta = {"help": help, "unit": unit, "choices": tuple(choices), "group": group, "range": range}
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def parse_range(spec: str) -> tuple[float, bool, float, bool]:
+    """``"[1, 64]"`` -> ``(1, True, 64, True)``: (low, low included, high, high included)."""
+    text = spec.strip()
+    lo_text, _, hi_text = text[1:-1].partition(",")
+    if text[:1] not in "[(" or text[-1:] not in "])" or not _:
+        raise ValueError(f"bad range {spec!r}: use interval notation like '[1, 64]' or '(0, inf)'")
+    return float(lo_text), text[0] == "[", float(hi_text), text[-1] == "]"
+
+
+def in_range(value: float, spec: str) -> bool:
+    lo, lo_in, hi, hi_in = parse_range(spec)
+    return (lo < value or (lo_in and value == lo)) and (value < hi or (hi_in and value == hi))
 
 
 # --------------------------------------------------------------------------- dataset_conf
@@ -75,7 +94,7 @@ class FilterConf:
 
 @dataclass
 class ResampleConf:
-    resample_rate: int = opt(16000, "every waveform is resampled to this rate", unit="Hz")
+    resample_rate: int = opt(16000, "every waveform is resampled to this rate", unit="Hz", range="[1000, 384000]")
 
 
 @dataclass
@@ -85,56 +104,56 @@ class SpeedPerturbConf:
 
 @dataclass
 class FbankConf:
-    num_mel_bins: int = opt(80, "mel filterbank channels")
-    frame_length: float = opt(25.0, "analysis window", unit="ms")
-    frame_shift: float = opt(10.0, "hop between frames", unit="ms")
-    dither: float = opt(0.0, "dither added before the FFT (0 = deterministic)")
+    num_mel_bins: int = opt(80, "mel filterbank channels", range="[1, 512]")
+    frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
+    frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="[1, 1000]")
+    dither: float = opt(0.0, "dither added before the FFT (0 = deterministic)", range="[0, inf)")
 
 
 @dataclass
 class MfccConf:
-    num_mel_bins: int = opt(40, "mel filterbank channels")
-    num_ceps: int = opt(40, "cepstral coefficients kept")
-    frame_length: float = opt(25.0, "analysis window", unit="ms")
-    frame_shift: float = opt(10.0, "hop between frames", unit="ms")
-    dither: float = opt(0.0, "dither added before the FFT")
+    num_mel_bins: int = opt(40, "mel filterbank channels", range="[1, 512]")
+    num_ceps: int = opt(40, "cepstral coefficients kept", range="[1, 512]")
+    frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
+    frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="[1, 1000]")
+    dither: float = opt(0.0, "dither added before the FFT", range="[0, inf)")
     high_freq: float = opt(-200.0, "high cutoff (negative: offset from Nyquist)", unit="Hz")
     low_freq: float = opt(20.0, "low cutoff", unit="Hz")
 
 
 @dataclass
 class SpecAugConf:
-    num_t_mask: int = opt(2, "time masks per utterance")
-    num_f_mask: int = opt(2, "frequency masks per utterance")
-    max_t: int = opt(50, "longest time mask", unit="frames")
-    max_f: int = opt(10, "widest frequency mask", unit="mel bins")
+    num_t_mask: int = opt(2, "time masks per utterance", range="[0, 100]")
+    num_f_mask: int = opt(2, "frequency masks per utterance", range="[0, 100]")
+    max_t: int = opt(50, "longest time mask", unit="frames", range="[0, 100000]")
+    max_f: int = opt(10, "widest frequency mask", unit="mel bins", range="[0, 512]")
 
 
 @dataclass
 class SpecSubConf:
-    max_t: int = opt(30, "longest substituted span", unit="frames")
-    num_t_sub: int = opt(3, "substitutions per utterance")
+    max_t: int = opt(30, "longest substituted span", unit="frames", range="[0, 100000]")
+    num_t_sub: int = opt(3, "substitutions per utterance", range="[0, 100]")
 
 
 @dataclass
 class SpecTrimConf:
-    max_t: int = opt(20, "most frames trimmed from the end", unit="frames")
+    max_t: int = opt(20, "most frames trimmed from the end", unit="frames", range="[0, 100000]")
 
 
 @dataclass
 class ShuffleConf:
-    shuffle_size: int = opt(1500, "utterances held by the shuffle buffer", unit="utterances")
+    shuffle_size: int = opt(1500, "utterances held by the shuffle buffer", unit="utterances", range="[1, 1000000]")
 
 
 @dataclass
 class SortConf:
-    sort_size: int = opt(500, "utterances sorted by length together", unit="utterances")
+    sort_size: int = opt(500, "utterances sorted by length together", unit="utterances", range="[1, 1000000]")
 
 
 @dataclass
 class SourceConf:
     data_list: str = opt("???", "a data.list (shard or raw) of one corpus")
-    weight: float = opt(1.0, "relative share of this corpus in the mix")
+    weight: float = opt(1.0, "relative share of this corpus in the mix", range="[0, inf)")
     data_type: str = opt("shard", "format of this list", choices=("raw", "shard"))
 
 
@@ -166,28 +185,33 @@ class DatasetConf:
     sort_conf: SortConf = opt(factory=SortConf)
     bucketing: bool = opt(False, "batch from duration buckets instead of the sort buffer")
     num_buckets: int = opt(30, "duration buckets when bucketing=true; memory: up to num_buckets x 4 batches "
-                                   "of samples are held")
+                                   "of samples are held", range="[1, 1000]")
     batch_type: str = opt("example", "example: utterances; length: padded frames; token: padded frames+tokens",
                           choices=("example", "length", "token"))
     batch_size: int = opt(16, "example: utterances per batch; length: max(source_len)*n; "
-                              "token: max(source_len+target_len)*n", unit="utterances | frames | frames+tokens")
-    max_batch_size: int = opt(200, "cap on utterances per batch for length/token batching", unit="utterances")
-    num_workers: int = opt(2, "DataLoader worker processes per rank")
-    prefetch: int = opt(2, "batches prefetched per worker")
+                              "token: max(source_len+target_len)*n", unit="utterances | frames | frames+tokens",
+                          range="[1, 100000000]")
+    max_batch_size: int = opt(200, "cap on utterances per batch for length/token batching", unit="utterances",
+                              range="[1, 100000]")
+    num_workers: int = opt(2, "DataLoader worker processes per rank", range="[0, 256]")
+    prefetch: int = opt(2, "batches prefetched per worker", range="[1, 64]")
     pin_memory: bool = opt(False, "pin batches in page-locked memory (GPU)")
     on_error: str = opt("fail", "a corrupt shard/member or an unreachable URL: fail, or skip and count it",
                         choices=FAILURE_CHOICES)
-    retries: int = opt(3, "attempts to open a remote URL before on_error applies")
-    retry_backoff: float = opt(0.5, "first wait between retries, doubled each time", unit="seconds")
+    retries: int = opt(3, "attempts to open a remote URL before on_error applies", range="[0, 100]")
+    retry_backoff: float = opt(0.5, "first wait between retries, doubled each time", unit="seconds", range="[0, 600]")
     read_timeout: float = opt(30.0, "longest wait for a connection or the next byte of a remote read, per "
-                                    "attempt; a stall past it is retried, then on_error", unit="seconds")
-    max_member_bytes: int = opt(256 * 1024 * 1024, "a tar member larger than this is rejected", unit="bytes")
+                                    "attempt; a stall past it is retried, then on_error", unit="seconds",
+                              range="(0, 86400]")
+    max_member_bytes: int = opt(256 * 1024 * 1024, "a tar member larger than this is rejected", unit="bytes",
+                                range="[1, 17179869184]")
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote URLs (e.g. endpoint_url, key, secret)",
                                           factory=dict)
     allow_pipe: bool = opt(False, "allow pipe:CMD URLs in lists (runs CMD without a shell)")
     sources: List[SourceConf] = opt(help="mix several lists by weight: [{data_list, weight, data_type}]",
                                     factory=list)
-    epoch_hours: Optional[float] = opt(None, "define an epoch as this much audio instead of one pass", unit="hours")
+    epoch_hours: Optional[float] = opt(None, "define an epoch as this much audio instead of one pass", unit="hours",
+                                       range="(0, inf)")
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -212,25 +236,25 @@ class TokenizerConf:
 
 @dataclass
 class TrainConf:
-    max_epoch: int = opt(10, "epochs to train")
-    log_interval: int = opt(10, "steps between log lines", unit="steps")
+    max_epoch: int = opt(10, "epochs to train", range="[1, 1000000]")
+    log_interval: int = opt(10, "steps between log lines", unit="steps", range="[1, 1000000000]")
     resume: bool = opt(True, "continue from output_dir/model.pt with the exact data position")
     validate_interval: int = opt(0, "steps between validations (0: at each epoch end; -1: with each mid-epoch "
-                                    "checkpoint, as FunASR)", unit="steps")
+                                    "checkpoint, as FunASR)", unit="steps", range="[-1, 1000000000]")
     save_checkpoint_interval: int = opt(0, "steps between mid-epoch checkpoints (0: epoch ends only)",
-                                        unit="steps")
-    keep_nbest_models: int = opt(5, "keep this many epoch checkpoints, best by the cv metric")
-    avg_nbest_model: int = opt(5, "average this many best epoch checkpoints into model.pt.avg{N}")
+                                        unit="steps", range="[0, 1000000000]")
+    keep_nbest_models: int = opt(5, "keep this many epoch checkpoints, best by the cv metric", range="[0, 100000]")
+    avg_nbest_model: int = opt(5, "average this many best epoch checkpoints into model.pt.avg{N}", range="[0, 100000]")
     avg_keep_nbest_models_type: str = opt("loss", "cv metric that ranks checkpoints", choices=("loss", "acc"))
-    accum_grad: int = opt(1, "micro-batches per optimizer step")
+    accum_grad: int = opt(1, "micro-batches per optimizer step", range="[1, 10000]")
     grad_clip: float = opt(5.0, "max gradient norm (<= 0: off)")
     use_fp16: bool = opt(False, "float16 autocast with a grad scaler (GPU)")
     use_bf16: bool = opt(False, "bfloat16 autocast (CPU or GPU)")
     max_steps_per_epoch: int = opt(0, "step mode: an epoch ends after this many steps (0: one pass)",
-                                   unit="steps")
+                                   unit="steps", range="[0, 1000000000000]")
     seed: int = opt(1234, "seed of model init and dropout")
     device: str = opt("auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
-    timeout_s: int = opt(600, "collective timeout", unit="seconds")
+    timeout_s: int = opt(600, "collective timeout", unit="seconds", range="[1, 604800]")
     dump_trained_keys: bool = opt(False, "debug: write output_dir/trained_keys.rank{R}.txt ('epoch key' per trained "
                                          "utterance, cut back to the checkpoint on resume) and unused_keys.rank{R}.txt")
     debug_fail_at_step: int = opt(0, "debug: rank 0 raises at this global step on the first torchrun attempt "
@@ -240,15 +264,15 @@ class TrainConf:
 @dataclass
 class OptimConf:
     optim: str = opt("adamw", "optimizer", choices=("adam", "adamw", "sgd"))
-    lr: float = opt(0.001, "peak learning rate")
-    weight_decay: float = opt(1e-6, "weight decay")
+    lr: float = opt(0.001, "peak learning rate", range="(0, 10]")
+    weight_decay: float = opt(1e-6, "weight decay", range="[0, 10]")
 
 
 @dataclass
 class SchedulerConf:
     scheduler: str = opt("warmuplr", "warmuplr: linear warmup then inverse sqrt; constant",
                          choices=("warmuplr", "constant"))
-    warmup_steps: int = opt(500, "warmup length", unit="steps")
+    warmup_steps: int = opt(500, "warmup length", unit="steps", range="[0, 1000000000]")
 
 
 # --------------------------------------------------------------------------- subcommands
@@ -261,7 +285,7 @@ class Scp2JsonlConfig:
     data_type_list: List[str] = opt(help="a field name per table", factory=lambda: ["source", "target"])
     jsonl_file_out: str = opt("???", "output JSONL (written to a temp name, then renamed)")
     segments: Optional[str] = opt(None, "Kaldi segments file: utterances are cut from wav.scp recordings")
-    num_workers: int = opt(0, "header-probe processes (0: all cores)")
+    num_workers: int = opt(0, "header-probe processes (0: all cores)", range="[0, 1024]")
     on_error: str = opt("fail", "a key missing from a table, or unreadable audio: fail, or skip and count",
                         choices=FAILURE_CHOICES)
     on_empty_text: str = opt("fail", "an utterance whose transcript (or other text field) is empty: fail, or "
@@ -296,12 +320,13 @@ class PrepareConfig:
 class PackShardsConfig:
     input: str = opt("???", "train.jsonl (FunASR), a WeNet raw data.list, or a Kaldi data dir")
     output_dir: str = opt("???", "where shards, data.list and index.jsonl go")
-    num_utts_per_shard: int = opt(1000, "utterances per shard")
-    num_workers: int = opt(0, "packing processes (0: all cores)")
+    num_utts_per_shard: int = opt(1000, "utterances per shard", range="[1, 10000000]")
+    num_workers: int = opt(0, "packing processes (0: all cores)", range="[0, 1024]")
     shuffle: bool = opt(False, "shuffle utterances before sharding (seeded)")
     seed: int = opt(777, "shuffle seed")
     audio_format: str = opt("keep", "keep original bytes, or re-encode", choices=("keep", "wav", "flac"))
-    resample: Optional[int] = opt(None, "re-encode at this rate (null: keep the rate)", unit="Hz")
+    resample: Optional[int] = opt(None, "re-encode at this rate (null: keep the rate)", unit="Hz",
+                                  range="[1000, 384000]")
     filter_group: List[str] = opt(help="length buckets 'lo:hi' in frames, each packed into its own sub-directory",
                                   factory=list)
     shard_prefix: str = opt("shard", "shard file name prefix: <prefix>-000000.tar")
@@ -328,7 +353,7 @@ class MakeDatalistConfig:
 @dataclass
 class VerifyShardsConfig:
     input: str = opt("???", "a shard data.list (its index.jsonl sidecar is used when present)")
-    num_workers: int = opt(0, "checking processes (0: all cores)")
+    num_workers: int = opt(0, "checking processes (0: all cores)", range="[0, 1024]")
     decode_audio: bool = opt(True, "decode every audio member")
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote shards", factory=dict)
 
@@ -338,7 +363,7 @@ class MakeTokenizerConfig:
     input: str = opt("???", "a Kaldi text file or a JSONL with target/txt")
     output: str = opt("???", "token list to write (bpe also writes <output stem>.model)")
     tokenizer: TokenizerConf = opt(factory=TokenizerConf)
-    vocab_size: int = opt(500, "bpe vocabulary size")
+    vocab_size: int = opt(500, "bpe vocabulary size", range="[1, 10000000]")
     min_count: int = opt(1, "char/word: drop tokens seen fewer times")
 
 
@@ -347,10 +372,11 @@ class BenchLoaderConfig:
     data_list: str = opt("", "the data.list to read (required unless dataset_conf.sources is set)")
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
     tokenizer: TokenizerConf = opt(factory=TokenizerConf)
-    epochs: int = opt(1, "epochs to iterate")
-    max_batches: int = opt(0, "stop each epoch after this many batches (0: all)")
+    epochs: int = opt(1, "epochs to iterate", range="[1, 1000000]")
+    max_batches: int = opt(0, "stop each epoch after this many batches (0: all)", range="[0, 1000000000000]")
     dump_keys: Optional[str] = opt(None, "write DIR/keys.rank{R}.epoch{E}.txt in consumption order")
-    save_state_after: int = opt(0, "save the loader state after this many batches and exit", unit="batches")
+    save_state_after: int = opt(0, "save the loader state after this many batches and exit", unit="batches",
+                                range="[0, 1000000000000]")
     state_file: Optional[str] = opt(None, "where to save, or resume from, the loader state")
     train: bool = opt(True, "train mode (shuffle, augment) or cv mode")
 
@@ -389,13 +415,13 @@ class ComputeCmvnConfig:
     output_format: str = opt("json", "json (WeNet-style sums, mean, istd) or kaldi (compute-cmvn-stats' binary "
                                       "2 x (dim+1) matrix, a cmvn.ark)", choices=("json", "kaldi"))
     dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(batch_size=32))
-    max_utts: int = opt(0, "use at most this many utterances (0: all)")
+    max_utts: int = opt(0, "use at most this many utterances (0: all)", range="[0, 1000000000000]")
 
 
 @dataclass
 class AverageConfig:
     output_dir: str = opt("???", "the training output_dir")
-    num: int = opt(5, "checkpoints to average")
+    num: int = opt(5, "checkpoints to average", range="[1, 100000]")
     metric: str = opt("loss", "rank epoch checkpoints by this cv metric", choices=("loss", "acc"))
 
 
@@ -406,7 +432,7 @@ class AddFieldConfig:
     from_scp: Optional[str] = opt(None, "import a Kaldi feats.scp (kaldiio)")
     from_jsonl: Optional[str] = opt(None, "import values by key from a JSONL")
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
-    num_workers: int = opt(0, "processes (0: all cores)")
+    num_workers: int = opt(0, "processes (0: all cores)", range="[0, 1024]")
 
 
 @dataclass
@@ -414,7 +440,7 @@ class StatsConfig:
     input: str = opt("???", "a shard or raw data.list")
     output: Optional[str] = opt(None, "PNG histogram path (default: next to the list)")
     data_type: str = opt("shard", "format of the list", choices=("raw", "shard"))
-    bins: int = opt(30, "histogram bins")
+    bins: int = opt(30, "histogram bins", range="[1, 100000]")
 
 
 # --------------------------------------------------------------------------- FunASR keys
@@ -701,7 +727,11 @@ def _check_keys(schema: type, raw: dict, prefix: str) -> None:
             raise ConfigError(_unknown_key_message(path, schema, prefix))
         f = fields[key]
         nested = _nested_schema(f, schema)
-        if nested and isinstance(value, dict):
+        if nested and not isinstance(value, dict):
+            first = dataclasses.fields(nested)[0].name
+            raise ConfigError(f"config key '{path}' is a group of keys, not the single value {value!r}. Set its "
+                              f"keys instead, e.g. ++{path}.{first}=<value> (--help lists them).")
+        if nested:
             _check_keys(nested, value, prefix=path + ".")
         item_schema = _list_item_schema(f, schema)
         if item_schema and isinstance(value, list):
@@ -736,6 +766,12 @@ def _check_choices_and_required(obj: Any, prefix: str) -> None:
         if choices and value not in choices:
             raise ConfigError(f"config key '{path}' is '{value}', but it must be one of "
                               f"{', '.join(map(str, choices))}. Example: ++{path}={choices[0]}")
+        bounds = f.metadata.get("range") if f.metadata else None
+        if bounds and value is not None and not in_range(value, bounds):
+            unit = f" {f.metadata['unit']}" if f.metadata.get("unit") else ""
+            example = "null" if f.default is None else f.default
+            raise ConfigError(f"{path}={value}{unit} is outside its range {bounds} "
+                              f"({f.metadata.get('help')}). Give a value in range, e.g. ++{path}={example}.")
         if dataclasses.is_dataclass(value):
             _check_choices_and_required(value, path + ".")
         if isinstance(value, list):
@@ -773,6 +809,8 @@ def describe(schema: type, prefix: str = "", defaults: Any = None) -> list[tuple
             text += f" [{meta['unit']}]"
         if meta.get("choices"):
             text += " {" + "|".join(map(str, meta["choices"])) + "}"
+        if meta.get("range"):
+            text += f" range {meta['range']}"
         if meta.get("group"):
             presets = group_presets(meta["group"])
             default = f"preset {presets[0]}" if presets else default

@@ -214,11 +214,17 @@ class CorpusLoader:
         if state.get("rank") != self.rank:
             raise ConfigError(f"the loader state belongs to rank {state.get('rank')}, but this is rank "
                               f"{self.rank}. Save and load one state per rank.")
-        self.epoch = int(state["epoch"])
-        self._resume = {int(w): s for w, s in state.get("workers", {}).items()}
+        try:
+            self.epoch = int(state["epoch"])
+            self._resume = {int(w): s for w, s in state.get("workers", {}).items()}
+            self._batches = int(state.get("batches", 0))
+            self._counts = Counter({str(k): int(v) for k, v in state.get("counts", {}).items()})
+        except (KeyError, AttributeError, TypeError, ValueError) as exc:
+            raise DataError(f"the loader state is malformed ({type(exc).__name__}: {exc}): it was edited or "
+                            f"damaged. Drop it (start the epoch afresh) or restore it from a backup.") from None
+        for snapshot in self._resume.values():
+            SlotState.from_dict(_parsed(snapshot))  # checked here: a worker process would only print a traceback
         self._snapshots = dict(self._resume)
-        self._batches = int(state.get("batches", 0))
-        self._counts = Counter(state.get("counts", {}))
 
     def __len__(self) -> int:
         raise TypeError("a streaming loader has no length; iterate it (the trainer stops ranks together with "

@@ -48,10 +48,60 @@ def ensure_dir(path: str | os.PathLike, *, what: str = "output directory") -> Pa
     return p
 
 
+class UnnamedFile:
+    """A file written in ``final``'s directory that has no name until :meth:`commit` gives it ``final``.
+
+    On Linux it is an ``O_TMPFILE`` inode, so a writer killed at any point (even by SIGKILL, or with
+    its parent) leaves nothing behind; :meth:`commit` links it under :func:`temp_name` and renames it
+    over ``final`` (atomic). Where the filesystem has no ``O_TMPFILE`` the file is the visible
+    :func:`temp_name` from the start (removed by :meth:`abort`, or by a rerun's :func:`remove_temp_files`).
+    """
+
+    def __init__(self, final: str | os.PathLike, mode: str = "wb", *, buffering: int = -1,
+                 encoding: str | None = None, newline: str | None = None):
+        self.final = Path(final)
+        self.tmp = temp_name(self.final)
+        fd = None
+        if hasattr(os, "O_TMPFILE"):
+            with contextlib.suppress(OSError):  # EOPNOTSUPP/EISDIR: this filesystem has no O_TMPFILE
+                fd = os.open(self.final.parent, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666)
+        self.unnamed = fd is not None
+        kwargs: dict = {"buffering": buffering, "encoding": encoding, "newline": newline}
+        self.file: IO = os.fdopen(fd, mode, **kwargs) if fd is not None else open(self.tmp, mode, **kwargs)
+
+    def commit(self, *, fsync: bool = False) -> None:
+        self.file.flush()
+        if fsync:
+            os.fsync(self.file.fileno())
+        if self.unnamed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.tmp)  # left by a writer of the same pid that was killed between link and rename
+            try:
+                os.link(f"/proc/self/fd/{self.file.fileno()}", self.tmp)
+            except OSError:  # no /proc: copy the bytes out instead
+                self._copy_to_tmp()
+        self.file.close()
+        os.replace(self.tmp, self.final)
+
+    def _copy_to_tmp(self) -> None:
+        fd, offset = self.file.fileno(), 0
+        with open(self.tmp, "wb") as out:
+            while chunk := os.pread(fd, 1 << 20, offset):
+                out.write(chunk)
+                offset += len(chunk)
+
+    def abort(self) -> None:
+        self.file.close()
+        if not self.unnamed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.tmp)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | None = "utf-8",
                  newline: str | None = "\n", fsync: bool = False) -> Iterator[IO]:
-    """Open a temp file for writing; rename it over ``path`` only if the block succeeds.
+    """Write an :class:`UnnamedFile`; it becomes ``path`` only if the block succeeds (nothing is left
+    behind otherwise, even when the process is killed).
 
     An output that cannot be written (a directory in the way, no permission) is a :class:`DataError`
     naming ``path``, raised before anything is written.
@@ -60,23 +110,16 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | No
     if final.is_dir():
         raise DataError(f"cannot write {final}: it is a directory. Give a file path for this output.")
     ensure_dir(final.parent, what=f"the directory of {final}")
-    tmp = temp_name(final)
     binary = "b" in mode
     try:
-        f = open(tmp, mode, encoding=None if binary else encoding, newline=None if binary else newline)
+        out = UnnamedFile(final, mode, encoding=None if binary else encoding, newline=None if binary else newline)
     except OSError as exc:
         raise DataError(f"cannot write {final}: {exc.strerror}. Check the path and its permissions.") from None
     try:
-        yield f
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
-        f.close()
-        os.replace(tmp, final)
+        yield out.file
+        out.commit(fsync=fsync)
     except BaseException:
-        f.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        out.abort()
         raise
 
 
@@ -101,8 +144,26 @@ def read_json_object(path: str | os.PathLike, bad: Callable[[str], DataError]) -
     return data
 
 
+MAX_LINE_BYTES = 4 * 1024 * 1024  # bytes: one line of a table, jsonl or list; longer is not text (/dev/zero)
+
+
+def bounded_lines(f: IO[bytes], path: str | os.PathLike,
+                  max_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    """``(lineno, raw line)`` of a binary file, like ``enumerate(f, 1)``, but a line longer than ``max_bytes``
+    is a DataError instead of an unbounded read (a device, or a binary file given as a table)."""
+    lineno = 0
+    while raw := f.readline(max_bytes + 1):
+        lineno += 1
+        if len(raw) > max_bytes:
+            raise DataError(f"{path}:{lineno}: the line is longer than {max_bytes} bytes (the per-line bound of "
+                            f"text inputs), so this is not a text table, jsonl or list (a binary file or a device "
+                            f"such as /dev/zero?). Point the option at the right file.")
+        yield lineno, raw
+
+
 def iter_raw_lines(path: str | os.PathLike, *, what: str = "file") -> Iterator[tuple[int, bytes]]:
-    """``(lineno, bytes)`` of a text file, streamed, with a leading UTF-8 BOM removed.
+    """``(lineno, bytes)`` of a text file, streamed, with a leading UTF-8 BOM removed; lines are bounded
+    (:func:`bounded_lines`).
 
     Opening errors become a :class:`DataError` naming the file.
     """
@@ -111,7 +172,7 @@ def iter_raw_lines(path: str | os.PathLike, *, what: str = "file") -> Iterator[t
     except OSError as exc:
         raise DataError(f"cannot open {what} {path}: {exc.strerror}. Check the path.") from None
     with f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in bounded_lines(f, path):
             if lineno == 1 and raw.startswith(UTF8_BOM):
                 raw = raw[len(UTF8_BOM):]
             yield lineno, raw

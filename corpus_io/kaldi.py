@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from corpus_io.errors import DataError
-from corpus_io.files import UTF8_BOM, atomic_write, iter_raw_lines
+from corpus_io.files import UTF8_BOM, atomic_write, bounded_lines, iter_raw_lines
 
 _SEP = re.compile(rb"[ \t]+")
 
@@ -148,7 +148,7 @@ class KeyedTable:
         offsets = array("q")
         offset = 0
         with open(self.path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
+            for lineno, raw in bounded_lines(f, self.path):
                 parsed = parse_line(raw, self.path, lineno)
                 if parsed is not None:
                     key, value = parsed
@@ -273,13 +273,27 @@ def is_ark_offset(value: str) -> bool:
     return bool(re.search(r"\.ark:\d+$", value))
 
 
+def table_line(key: str, value: str, separator: str = " ", *, where: str, field: str = "value") -> str:
+    """``key<sep>value\n``, or a DataError (naming ``where``) for a pair that would not read back as
+    written: a key that is empty or holds whitespace, a value that is empty or holds a line break."""
+    if not key or any(c.isspace() for c in key):
+        raise DataError(f"{where}: key {key!r} is {'empty' if not key else 'not one word'}; a Kaldi table key "
+                        f"is one word without spaces or tabs (the rest of the line is the value). Rename the "
+                        f"key, e.g. replace spaces with '_'.")
+    if not value.strip() or "\n" in value or "\r" in value:
+        why = "is empty" if not value.strip() else "holds a line break"
+        raise DataError(f"{where}: key '{key}': the {field} {value!r} {why}; a Kaldi table holds one non-empty "
+                        f"line per key. Fix the {field} (e.g. join its lines with a space) or drop the utterance.")
+    return f"{key}{separator}{value}\n"
+
+
 def write_table(path: str | os.PathLike, items: Iterable[tuple[str, str]], *, separator: str = " ") -> int:
     """Write ``key<sep>value`` lines atomically; returns the number of lines."""
     n = 0
     with atomic_write(path) as f:
         for key, value in items:
-            f.write(f"{key}{separator}{value}\n")
             n += 1
+            f.write(table_line(key, value, separator, where=f"{path} (line {n})"))
     return n
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from corpus_io import audio, kaldi
+from corpus_io import audio, kaldi, urls
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write, iter_raw_lines, parse_json_object
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
@@ -54,7 +54,28 @@ def canonical(record: dict, where: str = "") -> dict:
         raise DataError(f"{where}: a line needs 'key' and 'source' (FunASR) or 'wav' (WeNet); "
                         f"it has {sorted(record)}.")
     out["key"] = str(out["key"])
+    for name, (kind, unit) in _NUMBER_FIELDS.items():
+        if out.get(name) is not None:
+            out[name] = _number(out[name], kind, f"{where}: key '{out['key']}': {name}", unit)
     return out
+
+
+# numeric fields of a line: (type, unit); a numeric string is accepted, anything else is a DataError
+_NUMBER_FIELDS = {"source_len": (int, "10 ms frames"), "target_len": (int, "tokens"),
+                  "start": (float, "seconds"), "end": (float, "seconds, negative: to the end")}
+
+
+def _number(value: Any, kind: type, what: str, unit: str) -> int | float:
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError
+        number = float(value)
+        if number != number or number in (float("inf"), float("-inf")) or (kind is int and number != int(number)):
+            raise ValueError
+        return int(number) if kind is int else number
+    except ValueError:
+        raise DataError(f"{what} is {value!r}, not a{'n integer' if kind is int else ' number'} ({unit}). Fix the "
+                        f"line, or drop the field to have it computed.") from None
 
 
 def target_len(text: str) -> int:
@@ -187,6 +208,7 @@ def scp2jsonl(cfg: Any) -> Summary:
     audio_fields = tuple(n for n, p in zip(names, paths) if _is_audio_field(n, p))
     for p in paths + ([cfg.segments] if cfg.segments else []):
         if not os.path.isfile(p):
+            urls.check_regular_file(p)  # a FIFO or a device: say so, not "does not exist"
             raise DataError(f"table {p} does not exist. Check ++scp_file_list / ++segments.")
     skip_empty = cfg.on_empty_text == "skip"
     skip_duplicates = cfg.on_duplicate == "skip"
@@ -383,7 +405,7 @@ def jsonl2scp(cfg: Any) -> int:
                 if value is None:
                     raise DataError(f"{line.where}: key '{record['key']}' has no field '{name}'. "
                                     f"Fields present: {sorted(record)}.")
-                f.write(f"{record['key']}{sep}{value}\n")
+                f.write(kaldi.table_line(str(record["key"]), str(value), sep, where=line.where, field=name))
             n += 1
         # Checked before any table is renamed into place: a bad input leaves no output behind.
         if not n:

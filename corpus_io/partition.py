@@ -29,7 +29,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from corpus_io.errors import ConfigError
+from corpus_io.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -251,12 +251,18 @@ class SlotState:
 
     @classmethod
     def from_dict(cls, d: dict) -> SlotState:
-        return cls(epoch=int(d.get("epoch", 0)),
-                   cursor={int(s): (int(c[0]), int(c[1])) for s, c in d.get("cursor", {}).items()},
-                   pending={(int(p[0]), int(p[1]), int(p[2])): float(p[3]) if len(p) > 3 else 0.0
-                            for p in d.get("pending", [])},
-                   taken={int(s): int(n) for s, n in d.get("taken", {}).items()},
-                   seconds=float(d.get("seconds", 0.0)), finished=bool(d.get("finished", False)))
+        """The inverse of :meth:`to_dict`; anything else (an edited or damaged state) is a DataError."""
+        try:
+            return cls(epoch=int(d.get("epoch", 0)),
+                       cursor={int(s): (int(c[0]), int(c[1])) for s, c in d.get("cursor", {}).items()},
+                       pending={(int(p[0]), int(p[1]), int(p[2])): float(p[3]) if len(p) > 3 else 0.0
+                                for p in d.get("pending", [])},
+                       taken={int(s): int(n) for s, n in d.get("taken", {}).items()},
+                       seconds=float(d.get("seconds", 0.0)), finished=bool(d.get("finished", False)))
+        except (AttributeError, TypeError, ValueError, IndexError, KeyError) as exc:
+            raise DataError(f"a worker's read position in the loader state is malformed ({type(exc).__name__}: "
+                            f"{exc}; got {str(d)[:200]}): the state was edited or damaged. Drop it (start the "
+                            f"epoch afresh) or restore it from a backup.") from None
 
     def copy(self) -> SlotState:
         return SlotState(self.epoch, dict(self.cursor), dict(self.pending), dict(self.taken), self.seconds,

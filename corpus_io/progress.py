@@ -115,6 +115,13 @@ class Summary:
     def print(self, prefix: str) -> None:
         print(f"[{prefix}] {self.line()}", file=sys.stderr, flush=True)
 
+    def raise_if_empty(self, job: str, what_to_do: str) -> None:
+        """A job that kept nothing failed, whatever on_error said: a DataError with the counts."""
+        if self.kept == 0:
+            from corpus_io.errors import DataError
+
+            raise DataError(f"{job} produced nothing: {self.line()}. {what_to_do}")
+
 
 def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int, chunksize: int = 64) -> Iterator[R]:
     """Ordered ``map`` over processes; runs inline when ``num_workers == 1``.
@@ -133,7 +140,7 @@ def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int,
 
     ctx = mp.get_context("fork") if sys.platform.startswith("linux") else mp.get_context()
     window: deque = deque()
-    pool = ProcessPoolExecutor(num_workers, mp_context=ctx)
+    pool = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_die_with_parent, initargs=(os.getpid(),))
     try:
         for chunk in _chunks(items, chunksize):
             window.append(pool.submit(_map_chunk, fn, chunk))
@@ -147,6 +154,21 @@ def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int,
                          "workers (++num_workers) or more memory; jobs that resume skip finished work.") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Worker start: the kernel sends this worker SIGKILL when the job's main process dies (even by
+    SIGKILL, which leaves it no chance to stop its pool), so no worker outlives the job. Linux only;
+    what a killed worker was writing has no name yet (files.UnnamedFile), so nothing is left behind."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _map_chunk(fn: Callable[[T], R], chunk: list[T]) -> list[R]:

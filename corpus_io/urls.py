@@ -191,6 +191,24 @@ class CommandStream(io.RawIOBase):
             raise DataError(f"command '{self.url}' failed: {'; '.join(errors)}")
 
 
+def check_regular_file(path: str) -> None:
+    """Refuse a local path that is not a regular file before opening it: a FIFO would block the open (or
+    the read) forever, and a device such as /dev/zero never ends. Missing paths are left to the opener."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device")
+    raise DataError(f"{path} is {kind}, not a regular file; corpus-io reads data only from regular files or URLs "
+                    f"(a FIFO would block forever and a device such as /dev/zero never ends). Point the entry at "
+                    f"a file, or use a pipe:/'cmd |' entry with ++allow_pipe=true for a stream you trust.")
+
+
 def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
              block_size: int = 1 << 20, seekable: bool = False) -> IO[bytes]:
     """Open ``url`` for sequential binary reading (no whole-file download, no seek required).
@@ -222,6 +240,7 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
                 raise RemoteReadError(f"{url}: cannot read it ({type(cause).__name__}: {cause}).") from None
             raise RemoteNotFoundError(f"{url} does not exist on the server (or the server did not answer "
                                       f"with it).") from None
+    check_regular_file(local_path(url))
     try:
         return open(local_path(url), "rb", buffering=block_size)
     except FileNotFoundError:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 import struct
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import soundfile as sf
 
 from corpus_io import audio
 from corpus_io.errors import DataError
+from tests.conftest import assert_user_error, run_cli
 
 
 def _fast_path_takes(data: bytes) -> bool:
@@ -145,3 +148,27 @@ def test_is_pcm16_knows_16_bit_wav_and_flac_from_their_headers(fixture_corpus, t
         sf.write(tmp_path / "x", wave, rate, format=fmt, subtype=subtype)
         assert not audio.is_pcm16((tmp_path / "x").read_bytes()), (fmt, subtype)
     assert not audio.is_pcm16(b"RIFF....not audio")
+
+
+def test_a_fifo_or_a_device_in_wav_scp_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "stuck.wav"
+    os.mkfifo(fifo)  # no writer: an open() would block forever
+    for name, source, needle in (("fifo", fifo, "is a FIFO (named pipe), not a regular file"),
+                                 ("zero", "/dev/zero", "/dev/zero is a device, not a regular file")):
+        (tmp_path / f"{name}.scp").write_text(f"utt1 {source}\n")
+        (tmp_path / "text").write_text("utt1 hello\n")
+        result = run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[{tmp_path / f'{name}.scp'},{tmp_path / 'text'}]",
+                         "++data_type_list=[source,target]", f"++jsonl_file_out={tmp_path / 'o.jsonl'}",
+                         "++num_workers=1", timeout=120)
+        assert_user_error(result, needle)
+        jsonl = tmp_path / f"{name}.jsonl"
+        jsonl.write_text(json.dumps({"key": "utt1", "source": str(source), "target": "hello"}) + "\n")
+        result = run_cli("corpus-io", "pack-shards", f"++input={jsonl}", f"++output_dir={tmp_path / name}",
+                         "++num_workers=1", timeout=120)
+        assert_user_error(result, needle)
+
+
+def test_an_endless_command_source_is_cut_at_the_named_byte_bound():
+    with pytest.raises(DataError, match=r"longer than 1048576 bytes \(the per-source read bound"):
+        audio.read_source_bytes("pipe:cat /dev/zero", allow_pipe=True, max_bytes=1 << 20)
+    assert audio.MAX_SOURCE_BYTES == 256 * 1024 * 1024

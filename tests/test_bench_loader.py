@@ -204,3 +204,20 @@ def test_bench_loader_prints_the_loader_chain_it_runs_before_the_first_batch(sma
     assert names[:2] == ["decode", "filter_length"] and names[-1] == "pad"
     assert names.index("filter_tokens") < names.index("fbank")
     assert "filter_tokens(token_max_length=77," in chain
+
+
+@pytest.mark.parametrize("edit", [
+    lambda w: w.update(cursor={"0": "x"}), lambda w: w.update(pending=[[1]]), lambda w: w.update(taken=[3]),
+    lambda w: w.update(seconds="a while"),
+])
+def test_a_hand_broken_worker_position_is_one_paragraph_not_a_worker_traceback(small, tmp_path, edit):
+    data_list, tokens = small
+    state = tmp_path / "state.json"
+    bench(data_list, tokens, "++save_state_after=1", f"++state_file={state}", "++dataset_conf.num_workers=1")
+    saved = json.loads(state.read_text())
+    for worker in saved["workers"].values():
+        edit(worker)
+    state.write_text(json.dumps(saved))
+    result = run_cli("corpus-io", "bench-loader", *overrides(data_list, tokens, f"++state_file={state}",
+                                                             "++dataset_conf.num_workers=1"))
+    assert_user_error(result, "read position in the loader state is malformed", "Drop it")

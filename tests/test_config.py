@@ -361,3 +361,74 @@ def test_a_user_yaml_can_use_the_shipped_config_groups(tmp_path):
     result = run_cli("corpus-io", "bench-loader", "--config-path", str(tmp_path), "--config-name", "my.yaml")
     assert_user_error(result, "my.list")  # composed; it only fails on the missing list
     assert "Could not find" not in result.stderr
+
+
+def _ranged_fields(schema: type, prefix: str = ""):
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        hint = hints[f.name]
+        item = (typing.get_args(hint) or (None,))[0] if typing.get_origin(hint) in (list, typing.List) else None
+        if dataclasses.is_dataclass(hint):
+            yield from _ranged_fields(hint, f"{prefix}{f.name}.")
+        elif dataclasses.is_dataclass(item):
+            yield from _ranged_fields(item, f"{prefix}{f.name}[0].")
+        else:
+            yield f"{prefix}{f.name}", f
+
+
+SIZING = ("num_workers", "prefetch", "_size", "num_buckets", "retries", "retry_backoff", "max_member_bytes",
+          "timeout_s", "epoch_hours", "accum_grad", "num_utts_per_shard", "num_mel_bins", "frame_length",
+          "frame_shift", "max_t", "max_f", "num_t_mask", "num_f_mask", "num_t_sub", "max_epoch", "lr",
+          "warmup_steps", "interval", "resample")
+
+
+def test_every_value_that_sizes_memory_time_or_processes_has_a_documented_range():
+    schemas = [c for c in vars(config).values() if isinstance(c, type) and c.__name__.endswith("Config")]
+    missing = [f"{s.__name__}.{path}" for s in schemas for path, f in _ranged_fields(s)
+               if any(word in path.rsplit(".", 1)[-1] for word in SIZING) and not f.metadata.get("range")]
+    assert not missing, missing
+    rows = dict((key, text) for key, _, text in config.describe(config.BenchLoaderConfig))
+    assert "range [1, 64]" in rows["dataset_conf.prefetch"]
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("dataset_conf.prefetch=1000000000", "dataset_conf.prefetch=1000000000 is outside its range [1, 64]"),
+    ("dataset_conf.num_workers=-1", "dataset_conf.num_workers=-1 is outside its range [0, 256]"),
+    ("dataset_conf.fbank_conf.num_mel_bins=0", "num_mel_bins=0 is outside its range [1, 512]"),
+    ("dataset_conf.fbank_conf.frame_shift=0", "frame_shift=0.0 ms is outside its range [1, 1000]"),
+    ("dataset_conf.spec_aug_conf.max_t=-5", "spec_aug_conf.max_t=-5 frames is outside its range [0, 100000]"),
+    ("dataset_conf.shuffle_conf.shuffle_size=0", "shuffle_size=0 utterances is outside its range [1, 1000000]"),
+    ("dataset_conf.epoch_hours=0", "epoch_hours=0.0 hours is outside its range (0, inf)"),
+    ("dataset_conf.sources=[{data_list: a, weight: -1}]", "sources[0].weight=-1.0 is outside its range [0, inf)"),
+])
+def test_a_value_outside_its_range_is_an_error_naming_key_range_and_an_example(override, needle):
+    with pytest.raises(ConfigError) as err:
+        config.compose(config.BenchLoaderConfig, "bench_loader", ["++data_list=x", f"++{override}"])
+    assert needle in str(err.value) and "e.g. ++dataset_conf." in str(err.value)
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("train_conf.accum_grad=0", "accum_grad=0 is outside its range [1, 10000]"),
+    ("optim_conf.lr=0", "optim_conf.lr=0.0 is outside its range (0, 10]"),
+    ("optim_conf.lr=-0.1", "optim_conf.lr=-0.1 is outside its range (0, 10]"),
+    ("train_conf.timeout_s=0", "timeout_s=0 seconds is outside its range [1, 604800]"),
+])
+def test_train_values_outside_their_range_are_config_errors(override, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        config.compose(config.TrainConfig, "train", ["++train_data_set_list=x", "++output_dir=y", f"++{override}"])
+
+
+def test_cli_refuses_an_unbounded_prefetch_in_one_paragraph(tmp_path):
+    result = run_cli("corpus-io", "bench-loader", f"++data_list={tmp_path / 'data.list'}",
+                     "++dataset_conf.prefetch=1000000000", timeout=120)
+    assert_user_error(result, "dataset_conf.prefetch=1000000000 is outside its range [1, 64]")
+    assert result.returncode == 2
+
+
+def test_a_scalar_given_for_a_config_group_names_the_group():
+    with pytest.raises(ConfigError, match=r"'dataset_conf.fbank_conf' is a group of keys, not the single value 5.*"
+                                          r"\+\+dataset_conf.fbank_conf.num_mel_bins="):
+        config.compose(config.BenchLoaderConfig, "bench_loader", ["++data_list=x", "++dataset_conf.fbank_conf=5"])

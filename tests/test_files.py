@@ -88,3 +88,24 @@ def test_an_output_is_reused_only_with_its_sidecar_and_the_same_inputs_and_bytes
     assert completed_output(out, digest) is None
     sidecar_path(out).write_text("{trunc")
     assert completed_output(out, digest) is None
+
+
+def test_a_table_that_never_ends_a_line_is_refused_at_the_named_line_bound(tmp_path):
+    from corpus_io.files import bounded_lines
+
+    (tmp_path / "text").write_text("utt1 hello\n")
+    result = run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[/dev/zero,{tmp_path / 'text'}]",
+                     "++data_type_list=[source,target]", f"++jsonl_file_out={tmp_path / 'o.jsonl'}", timeout=120)
+    assert_user_error(result, "/dev/zero is a device, not a regular file")
+    binary = tmp_path / "wav.scp"  # a binary file given as a table: no newline for 5 MiB
+    binary.write_bytes(b"\0" * (5 << 20))
+    result = run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[{binary},{tmp_path / 'text'}]",
+                     "++data_type_list=[source,target]", f"++jsonl_file_out={tmp_path / 'o.jsonl'}", timeout=120)
+    assert_user_error(result, f"{binary}:1: the line is longer than 4194304 bytes")
+    path = tmp_path / "blob"
+    path.write_bytes(b"ok line\n" + b"x" * 100 + b"\n")
+    with open(path, "rb") as f:
+        lines = bounded_lines(f, path, max_bytes=50)
+        assert next(lines) == (1, b"ok line\n")
+        with pytest.raises(DataError, match=r"blob:2: the line is longer than 50 bytes"):
+            next(lines)

@@ -208,6 +208,23 @@ def test_jsonl2scp_names_a_line_without_the_field(tmp_path):
     assert not (tmp_path / "wav.scp").exists()
 
 
+@pytest.mark.parametrize("line, needles", [
+    ({"key": "utt 1", "source": "a.wav", "target": "hi"}, ["in.jsonl:2", "key 'utt 1' is not one word"]),
+    ({"key": "", "source": "a.wav", "target": "hi"}, ["in.jsonl:2", "key '' is empty"]),
+    ({"key": "b", "source": "a.wav", "target": "two\nlines"}, ["in.jsonl:2", "key 'b'", "target", "line break"]),
+    ({"key": "b", "source": "a.wav", "target": "cr\rhere"}, ["in.jsonl:2", "line break"]),
+    ({"key": "b", "source": "a.wav", "target": "  "}, ["in.jsonl:2", "target", "is empty"]),
+])
+def test_jsonl2scp_refuses_a_pair_a_kaldi_table_cannot_hold_and_writes_nothing(tmp_path, line, needles):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"key": "a", "source": "a.wav", "target": "ok"}) + "\n" + json.dumps(line) + "\n")
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={src}",
+                     f"++scp_file_list=[{tmp_path}/wav.scp,{tmp_path}/text]",
+                     "++data_type_list=[source,target]")
+    assert_user_error(result, *needles)
+    assert not (tmp_path / "wav.scp").exists() and not (tmp_path / "text").exists()
+
+
 def test_jsonl_bad_json_names_the_line(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"key": "a", "source": "a.wav"}\n{"key": oops}\n')
@@ -358,3 +375,15 @@ def test_unreadable_audio_error_names_ten_keys_and_the_count(tmp_path, fixture_c
     named = [k for k in keys[:12] if f"key '{k}'" in result.stderr]
     assert named == keys[:10]
     assert not out.exists()
+
+
+def test_a_non_numeric_source_len_or_start_names_the_line_and_key_and_numeric_strings_are_numbers(tmp_path):
+    from corpus_io.manifest import canonical
+
+    assert canonical({"key": 1, "source": "a.wav", "source_len": "120", "start": "1.5"}) == \
+        {"key": "1", "source": "a.wav", "source_len": 120, "start": 1.5}
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"key": "a", "source": "a.wav", "target": "x", "source_len": "long"}) + "\n")
+    result = run_cli("corpus-io", "pack-shards", f"++input={src}", f"++output_dir={tmp_path / 'o'}",
+                     "++filter_group=[0:100]")
+    assert_user_error(result, f"{src}:1", "key 'a'", "source_len is 'long', not an integer (10 ms frames)")

@@ -187,6 +187,8 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool) -> list[Stag
 def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, slot: Slot, state: SlotState,
                    train: bool, counts: Counter) -> Iterator[dict]:
     """Padded batch dicts of one slot (see docs/DEVELOPING.md "The sample dict"), without bookkeeping keys."""
+    from corpus_io.pipeline import stages
+
     epoch = state.epoch
     seed = conf.seed
     # seeded by (seed, epoch, rank, worker) and, on resume, by the position (a resumed worker's buffers
@@ -207,6 +209,9 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
                            first_pass=0 if infinite else epoch, shuffle=shuffle, infinite=infinite,
                            mark_pass_end=mark_pass_end)
                for i, src in enumerate(sources)]
+    # a key several shards hold is read once, from its owner shard (per stream: the owners are the source's)
+    streams = [stages.drop_repeated_keys(stream, owners=src.owners, counts=counts) if src.owners else stream
+               for stream, src in zip(streams, sources)]
     samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state)
     runtime = {"counts": counts, "rng": random.Random(tag), "generator": generator, "state": state,
                "budget": slot_budget_seconds(conf, slot)}

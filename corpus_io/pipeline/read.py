@@ -40,12 +40,13 @@ class Source:
     durations: list[float] | None = None
     num_utts: list[int] | None = None
     raw: RawList | None = None
+    owners: dict[str, str] = field(default_factory=dict)  # a key two shards hold -> the shard that keeps it
 
     @classmethod
     def open(cls, data_list: str, data_type: str, weight: float = 1.0) -> Source:
         if data_type == "raw":
             return cls(data_list, "raw", weight, raw=RawList(data_list))
-        from corpus_io.shards.index import load_index, read_datalist
+        from corpus_io.shards.index import load_index, read_datalist, repeated_keys
 
         urls = read_datalist(data_list)
         if not urls:
@@ -54,7 +55,8 @@ class Source:
         entries = [index.get(u) for u in urls]
         durations = [float(e["duration"]) if e and e.get("duration") else 0.0 for e in entries]
         num_utts = [int(e["num_utts"]) if e and e.get("num_utts") else 0 for e in entries]
-        return cls(data_list, "shard", weight, urls, durations, num_utts)
+        owners = {key: shards[0] for key, shards in repeated_keys(data_list).items()}
+        return cls(data_list, "shard", weight, urls, durations, num_utts, owners=owners)
 
     @property
     def num_units(self) -> int:

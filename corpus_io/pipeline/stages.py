@@ -3,7 +3,7 @@
 Each stage is ``stage(samples, <plain args>, counts=None) -> Iterator``. A stage that drops a
 sample adds 1 to ``counts[reason]`` (reasons: ``decode.error``, ``decode.empty``,
 ``filter.too_short``, ``filter.too_long``, ``filter.too_few_tokens``, ``filter.too_many_tokens``,
-``filter.ratio_too_low``, ``filter.ratio_too_high``, ``features.error``, ``features.empty``);
+``filter.ratio_too_low``, ``filter.ratio_too_high``, ``features.error``, ``features.shorter_than_window``);
 ``batch.over_budget`` counts (never drops) an utterance batched alone because it is over budget.
 
 WeNet's order: decode, filter_length, resample, speed_perturb, fbank|mfcc|raw_features
@@ -135,6 +135,18 @@ def _decode_bytes(sample: dict) -> tuple[np.ndarray, int]:
 # --------------------------------------------------------------------------- filters
 
 
+def drop_repeated_keys(samples: Iterable[dict], *, owners: dict[str, str],
+                       counts: Counter | None = None) -> Iterator[dict]:
+    """Read a key that several shards hold once: drop it (counted as ``duplicate key``) everywhere but in
+    its owner shard, ``owners[key]`` (from the index, see ``shards.index.repeated_keys``)."""
+    for sample in samples:
+        owner = owners.get(sample["key"])
+        if owner is not None and sample.get("__url__") != owner:
+            _count(counts, "duplicate key")
+            continue
+        yield sample
+
+
 def filter_length(samples: Iterable[dict], *, max_length: float = 10240, min_length: float = 10,
                   counts: Counter | None = None) -> Iterator[dict]:
     """Drop utterances outside [min_length, max_length] 10 ms frames (WeNet: before resample)."""
@@ -202,10 +214,12 @@ def speed_perturb(samples: Iterable[dict], *, speeds: Sequence[float] = (0.9, 1.
 
 
 def _with_feats(samples: Iterable[dict], compute: Any, counts: Counter | None) -> Iterator[dict]:
+    """``feats = compute(sample)``; a waveform shorter than one analysis window has no frame (Kaldi) and is
+    dropped and counted as ``features.shorter_than_window``."""
     for sample in samples:
         feats = compute(sample)
         if feats.shape[0] == 0:
-            _count(counts, "features.empty")
+            _count(counts, "features.shorter_than_window")
             continue
         sample.pop("wav", None)
         sample.pop("frames", None)  # the count made before features (count_frames); feats now tell
@@ -262,12 +276,12 @@ def waveform_frames(samples: Iterable[dict], *, frame_length: float = 25.0, fram
 
 
 def drop_empty(samples: Iterable[dict], *, counts: Counter | None = None) -> Iterator[dict]:
-    """Drop (and count as ``features.empty``) waveforms shorter than one analysis window (``frames`` 0)."""
+    """Drop (and count as ``features.shorter_than_window``) waveforms with no frame (``frames`` 0)."""
     for sample in samples:
         if sample["frames"]:
             yield sample
         else:
-            _count(counts, "features.empty")
+            _count(counts, "features.shorter_than_window")
 
 
 def raw_features(samples: Iterable[dict], *, counts: Counter | None = None) -> Iterator[dict]:

@@ -30,8 +30,8 @@ from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write
 from corpus_io.progress import Summary
 from corpus_io.shards.format import SHARD_SUFFIXES
-from corpus_io.shards.index import load_index, read_datalist, write_list_and_index
-from corpus_io.urls import is_remote
+from corpus_io.shards.index import describe_repeats, find_repeated_keys, load_index, read_datalist, write_list_and_index
+from corpus_io.urls import is_command, is_remote
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
@@ -75,7 +75,7 @@ def expand_braces(pattern: str) -> list[str]:
 
 def _index_by_name(directory: str) -> dict[str, dict]:
     """Index entries of the ``data.list`` in ``directory`` keyed by shard base name."""
-    index = load_index(os.path.join(directory, "data.list")) or {}
+    index = load_index(os.path.join(directory, "data.list"), keys=True) or {}
     return {entry["path"].rsplit("/", 1)[-1]: entry for entry in index.values()}
 
 
@@ -91,7 +91,7 @@ def _tar_entries(paths: list[str]) -> Iterator[tuple[str, dict | None]]:
 
 
 def _list_entries(path: str) -> Iterator[tuple[str, dict | None]]:
-    index = load_index(path) if not is_remote(path) else None
+    index = load_index(path, keys=True) if not is_remote(path) else None
     for entry in read_datalist(path):  # a raw list / jsonl given here is caught there
         yield entry, (index or {}).get(entry)
 
@@ -158,6 +158,11 @@ def make_shard_list(inputs: list[str], output: str, prefix: str | None = None) -
                             f"Merge each corpus once, or pack corpora with different ++shard_prefix.")
         seen[entry] = source
     indexed = [dict(idx, path=e) for e, idx, _ in entries if idx is not None]
+    repeats = find_repeated_keys(lambda: ((e["path"], e["keys"]) for e in indexed if isinstance(e.get("keys"), list)))
+    if repeats:
+        raise DataError(f"the merged list would repeat utterances: {describe_repeats(repeats)} (from the indexes). "
+                        f"Training would see them twice; merge each corpus once, or re-pack one of them with "
+                        f"unique keys (e.g. a corpus prefix).")
     if len(indexed) == len(entries):
         write_list_and_index(output, indexed)
     else:
@@ -169,6 +174,36 @@ def make_shard_list(inputs: list[str], output: str, prefix: str | None = None) -
     return len(entries)
 
 
+MAX_OVERSHOOT = 0.5  # seconds a segment may run past the end of its recording (Kaldi extract-segments' default)
+
+
+def _segment_length(info: Any, start: float, end: float | None, where: str, rec: dict) -> tuple[int, int]:
+    """``(num_samples, sample_rate)`` of segment [start, end] s (end None or < 0: to the end) of a recording
+    described by ``info`` (an AudioInfo); a segment outside it is a DataError naming the line."""
+    from corpus_io import audio
+
+    rate, total = info.sample_rate, info.num_samples
+    stop = -1.0 if end is None else float(end)
+    first, last = audio.segment_samples(float(start), stop, rate, total)
+    if last <= first or stop > total / rate + MAX_OVERSHOOT:
+        raise DataError(f"{where}: key '{rec['key']}': segment [{start}, {end}] s lies outside {rec['source']} "
+                        f"({total / rate:.3f} s; a segment may end at most {MAX_OVERSHOOT} s past the end). Fix "
+                        f"the segment times or the recording it names.")
+    return last - first, rate
+
+
+def _probe(rec: dict, where: str) -> Any:
+    """The header of ``rec``'s recording; make-datalist runs no commands, so a command entry is refused."""
+    from corpus_io import audio
+
+    source = str(rec["source"])
+    if is_command(source):
+        raise DataError(f"{where}: key '{rec['key']}': the source '{source}' is a command, which make-datalist "
+                        f"does not run, so it cannot measure its length. Give the line a source_len (scp2jsonl "
+                        f"++allow_pipe=true computes it), or convert the audio to files first.")
+    return audio.probe(source)
+
+
 def make_raw_list(inputs: list[str], output: str) -> Summary:
     """WeNet raw lines ``{key, wav, txt, duration, source_len[, start, end]}`` from FunASR/WeNet jsonl(s)."""
     from corpus_io import audio
@@ -176,6 +211,7 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
     from corpus_io.manifest import canonical, iter_jsonl, raise_if_duplicate_keys
 
     summary = Summary()
+    probed: dict[str, Any] = {}  # the last recording probed for segments
     hashes = array("q")  # 8 bytes per utterance, for the duplicate-key check
     with atomic_write(output) as out:  # an error below leaves no output behind
         for path in inputs:
@@ -187,12 +223,21 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
                     raise DataError(f"{line.where}: key '{rec['key']}' has no transcript ('target' or 'txt').")
                 start, end = rec.get("start"), rec.get("end")
                 source_len = rec.get("source_len")
-                if source_len is None:
-                    info = audio.probe(str(rec["source"]))
-                    source_len = audio.frames_10ms(info.num_samples, info.sample_rate)
-                if start is not None and end is not None and float(end) >= 0:
-                    duration = float(end) - float(start)
+                if start is not None and source_len is not None and is_command(str(rec["source"])):
+                    # a measured segment of a command's output (scp2jsonl ++allow_pipe): nothing to probe
+                    duration = float(end) - float(start) if end is not None and float(end) >= 0 else source_len / 100
+                elif start is not None:  # a segment: its own length, and it must lie inside its recording
+                    if str(rec["source"]) not in probed:
+                        probed.clear()  # the segments of one recording come together: keep one probe
+                        probed[str(rec["source"])] = _probe(rec, line.where)
+                    num_samples, rate = _segment_length(probed[str(rec["source"])], start, end, line.where, rec)
+                    duration = num_samples / rate
+                    if source_len is None:
+                        source_len = audio.frames_10ms(num_samples, rate)
                 else:
+                    if source_len is None:
+                        info = _probe(rec, line.where)
+                        source_len = audio.frames_10ms(info.num_samples, info.sample_rate)
                     duration = int(source_len) / 100.0
                 item: dict[str, Any] = {"key": rec["key"], "wav": rec["source"], "txt": rec["target"],
                                         "duration": round(duration, 3), "source_len": int(source_len)}

@@ -41,6 +41,7 @@ from corpus_io.files import (
     write_sidecar,
 )
 from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, safe_member_name, shard_stem, split_member
+from corpus_io.shards.index import write_index
 from corpus_io.shards.reader import DEFAULT_MAX_MEMBER_BYTES
 
 META = "meta"
@@ -474,7 +475,9 @@ def _value(task: FieldTask, sample: dict, compute: Any) -> tuple[Any, str]:
         try:
             return _npy_bytes(source[key]), ""
         except Exception as exc:  # noqa: BLE001 - kaldiio raises many kinds
-            raise DataError(f"{task.options['from_scp']}: cannot read the features of '{key}' ({exc}).") from None
+            scp = task.options["from_scp"][0]  # the signature [path, size, mtime]: name the path
+            raise DataError(f"{scp}: cannot read the features of '{key}' ({type(exc).__name__}: {exc}). Check that "
+                            f"line of the scp and the ark file it points into, then rerun add-field.") from None
     if key not in source:
         return None, "not in the jsonl"
     return source[key], ""
@@ -542,7 +545,7 @@ def add_field(cfg: Any) -> Any:
                               f"the shards must be local. Run it where the shards were packed, then upload the "
                               f"new files with the shards.")
     _clean_temp_files(urls)
-    index = load_index(cfg.input) or {}
+    index = load_index(cfg.input, keys=True) or {}  # rewritten below: its keys are kept
     tasks = [FieldTask(url, cfg.field, mode, _shard_digest(url, index.get(url)), options, dc.on_error,
                        dict(dc.storage_options or {})) for url in urls]
     summary = Summary()
@@ -602,11 +605,12 @@ def _shard_digest(url: str, entry: dict | None) -> str:
 def _update_index(path: Path, urls: list[str], index: dict[str, dict], results: dict[str, dict]) -> None:
     """Rewrite the index atomically with ``fields`` (file, kind, sha256, bytes, ...) per shard."""
     order = list(index) + [u for u in urls if u not in index]
-    with atomic_write(path) as f:
-        for url in order:
-            entry = dict(index.get(url) or {"path": url})
-            fields = dict(entry.get("fields") or {})
-            for name, stat in results.get(url, {}).items():
-                fields[name] = {k: v for k, v in stat.items() if k not in ("digest",)}
-            entry["fields"] = dict(sorted(fields.items()))
-            f.write(json.dumps(entry, ensure_ascii=False) + "\n")
+    entries = []
+    for url in order:
+        entry = dict(index.get(url) or {"path": url})
+        fields = dict(entry.get("fields") or {})
+        for name, stat in results.get(url, {}).items():
+            fields[name] = {k: v for k, v in stat.items() if k not in ("digest",)}
+        entry["fields"] = dict(sorted(fields.items()))
+        entries.append(entry)
+    write_index(path, entries)

@@ -5,6 +5,11 @@ sidecar holds one JSON object per shard, keyed by the entry exactly as written i
 ``path``, ``num_utts``, ``duration`` (seconds, total), ``min_duration``/``max_duration``
 (seconds), ``bytes`` (file size) and ``sha256`` (hex of the whole file).
 
+A shard under the index's directory is stored as ``file`` (its path relative to that directory)
+instead of ``path``, so a copied shard directory stays self-contained; readers get ``path`` back,
+resolved against the index's real directory, so entries match the list's absolute paths. Other
+entries (URLs, relative list entries as written, older indexes) keep ``path`` exactly as in the list.
+
 Sidecar location (:func:`index_path_for`): ``DIR/data.list`` -> ``DIR/index.jsonl``;
 any other list name ``DIR/NAME.EXT`` -> ``DIR/NAME.index.jsonl`` (so two lists in one
 directory never share a sidecar).
@@ -14,13 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+from array import array
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from corpus_io.errors import DataError
 from corpus_io.files import atomic_write, parse_json_object
 
-INDEX_FIELDS = ("path", "num_utts", "duration", "min_duration", "max_duration", "bytes", "sha256")
+INDEX_FIELDS = ("path", "num_utts", "duration", "min_duration", "max_duration", "bytes", "sha256", "keys")
 
 
 def index_path_for(list_path: str | os.PathLike) -> Path:
@@ -61,26 +67,111 @@ def read_datalist(path: str | os.PathLike) -> list[str]:
     return entries
 
 
-def load_index(list_path: str | os.PathLike) -> dict[str, dict] | None:
-    """The sidecar of ``list_path`` keyed by shard entry, or None when there is no sidecar."""
-    return read_index_file(index_path_for(list_path))
+def load_index(list_path: str | os.PathLike, *, keys: bool = False) -> dict[str, dict] | None:
+    """The sidecar of ``list_path`` keyed by shard entry, or None when there is no sidecar.
+
+    ``keys``: keep each entry's utterance keys (to rewrite the index); readers leave them out, so
+    their memory does not grow with the corpus (find repeats with :func:`repeated_keys`)."""
+    return read_index_file(index_path_for(list_path), keys=keys)
 
 
-def read_index_file(path: Path) -> dict[str, dict] | None:
-    """An ``index.jsonl`` keyed by shard entry, or None when ``path`` is not a file."""
+def _iter_shard_keys(index: Path) -> Iterator[tuple[str, list[str]]]:
+    """``(shard path, its utterance keys)`` per index line, streamed (lines without ``keys`` are skipped)."""
+    for entry in read_index_file(index, keys=True, lazy=True) or ():
+        if isinstance(entry.get("keys"), list):
+            yield entry["path"], [str(k) for k in entry["keys"]]
+
+
+def repeated_keys(list_path: str | os.PathLike) -> dict[str, list[str]]:
+    """Keys that more than one shard of ``list_path`` holds (or one shard twice), from its index's ``keys``
+    (no audio is read); see :func:`find_repeated_keys`. Empty when there is no index or it records no keys."""
+    index = index_path_for(list_path)
+    if not index.is_file():
+        return {}
+    return find_repeated_keys(lambda: _iter_shard_keys(index))
+
+
+def find_repeated_keys(shard_keys: Callable[[], Iterable[tuple[str, list[str]]]], *,
+                       most: int = 1_000_000) -> dict[str, list[str]]:
+    """``{key: [shard, shard, ...]}`` for every key that occurs more than once among the ``(shard, keys)``
+    pairs ``shard_keys()`` yields, shards in that order (the first one owns the key). Two passes over
+    ``shard_keys()``, 8 bytes per utterance plus the repeated keys."""
+    import numpy as np
+
+    from corpus_io.kaldi import duplicate_hashes, key_hash
+
+    hashes = array("q")
+    for _, keys in shard_keys():
+        hashes.extend(key_hash(k) for k in keys)
+    wanted = duplicate_hashes(np.frombuffer(hashes, dtype=np.int64), most=most) if hashes else set()
+    if not wanted:
+        return {}
+    shards: dict[str, list[str]] = {}
+    for path, keys in shard_keys():
+        for key in keys:
+            if key_hash(key) in wanted:
+                shards.setdefault(key, []).append(path)
+    return {k: v for k, v in shards.items() if len(v) > 1}
+
+
+def describe_repeats(repeats: dict[str, list[str]]) -> str:
+    """``key 'k' is in shards A and B`` for the first repeated key, plus how many more keys repeat."""
+    key, shards = next(iter(repeats.items()))
+    where = f"twice in shard {shards[0]}" if len(set(shards)) == 1 else f"in shards {', '.join(dict.fromkeys(shards))}"
+    more = f" ({len(repeats) - 1} more keys repeat)" if len(repeats) > 1 else ""
+    return f"key '{key}' is {where}{more}"
+
+
+def _index_dir(index_path: str | os.PathLike) -> str:
+    return os.path.dirname(os.path.realpath(index_path))
+
+
+def _stored(entry: dict, index_dir: str) -> dict:
+    """``entry`` as written: ``file`` (relative) first for a local absolute path under ``index_dir``."""
+    path = entry["path"]
+    if "://" in path or not os.path.isabs(path):
+        return entry
+    rel = os.path.relpath(path, index_dir)
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        return entry
+    return {"file": rel, **{k: v for k, v in entry.items() if k != "path"}}
+
+
+def write_index(path: str | os.PathLike, entries: Iterable[dict]) -> None:
+    """Write an index atomically, one JSON object per shard (see the module docstring for ``file``)."""
+    index_dir = _index_dir(path)
+    with atomic_write(path) as f:
+        for entry in entries:
+            f.write(json.dumps(_stored(entry, index_dir), ensure_ascii=False) + "\n")
+
+
+def read_index_file(path: Path, *, keys: bool = False, lazy: bool = False) -> Any:
+    """An ``index.jsonl`` keyed by shard entry (relative paths resolved), or None when ``path`` is not a file.
+
+    ``keys``: keep each entry's ``keys`` list; ``lazy``: an iterator of the entries instead of a dict."""
     if not path.is_file():
         return None
-    entries: dict[str, dict] = {}
+    entries = _iter_index_file(path, keys)
+    return entries if lazy else {entry["path"]: entry for entry in entries}
+
+
+def _iter_index_file(path: Path, keys: bool) -> Iterator[dict]:
+    index_dir = _index_dir(path)
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             entry = parse_json_object(raw, f"{path}:{lineno}", "The index is corrupt: regenerate it with "
                                                                 "make-datalist or pack-shards.")
+            if "path" not in entry and isinstance(entry.get("file"), str):
+                entry = {"path": os.path.normpath(os.path.join(index_dir, entry["file"])),
+                         **{k: v for k, v in entry.items() if k != "file"}}
             if "path" not in entry:
-                raise DataError(f"{path}:{lineno}: an index line needs a 'path' field.")
-            entries[entry["path"]] = entry
-    return entries
+                raise DataError(f"{path}:{lineno}: an index line needs a 'path' (or 'file', relative to the "
+                                f"index's directory) field.")
+            if not keys:
+                entry.pop("keys", None)
+            yield entry
 
 
 def write_list_and_index(list_path: str | os.PathLike, entries: Iterable[dict]) -> int:
@@ -90,11 +181,11 @@ def write_list_and_index(list_path: str | os.PathLike, entries: Iterable[dict]) 
     ``fields``, written by add-field) is kept after them.
     """
     entries = list(entries)
-    with atomic_write(index_path_for(list_path)) as f:
-        for entry in entries:
-            ordered = {k: entry[k] for k in INDEX_FIELDS if k in entry}
-            ordered.update((k, v) for k, v in entry.items() if k not in ordered)
-            f.write(json.dumps(ordered, ensure_ascii=False) + "\n")
+    ordered = []
+    for entry in entries:
+        ordered.append({k: entry[k] for k in INDEX_FIELDS if k in entry})
+        ordered[-1].update((k, v) for k, v in entry.items() if k not in ordered[-1])
+    write_index(index_path_for(list_path), ordered)
     with atomic_write(list_path) as f:
         for entry in entries:
             f.write(entry["path"] + "\n")

@@ -36,6 +36,7 @@ import numpy as np
 from corpus_io import audio, kaldi
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import (
+    bounded_lines,
     completed_output,
     ensure_dir,
     inputs_digest,
@@ -94,11 +95,15 @@ class ShardStat:
     digest: str
     skipped: dict[str, int]
     resumed: bool = False
+    keys: list[str] | None = None  # utterance keys in shard order (None: a sidecar of an older version)
 
     def index_entry(self) -> dict:
-        return {"path": self.path, "num_utts": self.num_utts, "duration": round(self.duration, 3),
-                "min_duration": round(self.min_duration, 3), "max_duration": round(self.max_duration, 3),
-                "bytes": self.bytes, "sha256": self.sha256}
+        entry = {"path": self.path, "num_utts": self.num_utts, "duration": round(self.duration, 3),
+                 "min_duration": round(self.min_duration, 3), "max_duration": round(self.max_duration, 3),
+                 "bytes": self.bytes, "sha256": self.sha256}
+        if self.keys is not None:  # lets verify-shards, make-datalist and the loader find repeats without audio
+            entry["keys"] = self.keys
+        return entry
 
 
 # --------------------------------------------------------------------------- worker side
@@ -113,7 +118,9 @@ def _resume(task: ShardTask, digest: str) -> ShardStat | None:
     """The stat of an already complete shard for exactly this task, else None."""
     stat = completed_output(task.path, digest)
     try:
-        return None if stat is None else ShardStat(**{**stat, "resumed": True})
+        # The sidecar's own path is not trusted: a copied directory (or an old sidecar that stored the
+        # first run's absolute path) resumes under this run's output_dir.
+        return None if stat is None else ShardStat(**{**stat, "path": task.path, "resumed": True})
     except TypeError:  # a sidecar of another version, missing a field
         return None
 
@@ -141,7 +148,7 @@ def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[st
     """``(extension, bytes, metadata)`` of the audio member of one record."""
     source = str(record["source"])
     try:
-        data = audio.read_source_bytes(source, allow_pipe=opts.allow_pipe, storage_options=opts.storage_options)
+        data = _source_bytes(source, opts.allow_pipe, json.dumps(opts.storage_options, sort_keys=True))
     except OSError as exc:
         raise DataError(f"cannot read audio {source}: {exc}") from None
     ext = audio.extension_of(source)
@@ -194,6 +201,14 @@ def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[st
                           "source_len": audio.frames_10ms(n, rate)}
 
 
+@functools.lru_cache(maxsize=1)
+def _source_bytes(source: str, allow_pipe: bool, storage_options_json: str) -> bytes:
+    """A source's bytes, kept for the next call: the segments of one recording arrive one after another,
+    and reading a 1-hour recording once per 1-second segment made packing O(segments x recording).
+    Holds one source (at most audio.MAX_SOURCE_BYTES) per worker; cleared at the start of each shard."""
+    return audio.read_source_bytes(source, allow_pipe=allow_pipe, storage_options=json.loads(storage_options_json))
+
+
 def _feats_member(record: dict) -> tuple[bytes, dict[str, Any]]:
     mat = np.asarray(kaldi.read_feats(str(record["source"])))
     if mat.ndim != 2:
@@ -212,8 +227,10 @@ def pack_shard(task: ShardTask) -> ShardStat:
     if done is not None:
         return done
     opts = task.options
+    _source_bytes.cache_clear()  # reuse a recording within this shard only: files may change between runs
     skipped: Counter = Counter()
     durations: list[float] = []
+    keys: list[str] = []
     seen: dict[str, str] = {}
     with ShardWriter(task.path, compress=opts.compression == "gzip") as writer:
         for record in task.records:
@@ -245,23 +262,34 @@ def pack_shard(task: ShardTask) -> ShardStat:
                 writer.add(f"{stem}.{ext}", data)
                 writer.add(f"{stem}.json", meta)
             durations.append(first["duration"])
+            keys.append(key)
     stat = ShardStat(task.path, len(durations), float(sum(durations)), min(durations, default=0.0),
-                     max(durations, default=0.0), writer.bytes, writer.sha256, digest, dict(skipped))
-    write_sidecar(task.path, {k: v for k, v in stat.__dict__.items() if k != "resumed"})
+                     max(durations, default=0.0), writer.bytes, writer.sha256, digest, dict(skipped), keys=keys)
+    stored = {k: v for k, v in stat.__dict__.items() if k != "resumed"}
+    write_sidecar(task.path, dict(stored, path=Path(task.path).name))  # relative: the dir may move
     return stat
 
 
 # --------------------------------------------------------------------------- input side
 
 
+@dataclass(frozen=True)
+class _Skip:
+    """An input line that yields no record: why (the skip reason counted in the summary), where, which key."""
+
+    reason: str
+    where: str
+    key: str
+
+
 class _Input:
     """One input: a driver file read line by line, and a parser from a line to a record."""
 
     def __init__(self, driver: str, key_of: Callable[[bytes, int], str | None],
-                 record_of: Callable[[bytes, int], dict | str | None], describe: str):
+                 record_of: Callable[[bytes, int], dict | _Skip | None], describe: str):
         self.driver = driver
         self.key_of = key_of  # cheap, for the first pass; None for a blank line
-        self.record_of = record_of  # a record, a skip reason (str), or None for a blank line
+        self.record_of = record_of  # a record, a _Skip, or None for a blank line
         self.describe = describe
         self.offsets = array("q")
         self.linenos = array("q")
@@ -271,7 +299,7 @@ class _Input:
         hashes = array("q")
         offset = 0
         with open(self.driver, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
+            for lineno, raw in bounded_lines(f, self.driver):
                 key = self.key_of(raw, lineno)
                 if key is not None:
                     self.offsets.append(offset)
@@ -285,7 +313,7 @@ class _Input:
 
     def _raise_duplicate(self, wanted: set[int]) -> None:
         with open(self.driver, "rb") as f:
-            keyed = ((key, f"{self.driver}:{lineno}") for lineno, raw in enumerate(f, 1)
+            keyed = ((key, f"{self.driver}:{lineno}") for lineno, raw in bounded_lines(f, self.driver)
                      if (key := self.key_of(raw, lineno)) is not None)
             repeat = kaldi.first_repeat(keyed, wanted)
         if repeat:
@@ -293,10 +321,10 @@ class _Input:
             raise DataError(f"duplicate key '{key}' in {self.driver}: at {first} and {second} (both would be "
                             f"shard member '{fmt.safe_member_name(key)}'). Keys must be unique; remove or rename one.")
 
-    def records(self, shuffle: bool, seed: int) -> Iterator[dict | str]:
+    def records(self, shuffle: bool, seed: int) -> Iterator[dict | _Skip]:
         with open(self.driver, "rb") as f:
             if not shuffle:
-                for lineno, raw in enumerate(f, 1):
+                for lineno, raw in bounded_lines(f, self.driver):
                     rec = self.record_of(raw, lineno)
                     if rec is not None:
                         yield rec
@@ -363,7 +391,7 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> _Input:
         parsed = kaldi.parse_line(raw, path, lineno)
         return None if parsed is None else parsed[0]
 
-    def record_of(raw: bytes, lineno: int) -> dict | str | None:
+    def record_of(raw: bytes, lineno: int) -> dict | _Skip | None:
         parsed = kaldi.parse_line(raw, path, lineno)
         if parsed is None:
             return None
@@ -375,13 +403,13 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> _Input:
             start, end = seg.start, seg.end
             source = recordings.get(seg.recording)
             if source is None:
-                return "recording missing from wav.scp"
+                return _Skip("recording missing from wav.scp", where, key)
             rec["source"], rec["start"], rec["end"] = source, start, end
         else:
             rec["source"] = value
         target = text.get(key)
         if target is None:
-            return "missing transcript"
+            return _Skip("missing transcript", where, key)
         rec["target"] = target
         speaker = utt2spk.get(key) if utt2spk is not None else None
         if speaker is not None:
@@ -460,11 +488,11 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
         batch: list[dict] = []
         index = 0
         for rec in inp.records(cfg.shuffle, cfg.seed):
-            if isinstance(rec, str):
+            if isinstance(rec, _Skip):
                 if cfg.on_error == "fail":
-                    raise DataError(f"{inp.describe}: an utterance has a {rec}. Fix the data dir, or pass "
-                                    f"++on_error=skip to drop such utterances (they are counted).")
-                summary.skip(rec)
+                    raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the data "
+                                    f"dir, or pass ++on_error=skip to drop such utterances (they are counted).")
+                summary.skip(rec.reason)
                 continue
             if keep is not None and not keep(rec):
                 continue
@@ -533,7 +561,7 @@ def _withdraw_list(list_path: Path) -> Path:
 
 def _keep_companion_fields(previous_index: Path, entries: list[dict]) -> list[dict]:
     """Carry add-field's ``fields`` over from the old index for shards whose bytes did not change."""
-    old = read_index_file(previous_index) or {}
+    old = read_index_file(previous_index) or {}  # only its add-field entries are carried over
     for entry in entries:
         previous = old.get(entry["path"])
         if previous and previous.get("sha256") == entry.get("sha256") and "fields" in previous:
@@ -554,6 +582,9 @@ def pack_shards(cfg: Any) -> Summary:
                        dict(cfg.storage_options or {}), cfg.compression)
     inp = open_input(cfg.input, feats=feats)
     total = inp.scan()
+    if total == 0:
+        raise DataError(f"{inp.describe} holds no utterances, so there is nothing to pack (nothing was written). "
+                        f"Check ++input (an earlier step may have written it empty).")
     out_dir = Path(cfg.output_dir).resolve()
     summary = Summary()
     groups = parse_filter_group(list(cfg.filter_group))
@@ -576,4 +607,7 @@ def pack_shards(cfg: Any) -> Summary:
     summary.extra["shards"] = sum(1 for s in all_stats if s.num_utts)
     summary.extra["resumed"] = sum(1 for s in all_stats if s.resumed)
     summary.print("pack-shards")
+    summary.raise_if_empty("pack-shards", f"No shard was listed in {out_dir}: check {cfg.input} (an earlier step "
+                                          f"may have written it empty) and the skip reasons above (audio paths, "
+                                          f"transcripts, filter_group).")
     return summary

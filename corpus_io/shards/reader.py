@@ -22,10 +22,11 @@ import os
 import zlib
 from typing import IO, Callable, Iterable, Iterator
 
+from corpus_io.audio import MAX_SOURCE_BYTES
 from corpus_io.errors import DataError
 from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, split_member
 
-DEFAULT_MAX_MEMBER_BYTES = 256 * 1024 * 1024  # bytes; matches dataset_conf.max_member_bytes
+DEFAULT_MAX_MEMBER_BYTES = MAX_SOURCE_BYTES  # bytes; matches dataset_conf.max_member_bytes
 _BLOCK = 512
 _REGULAR = (b"0", b"\0", b"7")
 _META = (b"x", b"g", b"L", b"K")

@@ -17,7 +17,7 @@ from typing import IO, Any, Iterator
 from corpus_io.errors import DataError
 from corpus_io.progress import parallel_imap, progress, resolve_num_workers
 from corpus_io.shards.format import legacy_member_name, safe_member_name, split_member
-from corpus_io.shards.index import index_path_for, load_index, read_datalist
+from corpus_io.shards.index import index_path_for, load_index, read_datalist, read_index_file, repeated_keys
 from corpus_io.shards.reader import DEFAULT_MAX_MEMBER_BYTES, group_samples, iter_tar_members
 
 
@@ -139,6 +139,19 @@ def verify_shards(cfg: Any) -> list[VerifyResult]:
     for result in progress(parallel_imap(verify_one, tasks, num_workers=workers, chunksize=1),
                            total=len(urls), desc="verify-shards", unit="shard"):
         results.append(result)
+    repeats = repeated_keys(cfg.input)  # across shards, from the index alone
+    if index is not None and not any(isinstance(e.get("keys"), list)
+                                     for e in read_index_file(index_path_for(cfg.input), keys=True, lazy=True)):
+        print(f"[verify-shards] {index_path_for(cfg.input)} records no utterance keys (an older pack-shards or "
+              f"another tool wrote it): a key repeated across shards is not checked. Re-run pack-shards to "
+              f"record them.", file=sys.stderr, flush=True)
+    by_url = {r.url: r for r in results}
+    for key, shards in repeats.items():
+        later = shards[-1]
+        by_url.get(later, results[0]).problems.append(
+            f"{later}: key '{key}' repeats a key of {shards[0]}{' (same shard)' if later == shards[0] else ''}; "
+            f"training would see it twice and decode would score it once. Give each utterance its own key "
+            f"(e.g. a corpus prefix) and re-pack, or drop one of the lists.")
     bad = [r for r in results if r.problems]
     for r in bad:
         print(f"FAIL {r.url}", flush=True)
@@ -150,4 +163,7 @@ def verify_shards(cfg: Any) -> list[VerifyResult]:
     if bad:
         raise DataError(f"{len(bad)} of {len(results)} shards failed verification; first: {bad[0].problems[0]} "
                         f"See the report above for every shard and member.")
+    if utts == 0:
+        raise DataError(f"{cfg.input} lists {len(results)} shards holding 0 utterances: there is nothing to verify "
+                        f"or train on. Point ++input at the data.list of a pack-shards run that wrote utterances.")
     return results

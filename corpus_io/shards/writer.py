@@ -11,7 +11,6 @@ the compressed file.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import os
@@ -21,6 +20,7 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
+from corpus_io.files import UnnamedFile
 from corpus_io.shards import format as fmt
 
 BLOCK = 512
@@ -124,9 +124,10 @@ class ShardWriter:
 
     def __init__(self, path: str | os.PathLike, *, buffer_size: int = 1 << 16, compress: bool = False):
         self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        # A small buffer: audio members (tens of KB) then go straight to the OS without a copy.
-        self._f = open(self.tmp, "wb", buffering=buffer_size)
+        # No name until close (O_TMPFILE): a writer killed mid-shard leaves no partial file. A small
+        # buffer: audio members (tens of KB) then go straight to the OS without a copy.
+        self._file = UnnamedFile(self.path, "wb", buffering=buffer_size)
+        self._f = self._file.file
         self._hasher = _Hasher()
         self._gz: gzip.GzipFile | None = None
         self._out: _HashedFile | None = None
@@ -166,17 +167,14 @@ class ShardWriter:
             self._write(_ZERO[:pad])
         if self._gz is not None:
             self._gz.close()  # writes the gzip trailer through _HashedFile
-        self._f.close()
+        self._file.commit()
         self.sha256 = self._hasher.hexdigest()
-        os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
         if self._gz is not None:
             self._gz.close()
-        self._f.close()
+        self._file.abort()
         self._hasher.hexdigest()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.tmp)
 
     def __enter__(self) -> ShardWriter:
         return self

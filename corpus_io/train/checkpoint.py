@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import re
 import sys
 from pathlib import Path
@@ -66,13 +67,28 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
         raise ConfigError(f"checkpoint {p} does not exist. Point checkpoint= at model.pt, model.pt.ep{{E}} "
                           f"or model.pt.avg{{N}} in the training output_dir.")
     try:
-        state = torch.load(p, map_location="cpu", weights_only=False)
+        # weights_only: tensors and plain containers only. A pickle that names any other callable is
+        # refused before it runs (a shared model.pt must not be able to run code).
+        state = torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        needs = _forbidden_global(str(exc))
+        raise DataError(f"checkpoint {p} was refused: it holds {needs}, not only tensors and plain containers, "
+                        f"and loading it would run code it names. corpus-io loads checkpoints with "
+                        f"weights_only=True; use a checkpoint written by corpus-io train/average, or re-save the "
+                        f"weights of one you trust as a plain state dict (torch.save({{'model': "
+                        f"model.state_dict()}}, path)).") from None
     except Exception as exc:  # a truncated or foreign file
         raise DataError(f"checkpoint {p} cannot be read ({type(exc).__name__}: {exc}). It is not a corpus-io "
                         f"checkpoint or it is damaged; use another one (e.g. model.pt.ep{{E}}).") from None
     if not isinstance(state, dict) or "model" not in state:
         raise DataError(f"checkpoint {p} has no 'model' entry; it was not written by corpus-io train.")
     return state
+
+
+def _forbidden_global(message: str) -> str:
+    """The object a weights-only load refused, from torch's message (e.g. 'the global builtins.open')."""
+    m = re.search(r"(?:Unsupported global|GLOBAL|global):? (?:GLOBAL )?([\w.]+)", message)
+    return f"the global {m.group(1)}" if m else "objects other than tensors"
 
 
 def epoch_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:

@@ -8,11 +8,12 @@ shuffling and augmentation are always off.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from corpus_io.errors import ConfigError
+from corpus_io.errors import ConfigError, DataError
 
 
 def training_config(state: dict, where: str) -> Any:
@@ -84,18 +85,31 @@ def decode(cfg: Any) -> dict:
     front_end = build_front_end(conf, device)
     hyps: dict[str, str] = {}
     refs: dict[str, str] = {}
+    repeats: dict[str, int] = {}
     audio = 0.0
     t0 = time.perf_counter()
     with torch.no_grad():
         for batch in progress(loader, desc="decode", unit="batch"):
             log_probs, lengths = model(*model_inputs(front_end, batch, device, train=False))
             for key, ids in zip(batch["keys"], greedy_ids(log_probs, lengths)):
+                if key in hyps:  # scored once; a silent overwrite would hide an utterance from the count
+                    repeats[key] = repeats.get(key, 1) + 1
                 hyps[key] = tokenizer.decode(ids)
             target, tlen = batch["target"].tolist(), batch["target_lengths"].tolist()
             for key, row, n in zip(batch["keys"], target, tlen):
                 refs[key] = _reference(batch, key, tokenizer, row[: int(n)])
             audio += float(batch.get("audio_seconds", 0.0))
     wall = time.perf_counter() - t0
+    counts = loader_counts(loader)
+    skipped = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
+    if not hyps:
+        raise DataError(f"decode read 0 utterances from {cfg.data_list} (loader skips/filters: {skipped}); nothing "
+                        f"was scored or written. Check the list, its paths or URLs and dataset_conf.on_error.")
+    if repeats:
+        first = next(iter(repeats))
+        print(f"warning: {len(repeats)} keys were decoded more than once (e.g. '{first}' {repeats[first]} times); "
+              f"each is scored once. Find them with verify-shards and give every utterance its own key.",
+              file=sys.stderr, flush=True)
     out = Path(cfg.output_dir)
     ensure_dir(out, what="output_dir")
     with atomic_write(out / "text") as f:
@@ -109,8 +123,6 @@ def decode(cfg: Any) -> dict:
     for name in ("cer.txt", "wer.txt"):
         with atomic_write(out / name) as f:
             f.write(report)
-    counts = loader_counts(loader)
-    skipped = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
     print(f"decode: {len(hyps)} utterances ({audio / 3600:.3f} h) in {wall:.1f}s, loader skips/filters: {skipped}")
     print(scorer.summary().rstrip())
     print(f"decode: hypotheses -> {out / 'text'}, report -> {out / 'cer.txt'}")

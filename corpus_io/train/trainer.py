@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-from corpus_io.errors import ConfigError
+from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import ensure_dir
 from corpus_io.train import checkpoint as ckpt
 from corpus_io.train.distributed import (
@@ -275,9 +275,12 @@ class RankLog:
 
 
 def rng_state(device: torch.device) -> dict:
+    """Every RNG's state as tensors and plain containers (checkpoints load with weights_only=True)."""
     import numpy as np
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -287,7 +290,8 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     import numpy as np
 
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
@@ -467,7 +471,17 @@ class Trainer:
         if self.epoch >= tc.max_epoch:
             self.log(f"nothing to train: max_epoch={tc.max_epoch} already reached", all_ranks=False)
         while self.epoch < tc.max_epoch:
+            resumed_mid_epoch = self.resumed_mid_epoch
             train_metrics = self.train_epoch()
+            if train_metrics["utts"] == 0 and not resumed_mid_epoch:
+                # every rank sees the same all-reduced count, so all raise together (no hang), and before
+                # a checkpoint or an average of an untrained model is written
+                raise DataError(f"train: epoch {self.epoch} trained 0 utterances on {self.ctx.world_size} rank(s) "
+                                f"(loader skips/filters: {train_metrics['skips']}), so no checkpoint was written. "
+                                f"Nothing usable was read from {self.cfg.train_data_set_list}: with "
+                                f"dataset_conf.on_error=skip, unreadable shards are skipped and counted, so check "
+                                f"the paths, URLs and storage_options (S3 endpoint, key, secret) and the "
+                                f"dataset_conf.filter_conf limits.")
             cv = self.validate() if self.cv_loader is not None else None
             metrics = cv or {"loss": train_metrics["loss"], "acc": train_metrics["acc"], "source": "train"}
             self.epoch_done = True
@@ -641,11 +655,12 @@ class Trainer:
                                                 "utts": m.utts, "counts": loader_counts(self.train_loader, epoch=True),
                                                 "wall": wall})
         loss = loss_sum / utts if utts else float("nan")
+        counts: dict = {}
+        for r in per_rank:
+            for k, v in r["counts"].items():
+                counts[k] = counts.get(k, 0) + v
+        skip = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
         if self.ctx.is_main:
-            counts: dict = {}
-            for r in per_rank:
-                for k, v in r["counts"].items():
-                    counts[k] = counts.get(k, 0) + v
             unused = ", ".join(f"rank {i}: {r['unused_batches']} batches / {r['unused_utts']} utts"
                                for i, r in enumerate(per_rank))
             unused_utts = sum(r["unused_utts"] for r in per_rank)
@@ -653,7 +668,6 @@ class Trainer:
             # so what is left unused differs too
             unused_share = unused_utts / max(unused_utts + sum(r["utts"] for r in per_rank), 1)
             max_wall = max(r["wall"] for r in per_rank)
-            skip = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
             since = " since the resume" if self.resumed_mid_epoch else ""
             if stop_reason == "data":
                 ran_out = any(r["unused_utts"] for r in per_rank)
@@ -672,7 +686,7 @@ class Trainer:
                 self.writer.add_scalar("epoch/unused_utts", unused_utts, self.epoch)
                 self.writer.add_scalar("epoch/unused_share", unused_share, self.epoch)
         acc = m.acc
-        return {"loss": loss, "acc": acc}
+        return {"loss": loss, "acc": acc, "utts": int(utts), "skips": skip}
 
     @torch.no_grad()
     def validate(self) -> dict:

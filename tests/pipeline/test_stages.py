@@ -207,3 +207,19 @@ def test_tokenize_counts_tokens_missing_from_the_token_list(tmp_path):
                                tokenizer=tokenizer, counts=counts))
     assert out[0]["tokens"] == [2, 3] and out[1]["tokens"] == [2, 1, 1]
     assert counts["tokenize.unknown_tokens"] == 2
+
+
+def test_audio_shorter_than_one_analysis_window_is_dropped_and_counted_not_a_traceback(fixture_corpus):
+    data = (fixture_corpus / "segments_dir" / "wav" / "long.wav").read_bytes()
+    rate = sf.info(io.BytesIO(data)).samplerate
+    window = int(rate * 25 * 1e-3)
+    # real speech cut to 1 and window-1 samples (a 2-frame min_length lets such segments through), and one window
+    cuts = [(3.0, 3.0 + n / rate) for n in (1, window - 1, window)]
+    samples = [{"key": f"s{i}", "audio": data, "audio_format": "wav", "start": s, "end": e}
+               for i, (s, e) in enumerate(cuts)]
+    for stage in (stages.fbank, stages.mfcc):
+        counts: Counter = Counter()
+        decoded = list(stages.decode([dict(s) for s in samples], counts=counts))
+        kept = list(stage(decoded, counts=counts))
+        assert [s["key"] for s in kept] == ["s2"] and kept[0]["feats"].shape[0] == 1
+        assert counts["features.shorter_than_window"] == len(decoded) - 1

@@ -6,21 +6,37 @@ import json
 from pathlib import Path
 
 import pytest
+import soundfile as sf
 
 from corpus_io.config import MakeDatalistConfig
 from corpus_io.errors import DataError
 from corpus_io.shards.datalist import expand_braces, make_datalist
 from corpus_io.shards.index import load_index, read_datalist
 from corpus_io.shards.pack import pack_shards
-from tests.conftest import assert_user_error, run_cli
+from tests.conftest import FIXTURE, assert_user_error, run_cli
 from tests.shards.test_pack import _cfg
 
 
 @pytest.fixture
 def two_corpora(tmp_path, fixture_jsonl) -> tuple[Path, Path]:
+    """Two packed corpora with distinct keys (b's are a's with a 'b-' prefix)."""
     pack_shards(_cfg(fixture_jsonl, tmp_path / "corpora" / "a"))
-    pack_shards(_cfg(fixture_jsonl, tmp_path / "corpora" / "b", num_utts_per_shard=12))
+    b_jsonl = tmp_path / "b.jsonl"
+    b_jsonl.write_text("".join(json.dumps(dict(r, key=f"b-{r['key']}")) + "\n"
+                               for r in map(json.loads, fixture_jsonl.read_text().splitlines())))
+    pack_shards(_cfg(b_jsonl, tmp_path / "corpora" / "b", num_utts_per_shard=12))
     return tmp_path / "corpora" / "a", tmp_path / "corpora" / "b"
+
+
+def test_merging_lists_that_repeat_a_key_is_refused_naming_both_shards(two_corpora, fixture_jsonl, tmp_path):
+    a, _ = two_corpora
+    again = tmp_path / "corpora" / "again"
+    pack_shards(_cfg(fixture_jsonl, again, num_utts_per_shard=12))  # the same corpus packed a second time
+    out = tmp_path / "merged.list"
+    result = run_cli("corpus-io", "make-datalist", f"++input=[{a},{again}]", f"++output={out}")
+    assert_user_error(result, "would repeat utterances", f"{a}/shard-000000.tar", f"{again}/shard-000000.tar",
+                      "23 more keys repeat")
+    assert not out.exists()
 
 
 def test_expand_braces():
@@ -34,13 +50,38 @@ def test_raw_mode_writes_wenet_fields(tmp_path):
     src = tmp_path / "t.jsonl"
     src.write_text(json.dumps({"key": "k1", "source": "/a.wav", "source_len": 250, "target": "hi",
                                "target_len": 1}) + "\n" +
-                   json.dumps({"key": "k2", "wav": "/b.wav", "txt": "yo", "source_len": 100, "start": 1.0,
+                   json.dumps({"key": "k2", "wav": str(LONG), "txt": "yo", "source_len": 100, "start": 1.0,
                                "end": 2.5}) + "\n")
     make_datalist(MakeDatalistConfig(data_type="raw", input=str(src), output=str(tmp_path / "raw.list")))
     lines = [json.loads(x) for x in (tmp_path / "raw.list").read_text().splitlines()]
     assert lines[0] == {"key": "k1", "wav": "/a.wav", "txt": "hi", "duration": 2.5, "source_len": 250}
-    assert lines[1] == {"key": "k2", "wav": "/b.wav", "txt": "yo", "duration": 1.5, "source_len": 100,
+    assert lines[1] == {"key": "k2", "wav": str(LONG), "txt": "yo", "duration": 1.5, "source_len": 100,
                         "start": 1.0, "end": 2.5}
+
+
+LONG = FIXTURE / "segments_dir" / "wav" / "long.wav"  # 8.202 s of real speech
+
+
+def test_raw_mode_gives_each_segment_its_own_length_and_refuses_one_past_the_end(tmp_path):
+    rate = sf.info(str(LONG)).samplerate
+    src = tmp_path / "t.jsonl"
+    segs = [("s0", 0.0, 3.205), ("s1", "3.205", "5.178"), ("s2", 7.0, -1)]  # numeric strings are numbers
+    src.write_text("".join(json.dumps({"key": k, "source": str(LONG), "target": "hi", "start": a, "end": b}) + "\n"
+                           for k, a, b in segs))
+    make_datalist(MakeDatalistConfig(data_type="raw", input=str(src), output=str(tmp_path / "raw.list")))
+    lines = [json.loads(x) for x in (tmp_path / "raw.list").read_text().splitlines()]
+    total = sf.info(str(LONG)).frames
+    expected = [round(3.205 * rate), round(5.178 * rate) - round(3.205 * rate), total - round(7.0 * rate)]
+    assert [x["source_len"] for x in lines] == [n * 100 // rate for n in expected]
+    assert [x["duration"] for x in lines] == [round(n / rate, 3) for n in expected]
+    for start, end in ((9.0, 10.0), (8.0, 9.5), (1.0, "soon")):
+        src.write_text(json.dumps({"key": "bad", "source": str(LONG), "target": "hi", "start": start, "end": end})
+                       + "\n")
+        result = run_cli("corpus-io", "make-datalist", "++data_type=raw", f"++input={src}",
+                         f"++output={tmp_path / 'bad.list'}")
+        assert_user_error(result, f"{src}:1", "key 'bad'")
+        assert "outside" in result.stderr or "'soon', not a number" in result.stderr
+        assert not (tmp_path / "bad.list").exists()
 
 
 def test_shard_mode_dir_glob_brace_and_list_agree(two_corpora, tmp_path):
@@ -124,3 +165,18 @@ def test_shard_mode_given_a_jsonl_says_to_use_raw(tmp_path):
     r = run_cli("corpus-io", "make-datalist", "++data_type=shard", f"++input={src}", f"++output={out}")
     assert_user_error(r, "t.jsonl holds JSON lines", "raw list", "++data_type=raw")
     assert r.returncode == 2 and not out.exists()
+
+
+def test_raw_mode_with_an_unmeasured_command_source_says_to_give_source_len_not_a_missing_key(tmp_path):
+    src = tmp_path / "t.jsonl"
+    src.write_text(json.dumps({"key": "p", "source": f"sox {LONG} -t wav - |", "target": "hi"}) + "\n")
+    result = run_cli("corpus-io", "make-datalist", "++data_type=raw", f"++input={src}",
+                     f"++output={tmp_path / 'raw.list'}")
+    assert_user_error(result, f"{src}:1", "key 'p'", "is a command", "source_len")
+    assert "allow_pipe=true (or" not in result.stderr  # make-datalist has no such key
+    measured = {"key": "p", "source": f"sox {LONG} -t wav - |", "target": "hi", "source_len": 150, "start": 1.0,
+                "end": 2.5}
+    src.write_text(json.dumps(measured) + "\n")
+    make_datalist(MakeDatalistConfig(data_type="raw", input=str(src), output=str(tmp_path / "raw.list")))
+    (line,) = [json.loads(x) for x in (tmp_path / "raw.list").read_text().splitlines()]
+    assert line["duration"] == 1.5 and line["source_len"] == 150

@@ -23,6 +23,7 @@ from corpus_io.shards.pack import pack_shards
 from corpus_io.shards.reader import iter_tar_members, read_shard
 from corpus_io.shards.writer import ShardWriter
 from corpus_io.tokenizer import build_tokenizer
+from tests.conftest import assert_user_error, run_cli
 from tests.loader_data import token_list
 from tests.shards.conftest import fixture_records, write_jsonl
 
@@ -48,11 +49,7 @@ def shards(packed, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(src, out)
     urls = [str(out / Path(u).name) for u in read_datalist(src / "data.list")]
-    (out / "data.list").write_text("".join(u + "\n" for u in urls))
-    index = [json.loads(line) for line in (src / "index.jsonl").read_text().splitlines()]
-    for entry in index:
-        entry["path"] = str(out / Path(entry["path"]).name)
-    (out / "index.jsonl").write_text("".join(json.dumps(e) + "\n" for e in index))
+    (out / "data.list").write_text("".join(u + "\n" for u in urls))  # the index is relative: copied as is
     return out, main_sha
 
 
@@ -279,3 +276,18 @@ def test_fields_of_gzip_shards_sit_beside_them_under_the_shard_stem(tmp_path):
     got = {s["key"]: s["speaker"] for u in read_datalist(tmp_path / "out" / "data.list")
            for s in open_shard_fields(u, ["speaker", "txt"])}
     assert got == {r["key"]: r["speaker"] for r in fixture_records()}
+
+
+def test_from_scp_with_a_damaged_ark_names_the_scp_path_and_key(shards, tmp_path):
+    import kaldiio
+
+    out, _ = shards
+    first = fixture_records()[0]["key"]
+    scp = tmp_path / "feats.scp"
+    with kaldiio.WriteHelper(f"ark,scp:{tmp_path / 'feats.ark'},{scp}") as w:
+        w(first, np.zeros((7, 5), dtype=np.float32))
+    (tmp_path / "feats.ark").write_bytes(b"garbage")  # the offset now points past the end
+    result = run_cli("corpus-io", "add-field", f"++input={out / 'data.list'}", "++field=kf", f"++from_scp={scp}",
+                     "++num_workers=1")
+    assert_user_error(result, f"{scp}: cannot read the features of '{first}'")
+    assert "[" not in result.stderr.split("cannot read")[0]  # the path, not the internal [path, size, mtime]

@@ -110,7 +110,7 @@ def test_bad_inputs_exit_2_with_one_paragraph(tmp_path):
     r = run_cli("corpus-io", "pack-shards", f"++input={bad}", f"++output_dir={tmp_path / 'o'}")
     assert_user_error(r, f"{bad}:1", "key 'a'", "/no/such.wav", "on_error=skip")
     r = run_cli("corpus-io", "pack-shards", f"++input={bad}", f"++output_dir={tmp_path / 'o'}", "++on_error=skip")
-    assert r.returncode == 0 and "unreadable audio: 1" in r.stderr
+    assert_user_error(r, "unreadable audio: 1", "produced nothing")  # skipping everything is no success
     notjson = tmp_path / "x.jsonl"
     notjson.write_text("{oops\n")
     assert_user_error(run_cli("corpus-io", "pack-shards", f"++input={notjson}", f"++output_dir={tmp_path}"),
@@ -310,3 +310,58 @@ def test_gzip_compression_writes_wenet_tar_gz_that_reads_verifies_and_switches_b
     back = pack_shards(_cfg(fixture_jsonl, gz))  # switching back replaces the .tar.gz, never keeps both
     assert sorted(p.name for p in gz.glob("shard-*")) == [n.removesuffix(".gz") for n in names]
     assert back.extra["stale shards removed"] == 3
+
+
+def test_a_copied_shard_dir_rerun_resumes_in_place_and_names_only_itself(fixture_jsonl, tmp_path):
+    import shutil
+
+    first, copy = tmp_path / "first", tmp_path / "copy"
+    pack_shards(_cfg(fixture_jsonl, first))
+    index_lines = [json.loads(line) for line in (first / "index.jsonl").read_text().splitlines()]
+    assert [e["file"] for e in index_lines] == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert not any("path" in e for e in index_lines)
+    sidecar = json.loads((first / ".shard-000000.tar.json").read_text())
+    assert sidecar["path"] == "shard-000000.tar"  # relative: the directory may move
+    shutil.copytree(first, copy)
+    # an older corpus-io stored the first run's absolute path in the sidecar: still resumed in place
+    old = copy / ".shard-000001.tar.json"
+    old.write_text(json.dumps(dict(json.loads(old.read_text()), path=str(first / "shard-000001.tar"))))
+    shutil.rmtree(first)
+    summary = pack_shards(_cfg(fixture_jsonl, copy))
+    assert summary.extra["resumed"] == 3
+    listed = read_datalist(copy / "data.list")
+    assert listed == [str(copy.resolve() / f"shard-00000{i}.tar") for i in range(3)]
+    assert list(load_index(copy / "data.list")) == listed  # index entries resolve to the copy
+    result = run_cli("corpus-io", "verify-shards", f"++input={copy / 'data.list'}", "++decode_audio=false")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_an_empty_input_or_one_whose_every_utterance_is_skipped_fails_whatever_on_error_says(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    result = run_cli("pack-shards", f"++input={empty}", f"++output_dir={tmp_path / 'a'}")
+    assert_user_error(result, "empty.jsonl holds no utterances")
+    assert not (tmp_path / "a" / "data.list").exists()
+    unreadable = write_jsonl(tmp_path / "bad.jsonl", [{"key": f"u{i}", "source": str(tmp_path / f"no{i}.wav"),
+                                                       "target": "x"} for i in range(3)])
+    result = run_cli("pack-shards", f"++input={unreadable}", f"++output_dir={tmp_path / 'b'}", "++on_error=skip")
+    assert_user_error(result, "pack-shards produced nothing", "unreadable audio: 3")
+    assert result.returncode == 2
+
+
+def test_a_kaldi_dir_utterance_without_a_transcript_is_named_by_key_and_line(tmp_path):
+    import shutil
+
+    kaldi_dir = tmp_path / "kaldi"
+    shutil.copytree(FIXTURE, kaldi_dir)
+    lines = (kaldi_dir / "text").read_text(encoding="utf-8").splitlines(keepends=True)
+    dropped = lines[5].split(" ", 1)[0]
+    (kaldi_dir / "text").write_text("".join(lines[:5] + lines[6:]), encoding="utf-8")
+    wav_line = next(i for i, line in enumerate((kaldi_dir / "wav.scp").read_text().splitlines(), 1)
+                    if line.split(" ", 1)[0] == dropped)
+    result = run_cli("corpus-io", "pack-shards", f"++input={kaldi_dir}", f"++output_dir={tmp_path / 'out'}",
+                     cwd=REPO)
+    assert_user_error(result, f"{kaldi_dir / 'wav.scp'}:{wav_line}: key '{dropped}': missing transcript")
+    result = run_cli("corpus-io", "pack-shards", f"++input={kaldi_dir}", f"++output_dir={tmp_path / 'out'}",
+                     "++on_error=skip", cwd=REPO)
+    assert result.returncode == 0 and "missing transcript: 1" in result.stderr, result.stderr

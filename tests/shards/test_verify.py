@@ -12,6 +12,7 @@ from corpus_io.shards.pack import pack_shards
 from corpus_io.shards.verify import verify_shards
 from corpus_io.shards.writer import ShardWriter
 from tests.conftest import assert_user_error, run_cli
+from tests.shards.conftest import packed_with_a_repeat
 from tests.shards.test_pack import _cfg
 
 
@@ -69,3 +70,34 @@ def test_undecodable_audio_and_duplicate_keys_name_the_member(tmp_path):
         verify_shards(VerifyShardsConfig(input=str(tmp_path / "data.list"), num_workers=1))
     r = run_cli("corpus-io", "verify-shards", f"++input={tmp_path / 'data.list'}")
     assert "member 'k1.wav'" in r.stdout and "member 'k2.flac'" in r.stdout and "duplicate key 'k1'" in r.stdout
+
+
+def test_an_empty_shard_list_fails_verification(tmp_path):
+    empty = tmp_path / "data.list"
+    empty.write_text("")
+    result = run_cli("corpus-io", "verify-shards", f"++input={empty}")
+    assert_user_error(result, "0 utterances")
+    assert result.returncode == 2
+
+
+def test_a_key_repeated_across_shards_is_found_from_the_index_without_reading_audio(tmp_path):
+    from corpus_io.shards.index import repeated_keys
+
+    merged, a, again = packed_with_a_repeat(tmp_path)
+    result = run_cli("corpus-io", "verify-shards", f"++input={merged}", "++decode_audio=false")
+    assert_user_error(result, "1 of 4 shards failed", f"{again}/shard-000000.tar: key '", f"repeats a key of {a}")
+    assert result.stdout.count("repeats a key of") == 4
+    for tar in [*a.glob("*.tar"), *again.glob("*.tar")]:
+        tar.unlink()  # the index alone names the repeats
+    repeats = repeated_keys(merged)
+    assert len(repeats) == 4
+    assert all(shards == [str(a / "shard-000000.tar"), str(again / "shard-000000.tar")] for shards in repeats.values())
+
+
+def test_an_index_without_keys_says_repeats_across_shards_are_not_checked(tmp_path):
+    from tests.loader_data import make_shards
+
+    data_list, _ = make_shards(tmp_path / "old", per_shard=12)  # an index as other tools write it: no keys
+    result = run_cli("corpus-io", "verify-shards", f"++input={data_list}", "++decode_audio=false")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "records no utterance keys" in result.stderr and "not checked" in result.stderr

@@ -52,7 +52,7 @@ def test_average_cli_num_below_one_is_a_config_error_naming_num(tmp_path):
     write_epochs(tmp_path, [0.3, 0.2])
     for num in ("0", "-2"):
         result = run_cli("corpus-io", "average", f"++output_dir={tmp_path}", f"++num={num}")
-        assert_user_error(result, f"num={num}", ">= 1")
+        assert_user_error(result, f"num={num}", "range [1,")
     assert not list(tmp_path.glob("model.pt.avg*"))
     with pytest.raises(ConfigError, match="avg_nbest_model=0"):
         ckpt.average_checkpoints(tmp_path, 0, key="avg_nbest_model")
@@ -107,3 +107,42 @@ def test_averaging_fewer_epochs_than_asked_keeps_the_name_and_warns_naming_them(
     assert len(logged) == 1 and "avg_nbest_model=3" in logged[0] and capsys.readouterr().err == ""
     ckpt.average_checkpoints(tmp_path, 2, "loss", warn=logged.append)  # enough epochs: no warning
     assert len(logged) == 1
+
+
+class _CreatesFileWhenUnpickled:
+    """A crafted object: unpickling it calls open(path, 'w'), i.e. runs code chosen by the file."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_the_code_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "model.pt"
+    torch.save({"model": {"w": torch.zeros(2)}, "extra": _CreatesFileWhenUnpickled(marker)}, evil)
+    with pytest.raises(DataError, match=r"refused.*global io\.open.*weights_only") as err:
+        ckpt.load_checkpoint(evil)
+    assert not marker.exists(), "loading the checkpoint ran the code it names"
+    assert str(evil) in str(err.value)
+    # decode and average open checkpoints the same way: the CLI says it in one paragraph, no traceback
+    result = run_cli("corpus-io", "decode", f"++data_list={tmp_path / 'data.list'}", f"++checkpoint={evil}",
+                     f"++output_dir={tmp_path / 'dec'}")
+    assert_user_error(result, "refused")
+    assert not marker.exists()
+
+
+def test_trainer_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
+    import random
+
+    import numpy as np
+
+    from corpus_io.train.trainer import rng_state, set_rng_state
+
+    random.seed(3), np.random.seed(4), torch.manual_seed(5)
+    ckpt.save_checkpoint(tmp_path / "model.pt", {"model": {}, "rng_states": [rng_state(torch.device("cpu"))]})
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    set_rng_state(ckpt.load_checkpoint(tmp_path / "model.pt")["rng_states"][0], torch.device("cpu"))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected

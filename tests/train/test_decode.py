@@ -72,3 +72,24 @@ def test_a_model_trained_with_a_relative_token_list_decodes_from_another_directo
                      f"++checkpoint={tmp_path / 'exp' / 'model.pt.ep0'}", f"++output_dir={tmp_path / 'dec'}",
                      "++dataset_conf.num_workers=0", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_decode_that_reads_nothing_fails_and_a_repeated_key_is_scored_once_with_a_warning(trained, tmp_path):
+    from tests.shards.conftest import packed_with_a_repeat
+
+    ckpt = trained["out"] / "model.pt.avg2"
+    gone = tmp_path / "gone.list"
+    gone.write_text(f"{tmp_path / 'nowhere' / 'shard-000000.tar'}\n")
+    result = run_cli("corpus-io", "decode", f"++data_list={gone}", f"++checkpoint={ckpt}",
+                     f"++output_dir={tmp_path / 'none'}", "++dataset_conf.on_error=skip",
+                     "++dataset_conf.num_workers=0")
+    assert_user_error(result, "decode read 0 utterances")
+    assert not (tmp_path / "none" / "cer.txt").exists()
+    (tmp_path / "rep").mkdir()
+    merged, _, _ = packed_with_a_repeat(tmp_path / "rep")  # 28 samples, 24 distinct keys
+    out = tmp_path / "dec"
+    result = run_cli("corpus-io", "decode", f"++data_list={merged}", f"++checkpoint={ckpt}", f"++output_dir={out}",
+                     "++dataset_conf.num_workers=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len((out / "text").read_text(encoding="utf-8").splitlines()) == 24
+    assert "duplicate key: 4" in result.stdout

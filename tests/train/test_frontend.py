@@ -74,7 +74,7 @@ def test_sub_window_cuts_are_counted_as_empty_in_both_modes(cut_shards):
         c = small_conf(feats_on=mode, **conf)
         c.filter_conf.min_length = 0
         feats, counts, _ = features_by_key(data_list, c)
-        assert counts["features.empty"] == 3, counts  # 399 samples at 16 kHz, 199 at 8 kHz, 1099 at 44.1 kHz
+        assert counts["features.shorter_than_window"] == 3, counts  # 399 at 16 kHz, 199 at 8 kHz, 1099 at 44.1 kHz
         assert min(f.shape[0] for f in feats.values()) == 1
 
 
@@ -89,7 +89,7 @@ def test_budgets_and_length_filters_count_the_front_end_frames(cut_shards):
     everything, no_frames, _ = features_by_key(data_list, unfiltered)
     frames = Counter("short" if f.shape[0] < 150 else "long" if f.shape[0] > 250 else "kept"
                      for f in everything.values())
-    frames["short"] += no_frames["features.empty"]
+    frames["short"] += no_frames["features.shorter_than_window"]
     assert counts["filter.too_short"] == frames["short"] and counts["filter.too_long"] == frames["long"] > 0
     assert len(feats) == frames["kept"] > 0 and all(150 <= f.shape[0] <= 250 for f in feats.values())
     for b in batches:

@@ -58,7 +58,7 @@ def test_two_ranks_uneven_shards_end_every_epoch_together_and_loss_decreases(tra
     assert {"model.pt", "model.pt.avg2", "cv_metrics.json", "config.yaml", "tensorboard"} <= names
     assert len([n for n in names if re.fullmatch(r"model\.pt\.ep\d+", n)]) == 2
     assert any(p.name.startswith("events.out.tfevents") for p in (out / "tensorboard").iterdir())
-    latest = torch.load(out / "model.pt", map_location="cpu", weights_only=False)
+    latest = torch.load(out / "model.pt", map_location="cpu", weights_only=True)  # no pickled objects
     assert latest["epoch"] == 2 and latest["epoch_done"] and len(latest["loader_states"]) == 2
     assert [s["rank"] for s in latest["loader_states"]] == [0, 1]
     assert set(latest["cv_metrics"]) >= {"loss", "acc"} and "train_data_set_list" in latest["config"]
@@ -231,3 +231,17 @@ def test_two_ranks_train_cv_and_decode_with_features_on_the_model_device_and_los
     hyps = (tmp_path / "dec" / "text").read_text(encoding="utf-8").splitlines()
     assert sorted(line.split(" ", 1)[0] for line in hyps) == sorted(corpus["raw_keys"])
     assert "%CER" in (tmp_path / "dec" / "cer.txt").read_text(encoding="utf-8")
+
+
+def test_a_run_that_trained_nothing_fails_on_every_rank_and_writes_no_model_even_with_on_error_skip(corpus, tmp_path):
+    gone = tmp_path / "gone"
+    data_list = tmp_path / "data.list"
+    data_list.write_text("".join(f"{gone}/shard-00000{i}.tar\n" for i in range(3)))
+    out = tmp_path / "exp"
+    cmd = torchrun_cmd(out, dict(corpus, shards=data_list), "++dataset_conf.on_error=skip",
+                       "++train_conf.max_epoch=2")
+    result = run_train(cmd)
+    assert result.returncode != 0, result.stderr[-3000:]
+    assert "trained 0 utterances on 2 rank(s)" in result.stderr and "on_error=skip" in result.stderr
+    assert "Traceback" not in result.stderr.split("trained 0 utterances")[0][-2000:]
+    assert not list(out.glob("model.pt*")), sorted(p.name for p in out.iterdir())
