@@ -112,9 +112,14 @@ class _Result:
     empty: str | None = None  # the text field that is empty (only with ++on_empty_text=skip)
 
 
-# The joined tables, set by scp2jsonl before its worker processes fork: workers do the lookups
-# (each reopens the table files), so the main process only streams keys and writes lines.
+# The joined tables of this process: workers do the lookups (each reopens the table files), so the main
+# process only streams keys and writes lines. Set by _use_tables, the workers' parallel_imap initializer.
 _KEYED: dict[str, kaldi.KeyedTable] = {}
+
+
+def _use_tables(keyed: dict[str, kaldi.KeyedTable]) -> None:
+    _KEYED.clear()
+    _KEYED.update(keyed)
 
 
 def _probe_task(task: _Task) -> _Result:
@@ -297,13 +302,12 @@ def scp2jsonl(cfg: Any) -> Summary:
                             audio_fields, line.where, None, cfg.allow_pipe, dict(cfg.storage_options))
 
     workers = resolve_num_workers(cfg.num_workers)
-    _KEYED.clear()
-    _KEYED.update(keyed)
     bad_audio: list[str] = []  # the first 10 unreadable-audio errors (with on_error=fail)
     bad_audio_count = 0
     try:
         with atomic_write(cfg.jsonl_file_out) as out:
-            results = parallel_imap(_probe_task, tasks(), num_workers=workers, chunksize=256)
+            results = parallel_imap(_probe_task, tasks(), num_workers=workers, chunksize=256,
+                                    initializer=_use_tables, initargs=(keyed,))
             for result in progress(results, total=total, desc="scp2jsonl", unit="utt"):
                 if result.line is None:
                     if result.empty is not None:

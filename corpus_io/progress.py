@@ -123,7 +123,9 @@ class Summary:
             raise DataError(f"{job} produced nothing: {self.line()}. {what_to_do}")
 
 
-def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int, chunksize: int = 64) -> Iterator[R]:
+def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int, chunksize: int = 64,
+                  initializer: Callable[..., None] | None = None, initargs: tuple = (),
+                  start_method: str | None = None) -> Iterator[R]:
     """Ordered ``map`` over processes; runs inline when ``num_workers == 1``.
 
     Results come back in input order. The input is consumed lazily with at most
@@ -131,16 +133,26 @@ def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int,
     so memory stays bounded by the window, not by the input length. A worker that dies (the OOM
     killer, a crash in a native decoder) fails the job with :class:`WorkerDied`; a
     ``multiprocessing.Pool`` would wait for its lost result forever.
+
+    ``initializer(*initargs)`` runs once in every worker before its first item (in this process when
+    the job runs inline): the way to give workers state a job builds (open tables, loaded sources),
+    which then works under any start method, not only fork. ``start_method``: None is fork on Linux,
+    the platform's default elsewhere.
     """
     if num_workers <= 1:
+        if initializer is not None:
+            initializer(*initargs)
         yield from map(fn, items)
         return
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    ctx = mp.get_context("fork") if sys.platform.startswith("linux") else mp.get_context()
+    if start_method is None:
+        start_method = "fork" if sys.platform.startswith("linux") else None
+    ctx = mp.get_context(start_method)
     window: deque = deque()
-    pool = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_die_with_parent, initargs=(os.getpid(),))
+    pool = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_start_worker,
+                               initargs=(os.getpid(), initializer, initargs))
     try:
         for chunk in _chunks(items, chunksize):
             window.append(pool.submit(_map_chunk, fn, chunk))
@@ -154,6 +166,12 @@ def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int,
                          "workers (++num_workers) or more memory; jobs that resume skip finished work.") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_worker(parent_pid: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
+    _die_with_parent(parent_pid)
+    if initializer is not None:
+        initializer(*initargs)
 
 
 def _die_with_parent(parent_pid: int) -> None:

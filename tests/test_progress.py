@@ -178,3 +178,26 @@ def test_killing_the_main_process_of_pack_shards_takes_its_workers_and_leaves_no
                                       "++audio_format=flac"], out, tmp_path)
     assert alive == [], "workers outlived the killed main process"
     assert not [name for name in left if ".tmp-" in name], left
+
+
+_WORKER_STATE: dict = {}
+
+
+def _set_worker_state(value: str) -> None:
+    _WORKER_STATE["value"] = value
+
+
+def _read_worker_state(item: int) -> tuple[int, str, int]:
+    return item, _WORKER_STATE.get("value", "unset"), os.getpid()
+
+
+@pytest.mark.parametrize(("workers", "start_method"), [(1, None), (2, "fork"), (2, "spawn")])
+def test_worker_state_comes_from_the_initializer_under_any_start_method(workers, start_method):
+    """Jobs give workers their state through initializer=, not through globals set before a fork, so
+    spawn (macOS) sees it too."""
+    _WORKER_STATE.clear()
+    out = list(parallel_imap(_read_worker_state, range(6), num_workers=workers, chunksize=1,
+                             initializer=_set_worker_state, initargs=("tables",), start_method=start_method))
+    assert [item for item, _, _ in out] == list(range(6))
+    assert {value for _, value, _ in out} == {"tables"}
+    assert ({pid for _, _, pid in out} == {os.getpid()}) == (workers == 1)

@@ -6,11 +6,11 @@ sample adds 1 to ``counts[reason]`` (reasons: ``decode.error``, ``decode.empty``
 ``filter.ratio_too_low``, ``filter.ratio_too_high``, ``features.error``, ``features.shorter_than_window``);
 ``batch.over_budget`` counts (never drops) an utterance batched alone because it is over budget.
 
-WeNet's order: decode, filter_length, resample, speed_perturb, fbank|mfcc|raw_features
-(or precomputed_features instead of decode..features), spec_aug, spec_sub, spec_trim,
-tokenize, filter_tokens, shuffle, sort, batch (or bucket_batch instead of sort+batch), pad.
-``tokenize`` + ``filter_tokens`` only need ``txt`` and a length, so they may also run right
-after decode to drop utterances before the feature cost.
+WeNet's order (composed in corpus_io.pipeline.build.loader_chain): decode, filter_length, resample,
+speed_perturb, count_frames, tokenize, filter_tokens, fbank|mfcc (raw_features: tokens after it;
+precomputed_features instead of decode..features), spec_aug, spec_sub, spec_trim, shuffle, sort, batch
+(or bucket_batch instead of sort+batch), pad. Tokens are filtered before features, so no features are
+computed for an utterance the token filter drops.
 
 Randomness: every random stage takes its generator (``random.Random``, or a
 ``torch.Generator`` for dither) from the caller, seeded from (seed, epoch, rank, worker).

@@ -315,8 +315,14 @@ class FieldResult:
     reasons: dict = field(default_factory=dict)
 
 
-# process-wide sources, set by add_field before the pool forks (shared copy-on-write)
+# the sources of this process (feats.scp reader, jsonl values), set by _use_sources: the parallel_imap
+# initializer of add-field's workers (under fork they are shared copy-on-write)
 _SOURCES: dict[str, Any] = {}
+
+
+def _use_sources(sources: dict[str, Any]) -> None:
+    _SOURCES.clear()
+    _SOURCES.update(sources)
 
 
 def _npy_bytes(array: Any) -> bytes:
@@ -514,19 +520,20 @@ def add_field(cfg: Any) -> Any:
         raise ConfigError("pass one of ++from_scp and ++from_jsonl, not both.")
     dc = cfg.dataset_conf
     options: dict[str, Any]
+    sources: dict[str, Any] = {}
     if cfg.from_scp:
         import kaldiio
 
         if not os.path.isfile(cfg.from_scp):
             raise ConfigError(f"from_scp={cfg.from_scp} does not exist. Pass a Kaldi feats.scp.")
         mode, options = "scp", {"from_scp": _source_signature(cfg.from_scp)}
-        _SOURCES["scp"] = kaldiio.load_scp(cfg.from_scp)
+        sources["scp"] = kaldiio.load_scp(cfg.from_scp)
     elif cfg.from_jsonl:
         if not os.path.isfile(cfg.from_jsonl):
             raise ConfigError(f"from_jsonl={cfg.from_jsonl} does not exist. Pass a JSONL of "
                               f'{{"key": ..., "{cfg.field}": ...}} lines.')
         mode, options = "jsonl", {"from_jsonl": _source_signature(cfg.from_jsonl)}
-        _SOURCES["jsonl"] = _load_jsonl_values(cfg.from_jsonl, cfg.field)
+        sources["jsonl"] = _load_jsonl_values(cfg.from_jsonl, cfg.field)
     elif cfg.field in ("fbank", "mfcc"):
         mode = cfg.field
         conf = dc.fbank_conf if mode == "fbank" else dc.mfcc_conf
@@ -552,7 +559,8 @@ def add_field(cfg: Any) -> Any:
     results: dict[str, dict] = {}
     workers = min(resolve_num_workers(cfg.num_workers), max(1, len(tasks)))
     resumed = 0
-    for res in progress(parallel_imap(add_field_to_shard, tasks, num_workers=workers, chunksize=1),
+    for res in progress(parallel_imap(add_field_to_shard, tasks, num_workers=workers, chunksize=1,
+                                      initializer=_use_sources, initargs=(sources,)),
                         total=len(tasks), desc="add-field", unit="shard"):
         results[res.url] = res.stats
         summary.kept += res.num_utts - res.missing
