@@ -19,7 +19,8 @@ corpus-io shard mode: ``wds.WebDataset(urls).shuffle(1500).decode(soundfile hand
 * Extra lines: WebDataset with corpus-io's 16-bit WAV decoder instead of soundfile (the pipeline
   difference alone), and the mixed corpus (half 44.1 kHz flac: resampling at load time) vs the
   same corpus packed with ``pack-shards ++resample=16000`` (BENCH_LOADER_MIXED=0 skips them).
-* Raw list of 10M lines: peak RSS of a process that opens it (index build, then cached index).
+* Raw list of 10M lines: peak RSS of a process that opens it (index build, then cached index); and the
+  training loader over 10k and 10M lines with 1 and 4 workers: process-tree peak PSS and RSS.
 * BENCH_LOADER_ONLY=e2e (comma separated among io, e2e, mixed, rss) runs only those sections.
 
 Each variant runs in its own process (peak RSS covers its DataLoader workers). Figures are
@@ -250,15 +251,47 @@ def fbank_limit(spec: dict) -> dict:
     return {"utts": n, "seconds": seconds, "wall": wall, "padding": 0.0}
 
 
+def raw_workers_child(path: str, workers: int, batches: int) -> dict:
+    """The training loader over a raw list with ``workers`` DataLoader workers, for ``batches`` batches."""
+    from corpus_io.config import DatasetConf
+    from corpus_io.dataset import build_dataloader
+
+    conf = DatasetConf(data_type="raw", num_workers=workers, batch_size=16, prefetch=2)
+    conf.shuffle_conf.shuffle_size = 200
+    conf.sort_conf.sort_size = 50
+    t = time.perf_counter()
+    loader = build_dataloader(path, conf, None, train=True, rank=0, world_size=1)
+    loader.set_epoch(0)
+    n = 0
+    for n, _ in enumerate(loader, 1):
+        if n >= batches:
+            break
+    return {"batches": n, "wall": time.perf_counter() - t}
+
+
+def _real_raw_list(path: Path, lines: int) -> None:
+    """A raw list of ``lines`` entries over the 24 real fixture recordings (unique keys)."""
+    repo = Path(__file__).resolve().parent.parent
+    fixture = repo / "tests" / "fixtures" / "corpus"
+    wavs = [str(repo / line.split(" ", 1)[1]) for line in (fixture / "wav.scp").read_text().splitlines() if line]
+    if path.exists():
+        return
+    with open(str(path) + ".tmp", "w") as f:
+        for s in range(0, lines, 200_000):
+            f.write("".join(json.dumps({"key": f"utt{i:08d}", "wav": wavs[i % len(wavs)], "txt": "one two three"})
+                            + "\n" for i in range(s, min(lines, s + 200_000))))
+    os.replace(str(path) + ".tmp", path)
+
+
 def raw_rss_child(path: str) -> dict:
     import psutil
 
-    from corpus_io.rawlist import RawList, slot_lines
+    from corpus_io.rawlist import RawList, permuted_lines
 
     t = time.perf_counter()
     lst = RawList(path)
-    lines = slot_lines(len(lst), slot_index=0, slot_count=2, seed=1, epoch=0, shuffle=True)
-    for i in lines[:1000]:
+    lines = permuted_lines(len(lst), 0, 1000, seed=1, epoch=0, shuffle=True)
+    for i in lines:
         lst.record(int(i))
     return {"lines": len(lst), "rss": psutil.Process().memory_info().rss, "wall": time.perf_counter() - t}
 
@@ -298,11 +331,13 @@ def fmt(name: str, res: dict) -> str:
 
 def main() -> None:
     HERE.mkdir(parents=True, exist_ok=True)
-    corpus = real_corpus(20000, sample_rates=(16000, 16000), formats=("wav", "wav"))
-    data_list, raw = prepare(corpus, HERE)
-    shards_io, raw_io = subset_list(data_list, raw, N_IO)
-    shards_e2e, raw_e2e = subset_list(data_list, raw, N_E2E)
     results: dict = {}
+    if ONLY & {"io", "e2e"}:  # the rss section alone needs no synthesized corpus
+        corpus = real_corpus(20000, sample_rates=(16000, 16000), formats=("wav", "wav"))
+        data_list, raw = prepare(corpus, HERE)
+        shards_io, raw_io = subset_list(data_list, raw, N_IO)
+        shards_e2e, raw_e2e = subset_list(data_list, raw, N_E2E)
+        print(f"16 kHz wav corpus ({corpus}), shards of 1000, audio_format=keep", flush=True)
 
     def spec(mode: str, lst: Path, nw: int, feats: bool, **kw) -> dict:
         files = _files_of("raw" if mode == "raw" else "shard", str(lst))
@@ -313,7 +348,6 @@ def main() -> None:
         results[key] = measure(s, cold=cold)
         print(fmt(name, results[key]), flush=True)
 
-    print(f"16 kHz wav corpus ({corpus}), shards of 1000, audio_format=keep", flush=True)
     if "io" in ONLY:
         print(f"IO only (read + decode, batch 16, padded), {N_IO} utterances per run", flush=True)
     for cache in ("cold", "warm") if "io" in ONLY else ():
@@ -359,6 +393,22 @@ def main() -> None:
                                      cwd=Path(__file__).resolve().parent.parent)
         rss[phase] = (peak, json.loads(r.stdout.strip().splitlines()[-1])["wall"])
 
+    # raw-list memory per DataLoader worker: 10M lines vs 10k lines, 1 and 4 workers (process tree: RSS sums
+    # shared pages once per process, PSS counts them once)
+    workers_mem = {}
+    if "rss" in ONLY:
+        small, real10m = MIXED / "raw10k_real.list", MIXED / "raw10M_real.list"
+        _real_raw_list(small, 10_000)
+        _real_raw_list(real10m, 10_000_000)
+        for lst, lines in ((small, "10k"), (real10m, "10M")):
+            for nw in (1, 4):
+                peaks: dict = {}
+                wall, peak, r = run_measured([sys.executable, "-m", "bench.bench_loader", "--raw-workers", str(lst),
+                                              str(nw), "60"], peaks=peaks, cwd=Path(__file__).resolve().parent.parent)
+                if r.returncode != 0:
+                    raise SystemExit(f"raw workers {lst} {nw}: {r.stderr[-3000:]}")
+                workers_mem[(lines, nw)] = (peak, peaks["pss"])
+
     def rate(key) -> float:
         return rate_of(results[key])
 
@@ -382,11 +432,20 @@ def main() -> None:
               f"{rate(('mixed', 'load')) / rate(('mixed', 'wds')):.2f}")
     for phase, (peak, wall) in rss.items():
         print(f"  raw list of 10M lines, {phase}: peak RSS {mb(peak)} in {wall:.1f} s (target < 1 GB)")
+    for (lines, nw), (peak, pss) in workers_mem.items():
+        print(f"  raw list of {lines} lines, loader with {nw} workers (60 batches): process tree peak PSS {mb(pss)}, "
+              f"peak RSS {mb(peak)}" + (" (target PSS < 1 GB)" if (lines, nw) == ("10M", 4) else ""))
+    if workers_mem:
+        grow = [(workers_mem[(n, 4)][1] - workers_mem[(n, 1)][1]) / 3 for n in ("10k", "10M")]
+        print(f"  PSS per added worker: 10M lines {mb(grow[1])} vs 10k lines {mb(grow[0])} "
+              f"(ratio {grow[1] / max(grow[0], 1):.2f}, target ~1: memory does not grow with the list per worker)")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--raw-rss":
         print(json.dumps(raw_rss_child(sys.argv[2])))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--raw-workers":
+        print(json.dumps(raw_workers_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
     elif len(sys.argv) > 1:
         print(json.dumps(child(json.loads(sys.argv[1]))))
     else:

@@ -97,8 +97,13 @@ def drop_cache(paths) -> None:
             os.close(fd)
 
 
-def run_measured(argv: list[str], **kwargs) -> tuple[float, int, subprocess.CompletedProcess]:
-    """Run a command; return (wall seconds, peak RSS bytes of its whole process tree, result)."""
+def run_measured(argv: list[str], *, peaks: dict | None = None,
+                 **kwargs) -> tuple[float, int, subprocess.CompletedProcess]:
+    """Run a command; return (wall seconds, peak RSS bytes of its whole process tree, result).
+
+    ``peaks``: also record ``peaks["pss"]``, the peak PSS of the tree (shared pages, e.g. the torch pages
+    forked DataLoader workers share, counted once; sampling it reads /proc/*/smaps, so it is opt-in).
+    """
     import psutil
 
     peak = 0
@@ -115,8 +120,10 @@ def run_measured(argv: list[str], **kwargs) -> tuple[float, int, subprocess.Comp
             return
         while not done.is_set():
             try:
-                total = root.memory_info().rss + sum(c.memory_info().rss for c in root.children(recursive=True))
-                peak = max(peak, total)
+                tree = [root, *root.children(recursive=True)]
+                peak = max(peak, sum(p.memory_info().rss for p in tree))
+                if peaks is not None:
+                    peaks["pss"] = max(peaks.get("pss", 0), sum(p.memory_full_info().pss for p in tree))
             except psutil.NoSuchProcess:
                 pass
             time.sleep(0.05)

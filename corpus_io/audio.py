@@ -73,7 +73,7 @@ def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None
         wave, rate = decode_bytes(data, where=source)  # stdout headers often lack the length
         return AudioInfo(rate, wave.shape[0], 1 if wave.ndim == 1 else wave.shape[1], "wav")
     if urls.is_remote(source):
-        with urls.open_url(source, storage_options=storage_options, block_size=HEAD_BYTES) as f:
+        with urls.open_url(source, storage_options=storage_options, block_size=HEAD_BYTES, seekable=True) as f:
             size = getattr(f, "size", None)
             info = header_info(f.read(HEAD_BYTES), size) if size else None
             if info is not None:

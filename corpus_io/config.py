@@ -168,6 +168,8 @@ class DatasetConf:
                         choices=("fail", "skip"))
     retries: int = opt(3, "attempts to open a remote URL before on_error applies")
     retry_backoff: float = opt(0.5, "first wait between retries, doubled each time", unit="seconds")
+    read_timeout: float = opt(30.0, "longest wait for a connection or the next byte of a remote read, per "
+                                    "attempt; a stall past it is retried, then on_error", unit="seconds")
     max_member_bytes: int = opt(256 * 1024 * 1024, "a tar member larger than this is rejected", unit="bytes")
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote URLs (e.g. endpoint_url, key, secret)",
                                           factory=dict)
@@ -323,7 +325,7 @@ class MakeTokenizerConfig:
 
 @dataclass
 class BenchLoaderConfig:
-    data_list: str = opt("???", "the data.list to read")
+    data_list: str = opt("", "the data.list to read (required unless dataset_conf.sources is set)")
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
     tokenizer: TokenizerConf = opt(factory=TokenizerConf)
     epochs: int = opt(1, "epochs to iterate")
@@ -336,7 +338,7 @@ class BenchLoaderConfig:
 
 @dataclass
 class TrainConfig:
-    train_data_set_list: str = opt("???", "training data.list")
+    train_data_set_list: str = opt("", "training data.list (required unless dataset_conf.sources is set)")
     valid_data_set_list: Optional[str] = opt(None, "cv data.list (split across ranks)")
     output_dir: str = opt("???", "checkpoints, logs and tensorboard/")
     cmvn_file: Optional[str] = opt(None, "global CMVN stats from compute-cmvn")
@@ -458,10 +460,13 @@ def _hydra_compose(config_name: str, overrides: list[str], *, config_path: str |
     if not (conf_dir / f"{name}.yaml").is_file():
         raise ConfigError(f"config file {conf_dir / (name + '.yaml')} does not exist. "
                           f"Pass --config-path DIR --config-name NAME.yaml with an existing file.")
+    hydra_overrides = list(overrides)
+    if conf_dir != CONF_DIR.resolve():  # a user's YAML may use the shipped groups (dataset_conf: shard, ...)
+        hydra_overrides.append(f"hydra.searchpath=[file://{CONF_DIR.resolve()}]")
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base=None, job_name=name):
-            cfg = hydra_compose(config_name=name, overrides=list(overrides))
+            cfg = hydra_compose(config_name=name, overrides=hydra_overrides)
     except HydraException as exc:
         raise ConfigError(_explain_hydra_error(str(exc), overrides)) from None
     except UnicodeDecodeError as exc:
@@ -574,7 +579,7 @@ def require(obj: Any, *keys: str) -> None:
         value = obj
         for part in key.split("."):
             value = getattr(value, part)
-        if value == "???" or value == [] or value is None:
+        if value in ("???", "") or value == [] or value is None:
             raise ConfigError(f"config key '{key}' is required. Set it with ++{key}=...")
 
 

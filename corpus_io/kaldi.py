@@ -40,6 +40,14 @@ class TableLine:
         return f"{self.path}:{self.lineno}"
 
 
+def _first_bad_utf8_byte(raw: bytes) -> int:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start
+    return 0
+
+
 def parse_line(raw: bytes, path: str, lineno: int) -> tuple[str, str] | None:
     """``(key, value)`` of one raw table line, ``None`` for a blank line; errors name ``path:lineno``."""
     if lineno == 1 and raw.startswith(UTF8_BOM):
@@ -52,8 +60,10 @@ def parse_line(raw: bytes, path: str, lineno: int) -> tuple[str, str] | None:
     try:
         key = parts[0].decode("utf-8")
         value = parts[1].decode("utf-8").rstrip(" \t\r") if len(parts) > 1 else ""
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {exc.start} of the line. "
+    except UnicodeDecodeError:
+        # the offset counts from the start of the line (the key's or value's own offset would mislead)
+        bad = _first_bad_utf8_byte(raw)
+        raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {bad} of the line. "
                         f"Re-encode the file as UTF-8 (e.g. iconv -f GBK -t UTF-8).") from None
     return key, value
 

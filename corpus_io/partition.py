@@ -3,8 +3,10 @@
 A *slot* is one DataLoader worker of one rank (``slot = rank * num_workers + worker``). Every
 epoch, all ranks shuffle the list of *units* (shards, or chunks of lines in raw mode) identically,
 seeded by ``(seed, epoch)``; units are then assigned to ranks and, inside a rank, to workers,
-balancing total audio duration greedily (longest first; durations from the shard index, else
-utterance counts, else equal weights). Every utterance is read by exactly one slot per epoch.
+balancing total audio duration (greedy longest-first, then random moves and swaps seeded by
+``(seed, epoch)`` that keep the balance, so the split differs every epoch; durations from the shard
+index, else utterance counts, else equal weights). Every utterance is read by exactly one slot per
+epoch.
 
 With fewer units than slots, each slot reads every unit and keeps the samples whose
 ``(unit + position) % slots == slot`` ("stride" mode): still exactly once, never a hang, at the
@@ -81,20 +83,64 @@ def epoch_order(n: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:
     return order
 
 
-def balance(items: Sequence[int], weights: Sequence[float], bins: int) -> list[list[int]]:
-    """Greedy longest-first: split ``items`` (in their given order) into ``bins`` lists of similar weight.
+def balance(items: Sequence[int], weights: Sequence[float], bins: int,
+            rng: random.Random | None = None) -> list[list[int]]:
+    """Split ``items`` (in their given order) into ``bins`` lists of similar total weight.
 
-    Each bin keeps the items in the order they had in ``items`` (so a shuffled list stays shuffled);
-    ties between equal weights follow that order too, so a new shuffle gives a new split.
+    Greedy longest-first first; then, with ``rng``, random moves and swaps between bins that keep the
+    spread (heaviest minus lightest bin) within ``max(greedy spread, BALANCE_SLACK x mean load)``. Longest-
+    first alone gives the same split every epoch whenever the weights differ, so the same shards would
+    share a rank, and a rank that runs out first would leave the same utterances unused every epoch; the
+    random phase (seeded per epoch, identical on all ranks) varies the split at no cost in balance.
+    Each bin keeps its items in the order they had in ``items`` (so a shuffled list stays shuffled).
     """
+    w = [float(weights[item]) for item in items]
     loads = [0.0] * bins
-    members: list[list[tuple[int, int]]] = [[] for _ in range(bins)]
-    ranked = sorted(range(len(items)), key=lambda i: -float(weights[items[i]]))
-    for i in ranked:
-        b = min(range(bins), key=lambda j: (loads[j], len(members[j]), j))
-        loads[b] += float(weights[items[i]])
-        members[b].append((i, items[i]))
-    return [[item for _, item in sorted(m)] for m in members]
+    where = [0] * len(items)
+    counts = [0] * bins
+    for i in sorted(range(len(items)), key=lambda i: -w[i]):
+        b = min(range(bins), key=lambda j: (loads[j], counts[j], j))
+        loads[b] += w[i]
+        counts[b] += 1
+        where[i] = b
+    if rng is not None and bins > 1 and len(items) > 1:
+        _vary(w, where, loads, bins, rng)
+    members: list[list[int]] = [[] for _ in range(bins)]
+    for i, item in enumerate(items):
+        members[where[i]].append(item)
+    return members
+
+
+#: the spread (heaviest minus lightest bin, as a share of the mean load) the random phase of balance may use
+BALANCE_SLACK = 0.01
+
+
+def _vary(w: list[float], where: list[int], loads: list[float], bins: int, rng: random.Random) -> None:
+    """Random moves and swaps between bins that keep the spread within the greedy one (or the slack)."""
+    n = len(w)
+    limit = max(max(loads) - min(loads), BALANCE_SLACK * sum(loads) / bins) + 1e-9
+    members: list[list[int]] = [[] for _ in range(bins)]
+    for i, b in enumerate(where):
+        members[b].append(i)
+    for _ in range(min(8 * n, 50_000)):
+        i = rng.randrange(n)
+        a, b = where[i], rng.randrange(bins - 1)
+        b += b >= a
+        j = members[b][rng.randrange(len(members[b]))] if members[b] and rng.random() < 0.5 else None
+        delta = w[i] - (w[j] if j is not None else 0.0)
+        loads[a] -= delta
+        loads[b] += delta
+        if max(loads) - min(loads) > limit or (j is None and len(members[a]) == 1):
+            loads[a] += delta  # undo: it would unbalance (or empty) a bin
+            loads[b] -= delta
+            continue
+        members[a].remove(i)
+        members[b].append(i)
+        where[i] = b
+        if j is not None:
+            members[b].remove(j)
+            members[a].append(j)
+            where[j] = a
 
 
 def unit_weights(n: int, durations: Sequence[float] | None = None,
@@ -110,12 +156,16 @@ _warned: set[tuple[int, int]] = set()
 
 
 def assign(n_units: int, slot: Slot, *, seed: int, epoch: int, shuffle: bool,
-           weights: Sequence[float] | None = None, what: str = "shards") -> Assignment:
-    """The units ``slot`` reads in ``epoch``: list shuffle, then duration-balanced ranks, then workers."""
+           weights: Sequence[float] | None = None, what: str = "shards", warn: bool = True) -> Assignment:
+    """The units ``slot`` reads in ``epoch``: list shuffle, then duration-balanced ranks, then workers.
+
+    ``warn``: say so when there are fewer units than readers (striding re-reads whole shards; a raw chunk's
+    skipped entries cost nothing, so raw mode passes False).
+    """
     order = epoch_order(n_units, seed=seed, epoch=epoch, shuffle=shuffle)
     if n_units < slot.count:
         key = (n_units, slot.count)
-        if key not in _warned and slot.index == 0:
+        if warn and key not in _warned and slot.index == 0:
             _warned.add(key)
             log.warning("%d %s for %d readers (%d ranks x %d workers): every reader reads every one of them "
                         "and keeps every %d-th utterance. Pack smaller shards (num_utts_per_shard) so that "
@@ -123,8 +173,11 @@ def assign(n_units: int, slot: Slot, *, seed: int, epoch: int, shuffle: bool,
                         slot.world_size, slot.num_workers, slot.count)
         return Assignment(order, stride=slot.count, offset=slot.index)
     w = list(weights) if weights is not None else [1.0] * n_units
-    per_rank = balance(order, w, slot.world_size)[slot.rank]
-    return Assignment(balance(per_rank, w, slot.num_workers)[slot.worker])
+    # seeded by (seed, epoch) like the order: every rank computes the same split, a new one each epoch
+    rng = random.Random(f"{seed}:{epoch}:balance") if shuffle else None
+    per_rank = balance(order, w, slot.world_size, rng)[slot.rank]
+    rng = random.Random(f"{seed}:{epoch}:balance:{slot.rank}") if shuffle else None
+    return Assignment(balance(per_rank, w, slot.num_workers, rng)[slot.worker])
 
 
 # --------------------------------------------------------------------------- resumable state
@@ -135,33 +188,35 @@ class SlotState:
     """A worker's read position (JSON-able through :meth:`to_dict`).
 
     ``cursor[src]`` = ``(unit, position)`` of the last sample of source ``src`` that entered the
-    buffers; ``pending`` = samples that entered but were not yet emitted; ``taken[src]`` = samples of
-    ``src`` that entered (weighted interleaving); ``seconds`` = audio that entered this epoch
-    (``epoch_hours``); ``passes[src]`` = the pass an infinite source is on.
+    buffers; ``pending`` = samples that entered but were not yet emitted, each with its seconds of
+    audio; ``taken[src]`` = samples of ``src`` that entered (weighted interleaving); ``seconds`` =
+    audio that entered this epoch (``epoch_hours``), pending samples included.
     """
 
     epoch: int = 0
     cursor: dict[int, tuple[int, int]] = field(default_factory=dict)
-    pending: set[tuple[int, int, int]] = field(default_factory=set)
+    pending: dict[tuple[int, int, int], float] = field(default_factory=dict)
     taken: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
     finished: bool = False
 
-    def enter(self, sid: tuple[int, int, int], seconds: float) -> None:
-        """``sid`` entered the buffers. A resumed reader re-enters the pending samples of its checkpoint:
-        they are already pending and counted, and the cursor never moves back."""
+    def enter(self, sid: tuple[int, int, int], seconds: float) -> bool:
+        """``sid`` entered the buffers; False for a pending sample of the checkpoint coming back (a resumed
+        or continued reader re-enters those: they are already pending and counted, and the cursor never
+        moves back)."""
         src, unit, pos = sid
         if sid in self.pending:
-            return
+            return False
         cur = self.cursor.get(src)
         if cur is None or (unit, pos) > cur:
             self.cursor[src] = (unit, pos)
-        self.pending.add(sid)
+        self.pending[sid] = seconds
         self.taken[src] = self.taken.get(src, 0) + 1
         self.seconds += seconds
+        return True
 
     def emit(self, sid: tuple[int, int, int]) -> None:
-        self.pending.discard(sid)
+        self.pending.pop(sid, None)
 
     def start_unit(self, src: int) -> int | None:
         """The first unit a resumed reader of ``src`` must open (None: start from the beginning)."""
@@ -176,10 +231,17 @@ class SlotState:
         cur = self.cursor.get(src)
         return cur is not None and (unit, pos) <= cur and sid not in self.pending
 
+    def next_epoch(self, epoch: int) -> SlotState:
+        """The state that continues this stream in ``epoch`` (epoch_hours, weighted mixes): the samples
+        still pending (in the buffers, not trained: the trainer stopped early) come back first and count
+        towards the new epoch's audio."""
+        return SlotState(epoch, dict(self.cursor), dict(self.pending), dict(self.taken),
+                         sum(self.pending.values()), False)
+
     def to_dict(self) -> dict:
         return {"epoch": self.epoch,
                 "cursor": {str(s): list(c) for s, c in self.cursor.items()},
-                "pending": sorted(self.pending),  # tuples: JSON writes them as lists
+                "pending": sorted([*sid, sec] for sid, sec in self.pending.items()),
                 "taken": {str(s): n for s, n in self.taken.items()},
                 "seconds": self.seconds, "finished": self.finished}
 
@@ -187,12 +249,13 @@ class SlotState:
     def from_dict(cls, d: dict) -> SlotState:
         return cls(epoch=int(d.get("epoch", 0)),
                    cursor={int(s): (int(c[0]), int(c[1])) for s, c in d.get("cursor", {}).items()},
-                   pending={(int(a), int(b), int(c)) for a, b, c in d.get("pending", [])},
+                   pending={(int(p[0]), int(p[1]), int(p[2])): float(p[3]) if len(p) > 3 else 0.0
+                            for p in d.get("pending", [])},
                    taken={int(s): int(n) for s, n in d.get("taken", {}).items()},
                    seconds=float(d.get("seconds", 0.0)), finished=bool(d.get("finished", False)))
 
     def copy(self) -> SlotState:
-        return SlotState(self.epoch, dict(self.cursor), set(self.pending), dict(self.taken), self.seconds,
+        return SlotState(self.epoch, dict(self.cursor), dict(self.pending), dict(self.taken), self.seconds,
                          self.finished)
 
 

@@ -132,11 +132,45 @@ class RawList:
         return sample
 
 
-def slot_lines(n: int, *, slot_index: int, slot_count: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The line indices one slot reads in one epoch: a (seed, epoch) permutation, every ``slot_count``-th."""
-    if shuffle:
-        rng = np.random.default_rng([seed & 0xFFFFFFFF, epoch])
-        order = rng.permutation(n).astype(np.int64 if n >= 2**31 else np.int32)
-    else:
-        order = np.arange(n, dtype=np.int64 if n >= 2**31 else np.int32)
-    return np.ascontiguousarray(order[slot_index::slot_count])
+def chunk_sizes(n: int) -> list[int]:
+    """Lines per resumable unit of a raw list of ``n`` lines (``CHUNK_LINES`` each, the last one shorter)."""
+    return [min(CHUNK_LINES, n - start) for start in range(0, n, CHUNK_LINES)]
+
+
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _feistel(x: np.ndarray, keys: np.ndarray, half_bits: int) -> np.ndarray:
+    """A keyed bijection of ``[0, 4**half_bits)`` (uint64 in, uint64 out): a 4-round Feistel network."""
+    mask = np.uint64((1 << half_bits) - 1)
+    shift = np.uint64(half_bits)
+    left, right = x >> shift, x & mask
+    for key in keys:
+        v = right ^ key  # splitmix64's finalizer as the round function
+        v = (v ^ (v >> np.uint64(30))) * _MIX1
+        v = (v ^ (v >> np.uint64(27))) * _MIX2
+        v ^= v >> np.uint64(31)
+        left, right = right, left ^ (v & mask)
+    return (left << shift) | right
+
+
+def permuted_lines(n: int, start: int, stop: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """Entries ``start:stop`` of a permutation of ``range(n)`` seeded by ``(seed, epoch)`` (int64 line indices).
+
+    The permutation is never materialized: each entry is a keyed Feistel bijection over the next power of
+    4 above ``n``, cycle-walked back into ``range(n)``. So a reader holds O(stop - start) memory whatever the
+    list's length (a 10M-line list no longer costs every DataLoader worker a 10M-entry array), and every
+    reader computes the same permutation.
+    """
+    x = np.arange(start, stop, dtype=np.uint64)
+    if not shuffle or n < 2:
+        return x.astype(np.int64)
+    half_bits = max(1, ((n - 1).bit_length() + 1) // 2)
+    keys = np.random.default_rng([seed & 0xFFFFFFFF, epoch]).integers(0, 2**63, size=4, dtype=np.uint64)
+    y = _feistel(x, keys, half_bits)
+    outside = y >= np.uint64(n)
+    while outside.any():  # cycle walking: a bijection of range(n) (at most 3/4 of the domain lies outside)
+        y[outside] = _feistel(y[outside], keys, half_bits)
+        outside = y >= np.uint64(n)
+    return y.astype(np.int64)

@@ -281,6 +281,20 @@ def _looks_like_jsonl(path: str) -> bool:
     return False
 
 
+def _bpe_remedy(message: str) -> str:
+    """What to change after sentencepiece refused ``vocab_size`` (it says which way in its own words)."""
+    import re
+
+    # "Vocabulary size is smaller than required_chars. 12 vs 45." : the text has more distinct characters
+    small = re.search(r"smaller than required_chars\. *(\d+) vs (\d+)", message)
+    if small:
+        return (f"The text has {small.group(2)} distinct characters, each needing a piece: raise ++vocab_size "
+                f"to at least {int(small.group(2)) + 1}.")
+    if "too high" in message or "too large" in message:
+        return "Lower ++vocab_size or add more text."
+    return "Check ++vocab_size against the amount of text (or add more text)."
+
+
 def make_tokenizer(cfg: MakeTokenizerConfig) -> dict:
     """Write the token list (and for bpe the sentencepiece model); return a summary dict."""
     from corpus_io.progress import progress
@@ -340,7 +354,7 @@ def _make_bpe(cfg: MakeTokenizerConfig) -> dict:
         if input_error:
             raise input_error[0] from None
         raise ConfigError(f"sentencepiece could not train on {cfg.input} with vocab_size={cfg.vocab_size}: "
-                          f"{exc}. Lower ++vocab_size or add more text.") from None
+                          f"{exc}. {_bpe_remedy(str(exc))}") from None
     os.replace(f"{model_prefix}.model", model)
     Path(f"{model_prefix}.vocab").unlink(missing_ok=True)
     sp = _load_sentencepiece(str(model))

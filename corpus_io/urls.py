@@ -5,6 +5,14 @@ Everything is opened for sequential reading. Remote URLs go through fsspec
 environment variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_ENDPOINT_URL``). Commands (a Kaldi ``cmd |`` entry or a ``pipe:cmd`` URL)
 run only when the caller passes ``allow_pipe=True``, and never through a shell.
+
+``http(s)://`` is read with one plain GET streamed front to back (no Range requests, so any server
+works, ``python -m http.server`` included); only header probes (``seekable=True``) use fsspec's
+ranged reads. Every network read is bounded in time: ``storage_options["read_timeout"]`` (seconds,
+default :data:`DEFAULT_READ_TIMEOUT`; the loader sets it from ``dataset_conf.read_timeout``) is the
+longest wait for a connection or for the next byte. A stall past it, a refused connection and an HTTP
+5xx are :class:`RemoteReadError` (transient: the loader retries them); only an HTTP 404/410 says
+"does not exist".
 """
 
 from __future__ import annotations
@@ -18,6 +26,17 @@ from typing import IO, Any
 from corpus_io.errors import DataError
 
 REMOTE_SCHEMES = ("http://", "https://", "s3://", "gs://", "oss://")
+
+
+#: seconds without a connection or a byte before a network read fails (dataset_conf.read_timeout)
+DEFAULT_READ_TIMEOUT = 30.0
+TIMEOUT_KEY = "dataset_conf.read_timeout"
+
+
+class RemoteReadError(DataError):
+    """A network read failed in a way a retry may cure (stall, reset, refused, HTTP 5xx)."""
+
+    transient = True
 
 
 class RemoteNotFoundError(DataError):
@@ -39,13 +58,80 @@ def local_path(url: str) -> str:
     return url[len("file://"):] if url.startswith("file://") else url
 
 
+def read_timeout(storage_options: dict | None) -> float:
+    """The per-wait network bound in seconds (``storage_options["read_timeout"]``, else the default)."""
+    value = (storage_options or {}).get("read_timeout")
+    return DEFAULT_READ_TIMEOUT if value is None else float(value)
+
+
 def _storage_options(url: str, storage_options: dict | None) -> dict:
+    """fsspec's options for ``url``, with the read timeout turned into the backend's own settings."""
     opts = dict(storage_options or {})
+    timeout = read_timeout(opts)
+    opts.pop("read_timeout", None)
     if url.startswith("s3://"):
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("S3_ENDPOINT_URL")
         if endpoint and "endpoint_url" not in opts and "client_kwargs" not in opts:
             opts["endpoint_url"] = endpoint
+        config = dict(opts.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", timeout)
+        config.setdefault("read_timeout", timeout)
+        opts["config_kwargs"] = config
+    elif url.startswith(("http://", "https://")):
+        import aiohttp
+
+        client = dict(opts.get("client_kwargs") or {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout))
+        opts["client_kwargs"] = client
     return opts
+
+
+def _stall_message(url: str, timeout: float) -> str:
+    return (f"{url}: no answer from the server for {timeout:g} s (the bound is {TIMEOUT_KEY}={timeout:g} s). "
+            f"Check the server, or raise ++{TIMEOUT_KEY} for a slow one.")
+
+
+class HTTPStream(io.RawIOBase):
+    """The body of one plain GET, read front to back; every wait is bounded by ``timeout`` seconds."""
+
+    def __init__(self, url: str, timeout: float, headers: dict | None = None):
+        import urllib.error
+        import urllib.request
+
+        self.url = url
+        self.timeout = timeout
+        request = urllib.request.Request(url, headers={"User-Agent": "corpus-io", **(headers or {})})
+        try:
+            self._response = urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - http(s) only
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            if exc.code in (404, 410):
+                raise DataError(f"{url} does not exist on the server (HTTP {exc.code}). Check the URL in the "
+                                f"list.") from None
+            error = RemoteReadError if exc.code >= 500 or exc.code in (408, 429) else DataError
+            raise error(f"{url}: the server answered HTTP {exc.code} {exc.reason}.") from None
+        except (TimeoutError, OSError, urllib.error.URLError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):
+                raise RemoteReadError(_stall_message(url, timeout)) from None
+            raise RemoteReadError(f"{url}: cannot connect ({reason}).") from None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        try:
+            return self._response.readinto(b)
+        except TimeoutError:
+            raise RemoteReadError(_stall_message(self.url, self.timeout)) from None
+        except (OSError, ValueError) as exc:  # reset, or http.client.IncompleteRead (a ValueError subclass)
+            raise RemoteReadError(f"{self.url}: the connection broke while reading "
+                                  f"({type(exc).__name__}: {exc}).") from None
+
+    def close(self) -> None:
+        if not self.closed:
+            self._response.close()
+        super().close()
 
 
 def command_argv(url: str) -> list[list[str]]:
@@ -106,21 +192,32 @@ class CommandStream(io.RawIOBase):
 
 
 def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
-             block_size: int = 1 << 20) -> IO[bytes]:
-    """Open ``url`` for sequential binary reading (no whole-file download, no seek required)."""
+             block_size: int = 1 << 20, seekable: bool = False) -> IO[bytes]:
+    """Open ``url`` for sequential binary reading (no whole-file download, no seek required).
+
+    ``seekable=True`` (header probes): a remote file that can seek, through fsspec's ranged reads.
+    """
     if is_command(url):
         if not allow_pipe:
             raise DataError(f"'{url}' is a command. Commands from data lists are off by default; "
                             f"enable them with ++allow_pipe=true (or ++dataset_conf.allow_pipe=true) "
                             f"if you trust the list.")
         return io.BufferedReader(CommandStream(url), buffer_size=block_size)
+    if url.startswith(("http://", "https://")) and not seekable:
+        opts = storage_options or {}
+        return io.BufferedReader(HTTPStream(url, read_timeout(opts), opts.get("headers")), buffer_size=block_size)
     if is_remote(url):
         import fsspec
 
         try:
             fs, path = fsspec.core.url_to_fs(url, **_storage_options(url, storage_options))
             return fs.open(path, "rb", block_size=block_size)
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            cause = exc.__cause__ if url.startswith(("http://", "https://")) else None
+            if cause is not None and getattr(cause, "status", 404) != 404:  # fsspec says "not found" for a 5xx
+                raise RemoteReadError(f"{url}: the server answered HTTP {cause.status}.") from None
+            if isinstance(cause, Exception) and not hasattr(cause, "status"):
+                raise RemoteReadError(f"{url}: cannot read it ({type(cause).__name__}: {cause}).") from None
             raise RemoteNotFoundError(f"{url} does not exist on the server (or the server did not answer "
                                       f"with it).") from None
     try:

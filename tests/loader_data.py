@@ -29,16 +29,22 @@ def fixture_utts(copies: int = 1) -> list[tuple[str, str, str]]:
 
 
 def make_shards(out: Path, *, copies: int = 1, per_shard: int = 4, index: bool = True,
-                utts: list | None = None) -> tuple[Path, list[str]]:
-    """Shards ``out/shard-NNNNNN.tar`` (+ data.list, index.jsonl); returns (data.list, keys)."""
+                utts: list | None = None, sizes: list[int] | None = None) -> tuple[Path, list[str]]:
+    """Shards ``out/shard-NNNNNN.tar`` (+ data.list, index.jsonl); returns (data.list, keys).
+
+    ``sizes``: utterances per shard, one number per shard (uneven shards), instead of ``per_shard``.
+    """
     out.mkdir(parents=True, exist_ok=True)
     utts = utts if utts is not None else fixture_utts(copies)
+    if sizes is None:
+        sizes = [per_shard] * ((len(utts) + per_shard - 1) // per_shard)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
     lines, entries = [], []
-    for s in range(0, len(utts), per_shard):
-        path = out / f"shard-{s // per_shard:06d}.tar"
+    for i, (s, size) in enumerate(zip(starts, sizes)):
+        path = out / f"shard-{i:06d}.tar"
         dur = 0.0
         with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for key, audio, text in utts[s:s + per_shard]:
+            for key, audio, text in utts[s:s + size]:
                 ext = Path(audio).suffix[1:]
                 dur += sf.info(audio).duration
                 for suffix, data in (("txt", text.encode()), (ext, Path(audio).read_bytes()),
@@ -47,11 +53,11 @@ def make_shards(out: Path, *, copies: int = 1, per_shard: int = 4, index: bool =
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
         lines.append(str(path))
-        entries.append({"path": str(path), "num_utts": len(utts[s:s + per_shard]), "duration": round(dur, 3)})
+        entries.append({"path": str(path), "num_utts": len(utts[s:s + size]), "duration": round(dur, 3)})
     (out / "data.list").write_text("".join(x + "\n" for x in lines))
     if index:
         (out / "index.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
-    return out / "data.list", [k for k, _, _ in utts]
+    return out / "data.list", [k for k, _, _ in utts[:sum(sizes)]]
 
 
 def make_raw(out: Path, *, copies: int = 1, wenet: bool = True) -> tuple[Path, list[str]]:

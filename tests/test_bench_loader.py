@@ -16,7 +16,7 @@ from corpus_io.config import BenchLoaderConfig, compose
 from corpus_io.dataset import bench_loader
 from corpus_io.errors import ConfigError, DataError
 from tests.conftest import BIN, REPO, assert_user_error, free_port, run_bounded, run_cli
-from tests.loader_data import env_no_threads, make_shards, token_list
+from tests.loader_data import env_no_threads, fixture_utts, make_shards, token_list
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +165,15 @@ def test_a_state_for_a_later_epoch_than_epochs_is_a_config_error_and_kept(small,
     assert state.is_file()  # not spent by a run that did nothing
     summary = bench(*small, f"++state_file={state}", "++epochs=3")
     assert [row["epoch"] for row in summary["epochs"]] == [2] and not state.exists()
+
+
+def test_weighted_sources_alone_need_no_data_list(corpus, tmp_path):
+    data_list, keys, tokens = corpus
+    other, _ = make_shards(tmp_path / "b", utts=[(f"b-{k}", p, t) for k, p, t in fixture_utts(2)], per_shard=6)
+    sources = f"[{{data_list: {data_list}, weight: 3}}, {{data_list: {other}, weight: 1}}]"
+    result = run_cli("corpus-io", "bench-loader", f"++dataset_conf.sources={sources}", f"++dump_keys={tmp_path / 'k'}",
+                     f"++tokenizer.token_list={tokens}", "++dataset_conf.batch_size=4", env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    got = read_keys(tmp_path / "k" / "keys.rank0.epoch0.txt")
+    assert sorted(k for k in got if k in set(keys)) == sorted(keys)  # the first list (16 per weight) once
+    assert abs(sum(k in set(keys) for k in got) / len(got) - 0.75) <= 0.02

@@ -185,3 +185,19 @@ def test_decode_help_shows_its_own_batch_size_and_filters():
     assert re.search(r"dataset_conf\.filter_conf\.token_min_length\s+= 0 ", out), out
     train = run_cli("corpus-io", "train", "--help").stdout
     assert re.search(r"model\s+= preset conformer_tiny .*conformer_small, conformer_tiny", train), train
+
+
+def test_a_user_yaml_can_use_the_shipped_config_groups(tmp_path):
+    (tmp_path / "my.yaml").write_text("defaults:\n  - dataset_conf: raw\n  - _self_\n"
+                                      "data_list: my.list\ndataset_conf:\n  batch_size: 7\n", encoding="utf-8")
+    cfg = config.compose(config.BenchLoaderConfig, "my.yaml", [], config_path=str(tmp_path))
+    assert cfg.dataset_conf.data_type == "raw" and cfg.dataset_conf.batch_size == 7  # shipped group + own value
+    # a group of the user's own directory comes first
+    (tmp_path / "dataset_conf").mkdir()
+    (tmp_path / "dataset_conf" / "raw.yaml").write_text("data_type: raw\nbatch_size: 3\n", encoding="utf-8")
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - dataset_conf: raw\n  - _self_\ndata_list: my.list\n",
+                                        encoding="utf-8")
+    assert config.compose(config.BenchLoaderConfig, "mine", [], config_path=str(tmp_path)).dataset_conf.batch_size == 3
+    result = run_cli("corpus-io", "bench-loader", "--config-path", str(tmp_path), "--config-name", "my.yaml")
+    assert_user_error(result, "my.list")  # composed; it only fails on the missing list
+    assert "Could not find" not in result.stderr

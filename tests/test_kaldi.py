@@ -94,3 +94,9 @@ def test_feats_scp_reads_kaldi_ark_offsets(tmp_path):
     (line,) = kaldi.iter_table(tmp_path / "feats.scp")
     assert line.key == "utt1" and ".ark:" in line.value
     np.testing.assert_array_equal(kaldi.read_feats(line.value), mat)
+
+
+def test_invalid_utf8_offset_counts_from_the_start_of_the_line(tmp_path):
+    table = write(tmp_path / "text", b"ab \xff\n")  # the bad byte is the line's 4th: offset 3
+    with pytest.raises(DataError, match=r"text:1: invalid UTF-8 at byte 3 of the line"):
+        list(kaldi.iter_table(table))

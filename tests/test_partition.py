@@ -106,3 +106,21 @@ def test_all_ranks_have_data_under_torchrun_is_false_when_any_rank_ran_out(tmp_p
     assert result.returncode == 0, result.stderr
     # each rank writes its own file: stdout of two ranks interleaves
     assert [(tmp_path / f"flags.rank{r}").read_text() for r in (0, 1)] == ["True False", "True False"]
+
+
+def test_a_duration_balanced_split_changes_every_epoch_and_stays_balanced():
+    import random
+
+    rnd = random.Random(5)
+    durations = [rnd.uniform(50.0, 300.0) for _ in range(40)]  # all different: longest-first alone never varies
+    w = unit_weights(len(durations), durations)
+    splits, spreads = set(), []
+    for epoch in range(4):
+        per_rank = [assign(len(durations), s, seed=1, epoch=epoch, shuffle=True, weights=w).units
+                    for s in slots(4, 1)]
+        assert sorted(itertools.chain.from_iterable(per_rank)) == list(range(len(durations)))
+        splits.add(frozenset(frozenset(units) for units in per_rank))
+        loads = [sum(durations[u] for u in units) for units in per_rank]
+        spreads.append((max(loads) - min(loads)) / (sum(loads) / 4))
+    assert len(splits) == 4
+    assert max(spreads) <= 0.02, spreads  # 10 shards per rank: within 2 % of the mean load

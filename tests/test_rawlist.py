@@ -72,3 +72,32 @@ def test_one_million_lines_cost_offsets_not_python_objects(tmp_path):
     assert isinstance(again.offsets.base, np.memmap) or isinstance(again.offsets, np.memmap)
     assert grown < 40 * 1024 * 1024, f"1M lines grew RSS by {grown / 2**20:.0f} MB"
     del lst
+
+
+def test_the_line_permutation_is_computed_chunk_by_chunk_without_holding_it():
+    from corpus_io.rawlist import permuted_lines
+
+    for n in (1, 2, 5, 1000, 12_345):
+        whole = permuted_lines(n, 0, n, seed=7, epoch=1, shuffle=True)
+        assert sorted(whole.tolist()) == list(range(n))  # a permutation: every line exactly once
+        pieces = np.concatenate([permuted_lines(n, a, min(n, a + 333), seed=7, epoch=1, shuffle=True)
+                                 for a in range(0, n, 333)])
+        assert (pieces == whole).all()  # any chunk of it alone, in O(chunk) memory
+    a, b = (permuted_lines(12_345, 0, 12_345, seed=7, epoch=e, shuffle=True) for e in (1, 2))
+    assert (a != b).any() and (a != np.arange(12_345)).sum() > 12_000  # a new, thorough shuffle each epoch
+    assert (permuted_lines(50, 0, 50, seed=7, epoch=1, shuffle=False) == np.arange(50)).all()
+
+
+def test_raw_list_over_two_ranks_and_two_workers_reads_every_line_once_per_epoch(tmp_path):
+    raw, keys = make_raw(tmp_path, copies=3)
+    tok = build_tokenizer(token_list(tmp_path))
+    orders = []
+    for epoch in range(2):
+        got = []
+        for rank in range(2):
+            loader = build_dataloader(str(raw), small_conf(data_type="raw"), tok, train=True, rank=rank, world_size=2)
+            loader.set_epoch(epoch)
+            got.append([k for batch in loader for k in batch["keys"]])
+        assert sorted(got[0] + got[1]) == sorted(keys) and got[0] and got[1]
+        orders.append(got)
+    assert orders[0] != orders[1]

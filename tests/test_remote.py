@@ -7,6 +7,7 @@ import json
 import random
 import socket
 import subprocess
+import sys
 import threading
 import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -194,3 +195,117 @@ def test_s3_endpoint_and_credentials_from_aws_environment(shard_dir, seaweed, mo
     data_list.write_text("s3://corpus/b/shard-000000.tar\ns3://corpus/b/shard-000001.tar\n")
     got, _ = load_keys(data_list, tok, num_workers=1)
     assert sorted(got) == sorted(keys[:8])
+
+
+# --------------------------------------------------------------------------- plain http, stalls, 5xx
+
+
+@pytest.fixture
+def plain_http_server(tmp_path):
+    """``python -m http.server`` (no Range support) over ``tmp_path/www``; yields (base URL, log path)."""
+    from tests.conftest import free_port
+
+    www = tmp_path / "www"
+    www.mkdir()
+    port = free_port()
+    log_path = tmp_path / "http.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                             "--directory", str(www)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"http.server did not start: {log_path.read_text()}")
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}", www, log_path
+    proc.kill()
+    proc.wait()
+    log.close()
+
+
+def test_http_server_without_range_support_serves_each_shard_with_one_get(tmp_path, plain_http_server):
+    base, www, log_path = plain_http_server
+    data_list, keys = make_shards(www, copies=2, per_shard=24)  # 2 shards of ~2 MB: more than one 1 MiB block
+    shards = sorted(p.name for p in www.glob("shard-*.tar"))
+    assert all((www / s).stat().st_size > 1 << 20 for s in shards)
+    tok = build_tokenizer(token_list(tmp_path / "lang"))
+    got, counts = load_keys(remote_list(www, base, "lists"), tok, num_workers=2)
+    assert sorted(got) == sorted(keys) and not counts.get("unreadable shards")
+    requests = [line for line in log_path.read_text().splitlines() if ".tar HTTP" in line]
+    for s in shards:  # read exactly once: one GET per shard, no HEAD, no ranged re-reads
+        assert sum(f"GET /{s} " in line for line in requests) == 1, requests
+    assert not any("HEAD" in line for line in requests), requests
+
+
+class _StallServer:
+    """A TCP server on 127.0.0.1 that accepts and then stalls: before answering (``body=False``) or after
+    the headers and a few bytes of the body (``body=True``)."""
+
+    def __init__(self, body: bool):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.body = body
+        self.conns: list[socket.socket] = []
+        self.accepts = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepts += 1
+            self.conns.append(conn)
+            if self.body:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 1000000\r\n\r\n" + b"\0" * 100)
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.mark.parametrize("body", [False, True], ids=["stalled-server", "stalled-body"])
+def test_stalled_http_read_fails_within_read_timeout_naming_url_bound_and_key(tmp_path, shard_dir, body):
+    out, _, tok = shard_dir
+    server = _StallServer(body)
+    url = f"{server.base}/shard-000000.tar"
+    try:
+        data_list = tmp_path / "stall.list"
+        data_list.write_text(url + "\n")
+        start = time.monotonic()
+        with pytest.raises(DataError) as info:
+            load_keys(data_list, tok, num_workers=0, read_timeout=1.0, retries=2, retry_backoff=0.01)
+        elapsed = time.monotonic() - start
+    finally:
+        server.close()
+    message = str(info.value)
+    assert url in message and "dataset_conf.read_timeout=1 s" in message, message
+    assert "does not exist" not in message and "after 2 attempts" in message, message
+    assert server.accepts == 2  # every attempt went through the retries
+    assert elapsed < 120  # two 1-second stalls, not the 5 minutes per attempt of the old default
+
+
+def test_http_5xx_is_retried_and_never_called_missing(tmp_path, shard_dir, http_base):
+    out, keys, tok = shard_dir
+    FlakyHandler.failures["flaky-000099.tar"] = -10**6  # answers 503 to every request
+    (out / "flaky-000099.tar").write_bytes((out / "shard-000000.tar").read_bytes())
+    data_list = tmp_path / "5xx.list"
+    data_list.write_text(f"{http_base}/flaky-000099.tar\n")
+    with pytest.raises(DataError) as info:
+        load_keys(data_list, tok, num_workers=0, retries=3, retry_backoff=0.01)
+    assert "HTTP 503" in str(info.value) and "does not exist" not in str(info.value), str(info.value)
+    got, counts = load_keys(data_list, tok, num_workers=0, retries=3, retry_backoff=0.01, on_error="skip")
+    assert got == [] and counts["shard retries"] == 2 and counts["unreadable shards"] == 1

@@ -142,3 +142,10 @@ def test_make_tokenizer_empty_jsonl_is_an_error(tmp_path):
     with pytest.raises(DataError, match="train.jsonl has no utterances"):
         make_tokenizer(MakeTokenizerConfig(input=str(src), output=str(tmp_path / "units.txt")))
     assert not (tmp_path / "units.txt").exists()
+
+
+def test_bpe_vocab_below_the_character_count_says_to_raise_vocab_size(tmp_path, fixture_corpus):
+    with pytest.raises(ConfigError) as info:
+        _make(tmp_path, fixture_corpus, "bpe.txt", type="bpe", vocab_size=8)
+    message = str(info.value)
+    assert "raise ++vocab_size" in message and "Lower" not in message, message

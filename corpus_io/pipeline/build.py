@@ -20,12 +20,17 @@ from collections import Counter
 from typing import Any, Iterator
 
 from corpus_io.config import DatasetConf
+from corpus_io.errors import ConfigError
 from corpus_io.partition import Slot, SlotState
 from corpus_io.pipeline.read import ReadOptions, Source, iter_source, mix
 
 
 def read_options(conf: DatasetConf) -> ReadOptions:
-    return ReadOptions(storage_options=dict(conf.storage_options or {}), allow_pipe=conf.allow_pipe,
+    if not conf.read_timeout > 0:
+        raise ConfigError(f"dataset_conf.read_timeout={conf.read_timeout}: the longest wait for a remote read must "
+                          f"be > 0 seconds (default 30), e.g. ++dataset_conf.read_timeout=60.")
+    storage_options = {**(conf.storage_options or {}), "read_timeout": float(conf.read_timeout)}
+    return ReadOptions(storage_options=storage_options, allow_pipe=conf.allow_pipe,
                        max_member_bytes=conf.max_member_bytes, retries=conf.retries,
                        retry_backoff=conf.retry_backoff, on_error=conf.on_error,
                        fields=tuple(conf.fields))
@@ -46,12 +51,27 @@ def sample_seconds(sample: dict) -> float:
     return 0.0
 
 
+def continues_streams(conf: DatasetConf) -> bool:
+    """Epochs continue the streams where the last one stopped instead of starting a new pass: with
+    ``epoch_hours``, and with a weighted mix of ``sources`` (its epoch ends when one source finishes a
+    pass: see :func:`corpus_io.pipeline.read.mix`)."""
+    return bool(conf.epoch_hours) or len(conf.sources) > 1
+
+
 def enter(samples: Iterator[dict], state: SlotState, budget: float | None, stop: list[bool]) -> Iterator[dict]:
-    """Record each sample entering the buffers; end the stream once the epoch_hours budget is spent."""
+    """Record each sample entering the buffers; end the stream once the epoch_hours budget is spent.
+
+    The samples pending at the start (a checkpoint's buffers, or what the last epoch left in them) come
+    back first; they were counted when they first entered, so the budget can only end the stream once
+    all of them are back in the buffers.
+    """
+    owed = set(state.pending)
     for sample in samples:
-        state.enter(sample["__sid__"], sample_seconds(sample))
+        sid = sample["__sid__"]
+        owed.discard(sid)
+        state.enter(sid, sample_seconds(sample))
         yield sample
-        if budget is not None and state.seconds >= budget:
+        if budget is not None and state.seconds >= budget and not owed:
             stop[0] = True
             return
 
@@ -81,13 +101,15 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
 
         generator = torch.Generator().manual_seed(random.Random(tag + ":dither").getrandbits(63))
     shuffle = train and conf.shuffle
-    infinite = bool(conf.epoch_hours)
+    infinite = continues_streams(conf)
+    mark_pass_end = len(sources) > 1 and not conf.epoch_hours  # a mix's epoch ends when a source's pass does
     opts = read_options(conf)
     stop = [False]
 
     # list shuffle -> partition -> open -> tar group | raw read (-> weighted mix)
     streams = [iter_source(i, src, slot, state, opts, counts, seed=seed + 7919 * i,
-                           first_pass=0 if infinite else epoch, shuffle=shuffle, infinite=infinite)
+                           first_pass=0 if infinite else epoch, shuffle=shuffle, infinite=infinite,
+                           mark_pass_end=mark_pass_end)
                for i, src in enumerate(sources)]
     samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state,
                                                        stop=lambda: stop[0])

@@ -18,11 +18,12 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterator
 
 from corpus_io.errors import DataError
 from corpus_io.partition import PASS_STRIDE, Assignment, Slot, SlotState, assign, unit_weights
-from corpus_io.rawlist import CHUNK_LINES, RawList, slot_lines
+from corpus_io.rawlist import CHUNK_LINES, RawList, chunk_sizes, permuted_lines
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +72,24 @@ class ReadOptions:
 
 
 def _is_transient(exc: BaseException) -> bool:
+    """Worth a retry: anything but a DataError that says the bytes themselves are wrong (a corrupt or
+    truncated shard reads the same way twice). Unknown exception types count as transient, so every
+    read failure goes through retries and then on_error."""
     if isinstance(exc, DataError):
         return bool(getattr(exc, "transient", False))
-    if isinstance(exc, (OSError, TimeoutError, ConnectionError)) and not isinstance(exc, FileNotFoundError):
-        return True
-    mod = type(exc).__module__ or ""
-    return mod.startswith(("aiohttp", "botocore", "aiobotocore", "urllib3", "requests"))
+    return not isinstance(exc, FileNotFoundError)
 
 
-def read_shard_unit(url: str, opts: ReadOptions, counts: Counter) -> Iterator[dict]:
-    """The samples of one shard; retries transient failures, then skips-and-counts or fails."""
+def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: int | None = None,
+                    kept: Callable[[int], bool] = lambda pos: True) -> Iterator[dict]:
+    """The samples of one shard; retries transient failures, then skips-and-counts or fails.
+
+    ``expected``: the shard's utterance count from the index; a skipped shard then also counts the
+    utterances it loses (those at or after the break that ``kept`` says this reader would keep).
+    """
     from corpus_io.shards.reader import read_shard
 
     if opts.fields:  # dataset_conf.fields: only these, companion files in lockstep (corpus_io.shards.fields)
-        from functools import partial
-
         from corpus_io.shards.fields import open_shard_fields
 
         read_shard = partial(open_shard_fields, fields=opts.fields)  # type: ignore[assignment]
@@ -102,25 +106,37 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter) -> Iterator[di
                 delivered = sample["__pos__"] + 1
                 yield sample
             return
-        except Exception as exc:  # noqa: BLE001 - classified below
+        except GeneratorExit:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every read failure: retries, then on_error
             if _is_transient(exc) and attempt < max(1, opts.retries):
-                log.warning("shard %s: %s; retrying in %.1f s (attempt %d of %d)", url, exc, delay, attempt,
+                log.warning("shard %s: %s; retrying in %.1f s (attempt %d of %d)", url, _why(exc), delay, attempt,
                             opts.retries)
                 counts["shard retries"] += 1
                 time.sleep(delay)
                 delay *= 2
                 continue
-            if not isinstance(exc, (DataError, OSError, TimeoutError)) and not _is_transient(exc):
-                raise
-            why = str(exc) if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
+            why = _why(exc)
             if opts.on_error == "skip":
-                log.warning("skipping the rest of shard %s after %d utterances: %s", url, delivered, why)
+                lost = "" if expected is None else sum(1 for p in range(delivered, expected) if kept(p))
+                log.warning("skipping the rest of shard %s after %d utterances%s: %s", url, delivered,
+                            f" ({lost} utterances lost)" if lost != "" else "", why)
                 counts["unreadable shards"] += 1
+                if lost:
+                    counts["utterances lost in unreadable shards"] += lost
                 return
+            tries = f" after {attempt} attempts" if attempt > 1 else ""
             if url in why:
-                raise DataError(f"{why} (set dataset_conf.on_error=skip to skip and count broken shards)") from None
-            raise DataError(f"shard {url}: {why}. Check the shard (verify-shards), or set "
+                raise DataError(f"{why}{tries} (set dataset_conf.on_error=skip to skip and count broken "
+                                f"shards)") from None
+            raise DataError(f"shard {url}: {why}{tries}. Check the shard (verify-shards), or set "
                             f"dataset_conf.on_error=skip to skip and count broken shards.") from None
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, DataError):
+        return str(exc).rstrip(".")
+    return f"{type(exc).__name__}: {exc}".rstrip(": ") or type(exc).__name__
 
 
 def read_raw_entry(lst: RawList, i: int, opts: ReadOptions, counts: Counter) -> dict | None:
@@ -136,21 +152,26 @@ def read_raw_entry(lst: RawList, i: int, opts: ReadOptions, counts: Counter) -> 
 
 def _units_of_pass(source: Source, slot: Slot, *, seed: int, pass_: int, shuffle: bool) -> tuple[Assignment, Any]:
     if source.data_type == "raw":
-        lines = slot_lines(source.num_units, slot_index=slot.index, slot_count=slot.count, seed=seed, epoch=pass_,
-                           shuffle=shuffle)
-        n_chunks = (len(lines) + CHUNK_LINES - 1) // CHUNK_LINES
-        return Assignment(list(range(n_chunks))), lines
+        # units are chunks of CHUNK_LINES entries of the list's (seed, pass) permutation, assigned like shards;
+        # a reader computes its chunks' lines when it reaches them (rawlist.permuted_lines)
+        sizes = chunk_sizes(source.num_units)
+        return assign(len(sizes), slot, seed=seed, epoch=pass_, shuffle=shuffle, weights=sizes, what="raw chunks",
+                      warn=False), None
     weights = unit_weights(source.num_units, source.durations, source.num_utts)
     return assign(source.num_units, slot, seed=seed, epoch=pass_, shuffle=shuffle, weights=weights), None
 
 
 def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: ReadOptions, counts: Counter, *,
-                seed: int, first_pass: int, shuffle: bool, infinite: bool) -> Iterator[dict]:
-    """Samples of one source for one slot, passes ``first_pass``, ``first_pass + 1``, ... (one unless infinite)."""
+                seed: int, first_pass: int, shuffle: bool, infinite: bool,
+                mark_pass_end: bool = False) -> Iterator[dict | None]:
+    """Samples of one source for one slot, passes ``first_pass``, ``first_pass + 1``, ... (one unless infinite).
+
+    ``mark_pass_end``: yield ``None`` after each completed pass (:func:`mix` ends its epoch there).
+    """
     start = state.start_unit(src)
     pass_ = first_pass if start is None else max(first_pass, start // PASS_STRIDE)
     while True:
-        assignment, lines = _units_of_pass(source, slot, seed=seed, pass_=pass_, shuffle=shuffle)
+        assignment, _ = _units_of_pass(source, slot, seed=seed, pass_=pass_, shuffle=shuffle)
         if infinite and not assignment.units:
             return  # this slot gets nothing from this source, in any pass
         taken_before = state.taken.get(src, 0)
@@ -159,8 +180,12 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
             if start is not None and uid < start:
                 continue
             if source.data_type == "raw":
-                chunk = lines[unit * CHUNK_LINES:(unit + 1) * CHUNK_LINES]
+                chunk = permuted_lines(source.num_units, unit * CHUNK_LINES,
+                                       min(source.num_units, (unit + 1) * CHUNK_LINES), seed=seed, epoch=pass_,
+                                       shuffle=shuffle)
                 for pos, line in enumerate(chunk):
+                    if not assignment.keeps(ordinal, pos):
+                        continue
                     sid = (src, uid, pos)
                     if state.already_done(sid):
                         counts["resume.reread"] += 1
@@ -171,7 +196,9 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
                         yield sample
                 continue
             url = source.urls[unit]
-            for sample in read_shard_unit(url, opts, counts):
+            expected = source.num_utts[unit] if source.num_utts and source.num_utts[unit] else None
+            for sample in read_shard_unit(url, opts, counts, expected=expected,
+                                          kept=partial(assignment.keeps, ordinal)):
                 pos = sample["__pos__"]
                 if not assignment.keeps(ordinal, pos):
                     continue
@@ -183,6 +210,11 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
                 yield sample
         if not infinite:
             return
+        pass_end = ((pass_ + 1) * PASS_STRIDE, -1)  # a cursor before the next pass's first sample
+        if mark_pass_end and state.cursor.get(src, (-1, -1)) < pass_end:
+            # first time this pass ends (not a re-read for samples still pending from it): mark it done
+            state.cursor[src] = pass_end
+            yield None
         if state.taken.get(src, 0) == taken_before and (start is None or start < pass_ * PASS_STRIDE):
             # a whole pass put nothing into the buffers (all unreadable, filtered, or strided away): every
             # later pass would be the same, so end this stream instead of re-reading it forever
@@ -193,12 +225,16 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
         pass_ += 1
 
 
-def mix(streams: list[Iterator[dict]], weights: list[float], state: SlotState,
+def mix(streams: list[Iterator[dict | None]], weights: list[float], state: SlotState,
         stop: Callable[[], bool] = lambda: False) -> Iterator[dict]:
     """Interleave ``streams`` by weight, deterministically: next is the one furthest below its share.
 
     The shares count samples that entered the buffers (``state.taken``), so the mix resumes from a
-    checkpoint. An exhausted stream leaves the mix; the others go on.
+    checkpoint; a pending sample of the checkpoint coming back is not counted twice. A ``None`` from a
+    stream (the end of its pass, see ``iter_source(mark_pass_end=True)``) ends the mix: the epoch of a
+    weighted mix ends when the source with the least data per weight has been read once, and the next
+    epoch continues every stream where it stopped, so the shares follow the weights in every epoch. A
+    stream that simply ends leaves the mix; the others go on.
     """
     live = {i: s for i, s in enumerate(streams) if weights[i] > 0}
     picked = Counter({i: state.taken.get(i, 0) for i in live})
@@ -209,5 +245,8 @@ def mix(streams: list[Iterator[dict]], weights: list[float], state: SlotState,
         except StopIteration:
             del live[i]
             continue
-        picked[i] += 1
+        if sample is None:
+            return
+        if sample["__sid__"] not in state.pending:
+            picked[i] += 1
         yield sample

@@ -333,8 +333,8 @@ class Trainer:
         random.seed(tc.seed + ctx.rank)
         torch.manual_seed(tc.seed + ctx.rank)
 
-        self.train_loader = build_dataloader(cfg.train_data_set_list, cfg.dataset_conf, self.tokenizer, train=True,
-                                             rank=ctx.rank, world_size=ctx.world_size)
+        self.train_loader = build_dataloader(cfg.train_data_set_list or None, cfg.dataset_conf, self.tokenizer,
+                                             train=True, rank=ctx.rank, world_size=ctx.world_size)
         self.cv_loader = None
         if cfg.valid_data_set_list:
             self.cv_loader = build_dataloader(cfg.valid_data_set_list, eval_dataset_conf(cfg.dataset_conf),
@@ -636,6 +636,10 @@ class Trainer:
                     counts[k] = counts.get(k, 0) + v
             unused = ", ".join(f"rank {i}: {r['unused_batches']} batches / {r['unused_utts']} utts"
                                for i, r in enumerate(per_rank))
+            unused_utts = sum(r["unused_utts"] for r in per_rank)
+            # share of what the ranks read this epoch (trained + left unused); the split differs every epoch,
+            # so what is left unused differs too
+            unused_share = unused_utts / max(unused_utts + sum(r["utts"] for r in per_rank), 1)
             max_wall = max(r["wall"] for r in per_rank)
             skip = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
             since = " since the resume" if self.resumed_mid_epoch else ""
@@ -646,13 +650,15 @@ class Trainer:
                      f": {self.step_in_epoch} steps, {int(utts)} utts trained{since} on {self.ctx.world_size} ranks "
                      f"({', '.join(str(r['utts']) for r in per_rank)} per rank), train loss {loss:.3f}, "
                      f"{audio / 3600:.3f} h audio in {max_wall:.1f}s = {audio / max_wall:.1f} audio_s/s, "
-                     f"data_wait {100 * wait / max(total, 1e-9):.1f}%; left unused when the epoch ended: {unused}; "
+                     f"data_wait {100 * wait / max(total, 1e-9):.1f}%; left unused when the epoch ended: {unused} "
+                     f"(unused share {100 * unused_share:.1f}% of the epoch); "
                      f"loader skips/filters: {skip}", all_ranks=False)
             if self.writer is not None:
                 self.writer.add_scalar("epoch/train_loss", loss, self.epoch)
                 self.writer.add_scalar("epoch/audio_seconds_per_second", audio / max_wall, self.epoch)
                 self.writer.add_scalar("epoch/data_wait_share", wait / max(total, 1e-9), self.epoch)
-                self.writer.add_scalar("epoch/unused_utts", sum(r["unused_utts"] for r in per_rank), self.epoch)
+                self.writer.add_scalar("epoch/unused_utts", unused_utts, self.epoch)
+                self.writer.add_scalar("epoch/unused_share", unused_share, self.epoch)
         acc = m.acc
         return {"loss": loss, "acc": acc}
 
@@ -713,7 +719,9 @@ def train(cfg: Any) -> None:
     """``corpus-io train``: one process, or one per rank under torchrun (env://)."""
     from corpus_io.config import require
 
-    require(cfg, "train_data_set_list", "output_dir")
+    require(cfg, "output_dir")
+    if not cfg.dataset_conf.sources:  # a weighted mix names its own lists
+        require(cfg, "train_data_set_list")
     ctx = init_distributed(cfg.train_conf.device, cfg.train_conf.timeout_s)
     try:
         Trainer(cfg, ctx).run()

@@ -117,3 +117,48 @@ def test_training_without_the_metric_to_average_by_still_succeeds_and_says_so(co
     assert result.returncode == 0, result.stderr[-3000:]
     assert "not averaging: no epoch recorded a 'acc'" in result.stderr and "++metric=loss" in result.stderr
     assert (tmp_path / "exp" / "model.pt.ep0").is_file() and not list((tmp_path / "exp").glob("model.pt.avg*"))
+
+
+def test_four_ranks_uneven_shards_split_differently_each_epoch_so_every_key_is_trained(tmp_path):
+    from tests.loader_data import fixture_utts, token_list
+
+    # 10 uneven shards (2..12 utterances) over 4 ranks, 4 epochs
+    shards, keys = make_shards(tmp_path / "shards", utts=fixture_utts(3), sizes=[2, 3, 4, 5, 6, 7, 8, 9, 10, 12])
+    corpus = {"shards": shards, "tokens": token_list(tmp_path).token_list}
+    out = tmp_path / "exp"
+    result = run_train(torchrun_cmd(out, corpus, "++train_conf.max_epoch=4", "++train_conf.dump_trained_keys=true",
+                                    "++model.num_blocks=1", nproc=4), timeout=540)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    log = (out / "train.log").read_text(encoding="utf-8")
+    shares = [float(x) for x in re.findall(r"unused share ([0-9.]+)% of the epoch", log)]
+    assert len(shares) == 4, log  # reported every epoch
+    trained, unused = keys_by_epoch(out, "trained_keys"), keys_by_epoch(out, "unused_keys")
+    for epoch in map(str, range(4)):
+        seen = [k for (e, k) in trained if e == epoch] + [k for (e, k) in unused if e == epoch]
+        assert sorted(seen) == sorted(keys), f"epoch {epoch}: trained + unused != the corpus"
+    assert {k for (_, k) in trained} == set(keys)  # every key trained at least once over the 4 epochs
+    # what each rank read (trained or left unused) changes from epoch to epoch: the split is not fixed
+    read = {}
+    for r in range(4):
+        for name in ("trained_keys", "unused_keys"):
+            path = out / f"{name}.rank{r}.txt"
+            for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+                epoch, key = line.split(" ", 1)
+                read.setdefault(epoch, [set() for _ in range(4)])[r].add(key)
+    splits = {tuple(frozenset(s) for s in read[e]) for e in map(str, range(4))}
+    assert len(splits) > 1, "every epoch gave every rank the same utterances"
+
+
+def test_train_on_weighted_sources_without_train_data_set_list(corpus, tmp_path):
+    from tests.train.conftest import BIN
+
+    out = tmp_path / "exp"
+    sources = (f"[{{data_list: {corpus['shards']}, weight: 1}}, "
+               f"{{data_list: {corpus['raw']}, weight: 1, data_type: raw}}]")
+    cmd = [str(BIN / "corpus-io"), "train", f"++output_dir={out}", f"++tokenizer.token_list={corpus['tokens']}",
+           f"++dataset_conf.sources={sources}", *[a for a in torchrun_cmd(out, corpus)[7:] if "dataset_conf" in a
+                                                  and "train_data_set_list" not in a],
+           "++train_conf.max_epoch=1", "++model.num_blocks=1"]
+    result = run_train(cmd)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert "epoch 0 done" in (out / "train.log").read_text(encoding="utf-8")
