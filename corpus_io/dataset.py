@@ -33,6 +33,7 @@ from corpus_io.errors import ConfigError, CorpusIOError, DataError
 from corpus_io.files import read_json_object
 from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info
 from corpus_io.pipeline.build import build_pipeline, continues_streams
+from corpus_io.pipeline.elastic import Resplit, resplit, same_topology
 from corpus_io.pipeline.read import Source
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,8 @@ class CorpusDataset(IterableDataset):
             # cost default_convert a recursive walk per batch), and pickling the pending set is ~8x cheaper
             # than sorting it into JSON per batch; turned into the JSON-able dict only when state_dict() is
             # asked for (see _parsed)
-            snapshot = (state.epoch, state.cursor, state.pending, state.taken, state.seconds, state.finished)
+            snapshot = (state.epoch, state.cursor, state.pending, state.taken, state.seconds, state.finished,
+                        state.plans)
             return {"__worker__": worker, "__state__": pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL),
                     "__counts__": json.dumps(delta) if delta else "{}", "__final__": final}
 
@@ -199,17 +201,9 @@ class CorpusLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next iteration of ``state['epoch']`` yields exactly what was not yet consumed."""
-        if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"loader state version {state.get('version')} is not {STATE_VERSION}; it was "
-                              f"written by another corpus-io version. Start the epoch afresh (drop the state).")
-        mine = {"world_size": self.world_size, "num_workers": self.num_workers, "seed": self.conf.seed,
-                "data_lists": [s.data_list for s in self.dataset.sources]}
-        for key, value in mine.items():
-            if state.get(key) != value:
-                raise ConfigError(f"the loader state was saved with {key}={state.get(key)}, but this run has "
-                                  f"{key}={value}. An exact resume needs the same world size, "
-                                  f"dataset_conf.num_workers, seed and data lists; restore them, or start "
-                                  f"the epoch afresh without the state.")
+        self._check_state(state, ("world_size", "num_workers", "seed", "data_lists"),
+                          "One rank's state resumes the same world size, dataset_conf.num_workers, seed and "
+                          "data lists (load_rank_states re-splits every rank's states over another topology)")
         if state.get("rank") != self.rank:
             raise ConfigError(f"the loader state belongs to rank {state.get('rank')}, but this is rank "
                               f"{self.rank}. Save and load one state per rank.")
@@ -218,6 +212,46 @@ class CorpusLoader:
         self._snapshots = dict(self._resume)
         self._batches = int(state.get("batches", 0))
         self._counts = Counter(state.get("counts", {}))
+
+    def load_rank_states(self, states: list[dict]) -> Resplit | None:
+        """Resume from every rank's ``state_dict()`` of one checkpoint, on any world size and worker count.
+
+        The same topology loads this rank's own state (the exact resume above); another one re-splits the
+        rest of the epoch over this run's ranks x workers (corpus_io.pipeline.elastic) and returns what it
+        did, for the log. Every rank computes the same re-split.
+        """
+        if not states:
+            raise ConfigError("no loader states to resume from: the checkpoint holds none. Start the epoch afresh.")
+        if same_topology(states, self.world_size, self.num_workers):
+            self.load_state_dict(next(s for s in states if s.get("rank") == self.rank))
+            return None
+        for state in states:
+            self._check_state(state, ("seed", "data_lists"), "An elastic resume (another world size or worker "
+                              "count) still needs the same seed and data lists")
+        plan = resplit(self.dataset.sources, self.conf, states, world_size=self.world_size,
+                       num_workers=max(1, self.num_workers), train=self.dataset.train)
+        self.epoch = int(states[0]["epoch"])
+        base = self.rank * max(1, self.num_workers)
+        self._resume = {w: plan.states[base + w].to_dict() for w in range(max(1, self.num_workers))}
+        self._snapshots = dict(self._resume)
+        self._batches = max(int(s.get("batches", 0)) for s in states)
+        self._counts = Counter()
+        if self.rank == 0:  # the old ranks' skip counts, once
+            for state in states:
+                self._counts.update(state.get("counts", {}))
+        return plan
+
+    def _check_state(self, state: dict, keys: tuple, need: str) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"loader state version {state.get('version')} is not {STATE_VERSION}; it was "
+                              f"written by another corpus-io version. Start the epoch afresh (drop the state).")
+        mine = {"world_size": self.world_size, "num_workers": self.num_workers, "seed": self.conf.seed,
+                "data_lists": [s.data_list for s in self.dataset.sources]}
+        for key in keys:
+            if state.get(key) != mine[key]:
+                raise ConfigError(f"the loader state was saved with {key}={state.get(key)}, but this run has "
+                                  f"{key}={mine[key]}. {need}; restore them, or start the epoch afresh without "
+                                  f"the state.")
 
     def __len__(self) -> int:
         raise TypeError("a streaming loader has no length; iterate it (the trainer stops ranks together with "

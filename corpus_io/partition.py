@@ -180,6 +180,51 @@ def assign(n_units: int, slot: Slot, *, seed: int, epoch: int, shuffle: bool,
     return Assignment(balance(per_rank, w, slot.num_workers, rng)[slot.worker])
 
 
+#: ``Piece.after`` at or above this: no positions after the extras (a piece of pending samples only)
+NO_MORE = PASS_STRIDE
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What a slot reads of one unit: the unit, its stride filter, and which positions.
+
+    A regular unit is read whole (``after`` = -1). After an elastic re-split (see
+    corpus_io.pipeline.elastic) a piece is the rest of a unit the checkpointed run had opened: the
+    positions after ``after`` plus ``extra`` (samples that were pending in the buffers).
+    ``pass_`` is the pass the unit belongs to (a raw chunk's lines depend on it).
+    """
+
+    unit: int
+    pass_: int
+    ordinal: int = 0
+    stride: int = 0
+    offset: int = 0
+    after: int = -1
+    extra: frozenset = frozenset()
+
+    def in_stride(self, position: int) -> bool:
+        return self.stride == 0 or (self.ordinal + position) % self.stride == self.offset
+
+    def keeps(self, position: int) -> bool:
+        return self.in_stride(position) and (position > self.after or position in self.extra)
+
+    def done_after(self, position: int) -> bool:
+        """Nothing at or after ``position`` is kept (stop reading the unit early)."""
+        return self.after >= NO_MORE and all(e < position for e in self.extra)
+
+    def to_list(self) -> list:
+        return [self.unit, self.pass_, self.ordinal, self.stride, self.offset, self.after, sorted(self.extra)]
+
+    @classmethod
+    def from_list(cls, v: Sequence) -> Piece:
+        return cls(int(v[0]), int(v[1]), int(v[2]), int(v[3]), int(v[4]), int(v[5]), frozenset(int(e) for e in v[6]))
+
+
+def pieces_of(assignment: Assignment, pass_: int) -> list[Piece]:
+    """A regular assignment as whole-unit pieces."""
+    return [Piece(u, pass_, k, assignment.stride, assignment.offset) for k, u in enumerate(assignment.units)]
+
+
 # --------------------------------------------------------------------------- resumable state
 
 
@@ -190,7 +235,9 @@ class SlotState:
     ``cursor[src]`` = ``(unit, position)`` of the last sample of source ``src`` that entered the
     buffers; ``pending`` = samples that entered but were not yet emitted, each with its seconds of
     audio; ``taken[src]`` = samples of ``src`` that entered (weighted interleaving); ``seconds`` =
-    audio that entered this epoch (``epoch_hours``), pending samples included.
+    audio that entered this epoch (``epoch_hours``), pending samples included. ``plans[src]`` =
+    ``(pass, pieces)``: after an elastic re-split, the explicit pieces this slot reads in that pass
+    instead of its regular assignment (unit ids of that pass are ordinals in ``pieces``).
     """
 
     epoch: int = 0
@@ -199,17 +246,18 @@ class SlotState:
     taken: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
     finished: bool = False
+    plans: dict[int, tuple[int, list[Piece]]] = field(default_factory=dict)
 
     def enter(self, sid: tuple[int, int, int], seconds: float) -> bool:
         """``sid`` entered the buffers; False for a pending sample of the checkpoint coming back (a resumed
-        or continued reader re-enters those: they are already pending and counted, and the cursor never
-        moves back)."""
+        or continued reader re-enters those: they are already pending and counted). The cursor never moves
+        back; it moves past a pending sample only after an elastic re-split, whose plan puts them ahead."""
         src, unit, pos = sid
-        if sid in self.pending:
-            return False
         cur = self.cursor.get(src)
         if cur is None or (unit, pos) > cur:
             self.cursor[src] = (unit, pos)
+        if sid in self.pending:
+            return False
         self.pending[sid] = seconds
         self.taken[src] = self.taken.get(src, 0) + 1
         self.seconds += seconds
@@ -236,14 +284,17 @@ class SlotState:
         still pending (in the buffers, not trained: the trainer stopped early) come back first and count
         towards the new epoch's audio."""
         return SlotState(epoch, dict(self.cursor), dict(self.pending), dict(self.taken),
-                         sum(self.pending.values()), False)
+                         sum(self.pending.values()), False, dict(self.plans))
 
     def to_dict(self) -> dict:
-        return {"epoch": self.epoch,
-                "cursor": {str(s): list(c) for s, c in self.cursor.items()},
-                "pending": sorted([*sid, sec] for sid, sec in self.pending.items()),
-                "taken": {str(s): n for s, n in self.taken.items()},
-                "seconds": self.seconds, "finished": self.finished}
+        out = {"epoch": self.epoch,
+               "cursor": {str(s): list(c) for s, c in self.cursor.items()},
+               "pending": sorted([*sid, sec] for sid, sec in self.pending.items()),
+               "taken": {str(s): n for s, n in self.taken.items()},
+               "seconds": self.seconds, "finished": self.finished}
+        if self.plans:  # only after an elastic re-split: a regular state stays as small as before
+            out["plans"] = {str(s): [p, [piece.to_list() for piece in pieces]] for s, (p, pieces) in self.plans.items()}
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> SlotState:
@@ -252,11 +303,13 @@ class SlotState:
                    pending={(int(p[0]), int(p[1]), int(p[2])): float(p[3]) if len(p) > 3 else 0.0
                             for p in d.get("pending", [])},
                    taken={int(s): int(n) for s, n in d.get("taken", {}).items()},
-                   seconds=float(d.get("seconds", 0.0)), finished=bool(d.get("finished", False)))
+                   seconds=float(d.get("seconds", 0.0)), finished=bool(d.get("finished", False)),
+                   plans={int(s): (int(v[0]), [Piece.from_list(x) for x in v[1]])
+                          for s, v in d.get("plans", {}).items()})
 
     def copy(self) -> SlotState:
         return SlotState(self.epoch, dict(self.cursor), dict(self.pending), dict(self.taken), self.seconds,
-                         self.finished)
+                         self.finished, dict(self.plans))
 
 
 # --------------------------------------------------------------------------- DDP
