@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from corpus_io.errors import DataError
 from corpus_io.partition import PASS_STRIDE, Assignment, Piece, Slot, SlotState, assign, pieces_of, unit_weights
@@ -210,6 +210,10 @@ def read_piece(source: Source, piece: Piece, opts: ReadOptions, counts: Counter,
             yield sample["__pos__"], sample
 
 
+def _done(state: SlotState, src: int, uid: int, pos: int) -> bool:
+    return state.already_done((src, uid, pos))
+
+
 def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: ReadOptions, counts: Counter, *,
                 seed: int, first_pass: int, shuffle: bool, infinite: bool,
                 mark_pass_end: bool = False) -> Iterator[dict | None]:
@@ -230,7 +234,7 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
             if start is not None and uid < start:
                 continue
             for pos, sample in read_piece(source, piece, opts, counts, seed=seed, shuffle=shuffle,
-                                          done=lambda pos: state.already_done((src, uid, pos))):
+                                          done=partial(_done, state, src, uid)):
                 sample["__sid__"] = (src, uid, pos)
                 yield sample
         if not infinite:
