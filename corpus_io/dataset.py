@@ -348,22 +348,26 @@ def bench_loader(cfg: Any) -> dict:
         state_path = Path(cfg.state_file.replace("{rank}", str(rank)))
         if world_size > 1 and "{rank}" not in cfg.state_file:
             state_path = state_path.with_name(f"{state_path.name}.rank{rank}")
-    saved_state = None
-    if state_path is not None and not cfg.save_state_after and state_path.is_file():
-        saved_state = _read_loader_state(state_path)
-        if int(saved_state["epoch"]) >= cfg.epochs:
-            raise ConfigError(f"the loader state {state_path} is in epoch {saved_state['epoch']}, but epochs="
-                              f"{cfg.epochs} ends before it, so there is nothing to resume. Raise ++epochs above "
-                              f"{saved_state['epoch']}, or delete {state_path} to start afresh.")
+    saved_states: list[dict] = []
+    saved_paths: list[Path] = []
+    if state_path is not None and not cfg.save_state_after:
+        # every rank's state of the last save, whatever world size saved it (an elastic resume re-splits them)
+        saved_paths, saved_states = _read_checkpoint_states(cfg.state_file)
+        if saved_states and int(saved_states[0]["epoch"]) >= cfg.epochs:
+            raise ConfigError(f"the loader state {saved_paths[0]} is in epoch {saved_states[0]['epoch']}, but "
+                              f"epochs={cfg.epochs} ends before it, so there is nothing to resume. Raise ++epochs "
+                              f"above {saved_states[0]['epoch']}, or delete {saved_paths[0]} to start afresh.")
     data_list = None if cfg.data_list in ("???", "") else cfg.data_list
     loader = build_dataloader(data_list, cfg.dataset_conf, tokenizer, train=cfg.train, rank=rank,
                               world_size=world_size)
     resumed_epoch = None
-    if saved_state is not None:
-        loader.load_state_dict(saved_state)
+    if saved_states:
+        plan = loader.load_rank_states(saved_states)
         resumed_epoch = loader.epoch
-        print(f"rank {rank}: resuming epoch {loader.epoch} after {loader.state_dict()['batches']} batches",
+        how = f" ({plan.describe()})" if plan is not None else ""
+        print(f"rank {rank}: resuming epoch {loader.epoch} after {loader.state_dict()['batches']} batches{how}",
               flush=True)
+        _barrier()  # every rank has read the states before any removes them
     dump = Path(cfg.dump_keys) if cfg.dump_keys else None
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
@@ -414,9 +418,48 @@ def bench_loader(cfg: Any) -> dict:
         print(f"epoch {epoch} rank {rank}: {utts} utterances, {batches} batches, {seconds:.1f} s of audio in "
               f"{elapsed:.2f} s: {row['utts_per_s']:.1f} utt/s, {row['audio_s_per_s']:.1f} audio-s/s, "
               f"padding {100 * row['padding_ratio']:.1f}%, dropped: {dropped}", flush=True)
-    if state_path is not None and not cfg.save_state_after and state_path.is_file():
-        state_path.unlink()  # the resumed run finished: the state is spent
+    if state_path is not None and not cfg.save_state_after:
+        # the resumed run finished: the states are spent (rank 0 also removes those of ranks this run lacks)
+        for path in {state_path, *(saved_paths if rank == 0 else [])}:
+            path.unlink(missing_ok=True)
     return summary
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _checkpoint_state_paths(state_file: str) -> list[Any]:
+    """Every file a save to ``state_file`` may have written: the file itself (one rank), ``<file>.rank{R}``,
+    or ``state_file`` with ``{rank}`` filled in."""
+    from pathlib import Path
+
+    if "{rank}" in state_file:
+        pattern = Path(state_file.replace("{rank}", "*"))
+        return sorted(pattern.parent.glob(pattern.name))
+    path = Path(state_file)
+    return sorted(p for p in [path, *path.parent.glob(path.name + ".rank*")] if p.is_file())
+
+
+def _read_checkpoint_states(state_file: str) -> tuple[list[Any], list[dict]]:
+    """The states of the last save (the world size of the newest file), every rank of it, in rank order."""
+    paths = _checkpoint_state_paths(state_file)
+    if not paths:
+        return [], []
+    states = {p: _read_loader_state(p) for p in paths}
+    newest = max(paths, key=lambda p: p.stat().st_mtime_ns)
+    world = int(states[newest].get("world_size", 1))
+    mine = {int(st.get("rank", 0)): p for p, st in states.items() if int(st.get("world_size", 1)) == world}
+    missing = [r for r in range(world) if r not in mine]
+    if missing:
+        raise ConfigError(f"the loader state {newest} was saved by {world} ranks, but the states of rank(s) "
+                          f"{', '.join(map(str, missing))} are missing next to it. Resume needs every rank's state of "
+                          f"one save: restore them, or delete {newest} and its siblings to start afresh.")
+    ordered = [mine[r] for r in range(world)]
+    return ordered, [states[p] for p in ordered]
 
 
 def _check_bench_config(cfg: Any) -> None:
