@@ -414,10 +414,12 @@ def bench_loader(cfg: Any) -> dict:
                "audio_s_per_s": seconds / elapsed if elapsed else 0.0,
                "padding_ratio": (padded - real) / padded if padded else 0.0, "dropped": counts}
         summary["epochs"].append(row)
-        dropped = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+        reread = counts.get("resume.reread", 0)  # read again to reach the checkpoint's position: not a drop
+        dropped = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "resume.reread") or "none"
         print(f"epoch {epoch} rank {rank}: {utts} utterances, {batches} batches, {seconds:.1f} s of audio in "
               f"{elapsed:.2f} s: {row['utts_per_s']:.1f} utt/s, {row['audio_s_per_s']:.1f} audio-s/s, "
-              f"padding {100 * row['padding_ratio']:.1f}%, dropped: {dropped}", flush=True)
+              f"padding {100 * row['padding_ratio']:.1f}%, dropped: {dropped}"
+              + (f"; re-read after the resume: {reread} utterances" if epoch == resumed_epoch else ""), flush=True)
     if state_path is not None and not cfg.save_state_after:
         # the resumed run finished: the states are spent (rank 0 also removes those of ranks this run lacks)
         for path in {state_path, *(saved_paths if rank == 0 else [])}:

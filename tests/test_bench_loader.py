@@ -200,3 +200,16 @@ def test_weighted_sources_alone_need_no_data_list(corpus, tmp_path):
     got = read_keys(tmp_path / "k" / "keys.rank0.epoch0.txt")
     assert sorted(k for k in got if k in set(keys)) == sorted(keys)  # the first list (16 per weight) once
     assert abs(sum(k in set(keys) for k in got) / len(got) - 0.75) <= 0.02
+
+
+def test_a_resumed_shard_epoch_reports_what_it_read_again(small, tmp_path):
+    data_list, tokens = small
+    state = tmp_path / "state.json"
+    args = ("corpus-io", "bench-loader", f"++data_list={data_list}", f"++tokenizer.token_list={tokens}",
+            "++dataset_conf.batch_size=8", f"++state_file={state}")
+    assert run_cli(*args, "++save_state_after=1").returncode == 0
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    reread = re.search(r"re-read after the resume: (\d+) utterances", result.stdout)
+    assert reread and int(reread.group(1)) > 0, result.stdout  # the open shard is read again up to the position
+    assert "resume.reread" not in result.stdout  # not reported as dropped

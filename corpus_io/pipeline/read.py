@@ -6,9 +6,10 @@ is the utterance's index inside the shard (or raw chunk). Resumed readers start 
 ``state.start_unit(src)`` and drop samples ``state.already_done`` says were emitted, before any
 decoding.
 
-Remote shards are streamed sequentially (no seek). A transient failure (connection, timeout)
-re-opens the shard after a backoff (``retries``, ``retry_backoff`` doubling) and skips the
-utterances already delivered; a corrupt shard, or one still failing, is skipped and counted
+Remote shards are streamed sequentially (no seek). Any read failure but a corrupt shard (connection,
+stall past ``read_timeout``, HTTP 5xx, an exception of any other type) re-opens the shard after a
+backoff (``retries``, ``retry_backoff`` doubling) and skips the utterances already delivered; a
+corrupt shard, or one still failing, is skipped and counted with the utterances it lost
 (``on_error=skip``) or raised as a DataError naming the shard (``on_error=fail``).
 """
 
@@ -110,13 +111,13 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: i
             raise
         except Exception as exc:  # noqa: BLE001 - every read failure: retries, then on_error
             if _is_transient(exc) and attempt < max(1, opts.retries):
-                log.warning("shard %s: %s; retrying in %.1f s (attempt %d of %d)", url, _why(exc), delay, attempt,
+                log.warning("shard %s: %s; retrying in %.1f s (attempt %d of %d)", url, _why(exc, opts), delay, attempt,
                             opts.retries)
                 counts["shard retries"] += 1
                 time.sleep(delay)
                 delay *= 2
                 continue
-            why = _why(exc)
+            why = _why(exc, opts)
             if opts.on_error == "skip":
                 lost = "" if expected is None else sum(1 for p in range(delivered, expected) if kept(p))
                 log.warning("skipping the rest of shard %s after %d utterances%s: %s", url, delivered,
@@ -133,10 +134,15 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: i
                             f"dataset_conf.on_error=skip to skip and count broken shards.") from None
 
 
-def _why(exc: BaseException) -> str:
+def _why(exc: BaseException, opts: ReadOptions) -> str:
     if isinstance(exc, DataError):
         return str(exc).rstrip(".")
-    return f"{type(exc).__name__}: {exc}".rstrip(": ") or type(exc).__name__
+    why = f"{type(exc).__name__}: {exc}".rstrip(": ") or type(exc).__name__
+    if "timeout" in type(exc).__name__.lower():  # s3fs/botocore's own timeouts: name the bound that set them
+        from corpus_io.urls import TIMEOUT_KEY, read_timeout
+
+        why += f" (the bound is {TIMEOUT_KEY}={read_timeout(opts.storage_options):g} s)"
+    return why
 
 
 def read_raw_entry(lst: RawList, i: int, opts: ReadOptions, counts: Counter) -> dict | None:

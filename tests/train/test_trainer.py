@@ -126,8 +126,10 @@ def test_four_ranks_uneven_shards_split_differently_each_epoch_so_every_key_is_t
     shards, keys = make_shards(tmp_path / "shards", utts=fixture_utts(3), sizes=[2, 3, 4, 5, 6, 7, 8, 9, 10, 12])
     corpus = {"shards": shards, "tokens": token_list(tmp_path).token_list}
     out = tmp_path / "exp"
+    # WeNet's buffer sizes: a rank's whole share sits in one sort block, its longest utterances last
     result = run_train(torchrun_cmd(out, corpus, "++train_conf.max_epoch=4", "++train_conf.dump_trained_keys=true",
-                                    "++model.num_blocks=1", nproc=4), timeout=540)
+                                    "++model.num_blocks=1", "++dataset_conf.shuffle_conf.shuffle_size=1500",
+                                    "++dataset_conf.sort_conf.sort_size=500", nproc=4), timeout=540)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     log = (out / "train.log").read_text(encoding="utf-8")
     shares = [float(x) for x in re.findall(r"unused share ([0-9.]+)% of the epoch", log)]
