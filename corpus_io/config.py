@@ -163,6 +163,8 @@ class DatasetConf:
     max_batch_size: int = opt(200, "cap on utterances per batch for length/token batching", unit="utterances")
     num_workers: int = opt(2, "DataLoader worker processes per rank")
     prefetch: int = opt(2, "batches prefetched per worker")
+    batch_timeout: float = opt(1800.0, "longest wait for the next batch of a DataLoader worker; past it the rank "
+                                       "fails naming the rank and worker (0: wait forever)", unit="seconds")
     pin_memory: bool = opt(False, "pin batches in page-locked memory (GPU)")
     on_error: str = opt("fail", "a corrupt shard/member or an unreachable URL: fail, or skip and count it",
                         choices=("fail", "skip"))

@@ -33,7 +33,7 @@ from corpus_io.errors import ConfigError, CorpusIOError, DataError
 from corpus_io.files import read_json_object
 from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info
 from corpus_io.pipeline.build import build_pipeline, continues_streams
-from corpus_io.pipeline.elastic import Resplit, resplit, same_topology
+from corpus_io.pipeline.elastic import Resplit, resplit, same_topology, utterances_left
 from corpus_io.pipeline.read import Source
 
 log = logging.getLogger(__name__)
@@ -174,8 +174,9 @@ class CorpusLoader:
                                   "pin_memory": bool(self.conf.pin_memory)}
         if self.num_workers > 0:
             kwargs["prefetch_factor"] = max(1, int(self.conf.prefetch))
-        loader = DataLoader(self.dataset, **kwargs)
-        for batch in loader:
+        if self.num_workers > 0 and self.conf.batch_timeout > 0:
+            kwargs["timeout"] = float(self.conf.batch_timeout)
+        for batch in self._guarded(iter(DataLoader(self.dataset, **kwargs))):
             worker = int(batch.pop("__worker__"))
             if "__error__" in batch:
                 name, message = batch["__error__"]
@@ -191,6 +192,33 @@ class CorpusLoader:
         if self._epoch_counts:
             log.info("epoch %d rank %d: dropped %s", self.epoch, self.rank,
                      ", ".join(f"{k} {v}" for k, v in sorted(self._epoch_counts.items())))
+
+    def _guarded(self, batches: Any) -> Iterator[dict]:
+        """The DataLoader's batches; a worker silent past ``batch_timeout`` fails this rank naming it (else a
+        stuck read would hang every rank in the next collective)."""
+        while True:
+            awaited = getattr(batches, "_task_info", {}).get(getattr(batches, "_rcvd_idx", -1), (None,))[0]
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except RuntimeError as exc:
+                if "timed out" not in str(exc):
+                    raise
+                worker = f"worker {awaited}" if awaited is not None else "a worker"
+                raise DataError(f"rank {self.rank}: DataLoader {worker} of {self.num_workers} sent no batch for "
+                                f"{self.conf.batch_timeout:g} s (dataset_conf.batch_timeout) in epoch {self.epoch}. "
+                                f"A read is stuck (a storage stall, a pipe: command that never ends) or one batch "
+                                f"takes that long: check the storage, or raise ++dataset_conf.batch_timeout "
+                                f"(0 waits forever).") from None
+            yield batch
+
+    def left_in_epoch(self) -> int:
+        """Utterances this rank has not consumed yet in this epoch, counted from its readers' states and the
+        index without reading anything (what a rank leaves unused when a peer ran out first)."""
+        states = {w: SlotState.from_dict(_parsed(s)) for w, s in self._snapshots.items()}
+        return utterances_left(self.dataset.sources, self.conf, states, rank=self.rank, world_size=self.world_size,
+                               num_workers=self.num_workers, epoch=self.epoch, train=self.dataset.train)
 
     def state_dict(self) -> dict:
         """The read position as of the last consumed batch (JSON-able)."""

@@ -316,3 +316,35 @@ def test_weighted_sources_without_epoch_hours_give_shares_by_weight_every_epoch(
         assert sorted(k for k in got if k in set(keys_a)) == sorted(keys_a)  # a: read once per epoch
     # b continues where it stopped: 3 epochs x 16 = each of its 48 utterances once
     assert sorted(k for got in epochs for k in got if k in set(keys_b)) == sorted(keys_b)
+
+
+def test_a_worker_stuck_past_batch_timeout_fails_naming_rank_and_worker(tmp_path):
+    tok = build_tokenizer(token_list(tmp_path))
+    listed = tmp_path / "stuck.list"  # a pipe that never ends: the read neither fails nor delivers
+    listed.write_text(json.dumps({"key": "stuck", "wav": "pipe:sleep 20", "txt": "a"}) + "\n", encoding="utf-8")
+    conf = small_conf(num_workers=1, data_type="raw", allow_pipe=True, batch_timeout=3.0)
+    loader = build_dataloader(str(listed), conf, tok, train=True, rank=0, world_size=1)
+    with pytest.raises(DataError) as err:
+        list(loader)
+    message = str(err.value)
+    assert "rank 0: DataLoader worker 0 of 1 sent no batch for 3 s" in message
+    assert "dataset_conf.batch_timeout" in message
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_what_a_rank_leaves_unused_is_counted_from_its_state_without_reading(shards, num_workers):
+    data_list, keys, tok = shards
+    loader = build_dataloader(str(data_list), small_conf(num_workers=num_workers), tok, train=True, rank=1,
+                              world_size=2)
+    loader.set_epoch(3)
+    consumed, it = [], iter(loader)
+    for _ in range(2):
+        consumed += next(it)["keys"]
+    before = loader.counts()
+    left = loader.left_in_epoch()
+    assert loader.counts() == before  # nothing was read to count it
+    del it
+    rest = build_dataloader(str(data_list), small_conf(num_workers=num_workers), tok, train=True, rank=1,
+                            world_size=2)
+    rest.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    assert left == len([k for batch in rest for k in batch["keys"]]) > 0

@@ -183,3 +183,26 @@ def same_topology(rank_states: list[dict], world_size: int, num_workers: int) ->
     first: Any = rank_states[0] if rank_states else {}
     return (len(rank_states) == world_size and int(first.get("world_size", -1)) == world_size
             and int(first.get("num_workers", -1)) == num_workers)
+
+
+def utterances_left(sources: list[Source], conf: DatasetConf, states: dict[int, SlotState], *, rank: int,
+                    world_size: int, num_workers: int, epoch: int, train: bool) -> int:
+    """Utterances one rank's readers (``states`` by worker) have not delivered yet in this epoch, counted from
+    their states and the index (nothing is read or decoded): the rest of their units plus their buffered
+    samples. Units without an utterance count in the index count 0; with ``epoch_hours`` or a weighted mix
+    the stream goes on next epoch, so only the buffered samples count."""
+    if continues_streams(conf):
+        return sum(len(st.pending) for st in states.values())
+    total = 0
+    for worker in range(max(1, num_workers)):
+        state = states.get(worker) or SlotState(epoch=epoch)
+        if state.finished:
+            continue
+        slot = Slot(rank, world_size, worker, max(1, num_workers))
+        for i, source in enumerate(sources):
+            _, sizes = _unit_sizes(source)
+            cur_pass = _current_pass(i, state, start=first_pass(conf, epoch), mark_pass_end=False)
+            for piece, _ in _rest_of_slot(i, source, slot, state, seed=source_seed(conf, i), cur_pass=cur_pass,
+                                          shuffle=train and conf.shuffle):
+                total += sum(1 for pos in range(sizes[piece.unit]) if piece.keeps(pos)) if sizes else 0
+    return total

@@ -600,7 +600,10 @@ class Trainer:
             raise RuntimeError(f"debug_fail_at_step={n}: simulated crash at global step {n}")
 
     def _drain(self, batch: dict, batches: Iterator) -> tuple[int, int]:
-        """Count (and with dump_trained_keys, list) what this rank leaves unused when another ran out."""
+        """Count what this rank leaves unused when another ran out: from the loader state and the index,
+        without decoding the rest (batches: -1, unknown); with dump_trained_keys, read and list it."""
+        if not self.tc.dump_trained_keys:
+            return -1, len(batch["keys"]) + self.train_loader.left_in_epoch()
         unused = []
         nb = nu = 0
         while batch is not None:
@@ -661,7 +664,8 @@ class Trainer:
             for r in per_rank:
                 for k, v in r["counts"].items():
                     counts[k] = counts.get(k, 0) + v
-            unused = ", ".join(f"rank {i}: {r['unused_batches']} batches / {r['unused_utts']} utts"
+            unused = ", ".join(f"rank {i}: " + (f"{r['unused_batches']} batches / " if r["unused_batches"] >= 0
+                                                 else "") + f"{r['unused_utts']} utts"
                                for i, r in enumerate(per_rank))
             unused_utts = sum(r["unused_utts"] for r in per_rank)
             # share of what the ranks read this epoch (trained + left unused); the split differs every epoch,
