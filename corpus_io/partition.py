@@ -23,6 +23,9 @@ was emitted, and refills its buffers: the re-read is bounded by the units open a
 
 from __future__ import annotations
 
+import bisect
+import functools
+import heapq
 import logging
 import random
 from dataclasses import dataclass, field
@@ -98,11 +101,14 @@ def balance(items: Sequence[int], weights: Sequence[float], bins: int,
     loads = [0.0] * bins
     where = [0] * len(items)
     counts = [0] * bins
+    # the lightest bin (ties: fewer items, then lower index) from a heap: O(n log bins), not O(n x bins)
+    heap = [(0.0, 0, j) for j in range(bins)]
     for i in sorted(range(len(items)), key=lambda i: -w[i]):
-        b = min(range(bins), key=lambda j: (loads[j], counts[j], j))
+        _, _, b = heapq.heappop(heap)
         loads[b] += w[i]
         counts[b] += 1
         where[i] = b
+        heapq.heappush(heap, (loads[b], counts[b], b))
     if rng is not None and bins > 1 and len(items) > 1:
         _vary(w, where, loads, bins, rng)
     members: list[list[int]] = [[] for _ in range(bins)]
@@ -122,17 +128,24 @@ def _vary(w: list[float], where: list[int], loads: list[float], bins: int, rng: 
     members: list[list[int]] = [[] for _ in range(bins)]
     for i, b in enumerate(where):
         members[b].append(i)
+    ordered = sorted(loads)  # the loads kept sorted: the spread in O(log bins) instead of a scan of every bin
+
+    def add(k: int, amount: float) -> None:
+        del ordered[bisect.bisect_left(ordered, loads[k])]
+        loads[k] += amount
+        bisect.insort(ordered, loads[k])
+
     for _ in range(min(8 * n, 50_000)):
         i = rng.randrange(n)
         a, b = where[i], rng.randrange(bins - 1)
         b += b >= a
         j = members[b][rng.randrange(len(members[b]))] if members[b] and rng.random() < 0.5 else None
         delta = w[i] - (w[j] if j is not None else 0.0)
-        loads[a] -= delta
-        loads[b] += delta
-        if max(loads) - min(loads) > limit or (j is None and len(members[a]) == 1):
-            loads[a] += delta  # undo: it would unbalance (or empty) a bin
-            loads[b] -= delta
+        add(a, -delta)
+        add(b, delta)
+        if ordered[-1] - ordered[0] > limit or (j is None and len(members[a]) == 1):
+            add(a, delta)  # undo: it would unbalance (or empty) a bin
+            add(b, -delta)
             continue
         members[a].remove(i)
         members[b].append(i)
@@ -172,12 +185,20 @@ def assign(n_units: int, slot: Slot, *, seed: int, epoch: int, shuffle: bool,
                         "there are at least as many shards as readers.", n_units, what, slot.count,
                         slot.world_size, slot.num_workers, slot.count)
         return Assignment(order, stride=slot.count, offset=slot.index)
-    w = list(weights) if weights is not None else [1.0] * n_units
-    # seeded by (seed, epoch) like the order: every rank computes the same split, a new one each epoch
-    rng = random.Random(f"{seed}:{epoch}:balance") if shuffle else None
-    per_rank = balance(order, w, slot.world_size, rng)[slot.rank]
+    w = tuple(weights) if weights is not None else (1.0,) * n_units
+    per_rank = list(_split_ranks(n_units, slot.world_size, seed, epoch, shuffle, w)[slot.rank])
     rng = random.Random(f"{seed}:{epoch}:balance:{slot.rank}") if shuffle else None
     return Assignment(balance(per_rank, w, slot.num_workers, rng)[slot.worker])
+
+
+@functools.lru_cache(maxsize=4)
+def _split_ranks(n_units: int, world_size: int, seed: int, epoch: int, shuffle: bool,
+                 weights: tuple) -> tuple[tuple[int, ...], ...]:
+    """The units of every rank in one epoch (cached: an elastic re-split asks for every old rank's)."""
+    order = epoch_order(n_units, seed=seed, epoch=epoch, shuffle=shuffle)
+    # seeded by (seed, epoch) like the order: every rank computes the same split, a new one each epoch
+    rng = random.Random(f"{seed}:{epoch}:balance") if shuffle else None
+    return tuple(tuple(units) for units in balance(order, weights, world_size, rng))
 
 
 #: ``Piece.after`` at or above this: no positions after the extras (a piece of pending samples only)
