@@ -9,6 +9,7 @@ import pytest
 
 from corpus_io.dataset import build_dataloader
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.partition import SlotState
 from corpus_io.tokenizer import build_tokenizer
 from tests.loader_data import fixture_utts, make_raw, make_shards, small_conf, token_list
 
@@ -291,7 +292,7 @@ def test_epoch_hours_epoch_after_an_early_stop_has_its_configured_hours(shards):
     loader = build_dataloader(str(data_list), conf, tok, train=True, rank=0, world_size=1)
     loader.set_epoch(0)
     next(iter(loader))  # the trainer's max_steps_per_epoch: the rest of the buffers stays pending
-    assert sum(len(w["pending"]) for w in loader.state_dict()["workers"].values()) >= 10
+    assert sum(len(SlotState.from_dict(w).pending) for w in loader.state_dict()["workers"].values()) >= 10
     loader.set_epoch(1)
     seconds = sum(batch["audio_seconds"] for batch in loader)
     longest = max(sf.info(path).duration for _, path, _ in fixture_utts())
