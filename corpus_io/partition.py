@@ -23,7 +23,6 @@ was emitted, and refills its buffers: the re-read is bounded by the units open a
 
 from __future__ import annotations
 
-import bisect
 import functools
 import heapq
 import logging
@@ -100,15 +99,12 @@ def balance(items: Sequence[int], weights: Sequence[float], bins: int,
     w = [float(weights[item]) for item in items]
     loads = [0.0] * bins
     where = [0] * len(items)
-    counts = [0] * bins
-    # the lightest bin (ties: fewer items, then lower index) from a heap: O(n log bins), not O(n x bins)
-    heap = [(0.0, 0, j) for j in range(bins)]
+    heap = [(0.0, 0, j) for j in range(bins)]  # (load, count, bin): the lightest bin, then the emptiest
     for i in sorted(range(len(items)), key=lambda i: -w[i]):
-        _, _, b = heapq.heappop(heap)
-        loads[b] += w[i]
-        counts[b] += 1
+        load, count, b = heapq.heappop(heap)
+        loads[b] = load + w[i]
         where[i] = b
-        heapq.heappush(heap, (loads[b], counts[b], b))
+        heapq.heappush(heap, (loads[b], count + 1, b))
     if rng is not None and bins > 1 and len(items) > 1:
         _vary(w, where, loads, bins, rng)
     members: list[list[int]] = [[] for _ in range(bins)]
@@ -124,29 +120,25 @@ BALANCE_SLACK = 0.01
 def _vary(w: list[float], where: list[int], loads: list[float], bins: int, rng: random.Random) -> None:
     """Random moves and swaps between bins that keep the spread within the greedy one (or the slack)."""
     n = len(w)
-    limit = max(max(loads) - min(loads), BALANCE_SLACK * sum(loads) / bins) + 1e-9
+    spread = max(loads) - min(loads)
+    limit = max(spread, BALANCE_SLACK * sum(loads) / bins)
+    # every bin stays inside one band of width `limit` around the greedy loads: O(1) per step
+    low = min(loads) - (limit - spread) / 2 - 1e-9
+    high = low + limit + 2e-9
     members: list[list[int]] = [[] for _ in range(bins)]
     for i, b in enumerate(where):
         members[b].append(i)
-    ordered = sorted(loads)  # the loads kept sorted: the spread in O(log bins) instead of a scan of every bin
-
-    def add(k: int, amount: float) -> None:
-        del ordered[bisect.bisect_left(ordered, loads[k])]
-        loads[k] += amount
-        bisect.insort(ordered, loads[k])
-
     for _ in range(min(8 * n, 50_000)):
         i = rng.randrange(n)
         a, b = where[i], rng.randrange(bins - 1)
         b += b >= a
         j = members[b][rng.randrange(len(members[b]))] if members[b] and rng.random() < 0.5 else None
         delta = w[i] - (w[j] if j is not None else 0.0)
-        add(a, -delta)
-        add(b, delta)
-        if ordered[-1] - ordered[0] > limit or (j is None and len(members[a]) == 1):
-            add(a, delta)  # undo: it would unbalance (or empty) a bin
-            add(b, -delta)
-            continue
+        if not (low <= loads[a] - delta <= high and low <= loads[b] + delta <= high) or (
+                j is None and len(members[a]) == 1):
+            continue  # it would unbalance (or empty) a bin
+        loads[a] -= delta
+        loads[b] += delta
         members[a].remove(i)
         members[b].append(i)
         where[i] = b

@@ -214,6 +214,8 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
             return fs.open(path, "rb", block_size=block_size)
         except FileNotFoundError as exc:
             cause = exc.__cause__ if url.startswith(("http://", "https://")) else None
+            if cause is not None and "timeout" in type(cause).__name__.lower():
+                raise RemoteReadError(_stall_message(url, read_timeout(storage_options))) from None
             if cause is not None and getattr(cause, "status", 404) != 404:  # fsspec says "not found" for a 5xx
                 raise RemoteReadError(f"{url}: the server answered HTTP {cause.status}.") from None
             if isinstance(cause, Exception) and not hasattr(cause, "status"):

@@ -309,3 +309,17 @@ def test_http_5xx_is_retried_and_never_called_missing(tmp_path, shard_dir, http_
     assert "HTTP 503" in str(info.value) and "does not exist" not in str(info.value), str(info.value)
     got, counts = load_keys(data_list, tok, num_workers=0, retries=3, retry_backoff=0.01, on_error="skip")
     assert got == [] and counts["shard retries"] == 2 and counts["unreadable shards"] == 1
+
+
+def test_a_stalled_header_probe_fails_naming_the_url_and_the_bound():
+    from corpus_io import audio
+
+    server = _StallServer(body=False)
+    url = f"{server.base}/a.wav"
+    try:
+        with pytest.raises(DataError) as info:
+            audio.probe(url, storage_options={"read_timeout": 1})
+    finally:
+        server.close()
+    assert url in str(info.value) and "read_timeout=1 s" in str(info.value), str(info.value)
+    assert "does not exist" not in str(info.value)

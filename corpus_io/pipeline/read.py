@@ -107,8 +107,6 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: i
                 delivered = sample["__pos__"] + 1
                 yield sample
             return
-        except GeneratorExit:
-            raise
         except Exception as exc:  # noqa: BLE001 - every read failure: retries, then on_error
             if _is_transient(exc) and attempt < max(1, opts.retries):
                 log.warning("shard %s: %s; retrying in %.1f s (attempt %d of %d)", url, _why(exc, opts), delay, attempt,
