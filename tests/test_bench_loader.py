@@ -213,3 +213,15 @@ def test_a_resumed_shard_epoch_reports_what_it_read_again(small, tmp_path):
     reread = re.search(r"re-read after the resume: (\d+) utterances", result.stdout)
     assert reread and int(reread.group(1)) > 0, result.stdout  # the open shard is read again up to the position
     assert "resume.reread" not in result.stdout  # not reported as dropped
+
+
+def test_a_save_missing_a_ranks_state_is_a_config_error_naming_the_rank(small, tmp_path):
+    state = tmp_path / "state.json"
+    bench(*small, "++save_state_after=1", f"++state_file={state}")
+    saved = json.loads(state.read_text())
+    state.unlink()
+    saved.update(world_size=2, rank=0)  # rank 0 of a 2-rank save whose rank 1 file is gone
+    (tmp_path / "state.json.rank0").write_text(json.dumps(saved))
+    with pytest.raises(ConfigError, match=r"saved by 2 ranks, but the states of rank\(s\) 1 are missing"):
+        bench(*small, f"++state_file={state}")
+    assert (tmp_path / "state.json.rank0").is_file()  # kept

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.slow
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("multinode")
     shards, keys = make_shards(root / "shards", copies=2, per_shard=3)  # 48 utterances, 16 shards
-    return {"shards": shards, "keys": keys, "tokens": token_list(root).token_list}
+    # the same 48 in 5 uneven shards: over 4 ranks, some run out first and the others leave data unused
+    uneven, _ = make_shards(root / "uneven", copies=2, sizes=[2, 5, 9, 14, 18])
+    return {"shards": shards, "keys": keys, "tokens": token_list(root).token_list, "uneven": uneven}
 
 
 def two_nodes(args: list[str], timeout: float = 400) -> list:
@@ -65,11 +67,17 @@ def train_args(out: Path, corpus: dict, *extra: str) -> list[str]:
 
 def test_a_short_train_on_two_nodes_ends_without_a_hang(corpus, tmp_path):
     out = tmp_path / "exp"
-    results = two_nodes(train_args(out, corpus, "++train_conf.max_epoch=1"))
+    results = two_nodes(train_args(out, dict(corpus, shards=corpus["uneven"]), "++train_conf.max_epoch=1"))
     assert all(r.returncode == 0 for r in results), [r.stderr[-3000:] for r in results]
     log = (out / "train.log").read_text(encoding="utf-8")
     assert "world_size 4" in log and log.count("training finished") == 1
-    assert re.search(r"epoch 0 done .* on 4 ranks", log), log
+    done = re.search(r"epoch 0 done .*?: \d+ steps, (\d+) utts trained on 4 ranks.*left unused when the epoch "
+                     r"ended: (.*?) \(unused share", log)
+    assert done, log
+    # the ranks that still had data counted what they left from their loader state, without reading it
+    unused = sum(int(n) for n in re.findall(r"(\d+) utts", done.group(2)))
+    assert int(done.group(1)) + unused == len(corpus["keys"]), log
+    assert unused > 0 and re.search(r"rank \d: [1-9]\d* utts", done.group(2)), log  # no batch count: not read
 
 
 def test_a_two_node_train_killed_mid_epoch_resumes_on_one_node_and_trains_each_key_once(corpus, tmp_path):
