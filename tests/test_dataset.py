@@ -332,11 +332,14 @@ def test_a_worker_stuck_past_batch_timeout_fails_naming_rank_and_worker(tmp_path
     assert "dataset_conf.batch_timeout" in message
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_what_a_rank_leaves_unused_is_counted_from_its_state_without_reading(shards, num_workers):
+@pytest.mark.parametrize("num_workers, data_type", [(0, "shard"), (2, "shard"), (2, "raw")])
+def test_what_a_rank_leaves_unused_is_counted_from_its_state_without_reading(shards, tmp_path, num_workers,
+                                                                             data_type):
     data_list, keys, tok = shards
-    loader = build_dataloader(str(data_list), small_conf(num_workers=num_workers), tok, train=True, rank=1,
-                              world_size=2)
+    if data_type == "raw":  # one chunk of 48 lines for 4 readers: strided
+        data_list, _ = make_raw(tmp_path, copies=2)
+    conf = small_conf(num_workers=num_workers, data_type=data_type)
+    loader = build_dataloader(str(data_list), conf, tok, train=True, rank=1, world_size=2)
     loader.set_epoch(3)
     consumed, it = [], iter(loader)
     for _ in range(2):
@@ -345,7 +348,6 @@ def test_what_a_rank_leaves_unused_is_counted_from_its_state_without_reading(sha
     left = loader.left_in_epoch()
     assert loader.counts() == before  # nothing was read to count it
     del it
-    rest = build_dataloader(str(data_list), small_conf(num_workers=num_workers), tok, train=True, rank=1,
-                            world_size=2)
+    rest = build_dataloader(str(data_list), conf, tok, train=True, rank=1, world_size=2)
     rest.load_state_dict(json.loads(json.dumps(loader.state_dict())))
     assert left == len([k for batch in rest for k in batch["keys"]]) > 0
