@@ -131,3 +131,11 @@ def test_no_import_circle_between_modules_even_through_function_level_imports():
         if module not in state:
             visit(module)
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_the_module_map_in_developing_md_has_one_line_per_module():
+    text = (REPO / "docs" / "DEVELOPING.md").read_text()
+    section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    mapped = [line.split("`", 2)[1] for line in section.splitlines() if line.startswith("- `")]
+    modules = sorted(str(path.relative_to(REPO)) for _, path in source_modules())
+    assert sorted(mapped) == modules, (sorted(set(modules) - set(mapped)), sorted(set(mapped) - set(modules)))

@@ -1,6 +1,9 @@
 """Training, decoding and scoring: a compact Conformer-CTC trained from the corpus-io loader.
 
-Modules: ``model`` (ConformerCTC and the model interface), ``cmvn`` (global CMVN stats),
-``distributed`` (torchrun/env:// set-up and collectives), ``checkpoint`` (atomic save, pruning,
-averaging), ``trainer`` (the DDP training loop), ``decode`` (greedy CTC), ``scoring`` (CER/WER).
+Modules: ``model`` (ConformerCTC and the model interface), ``steps`` (one forward + loss for training and
+validation, the micro- and optimizer steps), ``optim`` (optimizer and scheduler builders), ``metrics``
+(sums reduced across ranks, TensorBoard, log lines), ``distributed`` (torchrun/env:// set-up and
+collectives), ``checkpoint`` (atomic save, RNG state, pruning, averaging), ``trainer`` (the DDP training
+loop), ``frontend`` (features on the model's device), ``cmvn`` (global CMVN stats), ``decode`` (greedy
+CTC), ``scoring`` (CER/WER).
 """

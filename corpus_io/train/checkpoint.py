@@ -12,13 +12,17 @@ import contextlib
 import json
 import os
 import pickle
+import random
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write, read_json_object, temp_name
+
+if TYPE_CHECKING:
+    import torch
 
 METRICS_FILE = "cv_metrics.json"
 _EPOCH_RE = re.compile(r"^model\.pt\.ep(\d+)$")
@@ -263,3 +267,32 @@ def average(cfg: Any) -> Path:
     chosen = load_checkpoint(path)["averaged_epochs"]
     print(f"average: epochs {chosen} (best by cv {cfg.metric}) -> {path}")
     return path
+
+
+# --------------------------------------------------------------------------- RNG state (saved with checkpoints)
+
+
+def rng_state(device: torch.device) -> dict:
+    """Every RNG's state as tensors and plain containers (checkpoints load with weights_only=True)."""
+    import numpy as np
+    import torch
+
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    """Restore what :func:`rng_state` saved (python, numpy, torch, and CUDA on a CUDA device)."""
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)

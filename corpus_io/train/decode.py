@@ -72,7 +72,7 @@ def decode(cfg: Any) -> dict:
     from corpus_io.train.cmvn import loader_counts
     from corpus_io.train.frontend import build_front_end, model_inputs
     from corpus_io.train.scoring import Scorer
-    from corpus_io.train.trainer import greedy_ids
+    from corpus_io.train.steps import greedy_ids
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     use_cuda = torch.cuda.is_available() if cfg.device == "auto" else cfg.device == "cuda"

@@ -89,13 +89,6 @@ def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:
     return t.cpu().tolist()
 
 
-def all_ranks_have_data(ctx: DistContext, have_data: bool) -> bool:
-    """True only when every rank has a batch (an all-reduce MIN of a 0/1 flag), called before each step."""
-    from corpus_io.partition import all_ranks_have_data as stop_together
-
-    return stop_together(have_data) if ctx.distributed else have_data
-
-
 def all_gather_object(ctx: DistContext, obj: Any) -> list[Any]:
     if not ctx.distributed:
         return [obj]
@@ -126,3 +119,15 @@ def average_gradients(ctx: DistContext, params: list[torch.nn.Parameter]) -> Non
             p.grad = torch.zeros_like(p)
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
         p.grad.div_(ctx.world_size)
+
+
+def rank_disagreement(views: list[dict]) -> str | None:
+    """What the ranks' ``{"resume": ..., "lists": ...}`` views disagree on, as an error message, or None."""
+    for what, explain in (("resume", "resume point (epoch, step in epoch, global step)"),
+                          ("lists", "train list (digest of its shards and index)")):
+        if len({repr(v[what]) for v in views}) > 1:
+            seen = "; ".join(f"rank {r}: {v[what]}" for r, v in enumerate(views))
+            return (f"the ranks disagree on their {explain}: {seen}. Every rank must see the same output_dir "
+                    f"(checkpoints) and the same data lists and index: put them on storage all nodes share, or "
+                    f"copy them identically.")
+    return None

@@ -21,282 +21,32 @@ Guarantees:
 
 from __future__ import annotations
 
-import contextlib
-import math
 import os
 import random
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-import torch.nn.functional as F
 
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import ensure_dir
+from corpus_io.partition import all_ranks_have_data
 from corpus_io.train import checkpoint as ckpt
 from corpus_io.train.distributed import (
     DistContext,
     all_gather_object,
-    all_ranks_have_data,
-    all_reduce_sum,
     average_gradients,
     barrier,
     cleanup,
     init_distributed,
+    rank_disagreement,
 )
-
-# --------------------------------------------------------------------------- step functions
-
-
-def ctc_loss(log_probs: torch.Tensor, out_lengths: torch.Tensor, target: torch.Tensor,
-             target_lengths: torch.Tensor) -> torch.Tensor:
-    """Mean over utterances of the CTC loss (sum over each utterance's frames), blank id 0."""
-    loss = F.ctc_loss(log_probs.transpose(0, 1).float(), target.clamp(min=0), out_lengths, target_lengths,
-                      blank=0, reduction="sum", zero_infinity=True)
-    return loss / max(int(log_probs.shape[0]), 1)
-
-
-def greedy_ids(log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
-    """Best path per utterance: argmax, merge repeats, drop blanks (id 0)."""
-    best = log_probs.argmax(dim=-1).cpu()
-    out = []
-    for row, n in zip(best.tolist(), lengths.cpu().tolist()):
-        ids, prev = [], -1
-        for t in row[: int(n)]:
-            if t != prev and t != 0:
-                ids.append(t)
-            prev = t
-        out.append(ids)
-    return out
-
-
-def token_errors(log_probs: torch.Tensor, lengths: torch.Tensor, target: torch.Tensor,
-                 target_lengths: torch.Tensor) -> tuple[int, int]:
-    """(edit errors, reference tokens) of the greedy path: accuracy = 1 - errors / tokens."""
-    from corpus_io.train.scoring import edit_counts
-
-    errors = total = 0
-    for hyp, ref, n in zip(greedy_ids(log_probs, lengths), target.cpu().tolist(), target_lengths.cpu().tolist()):
-        counts = edit_counts(ref[: int(n)], hyp)
-        errors += counts.errors
-        total += counts.ref
-    return errors, total
-
-
-@dataclass
-class StepContext:
-    """What a micro-step needs besides the batch (built once by the Trainer, or by a test)."""
-
-    model: torch.nn.Module
-    device: torch.device = torch.device("cpu")
-    accum_grad: int = 1
-    amp_dtype: torch.dtype | None = None
-    scaler: Any = None
-    front_end: Any = None  # feats_on=model: corpus_io.train.frontend.FrontEnd
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    non_blocking = device.type == "cuda"
-    return {k: (v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v)
-            for k, v in batch.items()}
-
-
-def micro_step(sc: StepContext, batch: dict, *, sync: bool, want_acc: bool = False) -> dict:
-    """Forward + backward of one micro-batch; gradients sync across ranks only when ``sync``.
-
-    Returns ``{"loss", "utts", "errors", "tokens", "forward_time", "backward_time"}``.
-    """
-    from corpus_io.train.frontend import model_inputs
-
-    b = to_device({k: v for k, v in batch.items() if k not in ("feats", "wav")}, sc.device)
-    no_sync = getattr(sc.model, "no_sync", None)
-    guard = no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()
-    with guard:
-        t0 = time.perf_counter()
-        # outside autocast: the front end computes Kaldi features in float32
-        feats, feats_lengths = model_inputs(sc.front_end, batch, sc.device, train=True)
-        with _autocast(sc.device, sc.amp_dtype):
-            log_probs, out_lengths = sc.model(feats, feats_lengths)
-        loss = ctc_loss(log_probs, out_lengths, b["target"], b["target_lengths"])
-        _sync_device(sc.device)
-        t1 = time.perf_counter()
-        scaled = loss / sc.accum_grad
-        (sc.scaler.scale(scaled) if sc.scaler is not None else scaled).backward()
-        _sync_device(sc.device)
-        t2 = time.perf_counter()
-    errors, tokens = token_errors(log_probs.detach(), out_lengths, b["target"], b["target_lengths"]) \
-        if want_acc else (0, 0)
-    return {"loss": float(loss.detach()), "utts": len(batch["keys"]), "errors": errors, "tokens": tokens,
-            "forward_time": t1 - t0, "backward_time": t2 - t1}
-
-
-def optim_step(sc: StepContext, optimizer: torch.optim.Optimizer, scheduler: Any,
-               grad_clip: float) -> tuple[float, bool]:
-    """Unscale, clip, step (skipped when the norm is not finite), zero the gradients. Returns (norm, stepped)."""
-    params = [p for p in sc.model.parameters() if p.grad is not None]
-    if sc.scaler is not None:
-        sc.scaler.unscale_(optimizer)
-    if grad_clip > 0:
-        norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
-    else:
-        norm = float(torch.norm(torch.stack([p.grad.detach().float().norm() for p in params]))) if params else 0.0
-    stepped = math.isfinite(norm)
-    if sc.scaler is not None:
-        sc.scaler.step(optimizer)  # skips by itself on inf/nan
-        sc.scaler.update()
-    elif stepped:
-        optimizer.step()
-    if stepped and scheduler is not None:
-        scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm, stepped
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def _sync_device(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-# --------------------------------------------------------------------------- optimizer / scheduler
-
-
-def build_optimizer(params: Any, conf: Any) -> torch.optim.Optimizer:
-    if conf.optim == "adamw":
-        return torch.optim.AdamW(params, lr=conf.lr, weight_decay=conf.weight_decay)
-    if conf.optim == "adam":
-        return torch.optim.Adam(params, lr=conf.lr, weight_decay=conf.weight_decay)
-    return torch.optim.SGD(params, lr=conf.lr, weight_decay=conf.weight_decay, momentum=0.9)
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, conf: Any) -> torch.optim.lr_scheduler.LambdaLR:
-    """warmuplr (ESPnet/FunASR WarmupLR): lr * warmup^0.5 * min(step^-0.5, step * warmup^-1.5); or constant."""
-    if conf.scheduler == "constant" or conf.warmup_steps <= 0:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    warmup = float(conf.warmup_steps)
-
-    def factor(step: int) -> float:
-        s = step + 1
-        return warmup ** 0.5 * min(s ** -0.5, s * warmup ** -1.5)
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-# --------------------------------------------------------------------------- logging
-
-
-def memory_mb(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda_max_alloc: {torch.cuda.max_memory_allocated(device) / 2**20:.0f}MB"
-    try:
-        with open("/proc/self/statm") as f:
-            rss_pages = int(f.read().split()[1])
-        return f"rss: {rss_pages * os.sysconf('SC_PAGE_SIZE') / 2**20:.0f}MB"
-    except (OSError, ValueError):
-        import resource
-
-        return f"max_rss: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}MB"
-
-
-@dataclass
-class Meter:
-    """Sums over a log interval (or an epoch)."""
-
-    steps: int = 0
-    utts: int = 0
-    loss_sum: float = 0.0  # sum of per-batch mean loss * utts
-    errors: int = 0
-    tokens: int = 0
-    padding: float = 0.0
-    batches: int = 0
-    audio_seconds: float = 0.0
-    times: dict = field(default_factory=lambda: dict.fromkeys(
-        ("data_load", "forward_time", "backward_time", "optim_time", "total_time"), 0.0))
-    start: float = field(default_factory=time.perf_counter)
-
-    def add_batch(self, out: dict, batch: dict, data_load: float) -> None:
-        self.utts += out["utts"]
-        self.loss_sum += out["loss"] * out["utts"]
-        self.errors += out["errors"]
-        self.tokens += out["tokens"]
-        self.padding += float(batch.get("padding_ratio", 0.0))
-        self.batches += 1
-        self.audio_seconds += float(batch.get("audio_seconds", 0.0))
-        self.times["data_load"] += data_load
-        self.times["forward_time"] += out["forward_time"]
-        self.times["backward_time"] += out["backward_time"]
-
-    @property
-    def loss(self) -> float:
-        return self.loss_sum / self.utts if self.utts else float("nan")
-
-    @property
-    def acc(self) -> float | None:
-        return max(0.0, 1.0 - self.errors / self.tokens) if self.tokens else None
-
-    @property
-    def wall(self) -> float:
-        return max(time.perf_counter() - self.start, 1e-9)
-
-
-class RankLog:
-    """Log lines to stderr and to ``output_dir/log/train.rank{R}.log`` (rank 0 also to ``train.log``)."""
-
-    def __init__(self, output_dir: Path, rank: int) -> None:
-        ensure_dir(output_dir / "log")
-        self.rank = rank
-        self.file = open(output_dir / "log" / f"train.rank{rank}.log", "a", encoding="utf-8")
-        self.main = open(output_dir / "train.log", "a", encoding="utf-8") if rank == 0 else None
-
-    def __call__(self, msg: str, *, all_ranks: bool = True) -> None:
-        if not all_ranks and self.rank != 0:
-            return
-        line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] [rank {self.rank}] {msg}"
-        print(line, file=sys.stderr, flush=True)
-        self.file.write(line + "\n")
-        self.file.flush()
-        if self.main is not None:
-            self.main.write(line + "\n")
-            self.main.flush()
-
-    def close(self) -> None:
-        self.file.close()
-        if self.main is not None:
-            self.main.close()
-
+from corpus_io.train.metrics import Board, Meter, RankLog, memory_mb
+from corpus_io.train.optim import build_optimizer, build_scheduler
+from corpus_io.train.steps import StepContext, forward_loss, micro_step, optim_step, sync_device
 
 # --------------------------------------------------------------------------- trainer
-
-
-def rng_state(device: torch.device) -> dict:
-    """Every RNG's state as tensors and plain containers (checkpoints load with weights_only=True)."""
-    import numpy as np
-
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    numpy_state = [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
-    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device: torch.device) -> None:
-    import numpy as np
-
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 class Trainer:
@@ -353,11 +103,7 @@ class Trainer:
         if cfg.valid_data_set_list:
             self.cv_loader = build_dataloader(cfg.valid_data_set_list, eval_dataset_conf(cfg.dataset_conf),
                                               self.tokenizer, train=False, rank=ctx.rank, world_size=ctx.world_size)
-        self.writer = None
-        if ctx.is_main:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(self.out / "tensorboard"))
+        self.board = Board(self.out, enabled=ctx.is_main)
         self.epoch = 0
         self.step_in_epoch = 0
         self.global_step = 0
@@ -379,7 +125,7 @@ class Trainer:
             self.keys_file.flush()
             keys_bytes = self.keys_file.tell()
         per_rank = all_gather_object(self.ctx, {"loader": self.train_loader.state_dict(),
-                                                "rng": rng_state(self.ctx.device), "keys_bytes": keys_bytes})
+                                                "rng": ckpt.rng_state(self.ctx.device), "keys_bytes": keys_bytes})
         if not self.ctx.is_main:
             return None
         return {
@@ -432,7 +178,7 @@ class Trainer:
             # re-splits the rest of the epoch over this run's ranks x workers (corpus_io.pipeline.elastic)
             plan = self.train_loader.load_rank_states(state["loader_states"])
             if plan is None:
-                set_rng_state(state["rng_states"][self.ctx.rank], self.ctx.device)
+                ckpt.set_rng_state(state["rng_states"][self.ctx.rank], self.ctx.device)
             else:
                 mine = [plan.states[self.ctx.rank * max(1, self.train_loader.num_workers) + w]
                         for w in range(max(1, self.train_loader.num_workers))]
@@ -525,8 +271,7 @@ class Trainer:
         barrier(self.ctx)
         if self.ctx.is_main and tc.avg_nbest_model > 0 and ckpt.epoch_checkpoints(self.out):
             self._average(tc.avg_nbest_model, tc.avg_keep_nbest_models_type)
-        if self.writer is not None:
-            self.writer.close()
+        self.board.close()
         if self.keys_file is not None:
             self.keys_file.close()
         self.log("training finished", all_ranks=False)
@@ -565,7 +310,7 @@ class Trainer:
         batches = self._batches()
         tick = time.perf_counter()
         for batch, data_load in batches:
-            if not all_ranks_have_data(ctx, batch is not None):
+            if not all_ranks_have_data(batch is not None):
                 if batch is not None:
                     unused_batches, unused_utts = self._drain(batch, batches)
                 break
@@ -596,7 +341,7 @@ class Trainer:
     def _finish_step(self, meter: Meter, epoch_meter: Meter, tick: float) -> float:
         t0 = time.perf_counter()
         optim_step(self.sc, self.optimizer, self.scheduler, self.tc.grad_clip)
-        _sync_device(self.ctx.device)
+        sync_device(self.ctx.device)
         now = time.perf_counter()
         for m in (meter, epoch_meter):
             m.times["optim_time"] += now - t0
@@ -657,34 +402,25 @@ class Trainer:
                  f"backward_time: {t['backward_time'] / n:.3f}, optim_time: {t['optim_time'] / n:.3f}, "
                  f"total_time: {t['total_time'] / n:.3f}, data_wait: {100 * wait:.1f}%, "
                  f"audio_s/s: {aps:.1f}, {memory_mb(self.ctx.device)}")
-        if self.writer is not None:
-            w, s = self.writer, self.global_step
-            w.add_scalar("train/loss", m.loss, s)
-            if m.acc is not None:
-                w.add_scalar("train/acc", m.acc, s)
-            w.add_scalar("train/lr", lr, s)
-            w.add_scalar("train/batch_utts", m.utts / max(m.batches, 1), s)
-            w.add_scalar("train/padding_ratio", m.padding / max(m.batches, 1), s)
-            for k, v in t.items():
-                w.add_scalar(f"time/{k}", v / n, s)
-            w.add_scalar("time/data_wait_share", wait, s)
-            w.add_scalar("throughput/audio_seconds_per_second", aps, s)
-            if self.ctx.device.type == "cuda":
-                w.add_scalar("memory/cuda_max_allocated_mb", torch.cuda.max_memory_allocated() / 2**20, s)
-            else:
-                w.add_scalar("memory/rss_mb", float(memory_mb(self.ctx.device).split()[-1].rstrip("MB")), s)
+        cuda = self.ctx.device.type == "cuda"
+        memory = torch.cuda.max_memory_allocated() / 2**20 if cuda else float(
+            memory_mb(self.ctx.device).split()[-1].rstrip("MB"))
+        self.board.scalars(self.global_step, {
+            "train/loss": m.loss, "train/acc": m.acc, "train/lr": lr, "train/batch_utts": m.utts / max(m.batches, 1),
+            "train/padding_ratio": m.padding / max(m.batches, 1), **{f"time/{k}": v / n for k, v in t.items()},
+            "time/data_wait_share": wait, "throughput/audio_seconds_per_second": aps,
+            "memory/cuda_max_allocated_mb" if cuda else "memory/rss_mb": memory})
 
     def _epoch_summary(self, m: Meter, stop_reason: str, unused_batches: int, unused_utts: int) -> dict:
         from corpus_io.train.cmvn import loader_counts
 
         wall = m.wall
-        sums = all_reduce_sum(self.ctx, [m.utts, m.loss_sum, m.audio_seconds, m.times["data_load"],
-                                         m.times["total_time"], m.steps])
-        utts, loss_sum, audio, wait, total, _ = sums
+        every = m.reduced(self.ctx)
+        utts, audio, wait, total = every.utts, every.audio_seconds, every.times["data_load"], every.times["total_time"]
         per_rank = all_gather_object(self.ctx, {"unused_batches": unused_batches, "unused_utts": unused_utts,
                                                 "utts": m.utts, "counts": loader_counts(self.train_loader, epoch=True),
                                                 "wall": wall})
-        loss = loss_sum / utts if utts else float("nan")
+        loss = every.loss
         counts: dict = {}
         for r in per_rank:
             for k, v in r["counts"].items():
@@ -710,59 +446,30 @@ class Trainer:
                      f"data_wait {100 * wait / max(total, 1e-9):.1f}%; left unused when the epoch ended: {unused} "
                      f"(unused share {100 * unused_share:.1f}% of the epoch); "
                      f"loader skips/filters: {skip}", all_ranks=False)
-            if self.writer is not None:
-                self.writer.add_scalar("epoch/train_loss", loss, self.epoch)
-                self.writer.add_scalar("epoch/audio_seconds_per_second", audio / max_wall, self.epoch)
-                self.writer.add_scalar("epoch/data_wait_share", wait / max(total, 1e-9), self.epoch)
-                self.writer.add_scalar("epoch/unused_utts", unused_utts, self.epoch)
-                self.writer.add_scalar("epoch/unused_share", unused_share, self.epoch)
+            self.board.scalars(self.epoch, {
+                "epoch/train_loss": loss, "epoch/audio_seconds_per_second": audio / max_wall,
+                "epoch/data_wait_share": wait / max(total, 1e-9), "epoch/unused_utts": unused_utts,
+                "epoch/unused_share": unused_share})
         acc = m.acc
         return {"loss": loss, "acc": acc, "utts": int(utts), "skips": skip}
 
     @torch.no_grad()
     def validate(self) -> dict:
         """cv loss and greedy token accuracy; each rank scores its split, the sums are all-reduced."""
-        from corpus_io.train.frontend import model_inputs
-
         self.module.eval()
         self.cv_loader.set_epoch(0)
-        loss_sum = utts = errors = tokens = 0.0
-        t0 = time.perf_counter()
+        meter = Meter()
         for batch in self.cv_loader:
-            b = to_device({k: v for k, v in batch.items() if k not in ("feats", "wav")}, self.ctx.device)
-            feats, feats_lengths = model_inputs(self.front_end, batch, self.ctx.device, train=False)
-            with _autocast(self.ctx.device, self.sc.amp_dtype):
-                log_probs, out_lengths = self.module(feats, feats_lengths)
-            loss = ctc_loss(log_probs, out_lengths, b["target"], b["target_lengths"])
-            n = len(batch["keys"])
-            loss_sum += float(loss) * n
-            utts += n
-            e, t = token_errors(log_probs, out_lengths, b["target"], b["target_lengths"])
-            errors += e
-            tokens += t
-        loss_sum, utts, errors, tokens = all_reduce_sum(self.ctx, [loss_sum, utts, errors, tokens])
-        metrics = {"loss": loss_sum / utts if utts else float("nan"),
-                   "acc": max(0.0, 1.0 - errors / tokens) if tokens else 0.0, "utts": int(utts)}
+            out = forward_loss(self.sc, batch, train=False)
+            meter.add_scored(float(out.loss), len(batch["keys"]), *out.token_errors())
+        every = meter.reduced(self.ctx)
+        metrics = {"loss": every.loss, "acc": every.acc or 0.0, "utts": int(every.utts)}
         self.log(f"cv epoch {self.epoch} step {self.step_in_epoch}: loss {metrics['loss']:.3f}, "
-                 f"acc {metrics['acc']:.3f} (1 - token error rate, greedy), {int(utts)} utts, "
-                 f"{time.perf_counter() - t0:.1f}s", all_ranks=False)
-        if self.writer is not None:
-            self.writer.add_scalar("cv/loss", metrics["loss"], self.global_step)
-            self.writer.add_scalar("cv/acc", metrics["acc"], self.global_step)
+                 f"acc {metrics['acc']:.3f} (1 - token error rate, greedy), {int(every.utts)} utts, "
+                 f"{meter.wall:.1f}s", all_ranks=False)
+        self.board.scalars(self.global_step, {"cv/loss": metrics["loss"], "cv/acc": metrics["acc"]})
         self.module.train()
         return metrics
-
-
-def rank_disagreement(views: list[dict]) -> str | None:
-    """What the ranks' ``{"resume": ..., "lists": ...}`` views disagree on, as an error message, or None."""
-    for what, explain in (("resume", "resume point (epoch, step in epoch, global step)"),
-                          ("lists", "train list (digest of its shards and index)")):
-        if len({repr(v[what]) for v in views}) > 1:
-            seen = "; ".join(f"rank {r}: {v[what]}" for r, v in enumerate(views))
-            return (f"the ranks disagree on their {explain}: {seen}. Every rank must see the same output_dir "
-                    f"(checkpoints) and the same data lists and index: put them on storage all nodes share, or "
-                    f"copy them identically.")
-    return None
 
 
 def _absolute_paths(section: Any, *keys: str) -> None:

@@ -139,7 +139,7 @@ def test_trainer_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_pat
 
     import numpy as np
 
-    from corpus_io.train.trainer import rng_state, set_rng_state
+    from corpus_io.train.checkpoint import rng_state, set_rng_state
 
     random.seed(3), np.random.seed(4), torch.manual_seed(5)
     ckpt.save_checkpoint(tmp_path / "model.pt", {"model": {}, "rng_states": [rng_state(torch.device("cpu"))]})

@@ -1,4 +1,4 @@
-"""The trainer's step functions on a deterministic model (no dropout, GroupNorm, equal lengths)."""
+"""The step functions (corpus_io.train.steps) on a deterministic model (no dropout, GroupNorm, equal lengths)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,7 @@ import torch
 import torchaudio
 
 from corpus_io.train.model import ConformerCTC
-from corpus_io.train.trainer import (
-    StepContext,
-    build_scheduler,
-    ctc_loss,
-    greedy_ids,
-    micro_step,
-    optim_step,
-    rank_disagreement,
-)
+from corpus_io.train.steps import StepContext, ctc_loss, forward_loss, greedy_ids, micro_step, optim_step
 from tests.loader_data import fixture_utts
 
 
@@ -89,25 +81,11 @@ def test_ctc_loss_is_the_mean_over_utterances():
     assert torch.allclose(both, (each[0] + each[1]) / 2)
 
 
-def test_warmuplr_peaks_at_warmup_steps():
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    from corpus_io.config import SchedulerConf
-
-    sched = build_scheduler(opt, SchedulerConf(scheduler="warmuplr", warmup_steps=10))
-    lrs = []
-    for _ in range(30):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    assert max(range(30), key=lambda i: lrs[i]) == 9 and abs(lrs[9] - 1.0) < 1e-6
-    assert lrs[0] < lrs[5] < lrs[9] > lrs[20]
-
-
-
-def test_ranks_that_resume_differently_or_read_different_lists_are_named():
-    same = {"resume": (2, 10, 410), "lists": "ab12"}
-    assert rank_disagreement([same, dict(same)]) is None
-    problem = rank_disagreement([same, {"resume": (1, 0, 200), "lists": "ab12"}])
-    assert "resume point" in problem and "rank 0: (2, 10, 410); rank 1: (1, 0, 200)" in problem
-    assert "shared" in problem or "share" in problem
-    assert "train list" in rank_disagreement([same, {"resume": (2, 10, 410), "lists": "ffff"}])
+def test_validation_and_training_share_one_forward_and_loss():
+    batch = real_batch(2)
+    sc = StepContext(tiny_model())
+    trained = micro_step(sc, batch, sync=True, want_acc=True)
+    with torch.no_grad():
+        validated = forward_loss(sc, batch, train=False)
+    assert float(validated.loss) == trained["loss"]
+    assert validated.token_errors() == (trained["errors"], trained["tokens"])

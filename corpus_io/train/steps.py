@@ -1,0 +1,153 @@
+"""One training or validation step on a batch: the forward pass and CTC loss written once
+(:func:`forward_loss`), the micro-step (forward + backward) and the optimizer step.
+
+Everything here takes a :class:`StepContext` and a padded batch (docs/DEVELOPING.md, "The sample dict");
+nothing reads the config, the loader or the process group, so a test drives it with a real model alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def ctc_loss(log_probs: torch.Tensor, out_lengths: torch.Tensor, target: torch.Tensor,
+             target_lengths: torch.Tensor) -> torch.Tensor:
+    """Mean over utterances of the CTC loss (sum over each utterance's frames), blank id 0."""
+    loss = F.ctc_loss(log_probs.transpose(0, 1).float(), target.clamp(min=0), out_lengths, target_lengths,
+                      blank=0, reduction="sum", zero_infinity=True)
+    return loss / max(int(log_probs.shape[0]), 1)
+
+
+def greedy_ids(log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
+    """Best path per utterance: argmax, merge repeats, drop blanks (id 0)."""
+    best = log_probs.argmax(dim=-1).cpu()
+    out = []
+    for row, n in zip(best.tolist(), lengths.cpu().tolist()):
+        ids, prev = [], -1
+        for t in row[: int(n)]:
+            if t != prev and t != 0:
+                ids.append(t)
+            prev = t
+        out.append(ids)
+    return out
+
+
+def token_errors(log_probs: torch.Tensor, lengths: torch.Tensor, target: torch.Tensor,
+                 target_lengths: torch.Tensor) -> tuple[int, int]:
+    """(edit errors, reference tokens) of the greedy path: accuracy = 1 - errors / tokens."""
+    from corpus_io.train.scoring import edit_counts
+
+    errors = total = 0
+    for hyp, ref, n in zip(greedy_ids(log_probs, lengths), target.cpu().tolist(), target_lengths.cpu().tolist()):
+        counts = edit_counts(ref[: int(n)], hyp)
+        errors += counts.errors
+        total += counts.ref
+    return errors, total
+
+
+@dataclass
+class StepContext:
+    """What a step needs besides the batch (built once by the Trainer, or by a test)."""
+
+    model: torch.nn.Module
+    device: torch.device = torch.device("cpu")
+    accum_grad: int = 1
+    amp_dtype: torch.dtype | None = None
+    scaler: Any = None
+    front_end: Any = None  # feats_on=model: corpus_io.train.frontend.FrontEnd
+
+
+@dataclass
+class Forward:
+    """What :func:`forward_loss` returns: the mean CTC loss and what accuracy is scored from."""
+
+    loss: torch.Tensor
+    log_probs: torch.Tensor
+    out_lengths: torch.Tensor
+    target: torch.Tensor
+    target_lengths: torch.Tensor
+
+    def token_errors(self) -> tuple[int, int]:
+        return token_errors(self.log_probs.detach(), self.out_lengths, self.target, self.target_lengths)
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    non_blocking = device.type == "cuda"
+    return {k: (v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v)
+            for k, v in batch.items()}
+
+
+def forward_loss(sc: StepContext, batch: dict, *, train: bool) -> Forward:
+    """Model inputs (the device front end's features with ``feats_on=model``, augmented when ``train``),
+    the forward pass under autocast, and the CTC loss: the one forward of training and validation."""
+    from corpus_io.train.frontend import model_inputs
+
+    b = to_device({k: v for k, v in batch.items() if k not in ("feats", "wav")}, sc.device)
+    # outside autocast: the front end computes Kaldi features in float32
+    feats, feats_lengths = model_inputs(sc.front_end, batch, sc.device, train=train)
+    with _autocast(sc.device, sc.amp_dtype):
+        log_probs, out_lengths = sc.model(feats, feats_lengths)
+    loss = ctc_loss(log_probs, out_lengths, b["target"], b["target_lengths"])
+    return Forward(loss, log_probs, out_lengths, b["target"], b["target_lengths"])
+
+
+def micro_step(sc: StepContext, batch: dict, *, sync: bool, want_acc: bool = False) -> dict:
+    """Forward + backward of one micro-batch; gradients sync across ranks only when ``sync``.
+
+    Returns ``{"loss", "utts", "errors", "tokens", "forward_time", "backward_time"}`` (times in seconds).
+    """
+    no_sync = getattr(sc.model, "no_sync", None)
+    guard = no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()
+    with guard:
+        t0 = time.perf_counter()
+        out = forward_loss(sc, batch, train=True)
+        sync_device(sc.device)
+        t1 = time.perf_counter()
+        scaled = out.loss / sc.accum_grad
+        (sc.scaler.scale(scaled) if sc.scaler is not None else scaled).backward()
+        sync_device(sc.device)
+        t2 = time.perf_counter()
+    errors, tokens = out.token_errors() if want_acc else (0, 0)
+    return {"loss": float(out.loss.detach()), "utts": len(batch["keys"]), "errors": errors, "tokens": tokens,
+            "forward_time": t1 - t0, "backward_time": t2 - t1}
+
+
+def optim_step(sc: StepContext, optimizer: torch.optim.Optimizer, scheduler: Any,
+               grad_clip: float) -> tuple[float, bool]:
+    """Unscale, clip, step (skipped when the norm is not finite), zero the gradients. Returns (norm, stepped)."""
+    params = [p for p in sc.model.parameters() if p.grad is not None]
+    if sc.scaler is not None:
+        sc.scaler.unscale_(optimizer)
+    if grad_clip > 0:
+        norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+    else:
+        norm = float(torch.norm(torch.stack([p.grad.detach().float().norm() for p in params]))) if params else 0.0
+    stepped = math.isfinite(norm)
+    if sc.scaler is not None:
+        sc.scaler.step(optimizer)  # skips by itself on inf/nan
+        sc.scaler.update()
+    elif stepped:
+        optimizer.step()
+    if stepped and scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm, stepped
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work, so a wall-clock time covers it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
