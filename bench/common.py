@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -139,3 +140,56 @@ def run_measured(argv: list[str], *, peaks: dict | None = None,
 
 def mb(n: int) -> str:
     return f"{n / 2**20:.0f} MB"
+
+
+@contextlib.contextmanager
+def seaweed_server(data: Path):
+    """A SeaweedFS server with its S3 gateway on 127.0.0.1 (``.venv/bin/weed``) and a bucket ``scale``:
+    ``(endpoint, s3fs filesystem)``; stopped on exit."""
+    import random
+    import socket
+
+    import s3fs
+
+    def free_pair() -> int:  # weed also listens on port + 10000 (gRPC)
+        while True:
+            p = random.randint(20000, 29999)
+            try:
+                for q in (p, p + 10000):
+                    with socket.socket() as s:
+                        s.bind(("127.0.0.1", q))
+                return p
+            except OSError:
+                continue
+
+    data.mkdir(parents=True, exist_ok=True)
+    ports = {name: free_pair() for name in ("master", "volume", "filer", "s3")}
+    cmd = [str(BIN / "weed"), "server", "-s3", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+           "-volume.max=20", f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
+           f"-filer.port={ports['filer']}", f"-s3.port={ports['s3']}", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+    with open(data / "weed.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        endpoint = f"http://127.0.0.1:{ports['s3']}"
+        try:
+            deadline = time.time() + 90
+            while True:
+                try:
+                    fs = s3fs.S3FileSystem(anon=True, client_kwargs={"endpoint_url": endpoint},
+                                           skip_instance_cache=True)
+                    fs.mkdir("scale")
+                    fs.pipe("scale/ready", b"ok")
+                    break
+                except Exception as exc:  # noqa: BLE001 - not up yet
+                    if proc.poll() is not None or time.time() > deadline:
+                        raise RuntimeError(f"SeaweedFS did not start: {(data / 'weed.log').read_text()[-2000:]}") \
+                            from exc
+                    time.sleep(0.5)
+            yield endpoint, fs
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            shutil.rmtree(data, ignore_errors=True)

@@ -190,6 +190,9 @@ class DatasetConf:
                               range="[1, 100000]")
     num_workers: int = opt(2, "DataLoader worker processes per rank", range="[0, 256]")
     prefetch: int = opt(2, "batches prefetched per worker", range="[1, 64]")
+    batch_timeout: float = opt(1800.0, "longest wait for the next batch of a DataLoader worker; past it the rank "
+                                       "fails naming the rank and worker (0: wait forever)", unit="seconds",
+                               range="[0, 604800]")
     pin_memory: bool = opt(False, "pin batches in page-locked memory (GPU)")
     on_error: str = opt("fail", "a corrupt shard/member or an unreachable URL: fail, or skip and count it",
                         choices=("fail", "skip"))

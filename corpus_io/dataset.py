@@ -33,6 +33,7 @@ from corpus_io.errors import ConfigError, CorpusIOError, DataError
 from corpus_io.files import read_json_object
 from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info
 from corpus_io.pipeline.build import build_pipeline, continues_streams
+from corpus_io.pipeline.elastic import Resplit, resplit, same_topology, utterances_left
 from corpus_io.pipeline.read import Source
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,8 @@ class CorpusDataset(IterableDataset):
             # cost default_convert a recursive walk per batch), and pickling the pending set is ~8x cheaper
             # than sorting it into JSON per batch; turned into the JSON-able dict only when state_dict() is
             # asked for (see _parsed)
-            snapshot = (state.epoch, state.cursor, state.pending, state.taken, state.seconds, state.finished)
+            snapshot = (state.epoch, state.cursor, state.pending, state.taken, state.seconds, state.finished,
+                        state.plans)
             return {"__worker__": worker, "__state__": pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL),
                     "__counts__": json.dumps(delta) if delta else "{}", "__final__": final}
 
@@ -172,8 +174,9 @@ class CorpusLoader:
                                   "pin_memory": bool(self.conf.pin_memory)}
         if self.num_workers > 0:
             kwargs["prefetch_factor"] = max(1, int(self.conf.prefetch))
-        loader = DataLoader(self.dataset, **kwargs)
-        for batch in loader:
+        if self.num_workers > 0 and self.conf.batch_timeout > 0:
+            kwargs["timeout"] = float(self.conf.batch_timeout)
+        for batch in self._guarded(iter(DataLoader(self.dataset, **kwargs))):
             worker = int(batch.pop("__worker__"))
             if "__error__" in batch:
                 name, message = batch["__error__"]
@@ -190,6 +193,33 @@ class CorpusLoader:
             log.info("epoch %d rank %d: dropped %s", self.epoch, self.rank,
                      ", ".join(f"{k} {v}" for k, v in sorted(self._epoch_counts.items())))
 
+    def _guarded(self, batches: Any) -> Iterator[dict]:
+        """The DataLoader's batches; a worker silent past ``batch_timeout`` fails this rank naming it (else a
+        stuck read would hang every rank in the next collective)."""
+        while True:
+            awaited = getattr(batches, "_task_info", {}).get(getattr(batches, "_rcvd_idx", -1), (None,))[0]
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except RuntimeError as exc:
+                if "timed out" not in str(exc):
+                    raise
+                worker = f"worker {awaited}" if awaited is not None else "a worker"
+                raise DataError(f"rank {self.rank}: DataLoader {worker} of {self.num_workers} sent no batch for "
+                                f"{self.conf.batch_timeout:g} s (dataset_conf.batch_timeout) in epoch {self.epoch}. "
+                                f"A read is stuck (a storage stall, a pipe: command that never ends) or one batch "
+                                f"takes that long: check the storage, or raise ++dataset_conf.batch_timeout "
+                                f"(0 waits forever).") from None
+            yield batch
+
+    def left_in_epoch(self) -> int:
+        """Utterances this rank has not consumed yet in this epoch, counted from its readers' states and the
+        index without reading anything (what a rank leaves unused when a peer ran out first)."""
+        states = {w: SlotState.from_dict(_parsed(s)) for w, s in self._snapshots.items()}
+        return utterances_left(self.dataset.sources, self.conf, states, rank=self.rank, world_size=self.world_size,
+                               num_workers=self.num_workers, epoch=self.epoch, train=self.dataset.train)
+
     def state_dict(self) -> dict:
         """The read position as of the last consumed batch (JSON-able)."""
         return {"version": STATE_VERSION, "epoch": self.epoch, "seed": self.conf.seed, "rank": self.rank,
@@ -199,17 +229,9 @@ class CorpusLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next iteration of ``state['epoch']`` yields exactly what was not yet consumed."""
-        if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"loader state version {state.get('version')} is not {STATE_VERSION}; it was "
-                              f"written by another corpus-io version. Start the epoch afresh (drop the state).")
-        mine = {"world_size": self.world_size, "num_workers": self.num_workers, "seed": self.conf.seed,
-                "data_lists": [s.data_list for s in self.dataset.sources]}
-        for key, value in mine.items():
-            if state.get(key) != value:
-                raise ConfigError(f"the loader state was saved with {key}={state.get(key)}, but this run has "
-                                  f"{key}={value}. An exact resume needs the same world size, "
-                                  f"dataset_conf.num_workers, seed and data lists; restore them, or start "
-                                  f"the epoch afresh without the state.")
+        self._check_state(state, ("world_size", "num_workers", "seed", "data_lists"),
+                          "One rank's state resumes the same world size, dataset_conf.num_workers, seed and "
+                          "data lists (load_rank_states re-splits every rank's states over another topology)")
         if state.get("rank") != self.rank:
             raise ConfigError(f"the loader state belongs to rank {state.get('rank')}, but this is rank "
                               f"{self.rank}. Save and load one state per rank.")
@@ -224,6 +246,46 @@ class CorpusLoader:
         for snapshot in self._resume.values():
             SlotState.from_dict(_parsed(snapshot))  # checked here: a worker process would only print a traceback
         self._snapshots = dict(self._resume)
+
+    def load_rank_states(self, states: list[dict]) -> Resplit | None:
+        """Resume from every rank's ``state_dict()`` of one checkpoint, on any world size and worker count.
+
+        The same topology loads this rank's own state (the exact resume above); another one re-splits the
+        rest of the epoch over this run's ranks x workers (corpus_io.pipeline.elastic) and returns what it
+        did, for the log. Every rank computes the same re-split.
+        """
+        if not states:
+            raise ConfigError("no loader states to resume from: the checkpoint holds none. Start the epoch afresh.")
+        if same_topology(states, self.world_size, self.num_workers):
+            self.load_state_dict(next(s for s in states if s.get("rank") == self.rank))
+            return None
+        for state in states:
+            self._check_state(state, ("seed", "data_lists"), "An elastic resume (another world size or worker "
+                              "count) still needs the same seed and data lists")
+        plan = resplit(self.dataset.sources, self.conf, states, world_size=self.world_size,
+                       num_workers=max(1, self.num_workers), train=self.dataset.train)
+        self.epoch = int(states[0]["epoch"])
+        base = self.rank * max(1, self.num_workers)
+        self._resume = {w: plan.states[base + w].to_dict() for w in range(max(1, self.num_workers))}
+        self._snapshots = dict(self._resume)
+        self._batches = max(int(s.get("batches", 0)) for s in states)
+        self._counts = Counter()
+        if self.rank == 0:  # the old ranks' skip counts, once
+            for state in states:
+                self._counts.update(state.get("counts", {}))
+        return plan
+
+    def _check_state(self, state: dict, keys: tuple, need: str) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"loader state version {state.get('version')} is not {STATE_VERSION}; it was "
+                              f"written by another corpus-io version. Start the epoch afresh (drop the state).")
+        mine = {"world_size": self.world_size, "num_workers": self.num_workers, "seed": self.conf.seed,
+                "data_lists": [s.data_list for s in self.dataset.sources]}
+        for key in keys:
+            if state.get(key) != mine[key]:
+                raise ConfigError(f"the loader state was saved with {key}={state.get(key)}, but this run has "
+                                  f"{key}={mine[key]}. {need}; restore them, or start the epoch afresh without "
+                                  f"the state.")
 
     def __len__(self) -> int:
         raise TypeError("a streaming loader has no length; iterate it (the trainer stops ranks together with "
@@ -324,22 +386,26 @@ def bench_loader(cfg: Any) -> dict:
         state_path = Path(cfg.state_file.replace("{rank}", str(rank)))
         if world_size > 1 and "{rank}" not in cfg.state_file:
             state_path = state_path.with_name(f"{state_path.name}.rank{rank}")
-    saved_state = None
-    if state_path is not None and not cfg.save_state_after and state_path.is_file():
-        saved_state = _read_loader_state(state_path)
-        if int(saved_state["epoch"]) >= cfg.epochs:
-            raise ConfigError(f"the loader state {state_path} is in epoch {saved_state['epoch']}, but epochs="
-                              f"{cfg.epochs} ends before it, so there is nothing to resume. Raise ++epochs above "
-                              f"{saved_state['epoch']}, or delete {state_path} to start afresh.")
+    saved_states: list[dict] = []
+    saved_paths: list[Path] = []
+    if state_path is not None and not cfg.save_state_after:
+        # every rank's state of the last save, whatever world size saved it (an elastic resume re-splits them)
+        saved_paths, saved_states = _read_checkpoint_states(cfg.state_file)
+        if saved_states and int(saved_states[0]["epoch"]) >= cfg.epochs:
+            raise ConfigError(f"the loader state {saved_paths[0]} is in epoch {saved_states[0]['epoch']}, but "
+                              f"epochs={cfg.epochs} ends before it, so there is nothing to resume. Raise ++epochs "
+                              f"above {saved_states[0]['epoch']}, or delete {saved_paths[0]} to start afresh.")
     data_list = None if cfg.data_list in ("???", "") else cfg.data_list
     loader = build_dataloader(data_list, cfg.dataset_conf, tokenizer, train=cfg.train, rank=rank,
                               world_size=world_size)
     resumed_epoch = None
-    if saved_state is not None:
-        loader.load_state_dict(saved_state)
+    if saved_states:
+        plan = loader.load_rank_states(saved_states)
         resumed_epoch = loader.epoch
-        print(f"rank {rank}: resuming epoch {loader.epoch} after {loader.state_dict()['batches']} batches",
+        how = f" ({plan.describe()})" if plan is not None else ""
+        print(f"rank {rank}: resuming epoch {loader.epoch} after {loader.state_dict()['batches']} batches{how}",
               flush=True)
+        _barrier()  # every rank has read the states before any removes them
     dump = Path(cfg.dump_keys) if cfg.dump_keys else None
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
@@ -392,9 +458,48 @@ def bench_loader(cfg: Any) -> dict:
               f"{elapsed:.2f} s: {row['utts_per_s']:.1f} utt/s, {row['audio_s_per_s']:.1f} audio-s/s, "
               f"padding {100 * row['padding_ratio']:.1f}%, dropped: {dropped}"
               + (f"; re-read after the resume: {reread} utterances" if epoch == resumed_epoch else ""), flush=True)
-    if state_path is not None and not cfg.save_state_after and state_path.is_file():
-        state_path.unlink()  # the resumed run finished: the state is spent
+    if state_path is not None and not cfg.save_state_after:
+        # the resumed run finished: the states are spent (rank 0 also removes those of ranks this run lacks)
+        for path in {state_path, *(saved_paths if rank == 0 else [])}:
+            path.unlink(missing_ok=True)
     return summary
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _checkpoint_state_paths(state_file: str) -> list[Any]:
+    """Every file a save to ``state_file`` may have written: the file itself (one rank), ``<file>.rank{R}``,
+    or ``state_file`` with ``{rank}`` filled in."""
+    from pathlib import Path
+
+    if "{rank}" in state_file:
+        pattern = Path(state_file.replace("{rank}", "*"))
+        return sorted(pattern.parent.glob(pattern.name))
+    path = Path(state_file)
+    return sorted(p for p in [path, *path.parent.glob(path.name + ".rank*")] if p.is_file())
+
+
+def _read_checkpoint_states(state_file: str) -> tuple[list[Any], list[dict]]:
+    """The states of the last save (the world size of the newest file), every rank of it, in rank order."""
+    paths = _checkpoint_state_paths(state_file)
+    if not paths:
+        return [], []
+    states = {p: _read_loader_state(p) for p in paths}
+    newest = max(paths, key=lambda p: p.stat().st_mtime_ns)
+    world = int(states[newest].get("world_size", 1))
+    mine = {int(st.get("rank", 0)): p for p, st in states.items() if int(st.get("world_size", 1)) == world}
+    missing = [r for r in range(world) if r not in mine]
+    if missing:
+        raise ConfigError(f"the loader state {newest} was saved by {world} ranks, but the states of rank(s) "
+                          f"{', '.join(map(str, missing))} are missing next to it. Resume needs every rank's state of "
+                          f"one save: restore them, or delete {newest} and its siblings to start afresh.")
+    ordered = [mine[r] for r in range(world)]
+    return ordered, [states[p] for p in ordered]
 
 
 def _check_bench_config(cfg: Any) -> None:

@@ -23,6 +23,7 @@ was emitted, and refills its buffers: the re-read is bounded by the units open a
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import random
@@ -176,12 +177,65 @@ def assign(n_units: int, slot: Slot, *, seed: int, epoch: int, shuffle: bool,
                         "there are at least as many shards as readers.", n_units, what, slot.count,
                         slot.world_size, slot.num_workers, slot.count)
         return Assignment(order, stride=slot.count, offset=slot.index)
-    w = list(weights) if weights is not None else [1.0] * n_units
-    # seeded by (seed, epoch) like the order: every rank computes the same split, a new one each epoch
-    rng = random.Random(f"{seed}:{epoch}:balance") if shuffle else None
-    per_rank = balance(order, w, slot.world_size, rng)[slot.rank]
+    w = tuple(weights) if weights is not None else (1.0,) * n_units
+    per_rank = list(_split_ranks(n_units, slot.world_size, seed, epoch, shuffle, w)[slot.rank])
     rng = random.Random(f"{seed}:{epoch}:balance:{slot.rank}") if shuffle else None
     return Assignment(balance(per_rank, w, slot.num_workers, rng)[slot.worker])
+
+
+@functools.lru_cache(maxsize=4)
+def _split_ranks(n_units: int, world_size: int, seed: int, epoch: int, shuffle: bool,
+                 weights: tuple) -> tuple[tuple[int, ...], ...]:
+    """The units of every rank in one epoch (cached: an elastic re-split asks for every old rank's)."""
+    order = epoch_order(n_units, seed=seed, epoch=epoch, shuffle=shuffle)
+    # seeded by (seed, epoch) like the order: every rank computes the same split, a new one each epoch
+    rng = random.Random(f"{seed}:{epoch}:balance") if shuffle else None
+    return tuple(tuple(units) for units in balance(order, weights, world_size, rng))
+
+
+#: ``Piece.after`` at or above this: no positions after the extras (a piece of pending samples only)
+NO_MORE = PASS_STRIDE
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What a slot reads of one unit: the unit, its stride filter, and which positions.
+
+    A regular unit is read whole (``after`` = -1). After an elastic re-split (see
+    corpus_io.pipeline.elastic) a piece is the rest of a unit the checkpointed run had opened: the
+    positions after ``after`` plus ``extra`` (samples that were pending in the buffers).
+    ``pass_`` is the pass the unit belongs to (a raw chunk's lines depend on it).
+    """
+
+    unit: int
+    pass_: int
+    ordinal: int = 0
+    stride: int = 0
+    offset: int = 0
+    after: int = -1
+    extra: frozenset = frozenset()
+
+    def in_stride(self, position: int) -> bool:
+        return self.stride == 0 or (self.ordinal + position) % self.stride == self.offset
+
+    def keeps(self, position: int) -> bool:
+        return self.in_stride(position) and (position > self.after or position in self.extra)
+
+    def done_after(self, position: int) -> bool:
+        """Nothing at or after ``position`` is kept (stop reading the unit early)."""
+        return self.after >= NO_MORE and all(e < position for e in self.extra)
+
+    def to_list(self) -> list:
+        return [self.unit, self.pass_, self.ordinal, self.stride, self.offset, self.after, sorted(self.extra)]
+
+    @classmethod
+    def from_list(cls, v: Sequence) -> Piece:
+        return cls(int(v[0]), int(v[1]), int(v[2]), int(v[3]), int(v[4]), int(v[5]), frozenset(int(e) for e in v[6]))
+
+
+def pieces_of(assignment: Assignment, pass_: int) -> list[Piece]:
+    """A regular assignment as whole-unit pieces."""
+    return [Piece(u, pass_, k, assignment.stride, assignment.offset) for k, u in enumerate(assignment.units)]
 
 
 # --------------------------------------------------------------------------- resumable state
@@ -194,7 +248,9 @@ class SlotState:
     ``cursor[src]`` = ``(unit, position)`` of the last sample of source ``src`` that entered the
     buffers; ``pending`` = samples that entered but were not yet emitted, each with its seconds of
     audio; ``taken[src]`` = samples of ``src`` that entered (weighted interleaving); ``seconds`` =
-    audio that entered this epoch (``epoch_hours``), pending samples included.
+    audio that entered this epoch (``epoch_hours``), pending samples included. ``plans[src]`` =
+    ``(pass, pieces)``: after an elastic re-split, the explicit pieces this slot reads in that pass
+    instead of its regular assignment (unit ids of that pass are ordinals in ``pieces``).
     """
 
     epoch: int = 0
@@ -203,17 +259,18 @@ class SlotState:
     taken: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
     finished: bool = False
+    plans: dict[int, tuple[int, list[Piece]]] = field(default_factory=dict)
 
     def enter(self, sid: tuple[int, int, int], seconds: float) -> bool:
         """``sid`` entered the buffers; False for a pending sample of the checkpoint coming back (a resumed
-        or continued reader re-enters those: they are already pending and counted, and the cursor never
-        moves back)."""
+        or continued reader re-enters those: they are already pending and counted). The cursor never moves
+        back; it moves past a pending sample only after an elastic re-split, whose plan puts them ahead."""
         src, unit, pos = sid
-        if sid in self.pending:
-            return False
         cur = self.cursor.get(src)
         if cur is None or (unit, pos) > cur:
             self.cursor[src] = (unit, pos)
+        if sid in self.pending:
+            return False
         self.pending[sid] = seconds
         self.taken[src] = self.taken.get(src, 0) + 1
         self.seconds += seconds
@@ -240,14 +297,17 @@ class SlotState:
         still pending (in the buffers, not trained: the trainer stopped early) come back first and count
         towards the new epoch's audio."""
         return SlotState(epoch, dict(self.cursor), dict(self.pending), dict(self.taken),
-                         sum(self.pending.values()), False)
+                         sum(self.pending.values()), False, dict(self.plans))
 
     def to_dict(self) -> dict:
-        return {"epoch": self.epoch,
-                "cursor": {str(s): list(c) for s, c in self.cursor.items()},
-                "pending": sorted([*sid, sec] for sid, sec in self.pending.items()),
-                "taken": {str(s): n for s, n in self.taken.items()},
-                "seconds": self.seconds, "finished": self.finished}
+        out = {"epoch": self.epoch,
+               "cursor": {str(s): list(c) for s, c in self.cursor.items()},
+               "pending": _pack_pending(self.pending),
+               "taken": {str(s): n for s, n in self.taken.items()},
+               "seconds": self.seconds, "finished": self.finished}
+        if self.plans:  # only after an elastic re-split: a regular state stays as small as before
+            out["plans"] = {str(s): [p, [piece.to_list() for piece in pieces]] for s, (p, pieces) in self.plans.items()}
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> SlotState:
@@ -255,10 +315,11 @@ class SlotState:
         try:
             return cls(epoch=int(d.get("epoch", 0)),
                        cursor={int(s): (int(c[0]), int(c[1])) for s, c in d.get("cursor", {}).items()},
-                       pending={(int(p[0]), int(p[1]), int(p[2])): float(p[3]) if len(p) > 3 else 0.0
-                                for p in d.get("pending", [])},
+                       pending=_unpack_pending(d.get("pending", [])),
                        taken={int(s): int(n) for s, n in d.get("taken", {}).items()},
-                       seconds=float(d.get("seconds", 0.0)), finished=bool(d.get("finished", False)))
+                       seconds=float(d.get("seconds", 0.0)), finished=bool(d.get("finished", False)),
+                       plans={int(s): (int(v[0]), [Piece.from_list(x) for x in v[1]])
+                              for s, v in d.get("plans", {}).items()})
         except (AttributeError, TypeError, ValueError, IndexError, KeyError) as exc:
             raise DataError(f"a worker's read position in the loader state is malformed ({type(exc).__name__}: "
                             f"{exc}; got {str(d)[:200]}): the state was edited or damaged. Drop it (start the "
@@ -266,7 +327,38 @@ class SlotState:
 
     def copy(self) -> SlotState:
         return SlotState(self.epoch, dict(self.cursor), dict(self.pending), dict(self.taken), self.seconds,
-                         self.finished)
+                         self.finished, dict(self.plans))
+
+
+def _pack_pending(pending: dict[tuple[int, int, int], float]) -> list:
+    """Pending samples grouped by unit: ``[src, unit, [position deltas], [seconds]]`` with seconds in 10 ms
+    steps (ints) when that is exact (features are 10 ms frames), so a worker's ~1,000 buffered samples cost
+    ~8 bytes each in JSON instead of ~28."""
+    units: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    for (src, unit, pos), sec in pending.items():
+        units.setdefault((src, unit), []).append((pos, sec))
+    out = []
+    for (src, unit), items in sorted(units.items()):
+        items.sort()
+        positions = [items[0][0], *(b[0] - a[0] for a, b in zip(items, items[1:]))]
+        steps = [round(sec * 100) for _, sec in items]
+        exact = all(float(n) * 0.01 == sec for n, (_, sec) in zip(steps, items))
+        out.append([src, unit, positions, steps if exact else [sec for _, sec in items], int(exact)])
+    return out
+
+
+def _unpack_pending(packed: list) -> dict[tuple[int, int, int], float]:
+    """The inverse of :func:`_pack_pending`; also reads the older ``[src, unit, position, seconds]`` entries."""
+    pending: dict[tuple[int, int, int], float] = {}
+    for p in packed:
+        if not isinstance(p[2], list):  # one sample per entry (states written before the packed form)
+            pending[(int(p[0]), int(p[1]), int(p[2]))] = float(p[3]) if len(p) > 3 else 0.0
+            continue
+        pos = 0
+        for delta, sec in zip(p[2], p[3]):
+            pos += int(delta)
+            pending[(int(p[0]), int(p[1]), pos)] = float(sec) * 0.01 if p[4] else float(sec)
+    return pending
 
 
 # --------------------------------------------------------------------------- DDP

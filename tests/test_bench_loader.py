@@ -82,10 +82,6 @@ def test_kill_9_after_saving_state_then_resume_is_exact(corpus, tmp_path):
     before = read_keys(dump / "keys.rank0.epoch0.txt")
     assert len(before) == 12  # 3 batches of 4
 
-    mismatch = run_cli("corpus-io", "bench-loader", *overrides(data_list, tokens, f"++state_file={state}",
-                                                               "++dataset_conf.num_workers=1"))
-    assert_user_error(mismatch, "num_workers")
-
     resumed = run_cli("corpus-io", "bench-loader", *overrides(data_list, tokens, f"++dump_keys={dump}",
                                                               "++dataset_conf.num_workers=2",
                                                               f"++state_file={state}"))
@@ -95,6 +91,32 @@ def test_kill_9_after_saving_state_then_resume_is_exact(corpus, tmp_path):
     assert everything[:12] == before
     assert sorted(everything) == sorted(keys)  # none twice, none missing
     assert "resume.reread" in resumed.stdout or "dropped: none" in resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_state_saved_by_two_ranks_resumes_on_one_rank_with_one_worker_exactly(corpus, tmp_path):
+    data_list, keys, tokens = corpus
+    state, dump = tmp_path / "state.json", tmp_path / "keys"
+    cmd = [str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}", "--no-python",
+           str(BIN / "corpus-io"), "bench-loader",
+           *overrides(data_list, tokens, f"++dump_keys={dump}", "++dataset_conf.num_workers=2",
+                      "++save_state_after=2", f"++state_file={state}")]
+    saved = run_bounded(cmd, 240, env=env_no_threads())
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert sorted(p.name for p in tmp_path.glob("state.json*")) == ["state.json.rank0", "state.json.rank1"]
+    before = [read_keys(dump / f"keys.rank{r}.epoch0.txt") for r in range(2)]
+    assert [len(b) for b in before] == [8, 8]
+
+    resumed = run_cli("corpus-io", "bench-loader", *overrides(data_list, tokens, f"++dump_keys={dump}",
+                                                              "++dataset_conf.num_workers=1", "++epochs=2",
+                                                              f"++state_file={state}"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert re.search(r"resuming epoch 0 after \d+ batches \(loader state of 2 ranks x 2 workers re-split over "
+                     r"1 ranks x 1 workers", resumed.stdout), resumed.stdout
+    after = read_keys(dump / "keys.rank0.epoch0.txt")[8:]
+    assert sorted(before[0] + before[1] + after) == sorted(keys)  # none twice, none missing
+    assert sorted(read_keys(dump / "keys.rank0.epoch1.txt")) == sorted(keys)  # the next epoch is whole
+    assert not list(tmp_path.glob("state.json*"))  # spent, every rank's file
 
 
 @pytest.fixture(scope="module")
@@ -208,3 +230,15 @@ def test_a_hand_broken_worker_position_is_one_paragraph_not_a_worker_traceback(s
     result = run_cli("corpus-io", "bench-loader", *overrides(data_list, tokens, f"++state_file={state}",
                                                              "++dataset_conf.num_workers=1"))
     assert_user_error(result, "read position in the loader state is malformed", "Drop it")
+
+
+def test_a_save_missing_a_ranks_state_is_a_config_error_naming_the_rank(small, tmp_path):
+    state = tmp_path / "state.json"
+    bench(*small, "++save_state_after=1", f"++state_file={state}")
+    saved = json.loads(state.read_text())
+    state.unlink()
+    saved.update(world_size=2, rank=0)  # rank 0 of a 2-rank save whose rank 1 file is gone
+    (tmp_path / "state.json.rank0").write_text(json.dumps(saved))
+    with pytest.raises(ConfigError, match=r"saved by 2 ranks, but the states of rank\(s\) 1 are missing"):
+        bench(*small, f"++state_file={state}")
+    assert (tmp_path / "state.json.rank0").is_file()  # kept

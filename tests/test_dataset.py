@@ -9,6 +9,7 @@ import pytest
 
 from corpus_io.dataset import build_dataloader
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.partition import SlotState
 from corpus_io.tokenizer import build_tokenizer
 from tests.loader_data import fixture_utts, make_raw, make_shards, small_conf, token_list
 
@@ -325,7 +326,7 @@ def test_epoch_hours_epoch_after_an_early_stop_has_its_configured_hours(shards):
     loader = build_dataloader(str(data_list), conf, tok, train=True, rank=0, world_size=1)
     loader.set_epoch(0)
     next(iter(loader))  # the trainer's max_steps_per_epoch: the rest of the buffers stays pending
-    assert sum(len(w["pending"]) for w in loader.state_dict()["workers"].values()) >= 10
+    assert sum(len(SlotState.from_dict(w).pending) for w in loader.state_dict()["workers"].values()) >= 10
     loader.set_epoch(1)
     seconds = sum(batch["audio_seconds"] for batch in loader)
     longest = max(sf.info(path).duration for _, path, _ in fixture_utts())
@@ -372,3 +373,37 @@ def test_a_key_two_shards_hold_is_read_once_and_the_duplicate_is_counted(tmp_pat
     got = epoch_keys(loader, 0)
     assert len(got) == len(set(got)) == 24  # 28 samples in the shards, 24 distinct keys
     assert loader.counts().get("duplicate key") == 4
+
+
+def test_a_worker_stuck_past_batch_timeout_fails_naming_rank_and_worker(tmp_path):
+    tok = build_tokenizer(token_list(tmp_path))
+    listed = tmp_path / "stuck.list"  # a pipe that never ends: the read neither fails nor delivers
+    listed.write_text(json.dumps({"key": "stuck", "wav": "pipe:sleep 20", "txt": "a"}) + "\n", encoding="utf-8")
+    conf = small_conf(num_workers=1, data_type="raw", allow_pipe=True, batch_timeout=3.0)
+    loader = build_dataloader(str(listed), conf, tok, train=True, rank=0, world_size=1)
+    with pytest.raises(DataError) as err:
+        list(loader)
+    message = str(err.value)
+    assert "rank 0: DataLoader worker 0 of 1 sent no batch for 3 s" in message
+    assert "dataset_conf.batch_timeout" in message
+
+
+@pytest.mark.parametrize("num_workers, data_type", [(0, "shard"), (2, "shard"), (2, "raw")])
+def test_what_a_rank_leaves_unused_is_counted_from_its_state_without_reading(shards, tmp_path, num_workers,
+                                                                             data_type):
+    data_list, keys, tok = shards
+    if data_type == "raw":  # one chunk of 48 lines for 4 readers: strided
+        data_list, _ = make_raw(tmp_path, copies=2)
+    conf = small_conf(num_workers=num_workers, data_type=data_type)
+    loader = build_dataloader(str(data_list), conf, tok, train=True, rank=1, world_size=2)
+    loader.set_epoch(3)
+    consumed, it = [], iter(loader)
+    for _ in range(2):
+        consumed += next(it)["keys"]
+    before = loader.counts()
+    left = loader.left_in_epoch()
+    assert loader.counts() == before  # nothing was read to count it
+    del it
+    rest = build_dataloader(str(data_list), conf, tok, train=True, rank=1, world_size=2)
+    rest.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    assert left == len([k for batch in rest for k in batch["keys"]]) > 0

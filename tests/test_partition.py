@@ -124,3 +124,22 @@ def test_a_duration_balanced_split_changes_every_epoch_and_stays_balanced():
         spreads.append((max(loads) - min(loads)) / (sum(loads) / 4))
     assert len(splits) == 4
     assert max(spreads) <= 0.02, spreads  # 10 shards per rank: within 2 % of the mean load
+
+
+def test_a_state_with_a_thousand_buffered_samples_packs_small_and_round_trips_exactly():
+    import json
+    import random
+
+    from corpus_io.partition import SlotState
+
+    rng = random.Random(1)
+    state = SlotState(epoch=2, cursor={0: (7, 1200)}, taken={0: 15000}, seconds=4321.5)
+    for pos in rng.sample(range(1200), 1000):  # a shuffle block's worth, seconds in 10 ms frames
+        state.pending[(0, 6 + pos % 2, pos)] = float(rng.randint(50, 1500)) * 0.01
+    state.pending[(1, 3, 5)] = 1.234567  # seconds not on the frame grid are kept as they are
+    packed = json.dumps(state.to_dict())
+    assert len(packed) < 10 * 1024  # ~8 bytes per buffered sample: 4 workers stay well below 64 KB per rank
+    back = SlotState.from_dict(json.loads(packed))
+    assert back.pending == state.pending and back.cursor == state.cursor  # bit-exact seconds
+    old = {"epoch": 2, "cursor": {"0": [7, 1200]}, "pending": [[0, 6, 4, 1.5]]}  # the earlier one-entry form
+    assert SlotState.from_dict(old).pending == {(0, 6, 4): 1.5}

@@ -60,6 +60,22 @@ def continues_streams(conf: DatasetConf) -> bool:
     return bool(conf.epoch_hours) or len(conf.sources) > 1
 
 
+def marks_pass_end(conf: DatasetConf) -> bool:
+    """A weighted mix without epoch_hours: its epoch ends when a source's pass does (a cursor at the start of
+    the next pass marks it)."""
+    return len(conf.sources) > 1 and not conf.epoch_hours
+
+
+def source_seed(conf: DatasetConf, src: int) -> int:
+    """The list-shuffle seed of source ``src`` (each source of a mix has its own order)."""
+    return conf.seed + 7919 * src
+
+
+def first_pass(conf: DatasetConf, epoch: int) -> int:
+    """The pass an epoch's streams start in: the epoch itself, or 0 for streams that continue across epochs."""
+    return 0 if continues_streams(conf) else epoch
+
+
 def enter(samples: Iterator[dict], state: SlotState, budget: float | None, stop: list[bool]) -> Iterator[dict]:
     """Record each sample entering the buffers; end the stream once the epoch_hours budget is spent.
 
@@ -104,13 +120,13 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
         generator = torch.Generator().manual_seed(random.Random(tag + ":dither").getrandbits(63))
     shuffle = train and conf.shuffle
     infinite = continues_streams(conf)
-    mark_pass_end = len(sources) > 1 and not conf.epoch_hours  # a mix's epoch ends when a source's pass does
+    mark_pass_end = marks_pass_end(conf)
     opts = read_options(conf)
     stop = [False]
 
     # list shuffle -> partition -> open -> tar group | raw read (-> weighted mix)
-    streams = [iter_source(i, src, slot, state, opts, counts, seed=seed + 7919 * i,
-                           first_pass=0 if infinite else epoch, shuffle=shuffle, infinite=infinite,
+    streams = [iter_source(i, src, slot, state, opts, counts, seed=source_seed(conf, i),
+                           first_pass=first_pass(conf, epoch), shuffle=shuffle, infinite=infinite,
                            mark_pass_end=mark_pass_end)
                for i, src in enumerate(sources)]
     streams = [stages.drop_repeated_keys(stream, owners=src.owners, counts=counts) if src.owners else stream

@@ -23,7 +23,7 @@ from functools import partial
 from typing import Callable, Iterator
 
 from corpus_io.errors import DataError
-from corpus_io.partition import PASS_STRIDE, Assignment, Slot, SlotState, assign, unit_weights
+from corpus_io.partition import PASS_STRIDE, Assignment, Piece, Slot, SlotState, assign, pieces_of, unit_weights
 from corpus_io.rawlist import CHUNK_LINES, RawList, chunk_sizes, permuted_lines
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,59 @@ def _units_of_pass(source: Source, slot: Slot, *, seed: int, pass_: int, shuffle
     return assign(source.num_units, slot, seed=seed, epoch=pass_, shuffle=shuffle, weights=weights)
 
 
+def pieces_of_pass(src: int, source: Source, slot: Slot, state: SlotState, *, seed: int, pass_: int,
+                   shuffle: bool) -> list[Piece]:
+    """What ``slot`` reads of ``source`` in ``pass_``: the re-split plan of an elastic resume for that pass,
+    else its regular assignment (whole units)."""
+    plan = state.plans.get(src)
+    if plan is not None and plan[0] == pass_:
+        return plan[1]
+    return pieces_of(_units_of_pass(source, slot, seed=seed, pass_=pass_, shuffle=shuffle), pass_)
+
+
+def read_piece(source: Source, piece: Piece, opts: ReadOptions, counts: Counter, *, seed: int, shuffle: bool,
+               done: Callable[[int], bool]) -> Iterator[tuple[int, dict]]:
+    """``(position, sample)`` for the positions ``piece`` keeps, in order. Positions the checkpointed run
+    already had (outside the piece, or ``done``) are skipped before decoding (a raw entry is not even read)
+    and count as ``resume.reread``; a piece of pending samples only stops after its last one."""
+    def wanted(pos: int) -> bool | None:
+        if not piece.in_stride(pos):
+            return False
+        if piece.keeps(pos) and not done(pos):
+            return True
+        if piece.done_after(pos):
+            return None  # nothing more to keep in this unit
+        counts["resume.reread"] += 1
+        return False
+
+    if source.data_type == "raw":
+        unit = piece.unit
+        chunk = permuted_lines(source.num_units, unit * CHUNK_LINES, min(source.num_units, (unit + 1) * CHUNK_LINES),
+                               seed=seed, epoch=piece.pass_, shuffle=shuffle)
+        for pos, line in enumerate(chunk):
+            want = wanted(pos)
+            if want is None:
+                return
+            if want:
+                sample = read_raw_entry(source.raw, int(line), opts, counts)  # type: ignore[arg-type]
+                if sample is not None:
+                    sample["__url__"], sample["__pos__"] = source.data_list, int(line)
+                    yield pos, sample
+        return
+    url = source.urls[piece.unit]
+    expected = source.num_utts[piece.unit] if source.num_utts and source.num_utts[piece.unit] else None
+    for sample in read_shard_unit(url, opts, counts, expected=expected, kept=piece.keeps):
+        want = wanted(sample["__pos__"])
+        if want is None:
+            return
+        if want:
+            yield sample["__pos__"], sample
+
+
+def _done(state: SlotState, src: int, uid: int, pos: int) -> bool:
+    return state.already_done((src, uid, pos))
+
+
 def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: ReadOptions, counts: Counter, *,
                 seed: int, first_pass: int, shuffle: bool, infinite: bool,
                 mark_pass_end: bool = False) -> Iterator[dict | None]:
@@ -177,42 +230,18 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
     start = state.start_unit(src)
     pass_ = first_pass if start is None else max(first_pass, start // PASS_STRIDE)
     while True:
-        assignment = _units_of_pass(source, slot, seed=seed, pass_=pass_, shuffle=shuffle)
-        if infinite and not assignment.units:
+        pieces = pieces_of_pass(src, source, slot, state, seed=seed, pass_=pass_, shuffle=shuffle)
+        planned = state.plans.get(src, (None,))[0] == pass_
+        if infinite and not pieces and not planned:
             return  # this slot gets nothing from this source, in any pass
         taken_before = state.taken.get(src, 0)
-        for ordinal, unit in enumerate(assignment.units):
+        for ordinal, piece in enumerate(pieces):
             uid = pass_ * PASS_STRIDE + ordinal
             if start is not None and uid < start:
                 continue
-            if source.data_type == "raw":
-                chunk = permuted_lines(source.num_units, unit * CHUNK_LINES,
-                                       min(source.num_units, (unit + 1) * CHUNK_LINES), seed=seed, epoch=pass_,
-                                       shuffle=shuffle)
-                for pos, line in enumerate(chunk):
-                    if not assignment.keeps(ordinal, pos):
-                        continue
-                    sid = (src, uid, pos)
-                    if state.already_done(sid):
-                        counts["resume.reread"] += 1
-                        continue
-                    sample = read_raw_entry(source.raw, int(line), opts, counts)  # type: ignore[arg-type]
-                    if sample is not None:
-                        sample["__url__"], sample["__pos__"], sample["__sid__"] = source.data_list, int(line), sid
-                        yield sample
-                continue
-            url = source.urls[unit]
-            expected = source.num_utts[unit] if source.num_utts and source.num_utts[unit] else None
-            for sample in read_shard_unit(url, opts, counts, expected=expected,
-                                          kept=partial(assignment.keeps, ordinal)):
-                pos = sample["__pos__"]
-                if not assignment.keeps(ordinal, pos):
-                    continue
-                sid = (src, uid, pos)
-                if state.already_done(sid):
-                    counts["resume.reread"] += 1
-                    continue
-                sample["__sid__"] = sid
+            for pos, sample in read_piece(source, piece, opts, counts, seed=seed, shuffle=shuffle,
+                                          done=partial(_done, state, src, uid)):
+                sample["__sid__"] = (src, uid, pos)
                 yield sample
         if not infinite:
             return
@@ -221,7 +250,8 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
             # first time this pass ends (not a re-read for samples still pending from it): mark it done
             state.cursor[src] = pass_end
             yield None
-        if state.taken.get(src, 0) == taken_before and (start is None or start < pass_ * PASS_STRIDE):
+        if (state.taken.get(src, 0) == taken_before and not planned
+                and (start is None or start < pass_ * PASS_STRIDE)):
             # a whole pass put nothing into the buffers (all unreadable, filtered, or strided away): every
             # later pass would be the same, so end this stream instead of re-reading it forever
             log.warning("%s: a whole pass gave this reader (rank %d, worker %d) no usable sample; its "

@@ -13,6 +13,8 @@ Guarantees:
   RNG state and each rank's loader ``state_dict`` (gathered with ``all_gather_object``); rank 0
   writes it atomically. ``resume=true`` restores all of it, so an interrupted epoch continues at
   the batch after the checkpoint on every rank (``torchrun --max-restarts`` restarts the same way).
+  Resumed on another world size or worker count, the rest of the epoch is re-split over the new
+  ranks x workers (corpus_io.pipeline.elastic), and every rank logs what it took over.
 * **Gradient accumulation.** ``accum_grad`` micro-batches per optimizer step, under DDP ``no_sync``
   on all but the last; the loss of each micro-batch is divided by ``accum_grad``.
 """
@@ -385,6 +387,7 @@ class Trainer:
             "loader_states": [r["loader"] for r in per_rank],
             "rng_states": [r["rng"] for r in per_rank],
             "trained_keys_bytes": [r["keys_bytes"] for r in per_rank],
+            "trained_keys_files": self._keys_files([r["keys_bytes"] for r in per_rank]),
             "world_size": self.ctx.world_size,
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
@@ -408,7 +411,7 @@ class Trainer:
         latest = self.out / "model.pt"
         state = ckpt.load_checkpoint(latest) if (self.tc.resume and latest.is_file()) else None
         if state is None:
-            self._open_keys_file(0)
+            self._open_keys_file(None)
             return
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -417,21 +420,24 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
         self.epoch_done = bool(state["epoch_done"])
-        same_world = int(state.get("world_size", 1)) == self.ctx.world_size
         if self.epoch_done:
             self.epoch, self.step_in_epoch, self.epoch_done = self.epoch + 1, 0, False
-        elif same_world:
+        else:
             self.step_in_epoch = int(state["step_in_epoch"])
             self.train_loader.set_epoch(self.epoch)
-            self.train_loader.load_state_dict(state["loader_states"][self.ctx.rank])
-            set_rng_state(state["rng_states"][self.ctx.rank], self.ctx.device)
+            # any world size and worker count: the same topology loads this rank's own state, another one
+            # re-splits the rest of the epoch over this run's ranks x workers (corpus_io.pipeline.elastic)
+            plan = self.train_loader.load_rank_states(state["loader_states"])
+            if plan is None:
+                set_rng_state(state["rng_states"][self.ctx.rank], self.ctx.device)
+            else:
+                mine = [plan.states[self.ctx.rank * max(1, self.train_loader.num_workers) + w]
+                        for w in range(max(1, self.train_loader.num_workers))]
+                units = sum(len(pieces) for st in mine for _, pieces in st.plans.values())
+                self.log(f"epoch {self.epoch}: {plan.describe()}; rank {self.ctx.rank} reads {units} of them, "
+                         f"{sum(len(st.pending) for st in mine)} buffered samples")
             self.resumed_mid_epoch = True
-        else:
-            self.log(f"checkpoint was written by {state.get('world_size')} ranks, this run has "
-                     f"{self.ctx.world_size}: epoch {self.epoch} restarts from its beginning", all_ranks=False)
-            self.step_in_epoch = 0
-        keys_bytes = state.get("trained_keys_bytes") or []
-        self._open_keys_file(keys_bytes[self.ctx.rank] if same_world and self.ctx.rank < len(keys_bytes) else 0)
+        self._open_keys_file(state)
         self.log(f"resumed from {latest}: epoch {self.epoch}, step_in_epoch {self.step_in_epoch}, "
                  f"global_step {self.global_step}", all_ranks=False)
 
@@ -449,11 +455,32 @@ class Trainer:
         if problem:
             raise ConfigError(problem)
 
-    def _open_keys_file(self, keep_bytes: int) -> None:
-        """Debug: output_dir/trained_keys.rank{R}.txt, cut back to what the checkpoint had trained."""
+    def _keys_files(self, ranks_bytes: list[int]) -> dict[str, int]:
+        """Debug: the length of every trained_keys.rank{R}.txt at a checkpoint, including the files of ranks a
+        larger world size wrote before an elastic resume (they no longer grow)."""
+        if not self.tc.dump_trained_keys:
+            return {}
+        sizes = {p.name: p.stat().st_size for p in self.out.glob("trained_keys.rank*.txt")}
+        sizes.update({f"trained_keys.rank{r}.txt": n for r, n in enumerate(ranks_bytes)})
+        return sizes
+
+    def _open_keys_file(self, state: dict | None) -> None:
+        """Debug: output_dir/trained_keys.rank{R}.txt, cut back to what the checkpoint had trained (rank 0 also
+        cuts back the files of ranks this run does not have)."""
         if not self.tc.dump_trained_keys:
             return
+        state = state or {}
+        kept = dict(state.get("trained_keys_files") or {})
+        if not kept:  # a checkpoint before trained_keys_files: one length per rank of its world
+            kept = {f"trained_keys.rank{r}.txt": n for r, n in enumerate(state.get("trained_keys_bytes") or [])}
+        if self.ctx.is_main and state:
+            for path in self.out.glob("trained_keys.rank*.txt"):
+                rank = int(path.name.split(".rank")[1].split(".")[0])
+                if rank >= self.ctx.world_size:
+                    with open(path, "r+", encoding="utf-8") as f:
+                        f.truncate(kept.get(path.name, 0))
         path = self.out / f"trained_keys.rank{self.ctx.rank}.txt"
+        keep_bytes = kept.get(path.name, 0)
         mode = "r+" if path.exists() else "w"
         self.keys_file = open(path, mode, encoding="utf-8")
         self.keys_file.truncate(keep_bytes)
@@ -596,7 +623,10 @@ class Trainer:
             raise RuntimeError(f"debug_fail_at_step={n}: simulated crash at global step {n}")
 
     def _drain(self, batch: dict, batches: Iterator) -> tuple[int, int]:
-        """Count (and with dump_trained_keys, list) what this rank leaves unused when another ran out."""
+        """Count what this rank leaves unused when another ran out: from the loader state and the index,
+        without decoding the rest (batches: -1, unknown); with dump_trained_keys, read and list it."""
+        if not self.tc.dump_trained_keys:
+            return -1, len(batch["keys"]) + self.train_loader.left_in_epoch()
         unused = []
         nb = nu = 0
         while batch is not None:
@@ -658,7 +688,8 @@ class Trainer:
                 counts[k] = counts.get(k, 0) + v
         skip = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
         if self.ctx.is_main:
-            unused = ", ".join(f"rank {i}: {r['unused_batches']} batches / {r['unused_utts']} utts"
+            unused = ", ".join(f"rank {i}: " + (f"{r['unused_batches']} batches / " if r["unused_batches"] >= 0
+                                                 else "") + f"{r['unused_utts']} utts"
                                for i, r in enumerate(per_rank))
             unused_utts = sum(r["unused_utts"] for r in per_rank)
             # share of what the ranks read this epoch (trained + left unused); the split differs every epoch,

@@ -244,3 +244,23 @@ def test_a_run_that_trained_nothing_fails_on_every_rank_and_writes_no_model_even
     assert "trained 0 utterances on 2 rank(s)" in result.stderr and "on_error=skip" in result.stderr
     assert "Traceback" not in result.stderr.split("trained 0 utterances")[0][-2000:]
     assert not list(out.glob("model.pt*")), sorted(p.name for p in out.iterdir())
+
+
+def test_world_size_changes_mid_epoch_2_1_2_and_every_key_is_trained_once(corpus, tmp_path):
+    """Crash a 2-process run mid-epoch, resume it on 1 process, crash that mid-epoch, finish on 2 again."""
+    out = tmp_path / "exp"
+    common = ("++train_conf.max_epoch=1", "++dataset_conf.batch_size=2", "++train_conf.save_checkpoint_interval=2",
+              "++train_conf.dump_trained_keys=true", "++train_conf.avg_nbest_model=0", "++model.num_blocks=1")
+    for nproc, fail_at in ((2, 3), (1, 7), (2, 0)):
+        result = run_train(torchrun_cmd(out, corpus, *common, f"++train_conf.debug_fail_at_step={fail_at}",
+                                        nproc=nproc), timeout=300)
+        assert (result.returncode != 0) == bool(fail_at), result.stderr[-5000:]
+    log = (out / "train.log").read_text(encoding="utf-8")
+    assert log.count("training finished") == 1
+    # each resume re-split the rest of the epoch and said how
+    assert re.search(r"loader state of 2 ranks x 1 workers re-split over 1 ranks x 1 workers: \d+ units not "
+                     r"started, \d+ open units", log), log
+    assert re.search(r"loader state of 1 ranks x 1 workers re-split over 2 ranks x 1 workers", log), log
+    trained_keys, unused = keys_by_epoch(out, "trained_keys"), keys_by_epoch(out, "unused_keys")
+    assert max(trained_keys.values()) == 1, [k for k, n in trained_keys.items() if n > 1]
+    assert sorted([k for _, k in trained_keys] + [k for _, k in unused]) == sorted(corpus["keys"])
