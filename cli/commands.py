@@ -7,6 +7,8 @@ A subcommand takes Hydra overrides for its schema, composed over ``conf/<name wi
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 from corpus_io import config
@@ -54,7 +56,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("compute-cmvn", config.ComputeCmvnConfig, "corpus_io.train.cmvn:compute_cmvn",
             "Global CMVN (mean, istd) over the feature frames of a training list, as JSON for train's "
             "cmvn_file."),
-    Command("train", config.TrainConfig, "corpus_io.train.trainer:train",
+    Command("train", config.TrainConfig, "cli.commands:train",
             "Train a CTC model (Conformer by default) from a shard or raw list; one process or under torchrun: "
             "torchrun --nproc_per_node=N --no-python corpus-io train ++train_data_set_list=... "
             "++output_dir=..."),
@@ -67,3 +69,18 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 SCHEMAS: dict[str, type] = {c.name: c.schema for c in COMMANDS}
+
+
+def train(cfg: config.TrainConfig) -> None:
+    """``corpus-io train``: :func:`corpus_io.train.trainer.train`, then, under torchrun, the process exits."""
+    from corpus_io.train.trainer import train as run
+
+    run(cfg)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # The run is complete: checkpoints, logs and TensorBoard are closed and the process group is
+        # destroyed. Skip the interpreter's teardown, where the C++ threads of gloo and of the TCPStore can
+        # abort a rank ("terminate called without an active exception", exit -6; pytorch#190489, #179291)
+        # and turn a finished run into a failed one.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
