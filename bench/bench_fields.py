@@ -28,7 +28,7 @@ BATCH_SIZE = 32
 def _prepare() -> Path:
     os.environ.setdefault("CORPUS_IO_NO_PROGRESS", "1")
     from corpus_io.config import AddFieldConfig, PackShardsConfig
-    from corpus_io.shards.fields import add_field
+    from corpus_io.shards.add_field import add_field
     from corpus_io.shards.pack import pack_shards
 
     corpus = real_corpus(20000)

@@ -37,7 +37,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("make-datalist", config.MakeDatalistConfig, "corpus_io.shards.datalist:make_datalist",
             "Write a WeNet data.list: raw (utterance lines from a jsonl) or shard (tar URLs from dirs, globs, "
             "brace patterns or lists, merged, with an optional prefix rewrite and the index sidecar)."),
-    Command("add-field", config.AddFieldConfig, "corpus_io.shards.fields:add_field",
+    Command("add-field", config.AddFieldConfig, "corpus_io.shards.add_field:add_field",
             "Add a field to packed shards without rewriting them: shard-NNNNNN.<field>.tar (fbank/mfcc "
             "computed with the loader's dataset_conf, or ++from_scp=feats.scp) or .<field>.jsonl.gz "
             "(++from_jsonl), plus a meta companion, recorded in index.jsonl. Parallel, resumable."),
