@@ -261,8 +261,7 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
         pass_ += 1
 
 
-def mix(streams: list[Iterator[dict | None]], weights: list[float], state: SlotState,
-        stop: Callable[[], bool] = lambda: False) -> Iterator[dict]:
+def mix(streams: list[Iterator[dict | None]], weights: list[float], state: SlotState) -> Iterator[dict]:
     """Interleave ``streams`` by weight, deterministically: next is the one furthest below its share.
 
     The shares count samples that entered the buffers (``state.taken``), so the mix resumes from a
@@ -274,7 +273,7 @@ def mix(streams: list[Iterator[dict | None]], weights: list[float], state: SlotS
     """
     live = {i: s for i, s in enumerate(streams) if weights[i] > 0}
     picked = Counter({i: state.taken.get(i, 0) for i in live})
-    while live and not stop():
+    while live:
         i = min(live, key=lambda j: ((picked[j] + 1) / weights[j], j))
         try:
             sample = next(live[i])
