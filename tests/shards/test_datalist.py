@@ -203,3 +203,26 @@ def test_the_loader_learns_that_an_index_repeats_no_key_from_a_sidecar_without_r
     assert index_mod.known_repeated_keys(clean / "data.list") == {} and scans == []  # no scan at loader start
     written.write_text(written.read_text() + "\n")  # a changed index: the marker no longer applies
     assert index_mod.known_repeated_keys(clean / "data.list") == {} and scans == [1]
+
+
+def test_index_readers_skip_the_keys_array_exactly_whatever_the_keys_hold(tmp_path):
+    import json
+
+    from corpus_io.shards import index as index_mod
+
+    odd = ['plain', 'has "] inside', 'ends with \\', '中文', 'x"]', '', 'a,b]"']
+    entries = [{"path": str(tmp_path / f"s{i}.tar"), "num_utts": len(k), "duration": 1.5 + i, "keys": k}
+               for i, k in enumerate([odd, [], ["only"], odd[::-1]])]
+    entries[0]["fields"] = {"fbank": {"file": "s0.fbank.tar"}}  # a field after the keys survives the cut
+    index_mod.write_list_and_index(tmp_path / "data.list", entries)
+    read = index_mod.load_index(tmp_path / "data.list")
+    with_keys = index_mod.load_index(tmp_path / "data.list", keys=True)
+    for e in entries:
+        got = read[e["path"]]
+        assert "keys" not in got and got == {k: v for k, v in e.items() if k != "keys"}
+        assert with_keys[e["path"]]["keys"] == e["keys"]
+    lines = (tmp_path / "index.jsonl").read_bytes().splitlines()
+    assert index_mod._without_keys(lines[0]) == lines[0]  # an escaped quote before "]: parsed whole, keys dropped
+    for raw in lines[1:]:  # the usual shapes are cut before parsing
+        cut = index_mod._without_keys(raw)
+        assert b'"keys"' not in cut and json.loads(cut) == {k: v for k, v in json.loads(raw).items() if k != "keys"}
