@@ -46,7 +46,7 @@ class Source:
     def open(cls, data_list: str, data_type: str, weight: float = 1.0) -> Source:
         if data_type == "raw":
             return cls(data_list, "raw", weight, raw=RawList(data_list))
-        from corpus_io.shards.index import load_index, read_datalist, repeated_keys
+        from corpus_io.shards.index import known_repeated_keys, load_index, read_datalist
 
         urls = read_datalist(data_list)
         if not urls:
@@ -55,7 +55,7 @@ class Source:
         entries = [index.get(u) for u in urls]
         durations = [float(e["duration"]) if e and e.get("duration") else 0.0 for e in entries]
         num_utts = [int(e["num_utts"]) if e and e.get("num_utts") else 0 for e in entries]
-        owners = {key: shards[0] for key, shards in repeated_keys(data_list).items()}
+        owners = {key: shards[0] for key, shards in known_repeated_keys(data_list).items()}
         return cls(data_list, "shard", weight, urls, durations, num_utts, owners=owners)
 
     @property

@@ -91,6 +91,42 @@ def repeated_keys(list_path: str | os.PathLike) -> dict[str, list[str]]:
     return find_repeated_keys(lambda: _iter_shard_keys(index))
 
 
+def known_repeated_keys(list_path: str | os.PathLike) -> dict[str, list[str]]:
+    """:func:`repeated_keys`, without the scan when the index's ``.<index stem>.repeats.json`` sidecar says that this
+    very index (same size and mtime) repeats no key; else computed, and the count stored there (best effort:
+    a read-only directory just computes it). The loader asks on every rank at start: at 15M keys the scan
+    takes seconds and hundreds of MB, the sidecar milliseconds. :func:`write_index` stores it with each index."""
+    index = index_path_for(list_path)
+    if not index.is_file():
+        return {}
+    try:
+        stored = json.loads(_repeats_path(index).read_text(encoding="utf-8"))
+        if stored.get("index") == _stamp(index) and stored["repeated_keys"] == 0:
+            return {}  # the usual case; a list that repeats keys is rare and re-scanned (shard paths move)
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        pass  # absent, stale or damaged: compute it
+    return _store_repeats(index)
+
+
+def _repeats_path(index: Path) -> Path:
+    return index.with_name(f".{index.stem}.repeats.json")  # index.jsonl -> .index.repeats.json
+
+
+def _stamp(index: Path) -> list[int]:
+    st = index.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _store_repeats(index: Path) -> dict[str, list[str]]:
+    repeats = find_repeated_keys(lambda: _iter_shard_keys(index))
+    try:
+        with atomic_write(_repeats_path(index)) as f:
+            json.dump({"index": _stamp(index), "repeated_keys": len(repeats)}, f)
+    except OSError:
+        pass  # a read-only shard directory: the next start computes it again
+    return repeats
+
+
 def find_repeated_keys(shard_keys: Callable[[], Iterable[tuple[str, list[str]]]], *,
                        most: int = 1_000_000) -> dict[str, list[str]]:
     """``{key: [shard, shard, ...]}`` for every key that occurs more than once among the ``(shard, keys)``
@@ -143,6 +179,7 @@ def write_index(path: str | os.PathLike, entries: Iterable[dict]) -> None:
     with atomic_write(path) as f:
         for entry in entries:
             f.write(json.dumps(_stored(entry, index_dir), ensure_ascii=False) + "\n")
+    _store_repeats(Path(path))  # once here, offline, so every loader start reads it instead of scanning
 
 
 def read_index_file(path: Path, *, keys: bool = False, lazy: bool = False) -> Any:
@@ -155,14 +192,34 @@ def read_index_file(path: Path, *, keys: bool = False, lazy: bool = False) -> An
     return entries if lazy else {entry["path"]: entry for entry in entries}
 
 
+_KEYS_FIELD = b', "keys": ['
+
+
+def _without_keys(raw: bytes) -> bytes:
+    """An index line with its ``keys`` array cut out before parsing: the loader never needs the keys, and
+    parsing them is most of the cost at 15M utterances. The cut ends at the first ``"]`` whose quote is not
+    escaped, i.e. the end of the last key and of the array (inside a JSON string a quote is always escaped);
+    any other shape (an escaped quote there, no keys) keeps the line whole."""
+    start = raw.find(_KEYS_FIELD)
+    if start < 0:
+        return raw
+    body = start + len(_KEYS_FIELD)
+    if raw[body:body + 1] == b"]":
+        return raw[:start] + raw[body + 1:]
+    end = raw.find(b'"]', body)
+    if end < 0 or raw[end - 1:end] == b"\\":
+        return raw
+    return raw[:start] + raw[end + 2:]
+
+
 def _iter_index_file(path: Path, keys: bool) -> Iterator[dict]:
     index_dir = _index_dir(path)
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
-            entry = parse_json_object(raw, f"{path}:{lineno}", "The index is corrupt: regenerate it with "
-                                                                "make-datalist or pack-shards.")
+            entry = parse_json_object(raw if keys else _without_keys(raw), f"{path}:{lineno}",
+                                      "The index is corrupt: regenerate it with make-datalist or pack-shards.")
             if "path" not in entry and isinstance(entry.get("file"), str):
                 entry = {"path": os.path.normpath(os.path.join(index_dir, entry["file"])),
                          **{k: v for k, v in entry.items() if k != "file"}}

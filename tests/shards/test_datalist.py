@@ -180,3 +180,50 @@ def test_raw_mode_with_an_unmeasured_command_source_says_to_give_source_len_not_
     make_datalist(MakeDatalistConfig(data_type="raw", input=str(src), output=str(tmp_path / "raw.list")))
     (line,) = [json.loads(x) for x in (tmp_path / "raw.list").read_text().splitlines()]
     assert line["duration"] == 1.5 and line["source_len"] == 150
+
+
+def test_the_loader_learns_that_an_index_repeats_no_key_from_a_sidecar_without_rescanning(tmp_path, monkeypatch):
+    import json
+
+    from corpus_io.shards import index as index_mod
+    from tests.shards.conftest import packed_with_a_repeat
+
+    merged, _, _ = packed_with_a_repeat(tmp_path)
+    assert len(index_mod.known_repeated_keys(merged)) == 4  # a list that repeats keys: always found by a scan
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    first = json.loads(index_mod.index_path_for(merged).read_text().splitlines()[0])
+    index_mod.write_list_and_index(clean / "data.list", [first])
+    written = index_mod.index_path_for(clean / "data.list")
+    marker = written.with_name(f".{written.stem}.repeats.json")
+    assert json.loads(marker.read_text())["repeated_keys"] == 0  # stored when the index was written
+    scans = []
+    real = index_mod.find_repeated_keys
+    monkeypatch.setattr(index_mod, "find_repeated_keys", lambda *a, **k: scans.append(1) or real(*a, **k))
+    assert index_mod.known_repeated_keys(clean / "data.list") == {} and scans == []  # no scan at loader start
+    written.write_text(written.read_text() + "\n")  # a changed index: the marker no longer applies
+    assert index_mod.known_repeated_keys(clean / "data.list") == {} and scans == [1]
+
+
+def test_index_readers_skip_the_keys_array_exactly_whatever_the_keys_hold(tmp_path):
+    import json
+
+    from corpus_io.shards import index as index_mod
+
+    odd = ['plain', 'has "] inside', 'ends with \\', '中文', 'x"]', '', 'a,b]"']
+    entries = [{"path": str(tmp_path / f"s{i}.tar"), "num_utts": len(k), "duration": 1.5 + i, "keys": k}
+               for i, k in enumerate([odd, [], ["only"], odd[::-1]])]
+    entries[0]["fields"] = {"fbank": {"file": "s0.fbank.tar"}}  # a field after the keys survives the cut
+    index_mod.write_list_and_index(tmp_path / "data.list", entries)
+    read = index_mod.load_index(tmp_path / "data.list")
+    with_keys = index_mod.load_index(tmp_path / "data.list", keys=True)
+    for e in entries:
+        got = read[e["path"]]
+        assert "keys" not in got and got == {k: v for k, v in e.items() if k != "keys"}
+        assert with_keys[e["path"]]["keys"] == e["keys"]
+    lines = (tmp_path / "index.jsonl").read_bytes().splitlines()
+    for raw in (lines[0], lines[3]):  # an escaped quote before "]: parsed whole (the keys dropped after)
+        assert index_mod._without_keys(raw) == raw
+    for raw in lines[1:3]:  # the usual shapes are cut before parsing
+        cut = index_mod._without_keys(raw)
+        assert b'"keys"' not in cut and json.loads(cut) == {k: v for k, v in json.loads(raw).items() if k != "keys"}

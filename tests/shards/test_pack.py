@@ -245,8 +245,8 @@ def test_rerun_with_fewer_shards_removes_the_earlier_runs_extra_shards(tmp_path,
     second = pack_shards(_cfg(fixture_jsonl, out, num_utts_per_shard=100))
     assert second.extra["shards"] == 1
     assert second.extra["stale shards removed"] == first.extra["shards"] - 1
-    assert sorted(p.name for p in out.iterdir()) == [".shard-000000.tar.json", "data.list", "index.jsonl",
-                                                      "notes.txt", "shard-000000.tar"]
+    assert sorted(p.name for p in out.iterdir()) == [".index.repeats.json", ".shard-000000.tar.json",
+                                                      "data.list", "index.jsonl", "notes.txt", "shard-000000.tar"]
     assert len(_all_samples(out / "data.list")) == first.kept == second.kept
 
 
