@@ -630,7 +630,7 @@ def validate(schema: type, raw: Any) -> Any:
             example = f"++{key}=<value>"
         raise ConfigError(f"config key '{key}': {msg}. Fix the value in your YAML or override, "
                           f"e.g. {example}.") from None
-    _check_choices_and_required(obj, prefix="")
+    check_values(obj)
     return obj
 
 
@@ -761,7 +761,10 @@ def _unknown_key_message(path: str, schema: type, prefix: str) -> str:
     return f"unknown config key '{path}'.{hint} Run the subcommand with --help to list every key."
 
 
-def _check_choices_and_required(obj: Any, prefix: str) -> None:
+def check_values(obj: Any, prefix: str = "") -> None:
+    """Every field of a config instance (nested ones too) within its ``choices`` and ``range``, else one
+    ConfigError naming the key. :func:`validate` runs it on composed configs; entry points that also take
+    configs built in Python (``build_dataloader``, ``pack_shards``, ``bench_loader``) run it too."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         path = f"{prefix}{f.name}"
@@ -776,11 +779,11 @@ def _check_choices_and_required(obj: Any, prefix: str) -> None:
             raise ConfigError(f"{path}={value}{unit} is outside its range {bounds} "
                               f"({f.metadata.get('help')}). Give a value in range, e.g. ++{path}={example}.")
         if dataclasses.is_dataclass(value):
-            _check_choices_and_required(value, path + ".")
+            check_values(value, path + ".")
         if isinstance(value, list):
             for i, item in enumerate(value):
                 if dataclasses.is_dataclass(item):
-                    _check_choices_and_required(item, f"{path}[{i}].")
+                    check_values(item, f"{path}[{i}].")
 
 
 def require(obj: Any, *keys: str) -> None:

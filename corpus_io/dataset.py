@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from corpus_io.config import DatasetConf
+from corpus_io.config import DatasetConf, check_values
 from corpus_io.errors import ConfigError, CorpusIOError, DataError
 from corpus_io.files import read_json_object
 from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info
@@ -321,12 +321,8 @@ def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer
         r, w = dist_info()
         rank = r if rank is None else rank
         world_size = w if world_size is None else world_size
-    if dataset_conf.batch_size < 1:  # the lazy pipeline would only reject it inside a worker
-        unit = {"example": "utterances", "length": "frames"}.get(dataset_conf.batch_type, "frames + tokens")
-        raise ConfigError(f"dataset_conf.batch_size={dataset_conf.batch_size}: a batch budget must be >= 1 ({unit} "
-                          f"per batch for batch_type={dataset_conf.batch_type}), e.g. ++dataset_conf.batch_size=16.")
-    if dataset_conf.epoch_hours is not None and dataset_conf.epoch_hours <= 0:
-        raise ConfigError(f"dataset_conf.epoch_hours is {dataset_conf.epoch_hours}; it must be > 0 (or null).")
+    check_values(dataset_conf, "dataset_conf.")  # here, not only at compose: the lazy pipeline would reject a
+    # bad batch_size or epoch_hours inside a worker, and tests and the trainer build configs in Python
     if dataset_conf.feats_on == "model" and dataset_conf.feats_type not in ("fbank", "mfcc"):
         raise ConfigError(f"dataset_conf.feats_on=model computes fbank or mfcc on the model's device, but "
                           f"dataset_conf.feats_type={dataset_conf.feats_type}. Use ++dataset_conf.feats_type=fbank "
@@ -373,7 +369,7 @@ def bench_loader(cfg: Any) -> dict:
 
     if not cfg.dataset_conf.sources:
         require(cfg, "data_list")
-    _check_bench_config(cfg)
+    check_values(cfg)
     if cfg.save_state_after and not cfg.state_file:
         raise ConfigError("save_state_after needs state_file: ++state_file=loader_state.json")
     rank, world_size = _init_distributed()
@@ -504,16 +500,6 @@ def _read_checkpoint_states(state_file: str) -> tuple[list[Any], list[dict]]:
                           f"one save: restore them, or delete {newest} and its siblings to start afresh.")
     ordered = [mine[r] for r in range(world)]
     return ordered, [states[p] for p in ordered]
-
-
-def _check_bench_config(cfg: Any) -> None:
-    """bench-loader's own counts (dataset_conf is checked by build_dataloader)."""
-    if cfg.epochs < 1:
-        raise ConfigError(f"epochs={cfg.epochs}: bench-loader iterates epochs 0..epochs-1, so it must be >= 1 "
-                          f"(e.g. ++epochs=1).")
-    for key in ("max_batches", "save_state_after"):
-        if getattr(cfg, key) < 0:
-            raise ConfigError(f"{key}={getattr(cfg, key)} is negative; give a number of batches, or 0 for off.")
 
 
 def _read_loader_state(path: Any) -> dict:

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from corpus_io import audio, kaldi
+from corpus_io.config import check_values
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import (
     bounded_lines,
@@ -571,10 +572,7 @@ def _keep_companion_fields(previous_index: Path, entries: list[dict]) -> list[di
 
 def pack_shards(cfg: Any) -> Summary:
     """Run pack-shards for a validated :class:`corpus_io.config.PackShardsConfig`; returns the summary."""
-    if cfg.num_utts_per_shard <= 0:
-        raise ConfigError(f"num_utts_per_shard must be positive, got {cfg.num_utts_per_shard}.")
-    if cfg.resample is not None and cfg.resample <= 0:
-        raise ConfigError(f"resample must be a positive rate in Hz or null, got {cfg.resample}.")
+    check_values(cfg)  # num_utts_per_shard, resample, ...: their ranges, also for configs built in Python
     feats = bool(getattr(cfg, "feats", False))
     if feats and (cfg.audio_format != "keep" or cfg.resample):
         raise ConfigError("++feats=true stores feature matrices; audio_format/resample do not apply.")
