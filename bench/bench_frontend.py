@@ -26,9 +26,8 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
-from bench.common import OUT, drop_cache, mb, real_corpus, run_measured
+from bench.common import OUT, drop_cache, mb, real_corpus, run_child
 
 N = int(os.environ.get("BENCH_FRONTEND_N", 4000))
 N_COMPUTE = int(os.environ.get("BENCH_FRONTEND_N_COMPUTE", 400))  # utterances of the CPU front-end run
@@ -146,11 +145,7 @@ def gpu_child(spec: dict) -> dict:
 
 
 def _run(spec: dict) -> dict:
-    wall, peak, r = run_measured([sys.executable, "-m", "bench.bench_frontend", json.dumps(spec)],
-                                 cwd=Path(__file__).resolve().parent.parent)
-    if r.returncode != 0:
-        raise SystemExit(f"{spec}: {r.stderr[-3000:]}")
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out, peak = run_child("bench.bench_frontend", json.dumps(spec))
     out["peak_rss"] = peak
     return out
 

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import BIN, OUT, drop_cache, mb, real_corpus, run_measured
+from bench.common import BIN, OUT, drop_cache, mb, real_corpus, run_child
 
 HERE = OUT / "loader16k"
 MIXED = OUT / "loader"
@@ -310,11 +310,7 @@ def measure(spec: dict, *, cold: bool) -> dict:
                 while f.read(1 << 20):
                     pass
     run = {k: v for k, v in spec.items() if k != "files"}
-    wall, peak, r = run_measured([sys.executable, "-m", "bench.bench_loader", json.dumps(run)],
-                                 cwd=Path(__file__).resolve().parent.parent)
-    if r.returncode != 0:
-        raise SystemExit(f"{spec}: {r.stderr[-3000:]}")
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out, peak = run_child("bench.bench_loader", json.dumps(run))
     out["peak_rss"] = peak
     return out
 
@@ -390,9 +386,8 @@ def main() -> None:
     for phase in ("build index", "cached index") if "rss" in ONLY else ():
         if phase == "build index":
             Path(str(big) + ".idx").unlink(missing_ok=True)
-        wall, peak, r = run_measured([sys.executable, "-m", "bench.bench_loader", "--raw-rss", str(big)],
-                                     cwd=Path(__file__).resolve().parent.parent)
-        rss[phase] = (peak, json.loads(r.stdout.strip().splitlines()[-1])["wall"])
+        out, peak = run_child("bench.bench_loader", "--raw-rss", str(big))
+        rss[phase] = (peak, out["wall"])
 
     # raw-list memory per DataLoader worker: 10M lines vs 10k lines, 1 and 4 workers (process tree: RSS sums
     # shared pages once per process, PSS counts them once)
@@ -404,10 +399,7 @@ def main() -> None:
         for lst, lines in ((small, "10k"), (real10m, "10M")):
             for nw in (1, 4):
                 peaks: dict = {}
-                wall, peak, r = run_measured([sys.executable, "-m", "bench.bench_loader", "--raw-workers", str(lst),
-                                              str(nw), "60"], peaks=peaks, cwd=Path(__file__).resolve().parent.parent)
-                if r.returncode != 0:
-                    raise SystemExit(f"raw workers {lst} {nw}: {r.stderr[-3000:]}")
+                _, peak = run_child("bench.bench_loader", "--raw-workers", str(lst), str(nw), "60", peaks=peaks)
                 workers_mem[(lines, nw)] = (peak, peaks["pss"])
 
     def rate(key) -> float:

@@ -98,6 +98,18 @@ def drop_cache(paths) -> None:
             os.close(fd)
 
 
+def run_child(module: str, *args: str, peaks: dict | None = None) -> tuple[dict, int]:
+    """Run ``python -m <module> <args>`` from the repo root under :func:`run_measured`; return the JSON object
+    its last stdout line holds and the tree's peak RSS (bytes). A failing child stops the bench with its stderr."""
+    import json
+
+    _, peak, result = run_measured([sys.executable, "-m", module, *args], peaks=peaks,
+                                   cwd=Path(__file__).resolve().parent.parent)
+    if result.returncode != 0:
+        raise SystemExit(f"{module} {' '.join(args)}: {result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1]), peak
+
+
 def run_measured(argv: list[str], *, peaks: dict | None = None,
                  **kwargs) -> tuple[float, int, subprocess.CompletedProcess]:
     """Run a command; return (wall seconds, peak RSS bytes of its whole process tree, result).
