@@ -13,6 +13,7 @@ import time
 import pytest
 
 from corpus_io import config
+from corpus_io.config.compose import _hydra_compose
 from corpus_io.errors import ConfigError
 from tests.conftest import REPO, assert_user_error, run_cli
 
@@ -218,7 +219,7 @@ def test_the_shipped_yaml_runs_with_the_defaults_the_help_shows(name):
     import yaml
 
     schema = _commands()[name]
-    composed = config._hydra_compose(name.replace("-", "_"), [], config_path=None)
+    composed = _hydra_compose(name.replace("-", "_"), [], config_path=None)
     composed.pop("defaults", None)
     shown = dataclasses.asdict(schema())
     groups = {f.name: f.metadata["group"] for f in dataclasses.fields(schema) if f.metadata.get("group")}

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cli",),
 ]
 LAYER_OF = {unit: depth for depth, layer in enumerate(LAYERS) for unit in layer}
-SUBPACKAGES = ("shards", "pipeline", "train")
+SUBPACKAGES = ("config", "shards", "pipeline", "train")
 
 
 def unit_of(module: str) -> str:

@@ -1,0 +1,71 @@
+"""Typed configs for every subcommand, and their Hydra composition.
+
+Where each concern lives (import from here; the modules are the homes):
+
+* :mod:`.fields`: :func:`opt` (a field's help, unit, choices, range and its one default), ranges, schema
+  introspection;
+* :mod:`.dataset`: ``dataset_conf`` and ``tokenizer`` (the loader's blocks, shared by many commands);
+* :mod:`.data`: the data-preparation commands' schemas (no torch);
+* :mod:`.training`: train, decode, compute-cmvn, average, bench-loader;
+* :mod:`.funasr`: FunASR's keys and our old spellings, applied before keys are checked;
+* :mod:`.checks`: unknown keys (with the closest valid one), required keys, choices and ranges;
+* :mod:`.compose`: Hydra composition and :func:`validate`;
+* :mod:`.describe`: ``--help`` rows.
+
+A new command's schema goes into the family module it belongs to. Nothing here imports torch or Hydra at
+import time, so ``--help`` is fast. Units follow Kaldi/WeNet: lengths in 10 ms frames, durations in seconds,
+rates in Hz.
+"""
+
+from corpus_io.config.checks import SUGGEST_CUTOFF, check_keys, check_values, require
+from corpus_io.config.compose import compose, to_dict, to_yaml, validate
+from corpus_io.config.data import (
+    AddFieldConfig,
+    Jsonl2ScpConfig,
+    MakeDatalistConfig,
+    MakeTokenizerConfig,
+    PackShardsConfig,
+    PrepareConfig,
+    Scp2JsonlConfig,
+    StatsConfig,
+    VerifyShardsConfig,
+)
+from corpus_io.config.dataset import (
+    DatasetConf,
+    FbankConf,
+    FilterConf,
+    MfccConf,
+    ResampleConf,
+    ShuffleConf,
+    SortConf,
+    SourceConf,
+    SpecAugConf,
+    SpecSubConf,
+    SpecTrimConf,
+    SpeedPerturbConf,
+    TokenizerConf,
+)
+from corpus_io.config.describe import describe, group_presets
+from corpus_io.config.fields import CONF_DIR, FAILURE_CHOICES, all_keys, in_range, opt, parse_range
+from corpus_io.config.funasr import FUNASR_KEYS, OLD_FAIL, RENAMED_KEYS, FunasrKey
+from corpus_io.config.training import (
+    AverageConfig,
+    BenchLoaderConfig,
+    ComputeCmvnConfig,
+    DecodeConfig,
+    OptimConf,
+    SchedulerConf,
+    TrainConf,
+    TrainConfig,
+)
+
+__all__ = [
+    "AddFieldConfig", "AverageConfig", "BenchLoaderConfig", "CONF_DIR", "ComputeCmvnConfig", "DatasetConf",
+    "DecodeConfig", "FAILURE_CHOICES", "FUNASR_KEYS", "FbankConf", "FilterConf", "FunasrKey", "Jsonl2ScpConfig",
+    "MakeDatalistConfig", "MakeTokenizerConfig", "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig",
+    "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig",
+    "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
+    "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "VerifyShardsConfig", "all_keys", "check_keys",
+    "check_values", "compose", "describe", "group_presets", "in_range", "opt", "parse_range", "require", "to_dict",
+    "to_yaml", "validate",
+]

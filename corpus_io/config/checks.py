@@ -1,0 +1,85 @@
+"""Checks of a raw or built config: unknown keys (with the closest valid one), required keys, and every
+value within its choices and range."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+from corpus_io.config.fields import all_keys, in_range, list_item_schema, nested_schema, schema_fields
+from corpus_io.errors import ConfigError
+
+
+def check_keys(schema: type, raw: dict, prefix: str) -> None:
+    fields = schema_fields(schema)
+    for key, value in raw.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(_unknown_key_message(path, schema, prefix))
+        f = fields[key]
+        nested = nested_schema(f, schema)
+        if nested and not isinstance(value, dict):
+            first = dataclasses.fields(nested)[0].name
+            raise ConfigError(f"config key '{path}' is a group of keys, not the single value {value!r}. Set its "
+                              f"keys instead, e.g. ++{path}.{first}=<value> (--help lists them).")
+        if nested:
+            check_keys(nested, value, prefix=path + ".")
+        item_schema = list_item_schema(f, schema)
+        if item_schema and isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    check_keys(item_schema, item, prefix=f"{path}[{i}].")
+
+
+#: How similar (difflib ratio) a key must be to a valid one to be suggested: typos, not look-alikes.
+SUGGEST_CUTOFF = 0.8
+
+
+def _unknown_key_message(path: str, schema: type, prefix: str) -> str:
+    leaf = path[len(prefix):]
+    siblings = [f.name for f in dataclasses.fields(schema)]
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=SUGGEST_CUTOFF)
+    if close:
+        suggestion = prefix + close[0]
+    else:  # a key that slipped one level up or down: match the leaf names of the whole group
+        by_leaf = {c.rsplit(".", 1)[-1]: c for c in all_keys(schema, prefix=prefix)}
+        near = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=SUGGEST_CUTOFF)
+        suggestion = by_leaf[near[0]] if near else None
+    hint = f" The closest valid key is '{suggestion}'." if suggestion else ""
+    return f"unknown config key '{path}'.{hint} Run the subcommand with --help to list every key."
+
+
+def check_values(obj: Any, prefix: str = "") -> None:
+    """Every field of a config instance (nested ones too) within its ``choices`` and ``range``, else one
+    ConfigError naming the key. :func:`validate` runs it on composed configs; entry points that also take
+    configs built in Python (``build_dataloader``, ``pack_shards``, ``bench_loader``) run it too."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        path = f"{prefix}{f.name}"
+        choices = f.metadata.get("choices") if f.metadata else None
+        if choices and value not in choices:
+            raise ConfigError(f"config key '{path}' is '{value}', but it must be one of "
+                              f"{', '.join(map(str, choices))}. Example: ++{path}={choices[0]}")
+        bounds = f.metadata.get("range") if f.metadata else None
+        if bounds and value is not None and not in_range(value, bounds):
+            unit = f" {f.metadata['unit']}" if f.metadata.get("unit") else ""
+            example = "null" if f.default is None else f.default
+            raise ConfigError(f"{path}={value}{unit} is outside its range {bounds} "
+                              f"({f.metadata.get('help')}). Give a value in range, e.g. ++{path}={example}.")
+        if dataclasses.is_dataclass(value):
+            check_values(value, path + ".")
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    check_values(item, f"{path}[{i}].")
+
+
+def require(obj: Any, *keys: str) -> None:
+    """Raise a ConfigError for any of ``keys`` still at its '???' placeholder."""
+    for key in keys:
+        value = obj
+        for part in key.split("."):
+            value = getattr(value, part)
+        if value in ("???", "") or value == [] or value is None:
+            raise ConfigError(f"config key '{key}' is required. Set it with ++{key}=...")

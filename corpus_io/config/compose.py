@@ -1,0 +1,110 @@
+"""Hydra composition: a command's YAML plus ``key=value`` / ``++key=value`` overrides, checked against
+its schema (no ``outputs/`` folder, no change of cwd; Hydra is imported only when a config is composed)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from corpus_io.config.checks import check_keys, check_values
+from corpus_io.config.fields import CONF_DIR
+from corpus_io.config.funasr import apply_funasr_keys, apply_old_spellings
+from corpus_io.errors import ConfigError
+
+
+def compose(schema: type, config_name: str, overrides: list[str], *, config_path: str | None = None) -> Any:
+    """Compose ``conf/<config_name>.yaml`` (or the user's YAML) with overrides; return a checked ``schema``.
+
+    Returns the dataclass instance; ``resolved_yaml(cfg)`` gives the YAML to store with outputs.
+    """
+    raw = _hydra_compose(config_name, overrides, config_path=config_path)
+    return validate(schema, raw)
+
+
+def validate(schema: type, raw: Any) -> Any:
+    """Check a DictConfig/dict against ``schema``; return the dataclass instance."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(raw, dict):
+        raw = OmegaConf.to_container(raw, resolve=True)
+    raw.pop("hydra", None)
+    raw.pop("defaults", None)
+    apply_funasr_keys(schema, raw)
+    apply_old_spellings(schema, raw, prefix="")
+    check_keys(schema, raw, prefix="")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), raw)
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise ConfigError(f"config key '{missing[0]}' is required but not set. Set it with "
+                              f"++{missing[0]}=<value> (required keys: {', '.join(missing)}).")
+        obj = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        msg = str(exc).splitlines()[0]
+        if "ListConfig" in msg:  # OmegaConf's words for "a list was expected"
+            msg, example = "it takes a list, not a single value", f"++{key}='[a,b]'"
+        else:
+            example = f"++{key}=<value>"
+        raise ConfigError(f"config key '{key}': {msg}. Fix the value in your YAML or override, "
+                          f"e.g. {example}.") from None
+    check_values(obj)
+    return obj
+
+
+def to_yaml(obj: Any) -> str:
+    """The resolved config as YAML (stored next to outputs and in checkpoints)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(obj))
+
+
+def to_dict(obj: Any) -> dict:
+    return dataclasses.asdict(obj)
+
+
+def _hydra_compose(config_name: str, overrides: list[str], *, config_path: str | None) -> dict:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    conf_dir = Path(config_path).resolve() if config_path else CONF_DIR
+    name = config_name[:-5] if config_name.endswith(".yaml") else config_name
+    if not (conf_dir / f"{name}.yaml").is_file():
+        raise ConfigError(f"config file {conf_dir / (name + '.yaml')} does not exist. "
+                          f"Pass --config-path DIR --config-name NAME.yaml with an existing file.")
+    hydra_overrides = list(overrides)
+    if conf_dir != CONF_DIR.resolve():  # a user's YAML may use the shipped groups (dataset_conf: shard, ...)
+        hydra_overrides.append(f"hydra.searchpath=[file://{CONF_DIR.resolve()}]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base=None, job_name=name):
+            cfg = hydra_compose(config_name=name, overrides=hydra_overrides)
+    except HydraException as exc:
+        raise ConfigError(_explain_hydra_error(str(exc), overrides)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"a YAML file under {conf_dir} (config {name}.yaml or a group it uses) is not UTF-8 "
+                          f"(byte {exc.start}). Save it as UTF-8.") from None
+    except Exception as exc:  # yaml.YAMLError: a syntax error or a key given twice
+        import yaml
+
+        if not isinstance(exc, yaml.YAMLError):
+            raise
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{conf_dir / (name + '.yaml')} (or a config group it uses) is not valid YAML{where}: "
+                          f"{problem}. Fix the file.") from None
+    finally:
+        GlobalHydra.instance().clear()
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def _explain_hydra_error(message: str, overrides: list[str]) -> str:
+    first = message.strip().splitlines()[0] if message.strip() else "invalid override"
+    return (f"could not apply the overrides {overrides}: {first}. Use key=value for existing keys, "
+            f"++key=value to set or add, and quote lists: ++key='[a,b]'.")

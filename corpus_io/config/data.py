@@ -1,0 +1,117 @@
+"""Schemas of the data-preparation family: scp2jsonl, jsonl2scp, prepare, pack-shards, make-datalist,
+verify-shards, make-tokenizer, add-field and stats (none of them imports torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from corpus_io.config.dataset import DatasetConf, TokenizerConf
+from corpus_io.config.fields import FAILURE_CHOICES, opt
+
+
+@dataclass
+class Scp2JsonlConfig:
+    scp_file_list: List[str] = opt(help="Kaldi tables, first one drives the order, e.g. [wav.scp, text]",
+                                   factory=list)
+    data_type_list: List[str] = opt(help="a field name per table", factory=lambda: ["source", "target"])
+    jsonl_file_out: str = opt("???", "output JSONL (written to a temp name, then renamed)")
+    segments: Optional[str] = opt(None, "Kaldi segments file: utterances are cut from wav.scp recordings")
+    num_workers: int = opt(0, "header-probe processes (0: all cores)", range="[0, 1024]")
+    on_error: str = opt("fail", "a key missing from a table, or unreadable audio: fail, or skip and count",
+                        choices=FAILURE_CHOICES)
+    on_empty_text: str = opt("fail", "an utterance whose transcript (or other text field) is empty: fail, or "
+                                     "drop and count it", choices=FAILURE_CHOICES)
+    on_duplicate: str = opt("fail", "a key repeated in a table: fail, or keep its first line and drop and count "
+                                    "the others", choices=FAILURE_CHOICES)
+    allow_pipe: bool = opt(False, "allow Kaldi pipe entries like 'sox a.flac -t wav - |' (run without a shell)")
+    storage_options: Dict[str, Any] = opt(help="fsspec options for http(s)/s3 sources", factory=dict)
+
+
+@dataclass
+class Jsonl2ScpConfig:
+    jsonl_file_in: str = opt("???", "input JSONL")
+    scp_file_list: List[str] = opt(help="output tables, one per field", factory=list)
+    data_type_list: List[str] = opt(help="the field written to each table",
+                                    factory=lambda: ["source", "target"])
+    separator: str = opt("space", "between key and value: Kaldi's space or FunASR's tab", choices=("space", "tab"))
+
+
+@dataclass
+class PrepareConfig:
+    corpus: str = opt("???", "the on-disk layout under root", choices=("aishell", "librispeech"))
+    root: str = opt("???", "aishell: the dir holding data_aishell/ (wav/{train,dev,test}/<spk>/*.wav, transcript/); "
+                           "librispeech: the dir holding <subset>/<reader>/<chapter>/*.flac")
+    output_dir: str = opt("data", "one Kaldi dir per split: <output_dir>/<split>/{wav.scp,text,utt2spk,spk2utt}")
+    splits: List[str] = opt(help="splits to prepare (empty: all found), e.g. [train,dev,test] or "
+                                 "[train-clean-100,dev-clean,test-clean]", factory=list)
+    remove_spaces: bool = opt(True, "aishell: drop the transcript's word spaces (WeNet/ESPnet); false keeps them")
+
+
+@dataclass
+class PackShardsConfig:
+    input: str = opt("???", "train.jsonl (FunASR), a WeNet raw data.list, or a Kaldi data dir")
+    output_dir: str = opt("???", "where shards, data.list and index.jsonl go")
+    num_utts_per_shard: int = opt(1000, "utterances per shard", range="[1, 10000000]")
+    num_workers: int = opt(0, "packing processes (0: all cores)", range="[0, 1024]")
+    shuffle: bool = opt(False, "shuffle utterances before sharding (seeded)")
+    seed: int = opt(777, "shuffle seed")
+    audio_format: str = opt("keep", "keep original bytes, or re-encode", choices=("keep", "wav", "flac"))
+    resample: Optional[int] = opt(None, "re-encode at this rate (null: keep the rate)", unit="Hz",
+                                  range="[1000, 384000]")
+    filter_group: List[str] = opt(help="length buckets 'lo:hi' in frames, each packed into its own sub-directory",
+                                  factory=list)
+    shard_prefix: str = opt("shard", "shard file name prefix: <prefix>-000000.tar")
+    compression: str = opt("none", "none: plain tar; gzip: WeNet-style <prefix>-000000.tar.gz (smaller only for "
+                                   "uncompressed audio; slower to pack and read, and readers cannot seek past audio)",
+                           choices=("none", "gzip"))
+    feats: bool = opt(False, "features mode: pack a Kaldi dir's feats.scp (kaldiio) as <key>.npy, no audio")
+    on_error: str = opt("fail", "unreadable audio or a missing transcript: fail, or skip and count",
+                        choices=FAILURE_CHOICES)
+    allow_pipe: bool = opt(False, "allow Kaldi pipe entries in wav.scp (run without a shell)")
+    storage_options: Dict[str, Any] = opt(help="fsspec options for remote sources", factory=dict)
+
+
+@dataclass
+class MakeDatalistConfig:
+    data_type: str = opt("shard", "raw: utterance list from a JSONL; shard: list of shard URLs",
+                         choices=("raw", "shard"))
+    input: Any = opt(help="raw: a JSONL; shard: dirs, globs, brace patterns or list files (one, or a list)",
+                     factory=list)
+    output: str = opt("???", "the data.list to write")
+    prefix: Optional[str] = opt(None, "rewrite each shard's directory to this prefix, e.g. s3://bucket/corpus/")
+
+
+@dataclass
+class VerifyShardsConfig:
+    input: str = opt("???", "a shard data.list (its index.jsonl sidecar is used when present)")
+    num_workers: int = opt(0, "checking processes (0: all cores)", range="[0, 1024]")
+    decode_audio: bool = opt(True, "decode every audio member")
+    storage_options: Dict[str, Any] = opt(help="fsspec options for remote shards", factory=dict)
+
+
+@dataclass
+class MakeTokenizerConfig:
+    input: str = opt("???", "a Kaldi text file or a JSONL with target/txt")
+    output: str = opt("???", "token list to write (bpe also writes <output stem>.model)")
+    tokenizer: TokenizerConf = opt(factory=TokenizerConf)
+    vocab_size: int = opt(500, "bpe vocabulary size", range="[1, 10000000]")
+    min_count: int = opt(1, "char/word: drop tokens seen fewer times")
+
+
+@dataclass
+class AddFieldConfig:
+    input: str = opt("???", "a shard data.list")
+    field: str = opt("???", "the field name, e.g. fbank or speaker")
+    from_scp: Optional[str] = opt(None, "import a Kaldi feats.scp (kaldiio)")
+    from_jsonl: Optional[str] = opt(None, "import values by key from a JSONL")
+    dataset_conf: DatasetConf = opt(factory=DatasetConf)
+    num_workers: int = opt(0, "processes (0: all cores)", range="[0, 1024]")
+
+
+@dataclass
+class StatsConfig:
+    input: str = opt("???", "a shard or raw data.list")
+    output: Optional[str] = opt(None, "PNG histogram path (default: next to the list)")
+    data_type: str = opt("shard", "format of the list", choices=("raw", "shard"))
+    bins: int = opt(30, "histogram bins", range="[1, 100000]")

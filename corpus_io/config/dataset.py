@@ -1,0 +1,162 @@
+"""The loader's schema (``dataset_conf`` and its blocks) and the tokenizer's: shared by train, decode,
+compute-cmvn, bench-loader and add-field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from corpus_io.config.fields import FAILURE_CHOICES, opt
+
+
+@dataclass
+class FilterConf:
+    max_length: int = opt(10240, "drop utterances longer than this", unit="frames (10 ms)")
+    min_length: int = opt(10, "drop utterances shorter than this", unit="frames (10 ms)")
+    token_max_length: int = opt(200, "drop utterances with more tokens than this", unit="tokens")
+    token_min_length: int = opt(1, "drop utterances with fewer tokens than this", unit="tokens")
+    min_output_input_ratio: float = opt(0.0005, "drop if tokens/frames is below this", unit="tokens per frame")
+    max_output_input_ratio: float = opt(1.0, "drop if tokens/frames is above this", unit="tokens per frame")
+
+
+@dataclass
+class ResampleConf:
+    resample_rate: int = opt(16000, "every waveform is resampled to this rate", unit="Hz", range="[1000, 384000]")
+
+
+@dataclass
+class SpeedPerturbConf:
+    speeds: List[float] = opt(help="one speed factor is drawn per utterance", factory=lambda: [0.9, 1.0, 1.1])
+
+
+@dataclass
+class FbankConf:
+    num_mel_bins: int = opt(80, "mel filterbank channels", range="[1, 512]")
+    frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
+    frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="[1, 1000]")
+    dither: float = opt(0.0, "dither added before the FFT (0 = deterministic)", range="[0, inf)")
+
+
+@dataclass
+class MfccConf:
+    num_mel_bins: int = opt(40, "mel filterbank channels", range="[1, 512]")
+    num_ceps: int = opt(40, "cepstral coefficients kept", range="[1, 512]")
+    frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
+    frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="[1, 1000]")
+    dither: float = opt(0.0, "dither added before the FFT", range="[0, inf)")
+    high_freq: float = opt(-200.0, "high cutoff (negative: offset from Nyquist)", unit="Hz")
+    low_freq: float = opt(20.0, "low cutoff", unit="Hz")
+
+
+@dataclass
+class SpecAugConf:
+    num_t_mask: int = opt(2, "time masks per utterance", range="[0, 100]")
+    num_f_mask: int = opt(2, "frequency masks per utterance", range="[0, 100]")
+    max_t: int = opt(50, "longest time mask", unit="frames", range="[0, 100000]")
+    max_f: int = opt(10, "widest frequency mask", unit="mel bins", range="[0, 512]")
+
+
+@dataclass
+class SpecSubConf:
+    max_t: int = opt(30, "longest substituted span", unit="frames", range="[0, 100000]")
+    num_t_sub: int = opt(3, "substitutions per utterance", range="[0, 100]")
+
+
+@dataclass
+class SpecTrimConf:
+    max_t: int = opt(20, "most frames trimmed from the end", unit="frames", range="[0, 100000]")
+
+
+@dataclass
+class ShuffleConf:
+    shuffle_size: int = opt(1500, "utterances held by the shuffle buffer", unit="utterances", range="[1, 1000000]")
+
+
+@dataclass
+class SortConf:
+    sort_size: int = opt(500, "utterances sorted by length together", unit="utterances", range="[1, 1000000]")
+
+
+@dataclass
+class SourceConf:
+    data_list: str = opt("???", "a data.list (shard or raw) of one corpus")
+    weight: float = opt(1.0, "relative share of this corpus in the mix", range="[0, inf)")
+    data_type: str = opt("shard", "format of this list", choices=("raw", "shard"))
+
+
+@dataclass
+class DatasetConf:
+    data_type: str = opt("shard", "raw: JSONL list of utterances; shard: list of tar URLs", choices=("raw", "shard"))
+    fields: List[str] = opt(help="fields to read (empty: all of the main shard), e.g. [fbank, txt]", factory=list)
+    seed: int = opt(777, "seed of the list shuffle and the buffers; epoch e uses (seed, e)")
+    filter_conf: FilterConf = opt(factory=FilterConf)
+    resample_conf: ResampleConf = opt(factory=ResampleConf)
+    speed_perturb: bool = opt(False, "apply speed perturbation (train only)")
+    speed_perturb_conf: SpeedPerturbConf = opt(factory=SpeedPerturbConf)
+    feats_type: str = opt("fbank", "features computed by the loader",
+                          choices=("fbank", "mfcc", "raw", "precomputed"))
+    feats_on: str = opt("loader", "where fbank/mfcc and spec_aug/sub/trim run: loader (DataLoader workers, per "
+                                  "utterance), or model (the loader ships padded waveforms; train/cv/decode compute "
+                                  "them batched on the model's device)", choices=("loader", "model"))
+    fbank_conf: FbankConf = opt(factory=FbankConf)
+    mfcc_conf: MfccConf = opt(factory=MfccConf)
+    spec_aug: bool = opt(False, "SpecAugment masks (train only)")
+    spec_aug_conf: SpecAugConf = opt(factory=SpecAugConf)
+    spec_sub: bool = opt(False, "substitute time spans with earlier frames (train only)")
+    spec_sub_conf: SpecSubConf = opt(factory=SpecSubConf)
+    spec_trim: bool = opt(False, "trim a random number of end frames (train only)")
+    spec_trim_conf: SpecTrimConf = opt(factory=SpecTrimConf)
+    shuffle: bool = opt(True, "shuffle the list per epoch and shuffle utterances in a buffer")
+    shuffle_conf: ShuffleConf = opt(factory=ShuffleConf)
+    sort: bool = opt(True, "sort utterances by length inside a buffer before batching")
+    sort_conf: SortConf = opt(factory=SortConf)
+    bucketing: bool = opt(False, "batch from duration buckets instead of the sort buffer")
+    num_buckets: int = opt(30, "duration buckets when bucketing=true; memory: up to num_buckets x 4 batches "
+                                   "of samples are held", range="[1, 1000]")
+    batch_type: str = opt("example", "example: utterances; length: padded frames; token: padded frames+tokens",
+                          choices=("example", "length", "token"))
+    batch_size: int = opt(16, "example: utterances per batch; length: max(source_len)*n; "
+                              "token: max(source_len+target_len)*n", unit="utterances | frames | frames+tokens",
+                          range="[1, 100000000]")
+    max_batch_size: int = opt(200, "cap on utterances per batch for length/token batching", unit="utterances",
+                              range="[1, 100000]")
+    num_workers: int = opt(2, "DataLoader worker processes per rank", range="[0, 256]")
+    prefetch: int = opt(2, "batches prefetched per worker", range="[1, 64]")
+    batch_timeout: float = opt(1800.0, "longest wait for the next batch of a DataLoader worker; past it the rank "
+                                       "fails naming the rank and worker (0: wait forever)", unit="seconds",
+                               range="[0, 604800]")
+    pin_memory: bool = opt(False, "pin batches in page-locked memory (GPU)")
+    on_error: str = opt("fail", "a corrupt shard/member or an unreachable URL: fail, or skip and count it",
+                        choices=FAILURE_CHOICES)
+    retries: int = opt(3, "attempts to open a remote URL before on_error applies", range="[0, 100]")
+    retry_backoff: float = opt(0.5, "first wait between retries, doubled each time", unit="seconds", range="[0, 600]")
+    read_timeout: float = opt(30.0, "longest wait for a connection or the next byte of a remote read, per "
+                                    "attempt; a stall past it is retried, then on_error", unit="seconds",
+                              range="(0, 86400]")
+    max_member_bytes: int = opt(256 * 1024 * 1024, "a tar member larger than this is rejected", unit="bytes",
+                                range="[1, 17179869184]")
+    storage_options: Dict[str, Any] = opt(help="fsspec options for remote URLs (e.g. endpoint_url, key, secret)",
+                                          factory=dict)
+    allow_pipe: bool = opt(False, "allow pipe:CMD URLs in lists (runs CMD without a shell)")
+    sources: List[SourceConf] = opt(help="mix several lists by weight: [{data_list, weight, data_type}]",
+                                    factory=list)
+    epoch_hours: Optional[float] = opt(None, "define an epoch as this much audio instead of one pass", unit="hours",
+                                       range="(0, inf)")
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+@dataclass
+class TokenizerConf:
+    type: str = opt("char", "char: CJK chars + Latin words/letters; bpe: sentencepiece; word: jieba + whitespace",
+                    choices=("char", "bpe", "word"))
+    token_list: Optional[str] = opt(None, "token list file: '<token> <id>' per line")
+    bpe_model: Optional[str] = opt(None, "sentencepiece model (type=bpe)")
+    latin_unit: str = opt("word", "how char splits Latin text", choices=("word", "letter"))
+    remove_cjk_spaces: bool = opt(True, "drop spaces between CJK characters before tokenizing")
+    lowercase: bool = opt(False, "lowercase text before tokenizing")
+    unk: str = opt("<unk>", "symbol for unknown tokens")
+    blank: str = opt("<blank>", "CTC blank symbol (id 0)")
+    space: str = opt("▁", "symbol for a word boundary when latin_unit=letter")
+

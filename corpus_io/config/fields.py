@@ -1,0 +1,94 @@
+"""The schema building blocks: :func:`opt` (one field with its help, unit, choices, range and default),
+interval ranges, and the introspection every other config module uses.
+
+Units follow Kaldi/WeNet: lengths in 10 ms frames, durations in seconds, rates in Hz.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import field
+from pathlib import Path
+from typing import Any, List
+
+
+def _shipped_conf_dir() -> Path:
+    """The shipped YAML configs: ``corpus_io/conf`` in an installed wheel, ``conf/`` beside it in a checkout."""
+    package = Path(__file__).resolve().parent.parent
+    installed = package / "conf"
+    return installed if installed.is_dir() else package.parent / "conf"
+
+
+CONF_DIR = _shipped_conf_dir()
+
+#: failure handling, one word in every command: fail (a DataError naming file, line, key or shard) or skip
+#: (drop the item and count it in the closing summary)
+FAILURE_CHOICES = ("fail", "skip")
+
+
+def opt(default: Any = dataclasses.MISSING, help: str = "", *, unit: str = "", choices: tuple = (),
+        factory: Any = dataclasses.MISSING, group: str = "", range: str = "") -> Any:
+    """A schema field with its help text, unit and allowed values (shown by ``--help``).
+
+    The default given here is the one default: the shipped ``conf/*.yaml`` may restate it, and
+    ``tests/test_config.py`` fails when they disagree. ``group`` names a config group directory
+    (``conf/<group>/*.yaml`` presets, chosen in the command YAML's ``defaults`` list).
+    ``range``: the allowed interval of a number, in interval notation, e.g. ``"[1, 64]"`` or ``"(0, inf)"``
+    (``[``/``]`` include the bound, ``(``/``)`` exclude it). Every value that sizes memory, time or
+    processes has one; a value outside it is a :class:`ConfigError` (null stays allowed for Optional keys).
+    """
+    if range:
+        parse_range(range)  # a typo in a schema fails at import, not in a user's run
+    meta = {"help": help, "unit": unit, "choices": tuple(choices), "group": group, "range": range}
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def parse_range(spec: str) -> tuple[float, bool, float, bool]:
+    """``"[1, 64]"`` -> ``(1, True, 64, True)``: (low, low included, high, high included)."""
+    text = spec.strip()
+    lo_text, _, hi_text = text[1:-1].partition(",")
+    if text[:1] not in "[(" or text[-1:] not in "])" or not _:
+        raise ValueError(f"bad range {spec!r}: use interval notation like '[1, 64]' or '(0, inf)'")
+    return float(lo_text), text[0] == "[", float(hi_text), text[-1] == "]"
+
+
+def in_range(value: float, spec: str) -> bool:
+    lo, lo_in, hi, hi_in = parse_range(spec)
+    return (lo < value or (lo_in and value == lo)) and (value < hi or (hi_in and value == hi))
+
+
+
+def schema_fields(schema: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(schema)}
+
+
+def nested_schema(f: dataclasses.Field, owner: type) -> type | None:
+    hint = typing.get_type_hints(owner).get(f.name)
+    if dataclasses.is_dataclass(hint):
+        return hint
+    return None
+
+
+def list_item_schema(f: dataclasses.Field, owner: type) -> type | None:
+    hint = typing.get_type_hints(owner).get(f.name)
+    if typing.get_origin(hint) in (list, List):
+        (item,) = typing.get_args(hint) or (None,)
+        if dataclasses.is_dataclass(item):
+            return item
+    return None
+
+
+def all_keys(schema: type, prefix: str = "") -> list[str]:
+    """Every dotted key of a schema (for suggestions and ``--help``)."""
+    keys = []
+    for f in dataclasses.fields(schema):
+        path = f"{prefix}{f.name}"
+        keys.append(path)
+        nested = nested_schema(f, schema)
+        if nested:
+            keys.extend(all_keys(nested, prefix=path + "."))
+    return keys
+

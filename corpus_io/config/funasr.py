@@ -1,0 +1,154 @@
+"""FunASR's keys (mapped, accepted with one warning, or refused) and our own old spellings, applied to a
+raw config before its keys are checked."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+from corpus_io.config.fields import FAILURE_CHOICES, nested_schema, schema_fields
+from corpus_io.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FunasrKey:
+    """How a key of FunASR's training scripts/configs is taken here (see README, "FunASR keys").
+
+    ``ours``: our key in the same group that receives the value (None: the key has no effect here and is
+    dropped with one warning line). ``note``: said in that warning, or, for a mapped key whose meaning
+    differs slightly, in a warning of its own. ``honoured``: the values we can honour (a predicate on the
+    value); any other value would change results, so it is an error that says so.
+    """
+
+    ours: Optional[str] = None
+    note: str = ""
+    honoured: Any = None
+
+
+def _off(value: Any) -> bool:
+    return value in (None, False, "", "null", "None", "none", "false", "False", 0, [], {})
+
+
+FUNASR_KEYS: Dict[str, FunasrKey] = {
+    "dataset_conf.batch_size_sample_max": FunasrKey("max_batch_size"),
+    "dataset_conf.sort_size": FunasrKey("sort_conf.sort_size"),
+    "dataset_conf.prefetch_factor": FunasrKey("prefetch"),
+    "dataset_conf.retry": FunasrKey("retries"),
+    "dataset_conf.max_source_length": FunasrKey("filter_conf.max_length"),
+    "dataset_conf.min_source_length": FunasrKey("filter_conf.min_length"),
+    "dataset_conf.max_target_length": FunasrKey("filter_conf.token_max_length"),
+    "dataset_conf.min_target_length": FunasrKey("filter_conf.token_min_length"),
+    "dataset_conf.max_token_length": FunasrKey(
+        "filter_conf.max_length", "FunASR drops an utterance when source_len + target_len exceeds it; here it "
+        "caps the frames (source_len) and filter_conf.token_max_length caps the tokens"),
+    "dataset_conf.index_ds": FunasrKey(note="the list is read by data_type (raw JSONL or shards), offset-indexed"),
+    "dataset_conf.batch_sampler": FunasrKey(note="batches are formed by batch_type/batch_size (and bucketing)"),
+    "dataset_conf.data_split_num": FunasrKey(note="the list is streamed, never loaded whole, so it needs no split"),
+    "dataset_conf.data_split_i": FunasrKey(note="the list is streamed, never loaded whole, so it needs no split"),
+    "dataset_conf.buffer_size": FunasrKey(note="FunASR never reads it either; see shuffle_conf.shuffle_size"),
+    "dataset_conf.batch_size_scale_ratio_max": FunasrKey(note="batch sizes follow batch_type/batch_size"),
+    "dataset_conf.rank_split": FunasrKey(note="every rank and worker reads its exact share of every epoch"),
+    "dataset_conf.persistent_workers": FunasrKey(note="workers are kept for the whole run"),
+    "dataset_conf.preprocessor_speech": FunasrKey(  # SpeechPreprocessSpeedPerturb: _funasr_speed_perturb
+        note="no other FunASR preprocessor runs here; for speed perturbation set dataset_conf.speed_perturb=true",
+        honoured=_off),
+    "dataset_conf.preprocessor_text": FunasrKey(note="no FunASR preprocessor runs here", honoured=_off),
+    "dataset_conf.preprocessor_speech_conf": FunasrKey(note="no FunASR preprocessor runs here"),
+    "dataset_conf.preprocessor_text_conf": FunasrKey(note="no FunASR preprocessor runs here"),
+    "dataset_conf.dataloader": FunasrKey(note="the loader streams the list (an IterableDataset)"),
+    "dataset_conf.min_token_length": FunasrKey(note="FunASR's samplers do not apply it either; see "
+                                               "filter_conf.min_length and token_min_length"),
+    "train_conf.best_model_criterion": FunasrKey(note="epoch checkpoints are ranked by "
+                                                 "train_conf.avg_keep_nbest_models_type (acc or loss)"),
+    "train_conf.val_scheduler_criterion": FunasrKey(note="no plateau scheduler here; see scheduler_conf"),
+    "train_conf.use_deepspeed": FunasrKey(note="training uses torch DDP (torchrun); DeepSpeed is not supported",
+                                          honoured=_off),
+    "train_conf.deepspeed_config": FunasrKey(note="training uses torch DDP (torchrun), not DeepSpeed"),
+    "train_conf.grad_clip_type": FunasrKey(note="gradients are clipped by their L2 norm (FunASR's default 2)",
+                                           honoured=lambda v: str(v) in ("2", "2.0")),
+    "train_conf.effective_save_name_excludes": FunasrKey(note="checkpoints hold the whole model"),
+    "train_conf.avg_checkpoint_interval": FunasrKey(note="averaging uses epoch checkpoints (avg_nbest_model)"),
+    "train_conf.reset_gpu_cache": FunasrKey(note="the CUDA cache is left to torch"),
+    "train_conf.find_unused_parameters": FunasrKey(note="DDP is set up for the model by corpus-io"),
+    "train_conf.use_ddp": FunasrKey(note="DDP is used whenever torchrun starts more than one process"),
+    "train_conf.use_fsdp": FunasrKey(note="training uses torch DDP; FSDP is not supported", honoured=_off),
+    "train_conf.use_wandb": FunasrKey(note="logs go to output_dir/tensorboard", honoured=_off),
+    "train_conf.freeze_param": FunasrKey(note="every parameter is trained", honoured=_off),
+}
+
+
+def _warn(message: str) -> None:
+    if os.environ.get("RANK", "0") == "0":  # once per run under torchrun, not once per rank
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+FUNASR_SPEED_PERTURB = "SpeechPreprocessSpeedPerturb"
+
+
+def _funasr_speed_perturb(section: dict) -> None:
+    """FunASR's recipes perturb speed through a preprocessor; that one is honoured by our own stage."""
+    if section.get("preprocessor_speech") != FUNASR_SPEED_PERTURB:
+        return
+    section.pop("preprocessor_speech")
+    speeds = (section.pop("preprocessor_speech_conf", None) or {}).get("speed_perturb")
+    section["speed_perturb"] = True
+    if speeds:
+        section.setdefault("speed_perturb_conf", {})["speeds"] = list(speeds)
+    _warn(f"FunASR key 'dataset_conf.preprocessor_speech={FUNASR_SPEED_PERTURB}' is read as "
+          f"dataset_conf.speed_perturb=true" + (f" with speeds {list(speeds)}." if speeds else "."))
+
+
+def apply_funasr_keys(schema: type, raw: dict) -> None:
+    """Rename, drop (with one warning line each) or refuse FunASR's keys in ``raw``, in place."""
+    groups = schema_fields(schema)
+    if "dataset_conf" in groups and isinstance(raw.get("dataset_conf"), dict):
+        _funasr_speed_perturb(raw["dataset_conf"])
+    for path, rule in FUNASR_KEYS.items():
+        group, key = path.split(".", 1)
+        section = raw.get(group)
+        if group not in groups or not isinstance(section, dict) or key not in section:
+            continue
+        value = section.pop(key)
+        if rule.honoured is not None and not rule.honoured(value):
+            raise ConfigError(f"FunASR key '{path}={value}' would change the results and cannot be honoured here: "
+                              f"{rule.note}. Remove it (or set it to FunASR's default) to train with corpus-io.")
+        if rule.ours is None:
+            _warn(f"FunASR key '{path}' has no effect in corpus-io ({rule.note}); ignored.")
+            continue
+        target = section
+        *parents, leaf = rule.ours.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+        if rule.note:
+            _warn(f"FunASR key '{path}' is read as '{group}.{rule.ours}': {rule.note}.")
+
+
+# --------------------------------------------------------------------------- old spellings
+
+#: keys renamed to the one failure word, per command schema: old key -> new key (same group)
+RENAMED_KEYS: Dict[str, Dict[str, str]] = {"Scp2JsonlConfig": {"on_missing": "on_error"}}
+#: the old value of "fail" (pack-shards' on_error and scp2jsonl's on_* keys said "error")
+OLD_FAIL = "error"
+
+
+def apply_old_spellings(schema: type, raw: dict, prefix: str) -> None:
+    """Read the old failure spellings as the new ones, in place, with one warning line each."""
+    fields = schema_fields(schema)
+    for old, new in RENAMED_KEYS.get(schema.__name__, {}).items():
+        if old in raw:
+            value = raw.pop(old)
+            value = "fail" if value == OLD_FAIL else value
+            _warn(f"'{prefix}{old}' is deprecated; it is read as '{prefix}{new}={value}' (fail | skip).")
+            raw.setdefault(new, value)
+    for name, f in fields.items():
+        value = raw.get(name)
+        if f.metadata.get("choices") == FAILURE_CHOICES and value == OLD_FAIL:
+            _warn(f"'{prefix}{name}={OLD_FAIL}' is deprecated; it is read as '{prefix}{name}=fail'.")
+            raw[name] = "fail"
+        nested = nested_schema(f, schema)
+        if nested is not None and isinstance(value, dict):
+            apply_old_spellings(nested, value, f"{prefix}{name}.")
+

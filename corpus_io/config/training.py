@@ -1,0 +1,111 @@
+"""Schemas of the training family: train (with train_conf, optim_conf, scheduler_conf), decode,
+compute-cmvn, average and bench-loader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+from corpus_io.config.dataset import DatasetConf, FilterConf, TokenizerConf
+from corpus_io.config.fields import opt
+
+
+@dataclass
+class TrainConf:
+    max_epoch: int = opt(10, "epochs to train", range="[1, 1000000]")
+    log_interval: int = opt(10, "steps between log lines", unit="steps", range="[1, 1000000000]")
+    resume: bool = opt(True, "continue from output_dir/model.pt with the exact data position")
+    validate_interval: int = opt(0, "steps between validations (0: at each epoch end; -1: with each mid-epoch "
+                                    "checkpoint, as FunASR)", unit="steps", range="[-1, 1000000000]")
+    save_checkpoint_interval: int = opt(0, "steps between mid-epoch checkpoints (0: epoch ends only)",
+                                        unit="steps", range="[0, 1000000000]")
+    keep_nbest_models: int = opt(5, "keep this many epoch checkpoints, best by the cv metric", range="[0, 100000]")
+    avg_nbest_model: int = opt(5, "average this many best epoch checkpoints into model.pt.avg{N}", range="[0, 100000]")
+    avg_keep_nbest_models_type: str = opt("loss", "cv metric that ranks checkpoints", choices=("loss", "acc"))
+    accum_grad: int = opt(1, "micro-batches per optimizer step", range="[1, 10000]")
+    grad_clip: float = opt(5.0, "max gradient norm (<= 0: off)")
+    use_fp16: bool = opt(False, "float16 autocast with a grad scaler (GPU)")
+    use_bf16: bool = opt(False, "bfloat16 autocast (CPU or GPU)")
+    max_steps_per_epoch: int = opt(0, "step mode: an epoch ends after this many steps (0: one pass)",
+                                   unit="steps", range="[0, 1000000000000]")
+    seed: int = opt(1234, "seed of model init and dropout")
+    device: str = opt("auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
+    timeout_s: int = opt(600, "collective timeout", unit="seconds", range="[1, 604800]")
+    dump_trained_keys: bool = opt(False, "debug: write output_dir/trained_keys.rank{R}.txt ('epoch key' per trained "
+                                         "utterance, cut back to the checkpoint on resume) and unused_keys.rank{R}.txt")
+    debug_fail_at_step: int = opt(0, "debug: rank 0 raises at this global step on the first torchrun attempt "
+                                     "(tests --max-restarts); 0: off", unit="steps")
+
+
+@dataclass
+class OptimConf:
+    optim: str = opt("adamw", "optimizer", choices=("adam", "adamw", "sgd"))
+    lr: float = opt(0.001, "peak learning rate", range="(0, 10]")
+    weight_decay: float = opt(1e-6, "weight decay", range="[0, 10]")
+
+
+@dataclass
+class SchedulerConf:
+    scheduler: str = opt("warmuplr", "warmuplr: linear warmup then inverse sqrt; constant",
+                         choices=("warmuplr", "constant"))
+    warmup_steps: int = opt(500, "warmup length", unit="steps", range="[0, 1000000000]")
+
+
+
+@dataclass
+class BenchLoaderConfig:
+    data_list: str = opt("", "the data.list to read (required unless dataset_conf.sources is set)")
+    dataset_conf: DatasetConf = opt(factory=DatasetConf)
+    tokenizer: TokenizerConf = opt(factory=TokenizerConf)
+    epochs: int = opt(1, "epochs to iterate", range="[1, 1000000]")
+    max_batches: int = opt(0, "stop each epoch after this many batches (0: all)", range="[0, 1000000000000]")
+    dump_keys: Optional[str] = opt(None, "write DIR/keys.rank{R}.epoch{E}.txt in consumption order")
+    save_state_after: int = opt(0, "save the loader state after this many batches and exit", unit="batches",
+                                range="[0, 1000000000000]")
+    state_file: Optional[str] = opt(None, "where to save, or resume from, the loader state")
+    train: bool = opt(True, "train mode (shuffle, augment) or cv mode")
+
+
+@dataclass
+class TrainConfig:
+    train_data_set_list: str = opt("", "training data.list (required unless dataset_conf.sources is set)")
+    valid_data_set_list: Optional[str] = opt(None, "cv data.list (split across ranks)")
+    output_dir: str = opt("???", "checkpoints, logs and tensorboard/")
+    cmvn_file: Optional[str] = opt(None, "global CMVN stats: compute-cmvn JSON, WeNet JSON, Kaldi cmvn.ark or "
+                                         "FunASR am.mvn")
+    dataset_conf: DatasetConf = opt(factory=DatasetConf)
+    tokenizer: TokenizerConf = opt(factory=TokenizerConf)
+    model: Dict[str, Any] = opt(help="the model, built with Hydra _target_", factory=dict, group="model")
+    train_conf: TrainConf = opt(factory=TrainConf)
+    optim_conf: OptimConf = opt(factory=OptimConf)
+    scheduler_conf: SchedulerConf = opt(factory=SchedulerConf)
+
+
+@dataclass
+class DecodeConfig:
+    data_list: str = opt("???", "data.list to decode")
+    checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}")
+    output_dir: str = opt("???", "writes text (hypotheses) and cer.txt / wer.txt")
+    # bigger batches (no backward pass) and no filter that would leave an utterance undecoded
+    dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(
+        batch_size=32, filter_conf=FilterConf(token_min_length=0, min_output_input_ratio=0.0,
+                                              max_output_input_ratio=1000.0)))
+    device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
+
+
+@dataclass
+class ComputeCmvnConfig:
+    data_list: str = opt("???", "training data.list")
+    output: str = opt("???", "CMVN stats file to write")
+    output_format: str = opt("json", "json (WeNet-style sums, mean, istd) or kaldi (compute-cmvn-stats' binary "
+                                      "2 x (dim+1) matrix, a cmvn.ark)", choices=("json", "kaldi"))
+    dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(batch_size=32))
+    max_utts: int = opt(0, "use at most this many utterances (0: all)", range="[0, 1000000000000]")
+
+
+@dataclass
+class AverageConfig:
+    output_dir: str = opt("???", "the training output_dir")
+    num: int = opt(5, "checkpoints to average", range="[1, 100000]")
+    metric: str = opt("loss", "rank epoch checkpoints by this cv metric", choices=("loss", "acc"))
+
