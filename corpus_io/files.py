@@ -8,9 +8,9 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO, Callable, Iterable, Iterator
 
-from corpus_io.errors import DataError
+from corpus_io.errors import ConfigError, DataError
 
 UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -266,3 +266,79 @@ class HashingWriter:
     @property
     def sha256(self) -> str:
         return self._sha.hexdigest()
+
+
+# --------------------------------------------------------------------------- outputs vs inputs
+# One check, run by every command before it reads or writes anything: an output that is one of the
+# command's inputs (the same path, a symbolic link to it, or a hard link: the same inode) would replace
+# that input, and a later rerun would read the wrong file: refused, naming both.
+
+Named = Iterable[tuple[str, "str | os.PathLike | None"]]
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def is_url(path: str | os.PathLike) -> bool:
+    """``scheme://...`` (s3://, http://, file://, ...), as opposed to a local path."""
+    return bool(_URL_SCHEME.match(str(path)))
+
+
+def refuse_remote_output(path: str | os.PathLike | None, name: str, command: str) -> None:
+    """A command that writes local files only is given a URL as an output (``++output_dir=s3://...``):
+    a ConfigError, instead of a local ``./s3:/...`` tree."""
+    if path is not None and is_url(path):
+        raise ConfigError(f"{name}={path} is a URL, but {command} writes local files only (it would create a "
+                          f"local directory named '{str(path).split('://')[0]}:'). Give a local path, and copy "
+                          f"the result to the remote store afterwards (e.g. aws s3 cp --recursive).")
+
+
+def _identity(path: str) -> tuple[str, tuple[int, int] | None]:
+    try:
+        st = os.stat(path)
+        inode = (st.st_dev, st.st_ino)
+    except (OSError, ValueError):
+        inode = None
+    return os.path.realpath(path), inode
+
+
+def _local(named: Named) -> list[tuple[str, str]]:
+    """The local paths of ``named`` (``file://`` stripped; other URLs, None and empty left out)."""
+    paths = [(name, str(p)) for name, p in named if p not in (None, "", "???")]
+    return [(name, p[len("file://"):] if p.startswith("file://") else p) for name, p in paths
+            if p.startswith("file://") or not is_url(p)]
+
+
+def refuse_overwriting_inputs(outputs: Named, inputs: Named) -> None:
+    """Refuse, before any work, an output that is an input or another output of the same command.
+
+    ``outputs``/``inputs`` are ``(name, path)`` pairs (``("++output", "data.list")``; ``None``, empty and URL
+    paths are skipped). Two paths are the same file when their real paths match (symbolic links resolved,
+    the file need not exist yet) or when both exist with one inode (hard links). A :class:`ConfigError`
+    names both, and nothing has been read or written yet.
+    """
+    outs, ins = _local(outputs), _local(inputs)
+    ids_in = [(name, path, *_identity(path)) for name, path in ins]
+    seen: list[tuple[str, str, str, tuple[int, int] | None]] = []
+    for name, path in outs:
+        real, inode = _identity(path)
+        for in_name, in_path, in_real, in_inode in ids_in:
+            how = _same_file(path, real, inode, in_path, in_real, in_inode)
+            if how is not None:
+                raise ConfigError(f"{name} ({path}) is the input {in_name} ({in_path}){how}; writing it would "
+                                  f"replace the input, which would be lost. Give {name} another path.")
+        for first_name, first, first_real, first_inode in seen:
+            how = _same_file(path, real, inode, first, first_real, first_inode)
+            if how is not None:
+                raise ConfigError(f"the outputs name the same file twice: {first_name} ({first}) and {name} "
+                                  f"({path}){how}. Each output needs its own path.")
+        seen.append((name, path, real, inode))
+
+
+def _same_file(a: str, a_real: str, a_inode: tuple[int, int] | None,
+               b: str, b_real: str, b_inode: tuple[int, int] | None) -> str | None:
+    """None when ``a`` and ``b`` are different files, else how they are one: "" (the same path),
+    " (through a symbolic link)" or " (a hard link: the same inode)"."""
+    if a_real == b_real:
+        return "" if os.path.abspath(a) == os.path.abspath(b) else " (through a symbolic link)"
+    if a_inode is not None and a_inode == b_inode:
+        return " (a hard link: the same inode)"
+    return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from corpus_io import audio, kaldi, urls
+from corpus_io import audio, files, kaldi, urls
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write, iter_raw_lines, parse_json_object
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
@@ -210,6 +210,10 @@ def scp2jsonl(cfg: Any) -> Summary:
     _check_lists(cfg)
     names = list(cfg.data_type_list)
     paths = [str(p) for p in cfg.scp_file_list]
+    files.refuse_remote_output(cfg.jsonl_file_out, "++jsonl_file_out", "scp2jsonl")
+    files.refuse_overwriting_inputs([("++jsonl_file_out", cfg.jsonl_file_out)],
+                              [*((f"++scp_file_list entry {i}", p) for i, p in enumerate(paths, 1)),
+                               ("++segments", cfg.segments)])
     audio_fields = tuple(n for n, p in zip(names, paths) if _is_audio_field(n, p))
     for p in paths + ([cfg.segments] if cfg.segments else []):
         if not os.path.isfile(p):
@@ -371,19 +375,10 @@ def _check_outputs(cfg: Any) -> list[str]:
         raise ConfigError("jsonl2scp needs ++scp_file_list and ++data_type_list of the same length, e.g. "
                           "++scp_file_list='[\"wav.scp\",\"text\"]' ++data_type_list='[\"source\",\"target\"]'.")
     outputs = [str(p) for p in cfg.scp_file_list]
-    seen: dict[str, tuple[str, int]] = {}
     for i, path in enumerate(outputs, 1):
-        real = os.path.realpath(path)
-        if real == os.path.realpath(str(cfg.jsonl_file_in)):
-            raise ConfigError(f"++scp_file_list entry {i} ({path}) is the input ++jsonl_file_in; writing it "
-                              f"would replace the input. Give the tables other paths, e.g. "
-                              f"++scp_file_list='[\"data/wav.scp\",\"data/text\"]'.")
-        if real in seen:
-            first, j = seen[real]
-            raise ConfigError(f"++scp_file_list names the same file twice: entry {j} ({first}) and entry {i} "
-                              f"({path}). Each field needs its own output table, e.g. "
-                              f"++scp_file_list='[\"data/wav.scp\",\"data/text\"]'.")
-        seen[real] = (path, i)
+        files.refuse_remote_output(path, f"++scp_file_list entry {i}", "jsonl2scp")
+    files.refuse_overwriting_inputs([(f"++scp_file_list entry {i}", p) for i, p in enumerate(outputs, 1)],
+                              [("++jsonl_file_in", cfg.jsonl_file_in)])
     return outputs
 
 
@@ -395,16 +390,16 @@ def jsonl2scp(cfg: Any) -> int:
     n = 0
     hashes = array("q")
     writers = [atomic_write(p) for p in outputs]
-    files = []
+    opened = []
     try:
         for w in writers:
-            files.append(w.__enter__())
+            opened.append(w.__enter__())
         for line in iter_jsonl(cfg.jsonl_file_in):
             record = line.record
             if "key" not in record:
                 raise DataError(f"{line.where}: the line has no 'key'.")
             hashes.append(kaldi.key_hash(str(record["key"])))
-            for name, f in zip(names, files):
+            for name, f in zip(names, opened):
                 value = record.get(name, record.get({"source": "wav", "target": "txt"}.get(name, ""), None))
                 if value is None:
                     raise DataError(f"{line.where}: key '{record['key']}' has no field '{name}'. "
@@ -417,7 +412,7 @@ def jsonl2scp(cfg: Any) -> int:
                             f"++jsonl_file_in (an earlier step may have written an empty file).")
         raise_if_duplicate_keys([cfg.jsonl_file_in], hashes)
     except BaseException as exc:
-        for w in writers[:len(files)]:
+        for w in writers[:len(opened)]:
             w.__exit__(type(exc), exc, exc.__traceback__)
         raise
     for w in writers:

@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Iterator
 
 from corpus_io.config import MakeTokenizerConfig, TokenizerConf, require
 from corpus_io.errors import ConfigError, CorpusIOError, DataError
-from corpus_io.files import atomic_write, temp_name
+from corpus_io.files import atomic_write, refuse_overwriting_inputs, refuse_remote_output, temp_name
 
 SOS_EOS = "<sos/eos>"
 
@@ -301,6 +301,12 @@ def make_tokenizer(cfg: MakeTokenizerConfig) -> dict:
 
     require(cfg, "input", "output")
     conf = cfg.tokenizer
+    outputs = [("++output", str(cfg.output))]
+    if conf.type == "bpe":
+        outputs.append(("the sentencepiece model beside ++output", str(Path(cfg.output).with_suffix(".model"))))
+    for name, path in outputs:
+        refuse_remote_output(path, name, "make-tokenizer")
+    refuse_overwriting_inputs(outputs, [("++input", cfg.input)])
     if conf.type == "bpe":
         return _make_bpe(cfg)
     probe = Tokenizer([conf.blank, conf.unk], char_split(conf.latin_unit, conf.space) if conf.type == "char"

@@ -27,10 +27,18 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write
+from corpus_io.files import atomic_write, refuse_overwriting_inputs, refuse_remote_output
 from corpus_io.progress import Summary
 from corpus_io.shards.format import SHARD_SUFFIXES
-from corpus_io.shards.index import describe_repeats, find_repeated_keys, load_index, read_datalist, write_list_and_index
+from corpus_io.shards.index import (
+    describe_repeats,
+    find_repeated_keys,
+    index_path_for,
+    list_and_sidecar,
+    load_index,
+    read_datalist,
+    write_list_and_index,
+)
 from corpus_io.urls import is_command, is_remote
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -254,6 +262,20 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
     return summary
 
 
+def _outputs(cfg: Any) -> list[tuple[str, str]]:
+    outputs = [("++output", str(cfg.output))]
+    if cfg.data_type == "shard":
+        outputs.append(("the index sidecar of ++output", str(index_path_for(cfg.output))))
+    return outputs
+
+
+def _inputs(inputs: list) -> Iterator[tuple[str, str]]:
+    """The local files make-datalist reads: each input, a directory's data.list, and their index sidecars."""
+    for i, item in enumerate(map(str, inputs), 1):
+        name = f"++input entry {i}" if len(inputs) > 1 else "++input"
+        yield from list_and_sidecar(name, os.path.join(item, "data.list") if os.path.isdir(item) else item)
+
+
 def make_datalist(cfg: Any) -> None:
     """Run make-datalist for a validated :class:`corpus_io.config.MakeDatalistConfig`."""
     inputs = [cfg.input] if isinstance(cfg.input, str) else list(cfg.input)
@@ -262,6 +284,8 @@ def make_datalist(cfg: Any) -> None:
                           "++input='[shards/]' (dirs, globs, brace patterns or list files).")
     if cfg.output in ("", "???"):
         raise ConfigError("make-datalist needs ++output=data.list.")
+    refuse_remote_output(cfg.output, "++output", "make-datalist")
+    refuse_overwriting_inputs(_outputs(cfg), _inputs(inputs))
     Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
     if cfg.data_type == "raw":
         make_raw_list(inputs, cfg.output)

@@ -37,6 +37,12 @@ def index_path_for(list_path: str | os.PathLike) -> Path:
     return p.with_name(f"{p.stem}.index.jsonl")
 
 
+def list_and_sidecar(name: str, list_path: str | os.PathLike) -> list[tuple[str, str]]:
+    """``(name, path)`` of a data.list and of its index sidecar: the files a reader of the list reads, for
+    :func:`corpus_io.files.refuse_overwriting_inputs`."""
+    return [(name, str(list_path)), (f"the index sidecar of {name}", str(index_path_for(list_path)))]
+
+
 def read_datalist(path: str | os.PathLike) -> list[str]:
     """Entries of a data.list (local path or URL), stripped, blank lines skipped."""
     from corpus_io.urls import is_remote, open_url

@@ -42,6 +42,7 @@ from corpus_io.files import (
     ensure_dir,
     inputs_digest,
     parse_json_object,
+    refuse_overwriting_inputs,
     remove_temp_files,
     write_sidecar,
 )
@@ -573,6 +574,8 @@ def _keep_companion_fields(previous_index: Path, entries: list[dict]) -> list[di
 def pack_shards(cfg: Any) -> Summary:
     """Run pack-shards for a validated :class:`corpus_io.config.PackShardsConfig`; returns the summary."""
     check_values(cfg)  # num_utts_per_shard, resample, ...: their ranges, also for configs built in Python
+    refuse_overwriting_inputs([(f"++output_dir's {name}", os.path.join(str(cfg.output_dir), name))
+                               for name in ("data.list", "index.jsonl")], [("++input", cfg.input)])
     feats = bool(getattr(cfg, "feats", False))
     if feats and (cfg.audio_format != "keep" or cfg.resample):
         raise ConfigError("++feats=true stores feature matrices; audio_format/resample do not apply.")

@@ -136,17 +136,30 @@ def eval_dataset_conf(dataset_conf: Any) -> Any:
     return conf
 
 
+def loader_inputs(data_list: str, dataset_conf: Any) -> list[tuple[str, str]]:
+    """``(name, path)`` of the lists a loader reads (``data_list`` or ``dataset_conf.sources``, with their index
+    sidecars): what an output of compute-cmvn or decode must not replace."""
+    from corpus_io.shards.index import list_and_sidecar
+
+    named = list_and_sidecar("++data_list", data_list) if data_list else []
+    for i, source in enumerate(dataset_conf.sources or [], 1):
+        named += list_and_sidecar(f"dataset_conf.sources entry {i}", source.data_list)
+    return named
+
+
 def compute_cmvn(cfg: Any) -> dict:
     """Accumulate sum(x), sum(x^2) over every valid frame of ``cfg.data_list``; write ``cfg.output``."""
-    import torch
-
     from corpus_io.config import require
-    from corpus_io.dataset import build_dataloader
-    from corpus_io.files import atomic_write
-    from corpus_io.progress import Summary, progress
-    from corpus_io.train.frontend import build_front_end, model_inputs
+    from corpus_io.files import atomic_write, refuse_overwriting_inputs, refuse_remote_output
 
     require(cfg, "data_list", "output")
+    refuse_remote_output(cfg.output, "++output", "compute-cmvn")  # before torch is imported or anything read
+    refuse_overwriting_inputs([("++output", cfg.output)], loader_inputs(cfg.data_list, cfg.dataset_conf))
+    import torch
+
+    from corpus_io.dataset import build_dataloader
+    from corpus_io.progress import Summary, progress
+    from corpus_io.train.frontend import build_front_end, model_inputs
     conf = eval_dataset_conf(cfg.dataset_conf)
     loader = build_dataloader(cfg.data_list, conf, None, train=False, rank=0, world_size=1)
     device = torch.device("cuda" if conf.feats_on == "model" and torch.cuda.is_available() else "cpu")

@@ -63,6 +63,7 @@ def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
 
 def decode(cfg: Any) -> dict:
     """Decode ``cfg.data_list`` with ``cfg.checkpoint``; write ``text``, ``cer.txt``, ``wer.txt`` to output_dir."""
+    refuse_overwrites(cfg)  # first: before torch is imported or anything is read
     import torch
 
     from corpus_io.config import require
@@ -135,3 +136,33 @@ def _reference(batch: dict, key: str, tokenizer: Any, ids: list[int]) -> str:
     if texts is not None:
         return texts[batch["keys"].index(key)]
     return tokenizer.decode(ids)
+
+
+KALDI_TABLES = ("text", "wav.scp", "segments", "utt2spk", "spk2utt", "feats.scp", "utt2dur", "reco2dur")
+DECODE_OUTPUTS = ("text", "ref", "cer.txt", "wer.txt")
+
+
+def refuse_overwrites(cfg: Any) -> None:
+    """Before loading anything: refuse an ``output_dir`` that is a URL, a Kaldi data dir (its ``text`` would
+    become hypotheses), or where an output file is one of the inputs: the list, its index, the checkpoint,
+    or a Kaldi table beside the list (the data dir the list was made from)."""
+    import os
+
+    from corpus_io.config import require
+    from corpus_io.files import refuse_overwriting_inputs, refuse_remote_output
+    from corpus_io.train.cmvn import loader_inputs
+
+    require(cfg, "data_list", "checkpoint", "output_dir")
+    refuse_remote_output(cfg.output_dir, "++output_dir", "decode")
+    out = Path(cfg.output_dir)
+    kaldi = [name for name in KALDI_TABLES[1:] if (out / name).is_file()]
+    if kaldi and (out / "text").exists():
+        raise ConfigError(f"++output_dir={out} is a Kaldi data dir (it holds {', '.join(kaldi)}); decode would replace "
+                          f"its transcripts ({out / 'text'}) with hypotheses. Give decode its own directory, e.g. "
+                          f"++output_dir=exp/decode_test.")
+    inputs = [*loader_inputs(cfg.data_list, cfg.dataset_conf), ("++checkpoint", cfg.checkpoint)]
+    data_dir = os.path.dirname(os.path.abspath(cfg.data_list)) if "://" not in str(cfg.data_list) else ""
+    if data_dir and any(os.path.isfile(os.path.join(data_dir, name)) for name in ("wav.scp", "segments", "feats.scp")):
+        inputs += [(f"the Kaldi table {name} beside ++data_list", os.path.join(data_dir, name))
+                   for name in KALDI_TABLES]
+    refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in DECODE_OUTPUTS], inputs)
