@@ -308,10 +308,10 @@ def open_sources(data_list: str | None, conf: DatasetConf) -> list[Source]:
                 raise ConfigError(f"dataset_conf.sources[{i}].data_list is required.")
             if s.weight < 0:
                 raise ConfigError(f"dataset_conf.sources[{i}].weight is {s.weight}; weights must be >= 0.")
-        return [Source.open(s.data_list, s.data_type, s.weight) for s in conf.sources]
+        return [Source.open(s.data_list, s.data_type, s.weight, on_error=conf.on_error) for s in conf.sources]
     if not data_list or data_list == "???":
         raise ConfigError("no data list: pass a data.list (or set dataset_conf.sources).")
-    return [Source.open(data_list, conf.data_type)]
+    return [Source.open(data_list, conf.data_type, on_error=conf.on_error)]
 
 
 def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer: Any, *, train: bool,

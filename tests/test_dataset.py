@@ -362,13 +362,16 @@ def test_raw_waveform_batches_count_audio_seconds_from_samples(shards):
     assert batch["audio_seconds"] == pytest.approx(float(batch["feats_lengths"].sum()) / 16000)
 
 
-def test_a_key_two_shards_hold_is_read_once_and_the_duplicate_is_counted(tmp_path):
+def test_a_key_two_shards_hold_fails_naming_both_or_with_skip_is_read_once_and_counted(tmp_path):
     from tests.shards.conftest import packed_with_a_repeat
 
-    merged, _, _ = packed_with_a_repeat(tmp_path)
+    merged, a, again = packed_with_a_repeat(tmp_path)
     tok = build_tokenizer(token_list(tmp_path))
     conf = small_conf()
     conf.filter_conf.token_min_length = 0
+    with pytest.raises(DataError, match=f"in shards {a}/shard-000000.tar, {again}/shard-000000.tar"):
+        build_dataloader(str(merged), conf, tok, train=True, rank=0, world_size=1)
+    conf.on_error = "skip"
     loader = build_dataloader(str(merged), conf, tok, train=True, rank=0, world_size=1)
     got = epoch_keys(loader, 0)
     assert len(got) == len(set(got)) == 24  # 28 samples in the shards, 24 distinct keys

@@ -226,8 +226,9 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
                            mark_pass_end=mark_pass_end)
                for i, src in enumerate(sources)]
     # a key several shards hold is read once, from its owner shard (per stream: the owners are the source's)
-    streams = [stages.drop_repeated_keys(stream, owners=src.owners, counts=counts) if src.owners else stream
-               for stream, src in zip(streams, sources)]
+    streams = [stages.drop_repeated_keys(stream, owners=src.owners, track=src.track_keys, raw=src.data_type == "raw",
+                                         on_error=conf.on_error, counts=counts)
+               if src.owners or src.track_keys else stream for stream, src in zip(streams, sources)]
     samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state)
     runtime = {"counts": counts, "rng": random.Random(tag), "generator": generator, "state": state,
                "budget": slot_budget_seconds(conf, slot)}

@@ -41,22 +41,54 @@ class Source:
     num_utts: list[int] | None = None
     raw: RawList | None = None
     owners: dict[str, str] = field(default_factory=dict)  # a key two shards hold -> the shard that keeps it
+    track_keys: bool = False  # no index records every shard's keys: readers find repeats from the samples
 
     @classmethod
-    def open(cls, data_list: str, data_type: str, weight: float = 1.0) -> Source:
+    def open(cls, data_list: str, data_type: str, weight: float = 1.0, *, on_error: str = "skip") -> Source:
+        """``on_error=fail``: a key the index records in two shards is a DataError here, before any reading;
+        ``skip``: the first shard keeps it (``owners``) and the others' copies are dropped and counted."""
         if data_type == "raw":
-            return cls(data_list, "raw", weight, raw=RawList(data_list))
-        from corpus_io.shards.index import known_repeated_keys, load_index, read_datalist
+            return cls(data_list, "raw", weight, raw=RawList(data_list), track_keys=True)
+        from corpus_io.shards.index import (
+            describe_repeats,
+            index_entry_problems,
+            index_path_for,
+            index_records_keys,
+            known_repeated_keys,
+            load_index,
+            read_datalist,
+            repeated_shard,
+        )
 
         urls = read_datalist(data_list)
         if not urls:
             raise DataError(f"{data_list} lists no shards. Run make-datalist on the packed shards.")
+        twice = repeated_shard(urls)
+        if twice:
+            i, j = twice
+            raise DataError(f"{data_list} names the same shard twice: entry {i} ({urls[i - 1]}) and entry {j} "
+                            f"({urls[j - 1]}); every utterance in it would be trained twice per epoch. Remove one "
+                            f"of the lines (lists joined with cat?), or merge lists with make-datalist, which "
+                            f"refuses repeats.")
         index = load_index(data_list) or {}
         entries = [index.get(u) for u in urls]
+        for url, entry in zip(urls, entries):
+            problems = index_entry_problems(entry) if entry else []
+            if problems:
+                raise DataError(f"{index_path_for(data_list)}: the entry of shard {url}: {problems[0]}. The index "
+                                f"does not describe the shard; rebuild it (make-datalist ++input=<the shards' "
+                                f"directory>) and check the shards with verify-shards.")
         durations = [float(e["duration"]) if e and e.get("duration") else 0.0 for e in entries]
         num_utts = [int(e["num_utts"]) if e and e.get("num_utts") else 0 for e in entries]
-        owners = {key: shards[0] for key, shards in known_repeated_keys(data_list).items()}
-        return cls(data_list, "shard", weight, urls, durations, num_utts, owners=owners)
+        repeats = known_repeated_keys(data_list)
+        if repeats and on_error == "fail":
+            raise DataError(f"{data_list}: {describe_repeats(repeats)} (from {index_path_for(data_list)}); training "
+                            f"would see those utterances twice. Give each utterance its own key and re-pack, drop "
+                            f"the repeated list, or set ++dataset_conf.on_error=skip to read each key from its first "
+                            f"shard only (the rest are counted as 'duplicate key').")
+        owners = {key: shards[0] for key, shards in repeats.items()}
+        return cls(data_list, "shard", weight, urls, durations, num_utts, owners=owners,
+                   track_keys=not index_records_keys(data_list))
 
     @property
     def num_units(self) -> int:

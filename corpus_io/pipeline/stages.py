@@ -135,16 +135,45 @@ def _decode_bytes(sample: dict) -> tuple[np.ndarray, int]:
 # --------------------------------------------------------------------------- filters
 
 
-def drop_repeated_keys(samples: Iterable[dict], *, owners: dict[str, str],
-                       counts: Counter | None = None) -> Iterator[dict]:
-    """Read a key that several shards hold once: drop it (counted as ``duplicate key``) everywhere but in
-    its owner shard, ``owners[key]`` (from the index, see ``shards.index.repeated_keys``)."""
+def drop_repeated_keys(samples: Iterable[dict], *, owners: dict[str, str], track: bool = False, raw: bool = False,
+                       on_error: str = "skip", counts: Counter | None = None) -> Iterator[dict]:
+    """Read a key that several shards (or raw lines) hold once.
+
+    ``owners`` (from the index, see ``shards.index.repeated_keys``): a key is kept only from its owner shard,
+    the other copies are dropped and counted as ``duplicate key``. ``track`` (no index records the keys): this
+    reader remembers where it met each key in this epoch (a 64-bit hash and the place, ~100 bytes per
+    utterance); meeting it at another place (shard and position, or raw entry) is a DataError naming both
+    (``on_error=fail``) or dropped and counted (``skip``). A place read again in a later pass
+    (``epoch_hours``) is not a repeat."""
+    seen: dict[int, tuple[str, int]] = {}
     for sample in samples:
-        owner = owners.get(sample["key"])
-        if owner is not None and sample.get("__url__") != owner:
-            _count(counts, "duplicate key")
+        if sample is None:  # the end of a pass of a weighted mix (pipeline.read.iter_source), passed on
+            yield sample
             continue
+        key = sample["key"]
+        owner = owners.get(key)
+        if owner is not None:
+            if sample.get("__url__") != owner:
+                _count(counts, "duplicate key")
+                continue
+        elif track:
+            place = (sample.get("__url__", ""), int(sample.get("__pos__", -1)))
+            first = seen.setdefault(hash(key), place)
+            if first != place:
+                if on_error != "skip":
+                    raise DataError(f"key '{key}' is read twice in one epoch: {_place(first, raw)} and "
+                                    f"{_place(place, raw)}; "
+                                    f"training would see the utterance twice. Give each utterance its own key, drop "
+                                    f"the repeated entry or shard (verify-shards lists them), or set "
+                                    f"++dataset_conf.on_error=skip to keep the first and count the rest.")
+                _count(counts, "duplicate key")
+                continue
         yield sample
+
+
+def _place(place: tuple[str, int], raw: bool) -> str:
+    url, pos = place
+    return f"entry {pos + 1} of the raw list {url}" if raw else f"sample {pos + 1} of shard {url}"
 
 
 def filter_length(samples: Iterable[dict], *, max_length: float = 10240, min_length: float = 10,

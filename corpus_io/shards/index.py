@@ -114,6 +114,26 @@ def known_repeated_keys(list_path: str | os.PathLike) -> dict[str, list[str]]:
     return _store_repeats(index)
 
 
+def index_records_keys(list_path: str | os.PathLike) -> bool:
+    """Whether the index of ``list_path`` records the utterance keys of every shard (then :func:`known_repeated_keys`
+    finds every repeat before reading); from the ``.repeats.json`` stamp when it is fresh, else by a byte scan."""
+    index = index_path_for(list_path)
+    if not index.is_file():
+        return False
+    try:
+        stored = json.loads(_repeats_path(index).read_text(encoding="utf-8"))
+        if stored.get("index") == _stamp(index) and isinstance(stored.get("keyed"), bool):
+            return stored["keyed"]
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    return _every_line_has_keys(index)
+
+
+def _every_line_has_keys(index: Path) -> bool:
+    with open(index, "rb") as f:
+        return all(b'"keys":' in raw for raw in f if raw.strip())
+
+
 def _repeats_path(index: Path) -> Path:
     return index.with_name(f".{index.stem}.repeats.json")  # index.jsonl -> .index.repeats.json
 
@@ -127,7 +147,8 @@ def _store_repeats(index: Path) -> dict[str, list[str]]:
     repeats = find_repeated_keys(lambda: _iter_shard_keys(index))
     try:
         with atomic_write(_repeats_path(index)) as f:
-            json.dump({"index": _stamp(index), "repeated_keys": len(repeats)}, f)
+            json.dump({"index": _stamp(index), "repeated_keys": len(repeats), "keyed": _every_line_has_keys(index)},
+                      f)
     except OSError:
         pass  # a read-only shard directory: the next start computes it again
     return repeats
@@ -162,6 +183,82 @@ def describe_repeats(repeats: dict[str, list[str]]) -> str:
     where = f"twice in shard {shards[0]}" if len(set(shards)) == 1 else f"in shards {', '.join(dict.fromkeys(shards))}"
     more = f" ({len(repeats) - 1} more keys repeat)" if len(repeats) > 1 else ""
     return f"key '{key}' is {where}{more}"
+
+
+# --------------------------------------------------------------------------- list and index checks
+
+MAX_UTTERANCE_SECONDS = 86400.0  # an index saying one utterance lasts longer than a day is wrong, not long
+
+
+def shard_identity(entry: str) -> str:
+    """What a list entry points at, for finding a shard listed twice: a local path resolved (``file://``,
+    ``./``, ``..``, symbolic links), a URL with its scheme and host lowercased and repeated slashes collapsed."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if entry.startswith("file://"):
+        entry = entry[len("file://"):]
+    if "://" not in entry:
+        return os.path.realpath(entry) if not entry.startswith(("pipe:", "|")) else entry
+    parts = urlsplit(entry)
+    host = (parts.hostname or "").lower()
+    port = parts.port if parts.port not in ({"http": 80, "https": 443}.get(parts.scheme.lower()),) else None
+    netloc = host + (f":{port}" if port else "")
+    path = "/" + "/".join(p for p in parts.path.split("/") if p) if parts.path else ""
+    return urlunsplit((parts.scheme.lower(), netloc, path, parts.query, ""))
+
+
+def repeated_shard(entries: list[str]) -> tuple[int, int] | None:
+    """``(i, j)``, the 1-based numbers of the first two entries of a list that name the same shard (after
+    :func:`shard_identity`), or None."""
+    seen: dict[str, int] = {}
+    for j, entry in enumerate(entries, 1):
+        i = seen.setdefault(shard_identity(entry), j)
+        if i != j:
+            return i, j
+    return None
+
+
+def _number(value: Any, integer: bool) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        return None
+    return float(value) if value == value and abs(value) != float("inf") else None
+
+
+def index_entry_problems(entry: dict) -> list[str]:
+    """What is wrong with one index entry's own values (types, signs, finiteness, order, agreement between
+    fields), before any shard is read: ``["duration is nan, not a finite number of seconds >= 0", ...]``."""
+    problems = []
+    n = entry.get("num_utts")
+    if n is not None and (_number(n, True) is None or n < 0):
+        problems.append(f"num_utts is {n!r}, not a whole number >= 0")
+        n = None
+    for name in ("duration", "min_duration", "max_duration"):
+        value = entry.get(name)
+        if value is None:
+            continue
+        number = _number(value, False)
+        if number is None or number < 0:
+            problems.append(f"{name} is {value!r}, not a finite number of seconds >= 0")
+        elif number > MAX_UTTERANCE_SECONDS * (n if name == "duration" and n else 1):
+            problems.append(f"{name} is {value!r} s, more than {MAX_UTTERANCE_SECONDS:g} s per utterance")
+    lo, hi, total = (_number(entry.get(k), False) for k in ("min_duration", "max_duration", "duration"))
+    if lo is not None and hi is not None and lo > hi + 1e-6:
+        problems.append(f"min_duration {lo} is above max_duration {hi}")
+    if hi is not None and total is not None and hi > total + 1e-3:
+        problems.append(f"max_duration {hi} is above the shard's total duration {total}")
+    size = entry.get("bytes")
+    if size is not None and (_number(size, True) is None or size < 0):
+        problems.append(f"bytes is {size!r}, not a whole number >= 0")
+    sha = entry.get("sha256")
+    if sha is not None and not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+        problems.append(f"sha256 is {str(sha)[:80]!r}, not 64 lowercase hex digits")
+    keys = entry.get("keys")
+    if keys is not None:
+        if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+            problems.append("keys is not a list of non-empty strings")
+        elif n is not None and len(keys) != n:
+            problems.append(f"keys lists {len(keys)} keys but num_utts is {n}")
+    return problems
 
 
 def _index_dir(index_path: str | os.PathLike) -> str:

@@ -1,10 +1,13 @@
 """``verify-shards``: check every shard of a data.list, in parallel, and report by shard and member.
 
-Per shard: it exists; its size and sha256 match the index sidecar; the tar parses to the end;
-members group into samples (adjacent, one of each field); the number of samples matches
-``num_utts``; no key repeats; every ``.txt`` is UTF-8; every audio member decodes (soundfile);
-every sample has an audio or ``.npy`` member. A list entry without an index entry, when a
-sidecar exists, is a problem too.
+Per shard: it exists; the tar parses to the end; members group into samples (adjacent, one of each
+field); every ``.txt`` is UTF-8; every audio member decodes (soundfile); every sample has an audio or
+``.npy`` member. Against the index sidecar, when there is one: its entry's own values are sane (finite,
+non-negative, ordered), and every field it records matches the shard: ``bytes``, ``sha256``,
+``num_utts``, ``duration``/``min_duration``/``max_duration`` (from the audio headers, within
+rounding) and ``keys`` (the same keys in the same order). A list entry without an index entry, when a
+sidecar exists, is a problem too. Across the list, with or without an index: an entry naming a shard
+an earlier entry names (after URL normalisation), and a key two shards hold (from the members read).
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ from typing import IO, Any, Iterator
 from corpus_io.errors import DataError
 from corpus_io.progress import parallel_imap, progress, resolve_num_workers
 from corpus_io.shards.format import legacy_member_name, safe_member_name, split_member
-from corpus_io.shards.index import index_path_for, load_index, read_datalist, read_index_file, repeated_keys
+from corpus_io.shards.index import (
+    find_repeated_keys,
+    index_entry_problems,
+    index_path_for,
+    load_index,
+    read_datalist,
+    repeated_keys,
+    shard_identity,
+)
 from corpus_io.shards.reader import DEFAULT_MAX_MEMBER_BYTES, group_samples, iter_tar_members
 
 
@@ -57,6 +68,7 @@ class VerifyResult:
     num_utts: int = 0
     bytes: int = 0
     problems: list[str] = field(default_factory=list)
+    keys: str = ""  # the shard's keys in order, joined by NUL (one string: cheap to send back from a worker)
 
 
 def _named_members(members: Iterator[tuple[str, bytes]], names: dict[str, list[str]]) -> Iterator[tuple[str, bytes]]:
@@ -82,6 +94,8 @@ def verify_one(task: VerifyTask) -> VerifyResult:
     reader = HashingReader(f)
     names: dict[str, list[str]] = {}
     first_pos: dict[str, int] = {}
+    keys: list[str] = []
+    durations: list[float | None] = []
     try:
         members = _named_members(iter_tar_members(reader, url=task.url, max_member_bytes=task.max_member_bytes),
                                  names)
@@ -93,6 +107,8 @@ def verify_one(task: VerifyTask) -> VerifyResult:
                 problems.append(f"{task.url}: duplicate key '{key}' (samples {first_pos[key]} and {pos}, members "
                                 f"{', '.join(member_names)}).")
             first_pos.setdefault(key, pos)
+            keys.append(key)
+            durations.append(_duration(sample))
             if "audio" in sample:
                 member = next((n for n in member_names if n.endswith("." + sample["audio_format"])), stem)
                 if task.decode_audio:
@@ -112,26 +128,87 @@ def verify_one(task: VerifyTask) -> VerifyResult:
     finally:
         f.close()
     result.bytes = reader.bytes
+    result.keys = "\0".join(keys)
     entry = task.entry
     if entry is not None:
+        problems.extend(f"{task.url}: the index entry is wrong: {why}." for why in index_entry_problems(entry))
         if entry.get("bytes") is not None and entry["bytes"] != reader.bytes:
             problems.append(f"{task.url}: size {reader.bytes} bytes, the index says {entry['bytes']} "
                             f"(truncated or replaced).")
-        if entry.get("sha256") and entry["sha256"] != reader.sha.hexdigest():
+        if entry.get("sha256") and str(entry["sha256"]).lower() != reader.sha.hexdigest():
             problems.append(f"{task.url}: sha256 mismatch: content changed since packing (a flipped byte or a "
                             f"partial copy). Re-copy or re-pack the shard.")
         if entry.get("num_utts") is not None and entry["num_utts"] != result.num_utts:
             problems.append(f"{task.url}: {result.num_utts} samples, the index says {entry['num_utts']}.")
+        problems.extend(_index_keys_problems(task.url, entry.get("keys"), keys))
+        if None not in durations:
+            problems.extend(_duration_problems(task.url, entry, durations))
     return result
+
+
+def _duration(sample: dict) -> float | None:
+    """Seconds of a sample's audio from its header (soundfile when the header parser does not know it), or
+    the ``duration`` its ``.json`` records for a features sample; None when neither says."""
+    from corpus_io import audio
+
+    data = sample.get("audio")
+    if data is None:
+        value = (sample.get("meta") or {}).get("duration")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    info = audio.header_info(bytes(data[:audio.HEAD_BYTES]), len(data))
+    if info is None:
+        import io
+
+        import soundfile as sf
+
+        try:
+            sfi = sf.info(io.BytesIO(bytes(data)))
+        except (sf.LibsndfileError, RuntimeError, TypeError):
+            return None  # reported by the decode check
+        return sfi.frames / sfi.samplerate if sfi.samplerate else None
+    return info.num_samples / info.sample_rate if info.sample_rate else None
+
+
+def _duration_problems(url: str, entry: dict, durations: list[float]) -> list[str]:
+    """The index's durations against the samples' (pack-shards rounds each field to 1 ms)."""
+    actual = {"duration": sum(durations), "min_duration": min(durations, default=0.0),
+              "max_duration": max(durations, default=0.0)}
+    problems = []
+    for name, value in actual.items():
+        recorded = entry.get(name)
+        if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and recorded == recorded \
+                and abs(recorded - value) > 0.002 + 1e-4 * len(durations):
+            problems.append(f"{url}: {name} is {value:.3f} s in the shard, the index says {recorded!r}.")
+    return problems
+
+
+def _index_keys_problems(url: str, recorded: Any, keys: list[str]) -> list[str]:
+    if not isinstance(recorded, list) or recorded == keys:
+        return []
+    held, listed = set(keys), set(recorded)
+    invented = [k for k in recorded if k not in held]
+    missing = [k for k in keys if k not in listed]
+    if invented or missing:
+        return [f"{url}: the index's keys differ from the shard's: {len(invented)} keys the shard does not hold"
+                f"{f' (e.g. {invented[0]!r})' if invented else ''}, {len(missing)} keys of the shard missing"
+                f"{f' (e.g. {missing[0]!r})' if missing else ''}."]
+    return [f"{url}: the index lists the shard's keys in another order."]
 
 
 def verify_shards(cfg: Any) -> list[VerifyResult]:
     """Verify every shard of ``cfg.input``; print a report; raise DataError (exit 2) on any problem."""
-    urls = read_datalist(cfg.input)
-    index = load_index(cfg.input)
+    entries = read_datalist(cfg.input)
+    index = load_index(cfg.input, keys=True)
     if index is None:
         print(f"[verify-shards] no index sidecar {index_path_for(cfg.input)}: sha256, size and counts are not "
               f"checked.", file=sys.stderr, flush=True)
+    first_entry: dict[str, int] = {}
+    twice: list[tuple[int, int]] = []  # (entry, the earlier entry naming the same shard), 1-based
+    for j, url in enumerate(entries, 1):
+        i = first_entry.setdefault(shard_identity(url), j)
+        if i != j:
+            twice.append((j, i))
+    urls = [u for j, u in enumerate(entries, 1) if first_entry[shard_identity(u)] == j]  # each shard read once
     tasks = (VerifyTask(u, (index or {}).get(u), index is not None, cfg.decode_audio, dict(cfg.storage_options or {}))
              for u in urls)
     workers = min(resolve_num_workers(cfg.num_workers), max(1, len(urls)))
@@ -139,13 +216,20 @@ def verify_shards(cfg: Any) -> list[VerifyResult]:
     for result in progress(parallel_imap(verify_one, tasks, num_workers=workers, chunksize=1),
                            total=len(urls), desc="verify-shards", unit="shard"):
         results.append(result)
-    repeats = repeated_keys(cfg.input)  # across shards, from the index alone
-    if index is not None and not any(isinstance(e.get("keys"), list)
-                                     for e in read_index_file(index_path_for(cfg.input), keys=True, lazy=True)):
-        print(f"[verify-shards] {index_path_for(cfg.input)} records no utterance keys (an older pack-shards or "
-              f"another tool wrote it): a key repeated across shards is not checked. Re-run pack-shards to "
-              f"record them.", file=sys.stderr, flush=True)
     by_url = {r.url: r for r in results}
+    for j, i in twice:
+        by_url[entries[i - 1]].problems.append(
+            f"{entries[j - 1]}: entry {j} names the same shard as entry {i} ({entries[i - 1]}) of {cfg.input}; "
+            f"training would read every utterance of it twice. Remove one of the lines.")
+    # across shards: from the members read, and from the index for shards that could not be read whole
+    repeats = find_repeated_keys(lambda: ((r.url, r.keys.split("\0") if r.keys else []) for r in results))
+    for key, shards in repeated_keys(cfg.input).items():
+        repeats.setdefault(key, shards)
+    if index is not None and not any(isinstance(e.get("keys"), list) for e in index.values()):
+        print(f"[verify-shards] {index_path_for(cfg.input)} records no utterance keys (an older pack-shards or "
+              f"another tool wrote it): keys repeated across shards were found from the shards' members instead "
+              f"(the loader finds them only as it reads). Re-run make-datalist or pack-shards to record them.",
+              file=sys.stderr, flush=True)
     for key, shards in repeats.items():
         later = shards[-1]
         by_url.get(later, results[0]).problems.append(
