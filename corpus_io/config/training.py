@@ -24,6 +24,9 @@ class TrainConf:
     avg_keep_nbest_models_type: str = opt("loss", "cv metric that ranks checkpoints", choices=("loss", "acc"))
     accum_grad: int = opt(1, "micro-batches per optimizer step", range="[1, 10000]")
     grad_clip: float = opt(5.0, "max gradient norm (<= 0: off)")
+    max_nonfinite_steps: int = opt(20, "optimizer steps in a row with a non-finite loss or gradient norm (each is "
+                                       "skipped and counted) before training stops with an error",
+                                   unit="steps", range="[1, 1000000]")
     use_fp16: bool = opt(False, "float16 autocast with a grad scaler (GPU)")
     use_bf16: bool = opt(False, "bfloat16 autocast (CPU or GPU)")
     max_steps_per_epoch: int = opt(0, "step mode: an epoch ends after this many steps (0: one pass)",

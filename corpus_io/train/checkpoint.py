@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import pickle
 import random
@@ -168,11 +169,20 @@ def write_metrics(output_dir: str | os.PathLike, epoch: int, metrics: dict) -> N
         f.write("\n")
 
 
+def nonfinite_tensor(state: dict) -> str | None:
+    """The name of the first floating-point tensor of a state dict holding an inf or a nan, or None."""
+    import torch
+
+    return next((name for name, t in state.items() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                 and not bool(torch.isfinite(t).all())), None)
+
+
 def ranked_epochs(output_dir: str | os.PathLike, metric: str) -> list[int]:
     """Epochs with an existing checkpoint and a cv metric, best first (lowest loss or highest acc)."""
     metrics = read_metrics(output_dir)
     existing = epoch_checkpoints(output_dir)
-    usable = [e for e in existing if metric in metrics.get(e, {}) and metrics[e][metric] is not None]
+    usable = [e for e in existing if metric in metrics.get(e, {}) and isinstance(metrics[e][metric], (int, float))
+              and math.isfinite(metrics[e][metric])]  # a nan cv loss ranks nowhere
     sign = 1.0 if metric == "loss" else -1.0
     return sorted(usable, key=lambda e: (sign * float(metrics[e][metric]), -e))
 
@@ -230,6 +240,11 @@ def average_checkpoints(output_dir: str | os.PathLike, num: int, metric: str = "
     for k, v in last["model"].items():
         if v.is_floating_point():
             avg[k] = (avg[k] / len(chosen)).to(v.dtype)
+    bad = nonfinite_tensor(avg)
+    if bad is not None:
+        raise DataError(f"the average of epochs {chosen} of {out_dir} has non-finite values in '{bad}', so "
+                        f"model.pt.avg{num} was not written. An epoch checkpoint holds inf or nan weights: "
+                        f"retrain from an earlier one (see train_conf.max_nonfinite_steps).")
     path = out_dir / f"model.pt.avg{num}"
     metrics = read_metrics(out_dir)
     save_checkpoint(path, {"model": avg, "config": last.get("config"), "averaged_epochs": chosen,

@@ -111,6 +111,13 @@ def load_cmvn(path: str, dim: int | None = None) -> tuple[list[float], list[floa
         raise ConfigError(f"cmvn_file {path} looks like {kind} but cannot be read ({exc}). Pass a compute-cmvn "
                           f"JSON or Kaldi cmvn.ark, WeNet's global_cmvn, or FunASR's am.mvn; or recreate it with "
                           f"corpus-io compute-cmvn.") from None
+    bad = next(((name, i, v) for name, values in (("mean", mean), ("istd", istd)) for i, v in enumerate(values)
+                if not math.isfinite(v)), None)
+    if bad is not None:
+        name, i, v = bad
+        raise ConfigError(f"cmvn_file {path} holds a non-finite {name} ({v} at dimension {i}); training on it would "
+                          f"give a loss of nan. Recompute it with corpus-io compute-cmvn on the training list (an "
+                          f"empty or corrupt list, or a hand-edited file, gives such values).")
     if dim is not None and len(mean) != dim:
         raise ConfigError(f"cmvn_file {path} has dimension {len(mean)} but the features have {dim}. "
                           f"Recompute it with the same dataset_conf (fbank_conf.num_mel_bins / mfcc_conf.num_ceps).")

@@ -21,6 +21,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
@@ -110,6 +111,8 @@ class Trainer:
         self.epoch_done = False
         self.keys_file = None
         self.resumed_mid_epoch = False
+        self.nonfinite_run = 0  # optimizer steps in a row skipped for a non-finite loss or gradient norm
+        self.nonfinite_steps = 0  # all such steps of this run
         self.log(f"world_size {ctx.world_size}, backend {ctx.backend or 'none'}, device {ctx.device}, "
                  f"model {type(self.module).__name__} {num_parameters(self.module) / 1e6:.3f}M params, "
                  f"vocab {self.tokenizer.vocab_size}, input_dim {self.input_dim}", all_ranks=False)
@@ -148,6 +151,11 @@ class Trainer:
 
     def save(self, name: str, cv_metrics: dict | None = None) -> None:
         t0 = time.perf_counter()
+        bad = ckpt.nonfinite_tensor(self.module.state_dict())  # the same on every rank: all raise together
+        if bad is not None:
+            raise DataError(f"train: the model holds non-finite values in '{bad}' at epoch {self.epoch} step "
+                            f"{self.step_in_epoch}, so {self.out / name} was not written (nor any average). "
+                            f"{_nonfinite_causes(self.cfg)}")
         state = self._checkpoint_state(cv_metrics)
         if state is not None:
             path = self.out / name
@@ -318,8 +326,9 @@ class Trainer:
             sync = micro % tc.accum_grad == 0
             want_acc = sync and (self.step_in_epoch + 1) % tc.log_interval == 0
             out = micro_step(self.sc, batch, sync=sync, want_acc=want_acc)
-            meter.add_batch(out, batch, data_load)
-            epoch_meter.add_batch(out, batch, data_load)
+            if math.isfinite(out["loss"]):  # a non-finite one poisons the step (skipped in _finish_step)
+                meter.add_batch(out, batch, data_load)
+                epoch_meter.add_batch(out, batch, data_load)
             if self.keys_file is not None:
                 self.keys_file.write("".join(f"{self.epoch} {k}\n" for k in batch["keys"]))
             if sync:
@@ -340,7 +349,8 @@ class Trainer:
 
     def _finish_step(self, meter: Meter, epoch_meter: Meter, tick: float) -> float:
         t0 = time.perf_counter()
-        optim_step(self.sc, self.optimizer, self.scheduler, self.tc.grad_clip)
+        norm, stepped = optim_step(self.sc, self.optimizer, self.scheduler, self.tc.grad_clip)
+        self._count_nonfinite(stepped, norm)
         sync_device(self.ctx.device)
         now = time.perf_counter()
         for m in (meter, epoch_meter):
@@ -350,6 +360,25 @@ class Trainer:
         self.step_in_epoch += 1
         self.global_step += 1
         return now
+
+    def _count_nonfinite(self, stepped: bool, norm: float) -> None:
+        """A step skipped for a non-finite loss or gradient norm (icefall skips such batches too) is counted;
+        ``train_conf.max_nonfinite_steps`` of them in a row stop training. The norm is of the gradients DDP
+        averaged, so every rank decides the same at the same step (no rank is left waiting)."""
+        if stepped:
+            self.nonfinite_run = 0
+            return
+        self.nonfinite_run += 1
+        self.nonfinite_steps += 1
+        self.log(f"warning: epoch {self.epoch} step {self.step_in_epoch + 1}: non-finite loss or gradient norm "
+                 f"({norm}); the step was skipped ({self.nonfinite_run} in a row, {self.nonfinite_steps} in all)",
+                 all_ranks=False)
+        if self.nonfinite_run >= self.tc.max_nonfinite_steps:
+            raise DataError(f"train: {self.nonfinite_run} optimizer steps in a row had a non-finite loss or gradient "
+                            f"norm (train_conf.max_nonfinite_steps={self.tc.max_nonfinite_steps}; each was skipped), "
+                            f"at epoch {self.epoch} step {self.step_in_epoch + 1}. Training stopped; no checkpoint "
+                            f"of this state was written. "
+                            f"{_nonfinite_causes(self.cfg)}")
 
     def _after_step(self, meter: Meter) -> Meter:
         tc = self.tc
@@ -470,6 +499,15 @@ class Trainer:
         self.board.scalars(self.global_step, {"cv/loss": metrics["loss"], "cv/acc": metrics["acc"]})
         self.module.train()
         return metrics
+
+
+def _nonfinite_causes(cfg: Any) -> str:
+    """The likely causes of a non-finite loss or model, in the order to check them."""
+    cmvn = (f"the CMVN file (cmvn_file={cfg.cmvn_file}: recompute it with compute-cmvn on the training list)"
+            if cfg.cmvn_file else "unnormalised features (no cmvn_file: compute one with compute-cmvn)")
+    return (f"Likely causes: {cmvn}, a learning rate too high for this model (optim_conf.lr={cfg.optim_conf.lr}: "
+            f"lower it, or lengthen scheduler_conf.warmup_steps; train_conf.grad_clip bounds each step), or bad data "
+            f"(an empty or corrupt utterance: check the list with verify-shards and dataset_conf.filter_conf).")
 
 
 def _absolute_paths(section: Any, *keys: str) -> None:

@@ -1,0 +1,61 @@
+"""Nothing non-finite is trained or saved as a result (issue 21 item 3): a NaN CMVN file is refused at load, a run
+of non-finite steps (an exploding learning rate) stops training with a clear error, and no checkpoint or average
+of a non-finite model is written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from corpus_io.errors import ConfigError, DataError
+from corpus_io.train import checkpoint as ckpt
+from corpus_io.train.cmvn import load_cmvn
+from tests.train.conftest import run_train, torchrun_cmd
+
+TINY = ("++dataset_conf.num_workers=0", "++model.num_blocks=1", "++train_conf.max_epoch=2",
+        "++train_conf.log_interval=1")
+
+
+def _train(out, corpus, *overrides):
+    cmd = torchrun_cmd(out, corpus, *TINY, *overrides)
+    return run_train(cmd[cmd.index("--no-python") + 1:])  # one process
+
+
+def test_a_nan_cmvn_file_ends_train_before_any_step_with_no_checkpoint(corpus, tmp_path):
+    cmvn = tmp_path / "cmvn.json"
+    cmvn.write_text(json.dumps({"dim": 80, "frame_num": 10, "mean_stat": [0.0] * 80, "var_stat": [1.0] * 80,
+                                "mean": [float("nan")] + [0.0] * 79, "istd": [1.0] * 80}))
+    out = tmp_path / "exp"
+    result = _train(out, corpus, f"++cmvn_file={cmvn}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"cmvn_file {cmvn} holds a non-finite mean (nan at dimension 0)" in result.stderr
+    assert "Traceback" not in result.stderr and not list(out.glob("model.pt*"))
+    (tmp_path / "inf.json").write_text(json.dumps({"mean": [0.0, 0.0], "istd": [1.0, float("inf")]}))
+    with pytest.raises(ConfigError, match="non-finite istd"):
+        load_cmvn(str(tmp_path / "inf.json"))
+
+
+def test_an_exploding_learning_rate_stops_training_naming_the_causes_and_writes_no_checkpoint(corpus, tmp_path):
+    out = tmp_path / "exp"
+    result = _train(out, corpus, "++optim_conf.optim=sgd", "++optim_conf.lr=10", "++train_conf.grad_clip=0",
+                    "++scheduler_conf.scheduler=constant", "++train_conf.max_nonfinite_steps=2")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "2 optimizer steps in a row had a non-finite loss or gradient norm" in result.stderr
+    assert "train_conf.max_nonfinite_steps=2" in result.stderr and "optim_conf.lr=10.0" in result.stderr
+    assert "no cmvn_file" in result.stderr and "verify-shards" in result.stderr
+    assert "the step was skipped (1 in a row, 1 in all)" in result.stderr
+    assert not list(out.glob("model.pt*")), sorted(p.name for p in out.iterdir())
+
+
+def test_average_refuses_a_non_finite_epoch_checkpoint(tmp_path):
+    for epoch, value in ((0, 1.0), (1, float("nan"))):
+        ckpt.save_checkpoint(tmp_path / f"model.pt.ep{epoch}", {"model": {"w": torch.full((2,), value)},
+                                                                "config": "x: 1\n"})
+        ckpt.write_metrics(tmp_path, epoch, {"loss": 1.0 + epoch})
+    with pytest.raises(DataError, match=r"the average of epochs \[0, 1\] .* non-finite values in 'w'"):
+        ckpt.average_checkpoints(tmp_path, 2)
+    assert not (tmp_path / "model.pt.avg2").exists()
+    ckpt.write_metrics(tmp_path, 1, {"loss": float("nan")})  # a nan cv loss ranks nowhere
+    assert ckpt.ranked_epochs(tmp_path, "loss") == [0]
