@@ -10,6 +10,7 @@ it never decodes the whole file.
 from __future__ import annotations
 
 import io
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -47,10 +48,22 @@ def frames_10ms(num_samples: int, sample_rate: int) -> int:
     return samples_16k // 160
 
 
+MAX_OVERSHOOT = 0.5  # seconds a segment may end past its recording, clipped (Kaldi extract-segments' max-overshoot)
+
+
 def segment_samples(start: float, end: float, sample_rate: int, total: int) -> tuple[int, int]:
-    """Sample range ``[first, last)`` of a segment in seconds (``end < 0``: to the end)."""
-    first = int(round(start * sample_rate))
-    last = total if end < 0 else min(total, int(round(end * sample_rate)))
+    """Sample range ``[first, last)`` of a segment in seconds (``end < 0``: to the end).
+
+    A segment must have finite times, ``0 <= start < end``, and lie inside the recording: an end up to
+    :data:`MAX_OVERSHOOT` past it is clipped, as Kaldi's extract-segments does; anything else is a DataError
+    (the caller adds the file, line and key)."""
+    length = total / sample_rate if sample_rate else 0.0
+    first = int(round(start * sample_rate)) if math.isfinite(start) else -1
+    last = total if end < 0 else min(total, int(round(end * sample_rate))) if math.isfinite(end) else -1
+    if first < 0 or last <= first or (end >= 0 and (end <= start or end > length + MAX_OVERSHOOT)):
+        raise DataError(f"segment [{start:g}, {end:g}] s lies outside its recording ({length:.3f} s): it needs "
+                        f"0 <= start < end <= the recording's end + {MAX_OVERSHOOT:g} s (Kaldi's extract-segments "
+                        f"allows the same overshoot), or end = -1 for the end of the recording.")
     return first, last
 
 

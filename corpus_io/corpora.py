@@ -32,7 +32,7 @@ from typing import Iterator
 
 from corpus_io import kaldi
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write
+from corpus_io.files import atomic_write, refuse_remote_output
 from corpus_io.progress import progress
 
 AISHELL_TRANSCRIPT = "transcript/aishell_transcript_v0.8.txt"
@@ -275,6 +275,7 @@ def prepare(cfg) -> list[SplitReport]:
     """``corpus-io prepare``: dispatch on ``cfg.corpus``; print one line per split."""
     if cfg.root in ("???", "", None):
         raise ConfigError("config key 'root' is required: the directory holding the corpus. Set ++root=...")
+    refuse_remote_output(cfg.output_dir, "++output_dir", "prepare")
     if cfg.corpus == "aishell":
         reports = prepare_aishell(cfg.root, cfg.output_dir, list(cfg.splits), remove_spaces=cfg.remove_spaces)
     else:

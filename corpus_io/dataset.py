@@ -244,8 +244,9 @@ class CorpusLoader:
         except (KeyError, AttributeError, TypeError, ValueError) as exc:
             raise DataError(f"the loader state is malformed ({type(exc).__name__}: {exc}): it was edited or "
                             f"damaged. Drop it (start the epoch afresh) or restore it from a backup.") from None
-        for snapshot in self._resume.values():
-            SlotState.from_dict(_parsed(snapshot))  # checked here: a worker process would only print a traceback
+        for worker, snapshot in self._resume.items():
+            # checked here: a worker process would only print a traceback
+            check_positions(SlotState.from_dict(_parsed(snapshot)), self.dataset.sources, f"worker {worker}")
         self._snapshots = dict(self._resume)
 
     def load_rank_states(self, states: list[dict]) -> Resplit | None:
@@ -263,6 +264,9 @@ class CorpusLoader:
         for state in states:
             self._check_state(state, ("seed", "data_lists"), "An elastic resume (another world size or worker "
                               "count) still needs the same seed and data lists")
+            for worker, snapshot in (state.get("workers") or {}).items():
+                check_positions(SlotState.from_dict(_parsed(snapshot)), self.dataset.sources,
+                                f"rank {state.get('rank')} worker {worker}")
         plan = resplit(self.dataset.sources, self.conf, states, world_size=self.world_size,
                        num_workers=max(1, self.num_workers), train=self.dataset.train)
         self.epoch = int(states[0]["epoch"])
@@ -291,6 +295,40 @@ class CorpusLoader:
     def __len__(self) -> int:
         raise TypeError("a streaming loader has no length; iterate it (the trainer stops ranks together with "
                         "all_ranks_have_data)")
+
+
+def check_positions(state: SlotState, sources: list[Source], who: str) -> None:
+    """A read position of a loader state that cannot be one of these lists' (a source, unit or position past
+    their ends, a negative count or time) is a DataError: resumed, it would silently skip or repeat data."""
+    from corpus_io.partition import PASS_STRIDE
+    from corpus_io.rawlist import CHUNK_LINES
+
+    def bad(why: str) -> DataError:
+        return DataError(f"the loader state's read position of {who} is impossible for "
+                         f"{[s.data_list for s in sources]}: {why}. The state was edited, damaged, or saved for other "
+                         f"lists; drop it (start the epoch afresh) or restore it from a backup.")
+
+    if state.epoch < 0 or not 0 <= state.seconds < float("inf"):
+        raise bad(f"epoch {state.epoch}, seconds {state.seconds}")
+    places = [(src, unit, pos) for src, (unit, pos) in state.cursor.items()] + list(state.pending)
+    for src, unit, pos in places:
+        if not 0 <= src < len(sources):
+            raise bad(f"source {src} (there are {len(sources)})")
+        source = sources[src]
+        pass_, ordinal = divmod(unit, PASS_STRIDE) if unit >= 0 else (-1, -1)
+        plan = state.plans.get(src)
+        units = len(plan[1]) if plan is not None and plan[0] == pass_ else source.num_units
+        if source.data_type == "raw":
+            units = -(-source.num_units // CHUNK_LINES)
+        if pass_ < 0 or not 0 <= ordinal < max(units, 1):
+            raise bad(f"unit {unit} of {source.data_list} (pass {pass_}, unit {ordinal}; it has {units})")
+        # the unit is an ordinal in this slot's share, so a shard position is bounded by the largest shard's count
+        most = CHUNK_LINES if source.data_type == "raw" else max(source.num_utts or [0]) if all(
+            source.num_utts or [0]) else 0
+        if pos < -1 or (most and pos >= most):
+            raise bad(f"position {pos} in unit {unit} of {source.data_list}")
+    if any(n < 0 for n in state.taken.values()) or any(not 0 <= sec < float("inf") for sec in state.pending.values()):
+        raise bad("a negative count or a non-finite time")
 
 
 def _parsed(snapshot: dict | str | bytes) -> dict:
@@ -323,6 +361,12 @@ def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer
         world_size = w if world_size is None else world_size
     check_values(dataset_conf, "dataset_conf.")  # here, not only at compose: the lazy pipeline would reject a
     # bad batch_size or epoch_hours inside a worker, and tests and the trainer build configs in Python
+    f = dataset_conf.filter_conf
+    for lo, hi in (("min_length", "max_length"), ("token_min_length", "token_max_length"),
+                   ("min_output_input_ratio", "max_output_input_ratio")):
+        if getattr(f, lo) > getattr(f, hi):
+            raise ConfigError(f"dataset_conf.filter_conf.{lo}={getattr(f, lo)} is above {hi}={getattr(f, hi)}, so "
+                              f"every utterance would be dropped. Give {lo} <= {hi}.")
     if dataset_conf.feats_on == "model" and dataset_conf.feats_type not in ("fbank", "mfcc"):
         raise ConfigError(f"dataset_conf.feats_on=model computes fbank or mfcc on the model's device, but "
                           f"dataset_conf.feats_type={dataset_conf.feats_type}. Use ++dataset_conf.feats_type=fbank "
@@ -365,11 +409,13 @@ def bench_loader(cfg: Any) -> dict:
     from pathlib import Path
 
     from corpus_io.config import require
-    from corpus_io.files import atomic_write
+    from corpus_io.files import atomic_write, refuse_remote_output
 
     if not cfg.dataset_conf.sources:
         require(cfg, "data_list")
     check_values(cfg)
+    refuse_remote_output(cfg.dump_keys, "++dump_keys", "bench-loader")
+    refuse_remote_output(cfg.state_file, "++state_file", "bench-loader")
     if cfg.save_state_after and not cfg.state_file:
         raise ConfigError("save_state_after needs state_file: ++state_file=loader_state.json")
     rank, world_size = _init_distributed()

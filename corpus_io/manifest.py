@@ -53,11 +53,32 @@ def canonical(record: dict, where: str = "") -> dict:
     if "key" not in out or "source" not in out:
         raise DataError(f"{where}: a line needs 'key' and 'source' (FunASR) or 'wav' (WeNet); "
                         f"it has {sorted(record)}.")
-    out["key"] = str(out["key"])
+    out["key"] = key = line_key(out["key"], where)
     for name, (kind, unit) in _NUMBER_FIELDS.items():
         if out.get(name) is not None:
-            out[name] = _number(out[name], kind, f"{where}: key '{out['key']}': {name}", unit)
+            out[name] = _number(out[name], kind, f"{where}: key '{key}': {name}", unit)
+    start, end = out.get("start"), out.get("end")
+    if (start is not None and start < 0) or (end is not None and end >= 0 and end <= (start or 0.0)):
+        raise DataError(f"{where}: key '{key}': start {start} and end {end} s are not a segment; need 0 <= start "
+                        f"< end (end -1: to the end of the recording). Fix the times.")
+    for name in ("source_len", "target_len"):
+        if out.get(name) is not None and out[name] < 0:
+            raise DataError(f"{where}: key '{key}': {name} is {out[name]}, below 0. Fix the line, or drop the field "
+                            f"to have it computed.")
     return out
+
+
+def line_key(key: Any, where: str) -> str:
+    """A line's ``key`` as a string: a non-empty string, or an integer id (its digits); anything else (null, a
+    number with a fraction, a list, "") is a DataError naming the line."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return str(key)
+    if not isinstance(key, str) or not key.strip():
+        what = f"key '{key}' is empty" if isinstance(key, str) else \
+            f"'key' is {json.dumps(key, ensure_ascii=False)}, not a string"
+        raise DataError(f"{where}: {what}; every utterance needs its own non-empty key, e.g. \"spk1-utt001\" (it "
+                        f"names the utterance in shards, tables and reports). Fix the line.")
+    return key
 
 
 # numeric fields of a line: (type, unit); a numeric string is accepted, anything else is a DataError
@@ -139,11 +160,10 @@ def _probe_task(task: _Task) -> _Result:
             except DataError as exc:
                 return _Result(task.key, None, error=f"{task.where}: key '{task.key}': {exc}")
             if task.segment is not None:
-                first, last = audio.segment_samples(*task.segment, info.sample_rate, info.num_samples)
-                if last <= first:
-                    return _Result(task.key, None, error=f"{task.where}: segment '{task.key}' "
-                                   f"[{task.segment[0]}, {task.segment[1]}] s lies outside the recording "
-                                   f"({info.duration:.3f} s).")
+                try:
+                    first, last = audio.segment_samples(*task.segment, info.sample_rate, info.num_samples)
+                except DataError as exc:
+                    return _Result(task.key, None, error=f"{task.where}: segment '{task.key}' of {value}: {exc}")
                 num_samples = last - first
             else:
                 num_samples = info.num_samples
@@ -398,7 +418,8 @@ def jsonl2scp(cfg: Any) -> int:
             record = line.record
             if "key" not in record:
                 raise DataError(f"{line.where}: the line has no 'key'.")
-            hashes.append(kaldi.key_hash(str(record["key"])))
+            record["key"] = line_key(record["key"], line.where)
+            hashes.append(kaldi.key_hash(record["key"]))
             for name, f in zip(names, opened):
                 value = record.get(name, record.get({"source": "wav", "target": "txt"}.get(name, ""), None))
                 if value is None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.files import refuse_overwriting_inputs, refuse_remote_output
 
 SPEAKER_FIELDS = ("speaker", "spk", "speaker_id")
 
@@ -240,6 +241,8 @@ def run_stats(cfg: Any) -> CorpusStats:
 
     if cfg.bins <= 0:
         raise ConfigError(f"bins must be positive, got {cfg.bins}.")
+    refuse_remote_output(cfg.output, "++output", "stats")
+    refuse_overwriting_inputs([("++output", cfg.output)], [("++input", cfg.input)])
     if not is_remote(cfg.input) and not os.path.isfile(cfg.input):
         raise ConfigError(f"input {cfg.input} does not exist. Pass a shard data.list (or ++data_type=raw with a "
                           f"raw JSONL list).")

@@ -9,7 +9,7 @@ from typing import Any
 
 from corpus_io.config.checks import check_keys, check_values
 from corpus_io.config.fields import CONF_DIR
-from corpus_io.config.funasr import apply_funasr_keys, apply_old_spellings
+from corpus_io.config.funasr import apply_funasr_keys, apply_old_spellings, override_keys
 from corpus_io.errors import ConfigError
 
 
@@ -19,11 +19,12 @@ def compose(schema: type, config_name: str, overrides: list[str], *, config_path
     Returns the dataclass instance; ``resolved_yaml(cfg)`` gives the YAML to store with outputs.
     """
     raw = _hydra_compose(config_name, overrides, config_path=config_path)
-    return validate(schema, raw)
+    return validate(schema, raw, explicit=override_keys(overrides))
 
 
-def validate(schema: type, raw: Any) -> Any:
-    """Check a DictConfig/dict against ``schema``; return the dataclass instance."""
+def validate(schema: type, raw: Any, *, explicit: frozenset = frozenset()) -> Any:
+    """Check a DictConfig/dict against ``schema``; return the dataclass instance. ``explicit``: the keys the
+    command line set (an old spelling there overrides the YAML's new key)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -32,7 +33,7 @@ def validate(schema: type, raw: Any) -> Any:
     raw.pop("hydra", None)
     raw.pop("defaults", None)
     apply_funasr_keys(schema, raw)
-    apply_old_spellings(schema, raw, prefix="")
+    apply_old_spellings(schema, raw, prefix="", explicit=explicit)
     check_keys(schema, raw, prefix="")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), raw)

@@ -11,12 +11,14 @@ from corpus_io.config.fields import FAILURE_CHOICES, opt
 
 @dataclass
 class FilterConf:
-    max_length: int = opt(10240, "drop utterances longer than this", unit="frames (10 ms)")
-    min_length: int = opt(10, "drop utterances shorter than this", unit="frames (10 ms)")
-    token_max_length: int = opt(200, "drop utterances with more tokens than this", unit="tokens")
-    token_min_length: int = opt(1, "drop utterances with fewer tokens than this", unit="tokens")
-    min_output_input_ratio: float = opt(0.0005, "drop if tokens/frames is below this", unit="tokens per frame")
-    max_output_input_ratio: float = opt(1.0, "drop if tokens/frames is above this", unit="tokens per frame")
+    max_length: int = opt(10240, "drop utterances longer than this", unit="frames (10 ms)", range="[1, inf)")
+    min_length: int = opt(10, "drop utterances shorter than this", unit="frames (10 ms)", range="[0, inf)")
+    token_max_length: int = opt(200, "drop utterances with more tokens than this", unit="tokens", range="[1, inf)")
+    token_min_length: int = opt(1, "drop utterances with fewer tokens than this", unit="tokens", range="[0, inf)")
+    min_output_input_ratio: float = opt(0.0005, "drop if tokens/frames is below this", unit="tokens per frame",
+                                        range="[0, inf)")
+    max_output_input_ratio: float = opt(1.0, "drop if tokens/frames is above this", unit="tokens per frame",
+                                        range="(0, inf)")
 
 
 @dataclass

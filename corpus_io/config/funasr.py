@@ -134,15 +134,32 @@ RENAMED_KEYS: Dict[str, Dict[str, str]] = {"Scp2JsonlConfig": {"on_missing": "on
 OLD_FAIL = "error"
 
 
-def apply_old_spellings(schema: type, raw: dict, prefix: str) -> None:
-    """Read the old failure spellings as the new ones, in place, with one warning line each."""
+def apply_old_spellings(schema: type, raw: dict, prefix: str, explicit: frozenset = frozenset()) -> None:
+    """Read the old failure spellings as the new ones, in place, with one warning line each.
+
+    ``explicit``: the keys given on the command line (``++on_missing=skip``). An old key there overrides the
+    YAML's value of its new key; the new key there overrides an old key of the YAML; old and new given the
+    same way with different values is a ConfigError. An old key's value is checked like the new key's."""
     fields = schema_fields(schema)
     for old, new in RENAMED_KEYS.get(schema.__name__, {}).items():
-        if old in raw:
-            value = raw.pop(old)
-            value = "fail" if value == OLD_FAIL else value
-            _warn(f"'{prefix}{old}' is deprecated; it is read as '{prefix}{new}={value}' (fail | skip).")
-            raw.setdefault(new, value)
+        if old not in raw:
+            continue
+        value = raw.pop(old)
+        value = "fail" if value == OLD_FAIL else value
+        choices = fields[new].metadata.get("choices") or ()
+        if choices and value not in choices:
+            raise ConfigError(f"{prefix}{old}={value} (the old name of {prefix}{new}) must be one of "
+                              f"{' | '.join(choices)}, e.g. ++{prefix}{new}=skip.")
+        old_given, new_given = f"{prefix}{old}" in explicit, f"{prefix}{new}" in explicit
+        if new in raw and raw[new] != value:
+            if old_given == new_given:
+                raise ConfigError(f"{prefix}{old}={value} and {prefix}{new}={raw[new]} disagree ({prefix}{old} is the "
+                                  f"old name of {prefix}{new}); give only ++{prefix}{new}.")
+            if new_given:
+                _warn(f"'{prefix}{old}' is deprecated; '{prefix}{new}={raw[new]}' given on the command line wins.")
+                continue
+        _warn(f"'{prefix}{old}' is deprecated; it is read as '{prefix}{new}={value}' (fail | skip).")
+        raw[new] = value
     for name, f in fields.items():
         value = raw.get(name)
         if f.metadata.get("choices") == FAILURE_CHOICES and value == OLD_FAIL:
@@ -150,5 +167,9 @@ def apply_old_spellings(schema: type, raw: dict, prefix: str) -> None:
             raw[name] = "fail"
         nested = nested_schema(f, schema)
         if nested is not None and isinstance(value, dict):
-            apply_old_spellings(nested, value, f"{prefix}{name}.")
+            apply_old_spellings(nested, value, f"{prefix}{name}.", explicit)
 
+
+def override_keys(overrides: list[str]) -> frozenset:
+    """The keys that command-line overrides set (``++a.b=1``, ``+a=1``, ``a=1`` -> ``a.b``, ``a``)."""
+    return frozenset(o.lstrip("+~").split("=", 1)[0].strip() for o in overrides if "=" in o)

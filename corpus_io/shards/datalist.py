@@ -182,22 +182,18 @@ def make_shard_list(inputs: list[str], output: str, prefix: str | None = None) -
     return len(entries)
 
 
-MAX_OVERSHOOT = 0.5  # seconds a segment may run past the end of its recording (Kaldi extract-segments' default)
-
-
 def _segment_length(info: Any, start: float, end: float | None, where: str, rec: dict) -> tuple[int, int]:
     """``(num_samples, sample_rate)`` of segment [start, end] s (end None or < 0: to the end) of a recording
     described by ``info`` (an AudioInfo); a segment outside it is a DataError naming the line."""
     from corpus_io import audio
 
-    rate, total = info.sample_rate, info.num_samples
-    stop = -1.0 if end is None else float(end)
-    first, last = audio.segment_samples(float(start), stop, rate, total)
-    if last <= first or stop > total / rate + MAX_OVERSHOOT:
-        raise DataError(f"{where}: key '{rec['key']}': segment [{start}, {end}] s lies outside {rec['source']} "
-                        f"({total / rate:.3f} s; a segment may end at most {MAX_OVERSHOOT} s past the end). Fix "
-                        f"the segment times or the recording it names.")
-    return last - first, rate
+    try:
+        first, last = audio.segment_samples(float(start), -1.0 if end is None else float(end), info.sample_rate,
+                                            info.num_samples)
+    except DataError as exc:
+        raise DataError(f"{where}: key '{rec['key']}' ({rec['source']}): {exc} Fix the segment times or the "
+                        f"recording it names.") from None
+    return last - first, info.sample_rate
 
 
 def _probe(rec: dict, where: str) -> Any:

@@ -183,11 +183,11 @@ def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[st
         rate = int(info.samplerate)
         first, last = 0, None
         if segment:
-            first, last = audio.segment_samples(float(record["start"]), float(record.get("end", -1)), rate,
-                                                int(info.frames))
-            if last <= first:
-                raise DataError(f"segment [{record['start']}, {record.get('end')}] s lies outside {source} "
-                                f"({info.frames / rate:.3f} s)")
+            try:
+                first, last = audio.segment_samples(float(record["start"]), float(record.get("end", -1)), rate,
+                                                    int(info.frames))
+            except DataError as exc:
+                raise DataError(f"{source}: {exc}") from None
         wave, rate = audio.decode_bytes(data, where=source, start=first, stop=last)
         if opts.resample and opts.resample != rate:
             wave, rate = audio.resample(wave, rate, opts.resample), opts.resample

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 import torch
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import ensure_dir
+from corpus_io.files import ensure_dir, refuse_remote_output
 from corpus_io.partition import all_ranks_have_data
 from corpus_io.train import checkpoint as ckpt
 from corpus_io.train.distributed import (
@@ -553,6 +553,7 @@ def train(cfg: Any) -> None:
     from corpus_io.config import require
 
     require(cfg, "output_dir")
+    refuse_remote_output(cfg.output_dir, "++output_dir", "train")
     if not cfg.dataset_conf.sources:  # a weighted mix names its own lists
         require(cfg, "train_data_set_list")
     resolve_intervals(cfg.train_conf)
