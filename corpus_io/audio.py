@@ -89,7 +89,7 @@ def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None
         rate, samples = _load_ark_wav(source)
         return AudioInfo(rate, samples.shape[0], 1 if samples.ndim == 1 else samples.shape[1], "wav")
     if urls.is_command(source):
-        data = read_source_bytes(source, allow_pipe=allow_pipe)
+        data = read_source_bytes(source, allow_pipe=allow_pipe, storage_options=storage_options)
         wave, rate = decode_bytes(data, where=source)  # stdout headers often lack the length
         return AudioInfo(rate, wave.shape[0], 1 if wave.ndim == 1 else wave.shape[1], "wav")
     if urls.is_remote(source):

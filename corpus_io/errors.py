@@ -3,13 +3,28 @@
 A :class:`CorpusIOError` is a mistake the user can fix (bad input, bad config).
 The CLI prints its message as one paragraph and exits non-zero, without a
 Python traceback. Programming errors stay ordinary exceptions.
+
+No message shows a URL's credentials: ``scheme://user:password@host`` is written
+``scheme://***@host`` (:func:`redact`), in every error, whichever code wrote the URL into it.
 """
+
+import re
+
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/\s@'\"]+@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the user info (``user:password@``) of every URL in it replaced by ``***@``."""
+    return _USERINFO.sub(r"\1***@", text)
 
 
 class CorpusIOError(Exception):
-    """An error caused by user input; the message says where and what to do."""
+    """An error caused by user input; the message says where and what to do (credentials redacted)."""
 
     exit_code = 2
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(CorpusIOError):

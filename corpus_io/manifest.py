@@ -313,17 +313,19 @@ def scp2jsonl(cfg: Any) -> Summary:
     for where, n in extra_counts.items():
         summary.skip(f"only in {Path(where).name}", n)
 
+    storage = {**(cfg.storage_options or {}), "pipe_timeout": float(cfg.pipe_timeout)}
+
     def tasks() -> Iterator[_Task]:
         for _, item in _first_lines(driver_lines(), repeated, dropped):
             if cfg.segments:
                 seg = item
                 lookups = {n: (seg.recording if n in recording_fields else seg.key) for n in keyed}
                 yield _Task(seg.key, {}, lookups, tuple(names), audio_fields, seg.where, (seg.start, seg.end),
-                            cfg.allow_pipe, dict(cfg.storage_options))
+                            cfg.allow_pipe, storage)
             else:
                 line = item
                 yield _Task(line.key, {names[0]: line.value}, {n: line.key for n in keyed}, tuple(names),
-                            audio_fields, line.where, None, cfg.allow_pipe, dict(cfg.storage_options))
+                            audio_fields, line.where, None, cfg.allow_pipe, storage)
 
     workers = resolve_num_workers(cfg.num_workers)
     bad_audio: list[str] = []  # the first 10 unreadable-audio errors (with on_error=fail)

@@ -12,7 +12,9 @@ ranged reads. Every network read is bounded in time: ``storage_options["read_tim
 default :data:`DEFAULT_READ_TIMEOUT`; the loader sets it from ``dataset_conf.read_timeout``) is the
 longest wait for a connection or for the next byte. A stall past it, a refused connection and an HTTP
 5xx are :class:`RemoteReadError` (transient: the loader retries them); only an HTTP 404/410 says
-"does not exist".
+"does not exist". A command is bounded by ``storage_options["pipe_timeout"]`` (seconds, default
+:data:`DEFAULT_PIPE_TIMEOUT`; set from ``pipe_timeout`` / ``dataset_conf.pipe_timeout``): past it its
+processes are killed and the entry fails naming the key and the command line.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ REMOTE_SCHEMES = ("http://", "https://", "s3://", "gs://", "oss://")
 #: seconds without a connection or a byte before a network read fails (dataset_conf.read_timeout)
 DEFAULT_READ_TIMEOUT = 30.0
 TIMEOUT_KEY = "dataset_conf.read_timeout"
+#: seconds a command entry (``cmd |`` or ``pipe:cmd``) may run before it is killed (``pipe_timeout``)
+DEFAULT_PIPE_TIMEOUT = 300.0
+PIPE_TIMEOUT_KEY = "pipe_timeout"  # scp2jsonl and pack-shards; dataset_conf.pipe_timeout in the loader
 
 
 class RemoteReadError(DataError):
@@ -69,6 +74,7 @@ def _storage_options(url: str, storage_options: dict | None) -> dict:
     opts = dict(storage_options or {})
     timeout = read_timeout(opts)
     opts.pop("read_timeout", None)
+    opts.pop(PIPE_TIMEOUT_KEY, None)
     if url.startswith("s3://"):
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("S3_ENDPOINT_URL")
         if endpoint and "endpoint_url" not in opts and "client_kwargs" not in opts:
@@ -98,9 +104,10 @@ class HTTPStream(io.RawIOBase):
         import urllib.error
         import urllib.request
 
+        url, auth = split_credentials(url)
         self.url = url
         self.timeout = timeout
-        request = urllib.request.Request(url, headers={"User-Agent": "corpus-io", **(headers or {})})
+        request = urllib.request.Request(url, headers={"User-Agent": "corpus-io", **auth, **(headers or {})})
         try:
             self._response = urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - http(s) only
         except urllib.error.HTTPError as exc:
@@ -134,6 +141,23 @@ class HTTPStream(io.RawIOBase):
         super().close()
 
 
+def split_credentials(url: str) -> tuple[str, dict]:
+    """``(url without user info, {"Authorization": "Basic ..."})`` for ``http(s)://user:password@host/...``
+    (percent-escapes in the user info decoded); ``(url, {})`` when it has none. urllib would take
+    ``user:password@host`` for the host name."""
+    import base64
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, {}
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+    clean = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return clean, {"Authorization": f"Basic {token}"}
+
+
 def command_argv(url: str) -> list[list[str]]:
     """Split ``pipe:a | b`` or Kaldi's ``a | b |`` into argv lists, one per process (no shell)."""
     text = url[len("pipe:"):] if url.startswith("pipe:") else url.rstrip()[:-1]
@@ -150,10 +174,18 @@ def command_argv(url: str) -> list[list[str]]:
 
 
 class CommandStream(io.RawIOBase):
-    """stdout of a chain of processes; closing it waits and reports a non-zero exit."""
+    """stdout of a chain of processes; closing it waits and reports a non-zero exit.
 
-    def __init__(self, url: str):
+    ``timeout`` seconds after the start every process of the chain is
+    killed (a command that never ends, ``sleep 1000 |``, would hang the job) and reading or closing the
+    stream is a DataError naming :data:`PIPE_TIMEOUT_KEY` and the command line."""
+
+    def __init__(self, url: str, timeout: float = DEFAULT_PIPE_TIMEOUT):
+        import threading
+
         self.url = url
+        self.timeout = timeout
+        self.timed_out = False
         self._procs: list[subprocess.Popen] = []
         prev = None
         try:
@@ -164,21 +196,49 @@ class CommandStream(io.RawIOBase):
                 prev = proc.stdout
                 self._procs.append(proc)
         except FileNotFoundError as exc:
+            self._kill()
             raise DataError(f"cannot run '{url}': program {exc.filename!r} not found.") from None
         self._out = prev
+        self._timer = threading.Timer(timeout, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self) -> None:
+        self.timed_out = True
+        self._kill()
+
+    def _kill(self) -> None:
+        for proc in self._procs:  # the processes started here, by pid (they stay in our group: killed with us)
+            if proc.poll() is None:
+                proc.kill()
+
+    def _timeout_error(self) -> DataError:
+        return DataError(f"command '{self.url}' did not finish within {self.timeout:g} s and was stopped (the bound "
+                         f"is {PIPE_TIMEOUT_KEY}={self.timeout:g} s; dataset_conf.{PIPE_TIMEOUT_KEY} in train, decode "
+                         f"and bench-loader). Run the command by hand to see why it hangs, or raise "
+                         f"++{PIPE_TIMEOUT_KEY} for a slow one.")
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b) -> int:
         data = self._out.read(len(b))
+        if not data and self.timed_out:
+            raise self._timeout_error()
         b[: len(data)] = data
         return len(data)
 
     def close(self) -> None:
         if self.closed:
             return
+        self._timer.cancel()
         self._out.close()
+        if self.timed_out:
+            for proc in self._procs:
+                proc.wait()
+                proc.stderr.close()
+            super().close()
+            raise self._timeout_error()
         errors = []
         for proc in self._procs:
             proc.wait()
@@ -220,7 +280,8 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
             raise DataError(f"'{url}' is a command. Commands from data lists are off by default; "
                             f"enable them with ++allow_pipe=true (or ++dataset_conf.allow_pipe=true) "
                             f"if you trust the list.")
-        return io.BufferedReader(CommandStream(url), buffer_size=block_size)
+        timeout = float((storage_options or {}).get(PIPE_TIMEOUT_KEY) or DEFAULT_PIPE_TIMEOUT)
+        return io.BufferedReader(CommandStream(url, timeout), buffer_size=block_size)
     if url.startswith(("http://", "https://")) and not seekable:
         opts = storage_options or {}
         return io.BufferedReader(HTTPStream(url, read_timeout(opts), opts.get("headers")), buffer_size=block_size)

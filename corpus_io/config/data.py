@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from corpus_io.config.dataset import DatasetConf, TokenizerConf
+from corpus_io.config.dataset import PIPE_TIMEOUT_HELP, DatasetConf, TokenizerConf
 from corpus_io.config.fields import FAILURE_CHOICES, opt
 
 
@@ -25,6 +25,7 @@ class Scp2JsonlConfig:
     on_duplicate: str = opt("fail", "a key repeated in a table: fail, or keep its first line and drop and count "
                                     "the others", choices=FAILURE_CHOICES)
     allow_pipe: bool = opt(False, "allow Kaldi pipe entries like 'sox a.flac -t wav - |' (run without a shell)")
+    pipe_timeout: float = opt(300.0, PIPE_TIMEOUT_HELP, unit="seconds", range="(0, 604800]")
     storage_options: Dict[str, Any] = opt(help="fsspec options for http(s)/s3 sources", factory=dict)
 
 
@@ -69,6 +70,7 @@ class PackShardsConfig:
     on_error: str = opt("fail", "unreadable audio or a missing transcript: fail, or skip and count",
                         choices=FAILURE_CHOICES)
     allow_pipe: bool = opt(False, "allow Kaldi pipe entries in wav.scp (run without a shell)")
+    pipe_timeout: float = opt(300.0, PIPE_TIMEOUT_HELP, unit="seconds", range="(0, 604800]")
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote sources", factory=dict)
 
 

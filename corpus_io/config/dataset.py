@@ -8,6 +8,9 @@ from typing import Any, Dict, List, Optional
 
 from corpus_io.config.fields import FAILURE_CHOICES, opt
 
+PIPE_TIMEOUT_HELP = ("longest run of one command entry (a Kaldi 'cmd |' or a pipe:CMD); past it its processes are "
+                     "killed and the entry fails (on_error)")
+
 
 @dataclass
 class FilterConf:
@@ -140,6 +143,7 @@ class DatasetConf:
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote URLs (e.g. endpoint_url, key, secret)",
                                           factory=dict)
     allow_pipe: bool = opt(False, "allow pipe:CMD URLs in lists (runs CMD without a shell)")
+    pipe_timeout: float = opt(300.0, PIPE_TIMEOUT_HELP, unit="seconds", range="(0, 604800]")
     sources: List[SourceConf] = opt(help="mix several lists by weight: [{data_list, weight, data_type}]",
                                     factory=list)
     epoch_hours: Optional[float] = opt(None, "define an epoch as this much audio instead of one pass", unit="hours",

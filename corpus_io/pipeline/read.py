@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Iterator
 
-from corpus_io.errors import DataError
+from corpus_io.errors import DataError, redact
 from corpus_io.partition import PASS_STRIDE, Assignment, Piece, Slot, SlotState, assign, pieces_of, unit_weights
 from corpus_io.rawlist import CHUNK_LINES, RawList, chunk_sizes, permuted_lines
 
@@ -143,8 +143,8 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: i
             return
         except Exception as exc:  # noqa: BLE001 - every read failure: retries, then on_error
             if _is_transient(exc) and attempt < max(1, opts.retries):
-                log.warning("shard %s: %s; retrying in %.1f s (attempt %d of %d)", url, _why(exc, opts), delay, attempt,
-                            opts.retries)
+                log.warning("shard %s: %s; retrying in %.1f s (attempt %d of %d)", redact(url), redact(_why(exc, opts)),
+                            delay, attempt, opts.retries)
                 counts["shard retries"] += 1
                 time.sleep(delay)
                 delay *= 2
@@ -152,8 +152,8 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: i
             why = _why(exc, opts)
             if opts.on_error == "skip":
                 lost = "" if expected is None else sum(1 for p in range(delivered, expected) if kept(p))
-                log.warning("skipping the rest of shard %s after %d utterances%s: %s", url, delivered,
-                            f" ({lost} utterances lost)" if lost != "" else "", why)
+                log.warning("skipping the rest of shard %s after %d utterances%s: %s", redact(url), delivered,
+                            f" ({lost} utterances lost)" if lost != "" else "", redact(why))
                 counts["unreadable shards"] += 1
                 if lost:
                     counts["utterances lost in unreadable shards"] += lost

@@ -580,7 +580,7 @@ def pack_shards(cfg: Any) -> Summary:
     if feats and (cfg.audio_format != "keep" or cfg.resample):
         raise ConfigError("++feats=true stores feature matrices; audio_format/resample do not apply.")
     opts = PackOptions(cfg.audio_format, cfg.resample, feats, cfg.on_error, cfg.allow_pipe,
-                       dict(cfg.storage_options or {}), cfg.compression)
+                       {**(cfg.storage_options or {}), "pipe_timeout": float(cfg.pipe_timeout)}, cfg.compression)
     inp = open_input(cfg.input, feats=feats)
     total = inp.scan()
     if total == 0:

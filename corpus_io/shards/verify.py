@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterator
 
-from corpus_io.errors import DataError
+from corpus_io.errors import DataError, redact
 from corpus_io.progress import parallel_imap, progress, resolve_num_workers
 from corpus_io.shards.format import legacy_member_name, safe_member_name, split_member
 from corpus_io.shards.index import (
@@ -238,9 +238,9 @@ def verify_shards(cfg: Any) -> list[VerifyResult]:
             f"(e.g. a corpus prefix) and re-pack, or drop one of the lists.")
     bad = [r for r in results if r.problems]
     for r in bad:
-        print(f"FAIL {r.url}", flush=True)
+        print(redact(f"FAIL {r.url}"), flush=True)
         for problem in r.problems:
-            print(f"  - {problem}", flush=True)
+            print(redact(f"  - {problem}"), flush=True)
     utts = sum(r.num_utts for r in results)
     print(f"[verify-shards] {len(results)} shards, {utts} utterances, {sum(r.bytes for r in results) / 1e9:.3f} GB; "
           f"{len(results) - len(bad)} ok, {len(bad)} failed", flush=True)
