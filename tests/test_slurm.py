@@ -4,6 +4,8 @@ module): `srun` launches `train` as 2 tasks that take their ranks from Slurm's s
 from __future__ import annotations
 
 import os
+import re
+import sys
 
 import pytest
 
@@ -35,3 +37,17 @@ def test_srun_launches_train_as_two_ranks_from_slurm_variables(slurm, corpus, tm
     log = (out / "train.log").read_text(encoding="utf-8")
     assert "world_size 2" in log and log.count("training finished") == 1, log
     assert (out / "model.pt.ep0").is_file()
+
+
+def test_run_jobs_slurm_submits_an_array_waits_and_names_the_log_of_a_failed_task(slurm, tmp_path):
+    from tests.recipes.test_run_jobs import JOB, RUN_JOBS
+
+    env = dict(slurm.env, OUT=str(tmp_path), RUN_JOBS_POLL="0.3", RC_2="3")
+    result = run_bounded(["bash", str(RUN_JOBS), "slurm", "--time=10", "JOB=1:3", f"{tmp_path}/log/fake.JOB.log",
+                          "--", sys.executable, "-c", JOB], 120, env=env)
+    assert result.returncode == 1, result.stderr
+    assert re.search(r"job 2 of 3 \(Slurm \d+, task 2\) failed \(exit 3\): see .*/log/fake\.2\.log", result.stderr), \
+        result.stderr
+    for j in (1, 2, 3):  # every task ran as its own array task, with N and J on its command line
+        assert (tmp_path / f"job.{j}").read_text().split()[1:] == ["3", str(j)]
+        assert (tmp_path / "log" / f"fake.{j}.log").read_text().startswith(f"job {j} of 3 running")
