@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install system-packages test demo smoke lint bench fixture clean
 
-# Everything a machine with only Python needs: system packages (espeak-ng, sox, libsndfile), then .venv.
+# Everything a machine with only Python needs: system packages (espeak-ng, sox, libsndfile, slurm-wlm, munge), then .venv.
 install: system-packages $(STAMP)
 
 system-packages:

@@ -92,3 +92,17 @@ def assert_user_error(result, *needles: str) -> None:
     assert "Traceback" not in result.stderr, result.stderr
     for needle in needles:
         assert needle in result.stderr, f"{needle!r} not in: {result.stderr}"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A real single-node Slurm on 127.0.0.1 (tests/slurm.py), started once per test module and stopped,
+    jobs first, when the module is done. Skips with the reason where the daemons cannot run (not root)."""
+    from tests.slurm import SlurmCluster, skip_reason
+
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()

@@ -3,12 +3,15 @@
 One process (no ``WORLD_SIZE`` in the environment) runs without a process group; every helper
 then works locally. Under torchrun the backend is NCCL when the process has a CUDA device and gloo
 otherwise; multi-node runs use torchrun's own flags (``--nnodes``, ``--rdzv-endpoint``, ...).
+Under ``srun`` without torchrun (one task per GPU, ``srun --ntasks-per-node=G corpus-io train``) the
+ranks come from Slurm's step variables (:func:`slurm_step_env`); ``srun torchrun`` keeps torchrun's.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +36,37 @@ class DistContext:
         return self.rank == 0
 
 
+SLURM_PORT_BASE = 20000  # MASTER_PORT under srun when none is set: base + job id % SLURM_PORT_SPAN
+SLURM_PORT_SPAN = 20000
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm hostlist (``gpu[07-09,12],cpu1`` -> ``gpu07``), without calling scontrol."""
+    match = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?", nodelist.strip())
+    prefix, ranges = match.group(1), match.group(2)
+    return prefix + ranges.split(",", 1)[0].split("-", 1)[0] if ranges else prefix
+
+
+def slurm_step_env(environ: dict) -> dict[str, str]:
+    """torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) for a task that ``srun``
+    started directly, from ``SLURM_PROCID``/``SLURM_STEP_NUM_TASKS``/``SLURM_LOCALID`` and the step's first
+    node; empty outside an srun step (a batch script has no ``SLURM_STEP_ID``) or when torchrun set them.
+    MASTER_ADDR/MASTER_PORT already in the environment win; otherwise the port is derived from the job id,
+    so every task of the step agrees on it without talking."""
+    if "WORLD_SIZE" in environ or "SLURM_STEP_ID" not in environ or "SLURM_PROCID" not in environ:
+        return {}
+    world = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or "1"
+    port = SLURM_PORT_BASE + int(environ.get("SLURM_JOB_ID", "0")) % SLURM_PORT_SPAN
+    return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": world, "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+            "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(environ.get("SLURM_STEP_NODELIST", "")
+                                                                    or environ.get("SLURM_NODELIST", "localhost")),
+            "MASTER_PORT": environ.get("MASTER_PORT") or str(port)}
+
+
 def init_distributed(device: str = "auto", timeout_s: int = 600) -> DistContext:
-    """Read RANK/WORLD_SIZE/LOCAL_RANK (torchrun), pick the device and init the process group."""
+    """Read RANK/WORLD_SIZE/LOCAL_RANK (torchrun, or srun's via :func:`slurm_step_env`), pick the device and
+    init the process group."""
+    os.environ.update(slurm_step_env(dict(os.environ)))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

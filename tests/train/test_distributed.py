@@ -12,3 +12,16 @@ def test_ranks_that_resume_differently_or_read_different_lists_are_named():
     assert "resume point" in problem and "rank 0: (2, 10, 410); rank 1: (1, 0, 200)" in problem
     assert "shared" in problem or "share" in problem
     assert "train list" in rank_disagreement([same, {"resume": (2, 10, 410), "lists": "ffff"}])
+
+
+def test_srun_tasks_get_torchrun_variables_from_slurm_step_variables():
+    from corpus_io.train.distributed import first_host, slurm_step_env
+
+    step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
+            "SLURM_JOB_ID": "41234", "SLURM_STEP_NODELIST": "gpu[07-09,12],cpu1"}
+    assert slurm_step_env(step) == {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu07",
+                                    "MASTER_PORT": "21234"}
+    assert slurm_step_env(dict(step, MASTER_PORT="29500", MASTER_ADDR="h"))["MASTER_PORT"] == "29500"
+    assert slurm_step_env({k: v for k, v in step.items() if k != "SLURM_STEP_ID"}) == {}  # the batch script
+    assert slurm_step_env(dict(step, WORLD_SIZE="2")) == {}  # srun torchrun: torchrun's variables win
+    assert first_host("node1,node2") == "node1" and first_host("localhost") == "localhost"
