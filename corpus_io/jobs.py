@@ -319,6 +319,13 @@ def check_place(place: Place, job: Job, fp: str) -> None:
                             f"records first.")
 
 
+def begin(place: Place, job: Job, fp: str) -> Part | None:
+    """The start of a job (or of a one-job run beside parts): :func:`check_place`, then the job's record when
+    it proves the job already done (:func:`completed_part`; never for a one-job run)."""
+    check_place(place, job, fp)
+    return None if job.single else completed_part(place, job, fp)
+
+
 def completed_part(place: Place, job: Job, fp: str) -> Part | None:
     """This job's record when it proves the job done (same options, outputs' size and sha256), else None."""
     path = place.record(job)

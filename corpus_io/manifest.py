@@ -15,23 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from corpus_io import audio, kaldi, urls
+from corpus_io import audio, jobs, kaldi, urls
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write, iter_raw_lines, parse_json_object
-from corpus_io.jobs import (
-    Part,
-    Place,
-    check_place,
-    completed_part,
-    files_digest,
-    fingerprint,
-    job_of,
-    merged_summary,
-    output_entry,
-    refuse_repeated_keys,
-    summary_data,
-    write_part,
-)
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 
 WENET_TO_FUNASR = {"wav": "source", "txt": "target"}
@@ -226,7 +212,7 @@ def scp2jsonl(cfg: Any) -> Summary:
     table's lines (split_scp.pl's even split) into ``<jsonl_file_out>.scp2jsonl.part-J-of-N`` plus a part
     record; ``merge-jobs ++path=<jsonl_file_out>`` concatenates the parts into the one-job jsonl."""
     _check_lists(cfg)
-    job = job_of(cfg)
+    job = jobs.job_of(cfg)
     names = list(cfg.data_type_list)
     paths = [str(p) for p in cfg.scp_file_list]
     audio_fields = tuple(n for n, p in zip(names, paths) if _is_audio_field(n, p))
@@ -234,15 +220,14 @@ def scp2jsonl(cfg: Any) -> Summary:
         if not os.path.isfile(p):
             urls.check_regular_file(p)  # a FIFO or a device: say so, not "does not exist"
             raise DataError(f"table {p} does not exist. Check ++scp_file_list / ++segments.")
-    place = Place(str(cfg.jsonl_file_out), "scp2jsonl", False)
+    place = jobs.Place(str(cfg.jsonl_file_out), "scp2jsonl", False)
     fp = ""
     if not job.single or place.records():
-        fp = fingerprint(["scp2jsonl", names, files_digest(paths + ([cfg.segments] if cfg.segments else [])),
+        fp = jobs.fingerprint(["scp2jsonl", names, jobs.files_digest(paths + ([cfg.segments] if cfg.segments else [])),
                           cfg.on_error, cfg.on_empty_text, cfg.on_duplicate])
-        check_place(place, job, fp)
-        done = None if job.single else completed_part(place, job, fp)
+        done = jobs.begin(place, job, fp)
         if done is not None:
-            summary = merged_summary([done])
+            summary = jobs.merged_summary([done])
             summary.print(f"scp2jsonl {job} (already complete)")
             return summary
     skip_empty = cfg.on_empty_text == "skip"
@@ -378,19 +363,19 @@ def scp2jsonl(cfg: Any) -> Summary:
     for t in keyed.values():
         t.close()
     if not job.single:
-        write_part(place, Part("scp2jsonl", place.tag, job.count, job.index, fp, [lo, hi], total,
-                               [output_entry(out_path, place.directory)],
-                               {"keys": keys, "summary": summary_data(summary)}))
+        jobs.write_part(place, jobs.Part("scp2jsonl", place.tag, job.count, job.index, fp, [lo, hi], total,
+                                         [jobs.output_entry(out_path, place.directory)],
+                                         {"keys": keys, "summary": jobs.summary_data(summary)}))
     summary.print("scp2jsonl" if job.single else f"scp2jsonl {job}")
     return summary
 
 
-def merge_parts(place: Place, parts: list[Part]) -> Summary:
+def merge_parts(place: jobs.Place, parts: list[jobs.Part]) -> Summary:
     """``merge-jobs`` of scp2jsonl: the parts' jsonl slices, concatenated in job order into the one-job jsonl."""
     import shutil
 
-    refuse_repeated_keys(parts, lambda part: part.data["keys"])
-    summary = merged_summary(parts)
+    jobs.refuse_repeated_keys(parts, lambda part: part.data["keys"])
+    summary = jobs.merged_summary(parts)
     if not summary.kept:
         raise DataError(f"no part of {place.path} holds an utterance ({summary.line()}); nothing was written. Fix the "
                         f"tables or the audio they name.")

@@ -50,8 +50,7 @@ from corpus_io.jobs import (
     Job,
     Part,
     Place,
-    check_place,
-    completed_part,
+    begin,
     files_digest,
     fingerprint,
     job_of,
@@ -707,7 +706,11 @@ def pack_shards(cfg: Any) -> Summary:
     place = Place(str(out_dir), "pack-shards", True)
     if not job.single or place.records():
         fp = _fingerprint(cfg, opts, inp)
-        check_place(place, job, fp)
+        done = begin(place, job, fp)
+        if done is not None:
+            summary = merged_summary([done])
+            summary.print(f"pack-shards {job} (already complete)")
+            return summary
     if not job.single:
         return _pack_job(inp, out_dir, cfg, opts, total, keeps, dirs, job, place, fp)
     all_stats: list[ShardStat] = []
@@ -732,12 +735,6 @@ def _pack_job(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
               keeps: list[Callable[[dict], bool] | None], dirs: list[str], job: Job, place: Place,
               fp: str) -> Summary:
     """One job of N: the shards of its range of global shard numbers (over the groups in order), a record."""
-    done = completed_part(place, job, fp)
-    if done is not None:
-        summary = merged_summary([done])
-        summary.extra["resumed"] = "all"
-        summary.print(f"pack-shards {job} (already complete)")
-        return summary
     counts = _plan(inp, cfg, total, keeps)
     lo, hi = job.span(sum(counts))
     summary = Summary()
