@@ -272,7 +272,7 @@ def write_part(place: Place, part: Part) -> Path:
     path = place.record(part.job)
     stored = {k: v for k, v in asdict(part).items() if k != "where"}
     with atomic_write(path) as f:
-        f.write(json.dumps(stored, ensure_ascii=False, sort_keys=True) + "\n")
+        f.write(json.dumps(stored, ensure_ascii=False) + "\n")  # payload order kept: merges write it
     return path
 
 

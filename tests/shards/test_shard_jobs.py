@@ -1,4 +1,5 @@
-"""pack-shards as N jobs + merge-jobs: the same bytes as one job, refusals that change nothing, kill -9."""
+"""pack-shards, add-field and verify-shards as N jobs + merge-jobs: the bytes of one job, refusals that change
+nothing, kill -9."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from corpus_io.config import MergeJobsConfig, PackShardsConfig
 from corpus_io.errors import DataError
-from corpus_io.jobs import merge_jobs
+from corpus_io.jobs import Job, merge_jobs
 from corpus_io.shards.pack import pack_shards
 from tests.conftest import BIN, REPO, run_cli
 from tests.shards.conftest import fixture_records, write_jsonl
@@ -208,3 +209,81 @@ def test_kill_9_mid_job_then_rerun_merges_to_the_bytes_of_one_job(tmp_path):
     assert merged.returncode == 0, merged.stderr
     assert tree(out) == tree(tmp_path / "ref")
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+
+# --------------------------------------------------------------------------- add-field and verify-shards
+
+
+@pytest.fixture
+def packed(tmp_path, fixture_jsonl) -> Path:
+    """The fixture corpus packed (6 shards of 4), copied per run below."""
+    pack(fixture_jsonl, tmp_path / "packed")
+    return tmp_path / "packed"
+
+
+def copy_of(packed: Path, name: str) -> Path:
+    import shutil
+
+    out = packed.parent / name
+    shutil.copytree(packed, out)
+    listed = out / "data.list"
+    listed.write_text(listed.read_text().replace(str(packed), str(out)))
+    return out
+
+
+def test_add_field_n_jobs_merge_to_the_index_and_files_of_one_job(tmp_path, packed):
+    from corpus_io.config import AddFieldConfig
+    from corpus_io.shards.add_field import add_field
+
+    values = write_jsonl(tmp_path / "spk.jsonl", [{"key": r["key"], "spk": r["speaker"]} for r in fixture_records()])
+
+    def run(out: Path, n: int, j: int) -> None:
+        add_field(AddFieldConfig(input=str(out / "data.list"), field="spk", from_jsonl=str(values), num_workers=1,
+                                 num_jobs=n, job_index=j))
+
+    one = copy_of(packed, "one")
+    run(one, 1, 1)
+    reference = tree(one)
+    assert any(name.endswith(".spk.jsonl.gz") for name in reference)
+    for n in (2, 3, 7):
+        out = copy_of(packed, f"n{n}")
+        index = (out / "index.jsonl").read_bytes()
+        for j in range(1, n + 1):
+            run(out, n, j)
+            assert (out / "index.jsonl").read_bytes() == index, "a job of N > 1 rewrote the index"
+        merge(out / "data.list")
+        assert tree(out) == reference, n
+        merge(out / "data.list")
+        assert tree(out) == reference
+
+
+def test_verify_shards_n_jobs_merge_to_the_report_of_one_job(tmp_path, packed):
+    from corpus_io.config import VerifyShardsConfig
+    from corpus_io.shards.verify import verify_shards
+
+    shard = packed / "shard-000004.tar"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:3000] + bytes([data[3000] ^ 1]) + data[3001:])  # one bad shard: the report names it
+
+    def run(report: Path, n: int, j: int) -> None:
+        verify_shards(VerifyShardsConfig(input=str(packed / "data.list"), num_workers=1, report=str(report),
+                                         num_jobs=n, job_index=j))
+
+    with pytest.raises(DataError, match="1 of 6 shards failed"):
+        run(tmp_path / "one.txt", 1, 1)
+    reference = (tmp_path / "one.txt").read_text()
+    assert "FAIL" in reference and "shard-000004.tar" in reference
+    for n in (2, 3, 7):
+        for part in packed.glob("data.list.verify-shards.part-*"):
+            part.unlink()
+        for j in range(1, n + 1):
+            lo, hi = Job(j, n).span(6)
+            if lo <= 4 < hi:  # the job holding the bad shard fails, naming it (after writing its part)
+                with pytest.raises(DataError, match="shard-000004.tar"):
+                    run(tmp_path / f"n{n}.txt", n, j)
+            else:
+                run(tmp_path / f"n{n}.txt", n, j)
+        assert not (tmp_path / f"n{n}.txt").exists()
+        with pytest.raises(DataError, match="1 of 6 shards failed"):
+            merge(packed / "data.list")
+        assert (tmp_path / f"n{n}.txt").read_text() == reference, n
