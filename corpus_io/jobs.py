@@ -48,13 +48,19 @@ MAX_JOBS = 10_000_000
 
 # the commands that run as jobs: the function that runs one job (the CLI's, see cli/commands.py) and the
 # one that joins the parts (called by merge_jobs with the place and the checked parts)
-JOB_COMMANDS: dict[str, tuple[str, str, str]] = {  # command -> (schema, run, merge)
-    "pack-shards": ("PackShardsConfig", "corpus_io.shards.pack:pack_shards", "corpus_io.shards.pack:merge_parts"),
-    "scp2jsonl": ("Scp2JsonlConfig", "corpus_io.manifest:scp2jsonl", "corpus_io.manifest:merge_parts"),
-    "compute-cmvn": ("ComputeCmvnConfig", "corpus_io.train.cmvn:compute_cmvn", "corpus_io.train.cmvn:merge_parts"),
-    "add-field": ("AddFieldConfig", "corpus_io.shards.add_field:add_field", "corpus_io.shards.add_field:merge_parts"),
+# one that joins the parts (called by merge_jobs with the place and the checked parts), and the one that names
+# the keys a part holds (in its record's data), which no two parts may share
+JOB_COMMANDS: dict[str, tuple[str, str, str, str]] = {  # command -> (schema, run, merge, keys)
+    "pack-shards": ("PackShardsConfig", "corpus_io.shards.pack:pack_shards", "corpus_io.shards.pack:merge_parts",
+                    "corpus_io.shards.pack:part_keys"),
+    "scp2jsonl": ("Scp2JsonlConfig", "corpus_io.manifest:scp2jsonl", "corpus_io.manifest:merge_parts",
+                  "corpus_io.manifest:part_keys"),
+    "compute-cmvn": ("ComputeCmvnConfig", "corpus_io.train.cmvn:compute_cmvn", "corpus_io.train.cmvn:merge_parts",
+                     ""),
+    "add-field": ("AddFieldConfig", "corpus_io.shards.add_field:add_field", "corpus_io.shards.add_field:merge_parts",
+                  "corpus_io.shards.add_field:part_keys"),
     "verify-shards": ("VerifyShardsConfig", "corpus_io.shards.verify:verify_shards",
-                      "corpus_io.shards.verify:merge_parts"),
+                      "corpus_io.shards.verify:merge_parts", ""),
 }
 
 CONVENTION = "job_index counts from 1 to num_jobs, as Kaldi's JOB=1:$nj"
@@ -229,10 +235,15 @@ class Part:
     data: dict = field(default_factory=dict)  # command-specific (index entries, stats, summary counts)
     format: int = RECORD_FORMAT
     where: str = ""  # the record's path (not stored)
+    lazy: bool = False  # data holds only its "summary": payload() reads the rest again (not stored)
 
     @property
     def job(self) -> Job:
         return Job(self.job_index, self.num_jobs)
+
+    def payload(self) -> dict:
+        """``data``, read again from the record when :func:`load_parts` let it go (memory stays one part's)."""
+        return read_part(Path(self.where)).data or {} if self.lazy else self.data or {}
 
 
 def summary_data(summary: Summary) -> dict:
@@ -244,7 +255,7 @@ def merged_summary(parts: list[Part], what: str = "utterances") -> Summary:
     """The counts of all parts, summed (for the merge's closing line)."""
     total = Summary(what=what)
     for part in parts:
-        s = part.data.get("summary", {})
+        s = (part.data or {}).get("summary", {})
         total.merge(Summary(kept=s.get("kept", 0), seconds=s.get("seconds", 0.0), bytes=s.get("bytes", 0),
                             skipped=Counter(s.get("skipped", {}))))
     return total
@@ -270,7 +281,7 @@ def output_entry(path: str | os.PathLike, base: str | os.PathLike, *, sha256: st
 def write_part(place: Place, part: Part) -> Path:
     """Write ``part``'s record atomically (last, after its outputs)."""
     path = place.record(part.job)
-    stored = {k: v for k, v in asdict(part).items() if k != "where"}
+    stored = {k: v for k, v in asdict(part).items() if k not in ("where", "lazy")}
     with atomic_write(path) as f:
         f.write(json.dumps(stored, ensure_ascii=False) + "\n")  # payload order kept: merges write it
     return path
@@ -362,10 +373,22 @@ def find_place(path: str, tag: str | None = None) -> Place:
     return Place(str(p), candidates.pop(), is_dir)
 
 
-def load_parts(place: Place, *, digest: bool = False) -> list[Part]:
+def load_parts(place: Place, *, digest: bool = False,
+               keys_of: Callable[[dict], Iterable[str]] | None = None) -> list[Part]:
     """All parts of one run at ``place``, in job order, after every check of :func:`merge_jobs`: one N,
-    one fingerprint, none missing, outputs present and unchanged (size; sha256 with ``digest``)."""
-    parts = [read_part(p) for p in place.records()]
+    one fingerprint, none missing, outputs present and unchanged (size; sha256 with ``digest``), and no key
+    (``keys_of(data)``) in two parts. The parts come back without their data (:meth:`Part.payload` reads it
+    again), so a 75,000-part merge holds one part's keys at a time, plus 8 bytes per key."""
+    from array import array
+
+    hashes = array("q")
+    parts = []
+    for path in place.records():
+        part = read_part(path)
+        if keys_of is not None:
+            hashes.extend(map(hash, keys_of(part.data or {})))  # within this process only: str hash is enough
+        part.data, part.lazy = {"summary": (part.data or {}).get("summary", {})}, True
+        parts.append(part)
     counts = sorted({p.num_jobs for p in parts})
     if len(counts) > 1:
         a = next(p for p in parts if p.num_jobs == counts[0])
@@ -392,29 +415,24 @@ def load_parts(place: Place, *, digest: bool = False) -> list[Part]:
         if why:
             raise DataError(f"part {part.where}: {why}. Nothing was changed. Rerun job {part.job_index} "
                             f"(++num_jobs={n} ++job_index={part.job_index}), then merge.")
+    if keys_of is not None and hashes:
+        _refuse_repeated_keys(ordered, keys_of, hashes)
     return ordered
 
 
-def refuse_repeated_keys(parts: list[Part], keys_of: Callable[[Part], Iterable[str]]) -> None:
-    """A key held by two parts (or twice by one) is a refusal naming both parts; 8 bytes per key."""
-    from array import array
-
+def _refuse_repeated_keys(parts: list[Part], keys_of: Callable[[dict], Iterable[str]], hashes: Any) -> None:
+    """A key held by two parts (or twice by one) is a refusal naming both parts (a second pass, only then)."""
     import numpy as np
 
-    from corpus_io.kaldi import duplicate_hashes, key_hash
+    from corpus_io.kaldi import duplicate_hashes
 
-    hashes = array("q")
-    for part in parts:
-        hashes.extend(key_hash(k) for k in keys_of(part))
-    if not hashes:
-        return
     wanted = duplicate_hashes(np.frombuffer(hashes, dtype=np.int64))
     if not wanted:
         return
     owner: dict[str, str] = {}
     for part in parts:
-        for key in keys_of(part):
-            if key_hash(key) in wanted:
+        for key in keys_of(part.payload()):
+            if hash(key) in wanted:
                 if key in owner:
                     raise DataError(f"key '{key}' is held by two parts: {owner[key]} and {part.where}. Nothing was "
                                     f"changed. The parts are not of one run: delete the stale one and rerun its "
@@ -425,12 +443,14 @@ def refuse_repeated_keys(parts: list[Part], keys_of: Callable[[Part], Iterable[s
 def merge_jobs(cfg: Any) -> Any:
     """``corpus-io merge-jobs ++path=P``: check the parts of P, then join them (see the module docstring)."""
     place = find_place(str(cfg.path), getattr(cfg, "what", None) or None)
-    parts = load_parts(place, digest=getattr(cfg, "check", "size") == "sha256")
-    command = parts[0].command
+    records = place.records()
+    command = read_part(records[0]).command
     if command not in JOB_COMMANDS:
-        raise DataError(f"{parts[0].where} is a part of '{command}', which merge-jobs does not know.")
-    merge = _function(JOB_COMMANDS[command][2])
-    result = merge(place, parts)
+        raise DataError(f"{records[0]} is a part of '{command}', which merge-jobs does not know.")
+    _, _, merge, keys = JOB_COMMANDS[command]
+    parts = load_parts(place, digest=getattr(cfg, "check", "size") == "sha256",
+                       keys_of=_function(keys) if keys else None)
+    result = _function(merge)(place, parts)
     print(f"[merge-jobs] {len(parts)} parts of {command} -> {place.path}", flush=True)
     return result
 
@@ -448,7 +468,7 @@ def run_job(command: str, overrides: list[str], job_index: int, num_jobs: int) -
         raise ConfigError(f"'{command}' does not run as jobs; these do: {', '.join(JOB_COMMANDS)}.")
     from corpus_io import config
 
-    schema_name, run, _ = JOB_COMMANDS[command]
+    schema_name, run, _, _ = JOB_COMMANDS[command]
     overrides = [o for o in overrides if not re.match(r"\+*(num_jobs|job_index)=", o)]
     cfg = config.compose(getattr(config, schema_name), command.replace("-", "_"),
                          [*overrides, f"++num_jobs={num_jobs}", f"++job_index={job_index}"])

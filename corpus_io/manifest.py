@@ -370,11 +370,15 @@ def scp2jsonl(cfg: Any) -> Summary:
     return summary
 
 
+def part_keys(data: dict) -> list[str]:
+    """The utterance keys of a scp2jsonl part (merge-jobs refuses a key two parts hold)."""
+    return data["keys"]
+
+
 def merge_parts(place: jobs.Place, parts: list[jobs.Part]) -> Summary:
     """``merge-jobs`` of scp2jsonl: the parts' jsonl slices, concatenated in job order into the one-job jsonl."""
     import shutil
 
-    jobs.refuse_repeated_keys(parts, lambda part: part.data["keys"])
     summary = jobs.merged_summary(parts)
     if not summary.kept:
         raise DataError(f"no part of {place.path} holds an utterance ({summary.line()}); nothing was written. Fix the "

@@ -55,7 +55,7 @@ def test_every_job_command_runs_the_function_its_cli_row_runs():
     from cli.commands import COMMANDS
 
     runs = {c.name: c.run for c in COMMANDS}
-    assert {name: run for name, (_, run, _) in JOB_COMMANDS.items()} == {name: runs[name] for name in JOB_COMMANDS}
+    assert {name: run for name, (_, run, _, _) in JOB_COMMANDS.items()} == {name: runs[name] for name in JOB_COMMANDS}
     assert runs["merge-jobs"] == "corpus_io.jobs:merge_jobs"
 
 

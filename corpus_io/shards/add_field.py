@@ -399,12 +399,16 @@ def _write_part(place: jobs.Place, job: jobs.Job, fp: str, span: list, total: in
                                      {"results": results, "summary": jobs.summary_data(summary)}))
 
 
+def part_keys(data: dict) -> list[str]:
+    """The shards an add-field part wrote fields for (merge-jobs refuses a shard two parts hold)."""
+    return list(data["results"])
+
+
 def merge_parts(place: jobs.Place, parts: list[jobs.Part]) -> Any:
     """``merge-jobs`` of add-field: the index with every shard's field entries, as one job writes it."""
     from corpus_io.shards.index import index_path_for, load_index, read_datalist
 
-    jobs.refuse_repeated_keys(parts, lambda part: part.data["results"])  # a shard two parts wrote
-    results = {url: stats for part in parts for url, stats in part.data["results"].items()}
+    results = {url: stats for part in parts for url, stats in part.payload()["results"].items()}
     urls = read_datalist(place.path)
     missing = next((u for u in urls if u not in results), None)
     if missing is not None:

@@ -29,7 +29,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -56,7 +56,6 @@ from corpus_io.jobs import (
     job_of,
     merged_summary,
     output_entry,
-    refuse_repeated_keys,
     summary_data,
     write_part,
 )
@@ -561,11 +560,18 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
     return stats
 
 
-def _write_list(out_dir: Path, prefix: str, previous_index: Path, entries: list[dict], summary: Summary) -> None:
+def _write_list(out_dir: Path, prefix: str, previous_index: Path, entries: Iterable[dict], summary: Summary) -> None:
     """The end of a one-job run (or of merge-jobs): data.list + index.jsonl, then stale shards removed."""
-    write_list_and_index(out_dir / "data.list", _keep_companion_fields(previous_index, entries))
+    names: set[str] = set()
+
+    def named() -> Iterator[dict]:
+        for entry in _keep_companion_fields(previous_index, entries):
+            names.add(Path(entry["path"]).name)
+            yield entry
+
+    write_list_and_index(out_dir / "data.list", named())
     previous_index.unlink(missing_ok=True)
-    removed = _remove_stale_shards(out_dir, prefix, {Path(e["path"]).name for e in entries})
+    removed = _remove_stale_shards(out_dir, prefix, names)
     if removed:
         summary.extra["stale shards removed"] = summary.extra.get("stale shards removed", 0) + removed
 
@@ -633,14 +639,14 @@ def _withdraw_list(list_path: Path) -> Path:
     return kept
 
 
-def _keep_companion_fields(previous_index: Path, entries: list[dict]) -> list[dict]:
+def _keep_companion_fields(previous_index: Path, entries: Iterable[dict]) -> Iterator[dict]:
     """Carry add-field's ``fields`` over from the old index for shards whose bytes did not change."""
     old = read_index_file(previous_index) or {}  # only its add-field entries are carried over
     for entry in entries:
         previous = old.get(entry["path"])
         if previous and previous.get("sha256") == entry.get("sha256") and "fields" in previous:
             entry["fields"] = previous["fields"]
-    return entries
+        yield entry
 
 
 def _fingerprint(cfg: Any, opts: PackOptions, inp: _Input) -> str:
@@ -762,17 +768,21 @@ def _pack_job(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
     return summary
 
 
+def part_keys(data: dict) -> Iterator[str]:
+    """The utterance keys of a pack-shards part (merge-jobs refuses a key two parts hold)."""
+    return (k for group in data["groups"] for e in group["entries"] for k in e.get("keys") or ())
+
+
 def merge_parts(place: Place, parts: list[Part]) -> Summary:
-    """``merge-jobs`` of pack-shards: each directory's data.list + index.jsonl, as one job writes them."""
-    refuse_repeated_keys(parts, lambda part: (k for g in part.data["groups"] for e in g["entries"]
-                                              for k in e.get("keys") or ()))
+    """``merge-jobs`` of pack-shards: each directory's data.list + index.jsonl, as one job writes them (streamed:
+    one part's entries in memory at a time)."""
     out_dir = Path(place.path).resolve()
-    prefix = parts[0].data["prefix"]
+    first = parts[0].payload()
     summary = merged_summary(parts)
-    for g, sub in enumerate(group["dir"] for group in parts[0].data["groups"]):
-        entries = [dict(e, path=str(out_dir / e["path"])) for part in parts for e in part.data["groups"][g]["entries"]]
-        _write_list(out_dir / sub, prefix, _withdraw_list(out_dir / sub / "data.list"), entries, summary)
+    for g, sub in enumerate(group["dir"] for group in first["groups"]):
+        entries = (dict(e, path=str(out_dir / e["path"])) for part in parts
+                   for e in part.payload()["groups"][g]["entries"])
+        _write_list(out_dir / sub, first["prefix"], _withdraw_list(out_dir / sub / "data.list"), entries, summary)
     summary.extra["shards"] = sum(len(p.outputs) for p in parts)
     summary.print("pack-shards (merged)")
     return summary
-

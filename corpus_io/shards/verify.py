@@ -176,8 +176,8 @@ def _print_failures(bad: list[VerifyResult], out: list[str] | None = None) -> No
 
 def merge_parts(place: jobs.Place, parts: list[jobs.Part]) -> list[VerifyResult]:
     """``merge-jobs`` of verify-shards: the one-job report (and its exit status) from the parts' results."""
-    results = [VerifyResult(**r) for part in parts for r in part.data["results"]]
-    return _report(place.path, load_index(place.path), results, parts[0].data.get("report"))
+    results = [VerifyResult(**r) for part in parts for r in part.payload()["results"]]
+    return _report(place.path, load_index(place.path), results, parts[0].payload().get("report"))
 
 
 def _report(list_path: str, index: dict | None, results: list[VerifyResult], report: str | None) -> list[VerifyResult]:

@@ -278,10 +278,11 @@ def merge_parts(place: Any, parts: list) -> dict:
     """``merge-jobs`` of compute-cmvn: the parts' exact sums added, the one-job CMVN file written."""
     stats, counts = ExactStats(), {}
     for part in parts:
-        stats.add(part.data)
-        for reason, n in part.data["counts"].items():
+        data = part.payload()
+        stats.add(data)
+        for reason, n in data["counts"].items():
             counts[reason] = counts.get(reason, 0) + n
-    return _finish(place.path, parts[0].data["output_format"], stats, counts)
+    return _finish(place.path, parts[0].payload()["output_format"], stats, counts)
 
 
 def _accumulate(data_list: str, cfg: Any) -> tuple[ExactStats, dict]:
