@@ -426,7 +426,7 @@ def _refuse_repeated_keys(parts: list[Part], keys_of: Callable[[dict], Iterable[
 
     from corpus_io.kaldi import duplicate_hashes
 
-    wanted = duplicate_hashes(np.frombuffer(hashes, dtype=np.int64))
+    wanted = duplicate_hashes(np.frombuffer(hashes, dtype=np.int64), in_place=True)  # order is not needed
     if not wanted:
         return
     owner: dict[str, str] = {}

@@ -117,11 +117,12 @@ def _stamp(index: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns]
 
 
-def _store_repeats(index: Path) -> dict[str, list[str]]:
-    repeats = find_repeated_keys(lambda: _iter_shard_keys(index))
+def _store_repeats(index: Path, known: int | None = None) -> dict[str, list[str]]:
+    """Count the repeats of ``index`` (unless the writer ``known``s the count) and store it beside it."""
+    repeats = find_repeated_keys(lambda: _iter_shard_keys(index)) if known is None else {}
     try:
         with atomic_write(_repeats_path(index)) as f:
-            json.dump({"index": _stamp(index), "repeated_keys": len(repeats)}, f)
+            json.dump({"index": _stamp(index), "repeated_keys": len(repeats) if known is None else known}, f)
     except OSError:
         pass  # a read-only shard directory: the next start computes it again
     return repeats
@@ -232,9 +233,11 @@ def _iter_index_file(path: Path, keys: bool) -> Iterator[dict]:
             yield entry
 
 
-def write_list_and_index(list_path: str | os.PathLike, entries: Iterable[dict]) -> int:
+def write_list_and_index(list_path: str | os.PathLike, entries: Iterable[dict], *,
+                         repeated_keys: int | None = None) -> int:
     """Write ``data.list`` and its sidecar atomically (index first, so a list never lacks one), streaming
-    ``entries`` (a merge of 75,000 parts never holds them all).
+    ``entries`` (a merge of 75,000 parts never holds them all). ``repeated_keys``: the writer already counted
+    the keys two shards hold (merge-jobs checks every key), so the index is not scanned again for them.
 
     The standard keys come first, in :data:`INDEX_FIELDS` order; any other key of an entry (e.g.
     ``fields``, written by add-field) is kept after them.
@@ -249,5 +252,5 @@ def write_list_and_index(list_path: str | os.PathLike, entries: Iterable[dict]) 
             index.write(json.dumps(_stored(ordered, index_dir), ensure_ascii=False) + "\n")
             listed.write(entry["path"] + "\n")
             n += 1
-    _store_repeats(Path(index_path))
+    _store_repeats(Path(index_path), repeated_keys)
     return n

@@ -560,7 +560,8 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
     return stats
 
 
-def _write_list(out_dir: Path, prefix: str, previous_index: Path, entries: Iterable[dict], summary: Summary) -> None:
+def _write_list(out_dir: Path, prefix: str, previous_index: Path, entries: Iterable[dict], summary: Summary,
+                repeated_keys: int | None = None) -> None:
     """The end of a one-job run (or of merge-jobs): data.list + index.jsonl, then stale shards removed."""
     names: set[str] = set()
 
@@ -569,7 +570,7 @@ def _write_list(out_dir: Path, prefix: str, previous_index: Path, entries: Itera
             names.add(Path(entry["path"]).name)
             yield entry
 
-    write_list_and_index(out_dir / "data.list", named())
+    write_list_and_index(out_dir / "data.list", named(), repeated_keys=repeated_keys)
     previous_index.unlink(missing_ok=True)
     removed = _remove_stale_shards(out_dir, prefix, names)
     if removed:
@@ -782,7 +783,8 @@ def merge_parts(place: Place, parts: list[Part]) -> Summary:
     for g, sub in enumerate(group["dir"] for group in first["groups"]):
         entries = (dict(e, path=str(out_dir / e["path"])) for part in parts
                    for e in part.payload()["groups"][g]["entries"])
-        _write_list(out_dir / sub, first["prefix"], _withdraw_list(out_dir / sub / "data.list"), entries, summary)
+        _write_list(out_dir / sub, first["prefix"], _withdraw_list(out_dir / sub / "data.list"), entries, summary,
+                    repeated_keys=0)  # load_parts refused any key held twice
     summary.extra["shards"] = sum(len(p.outputs) for p in parts)
     summary.print("pack-shards (merged)")
     return summary
