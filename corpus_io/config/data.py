@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from corpus_io.config.dataset import PIPE_TIMEOUT_HELP, DatasetConf, TokenizerConf
-from corpus_io.config.fields import FAILURE_CHOICES, opt
+from corpus_io.config.fields import FAILURE_CHOICES, job_index_opt, num_jobs_opt, opt
 
 
 @dataclass
@@ -27,6 +27,8 @@ class Scp2JsonlConfig:
     allow_pipe: bool = opt(False, "allow Kaldi pipe entries like 'sox a.flac -t wav - |' (run without a shell)")
     pipe_timeout: float = opt(300.0, PIPE_TIMEOUT_HELP, unit="seconds", range="(0, 604800]")
     storage_options: Dict[str, Any] = opt(help="fsspec options for http(s)/s3 sources", factory=dict)
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
 
 
 @dataclass
@@ -72,6 +74,8 @@ class PackShardsConfig:
     allow_pipe: bool = opt(False, "allow Kaldi pipe entries in wav.scp (run without a shell)")
     pipe_timeout: float = opt(300.0, PIPE_TIMEOUT_HELP, unit="seconds", range="(0, 604800]")
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote sources", factory=dict)
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
 
 
 @dataclass
@@ -90,6 +94,9 @@ class VerifyShardsConfig:
     num_workers: int = opt(0, "checking processes (0: all cores)", range="[0, 1024]")
     decode_audio: bool = opt(True, "decode every audio member")
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote shards", factory=dict)
+    report: Optional[str] = opt(None, "also write the report (the lines printed) to this file")
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
 
 
 @dataclass
@@ -109,6 +116,18 @@ class AddFieldConfig:
     from_jsonl: Optional[str] = opt(None, "import values by key from a JSONL")
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
     num_workers: int = opt(0, "processes (0: all cores)", range="[0, 1024]")
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
+
+
+@dataclass
+class MergeJobsConfig:
+    path: str = opt("???", "what one job would have written: pack-shards' output_dir, scp2jsonl's jsonl_file_out, "
+                           "compute-cmvn's output, add-field's or verify-shards' input list")
+    what: Optional[str] = opt(None, "which parts, when P has parts of several commands (e.g. verify-shards, "
+                                    "add-field-fbank)")
+    check: str = opt("size", "how the parts' outputs are checked before merging: size (fast), or sha256 (reads "
+                             "every output)", choices=("size", "sha256"))
 
 
 @dataclass

@@ -29,7 +29,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -44,7 +44,21 @@ from corpus_io.files import (
     parse_json_object,
     refuse_overwriting_inputs,
     remove_temp_files,
+    sidecar_path,
     write_sidecar,
+)
+from corpus_io.jobs import (
+    Job,
+    Part,
+    Place,
+    begin,
+    files_digest,
+    fingerprint,
+    job_of,
+    merged_summary,
+    output_entry,
+    summary_data,
+    write_part,
 )
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 from corpus_io.shards import format as fmt
@@ -288,8 +302,11 @@ class _Input:
     """One input: a driver file read line by line, and a parser from a line to a record."""
 
     def __init__(self, driver: str, key_of: Callable[[bytes, int], str | None],
-                 record_of: Callable[[bytes, int], dict | _Skip | None], describe: str):
+                 record_of: Callable[[bytes, int], dict | _Skip | None], describe: str,
+                 files: list[str] | None = None, may_skip: bool = False):
         self.driver = driver
+        self.files = files or [driver]  # every file the records are read from (a run's fingerprint)
+        self.may_skip = may_skip  # record_of can yield a _Skip (so shard boundaries need a counting pass)
         self.key_of = key_of  # cheap, for the first pass; None for a blank line
         self.record_of = record_of  # a record, a _Skip, or None for a blank line
         self.describe = describe
@@ -419,7 +436,9 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> _Input:
         rec["where"] = where
         return rec
 
-    return _Input(path, key_of, record_of, f"Kaldi dir {data_dir}")
+    files = [path] + [str(data_dir / n) for n in ("wav.scp", "text", "utt2spk")
+                      if (data_dir / n).is_file() and str(data_dir / n) != path]
+    return _Input(path, key_of, record_of, f"Kaldi dir {data_dir}", files, may_skip=True)
 
 
 def open_input(path: str, *, feats: bool) -> _Input:
@@ -477,14 +496,24 @@ def _clean_temp_files(out_dir: Path, prefix: str) -> None:
 
 
 def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
-              keep: Callable[[dict], bool] | None, summary: Summary, desc: str) -> list[ShardStat]:
+              keep: Callable[[dict], bool] | None, summary: Summary, desc: str,
+              wanted: range | None = None) -> list[ShardStat]:
+    """Pack one directory's shards; ``wanted``: a job's shard numbers (only those are written, and no list)."""
     ensure_dir(out_dir, what="output_dir")
-    _clean_temp_files(out_dir, cfg.shard_prefix)
-    previous_index = _withdraw_list(out_dir / "data.list")
+    _refuse_other_prefix(out_dir, cfg.shard_prefix)
+    if wanted is None:
+        _clean_temp_files(out_dir, cfg.shard_prefix)
+        previous_index = _withdraw_list(out_dir / "data.list")
+    else:  # another job may be writing its own shards here: only this job's temp files are removed
+        names = {fmt.shard_name(cfg.shard_prefix, k, opts.compression) for k in wanted}
+        remove_temp_files(out_dir, lambda final: final.lstrip(".").removesuffix(".json") in names)
     per_shard = cfg.num_utts_per_shard
 
     def task(index: int, batch: list[dict]) -> ShardTask:
-        return ShardTask(index, str(out_dir / fmt.shard_name(cfg.shard_prefix, index, opts.compression)), batch, opts)
+        t = ShardTask(index, str(out_dir / fmt.shard_name(cfg.shard_prefix, index, opts.compression)), batch, opts)
+        if wanted is not None:
+            _refuse_other_run(t)
+        return t
 
     def tasks() -> Iterator[ShardTask]:
         batch: list[dict] = []
@@ -494,20 +523,29 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
                 if cfg.on_error == "fail":
                     raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the data "
                                     f"dir, or pass ++on_error=skip to drop such utterances (they are counted).")
-                summary.skip(rec.reason)
+                if wanted is None or index in wanted:
+                    summary.skip(rec.reason)
                 continue
             if keep is not None and not keep(rec):
                 continue
-            batch.append(rec)
+            if wanted is not None and index >= wanted.stop:
+                return  # a job: the rest of the input is other jobs' shards
+            if wanted is None or index in wanted:
+                batch.append(rec)
+            else:
+                batch.append(None)  # type: ignore[arg-type]  # counted, not kept: another job's shard
             if len(batch) == per_shard:
-                yield task(index, batch)
+                if wanted is None or index in wanted:
+                    yield task(index, batch)
                 batch, index = [], index + 1
-        if batch:
+        if batch and (wanted is None or index in wanted):
             yield task(index, batch)
 
     workers = resolve_num_workers(cfg.num_workers)
     stats: list[ShardStat] = []
     num_shards = -(-total // per_shard) if keep is None else None
+    if wanted is not None:
+        num_shards, workers = len(wanted), max(1, min(workers, len(wanted)))
     results = parallel_imap(pack_shard, tasks(), num_workers=workers, chunksize=1)
     for stat in progress(results, total=num_shards, desc=desc, unit="shard"):
         stats.append(stat)
@@ -516,14 +554,56 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
         summary.bytes += stat.bytes
         for reason, n in stat.skipped.items():
             summary.skip(reason, n)
+    if wanted is not None:
+        return stats
     listed = [s for s in stats if s.num_utts > 0]
-    write_list_and_index(out_dir / "data.list", _keep_companion_fields(previous_index,
-                                                                       [s.index_entry() for s in listed]))
+    _write_list(out_dir, cfg.shard_prefix, previous_index, [s.index_entry() for s in listed], summary)
+    return stats
+
+
+def _write_list(out_dir: Path, prefix: str, previous_index: Path, entries: Iterable[dict], summary: Summary,
+                repeated_keys: int | None = None) -> None:
+    """The end of a one-job run (or of merge-jobs): data.list + index.jsonl, then stale shards removed."""
+    names: set[str] = set()
+
+    def named() -> Iterator[dict]:
+        for entry in _keep_companion_fields(previous_index, entries):
+            names.add(Path(entry["path"]).name)
+            yield entry
+
+    write_list_and_index(out_dir / "data.list", named(), repeated_keys=repeated_keys)
     previous_index.unlink(missing_ok=True)
-    removed = _remove_stale_shards(out_dir, cfg.shard_prefix, {Path(s.path).name for s in listed})
+    removed = _remove_stale_shards(out_dir, prefix, names)
     if removed:
         summary.extra["stale shards removed"] = summary.extra.get("stale shards removed", 0) + removed
-    return stats
+
+
+def _refuse_other_run(task: ShardTask) -> None:
+    """A job does not overwrite a complete shard that another run (other options or input) wrote."""
+    try:
+        stored = json.loads(sidecar_path(task.path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no complete shard there (or an unfinished one): this job writes it
+    if isinstance(stored, dict) and stored.get("digest") not in (None, _digest(task)):
+        raise DataError(f"{task.path} was written by another run (other options or another input) and is not "
+                        f"this job's shard {task.index}; a job never overwrites it. Use another output_dir, or "
+                        f"delete that run's shards (or run it with ++num_jobs=1, which replaces them).")
+
+
+def _refuse_other_prefix(out_dir: Path, prefix: str) -> None:
+    """Two runs with different shard_prefix in one output_dir would leave one run's shards orphaned."""
+    listed = out_dir / "data.list"
+    mine = re.compile(rf"{fmt.shard_stem_pattern(prefix)}(\..+)?")
+    others = []
+    if listed.is_file():
+        others = [e for e in read_index_file(index_path_for(listed)) or {} if not mine.fullmatch(Path(e).name)]
+    if not others:
+        others = [e.name for e in os.scandir(out_dir) if e.is_file() and e.name.endswith((".tar", ".tar.gz", ".tgz"))
+                  and not mine.fullmatch(e.name)]
+    if others:
+        raise DataError(f"output_dir {out_dir} holds shards of another run ({Path(others[0]).name}: not "
+                        f"'{prefix}-NNNNNN'). Nothing was written. Use another output_dir, or delete that run's "
+                        f"shards, data.list and index.jsonl first.")
 
 
 def _remove_stale_shards(out_dir: Path, prefix: str, current: set[str]) -> int:
@@ -561,21 +641,54 @@ def _withdraw_list(list_path: Path) -> Path:
     return kept
 
 
-def _keep_companion_fields(previous_index: Path, entries: list[dict]) -> list[dict]:
+def _keep_companion_fields(previous_index: Path, entries: Iterable[dict]) -> Iterator[dict]:
     """Carry add-field's ``fields`` over from the old index for shards whose bytes did not change."""
     old = read_index_file(previous_index) or {}  # only its add-field entries are carried over
     for entry in entries:
         previous = old.get(entry["path"])
         if previous and previous.get("sha256") == entry.get("sha256") and "fields" in previous:
             entry["fields"] = previous["fields"]
-    return entries
+        yield entry
+
+
+def _fingerprint(cfg: Any, opts: PackOptions, inp: _Input) -> str:
+    return fingerprint(["pack-shards", opts.digest_part(), opts.on_error, cfg.num_utts_per_shard, bool(cfg.shuffle),
+                        cfg.seed, list(cfg.filter_group), cfg.shard_prefix, files_digest(inp.files)])
+
+
+def _group_dirs(out_dir: Path, groups: list[tuple[int, int]]) -> list[str]:
+    return [f"{lo}_{hi}" for lo, hi in groups] or [""]
+
+
+def _plan(inp: _Input, cfg: Any, total: int, keeps: list[Callable[[dict], bool] | None]) -> list[int]:
+    """The number of shards of each group, as a one-job run makes them (a job needs the global numbering):
+    from the line count when every line is one record, else from a counting pass over the input."""
+    per = cfg.num_utts_per_shard
+    if keeps == [None] and not inp.may_skip:
+        return [-(-total // per)]
+    counts = [0] * len(keeps)
+    for rec in inp.records(cfg.shuffle, cfg.seed):
+        if isinstance(rec, _Skip):
+            if cfg.on_error == "fail":
+                raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the data dir, or "
+                                f"pass ++on_error=skip to drop such utterances (they are counted).")
+            continue
+        for g, keep in enumerate(keeps):
+            if keep is None or keep(rec):
+                counts[g] += 1
+    return [-(-n // per) for n in counts]
 
 
 def pack_shards(cfg: Any) -> Summary:
-    """Run pack-shards for a validated :class:`corpus_io.config.PackShardsConfig`; returns the summary."""
+    """Run pack-shards for a validated :class:`corpus_io.config.PackShardsConfig`; returns the summary.
+
+    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs): it writes the shards of its contiguous
+    range of global shard numbers and a part record, no data.list; ``merge-jobs ++path=<output_dir>``
+    writes the list and index a one-job run writes."""
     check_values(cfg)  # num_utts_per_shard, resample, ...: their ranges, also for configs built in Python
     refuse_overwriting_inputs([(f"++output_dir's {name}", os.path.join(str(cfg.output_dir), name))
                                for name in ("data.list", "index.jsonl")], [("++input", cfg.input)])
+    job = job_of(cfg)
     feats = bool(getattr(cfg, "feats", False))
     if feats and (cfg.audio_format != "keep" or cfg.resample):
         raise ConfigError("++feats=true stores feature matrices; audio_format/resample do not apply.")
@@ -589,18 +702,32 @@ def pack_shards(cfg: Any) -> Summary:
     out_dir = Path(cfg.output_dir).resolve()
     summary = Summary()
     groups = parse_filter_group(list(cfg.filter_group))
-    all_stats: list[ShardStat] = []
-    if not groups:
-        all_stats = _pack_dir(inp, out_dir, cfg, opts, total, None, summary, "pack-shards")
-    else:
+    keeps: list[Callable[[dict], bool] | None] = [None]
+    if groups:
+        keeps = []
         for lo, hi in groups:
             def keep(rec: dict, lo: int = lo, hi: int = hi) -> bool:
                 try:
                     return lo <= _source_len(rec, opts) < hi
                 except DataError:
                     return True  # the worker reports (or skips) unreadable audio
-            all_stats += _pack_dir(inp, out_dir / f"{lo}_{hi}", cfg, opts, total, keep, summary,
-                                   f"pack-shards {lo}:{hi}")
+            keeps.append(keep)
+    dirs = _group_dirs(out_dir, groups)
+    place = Place(str(out_dir), "pack-shards", True)
+    if not job.single or place.records():
+        fp = _fingerprint(cfg, opts, inp)
+        done = begin(place, job, fp)
+        if done is not None:
+            summary = merged_summary([done])
+            summary.print(f"pack-shards {job} (already complete)")
+            return summary
+    if not job.single:
+        return _pack_job(inp, out_dir, cfg, opts, total, keeps, dirs, job, place, fp)
+    all_stats: list[ShardStat] = []
+    for keep, sub in zip(keeps, dirs):
+        desc = "pack-shards" + (f" {sub.replace('_', ':')}" if sub else "")
+        all_stats += _pack_dir(inp, out_dir / sub, cfg, opts, total, keep, summary, desc)
+    if groups:
         grouped = summary.kept + sum(summary.skipped.values())
         if grouped < total:
             summary.skip("outside filter_group", total - grouped)
@@ -611,4 +738,56 @@ def pack_shards(cfg: Any) -> Summary:
     summary.raise_if_empty("pack-shards", f"No shard was listed in {out_dir}: check {cfg.input} (an earlier step "
                                           f"may have written it empty) and the skip reasons above (audio paths, "
                                           f"transcripts, filter_group).")
+    return summary
+
+
+def _pack_job(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
+              keeps: list[Callable[[dict], bool] | None], dirs: list[str], job: Job, place: Place,
+              fp: str) -> Summary:
+    """One job of N: the shards of its range of global shard numbers (over the groups in order), a record."""
+    counts = _plan(inp, cfg, total, keeps)
+    lo, hi = job.span(sum(counts))
+    summary = Summary()
+    groups: list[dict] = []
+    outputs: list[dict] = []
+    first = 0
+    for keep, sub, count in zip(keeps, dirs, counts):
+        wanted = range(max(lo - first, 0), max(min(hi - first, count), 0))
+        first += count
+        entries: list[dict] = []
+        if len(wanted):
+            stats = _pack_dir(inp, out_dir / sub, cfg, opts, total, keep, summary, f"pack-shards {job}", wanted)
+            for stat in stats:
+                if stat.num_utts > 0:
+                    entries.append(dict(stat.index_entry(), path=os.path.relpath(stat.path, out_dir)))
+                    outputs.append(output_entry(stat.path, out_dir, sha256=stat.sha256, size=stat.bytes))
+        groups.append({"dir": sub, "entries": entries})
+    summary.what = "utterances"
+    summary.extra["shards"] = len(outputs)
+    data = {"prefix": cfg.shard_prefix, "groups": groups, "summary": summary_data(summary)}
+    record = write_part(place, Part("pack-shards", place.tag, job.count, job.index, fp, [lo, hi], sum(counts),
+                                    outputs, data))
+    summary.print(f"pack-shards {job}")
+    print(f"pack-shards {job}: shards {lo}..{hi - 1} of {sum(counts)} -> {record}", flush=True)
+    return summary
+
+
+def part_keys(data: dict) -> Iterator[str]:
+    """The utterance keys of a pack-shards part (merge-jobs refuses a key two parts hold)."""
+    return (k for group in data["groups"] for e in group["entries"] for k in e.get("keys") or ())
+
+
+def merge_parts(place: Place, parts: list[Part]) -> Summary:
+    """``merge-jobs`` of pack-shards: each directory's data.list + index.jsonl, as one job writes them (streamed:
+    one part's entries in memory at a time)."""
+    out_dir = Path(place.path).resolve()
+    first = parts[0].payload()
+    summary = merged_summary(parts)
+    for g, sub in enumerate(group["dir"] for group in first["groups"]):
+        entries = (dict(e, path=str(out_dir / e["path"])) for part in parts
+                   for e in part.payload()["groups"][g]["entries"])
+        _write_list(out_dir / sub, first["prefix"], _withdraw_list(out_dir / sub / "data.list"), entries, summary,
+                    repeated_keys=0)  # load_parts refused any key held twice
+    summary.extra["shards"] = sum(len(p.outputs) for p in parts)
+    summary.print("pack-shards (merged)")
     return summary
