@@ -71,7 +71,7 @@ def decode(cfg: Any) -> dict:
     from corpus_io.progress import progress
     from corpus_io.train.cmvn import loader_counts
     from corpus_io.train.frontend import build_front_end, model_inputs
-    from corpus_io.train.scoring import Scorer
+    from corpus_io.train.scoring import Scorer, token_list_covers
     from corpus_io.train.steps import greedy_ids
 
     require(cfg, "data_list", "checkpoint", "output_dir")
@@ -96,8 +96,8 @@ def decode(cfg: Any) -> dict:
                     repeats[key] = repeats.get(key, 1) + 1
                 hyps[key] = tokenizer.decode(ids)
             target, tlen = batch["target"].tolist(), batch["target_lengths"].tolist()
-            for key, row, n in zip(batch["keys"], target, tlen):
-                refs[key] = _reference(batch, key, tokenizer, row[: int(n)])
+            for i, (key, row, n) in enumerate(zip(batch["keys"], target, tlen)):
+                refs[key] = _reference(batch, i, tokenizer, row[: int(n)])
             audio += float(batch.get("audio_seconds", 0.0))
     wall = time.perf_counter() - t0
     counts = loader_counts(loader)
@@ -117,8 +117,10 @@ def decode(cfg: Any) -> dict:
     with atomic_write(out / "ref") as f:
         f.write("".join(f"{k} {refs[k]}\n" for k in sorted(refs)))
     scorer = Scorer()
+    covered = token_list_covers(tokenizer.symbols)
     for key in sorted(hyps):
         scorer.add(key, refs[key], hyps[key])
+        scorer.count_oov(tokenizer.tokenize(refs[key]), covered)
     report = scorer.report()
     for name in ("cer.txt", "wer.txt"):
         with atomic_write(out / name) as f:
@@ -129,9 +131,11 @@ def decode(cfg: Any) -> dict:
     return {"utts": len(hyps), "cer": scorer.cer.rate, "wer": scorer.wer.rate, "rtf_wall": wall / max(audio, 1e-9)}
 
 
-def _reference(batch: dict, key: str, tokenizer: Any, ids: list[int]) -> str:
-    """The transcript: the raw text when the batch carries it, else the detokenized target."""
-    texts = batch.get("txt") or batch.get("texts")
-    if texts is not None:
-        return texts[batch["keys"].index(key)]
+def _reference(batch: dict, i: int, tokenizer: Any, ids: list[int]) -> str:
+    """The transcript as read (raw line or shard member), not rebuilt from token ids: a token missing from
+    the token list would come back as ``<unk>`` and be scored as five characters. The detokenized target
+    only for a batch without text (a custom loader)."""
+    texts = batch.get("txt")
+    if texts is not None and isinstance(texts[i], str):
+        return texts[i]
     return tokenizer.decode(ids)

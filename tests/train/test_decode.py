@@ -11,6 +11,7 @@ import torch
 from corpus_io.config import ComputeCmvnConfig, SourceConf
 from corpus_io.dataset import build_dataloader
 from corpus_io.train.cmvn import compute_cmvn, eval_dataset_conf
+from corpus_io.train.scoring import Scorer
 from tests.conftest import assert_user_error, run_cli
 from tests.loader_data import small_conf
 from tests.train.conftest import run_train, torchrun_cmd
@@ -93,3 +94,48 @@ def test_decode_that_reads_nothing_fails_and_a_repeated_key_is_scored_once_with_
     assert result.returncode == 0, result.stderr[-3000:]
     assert len((out / "text").read_text(encoding="utf-8").splitlines()) == 24
     assert "duplicate key: 4" in result.stdout
+
+
+def test_decode_scores_the_transcript_not_token_ids_and_counts_out_of_vocabulary_reference_tokens(
+        trained, tmp_path):
+    from corpus_io.train.scoring import Scorer, char_units, normalize
+    from tests.loader_data import fixture_utts, make_shards
+
+    # upper case and punctuation (normalised away), and two characters no token list entry covers (鑫, K)
+    edits = {"spk2-utt002": "北京欢迎你鑫！", "spk2-utt010": "Hello, World.", "spk0-utt020": "nine one one KKK"}
+    utts = [(k, p, edits.get(k, t)) for k, p, t in fixture_utts()]
+    raw = tmp_path / "raw.list"
+    raw.write_text("".join(json.dumps({"key": k, "wav": p, "txt": t}, ensure_ascii=False) + "\n" for k, p, t in utts),
+                   encoding="utf-8")
+    shards, _ = make_shards(tmp_path / "shards", utts=utts, per_shard=8)
+    ckpt = trained["out"] / "model.pt.avg2"
+    true_ref = sum(len(char_units(normalize(t))) for _, _, t in utts)
+    cer_lines = []
+    for name, data_list, data_type in (("raw", raw, "raw"), ("shard", shards, "shard")):
+        out = tmp_path / name
+        result = run_cli("corpus-io", "decode", f"++data_list={data_list}", f"++dataset_conf.data_type={data_type}",
+                         f"++checkpoint={ckpt}", f"++output_dir={out}", "++dataset_conf.num_workers=0")
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = (out / "cer.txt").read_text(encoding="utf-8")
+        cer = re.search(r"^%CER .*$", report, re.M).group(0)
+        assert f" / {true_ref}," in cer  # 鑫 and KKK count as 4 reference characters, not as <unk> (5 each)
+        hyps = dict((line.split(" ", 1) + [""])[:2] for line in (out / "text").read_text(encoding="utf-8").splitlines())
+        expected = Scorer()
+        for key, _, text in utts:
+            expected.add(key, text, hyps[key])
+        assert expected.summary().splitlines()[0] == cer
+        assert re.search(r"reference tokens outside the token list: 2 / \d+ \(\d+\.\d+%\), e\.g\. ", report)
+        assert "ref: 北京欢迎你鑫" in report and "ref: hello world" in report
+        cer_lines.append(cer)
+    assert cer_lines[0] == cer_lines[1]  # raw and shard lists score alike
+
+
+def test_scoring_normalises_case_punctuation_and_cjk_spacing_on_both_sides():
+    from corpus_io.train.scoring import normalize
+
+    assert normalize("Hello, World!") == "hello world"
+    assert normalize("今天 天气，很好。") == "今天天气很好"
+    assert normalize("Don't STOP 打开 wifi 设置") == "dont stop 打开 wifi 设置"
+    s = Scorer()
+    c, w = s.add("u", "今天 天气，很好。 OK", "今天天气很好 ok")
+    assert c.errors == 0 and w.errors == 0
