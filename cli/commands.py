@@ -64,8 +64,8 @@ COMMANDS: tuple[Command, ...] = (
             "Average the best epoch checkpoints of a training output_dir (by cv loss or acc) into "
             "model.pt.avg{num}."),
     Command("decode", config.DecodeConfig, "corpus_io.train.decode:decode",
-            "Greedy CTC decoding of a raw or shard list with a checkpoint; writes a Kaldi text and a CER/WER "
-            "report."),
+            "Decode a raw or shard list with a checkpoint (++decoding.method=greedy, ctc_prefix_beam, ctc_beam_lm "
+            "or attention_rescoring; hotwords); writes a Kaldi text, the n-best and a CER/WER report with RTF."),
 )
 
 SCHEMAS: dict[str, type] = {c.name: c.schema for c in COMMANDS}

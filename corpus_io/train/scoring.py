@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -128,6 +129,23 @@ def edit_counts(ref: list[str], hyp: list[str]) -> EditCounts:
     return EditCounts(len(ref), d["sub"], d["ins"], d["del"])
 
 
+def confusion_pairs(ref: list[str], hyp: list[str]) -> list[tuple[str, str]]:
+    """The (reference, hypothesis) unit pairs that differ in the alignment; ``*`` marks nothing."""
+    import kaldialign
+
+    return [(r, h) for r, h in kaldialign.align(ref, hyp, "*") if r != h]
+
+
+def count_phrase(text: str, phrase: str) -> int:
+    """Occurrences of ``phrase`` in ``text`` (both normalised): whole words for Latin, substrings in CJK runs."""
+    text, phrase = normalize(text), normalize(phrase)
+    if not phrase:
+        return 0
+    if all(_CJK.match(c) or c.isspace() for c in phrase):
+        return text.replace(" ", "").count(phrase.replace(" ", ""))
+    return f" {text} ".count(f" {phrase} ")
+
+
 @dataclass
 class Scorer:
     """Accumulates CER and WER over utterances and keeps per-utterance lines for the report."""
@@ -141,6 +159,9 @@ class Scorer:
     ref_tokens: int = 0
     oov_tokens: int = 0
     oov_examples: list[str] = field(default_factory=list)
+    hotwords: list[str] = field(default_factory=list)
+    confusions: Counter = field(default_factory=Counter)
+    hotword_counts: list[int] = field(default_factory=lambda: [0, 0, 0])  # in refs, in hyps, in unbiased hyps
 
     def count_oov(self, tokens: list[str], known: Callable[[str], bool]) -> None:
         """Count the reference's ``tokens`` and those that are not ``known`` (see :func:`token_list_covers`);
@@ -153,11 +174,21 @@ class Scorer:
                 if t not in self.oov_examples and len(self.oov_examples) < 10:
                     self.oov_examples.append(t)
 
-    def add(self, key: str, ref: str, hyp: str) -> tuple[EditCounts, EditCounts]:
+    def add(self, key: str, ref: str, hyp: str, unbiased: str | None = None) -> tuple[EditCounts, EditCounts]:
         """Score ``hyp`` against ``ref``, both :func:`normalize`d first."""
         ref, hyp = normalize(ref), normalize(hyp)
         c = edit_counts(char_units(ref), char_units(hyp))
         w = edit_counts(word_units(ref), word_units(hyp))
+        if w.errors:
+            self.confusions.update(confusion_pairs(word_units(ref), word_units(hyp)))
+        if self.hotwords:
+            for word in self.hotwords:
+                n = count_phrase(ref, word)
+                if n:
+                    self.hotword_counts[0] += n
+                    self.hotword_counts[1] += min(n, count_phrase(hyp, word))
+                    if unbiased is not None:
+                        self.hotword_counts[2] += min(n, count_phrase(normalize(unbiased), word))
         self.cer.add(c)
         self.wer.add(w)
         self.utts += 1
@@ -181,10 +212,28 @@ class Scorer:
                          f"({100 * self.oov_tokens / self.ref_tokens:.2f}%)"
                          + (f", e.g. {' '.join(self.oov_examples)} (no model with this token list can "
                             f"output them; they count as errors)" if self.oov_tokens else ""))
+        recall = self.hotword_recall()
+        if recall is not None:
+            lines.append(f"hotword recall {100 * recall[0]:.2f}% [ {self.hotword_counts[1]} / {self.hotword_counts[0]} "
+                         f"occurrences of {len(self.hotwords)} hotwords ]; without hotwords {100 * recall[1]:.2f}%")
         if self.missing:
             lines.append(f"{len(self.missing)} reference utterances have no hypothesis (not scored), "
                          f"e.g. {', '.join(self.missing[:5])}")
         return "\n".join(lines) + "\n"
 
+    def hotword_recall(self) -> tuple[float, float] | None:
+        """(recall with hotwords, recall of the same search without them) of the listed words, or None."""
+        total, hit, before = self.hotword_counts
+        if not self.hotwords or not total:
+            return None
+        return hit / total, before / total
+
+    def confusion_table(self, top: int = 20) -> str:
+        if not self.confusions:
+            return ""
+        rows = [f"  {n:6d}  {r} -> {h}" for (r, h), n in self.confusions.most_common(top)]
+        return (f"most frequent confusions (WER units; * = nothing: a deletion or insertion), top {top}:\n"
+                + "\n".join(rows) + "\n")
+
     def report(self) -> str:
-        return self.summary() + "\n" + "".join(self.lines)
+        return self.summary() + "\n" + self.confusion_table() + "\n" + "".join(self.lines)

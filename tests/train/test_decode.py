@@ -139,3 +139,66 @@ def test_scoring_normalises_case_punctuation_and_cjk_spacing_on_both_sides():
     s = Scorer()
     c, w = s.add("u", "今天 天气，很好。 OK", "今天天气很好 ok")
     assert c.errors == 0 and w.errors == 0
+
+
+def model_outputs(ckpt, data_list: str) -> list[tuple]:
+    """(keys, log_probs, lengths) per batch of a raw list, through the trained model."""
+    from corpus_io.config import DecodeConfig
+    from corpus_io.train.decode import decode_dataset_conf, load_model
+    from corpus_io.train.frontend import build_front_end, model_inputs
+
+    model, tokenizer, tcfg = load_model(str(ckpt), torch.device("cpu"))
+    user = DecodeConfig().dataset_conf
+    user.data_type, user.num_workers, user.batch_size = "raw", 0, 8
+    conf = decode_dataset_conf(user, tcfg.dataset_conf)
+    front_end = build_front_end(conf, torch.device("cpu"))
+    out = []
+    with torch.no_grad():
+        for batch in build_dataloader(data_list, conf, tokenizer, train=False, rank=0, world_size=1):
+            out.append((batch["keys"], *model(*model_inputs(front_end, batch, torch.device("cpu"), train=False))))
+    return out
+
+
+def test_prefix_beam_on_a_trained_model_is_greedy_at_beam_one_and_never_below_greedy_wider(trained, corpus):
+    from corpus_io.decoding.beam import ctc_prefix_beam_search, ctc_scores
+    from corpus_io.train.steps import greedy_ids
+
+    checked = 0
+    for ckpt in ("model.pt.ep1", "model.pt.avg2"):  # an epoch checkpoint and the average
+        for keys, log_probs, lengths in model_outputs(trained["out"] / ckpt, str(corpus["raw"])):
+            greedy = greedy_ids(log_probs, lengths)
+            assert [h[0].ids for h in ctc_prefix_beam_search(log_probs, lengths, beam=1)] == greedy
+            floor = ctc_scores(log_probs, lengths, list(range(len(keys))), greedy).tolist()
+            for hyps, g in zip(ctc_prefix_beam_search(log_probs, lengths, beam=8), floor):
+                assert hyps[0].score >= g - 1e-4
+                assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+                checked += 1
+    assert checked == 48
+
+
+def test_decode_by_prefix_beam_writes_a_sorted_nbest_and_reports_method_and_rtf(trained, corpus, tmp_path):
+    ckpt = trained["out"] / "model.pt.avg2"
+    texts = {}
+    for method in ("greedy", "ctc_prefix_beam"):
+        out = tmp_path / method
+        result = run_cli("corpus-io", "decode", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
+                         f"++checkpoint={ckpt}", f"++output_dir={out}", "++dataset_conf.num_workers=0",
+                         f"++decoding.method={method}", "++decoding.beam=4", "++decoding.nbest=3")
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = (out / "cer.txt").read_text(encoding="utf-8")
+        assert f"decoding: method={method}" in report
+        assert re.search(r"^RTF \d+\.\d+ \(wall .* model \d+\.\d+, search \d+\.\d+\)", report, re.M)
+        texts[method] = (out / "text").read_text(encoding="utf-8")
+    rows = [line.split(" ", 3) for line in (tmp_path / "ctc_prefix_beam" / "nbest").read_text(
+        encoding="utf-8").splitlines()]
+    by_key: dict = {}
+    for key, rank, score, *_ in rows:
+        by_key.setdefault(key, []).append((int(rank), float(score)))
+    assert sorted(by_key) == sorted(corpus["raw_keys"])
+    for ranks in by_key.values():
+        assert [r for r, _ in ranks] == list(range(1, len(ranks) + 1)) and len(ranks) <= 3
+        assert [s for _, s in ranks] == sorted((s for _, s in ranks), reverse=True)
+    best = dict((line.split(" ", 1) + [""])[:2] for line in texts["ctc_prefix_beam"].splitlines())
+    top = dict((line.split(" ", 3) + [""])[0:4:3] for line in (tmp_path / "ctc_prefix_beam" / "nbest")
+               .read_text(encoding="utf-8").splitlines() if line.split(" ", 2)[1] == "1")
+    assert best == top  # text holds each utterance's first n-best entry

@@ -1,0 +1,90 @@
+"""One entry point for every decoding method: :class:`Search` turns a batch of CTC log-probabilities
+(and, for attention rescoring, the encoder output) into n-best lists.
+
+``greedy`` (the best path), ``ctc_prefix_beam`` (:mod:`corpus_io.decoding.beam`, with hotwords from
+:mod:`corpus_io.decoding.hotwords`), ``ctc_beam_lm`` (:mod:`corpus_io.decoding.lm`, an n-gram through
+flashlight-text) and ``attention_rescoring`` (:mod:`corpus_io.decoding.rescoring`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from corpus_io.decoding.beam import Hyp, best_path_ids, ctc_prefix_beam_search, ctc_scores
+from corpus_io.errors import ConfigError
+
+NEEDS_ENCODER = ("attention_rescoring",)
+
+
+def describe(conf: Any) -> str:
+    """The method and the options it uses, for the report."""
+    m = conf.method
+    parts = [f"method={m}"]
+    if m != "greedy":
+        parts += [f"beam={conf.beam}", f"token_beam={conf.token_beam or conf.beam}"]
+    if m == "ctc_beam_lm":
+        parts += [f"lm={conf.lm}", f"lm_weight={conf.lm_weight}", f"word_score={conf.word_score}",
+                  f"beam_threshold={conf.beam_threshold}"]
+    if m == "attention_rescoring":
+        parts.append(f"ctc_weight={conf.ctc_weight}")
+    if conf.hotwords and m in ("ctc_prefix_beam", "attention_rescoring"):
+        parts += [f"hotwords={conf.hotwords}", f"hotword_weight={conf.hotword_weight}"]
+    return " ".join(parts)
+
+
+class Search:
+    """``search(log_probs, lengths, encoder=None) -> n-best lists`` for the configured method."""
+
+    def __init__(self, conf: Any, tokenizer: Any, model: Any = None, device: Any = "cpu") -> None:
+        self.conf = conf
+        self.model = model
+        self.context = None
+        self.hotwords: list[str] = []
+        self.lm_decoder = None
+        if conf.hotwords and conf.method in ("ctc_prefix_beam", "attention_rescoring"):
+            from corpus_io.decoding.hotwords import build_context
+
+            self.context, self.hotwords = build_context(conf.hotwords, tokenizer, conf.hotword_weight, device)
+        elif conf.hotwords:
+            raise ConfigError(f"decoding.hotwords works with decoding.method=ctc_prefix_beam or attention_rescoring, "
+                              f"not {conf.method}.")
+        if conf.method == "ctc_beam_lm":
+            from corpus_io.decoding.lm import LmDecoder
+
+            self.lm_decoder = LmDecoder(conf, tokenizer)
+        if conf.method == "attention_rescoring" and not hasattr(model, "attention_scores"):
+            raise ConfigError(f"decoding.method=attention_rescoring needs a model with an attention decoder "
+                              f"(model=conformer_ctc_att); this checkpoint's model is {type(model).__name__}. "
+                              f"Use ctc_prefix_beam or train with model=conformer_ctc_att.")
+
+    def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor,
+                 encoder: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[Hyp]]:
+        conf = self.conf
+        if conf.method == "greedy":
+            ids = best_path_ids(log_probs, lengths)
+            return [[Hyp(i, 0.0, 0.0)] for i in ids]
+        if conf.method == "ctc_beam_lm":
+            return self.lm_decoder(log_probs, lengths)
+        nbest = ctc_prefix_beam_search(log_probs, lengths, beam=conf.beam, token_beam=conf.token_beam or None,
+                                       context=self.context)
+        if conf.method == "attention_rescoring":
+            from corpus_io.decoding.rescoring import attention_rescoring
+
+            if encoder is None:
+                raise ConfigError("attention_rescoring needs the encoder output (model.encode).")
+            return attention_rescoring(self.model, encoder, nbest, conf.ctc_weight)
+        return nbest
+
+    def unbiased(self, log_probs: torch.Tensor, lengths: torch.Tensor,
+                 encoder: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[Hyp]]:
+        """The same search without the hotwords (the report's recall "before")."""
+        context, self.context = self.context, None
+        try:
+            return self(log_probs, lengths, encoder)
+        finally:
+            self.context = context
+
+
+__all__ = ["Hyp", "Search", "best_path_ids", "ctc_scores", "describe", "NEEDS_ENCODER"]
