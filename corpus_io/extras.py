@@ -16,7 +16,6 @@ EXTRA_OF_MODULE = {
     "s3fs": ("s3", "s3:// URLs"),
     "aiohttp": ("http", "http(s):// URLs"),
     "matplotlib": ("plots", "the stats PNG histogram"),
-    "flashlight": ("lm", "n-gram LM decoding: decode ++decoding.method=ctc_beam_lm and tune-lm"),
 }
 
 # fsspec reports a missing backend in its own words, without the module name

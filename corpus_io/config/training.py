@@ -87,7 +87,7 @@ DECODING_METHODS = ("greedy", "ctc_prefix_beam", "ctc_beam_lm", "attention_resco
 @dataclass
 class DecodingConf:
     method: str = opt("greedy", "greedy: best path; ctc_prefix_beam: CTC prefix beam search (n-best, hotwords); "
-                                "ctc_beam_lm: beam search with an n-gram LM (flashlight-text, extra [lm]); "
+                                "ctc_beam_lm: the beam search with an n-gram LM fused (corpus-io make-lm); "
                                 "attention_rescoring: prefix beam n-best rescored by the attention decoder "
                                 "(a conformer_ctc_att model)", choices=DECODING_METHODS)
     beam: int = opt(10, "prefixes kept per frame (1: the greedy best path)", range="[1, 1000]")
@@ -97,8 +97,7 @@ class DecodingConf:
     lm_weight: float = opt(0.5, "weight of the LM log-probability (ctc_beam_lm)", range="[0, 100]")
     word_score: float = opt(0.0, "score added per emitted LM unit (insertion bonus; ctc_beam_lm)",
                             range="[-100, 100]")
-    beam_threshold: float = opt(25.0, "ctc_beam_lm: prune hypotheses this far below the best", range="(0, inf)")
-    hotwords: Optional[str] = opt(None, "file of hotwords, one per line (ctc_prefix_beam, attention_rescoring)")
+    hotwords: Optional[str] = opt(None, "file of hotwords, one per line (any beam method)")
     hotword_weight: float = opt(1.5, "bonus per matched hotword token (taken back when a partial match fails)",
                                 range="[0, 100]")
     ctc_weight: float = opt(0.5, "attention_rescoring: weight of the CTC score against the decoder's",

@@ -39,19 +39,22 @@ class Hyp:
 
 
 def ctc_prefix_beam_search(log_probs: torch.Tensor, lengths: torch.Tensor, *, beam: int = 10,
-                           token_beam: int | None = None, context: Any = None,
+                           token_beam: int | None = None, context: Any = None, lm: Any = None,
                            blank: int = 0) -> list[list[Hyp]]:
     """The ``beam`` best prefixes per utterance, best first.
 
     ``log_probs`` (B, T, V) CTC log-softmax; ``lengths`` (B,) valid frames. ``token_beam``: tokens
-    tried per frame (default ``beam``). ``context``: a :class:`corpus_io.decoding.hotwords.ContextGraph`
-    (hotword biasing) or None.
+    tried per frame (default ``beam``). ``context`` (a :class:`corpus_io.decoding.hotwords.ContextGraph`,
+    hotword biasing) and ``lm`` (a :class:`corpus_io.decoding.lm.LmFusion`, shallow fusion of an n-gram)
+    are *fusions*: per-prefix states whose bonus for each appended token is added to the ranking
+    (``bonus(state, tokens)``, ``advance(state, token)``, ``sequence_bonus(seqs)``).
     """
+    fusions = [f for f in (context, lm) if f is not None]
     B, T, V = log_probs.shape
     dev = log_probs.device
     K = max(1, int(beam))
     greedy = best_path_ids(log_probs, lengths)
-    if K == 1 and context is None:
+    if K == 1 and not fusions:
         scores = ctc_scores(log_probs, lengths, list(range(B)), greedy).tolist()
         return [[Hyp(ids, sc, sc)] for ids, sc in zip(greedy, scores)]
     C = max(1, min(int(token_beam or K), V - 1))
@@ -64,8 +67,8 @@ def ctc_prefix_beam_search(log_probs: torch.Tensor, lengths: torch.Tensor, *, be
     last = torch.full((B, K), -1, dtype=torch.long, device=dev)
     hashes = [torch.zeros((B, K), dtype=torch.long, device=dev) for _ in _BASES]
     _poison(hashes, pb, pnb)
-    ctx_state = torch.zeros((B, K), dtype=torch.long, device=dev)
-    ctx_score = torch.zeros((B, K), device=dev)
+    states = [f.initial_state(B, K) for f in fusions]
+    extra = torch.zeros((B, K), device=dev)  # the fusions' summed bonus of each prefix
     parents, tokens = [], []  # per frame: (B, K) beam index at t-1, token appended (-1: none)
     ar_k = torch.arange(K, device=dev)
     for t in range(T):
@@ -90,16 +93,13 @@ def ctc_prefix_beam_search(log_probs: torch.Tensor, lengths: torch.Tensor, *, be
         merged = torch.where(match, ext[..., None], NEG_INF).flatten(1, 2).amax(dim=1)  # (B, K)
         stay_pnb = torch.logaddexp(stay_pnb, merged)
         ext = ext.masked_fill(match.any(dim=-1), NEG_INF)
-        # context bonus of each candidate
-        if context is not None:
-            ext_state, ext_bonus = context.step(ctx_state[:, :, None].expand(B, K, C),
-                                                top_tok[:, None, :].expand(B, K, C))
-            ext_ctx = ctx_score[:, :, None] + ext_bonus
-        else:
-            ext_state, ext_ctx = ctx_state[:, :, None].expand(B, K, C), ctx_score[:, :, None].expand(B, K, C)
+        # the fusions' bonus of each extension
+        ext_extra = extra[:, :, None].expand(B, K, C)
+        for f, st in zip(fusions, states):
+            ext_extra = ext_extra + f.bonus(st, top_tok[:, None, :].expand(B, K, C))
         cand_pb = torch.cat([stay_pb, torch.full((B, K * C), NEG_INF, device=dev)], dim=1)
         cand_pnb = torch.cat([stay_pnb, ext.reshape(B, K * C)], dim=1)
-        cand_ctx = torch.cat([ctx_score, ext_ctx.reshape(B, K * C)], dim=1)
+        cand_ctx = torch.cat([extra, ext_extra.reshape(B, K * C)], dim=1)
         rank = torch.logaddexp(cand_pb, cand_pnb)
         rank = rank + torch.where(torch.isfinite(rank), cand_ctx, 0.0)
         _, pick = rank.topk(K, dim=1)  # (B, K) candidate index
@@ -110,18 +110,19 @@ def ctc_prefix_beam_search(log_probs: torch.Tensor, lengths: torch.Tensor, *, be
         new_last = torch.where(is_ext, tok, last.gather(1, parent))
         new_hashes = [torch.where(is_ext, eh.reshape(B, K * C).gather(1, (pick - K).clamp(min=0)), h.gather(1, parent))
                       for eh, h in zip(ext_hash, hashes)]
-        new_state = torch.cat([ctx_state, ext_state.reshape(B, K * C)], dim=1).gather(1, pick)
-        new_ctx = cand_ctx.gather(1, pick)
+        new_states = [f.advance(st.gather(1, parent), tok) for f, st in zip(fusions, states)]
+        new_extra = cand_ctx.gather(1, pick)
         live = (t < lengths)[:, None]  # frames past an utterance's end change nothing
         pb, pnb = torch.where(live, new_pb, pb), torch.where(live, new_pnb, pnb)
         last = torch.where(live, new_last, last)
         hashes = [torch.where(live, nh, h) for nh, h in zip(new_hashes, hashes)]
-        ctx_state, ctx_score = torch.where(live, new_state, ctx_state), torch.where(live, new_ctx, ctx_score)
+        states = [torch.where(live, ns, st) for ns, st in zip(new_states, states)]
+        extra = torch.where(live, new_extra, extra)
         parents.append(torch.where(live, parent, ar_k))
         tokens.append(torch.where(live, tok, -1))
         _poison(hashes, pb, pnb)
     final = torch.logaddexp(pb, pnb)
-    return _exact_nbest(log_probs, lengths, _backtrack(parents, tokens, final), greedy, K, context)
+    return _exact_nbest(log_probs, lengths, _backtrack(parents, tokens, final), greedy, K, fusions)
 
 
 def best_path_ids(log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
@@ -172,16 +173,18 @@ def ctc_scores(log_probs: torch.Tensor, lengths: torch.Tensor, utt: list[int], s
 
 
 def _exact_nbest(log_probs: torch.Tensor, lengths: torch.Tensor, found: list[list[list[int]]],
-                 greedy: list[list[int]], K: int, context: Any) -> list[list[Hyp]]:
+                 greedy: list[list[int]], K: int, fusions: list) -> list[list[Hyp]]:
     """Each utterance's beam prefixes plus its greedy path, ranked by exact CTC log-probability (+ the
-    hotword bonus of the whole sequence), best ``K`` kept."""
+    fusions' bonus of the whole sequence: hotwords, LM with its end of sentence), best ``K`` kept."""
     utt, seqs = [], []
     for b, prefixes in enumerate(found):
         for ids in dict.fromkeys(tuple(p) for p in prefixes + [greedy[b]]):
             utt.append(b)
             seqs.append(list(ids))
     ctc = ctc_scores(log_probs, lengths, utt, seqs).tolist()
-    bonus = context.sequence_bonus(seqs) if context is not None else [0.0] * len(seqs)
+    bonus = [0.0] * len(seqs)
+    for f in fusions:
+        bonus = [x + y for x, y in zip(bonus, f.sequence_bonus(seqs))]
     out: list[list[Hyp]] = [[] for _ in found]
     for b, ids, c, x in zip(utt, seqs, ctc, bonus):
         if c != NEG_INF:

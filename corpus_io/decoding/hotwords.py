@@ -37,7 +37,8 @@ def read_hotwords(path: str) -> list[str]:
 
 
 class ContextGraph:
-    """``step(state, token) -> (next state, bonus)`` and ``final_penalty(state)`` as tensors."""
+    """A fusion of :func:`corpus_io.decoding.beam.ctc_prefix_beam_search`: ``bonus``, ``advance`` and
+    ``sequence_bonus`` over (states x vocabulary) tables."""
 
     def __init__(self, sequences: list[list[int]], vocab_size: int, weight: float, device: Any = "cpu") -> None:
         children: list[dict[int, int]] = [{}]
@@ -74,11 +75,19 @@ class ContextGraph:
         credit = torch.where(torch.tensor(end), node_score, 0.0)
         self.num_states = n
         self.next = goto.to(device)
-        self.bonus = (node_score[goto] - node_score[:, None] + credit[goto]).to(device)
+        self.bonus_table = (node_score[goto] - node_score[:, None] + credit[goto]).to(device)
         self.node_score = node_score.to(device)
 
-    def step(self, state: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.next[state, token], self.bonus[state, token]
+    def initial_state(self, batch: int, beam: int) -> torch.Tensor:
+        return torch.zeros((batch, beam), dtype=torch.long, device=self.next.device)
+
+    def bonus(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The bonus of appending ``tokens`` (B, K, C) to prefixes in ``state`` (B, K)."""
+        return self.bonus_table[state[:, :, None].expand_as(tokens), tokens]
+
+    def advance(self, state: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        """The state after ``token`` (B, K; -1: nothing appended)."""
+        return torch.where(token >= 0, self.next[state, token.clamp(min=0)], state)
 
     def final_penalty(self, state: torch.Tensor) -> torch.Tensor:
         """At the end of the utterance a partial match gives back its bonus."""
@@ -91,7 +100,7 @@ class ContextGraph:
             state = torch.zeros((), dtype=torch.long, device=self.next.device)
             total = torch.zeros((), device=self.next.device)
             for tok in seq:
-                state, bonus = self.next[state, tok], total + self.bonus[state, tok]
+                state, bonus = self.next[state, tok], total + self.bonus_table[state, tok]
                 total = bonus
             out.append(float(total + self.final_penalty(state)))
         return out

@@ -1,13 +1,14 @@
 """One entry point for every decoding method: :class:`Search` turns a batch of CTC log-probabilities
 (and, for attention rescoring, the encoder output) into n-best lists.
 
-``greedy`` (the best path), ``ctc_prefix_beam`` (:mod:`corpus_io.decoding.beam`, with hotwords from
-:mod:`corpus_io.decoding.hotwords`), ``ctc_beam_lm`` (:mod:`corpus_io.decoding.lm`, an n-gram through
-flashlight-text) and ``attention_rescoring`` (:mod:`corpus_io.decoding.rescoring`).
+``greedy`` (the best path), ``ctc_prefix_beam`` (:mod:`corpus_io.decoding.beam`), ``ctc_beam_lm`` (the
+same search with an n-gram fused, :mod:`corpus_io.decoding.lm`) and ``attention_rescoring``
+(:mod:`corpus_io.decoding.rescoring`); hotwords (:mod:`corpus_io.decoding.hotwords`) with any beam method.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,11 +26,10 @@ def describe(conf: Any) -> str:
     if m != "greedy":
         parts += [f"beam={conf.beam}", f"token_beam={conf.token_beam or conf.beam}"]
     if m == "ctc_beam_lm":
-        parts += [f"lm={conf.lm}", f"lm_weight={conf.lm_weight}", f"word_score={conf.word_score}",
-                  f"beam_threshold={conf.beam_threshold}"]
+        parts += [f"lm={conf.lm}", f"lm_weight={conf.lm_weight}", f"word_score={conf.word_score}"]
     if m == "attention_rescoring":
         parts.append(f"ctc_weight={conf.ctc_weight}")
-    if conf.hotwords and m in ("ctc_prefix_beam", "attention_rescoring"):
+    if conf.hotwords and m != "greedy":
         parts += [f"hotwords={conf.hotwords}", f"hotword_weight={conf.hotword_weight}"]
     return " ".join(parts)
 
@@ -42,18 +42,24 @@ class Search:
         self.model = model
         self.context = None
         self.hotwords: list[str] = []
-        self.lm_decoder = None
-        if conf.hotwords and conf.method in ("ctc_prefix_beam", "attention_rescoring"):
+        self.lm = None
+        if conf.hotwords and conf.method != "greedy":
             from corpus_io.decoding.hotwords import build_context
 
             self.context, self.hotwords = build_context(conf.hotwords, tokenizer, conf.hotword_weight, device)
         elif conf.hotwords:
-            raise ConfigError(f"decoding.hotwords works with decoding.method=ctc_prefix_beam or attention_rescoring, "
-                              f"not {conf.method}.")
+            raise ConfigError("decoding.hotwords needs a beam search: set decoding.method=ctc_prefix_beam, ctc_beam_lm "
+                              "or attention_rescoring.")
         if conf.method == "ctc_beam_lm":
-            from corpus_io.decoding.lm import LmDecoder
+            from corpus_io.decoding.lm import LmFusion
 
-            self.lm_decoder = LmDecoder(conf, tokenizer)
+            if not conf.lm:
+                raise ConfigError("decoding.method=ctc_beam_lm needs decoding.lm=<ARPA file>; write one from the "
+                                  "training text with: corpus-io make-lm ++input=train.jsonl ++output=lm.arpa "
+                                  "(and the model's tokenizer block).")
+            if not Path(conf.lm).is_file():
+                raise ConfigError(f"decoding.lm={conf.lm} does not exist; write it with corpus-io make-lm.")
+            self.lm = LmFusion(conf.lm, tokenizer, conf.lm_weight, conf.word_score, device)
         if conf.method == "attention_rescoring" and not hasattr(model, "attention_scores"):
             raise ConfigError(f"decoding.method=attention_rescoring needs a model with an attention decoder "
                               f"(model=conformer_ctc_att); this checkpoint's model is {type(model).__name__}. "
@@ -65,10 +71,8 @@ class Search:
         if conf.method == "greedy":
             ids = best_path_ids(log_probs, lengths)
             return [[Hyp(i, 0.0, 0.0)] for i in ids]
-        if conf.method == "ctc_beam_lm":
-            return self.lm_decoder(log_probs, lengths)
         nbest = ctc_prefix_beam_search(log_probs, lengths, beam=conf.beam, token_beam=conf.token_beam or None,
-                                       context=self.context)
+                                       context=self.context, lm=self.lm)
         if conf.method == "attention_rescoring":
             from corpus_io.decoding.rescoring import attention_rescoring
 

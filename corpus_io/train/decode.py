@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator
 
 from corpus_io.errors import ConfigError, DataError
 
@@ -69,14 +69,17 @@ def decode(cfg: Any) -> dict:
     hypotheses), ``nbest`` (key, rank, score, text), ``ref`` and ``cer.txt`` / ``wer.txt`` to output_dir."""
     from corpus_io.config import require
     from corpus_io.dataset import build_dataloader
-    from corpus_io.decoding.search import describe
+    from corpus_io.decoding.search import NEEDS_ENCODER, Search, describe
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
-    run = run_search(cfg.decoding, loader, model, tokenizer, conf, device, where=cfg.data_list)
+    search = Search(cfg.decoding, tokenizer, model, device)
+    batches = forward_batches(loader, model, tokenizer, conf, device, encoder=cfg.decoding.method in NEEDS_ENCODER,
+                              desc=f"decode ({cfg.decoding.method})")
+    run = run_search(cfg.decoding, batches, tokenizer, search, where=cfg.data_list, skipped=skipped_summary(loader))
     out = Path(cfg.output_dir)
     result = write_results(out, run, tokenizer, describe(cfg.decoding), nbest=cfg.decoding.nbest)
     print(f"decode: {result['utts']} utterances ({run.audio / 3600:.3f} h), {describe(cfg.decoding)}, "
@@ -112,53 +115,73 @@ class DecodeRun:
     unbiased: dict = field(default_factory=dict)  # key -> best hypothesis of the search without hotwords
 
 
-def run_search(dconf: Any, loader: Any, model: Any, tokenizer: Any, conf: Any, device: Any, *,
-               where: str, search: Any = None) -> DecodeRun:
-    """The model over every batch of ``loader`` (timed: model), then the search (timed: search)."""
+@dataclass
+class Forward:
+    """One batch through the model: its keys, transcripts (or target ids), audio seconds, the CTC
+    log-probabilities, the encoder output (attention rescoring) and the seconds the model took."""
+
+    keys: list
+    refs: list
+    audio: float
+    log_probs: Any
+    lengths: Any
+    encoder: Any
+    seconds: float
+
+
+def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: Any, *,
+                    encoder: bool = False, desc: str = "decode") -> Iterator[Forward]:
+    """The model over every batch of ``loader`` (with progress), timed."""
     import torch
 
-    from corpus_io.decoding.search import NEEDS_ENCODER, Search
     from corpus_io.progress import progress
-    from corpus_io.train.cmvn import loader_counts
     from corpus_io.train.frontend import build_front_end, model_inputs
     from corpus_io.train.steps import sync_device
 
-    search = search or Search(dconf, tokenizer, model, device)
     front_end = build_front_end(conf, device)
-    run = DecodeRun(hotwords=search.hotwords)
-    t_start = time.perf_counter()
+    utts = 0
     with torch.no_grad():
-        bar = progress(loader, desc=f"decode ({dconf.method})", unit="batch")
+        bar = progress(loader, desc=desc, unit="batch")
         for batch in bar:
             t0 = time.perf_counter()
             feats, feats_lengths = model_inputs(front_end, batch, device, train=False)
-            encoder = None
-            if dconf.method in NEEDS_ENCODER:
-                encoder = model.encode(feats, feats_lengths)
-                log_probs, lengths = model.ctc_log_probs(*encoder)
+            enc = None
+            if encoder:
+                enc = model.encode(feats, feats_lengths)
+                log_probs, lengths = model.ctc_log_probs(*enc)
             else:
                 log_probs, lengths = model(feats, feats_lengths)
             sync_device(device)
-            t1 = time.perf_counter()
-            nbest = search(log_probs, lengths, encoder)
-            t2 = time.perf_counter()
-            if search.context is not None:  # the same search without hotwords: recall before and after
-                for key, hyps in zip(batch["keys"], search.unbiased(log_probs, lengths, encoder)):
-                    run.unbiased[key] = tokenizer.decode(hyps[0].ids) if hyps else ""
-            run.model_s += t1 - t0
-            run.search_s += t2 - t1
             target, tlen = batch["target"].tolist(), batch["target_lengths"].tolist()
-            for i, (key, hyps) in enumerate(zip(batch["keys"], nbest)):
-                if key in run.nbest:  # scored once; a silent overwrite would hide an utterance from the count
-                    run.repeats[key] = run.repeats.get(key, 1) + 1
-                run.nbest[key] = [(tokenizer.decode(h.ids), h.score) for h in hyps] or [("", float("-inf"))]
-                run.refs[key] = _reference(batch, i, tokenizer, target[i][: int(tlen[i])])
-            run.audio += float(batch.get("audio_seconds", 0.0))
+            refs = [_reference(batch, i, tokenizer, target[i][: int(tlen[i])]) for i in range(len(batch["keys"]))]
+            utts += len(refs)
             if hasattr(bar, "set_postfix"):
-                bar.set_postfix(utts=len(run.nbest), audio_h=f"{run.audio / 3600:.2f}")
+                bar.set_postfix(utts=utts)
+            yield Forward(list(batch["keys"]), refs, float(batch.get("audio_seconds", 0.0)), log_probs, lengths,
+                          enc, time.perf_counter() - t0)
+
+
+def run_search(dconf: Any, batches: Iterable[Forward], tokenizer: Any, search: Any, *, where: str,
+               skipped: Callable[[], str] = lambda: "none") -> DecodeRun:
+    """The search over the model's outputs (timed apart from the model); n-best lists by key."""
+    run = DecodeRun(hotwords=search.hotwords)
+    t_start = time.perf_counter()
+    for fw in batches:
+        t1 = time.perf_counter()
+        nbest = search(fw.log_probs, fw.lengths, fw.encoder)
+        run.search_s += time.perf_counter() - t1
+        run.model_s += fw.seconds
+        if search.context is not None:  # the same search without hotwords: recall before and after
+            for key, hyps in zip(fw.keys, search.unbiased(fw.log_probs, fw.lengths, fw.encoder)):
+                run.unbiased[key] = tokenizer.decode(hyps[0].ids) if hyps else ""
+        for key, ref, hyps in zip(fw.keys, fw.refs, nbest):
+            if key in run.nbest:  # scored once; a silent overwrite would hide an utterance from the count
+                run.repeats[key] = run.repeats.get(key, 1) + 1
+            run.nbest[key] = [(tokenizer.decode(h.ids), h.score) for h in hyps] or [("", float("-inf"))]
+            run.refs[key] = ref
+        run.audio += fw.audio
     run.wall_s = time.perf_counter() - t_start
-    counts = loader_counts(loader)
-    run.skipped = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
+    run.skipped = skipped()
     if not run.nbest:
         raise DataError(f"decode read 0 utterances from {where} (loader skips/filters: {run.skipped}); nothing "
                         f"was scored or written. Check the list, its paths or URLs and dataset_conf.on_error.")
@@ -168,6 +191,12 @@ def run_search(dconf: Any, loader: Any, model: Any, tokenizer: Any, conf: Any, d
               f"{run.repeats[first]} times); each is scored once. Find them with verify-shards and give every "
               f"utterance its own key.", file=sys.stderr, flush=True)
     return run
+
+
+def skipped_summary(loader: Any) -> Callable[[], str]:
+    from corpus_io.train.cmvn import loader_counts
+
+    return lambda: ", ".join(f"{k}: {v}" for k, v in sorted(loader_counts(loader).items())) or "none"
 
 
 def score(run: DecodeRun, tokenizer: Any) -> Any:
