@@ -202,3 +202,29 @@ def test_decode_by_prefix_beam_writes_a_sorted_nbest_and_reports_method_and_rtf(
     top = dict((line.split(" ", 3) + [""])[0:4:3] for line in (tmp_path / "ctc_prefix_beam" / "nbest")
                .read_text(encoding="utf-8").splitlines() if line.split(" ", 2)[1] == "1")
     assert best == top  # text holds each utterance's first n-best entry
+
+
+def test_make_lm_tune_lm_and_decode_with_the_lm_and_hotwords_from_the_command_line(trained, corpus, tmp_path):
+    ckpt = trained["out"] / "model.pt.avg2"
+    lm = tmp_path / "lm.arpa"
+    result = run_cli("corpus-io", "make-lm", f"++input={corpus['raw']}", f"++output={lm}", "++order=3",
+                     f"++tokenizer.token_list={corpus['tokens']}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    common = [f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw", f"++checkpoint={ckpt}",
+              "++dataset_conf.num_workers=0"]
+    result = run_cli("corpus-io", "tune-lm", *common, f"++output_dir={tmp_path / 'tune'}", f"++lm={lm}",
+                     "++lm_weights=[0.0,0.5]", "++word_scores=[0.0]", "++decoding.beam=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "tune" / "tune.txt").read_text().splitlines()
+    assert table[0] == "lm_weight word_score %CER %WER" and len(table) == 3
+    best = (tmp_path / "tune" / "best.txt").read_text().split()
+    assert best[0] == "++decoding.method=ctc_beam_lm" and "best CER" in result.stdout
+    (tmp_path / "hot.txt").write_text("北京\n天气\n", encoding="utf-8")
+    out = tmp_path / "dec"
+    result = run_cli("corpus-io", "decode", *common, f"++output_dir={out}", *best, "++decoding.beam=4",
+                     f"++decoding.hotwords={tmp_path / 'hot.txt'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = (out / "cer.txt").read_text(encoding="utf-8")
+    assert "decoding: method=ctc_beam_lm" in report and f"hotwords={tmp_path / 'hot.txt'}" in report
+    assert re.search(r"^hotword recall \d+\.\d+% \[ \d+ / 2 occurrences of 2 hotwords \]; without hotwords "
+                     r"\d+\.\d+%$", report, re.M)
