@@ -68,8 +68,14 @@ COMMANDS: tuple[Command, ...] = (
             "Average the best epoch checkpoints of a training output_dir (by cv loss or acc) into "
             "model.pt.avg{num}."),
     Command("decode", config.DecodeConfig, "corpus_io.train.decode:decode",
-            "Greedy CTC decoding of a raw or shard list with a checkpoint; writes a Kaldi text and a CER/WER "
-            "report."),
+            "Decode a raw or shard list with a checkpoint (++decoding.method=greedy, ctc_prefix_beam, ctc_beam_lm "
+            "or attention_rescoring; hotwords); writes a Kaldi text, the n-best and a CER/WER report with RTF."),
+    Command("make-lm", config.MakeLmConfig, "corpus_io.decoding.lm:make_lm",
+            "Estimate an interpolated modified Kneser-Ney n-gram (order 1-5) over the tokenizer's tokens or "
+            "words from JSONL, Kaldi text or plain text, and write it as ARPA (for ctc_beam_lm)."),
+    Command("tune-lm", config.TuneLmConfig, "corpus_io.train.tune_lm:tune_lm",
+            "Grid-search decoding.lm_weight and decoding.word_score of ctc_beam_lm on a dev list (the model runs "
+            "once); prints and writes the best."),
 )
 
 SCHEMAS: dict[str, type] = {c.name: c.schema for c in COMMANDS}

@@ -192,7 +192,8 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
     ``feats`` (B, T, D) float32, zero padded; ``feats_lengths`` (B,) int64 frames; ``target``
     (B, U) int64 padded with -1; ``target_lengths`` (B,); ``audio_seconds`` = sum of
     ``feats_lengths`` * ``frame_shift`` (seconds per frame); ``padding_ratio`` = padding
-    frames / (B * T). Batch order is kept.
+    frames / (B * T); ``txt`` the transcripts as read (None where a sample has none: decode scores
+    these, not the token ids). Batch order is kept.
 
     Waveform samples (``wav`` + ``frames``, feats_on=model) give ``wav`` (B, N) zero padded (int16
     when every row is int16, else float32 in [-1, 1]), ``wav_lengths`` (B,) samples, ``sample_rate``
@@ -222,7 +223,7 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
         for i, t in enumerate(tokens):
             if t:
                 target[i, :len(t)] = torch.as_tensor(t, dtype=torch.int64)
-    batch: dict = {"keys": [s["key"] for s in samples]}
+    batch: dict = {"keys": [s["key"] for s in samples], "txt": [s.get("txt") for s in samples]}
     if waveform:
         rate = int(samples[0]["sample_rate"])
         feats_lengths = torch.tensor([int(s["frames"]) for s in samples], dtype=torch.int64)

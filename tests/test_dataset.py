@@ -30,7 +30,7 @@ def test_batch_dict_has_the_documented_keys_and_shapes(shards):
     data_list, _, tok = shards
     loader = build_dataloader(str(data_list), small_conf(num_workers=1), tok, train=True, rank=0, world_size=1)
     batch = next(iter(loader))
-    assert set(batch) == {"keys", "feats", "feats_lengths", "target", "target_lengths", "audio_seconds",
+    assert set(batch) == {"keys", "txt", "feats", "feats_lengths", "target", "target_lengths", "audio_seconds",
                           "padding_ratio"}
     b, t, d = batch["feats"].shape
     assert d == 80 and b == len(batch["keys"]) == 4 and t == int(batch["feats_lengths"].max())

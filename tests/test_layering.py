@@ -23,12 +23,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("corpus_io.tokenizer", "corpus_io.shards"),
     ("corpus_io.rawlist",),
     ("corpus_io.pipeline", "corpus_io.stats"),
-    ("corpus_io.dataset",),
+    ("corpus_io.dataset", "corpus_io.decoding"),
     ("corpus_io.train",),
     ("cli",),
 ]
 LAYER_OF = {unit: depth for depth, layer in enumerate(LAYERS) for unit in layer}
-SUBPACKAGES = ("config", "shards", "pipeline", "train")
+SUBPACKAGES = ("config", "shards", "pipeline", "decoding", "train")
 
 
 def unit_of(module: str) -> str:

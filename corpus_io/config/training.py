@@ -4,7 +4,7 @@ compute-cmvn, average and bench-loader."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from corpus_io.config.dataset import DatasetConf, FilterConf, TokenizerConf
 from corpus_io.config.fields import job_index_opt, num_jobs_opt, opt
@@ -84,6 +84,29 @@ class TrainConfig:
     scheduler_conf: SchedulerConf = opt(factory=SchedulerConf)
 
 
+DECODING_METHODS = ("greedy", "ctc_prefix_beam", "ctc_beam_lm", "attention_rescoring")
+
+
+@dataclass
+class DecodingConf:
+    method: str = opt("greedy", "greedy: best path; ctc_prefix_beam: CTC prefix beam search (n-best, hotwords); "
+                                "ctc_beam_lm: the beam search with an n-gram LM fused (corpus-io make-lm); "
+                                "attention_rescoring: prefix beam n-best rescored by the attention decoder "
+                                "(a conformer_ctc_att model)", choices=DECODING_METHODS)
+    beam: int = opt(10, "prefixes kept per frame (1: the greedy best path)", range="[1, 1000]")
+    token_beam: int = opt(0, "tokens tried per frame and prefix (0: beam)", range="[0, 100000]")
+    nbest: int = opt(10, "hypotheses per utterance written to output_dir/nbest (at most beam)", range="[1, 1000]")
+    lm: Optional[str] = opt(None, "ARPA n-gram for ctc_beam_lm (corpus-io make-lm)")
+    lm_weight: float = opt(0.5, "weight of the LM log-probability (ctc_beam_lm)", range="[0, 100]")
+    word_score: float = opt(0.0, "score added per emitted LM unit (insertion bonus; ctc_beam_lm)",
+                            range="[-100, 100]")
+    hotwords: Optional[str] = opt(None, "file of hotwords, one per line (any beam method)")
+    hotword_weight: float = opt(1.5, "bonus per matched hotword token (taken back when a partial match fails)",
+                                range="[0, 100]")
+    ctc_weight: float = opt(0.5, "attention_rescoring: weight of the CTC score against the decoder's",
+                            range="[0, 1]")
+
+
 @dataclass
 class DecodeConfig:
     data_list: str = opt("???", "data.list to decode")
@@ -94,6 +117,36 @@ class DecodeConfig:
         batch_size=32, filter_conf=FilterConf(token_min_length=0, min_output_input_ratio=0.0,
                                               max_output_input_ratio=1000.0)))
     device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
+    decoding: DecodingConf = opt(factory=DecodingConf)
+
+
+@dataclass
+class MakeLmConfig:
+    input: str = opt("???", "text to estimate from: a JSONL (target/txt), a Kaldi text (key transcript) or "
+                            "plain text (one sentence a line)")
+    output: str = opt("???", "the ARPA file to write")
+    order: int = opt(3, "n-gram order", range="[1, 5]")
+    unit: str = opt("token", "token: the tokenizer's tokens (CJK characters, words or letters, BPE pieces; "
+                             "lexicon-free decoding); word: whitespace words (decoding with a lexicon)",
+                    choices=("token", "word"))
+    input_format: str = opt("auto", "auto (jsonl by name or first line, else Kaldi text when every line has a "
+                                    "key and text), jsonl, kaldi or plain", choices=("auto", "jsonl", "kaldi", "plain"))
+    tokenizer: TokenizerConf = opt(factory=TokenizerConf)
+
+
+@dataclass
+class TuneLmConfig:
+    data_list: str = opt("???", "the dev list to tune on")
+    checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}")
+    output_dir: str = opt("???", "writes tune.txt (every grid point's CER/WER) and best.txt")
+    lm: str = opt("???", "ARPA n-gram (corpus-io make-lm)")
+    lm_weights: List[float] = opt(factory=lambda: [0.1, 0.3, 0.5, 0.8, 1.2], help="LM weights to try")
+    word_scores: List[float] = opt(factory=lambda: [-1.0, 0.0, 1.0, 2.0], help="word scores to try")
+    dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(
+        batch_size=32, filter_conf=FilterConf(token_min_length=0, min_output_input_ratio=0.0,
+                                              max_output_input_ratio=1000.0)))
+    device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
+    decoding: DecodingConf = opt(factory=lambda: DecodingConf(method="ctc_beam_lm"))
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""``corpus-io decode``: greedy CTC over a raw or shard list, a Kaldi ``text`` of hypotheses and a CER/WER report.
+"""``corpus-io decode``: a raw or shard list through the model and a search (``decoding.method``: greedy,
+CTC prefix beam, beam + n-gram LM, attention rescoring), a Kaldi ``text`` of hypotheses, the n-best and a
+CER/WER report with the real-time factor (model and search apart) and the most frequent confusions.
 
 The model and tokenizer come from the checkpoint's resolved training config; feature extraction
 (``feats_type``, ``feats_on``, ``fbank_conf``/``mfcc_conf``, ``resample_conf``) too, so decoding sees the same
@@ -10,8 +12,9 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator
 
 from corpus_io.errors import ConfigError, DataError
 
@@ -62,84 +65,192 @@ def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
 
 
 def decode(cfg: Any) -> dict:
-    """Decode ``cfg.data_list`` with ``cfg.checkpoint``; write ``text``, ``cer.txt``, ``wer.txt`` to output_dir."""
+    """Decode ``cfg.data_list`` with ``cfg.checkpoint`` by ``cfg.decoding.method``; write ``text`` (best
+    hypotheses), ``nbest`` (key, rank, score, text), ``ref`` and ``cer.txt`` / ``wer.txt`` to output_dir."""
     refuse_overwrites(cfg)  # first: before torch is imported or anything is read
-    import torch
-
     from corpus_io.config import require
     from corpus_io.dataset import build_dataloader
-    from corpus_io.files import atomic_write, ensure_dir
-    from corpus_io.progress import progress
-    from corpus_io.train.cmvn import loader_counts
-    from corpus_io.train.frontend import build_front_end, model_inputs
-    from corpus_io.train.scoring import Scorer
-    from corpus_io.train.steps import greedy_ids
+    from corpus_io.decoding.search import NEEDS_ENCODER, Search, describe
 
     require(cfg, "data_list", "checkpoint", "output_dir")
-    use_cuda = torch.cuda.is_available() if cfg.device == "auto" else cfg.device == "cuda"
-    if use_cuda and not torch.cuda.is_available():
-        raise ConfigError("device=cuda but no CUDA device is visible; use ++device=auto or cpu.")
-    device = torch.device("cuda" if use_cuda else "cpu")
+    device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
-    front_end = build_front_end(conf, device)
-    hyps: dict[str, str] = {}
-    refs: dict[str, str] = {}
-    repeats: dict[str, int] = {}
-    audio = 0.0
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        for batch in progress(loader, desc="decode", unit="batch"):
-            log_probs, lengths = model(*model_inputs(front_end, batch, device, train=False))
-            for key, ids in zip(batch["keys"], greedy_ids(log_probs, lengths)):
-                if key in hyps:  # scored once; a silent overwrite would hide an utterance from the count
-                    repeats[key] = repeats.get(key, 1) + 1
-                hyps[key] = tokenizer.decode(ids)
-            target, tlen = batch["target"].tolist(), batch["target_lengths"].tolist()
-            for key, row, n in zip(batch["keys"], target, tlen):
-                refs[key] = _reference(batch, key, tokenizer, row[: int(n)])
-            audio += float(batch.get("audio_seconds", 0.0))
-    wall = time.perf_counter() - t0
-    counts = loader_counts(loader)
-    skipped = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
-    if not hyps:
-        raise DataError(f"decode read 0 utterances from {cfg.data_list} (loader skips/filters: {skipped}); nothing "
-                        f"was scored or written. Check the list, its paths or URLs and dataset_conf.on_error.")
-    if repeats:
-        first = next(iter(repeats))
-        print(f"warning: {len(repeats)} keys were decoded more than once (e.g. '{first}' {repeats[first]} times); "
-              f"each is scored once. Find them with verify-shards and give every utterance its own key.",
-              file=sys.stderr, flush=True)
+    search = Search(cfg.decoding, tokenizer, model, device)
+    batches = forward_batches(loader, model, tokenizer, conf, device, encoder=cfg.decoding.method in NEEDS_ENCODER,
+                              desc=f"decode ({cfg.decoding.method})")
+    run = run_search(cfg.decoding, batches, tokenizer, search, where=cfg.data_list, skipped=skipped_summary(loader))
     out = Path(cfg.output_dir)
+    result = write_results(out, run, tokenizer, describe(cfg.decoding), nbest=cfg.decoding.nbest)
+    print(f"decode: {result['utts']} utterances ({run.audio / 3600:.3f} h), {describe(cfg.decoding)}, "
+          f"RTF {result['rtf']:.4f} (model {result['rtf_model']:.4f}, search {result['rtf_search']:.4f}), "
+          f"loader skips/filters: {run.skipped}")
+    print(result["summary"].rstrip())
+    print(f"decode: hypotheses -> {out / 'text'}, n-best -> {out / 'nbest'}, report -> {out / 'cer.txt'}")
+    return {k: v for k, v in result.items() if k != "summary"}
+
+
+def decode_device(name: str) -> Any:
+    import torch
+
+    use_cuda = torch.cuda.is_available() if name == "auto" else name == "cuda"
+    if use_cuda and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA device is visible; use ++device=auto or cpu.")
+    return torch.device("cuda" if use_cuda else "cpu")
+
+
+@dataclass
+class DecodeRun:
+    """What one pass over a list gives: n-best lists and references by key, audio seconds and times."""
+
+    nbest: dict = field(default_factory=dict)
+    refs: dict = field(default_factory=dict)
+    repeats: dict = field(default_factory=dict)
+    audio: float = 0.0
+    model_s: float = 0.0
+    search_s: float = 0.0
+    wall_s: float = 0.0
+    skipped: str = "none"
+    hotwords: list = field(default_factory=list)
+    unbiased: dict = field(default_factory=dict)  # key -> best hypothesis of the search without hotwords
+
+
+@dataclass
+class Forward:
+    """One batch through the model: its keys, transcripts (or target ids), audio seconds, the CTC
+    log-probabilities, the encoder output (attention rescoring) and the seconds the model took."""
+
+    keys: list
+    refs: list
+    audio: float
+    log_probs: Any
+    lengths: Any
+    encoder: Any
+    seconds: float
+
+
+def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: Any, *,
+                    encoder: bool = False, desc: str = "decode") -> Iterator[Forward]:
+    """The model over every batch of ``loader`` (with progress), timed."""
+    import torch
+
+    from corpus_io.progress import progress
+    from corpus_io.train.frontend import build_front_end, model_inputs
+    from corpus_io.train.steps import sync_device
+
+    front_end = build_front_end(conf, device)
+    utts = 0
+    with torch.no_grad():
+        bar = progress(loader, desc=desc, unit="batch")
+        for batch in bar:
+            t0 = time.perf_counter()
+            feats, feats_lengths = model_inputs(front_end, batch, device, train=False)
+            enc = None
+            if encoder:
+                enc = model.encode(feats, feats_lengths)
+                log_probs, lengths = model.ctc_log_probs(*enc)
+            else:
+                log_probs, lengths = model(feats, feats_lengths)
+            sync_device(device)
+            target, tlen = batch["target"].tolist(), batch["target_lengths"].tolist()
+            refs = [_reference(batch, i, tokenizer, target[i][: int(tlen[i])]) for i in range(len(batch["keys"]))]
+            utts += len(refs)
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(utts=utts)
+            yield Forward(list(batch["keys"]), refs, float(batch.get("audio_seconds", 0.0)), log_probs, lengths,
+                          enc, time.perf_counter() - t0)
+
+
+def run_search(dconf: Any, batches: Iterable[Forward], tokenizer: Any, search: Any, *, where: str,
+               skipped: Callable[[], str] = lambda: "none") -> DecodeRun:
+    """The search over the model's outputs (timed apart from the model); n-best lists by key."""
+    run = DecodeRun(hotwords=search.hotwords)
+    t_start = time.perf_counter()
+    for fw in batches:
+        t1 = time.perf_counter()
+        nbest = search(fw.log_probs, fw.lengths, fw.encoder)
+        run.search_s += time.perf_counter() - t1
+        run.model_s += fw.seconds
+        if search.context is not None:  # the same search without hotwords: recall before and after
+            for key, hyps in zip(fw.keys, search.unbiased(fw.log_probs, fw.lengths, fw.encoder)):
+                run.unbiased[key] = tokenizer.decode(hyps[0].ids) if hyps else ""
+        for key, ref, hyps in zip(fw.keys, fw.refs, nbest):
+            if key in run.nbest:  # scored once; a silent overwrite would hide an utterance from the count
+                run.repeats[key] = run.repeats.get(key, 1) + 1
+            run.nbest[key] = [(tokenizer.decode(h.ids), h.score) for h in hyps] or [("", float("-inf"))]
+            run.refs[key] = ref
+        run.audio += fw.audio
+    run.wall_s = time.perf_counter() - t_start
+    run.skipped = skipped()
+    if not run.nbest:
+        raise DataError(f"decode read 0 utterances from {where} (loader skips/filters: {run.skipped}); nothing "
+                        f"was scored or written. Check the list, its paths or URLs and dataset_conf.on_error.")
+    if run.repeats:
+        first = next(iter(run.repeats))
+        print(f"warning: {len(run.repeats)} keys were decoded more than once (e.g. '{first}' "
+              f"{run.repeats[first]} times); each is scored once. Find them with verify-shards and give every "
+              f"utterance its own key.", file=sys.stderr, flush=True)
+    return run
+
+
+def skipped_summary(loader: Any) -> Callable[[], str]:
+    from corpus_io.train.cmvn import loader_counts
+
+    return lambda: ", ".join(f"{k}: {v}" for k, v in sorted(loader_counts(loader).items())) or "none"
+
+
+def score(run: DecodeRun, tokenizer: Any) -> Any:
+    from corpus_io.train.scoring import Scorer, token_list_covers
+
+    scorer = Scorer(hotwords=run.hotwords)
+    covered = token_list_covers(tokenizer.symbols)
+    for key in sorted(run.nbest):
+        scorer.add(key, run.refs[key], run.nbest[key][0][0], unbiased=run.unbiased.get(key))
+        scorer.count_oov(tokenizer.tokenize(run.refs[key]), covered)
+    return scorer
+
+
+def write_results(out: Path, run: DecodeRun, tokenizer: Any, method: str, nbest: int = 1000) -> dict:
+    """``text``, ``nbest``, ``ref``, ``cer.txt``/``wer.txt`` (the report: method, RTF, scores, confusions)."""
+    from corpus_io.files import atomic_write, ensure_dir
+
     ensure_dir(out, what="output_dir")
+    keys = sorted(run.nbest)
     with atomic_write(out / "text") as f:
-        f.write("".join(f"{k} {hyps[k]}\n" for k in sorted(hyps)))
+        f.write("".join(f"{k} {run.nbest[k][0][0]}\n" for k in keys))
+    with atomic_write(out / "nbest") as f:
+        f.write("".join(f"{k} {r} {sc:.4f} {text}\n" for k in keys
+                        for r, (text, sc) in enumerate(run.nbest[k][:nbest], 1)))
     with atomic_write(out / "ref") as f:
-        f.write("".join(f"{k} {refs[k]}\n" for k in sorted(refs)))
-    scorer = Scorer()
-    for key in sorted(hyps):
-        scorer.add(key, refs[key], hyps[key])
-    report = scorer.report()
+        f.write("".join(f"{k} {run.refs[k]}\n" for k in keys))
+    scorer = score(run, tokenizer)
+    audio = max(run.audio, 1e-9)
+    timing = {"rtf": run.wall_s / audio, "rtf_model": run.model_s / audio, "rtf_search": run.search_s / audio}
+    head = (f"decoding: {method}\n"
+            f"RTF {timing['rtf']:.4f} (wall {run.wall_s:.2f}s / audio {run.audio:.2f}s; model "
+            f"{timing['rtf_model']:.4f}, search {timing['rtf_search']:.4f})\n")
+    report = head + scorer.report()
     for name in ("cer.txt", "wer.txt"):
         with atomic_write(out / name) as f:
             f.write(report)
-    print(f"decode: {len(hyps)} utterances ({audio / 3600:.3f} h) in {wall:.1f}s, loader skips/filters: {skipped}")
-    print(scorer.summary().rstrip())
-    print(f"decode: hypotheses -> {out / 'text'}, report -> {out / 'cer.txt'}")
-    return {"utts": len(hyps), "cer": scorer.cer.rate, "wer": scorer.wer.rate, "rtf_wall": wall / max(audio, 1e-9)}
+    return {"utts": len(keys), "cer": scorer.cer.rate, "wer": scorer.wer.rate, **timing,
+            "rtf_wall": timing["rtf"], "hotword_recall": scorer.hotword_recall(),
+            "summary": head + scorer.summary()}
 
 
-def _reference(batch: dict, key: str, tokenizer: Any, ids: list[int]) -> str:
-    """The transcript: the raw text when the batch carries it, else the detokenized target."""
-    texts = batch.get("txt") or batch.get("texts")
-    if texts is not None:
-        return texts[batch["keys"].index(key)]
+def _reference(batch: dict, i: int, tokenizer: Any, ids: list[int]) -> str:
+    """The transcript as read (raw line or shard member), not rebuilt from token ids: a token missing from
+    the token list would come back as ``<unk>`` and be scored as five characters. The detokenized target
+    only for a batch without text (a custom loader)."""
+    texts = batch.get("txt")
+    if texts is not None and isinstance(texts[i], str):
+        return texts[i]
     return tokenizer.decode(ids)
 
 
 KALDI_TABLES = ("text", "wav.scp", "segments", "utt2spk", "spk2utt", "feats.scp", "utt2dur", "reco2dur")
-DECODE_OUTPUTS = ("text", "ref", "cer.txt", "wer.txt")
+DECODE_OUTPUTS = ("text", "nbest", "ref", "cer.txt", "wer.txt")
 
 
 def refuse_overwrites(cfg: Any) -> None:

@@ -1,18 +1,53 @@
 """Edit-distance scoring: CER (every non-space character), WER (Latin words, each CJK character a word).
 
 For Chinese the WER units are characters (so WER == CER on CJK), for English they are words, and
-for mixed text CJK characters and Latin words are scored together (the usual "MER").
+for mixed text CJK characters and Latin words are scored together (the usual "MER"). Reference and
+hypothesis are both normalised first (:func:`normalize`: NFKC, case folded, punctuation removed, no
+spaces between CJK characters), as WeNet's and icefall's scoring scripts do; the report says so.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
 # CJK ideographs, kana, hangul and CJK punctuation are scored one character at a time.
 _CJK = re.compile(r"[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
+
+
+NORMALIZATION = "NFKC, case folded, punctuation removed (an apostrophe inside a word joins it), CJK spacing removed"
+
+
+def normalize(text: str) -> str:
+    """The text as scored: NFKC, case folded, punctuation (Unicode category P*) removed, spaces between
+    CJK characters removed, whitespace collapsed. Applied to reference and hypothesis alike."""
+    out: list[str] = []
+    text = unicodedata.normalize("NFKC", text).casefold()
+    for i, c in enumerate(text):
+        if unicodedata.category(c).startswith("P"):
+            inner = c in "'\u2019" and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
+            out.append("" if inner else " ")
+        else:
+            out.append(c)
+    words = "".join(out).split()
+    joined: list[str] = []
+    for word in words:  # no space between two CJK characters
+        if joined and _CJK.match(joined[-1][-1]) and _CJK.match(word[0]):
+            joined[-1] += word
+        else:
+            joined.append(word)
+    return " ".join(joined)
+
+
+def token_list_covers(symbols: list[str]) -> Callable[[str], bool]:
+    """Whether a reference token can be output with the token list ``symbols``: listed, or equal to a listed
+    token once both are normalised (``Hello,`` is covered by ``hello``: scoring drops case and punctuation)."""
+    listed = set(symbols)
+    normalised = {normalize(s) for s in symbols}
+    return lambda token: token in listed or normalize(token) in normalised
 
 
 def char_units(text: str) -> list[str]:
@@ -94,6 +129,23 @@ def edit_counts(ref: list[str], hyp: list[str]) -> EditCounts:
     return EditCounts(len(ref), d["sub"], d["ins"], d["del"])
 
 
+def confusion_pairs(ref: list[str], hyp: list[str]) -> list[tuple[str, str]]:
+    """The (reference, hypothesis) unit pairs that differ in the alignment; ``*`` marks nothing."""
+    import kaldialign
+
+    return [(r, h) for r, h in kaldialign.align(ref, hyp, "*") if r != h]
+
+
+def count_phrase(text: str, phrase: str) -> int:
+    """Occurrences of ``phrase`` in ``text`` (both normalised): whole words for Latin, substrings in CJK runs."""
+    text, phrase = normalize(text), normalize(phrase)
+    if not phrase:
+        return 0
+    if all(_CJK.match(c) or c.isspace() for c in phrase):
+        return text.replace(" ", "").count(phrase.replace(" ", ""))
+    return f" {text} ".count(f" {phrase} ")
+
+
 @dataclass
 class Scorer:
     """Accumulates CER and WER over utterances and keeps per-utterance lines for the report."""
@@ -104,10 +156,39 @@ class Scorer:
     utts: int = 0
     utts_wrong: int = 0
     missing: list[str] = field(default_factory=list)
+    ref_tokens: int = 0
+    oov_tokens: int = 0
+    oov_examples: list[str] = field(default_factory=list)
+    hotwords: list[str] = field(default_factory=list)
+    confusions: Counter = field(default_factory=Counter)
+    hotword_counts: list[int] = field(default_factory=lambda: [0, 0, 0])  # in refs, in hyps, in unbiased hyps
 
-    def add(self, key: str, ref: str, hyp: str) -> tuple[EditCounts, EditCounts]:
+    def count_oov(self, tokens: list[str], known: Callable[[str], bool]) -> None:
+        """Count the reference's ``tokens`` and those that are not ``known`` (see :func:`token_list_covers`);
+        tokens that scoring removes (punctuation) are not counted."""
+        tokens = [t for t in tokens if normalize(t)]
+        self.ref_tokens += len(tokens)
+        for t in tokens:
+            if not known(t):
+                self.oov_tokens += 1
+                if t not in self.oov_examples and len(self.oov_examples) < 10:
+                    self.oov_examples.append(t)
+
+    def add(self, key: str, ref: str, hyp: str, unbiased: str | None = None) -> tuple[EditCounts, EditCounts]:
+        """Score ``hyp`` against ``ref``, both :func:`normalize`d first."""
+        ref, hyp = normalize(ref), normalize(hyp)
         c = edit_counts(char_units(ref), char_units(hyp))
         w = edit_counts(word_units(ref), word_units(hyp))
+        if w.errors:
+            self.confusions.update(confusion_pairs(word_units(ref), word_units(hyp)))
+        if self.hotwords:
+            for word in self.hotwords:
+                n = count_phrase(ref, word)
+                if n:
+                    self.hotword_counts[0] += n
+                    self.hotword_counts[1] += min(n, count_phrase(hyp, word))
+                    if unbiased is not None:
+                        self.hotword_counts[2] += min(n, count_phrase(normalize(unbiased), word))
         self.cer.add(c)
         self.wer.add(w)
         self.utts += 1
@@ -124,11 +205,35 @@ class Scorer:
             f"%WER {100 * w.rate:.2f} [ {w.errors} / {w.ref}, {w.ins} ins, {w.dele} del, {w.sub} sub ]",
             f"%SER {100 * self.utts_wrong / max(self.utts, 1):.2f} [ {self.utts_wrong} / {self.utts} utterances ]",
             "(CER: every non-space character; WER: Latin words, each CJK character counted as a word)",
+            f"(text normalised before scoring: {NORMALIZATION})",
         ]
+        if self.ref_tokens:
+            lines.append(f"reference tokens outside the token list: {self.oov_tokens} / {self.ref_tokens} "
+                         f"({100 * self.oov_tokens / self.ref_tokens:.2f}%)"
+                         + (f", e.g. {' '.join(self.oov_examples)} (no model with this token list can "
+                            f"output them; they count as errors)" if self.oov_tokens else ""))
+        recall = self.hotword_recall()
+        if recall is not None:
+            lines.append(f"hotword recall {100 * recall[0]:.2f}% [ {self.hotword_counts[1]} / {self.hotword_counts[0]} "
+                         f"occurrences of {len(self.hotwords)} hotwords ]; without hotwords {100 * recall[1]:.2f}%")
         if self.missing:
             lines.append(f"{len(self.missing)} reference utterances have no hypothesis (not scored), "
                          f"e.g. {', '.join(self.missing[:5])}")
         return "\n".join(lines) + "\n"
 
+    def hotword_recall(self) -> tuple[float, float] | None:
+        """(recall with hotwords, recall of the same search without them) of the listed words, or None."""
+        total, hit, before = self.hotword_counts
+        if not self.hotwords or not total:
+            return None
+        return hit / total, before / total
+
+    def confusion_table(self, top: int = 20) -> str:
+        if not self.confusions:
+            return ""
+        rows = [f"  {n:6d}  {r} -> {h}" for (r, h), n in self.confusions.most_common(top)]
+        return (f"most frequent confusions (WER units; * = nothing: a deletion or insertion), top {top}:\n"
+                + "\n".join(rows) + "\n")
+
     def report(self) -> str:
-        return self.summary() + "\n" + "".join(self.lines)
+        return self.summary() + "\n" + self.confusion_table() + "\n" + "".join(self.lines)

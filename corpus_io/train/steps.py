@@ -27,16 +27,9 @@ def ctc_loss(log_probs: torch.Tensor, out_lengths: torch.Tensor, target: torch.T
 
 def greedy_ids(log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
     """Best path per utterance: argmax, merge repeats, drop blanks (id 0)."""
-    best = log_probs.argmax(dim=-1).cpu()
-    out = []
-    for row, n in zip(best.tolist(), lengths.cpu().tolist()):
-        ids, prev = [], -1
-        for t in row[: int(n)]:
-            if t != prev and t != 0:
-                ids.append(t)
-            prev = t
-        out.append(ids)
-    return out
+    from corpus_io.decoding.beam import best_path_ids
+
+    return best_path_ids(log_probs, lengths)
 
 
 def token_errors(log_probs: torch.Tensor, lengths: torch.Tensor, target: torch.Tensor,

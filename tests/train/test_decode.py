@@ -11,6 +11,7 @@ import torch
 from corpus_io.config import ComputeCmvnConfig, SourceConf
 from corpus_io.dataset import build_dataloader
 from corpus_io.train.cmvn import compute_cmvn, eval_dataset_conf
+from corpus_io.train.scoring import Scorer
 from tests.conftest import assert_user_error, run_cli
 from tests.loader_data import small_conf
 from tests.train.conftest import run_train, torchrun_cmd
@@ -93,3 +94,137 @@ def test_decode_that_reads_nothing_fails_and_a_repeated_key_is_scored_once_with_
     assert result.returncode == 0, result.stderr[-3000:]
     assert len((out / "text").read_text(encoding="utf-8").splitlines()) == 24
     assert "duplicate key: 4" in result.stdout
+
+
+def test_decode_scores_the_transcript_not_token_ids_and_counts_out_of_vocabulary_reference_tokens(
+        trained, tmp_path):
+    from corpus_io.train.scoring import Scorer, char_units, normalize
+    from tests.loader_data import fixture_utts, make_shards
+
+    # upper case and punctuation (normalised away), and two characters no token list entry covers (鑫, K)
+    edits = {"spk2-utt002": "北京欢迎你鑫！", "spk2-utt010": "Hello, World.", "spk0-utt020": "nine one one KKK"}
+    utts = [(k, p, edits.get(k, t)) for k, p, t in fixture_utts()]
+    raw = tmp_path / "raw.list"
+    raw.write_text("".join(json.dumps({"key": k, "wav": p, "txt": t}, ensure_ascii=False) + "\n" for k, p, t in utts),
+                   encoding="utf-8")
+    shards, _ = make_shards(tmp_path / "shards", utts=utts, per_shard=8)
+    ckpt = trained["out"] / "model.pt.avg2"
+    true_ref = sum(len(char_units(normalize(t))) for _, _, t in utts)
+    cer_lines = []
+    for name, data_list, data_type in (("raw", raw, "raw"), ("shard", shards, "shard")):
+        out = tmp_path / name
+        result = run_cli("corpus-io", "decode", f"++data_list={data_list}", f"++dataset_conf.data_type={data_type}",
+                         f"++checkpoint={ckpt}", f"++output_dir={out}", "++dataset_conf.num_workers=0")
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = (out / "cer.txt").read_text(encoding="utf-8")
+        cer = re.search(r"^%CER .*$", report, re.M).group(0)
+        assert f" / {true_ref}," in cer  # 鑫 and KKK count as 4 reference characters, not as <unk> (5 each)
+        hyps = dict((line.split(" ", 1) + [""])[:2] for line in (out / "text").read_text(encoding="utf-8").splitlines())
+        expected = Scorer()
+        for key, _, text in utts:
+            expected.add(key, text, hyps[key])
+        assert expected.summary().splitlines()[0] == cer
+        assert re.search(r"reference tokens outside the token list: 2 / \d+ \(\d+\.\d+%\), e\.g\. ", report)
+        assert "ref: 北京欢迎你鑫" in report and "ref: hello world" in report
+        cer_lines.append(cer)
+    assert cer_lines[0] == cer_lines[1]  # raw and shard lists score alike
+
+
+def test_scoring_normalises_case_punctuation_and_cjk_spacing_on_both_sides():
+    from corpus_io.train.scoring import normalize
+
+    assert normalize("Hello, World!") == "hello world"
+    assert normalize("今天 天气，很好。") == "今天天气很好"
+    assert normalize("Don't STOP 打开 wifi 设置") == "dont stop 打开 wifi 设置"
+    s = Scorer()
+    c, w = s.add("u", "今天 天气，很好。 OK", "今天天气很好 ok")
+    assert c.errors == 0 and w.errors == 0
+
+
+def model_outputs(ckpt, data_list: str) -> list[tuple]:
+    """(keys, log_probs, lengths) per batch of a raw list, through the trained model."""
+    from corpus_io.config import DecodeConfig
+    from corpus_io.train.decode import decode_dataset_conf, load_model
+    from corpus_io.train.frontend import build_front_end, model_inputs
+
+    model, tokenizer, tcfg = load_model(str(ckpt), torch.device("cpu"))
+    user = DecodeConfig().dataset_conf
+    user.data_type, user.num_workers, user.batch_size = "raw", 0, 8
+    conf = decode_dataset_conf(user, tcfg.dataset_conf)
+    front_end = build_front_end(conf, torch.device("cpu"))
+    out = []
+    with torch.no_grad():
+        for batch in build_dataloader(data_list, conf, tokenizer, train=False, rank=0, world_size=1):
+            out.append((batch["keys"], *model(*model_inputs(front_end, batch, torch.device("cpu"), train=False))))
+    return out
+
+
+def test_prefix_beam_on_a_trained_model_is_greedy_at_beam_one_and_never_below_greedy_wider(trained, corpus):
+    from corpus_io.decoding.beam import ctc_prefix_beam_search, ctc_scores
+    from corpus_io.train.steps import greedy_ids
+
+    checked = 0
+    for ckpt in ("model.pt.ep1", "model.pt.avg2"):  # an epoch checkpoint and the average
+        for keys, log_probs, lengths in model_outputs(trained["out"] / ckpt, str(corpus["raw"])):
+            greedy = greedy_ids(log_probs, lengths)
+            assert [h[0].ids for h in ctc_prefix_beam_search(log_probs, lengths, beam=1)] == greedy
+            floor = ctc_scores(log_probs, lengths, list(range(len(keys))), greedy).tolist()
+            for hyps, g in zip(ctc_prefix_beam_search(log_probs, lengths, beam=8), floor):
+                assert hyps[0].score >= g - 1e-4
+                assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+                checked += 1
+    assert checked == 48
+
+
+def test_decode_by_prefix_beam_writes_a_sorted_nbest_and_reports_method_and_rtf(trained, corpus, tmp_path):
+    ckpt = trained["out"] / "model.pt.avg2"
+    texts = {}
+    for method in ("greedy", "ctc_prefix_beam"):
+        out = tmp_path / method
+        result = run_cli("corpus-io", "decode", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
+                         f"++checkpoint={ckpt}", f"++output_dir={out}", "++dataset_conf.num_workers=0",
+                         f"++decoding.method={method}", "++decoding.beam=4", "++decoding.nbest=3")
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = (out / "cer.txt").read_text(encoding="utf-8")
+        assert f"decoding: method={method}" in report
+        assert re.search(r"^RTF \d+\.\d+ \(wall .* model \d+\.\d+, search \d+\.\d+\)", report, re.M)
+        texts[method] = (out / "text").read_text(encoding="utf-8")
+    rows = [line.split(" ", 3) for line in (tmp_path / "ctc_prefix_beam" / "nbest").read_text(
+        encoding="utf-8").splitlines()]
+    by_key: dict = {}
+    for key, rank, score, *_ in rows:
+        by_key.setdefault(key, []).append((int(rank), float(score)))
+    assert sorted(by_key) == sorted(corpus["raw_keys"])
+    for ranks in by_key.values():
+        assert [r for r, _ in ranks] == list(range(1, len(ranks) + 1)) and len(ranks) <= 3
+        assert [s for _, s in ranks] == sorted((s for _, s in ranks), reverse=True)
+    best = dict((line.split(" ", 1) + [""])[:2] for line in texts["ctc_prefix_beam"].splitlines())
+    top = dict((line.split(" ", 3) + [""])[0:4:3] for line in (tmp_path / "ctc_prefix_beam" / "nbest")
+               .read_text(encoding="utf-8").splitlines() if line.split(" ", 2)[1] == "1")
+    assert best == top  # text holds each utterance's first n-best entry
+
+
+def test_make_lm_tune_lm_and_decode_with_the_lm_and_hotwords_from_the_command_line(trained, corpus, tmp_path):
+    ckpt = trained["out"] / "model.pt.avg2"
+    lm = tmp_path / "lm.arpa"
+    result = run_cli("corpus-io", "make-lm", f"++input={corpus['raw']}", f"++output={lm}", "++order=3",
+                     f"++tokenizer.token_list={corpus['tokens']}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    common = [f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw", f"++checkpoint={ckpt}",
+              "++dataset_conf.num_workers=0"]
+    result = run_cli("corpus-io", "tune-lm", *common, f"++output_dir={tmp_path / 'tune'}", f"++lm={lm}",
+                     "++lm_weights=[0.0,0.5]", "++word_scores=[0.0]", "++decoding.beam=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "tune" / "tune.txt").read_text().splitlines()
+    assert table[0] == "lm_weight word_score %CER %WER" and len(table) == 3
+    best = (tmp_path / "tune" / "best.txt").read_text().split()
+    assert best[0] == "++decoding.method=ctc_beam_lm" and "best CER" in result.stdout
+    (tmp_path / "hot.txt").write_text("北京\n天气\n", encoding="utf-8")
+    out = tmp_path / "dec"
+    result = run_cli("corpus-io", "decode", *common, f"++output_dir={out}", *best, "++decoding.beam=4",
+                     f"++decoding.hotwords={tmp_path / 'hot.txt'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = (out / "cer.txt").read_text(encoding="utf-8")
+    assert "decoding: method=ctc_beam_lm" in report and f"hotwords={tmp_path / 'hot.txt'}" in report
+    assert re.search(r"^hotword recall \d+\.\d+% \[ \d+ / 2 occurrences of 2 hotwords \]; without hotwords "
+                     r"\d+\.\d+%$", report, re.M)

@@ -1,0 +1,1 @@
+"""Decoding search, apart from training: CTC prefix beam search, n-gram LMs, hotwords, attention rescoring."""

@@ -1,0 +1,94 @@
+"""One entry point for every decoding method: :class:`Search` turns a batch of CTC log-probabilities
+(and, for attention rescoring, the encoder output) into n-best lists.
+
+``greedy`` (the best path), ``ctc_prefix_beam`` (:mod:`corpus_io.decoding.beam`), ``ctc_beam_lm`` (the
+same search with an n-gram fused, :mod:`corpus_io.decoding.lm`) and ``attention_rescoring``
+(:mod:`corpus_io.decoding.rescoring`); hotwords (:mod:`corpus_io.decoding.hotwords`) with any beam method.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from corpus_io.decoding.beam import Hyp, best_path_ids, ctc_prefix_beam_search, ctc_scores
+from corpus_io.errors import ConfigError
+
+NEEDS_ENCODER = ("attention_rescoring",)
+
+
+def describe(conf: Any) -> str:
+    """The method and the options it uses, for the report."""
+    m = conf.method
+    parts = [f"method={m}"]
+    if m != "greedy":
+        parts += [f"beam={conf.beam}", f"token_beam={conf.token_beam or conf.beam}"]
+    if m == "ctc_beam_lm":
+        parts += [f"lm={conf.lm}", f"lm_weight={conf.lm_weight}", f"word_score={conf.word_score}"]
+    if m == "attention_rescoring":
+        parts.append(f"ctc_weight={conf.ctc_weight}")
+    if conf.hotwords and m != "greedy":
+        parts += [f"hotwords={conf.hotwords}", f"hotword_weight={conf.hotword_weight}"]
+    return " ".join(parts)
+
+
+class Search:
+    """``search(log_probs, lengths, encoder=None) -> n-best lists`` for the configured method."""
+
+    def __init__(self, conf: Any, tokenizer: Any, model: Any = None, device: Any = "cpu") -> None:
+        self.conf = conf
+        self.model = model
+        self.context = None
+        self.hotwords: list[str] = []
+        self.lm = None
+        if conf.hotwords and conf.method != "greedy":
+            from corpus_io.decoding.hotwords import build_context
+
+            self.context, self.hotwords = build_context(conf.hotwords, tokenizer, conf.hotword_weight, device)
+        elif conf.hotwords:
+            raise ConfigError("decoding.hotwords needs a beam search: set decoding.method=ctc_prefix_beam, ctc_beam_lm "
+                              "or attention_rescoring.")
+        if conf.method == "ctc_beam_lm":
+            from corpus_io.decoding.lm import LmFusion
+
+            if not conf.lm:
+                raise ConfigError("decoding.method=ctc_beam_lm needs decoding.lm=<ARPA file>; write one from the "
+                                  "training text with: corpus-io make-lm ++input=train.jsonl ++output=lm.arpa "
+                                  "(and the model's tokenizer block).")
+            if not Path(conf.lm).is_file():
+                raise ConfigError(f"decoding.lm={conf.lm} does not exist; write it with corpus-io make-lm.")
+            self.lm = LmFusion(conf.lm, tokenizer, conf.lm_weight, conf.word_score, device)
+        if conf.method == "attention_rescoring" and not hasattr(model, "attention_scores"):
+            raise ConfigError(f"decoding.method=attention_rescoring needs a model with an attention decoder "
+                              f"(model=conformer_ctc_att); this checkpoint's model is {type(model).__name__}. "
+                              f"Use ctc_prefix_beam or train with model=conformer_ctc_att.")
+
+    def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor,
+                 encoder: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[Hyp]]:
+        conf = self.conf
+        if conf.method == "greedy":
+            ids = best_path_ids(log_probs, lengths)
+            return [[Hyp(i, 0.0, 0.0)] for i in ids]
+        nbest = ctc_prefix_beam_search(log_probs, lengths, beam=conf.beam, token_beam=conf.token_beam or None,
+                                       context=self.context, lm=self.lm)
+        if conf.method == "attention_rescoring":
+            from corpus_io.decoding.rescoring import attention_rescoring
+
+            if encoder is None:
+                raise ConfigError("attention_rescoring needs the encoder output (model.encode).")
+            return attention_rescoring(self.model, encoder, nbest, conf.ctc_weight)
+        return nbest
+
+    def unbiased(self, log_probs: torch.Tensor, lengths: torch.Tensor,
+                 encoder: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[Hyp]]:
+        """The same search without the hotwords (the report's recall "before")."""
+        context, self.context = self.context, None
+        try:
+            return self(log_probs, lengths, encoder)
+        finally:
+            self.context = context
+
+
+__all__ = ["Hyp", "Search", "best_path_ids", "ctc_scores", "describe", "NEEDS_ENCODER"]

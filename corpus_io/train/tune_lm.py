@@ -1,0 +1,58 @@
+"""``corpus-io tune-lm``: grid search of ``decoding.lm_weight`` x ``decoding.word_score`` for ``ctc_beam_lm``
+on a dev list. The model runs once (its outputs are kept); each grid point is a search and a score.
+Writes ``tune.txt`` (every point's CER/WER) and ``best.txt`` (the overrides to decode with)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def tune_lm(cfg: Any) -> dict:
+    from corpus_io.config import require
+    from corpus_io.dataset import build_dataloader
+    from corpus_io.decoding.search import Search
+    from corpus_io.files import atomic_write, ensure_dir
+    from corpus_io.train.decode import (
+        decode_dataset_conf,
+        decode_device,
+        forward_batches,
+        load_model,
+        run_search,
+        score,
+        skipped_summary,
+    )
+
+    require(cfg, "data_list", "checkpoint", "output_dir", "lm")
+    device = decode_device(cfg.device)
+    model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
+    conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
+    loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
+    batches = list(forward_batches(loader, model, tokenizer, conf, device, desc="tune-lm (model)"))
+    base = copy.deepcopy(cfg.decoding)
+    base.method, base.lm = "ctc_beam_lm", cfg.lm
+    rows = []
+    for lm_weight in cfg.lm_weights:
+        for word_score in cfg.word_scores:
+            point = copy.deepcopy(base)
+            point.lm_weight, point.word_score = float(lm_weight), float(word_score)
+            run = run_search(point, batches, tokenizer, Search(point, tokenizer, model, device), where=cfg.data_list,
+                             skipped=skipped_summary(loader))
+            scorer = score(run, tokenizer)
+            rows.append((scorer.cer.rate, scorer.wer.rate, float(lm_weight), float(word_score)))
+            print(f"tune-lm: lm_weight={lm_weight} word_score={word_score} CER {100 * scorer.cer.rate:.2f} "
+                  f"WER {100 * scorer.wer.rate:.2f}", file=sys.stderr, flush=True)
+    best = min(rows)
+    out = Path(cfg.output_dir)
+    ensure_dir(out, what="output_dir")
+    with atomic_write(out / "tune.txt") as f:
+        f.write("lm_weight word_score %CER %WER\n")
+        f.write("".join(f"{w} {s} {100 * c:.2f} {100 * e:.2f}\n" for c, e, w, s in sorted(rows, key=lambda r: r[2:])))
+    line = f"++decoding.method=ctc_beam_lm ++decoding.lm={cfg.lm} ++decoding.lm_weight={best[2]} " \
+           f"++decoding.word_score={best[3]}"
+    with atomic_write(out / "best.txt") as f:
+        f.write(line + "\n")
+    print(f"tune-lm: best CER {100 * best[0]:.2f} (WER {100 * best[1]:.2f}) with {line}")
+    return {"cer": best[0], "wer": best[1], "lm_weight": best[2], "word_score": best[3], "points": len(rows)}

@@ -1,0 +1,167 @@
+"""make-lm (interpolated modified Kneser-Ney, ARPA) against hand-computed probabilities, normalisation
+and KenLM's reading of the file; ctc_beam_lm (the n-gram fused into the prefix beam search) on CTC
+outputs built at the logit level."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from corpus_io.config import DecodingConf, TokenizerConf
+from corpus_io.decoding.beam import best_path_ids
+from corpus_io.decoding.lm import EOS, UNK, Arpa, kneser_ney, write_arpa
+from corpus_io.decoding.search import Search
+from corpus_io.tokenizer import Tokenizer, char_split
+from corpus_io.train.scoring import Scorer
+from tests.conftest import assert_user_error, run_cli
+
+
+def test_make_lm_writes_the_hand_computed_kneser_ney_probabilities(tmp_path):
+    (tmp_path / "text.txt").write_text("a b\na a\n", encoding="utf-8")
+    result = run_cli("corpus-io", "make-lm", f"++input={tmp_path / 'text.txt'}", f"++output={tmp_path / 'lm.arpa'}",
+                     "++order=2", "++unit=word")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lm = Arpa(tmp_path / "lm.arpa")
+    p = lambda w, *ctx: 10 ** lm.logprob(w, ctx)  # noqa: E731
+    # Bigrams <s> a, a b, b </s>, a a, a </s>. Unigram continuation counts: a 2 (after <s>, a), b 1, </s> 2;
+    # too few counts of counts: discounts 0.5 (count 1), 1.0 (count 2). Vocabulary a b </s> <unk> (4).
+    # gamma() = (0.5 * 1 + 1.0 * 2) / 5 = 0.5: p(a) = (2 - 1) / 5 + 0.5 / 4 = 0.325, p(b) = 0.5 / 5 + 0.125
+    assert p("a") == pytest.approx(0.325) and p("b") == pytest.approx(0.225)
+    assert p(EOS) == pytest.approx(0.325) and p(UNK) == pytest.approx(0.125)
+    # context a: a b, a a, a </s> once each: gamma = 0.5 * 3 / 3; p(b|a) = 0.5 / 3 + 0.5 * 0.225
+    assert p("b", "a") == pytest.approx(0.5 / 3 + 0.1125) and p("a", "a") == pytest.approx(0.5 / 3 + 0.1625)
+    assert p(UNK, "a") == pytest.approx(0.0625)
+    # context <s>: <s> a twice (raw count: it starts with <s>): p(a|<s>) = (2 - 1) / 2 + 0.5 * 0.325
+    assert p("a", "<s>") == pytest.approx(0.6625) and p("b", "<s>") == pytest.approx(0.5 * 0.225)
+    assert p(EOS, "b") == pytest.approx(0.5 + 0.5 * 0.325)
+    assert "perplexity" in result.stderr
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 4, 5])
+def test_every_context_is_a_distribution_with_discounts_from_counts_of_counts(tmp_path, order):
+    rng = random.Random(order)
+    words = "a b c d e f g h i j k l".split()
+    sentences = [rng.choices(words, weights=[1 / (i + 1) for i in range(12)], k=rng.randint(1, 7))
+                 for _ in range(400)]
+    probs, backoffs, discounts = kneser_ney(sentences, order)
+    if order >= 4:  # enough distinct 4- and 5-grams for discounts from the counts of counts (the rest: fallback)
+        assert discounts[-1] != (0.5, 1.0, 1.5) and all(0 < d <= k + 1 for k, d in enumerate(discounts[-1]))
+    write_arpa(tmp_path / "lm.arpa", probs, backoffs)
+    lm = Arpa(tmp_path / "lm.arpa")
+    vocab = [*words, EOS, UNK]
+    for n in range(order):
+        for context in itertools.product([*words[:3], "l", "<s>", "zz"], repeat=n):
+            if "<s>" in context[1:]:
+                continue
+            assert sum(10 ** lm.logprob(w, context) for w in vocab) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_kenlm_reads_the_arpa_with_the_same_scores(tmp_path):
+    from flashlight.lib.text.decoder import KenLM
+    from flashlight.lib.text.dictionary import Dictionary
+
+    rng = random.Random(0)
+    sentences = [[rng.choice("abcde") for _ in range(rng.randint(1, 6))] for _ in range(200)]
+    probs, backoffs, _ = kneser_ney(sentences, 3)
+    write_arpa(tmp_path / "lm.arpa", probs, backoffs)
+    ours = Arpa(tmp_path / "lm.arpa")
+    words = Dictionary()
+    for w in [*"abcde", EOS, UNK, "<s>"]:
+        words.add_entry(w)
+    kenlm = KenLM(str(tmp_path / "lm.arpa"), words)
+    for sentence in (list("abc"), list("eeaab"), ["a", "zz", "c"]):
+        state, total = kenlm.start(False), 0.0
+        for w in sentence:
+            state, s = kenlm.score(state, words.get_index(w if w in "abcde" else UNK))
+            total += s
+        total += kenlm.finish(state)[1]
+        assert total == pytest.approx(ours.sentence_logprob(sentence), abs=1e-4)
+
+
+def test_make_lm_reads_kaldi_text_and_jsonl_and_refuses_a_missing_input(tmp_path):
+    (tmp_path / "text").write_text("u1 今天 天气\nu2 天气 很好\n", encoding="utf-8")
+    (tmp_path / "t.jsonl").write_text('{"key": "u1", "target": "今天天气"}\n{"key": "u2", "target": "天气很好"}\n',
+                                      encoding="utf-8")
+    arpas = []
+    for name in ("text", "t.jsonl"):
+        out = tmp_path / f"{name}.arpa"
+        result = run_cli("corpus-io", "make-lm", f"++input={tmp_path / name}", f"++output={out}", "++order=3")
+        assert result.returncode == 0, result.stderr[-2000:]
+        arpas.append(out.read_text(encoding="utf-8"))
+    assert arpas[0] == arpas[1] and "u1" not in arpas[0] and "\t今 天\t" in arpas[0]  # the keys are not text
+    result = run_cli("corpus-io", "make-lm", f"++input={tmp_path / 'none.txt'}", f"++output={tmp_path / 'x.arpa'}")
+    assert_user_error(result, "none.txt")
+
+
+# --------------------------------------------------------------------------- ctc_beam_lm
+
+CHARS = list("今天明气器很好北京上海下雨晴冷热")
+
+
+def tokenizer() -> Tokenizer:
+    return Tokenizer(["<blank>", "<unk>", *CHARS, "<sos/eos>"], char_split("word"), TokenizerConf(type="char"))
+
+
+def sentences(rng: random.Random, n: int) -> list[str]:
+    """A small grammar: <place><day>天气<state>."""
+    return [rng.choice(["北京", "上海", ""]) + rng.choice(["今天", "明天"]) + "天气"
+            + rng.choice(["很好", "晴", "冷", "热", "下雨"]) for _ in range(n)]
+
+
+def emissions(tok: Tokenizer, texts: list[str], seed: int, confuse: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """CTC log-probs: two frames per character and a blank, over a little noise; a confused character
+    loses narrowly to its twin (0.45 against 0.40)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for text in texts:
+        frames = []
+        for c in text:
+            for f in range(3):
+                p = 0.02 + 0.01 * torch.rand(tok.vocab_size, generator=g)
+                if f == 2:
+                    p[0] = 0.9
+                elif c in confuse:
+                    p[tok.ids[confuse[c]]], p[tok.ids[c]] = 0.45, 0.40
+                else:
+                    p[tok.ids[c]] = 0.9
+                frames.append((p / p.sum()).log())
+        rows.append(torch.stack(frames))
+    lengths = torch.tensor([len(r) for r in rows])
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths
+
+
+def cer(tok: Tokenizer, refs: list[str], hyps: list[list[int]]) -> float:
+    s = Scorer()
+    for i, (r, h) in enumerate(zip(refs, hyps)):
+        s.add(str(i), r, tok.decode(h))
+    return s.cer.rate
+
+
+def test_beam_with_an_lm_from_the_training_text_fixes_homophones_and_keeps_clean_speech(tmp_path):
+    rng = random.Random(0)
+    tok = tokenizer()
+    train = sentences(rng, 300)
+    (tmp_path / "train.txt").write_text("\n".join(train) + "\n", encoding="utf-8")
+    result = run_cli("corpus-io", "make-lm", f"++input={tmp_path / 'train.txt'}", f"++output={tmp_path / 'lm.arpa'}",
+                     "++order=3")
+    assert result.returncode == 0, result.stderr[-2000:]
+    search = Search(DecodingConf(method="ctc_beam_lm", lm=str(tmp_path / "lm.arpa"), beam=8, lm_weight=0.5), tok)
+    held_out = sentences(random.Random(1), 40)
+    for confuse, name in (({}, "clean"), ({"气": "器"}, "homophones")):
+        lp, lengths = emissions(tok, held_out, 2, confuse)
+        greedy = cer(tok, held_out, best_path_ids(lp, lengths))
+        fused = cer(tok, held_out, [h[0].ids for h in search(lp, lengths)])
+        if name == "clean":
+            assert fused <= greedy
+        else:
+            assert greedy > 0.1 and fused < greedy / 4, (greedy, fused)
+
+
+def test_ctc_beam_lm_without_an_lm_file_says_what_to_do(tmp_path):
+    with pytest.raises(Exception, match="make-lm"):
+        Search(DecodingConf(method="ctc_beam_lm"), tokenizer())
+    with pytest.raises(Exception, match="does not exist"):
+        Search(DecodingConf(method="ctc_beam_lm", lm=str(tmp_path / "no.arpa")), tokenizer())
