@@ -21,6 +21,7 @@ from corpus_io.config.checks import SUGGEST_CUTOFF, check_keys, check_values, re
 from corpus_io.config.compose import compose, to_dict, to_yaml, validate
 from corpus_io.config.data import (
     AddFieldConfig,
+    ExploreConfig,
     Jsonl2ScpConfig,
     MakeDatalistConfig,
     MakeTokenizerConfig,
@@ -61,7 +62,8 @@ from corpus_io.config.training import (
 
 __all__ = [
     "AddFieldConfig", "AverageConfig", "BenchLoaderConfig", "CONF_DIR", "ComputeCmvnConfig", "DatasetConf",
-    "DecodeConfig", "FAILURE_CHOICES", "FUNASR_KEYS", "FbankConf", "FilterConf", "FunasrKey", "Jsonl2ScpConfig",
+    "DecodeConfig", "ExploreConfig", "FAILURE_CHOICES", "FUNASR_KEYS", "FbankConf", "FilterConf", "FunasrKey",
+    "Jsonl2ScpConfig",
     "MakeDatalistConfig", "MakeTokenizerConfig", "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig",
     "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig",
     "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
