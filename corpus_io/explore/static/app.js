@@ -1,7 +1,7 @@
 // corpus-io explore: the page. Vanilla JS, no network access beyond this server's /api.
 "use strict";
 const $ = (id) => document.getElementById(id);
-const state = { page: 0, size: 50, sort: "row_id", desc: false, total: 0, filters: {}, open: null, runs: 0 };
+const state = { seq: 0, page: 0, size: 50, sort: "row_id", desc: false, total: 0, filters: {}, open: null, runs: 0 };
 const COLUMNS = [
   ["row_id", "#", "num"], ["key", "key"], ["duration", "dur (s)", "num"], ["text", "text"],
   ["speaker", "speaker"], ["shard", "shard"], ["chars", "chars", "num"], ["cps", "chars/s", "num"],
@@ -46,12 +46,14 @@ function query(extra = {}) {
 }
 
 async function load() {
+  document.body.dataset.busy = "1";  // "0" once the rows on screen answer the current sort and filters
+  const seq = ++state.seq;  // only the latest request draws: an older answer arriving late is dropped
   renderHead();
   $("status").textContent = "loading\u2026";
   const t0 = performance.now();
   let data;
-  try { data = await api("/api/rows?" + query()); }
-  catch (e) { $("status").textContent = "error: " + e.message; $("status").className = "error"; return; }
+  try { data = await api("/api/rows?" + query()); if (seq !== state.seq) return; }
+  catch (e) { $("status").textContent = "error: " + e.message; $("status").className = "error"; document.body.dataset.busy = "0"; return; }
   $("status").className = "muted";
   state.total = data.total;
   const pages = Math.max(1, Math.ceil(data.total / state.size));
@@ -67,6 +69,7 @@ async function load() {
       return `<td class="${cls || ""}" title="${esc(r[c] ?? "")}">${esc(v)}</td>`;
     }).join("") + "</tr>").join("");
   for (const tr of $("body").children) tr.onclick = () => openRow(Number(tr.dataset.row));
+  document.body.dataset.busy = "0";
 }
 
 function diffHtml(ops) {
@@ -190,7 +193,7 @@ async function init() {
   const sel = $("f-shard");
   (d.shards || []).slice(0, 5000).forEach((s) => { const o = document.createElement("option"); o.value = s.id; o.textContent = base(s.url); sel.appendChild(o); });
   $("filters").onsubmit = (e) => { e.preventDefault(); readFilters(); state.page = 0; load(); };
-  $("reset").onclick = () => { $("filters").reset(); readFilters(); state.page = 0; load(); };
+  $("clear").onclick = () => { HTMLFormElement.prototype.reset.call($("filters")); readFilters(); state.page = 0; load(); };
   $("prev").onclick = () => { state.page = Math.max(0, state.page - 1); load(); };
   $("next").onclick = () => { state.page += 1; load(); };
   $("size").onchange = () => { state.size = Number($("size").value); state.page = 0; load(); };
