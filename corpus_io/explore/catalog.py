@@ -412,18 +412,26 @@ _DERIVED = """
 def build(input_path: str, *, cache_dir: str | os.PathLike | None = None, decode_dirs: list[str] = (),
           storage_options: dict | None = None) -> Catalog:
     """Build (or reuse) the catalog of ``input_path`` joined with the given decode result dirs."""
-    from corpus_io.explore.results import RESULT_COLUMNS, build_results
-    from corpus_io.files import temp_name
+    from corpus_io.explore.results import build_results
 
     cache = Path(cache_dir) if cache_dir else default_cache_dir(input_path)
     kind, shards = build_base(input_path, cache, storage_options=storage_options)
     runs = [str(Path(d).resolve()) for d in decode_dirs if d]
-    results = [build_results(d, cache) for d in runs]
+    build_table(cache, [build_results(d, cache) for d in runs])
+    return Catalog(input_path, kind, cache, shards, storage_options, runs)
+
+
+def build_table(cache: Path, results: list[Path]) -> Path:
+    """``cache/table.parquet``: ``base.parquet`` joined with decode results (``run-*.parquet``, in order) plus the
+    derived columns and sort ranks, and ``vocab.json``; kept when neither input changed."""
+    from corpus_io.explore.results import RESULT_COLUMNS
+    from corpus_io.files import temp_name
+
+    table = cache / "table.parquet"
     want = {"version": CATALOG_VERSION, "base": file_stamp(str(cache / "base.parquet")),
-            "runs": [[r, file_stamp(str(p))] for r, p in zip(runs, results)]}
-    catalog = Catalog(input_path, kind, cache, shards, storage_options, runs)
-    if catalog.table.is_file() and read_stamp(cache / "table.json") == want:
-        return catalog
+            "runs": [[str(p), file_stamp(str(p))] for p in results]}
+    if table.is_file() and read_stamp(cache / "table.json") == want:
+        return table
     selects, joins = [_DERIVED], []
     for n, path in enumerate(results, 1):
         suffix = "" if n == 1 else str(n)
@@ -431,18 +439,21 @@ def build(input_path: str, *, cache_dir: str | os.PathLike | None = None, decode
         joins.append(f"LEFT JOIN read_parquet({sql_str(path)}) r{n} ON r{n}.key = b.key")
     if len(results) >= 2:
         selects.append("r2.cer - r1.cer AS cer_delta")
-    tmp = temp_name(catalog.table)
+    tmp = temp_name(table)
     con = connect()
     try:
         con.execute(f"COPY (SELECT {', '.join(selects)} FROM read_parquet({sql_str(cache / 'base.parquet')}) b "
                     f"{' '.join(joins)} ORDER BY row_id) TO {sql_str(tmp)} (FORMAT parquet, COMPRESSION zstd, "
                     f"ROW_GROUP_SIZE 100000)")
         _build_vocab(con, tmp, cache / "vocab.json")
+        # speaker -> its rank: a speaker filter becomes an integer comparison over the table
+        con.execute(f"COPY (SELECT DISTINCT speaker, speaker_rank FROM read_parquet({sql_str(tmp)}) WHERE speaker IS "
+                    f"NOT NULL) TO {sql_str(cache / 'speakers.parquet')} (FORMAT parquet)")
     finally:
         con.close()
-    os.replace(tmp, catalog.table)
+    os.replace(tmp, table)
     write_json(cache / "table.json", want)
-    return catalog
+    return table
 
 
 VOCAB_TOP = 5000

@@ -74,6 +74,7 @@ class Explorer:
             self._con.execute(f"SET threads={int(threads)}")
         self._con.execute(f"CREATE VIEW t AS SELECT * FROM read_parquet({sql_str(catalog.table)})")
         self.columns = [r[0] for r in self._con.execute("DESCRIBE t").fetchall()]
+        self.speakers = catalog.cache_dir / "speakers.parquet"
         self.runs = len(catalog.runs)
         self.sorts = dict(SORT_EXPR)
         for n in range(1, self.runs + 1):
@@ -120,8 +121,10 @@ class Explorer:
             conds.append("contains(key, ?)")
             args.append(params["key"])
         if params.get("speaker"):
-            conds.append("speaker = ?")
-            args.append(params["speaker"])
+            ranks = self._query(f"SELECT speaker_rank FROM read_parquet({sql_str(self.speakers)}) WHERE speaker = ?",
+                                [params["speaker"]]) if self.speakers.is_file() else []
+            conds.append("speaker_rank = ?")
+            args.append(ranks[0][0] if ranks else -1)
         if params.get("shard") not in (None, ""):
             conds.append("shard_id = ?")
             args.append(_int(params, "shard", 0, 0, max(0, len(self.catalog.shards) - 1)))
@@ -129,7 +132,7 @@ class Explorer:
         if flag == "duplicate":
             conds.append("text_count > 1")
         elif flag == "empty":
-            conds.append("trim(text) = ''")
+            conds.append("chars = 0")
         elif flag == "error":
             conds.append("error IS NOT NULL")
         elif flag in ("better", "worse"):
@@ -211,7 +214,7 @@ class Explorer:
     def dataset(self) -> dict:
         """Totals, per-shard balance, alphabet and vocabulary (with tokens missing from the token list)."""
         (utts, secs, speakers, empty, dup_rows, errors) = self._query(
-            "SELECT count(*), coalesce(sum(duration), 0), count(DISTINCT speaker), count(*) FILTER (trim(text) = ''),"
+            "SELECT count(*), coalesce(sum(duration), 0), count(DISTINCT speaker), count(*) FILTER (chars = 0),"
             " count(*) FILTER (text_count > 1), count(*) FILTER (error IS NOT NULL) FROM t")[0]
         out: dict[str, Any] = {"input": self.catalog.input, "kind": self.catalog.kind, "utterances": utts,
                                "hours": secs / 3600, "speakers": speakers, "empty_text": empty,
