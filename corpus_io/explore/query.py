@@ -242,9 +242,11 @@ class Explorer:
 
 
 def missing_tokens(token_list: str, vocab: dict) -> list[list]:
-    """Characters and words of the corpus that the token list lacks, with their counts, most frequent first.
+    """Units of the corpus that the token list lacks, with their counts, most frequent first.
 
-    A token list is WeNet's ``units.txt`` (``token id`` per line) or one token per line."""
+    A token list is WeNet's ``units.txt`` (``token id`` per line) or one token per line. A list of mostly
+    single characters (a char tokenizer's) is checked against the corpus alphabet; any other (words) against
+    its vocabulary (the top words the catalog keeps)."""
     from corpus_io.files import iter_raw_lines
 
     tokens = set()
@@ -252,6 +254,6 @@ def missing_tokens(token_list: str, vocab: dict) -> list[list]:
         line = raw.decode("utf-8", "replace").strip()
         if line:
             tokens.add(line.split()[0])
-    units = [*vocab.get("alphabet", [])] if any(len(t) == 1 for t in tokens) else []
-    units += [w for w in vocab.get("vocabulary", []) if len(w[0]) > 1]
-    return [[u, n] for u, n in units if u not in tokens and u.lower() not in tokens and u.upper() not in tokens]
+    chars = sum(len(t) == 1 for t in tokens) * 2 >= len(tokens)
+    units = vocab.get("alphabet" if chars else "vocabulary", [])
+    return [[u, n] for u, n in units if u not in tokens]

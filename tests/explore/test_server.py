@@ -4,6 +4,7 @@ byte range straight from tar members, and a clear message for a row whose shard 
 from __future__ import annotations
 
 import json
+import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -11,7 +12,8 @@ import urllib.request
 import pytest
 
 from corpus_io.explore.catalog import build
-from tests.explore.conftest import Served, copy_shards
+from tests.conftest import assert_user_error, run_bounded, run_cli
+from tests.explore.conftest import Served, copy_shards, fixture_texts
 
 pytestmark = pytest.mark.network
 
@@ -123,6 +125,24 @@ def test_row_view_marks_substitutions_insertions_and_deletions(served):
     assert len(wave["peaks"]) == 100 and wave["num_samples"] / wave["sample_rate"] == pytest.approx(row["duration"])
 
 
+def test_dataset_view_counts_and_lists_characters_missing_from_the_token_list(packed, tmp_path):
+    cat = build(str(packed / "data.list"), cache_dir=tmp_path / "cache")
+    units = tmp_path / "units.txt"
+    alphabet = {c for t in fixture_texts().values() for c in t if not c.isspace()}
+    units.write_text("".join(f"{c} {i}\n" for i, c in enumerate(sorted(alphabet - {"z", "天"}))), encoding="utf-8")
+    s = Served(cat, token_list=str(units))
+    try:
+        d = json.loads(get(s.base + "/api/dataset")[2])
+    finally:
+        s.close()
+    assert d["utterances"] == 24 and d["speakers"] == 4 and len(d["shards"]) == 3
+    assert sum(x["utterances"] for x in d["shards"]) == 24 and d["hours"] == pytest.approx(sum(
+        x["hours"] for x in d["shards"]))
+    counts = dict(d["alphabet"])
+    assert set(counts) == alphabet and counts["天"] == sum(t.count("天") for t in fixture_texts().values())
+    assert sorted(u for u, _ in d["missing_tokens"]) == sorted(["z", "天"])
+
+
 def test_a_missing_shard_gives_a_message_on_the_row_not_a_crash(packed, tmp_path):
     data_list = copy_shards(packed, tmp_path / "s")
     cat = build(str(data_list), cache_dir=tmp_path / "cache")
@@ -137,3 +157,12 @@ def test_a_missing_shard_gives_a_message_on_the_row_not_a_crash(packed, tmp_path
         assert status == 200 and body[:4] in (b"RIFF", b"fLaC")
     finally:
         s.close()
+
+
+def test_explore_refuses_a_missing_input_in_one_paragraph_and_never_imports_torch(tmp_path):
+    result = run_cli("corpus-io", "explore", f"++input={tmp_path / 'nope.list'}", "++port=0", timeout=60)
+    assert_user_error(result, "nope.list does not exist", "Kaldi dir")
+    probe = run_bounded([sys.executable, "-c", "import sys; import corpus_io.explore.server; "
+                         "from corpus_io.explore.results import score; score('a b', 'a c'); "
+                         "print('torch' in sys.modules)"], 60)
+    assert probe.stdout.strip() == "False", probe.stderr
