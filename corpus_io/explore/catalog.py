@@ -67,6 +67,7 @@ class Catalog:
     shards: list[Shard]
     storage_options: dict | None = None
     runs: list[str] = field(default_factory=list)  # decode dirs joined in, in order (hyp, hyp2)
+    run_files: list[Path] = field(default_factory=list)  # their cached results (run-*.parquet)
 
     @property
     def table(self) -> Path:
@@ -417,8 +418,9 @@ def build(input_path: str, *, cache_dir: str | os.PathLike | None = None, decode
     cache = Path(cache_dir) if cache_dir else default_cache_dir(input_path)
     kind, shards = build_base(input_path, cache, storage_options=storage_options)
     runs = [str(Path(d).resolve()) for d in decode_dirs if d]
-    build_table(cache, [build_results(d, cache) for d in runs])
-    return Catalog(input_path, kind, cache, shards, storage_options, runs)
+    run_files = [build_results(d, cache) for d in runs]
+    build_table(cache, run_files)
+    return Catalog(input_path, kind, cache, shards, storage_options, runs, run_files)
 
 
 def build_table(cache: Path, results: list[Path]) -> Path:

@@ -15,7 +15,8 @@ import threading
 from typing import Any, Mapping
 
 from corpus_io.explore.catalog import Catalog
-from corpus_io.explore.engine import sql_str
+from corpus_io.explore.engine import read_stamp, sql_str
+from corpus_io.explore.results import words_path
 
 MAX_PAGE_SIZE = 1000
 MAX_BINS = 200
@@ -229,6 +230,9 @@ class Explorer:
                 f"count(hyp{sfx}) FROM t")[0]
             out[f"run{n}"] = {"dir": self.catalog.runs[n - 1], "scored": scored,
                               "cer": (ce or 0) / cr if cr else None, "wer": (we or 0) / wr if wr else None}
+            if n - 1 < len(self.catalog.run_files):
+                words = read_stamp(words_path(self.catalog.run_files[n - 1])) or {}
+                out[f"run{n}"]["word_accuracy"] = words.get("words", [])
         if self.runs >= 2:
             better, worse = self._query("SELECT count(*) FILTER (cer_delta < 0), count(*) FILTER (cer_delta > 0) "
                                         "FROM t")[0]

@@ -65,11 +65,14 @@ def build_results(decode_dir: str, cache_dir: Path) -> Path:
         cur = con.execute(f"SELECT h.key, h.hyp, b.text FROM read_json({sql_str(tmp_hyps)}, format="
                           f"'newline_delimited', columns={{'key': 'VARCHAR', 'hyp': 'VARCHAR'}}) h JOIN "
                           f"read_parquet({sql_str(cache_dir / 'base.parquet')}) b ON b.key = h.key")
+        words = WordAccuracy()
         with open(tmp_scores, "w", encoding="utf-8") as f:
             while batch := cur.fetchmany(10000):
                 for key, hyp, ref in batch:
-                    f.write(json.dumps({"key": key, "hyp": hyp, **score(ref or "", hyp or "")},
-                                       ensure_ascii=False) + "\n")
+                    scores = score(ref or "", hyp or "")
+                    words.add(ref or "", hyp or "", exact=scores["word_errors"] == 0)
+                    f.write(json.dumps({"key": key, "hyp": hyp, **scores}, ensure_ascii=False) + "\n")
+        write_json(words_path(out), words.summary())
         columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in _TYPES.items()) + "}"
         con.execute(f"COPY (SELECT * FROM read_json({sql_str(tmp_scores)}, format='newline_delimited', "
                     f"columns={columns})) TO {sql_str(tmp_out)} (FORMAT parquet)")
@@ -80,6 +83,41 @@ def build_results(decode_dir: str, cache_dir: Path) -> Path:
     os.replace(tmp_out, out)
     write_json(stamp_path, want)
     return out
+
+
+WORDS_TOP = 5000
+
+
+def words_path(run_parquet: Path) -> Path:
+    return run_parquet.with_suffix(".words.json")
+
+
+class WordAccuracy:
+    """Per vocabulary word: how often it is in the references and how often the hypothesis has it aligned
+    to itself (NeMo's "word accuracy"); kaldialign's C++ alignment when installed, else :func:`align`."""
+
+    def __init__(self) -> None:
+        from collections import Counter
+
+        self.count: Counter = Counter()
+        self.hits: Counter = Counter()
+        try:
+            from kaldialign import align as fast
+
+            self._pairs = lambda r, h: fast(r, h, "\x00")
+        except ImportError:
+            self._pairs = lambda r, h: [(a, b) for _, a, b in align(r, h)]
+
+    def add(self, ref: str, hyp: str, *, exact: bool) -> None:
+        from corpus_io.train.scoring import word_units
+
+        units = word_units(ref)
+        self.count.update(units)
+        self.hits.update(units if exact else (a for a, b in self._pairs(units, word_units(hyp)) if a == b))
+
+    def summary(self) -> dict:
+        top = self.count.most_common(WORDS_TOP)
+        return {"version": 1, "num_words": len(self.count), "words": [[w, n, self.hits[w]] for w, n in top]}
 
 
 def align(ref: list[str], hyp: list[str]) -> list[tuple[str, str, str]]:

@@ -114,6 +114,17 @@ def test_audio_is_the_member_bytes_with_range_support_for_wav_and_flac(served):
     assert seen == {"wav", "flac"}
 
 
+def test_dataset_view_has_word_accuracy_per_vocabulary_word(served):
+    d = json.loads(get(served.base + "/api/dataset")[2])
+    acc = {w: (n, hit) for w, n, hit in d["run1"]["word_accuracy"]}
+    texts = fixture_texts()
+    the = sum(t.split().count("the") for t in texts.values())
+    assert acc["the"] == (the, the - 1)  # run 1 dropped one "the"
+    assert acc["fox"] == (1, 0) and acc["hello"] == (1, 1) and acc["world"] == (1, 1)
+    assert acc["five"] == (sum(t.split().count("five") for t in texts.values()),) * 2
+    assert d["run2"]["word_accuracy"] and d["compare"] == {"better": 2, "worse": 0}
+
+
 def test_row_view_marks_substitutions_insertions_and_deletions(served):
     _, _, body = get(served.base + "/api/rows?key=spk0-utt012")
     row = json.loads(get(f"{served.base}/api/row/{json.loads(body)['rows'][0]['row_id']}")[2])

@@ -172,6 +172,10 @@ async function loadDataset() {
     $("missing-box").hidden = false;
     $("missing").innerHTML = d.missing_tokens.length ? d.missing_tokens.map(([c, n]) => `<span>${esc(c)}<small>${n}</small></span>`).join("") : "none";
   }
+  const acc = (d.run1 && d.run1.word_accuracy) || [];
+  $("wordacc").innerHTML = "<tr><th>word</th><th>in refs</th><th>accuracy</th><th></th></tr>" + acc.slice(0, 200).map(([w, n, hit]) =>
+    `<tr><td>${esc(w)}</td><td class="num">${n}</td><td class="num">${fmt(100 * hit / n, 1)} %</td>` +
+    `<td><span class="bar" style="width:${Math.round(100 * hit / n)}px"></span></td></tr>`).join("");
   const shards = d.shards || [], smax = Math.max(1e-9, ...shards.map((s) => s.hours));
   $("shards").innerHTML = "<tr><th>shard</th><th>utts</th><th>hours</th><th></th></tr>" + shards.slice(0, 500).map((s) =>
     `<tr class="${s.error ? "bad" : ""}" title="${esc(s.error || s.url)}"><td>${esc(base(s.url))}</td><td class="num">${s.utterances}</td>` +
