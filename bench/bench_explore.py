@@ -36,7 +36,7 @@ def simulate(cache: Path, n: int) -> float:
     if (cache / "table.parquet").is_file():
         return float(json.loads((cache / "sim.json").read_text())["build_s"])
     t0 = time.perf_counter()
-    con = connect("2GB")
+    con = connect(cache, "2GB")
     word = "'w' || (hash(i * {k} + {k}) % 20000)::VARCHAR"
     words = " || ' ' || ".join(word.format(k=k) for k in range(1, 15))
     con.execute(f"""COPY (SELECT (i // {PER_SHARD})::INTEGER AS shard_id, (i % {PER_SHARD})::BIGINT AS pos,

@@ -366,7 +366,7 @@ def build_base(input_path: str, cache_dir: Path, *, storage_options: dict | None
         keep, rows = {}, (_iter_raw_rows(list_path) if kind == "raw" else _iter_kaldi_rows(list_path))
     tmp_rows = temp_name(cache_dir / "rows.jsonl")
     tmp_base = temp_name(base)
-    con = connect()
+    con = connect(cache_dir)
     try:
         _write_rows(rows, tmp_rows)
         fresh = (f"SELECT * FROM read_json({sql_str(tmp_rows)}, format='newline_delimited', "
@@ -398,15 +398,19 @@ def _shards_from(stamp: dict) -> list[Shard]:
 
 
 _DERIVED = """
-    row_number() OVER (ORDER BY b.shard_id, b.pos) - 1 AS row_id,
-    b.*,
+    b.* EXCLUDE (file_row_number),
     length(regexp_replace(b.text, '\\s', '', 'g'))::INTEGER AS chars,
     CASE WHEN trim(b.text) = '' THEN 0 ELSE len(string_split_regex(trim(b.text), '\\s+')) END::INTEGER AS words,
     CASE WHEN b.duration > 0 THEN length(regexp_replace(b.text, '\\s', '', 'g')) / b.duration END AS cps,
-    count(*) OVER (PARTITION BY b.text)::INTEGER AS text_count,
-    dense_rank() OVER (ORDER BY b.key)::INTEGER AS key_rank,
-    dense_rank() OVER (ORDER BY b.text)::INTEGER AS text_rank,
-    dense_rank() OVER (ORDER BY b.speaker NULLS FIRST)::INTEGER AS speaker_rank
+    r.text_count, r.key_rank, r.text_rank, r.speaker_rank
+"""
+#: the sort ranks and duplicate counts, computed on the string columns alone (a narrow sort, not the whole row)
+_RANKS = """
+    SELECT file_row_number AS row_id, dense_rank() OVER (ORDER BY key)::INTEGER AS key_rank,
+        dense_rank() OVER (ORDER BY text)::INTEGER AS text_rank,
+        count(*) OVER (PARTITION BY text)::INTEGER AS text_count,
+        dense_rank() OVER (ORDER BY speaker NULLS FIRST)::INTEGER AS speaker_rank
+    FROM read_parquet({base}, file_row_number=true)
 """
 
 
@@ -434,7 +438,8 @@ def build_table(cache: Path, results: list[Path]) -> Path:
             "runs": [[str(p), file_stamp(str(p))] for p in results]}
     if table.is_file() and read_stamp(cache / "table.json") == want:
         return table
-    selects, joins = [_DERIVED], []
+    base = sql_str(cache / "base.parquet")
+    selects, joins = ["b.file_row_number AS row_id", _DERIVED], []
     for n, path in enumerate(results, 1):
         suffix = "" if n == 1 else str(n)
         selects.append(", ".join(f"r{n}.{c} AS {c}{suffix}" for c in RESULT_COLUMNS))
@@ -442,20 +447,54 @@ def build_table(cache: Path, results: list[Path]) -> Path:
     if len(results) >= 2:
         selects.append("r2.cer - r1.cer AS cer_delta")
     tmp = temp_name(table)
-    con = connect()
+    con = connect(cache)
     try:
-        con.execute(f"COPY (SELECT {', '.join(selects)} FROM read_parquet({sql_str(cache / 'base.parquet')}) b "
-                    f"{' '.join(joins)} ORDER BY row_id) TO {sql_str(tmp)} (FORMAT parquet, COMPRESSION zstd, "
-                    f"ROW_GROUP_SIZE 100000)")
+        con.execute(f"CREATE TEMP TABLE r AS {_RANKS.format(base=base)}")
+        con.execute(f"COPY (SELECT {', '.join(selects)} FROM read_parquet({base}, file_row_number=true) b "
+                    f"JOIN r ON r.row_id = b.file_row_number {' '.join(joins)}) TO {sql_str(tmp)} "
+                    f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 100000)")
         _build_vocab(con, tmp, cache / "vocab.json")
         # speaker -> its rank: a speaker filter becomes an integer comparison over the table
         con.execute(f"COPY (SELECT DISTINCT speaker, speaker_rank FROM read_parquet({sql_str(tmp)}) WHERE speaker IS "
                     f"NOT NULL) TO {sql_str(cache / 'speakers.parquet')} (FORMAT parquet)")
+        _write_page_rows(con, tmp, cache, len(results))
     finally:
         con.close()
     os.replace(tmp, table)
     write_json(cache / "table.json", want)
     return table
+
+
+#: what a table row shows; the engine finds a page's row ids, these come from ``rows.jsonl`` by offset
+PAGE_FIELDS = ("row_id", "key", "shard_id", "duration", "sample_rate", "text", "speaker", "chars", "cps",
+               "text_count", "error")
+RUN_PAGE_FIELDS = ("hyp", "cer", "wer")
+
+
+def page_fields(runs: int) -> list[str]:
+    cols = list(PAGE_FIELDS)
+    for n in range(1, runs + 1):
+        cols += [f"{c}{'' if n == 1 else n}" for c in RUN_PAGE_FIELDS]
+    return cols + (["cer_delta"] if runs >= 2 else [])
+
+
+def _write_page_rows(con: Any, table: Path, cache: Path, runs: int) -> None:
+    """``rows.jsonl`` (one JSON object per row, in row_id order) and ``rows.idx`` (its line offsets, .npy): a
+    page of 50 rows is 50 seeks, whatever the sort, instead of the engine decompressing every text to fetch
+    them (see :mod:`corpus_io.explore.query`)."""
+    import numpy as np
+
+    from corpus_io.files import temp_name
+    from corpus_io.rawlist import build_offsets
+
+    rows, idx = cache / "rows.jsonl", cache / "rows.idx"
+    tmp_rows, tmp_idx = temp_name(rows), temp_name(idx)
+    con.execute(f"COPY (SELECT {', '.join(page_fields(runs))} FROM read_parquet({sql_str(table)}) ORDER BY row_id) "
+                f"TO {sql_str(tmp_rows)} (FORMAT json)")
+    with open(tmp_idx, "wb") as f:
+        np.save(f, build_offsets(str(tmp_rows)))
+    os.replace(tmp_rows, rows)
+    os.replace(tmp_idx, idx)
 
 
 VOCAB_TOP = 5000

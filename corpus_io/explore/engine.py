@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-CATALOG_VERSION = 1
+CATALOG_VERSION = 2
 
 
 def file_stamp(path: str) -> list:
@@ -21,11 +21,14 @@ def file_stamp(path: str) -> list:
     return [st.st_size, st.st_mtime_ns]
 
 
-def connect(memory_limit: str = "1GB"):
+def connect(cache_dir: Path, memory_limit: str = "1GB"):
+    """An in-memory DuckDB whose memory is bounded; what does not fit spills under ``cache_dir`` (never the
+    current directory, DuckDB's default)."""
     import duckdb
 
     con = duckdb.connect()
     con.execute(f"SET memory_limit='{memory_limit}'")
+    con.execute(f"SET temp_directory={sql_str(Path(cache_dir) / '.duckdb-tmp')}")
     con.execute("SET preserve_insertion_order=false")
     return con
 

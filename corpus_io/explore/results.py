@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from corpus_io.errors import ConfigError
+from corpus_io.explore.engine import CATALOG_VERSION
 
 RESULT_COLUMNS = ("hyp", "cer", "char_errors", "chars_ref", "wer", "word_errors", "words_ref", "wmr")
 _TYPES = {"key": "VARCHAR", "hyp": "VARCHAR", "cer": "DOUBLE", "char_errors": "INTEGER", "chars_ref": "INTEGER",
@@ -51,13 +52,14 @@ def build_results(decode_dir: str, cache_dir: Path) -> Path:
     hyps = hyp_file(decode_dir)
     digest = hashlib.sha256(str(Path(decode_dir).resolve()).encode()).hexdigest()[:12]
     out, stamp_path = cache_dir / f"run-{digest}.parquet", cache_dir / f"run-{digest}.json"
-    want = {"version": 1, "text": file_stamp(str(hyps)), "base": file_stamp(str(cache_dir / "base.parquet"))}
+    want = {"version": CATALOG_VERSION, "text": file_stamp(str(hyps)),
+            "base": file_stamp(str(cache_dir / "base.parquet"))}
     if out.is_file() and {k: v for k, v in (read_stamp(stamp_path) or {}).items() if k != "version"} == \
             {k: v for k, v in want.items() if k != "version"}:
         return out
     tmp_hyps, tmp_scores, tmp_out = temp_name(cache_dir / "hyps.jsonl"), temp_name(cache_dir / "scores.jsonl"), \
         temp_name(out)
-    con = connect()
+    con = connect(cache_dir)
     try:
         with open(tmp_hyps, "w", encoding="utf-8") as f:
             for line in iter_table(hyps, allow_empty_value=True):
@@ -117,7 +119,8 @@ class WordAccuracy:
 
     def summary(self) -> dict:
         top = self.count.most_common(WORDS_TOP)
-        return {"version": 1, "num_words": len(self.count), "words": [[w, n, self.hits[w]] for w, n in top]}
+        return {"version": CATALOG_VERSION, "num_words": len(self.count),
+                "words": [[w, n, self.hits[w]] for w, n in top]}
 
 
 def align(ref: list[str], hyp: list[str]) -> list[tuple[str, str, str]]:
