@@ -8,6 +8,7 @@ import sys
 import tarfile
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +178,28 @@ def test_explore_refuses_a_missing_input_in_one_paragraph_and_never_imports_torc
                          "from corpus_io.explore.results import score; score('a b', 'a c'); "
                          "print('torch' in sys.modules)"], 60)
     assert probe.stdout.strip() == "False", probe.stderr
+
+
+def test_kaldi_dir_audio_is_the_source_file_and_a_segment_is_cut_to_its_span(tmp_path):
+    import io
+
+    import soundfile as sf
+
+    from tests.conftest import FIXTURE
+
+    whole = build(str(FIXTURE), cache_dir=tmp_path / "k")
+    segs = build(str(FIXTURE / "segments_dir"), cache_dir=tmp_path / "s")
+    s1, s2 = Served(whole), Served(segs)
+    try:
+        row = json.loads(get(s1.base + "/api/row/0")[2])
+        status, headers, data = get(s1.base + "/api/audio/0", {"Range": "bytes=0-"})
+        assert status == 206 and data == Path(row["source"]).read_bytes()
+        row = json.loads(get(s2.base + "/api/row/1")[2])
+        assert (row["key"], row["seg_start"], row["seg_end"]) == ("long-seg01", 3.205, 5.178)
+        status, headers, data = get(s2.base + "/api/audio/1")
+        info = sf.info(io.BytesIO(data))
+        assert status == 200 and headers["Content-Type"] == "audio/wav"
+        assert info.duration == pytest.approx(5.178 - 3.205, abs=1e-3) == pytest.approx(row["duration"], abs=1e-3)
+    finally:
+        s1.close()
+        s2.close()
