@@ -52,6 +52,10 @@ COMMANDS: tuple[Command, ...] = (
             "Corpus statistics of a shard or raw data.list: hours, utterances, duration/text-length/speaker "
             "histograms, per-shard balance (a table on stdout) and a PNG duration histogram. Reads metadata "
             "only."),
+    Command("explore", config.ExploreConfig, "corpus_io.explore.server:explore",
+            "A corpus and results explorer in the browser: a sortable, filterable table of millions of "
+            "utterances (a cached DuckDB/Parquet catalog), audio played straight from tar members (local or "
+            "s3://), waveform, spectrogram, dataset view, decode errors marked. Prints its URL."),
     Command("make-tokenizer", config.MakeTokenizerConfig, "corpus_io.tokenizer:make_tokenizer",
             "Build a token list (char/word) or train a sentencepiece model (bpe) from Kaldi text or JSONL."),
     Command("bench-loader", config.BenchLoaderConfig, "corpus_io.dataset:bench_loader",

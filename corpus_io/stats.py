@@ -46,7 +46,8 @@ class CorpusStats:
         return sum(self.durations)
 
 
-def _duration(meta: dict) -> float | None:
+def meta_duration(meta: dict) -> float | None:
+    """Seconds of an utterance from its metadata: ``duration``, else ``source_len``/``num_frames`` / 100."""
     for name, scale in (("duration", 1.0), ("source_len", 0.01), ("num_frames", 0.01)):
         value = meta.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -54,7 +55,8 @@ def _duration(meta: dict) -> float | None:
     return None
 
 
-def _speaker(meta: dict) -> str | None:
+def meta_speaker(meta: dict) -> str | None:
+    """The speaker named by the first of :data:`SPEAKER_FIELDS` a metadata dict has."""
     for name in SPEAKER_FIELDS:
         if meta.get(name) not in (None, ""):
             return str(meta[name])
@@ -84,7 +86,7 @@ def _iter_raw(path: str) -> Iterator[tuple[float | None, str, str | None]]:
     lst = RawList(path)
     for i in range(len(lst)):
         rec = lst.record(i)
-        dur = _duration(rec)
+        dur = meta_duration(rec)
         if dur is None:
             try:
                 info = audio.probe(str(rec["source"]))  # header only
@@ -94,7 +96,7 @@ def _iter_raw(path: str) -> Iterator[tuple[float | None, str, str | None]]:
             if dur is not None and rec.get("start") is not None:
                 end = float(rec["end"]) if rec.get("end") is not None and float(rec["end"]) >= 0 else dur
                 dur = max(0.0, end - float(rec["start"]))
-        yield dur, str(rec.get("target", "")), _speaker(rec)
+        yield dur, str(rec.get("target", "")), meta_speaker(rec)
 
 
 def collect(list_path: str, data_type: str = "shard", *, storage_options: dict | None = None) -> CorpusStats:
@@ -118,7 +120,7 @@ def collect(list_path: str, data_type: str = "shard", *, storage_options: dict |
         n, secs = 0, 0.0
         for sample in iter_shard_metadata(url, storage_options=storage_options):
             meta = sample.get("meta") or {}
-            secs += _add(stats, _duration(meta), sample.get("txt", ""), _speaker(meta))
+            secs += _add(stats, meta_duration(meta), sample.get("txt", ""), meta_speaker(meta))
             n += 1
         stats.units.append((url, n, secs))
     return stats

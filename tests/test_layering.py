@@ -25,10 +25,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("corpus_io.pipeline", "corpus_io.stats"),
     ("corpus_io.dataset", "corpus_io.decoding"),
     ("corpus_io.train",),
+    ("corpus_io.explore",),
     ("cli",),
 ]
 LAYER_OF = {unit: depth for depth, layer in enumerate(LAYERS) for unit in layer}
-SUBPACKAGES = ("config", "shards", "pipeline", "decoding", "train")
+SUBPACKAGES = ("config", "shards", "pipeline", "decoding", "train", "explore")
 
 
 def unit_of(module: str) -> str:

@@ -21,6 +21,7 @@ from corpus_io.config.checks import SUGGEST_CUTOFF, check_keys, check_values, re
 from corpus_io.config.compose import compose, to_dict, to_yaml, validate
 from corpus_io.config.data import (
     AddFieldConfig,
+    ExploreConfig,
     Jsonl2ScpConfig,
     MakeDatalistConfig,
     MakeTokenizerConfig,
@@ -65,11 +66,11 @@ from corpus_io.config.training import (
 
 __all__ = [
     "AddFieldConfig", "AverageConfig", "BenchLoaderConfig", "CONF_DIR", "ComputeCmvnConfig", "DatasetConf",
-    "DecodeConfig", "DecodingConf", "FAILURE_CHOICES", "FUNASR_KEYS", "FbankConf", "FilterConf", "FunasrKey",
-    "Jsonl2ScpConfig", "MakeDatalistConfig", "MakeLmConfig", "MakeTokenizerConfig", "MergeJobsConfig", "MfccConf",
-    "OLD_FAIL", "OptimConf", "PackShardsConfig", "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF",
-    "SchedulerConf", "Scp2JsonlConfig", "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf",
-    "SpecTrimConf", "SpeedPerturbConf", "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "TuneLmConfig",
-    "VerifyShardsConfig", "all_keys", "check_keys", "check_values", "compose", "describe", "group_presets",
-    "in_range", "opt", "parse_range", "require", "to_dict", "to_yaml", "validate",
+    "DecodeConfig", "DecodingConf", "ExploreConfig", "FAILURE_CHOICES", "FUNASR_KEYS", "FbankConf", "FilterConf",
+    "FunasrKey", "Jsonl2ScpConfig", "MakeDatalistConfig", "MakeLmConfig", "MakeTokenizerConfig", "MergeJobsConfig",
+    "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig", "PrepareConfig", "RENAMED_KEYS", "ResampleConf",
+    "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig", "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf",
+    "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf", "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig",
+    "TuneLmConfig", "VerifyShardsConfig", "all_keys", "check_keys", "check_values", "compose", "describe",
+    "group_presets", "in_range", "opt", "parse_range", "require", "to_dict", "to_yaml", "validate",
 ]

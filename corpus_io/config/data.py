@@ -136,3 +136,15 @@ class StatsConfig:
     output: Optional[str] = opt(None, "PNG histogram path (default: next to the list)")
     data_type: str = opt("shard", "format of the list", choices=("raw", "shard"))
     bins: int = opt(30, "histogram bins", range="[1, 100000]")
+
+
+@dataclass
+class ExploreConfig:
+    input: str = opt("???", "a shard data.list (or its directory), a raw list / FunASR jsonl, or a Kaldi dir")
+    decode_dir: Optional[str] = opt(None, "output_dir of corpus-io decode: hypotheses and per-utterance errors")
+    compare_dir: Optional[str] = opt(None, "a second decode output_dir, shown side by side (better/worse)")
+    token_list: Optional[str] = opt(None, "token list (units.txt): the dataset view lists corpus tokens it lacks")
+    cache_dir: Optional[str] = opt(None, "where the catalog is cached (null: <input dir>/.explore/)")
+    host: str = opt("127.0.0.1", "address to listen on (another address exposes the corpus to that network)")
+    port: int = opt(8000, "TCP port (0: any free port)", range="[0, 65535]")
+    storage_options: Dict[str, Any] = opt(help="fsspec options for remote shards", factory=dict)

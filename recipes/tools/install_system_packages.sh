@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install the system packages corpus-io uses and a fresh machine lacks: espeak-ng and sox (the demo's
-# and the tests' real speech) and libsndfile (soundfile). Called by `make install`, so `make demo` and
-# `make test` set up a machine that has only Python. Root: apt-get; otherwise `sudo -n`; otherwise it
-# prints the exact command and stops. A machine that has them all is left alone (no network used).
+# and the tests' real speech), libsndfile (soundfile), and Debian's headless chromium + chromium-driver
+# (the explorer's browser tests drive them with selenium; nothing is downloaded at test time). Called by
+# `make install`, so `make demo` and `make test` set up a machine that has only Python. Root: apt-get;
+# otherwise `sudo -n`; otherwise it prints the exact command and stops. A machine that has them all is
+# left alone (no network used).
 set -euo pipefail
 
 packages=()
@@ -15,6 +17,8 @@ have() {  # have PROGRAM: on PATH or in the sbin dirs (daemons live there, and a
 }
 { have slurmctld && have slurmd && have sbatch; } || packages+=(slurm-wlm)
 have munged || packages+=(munge)
+command -v chromium >/dev/null 2>&1 || packages+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || packages+=(chromium-driver)
 [ "${#packages[@]}" -eq 0 ] && exit 0
 
 command_line="apt-get update && apt-get install -y ${packages[*]}"

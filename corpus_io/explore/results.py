@@ -1,0 +1,163 @@
+"""Decode results in the explorer: per-utterance errors from a ``corpus-io decode`` output dir, and the
+aligned reference/hypothesis diff the row view marks (substitutions, insertions, deletions).
+
+A decode dir holds ``text`` (Kaldi table: ``key hypothesis``). The reference is the catalog's text (the
+corpus' own transcript), so the explorer's numbers are about the data the user is looking at. Units are
+:mod:`corpus_io.train.scoring`'s: CER over non-space characters, WER over words with each CJK character a
+word; the word match rate (NeMo's WMR) is the share of reference words the hypothesis got right.
+Results are cached as ``<cache>/run-<digest>.parquet``, rebuilt when the ``text`` file or the base changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from corpus_io.errors import ConfigError
+from corpus_io.explore.engine import CATALOG_VERSION
+
+RESULT_COLUMNS = ("hyp", "cer", "char_errors", "chars_ref", "wer", "word_errors", "words_ref", "wmr")
+_TYPES = {"key": "VARCHAR", "hyp": "VARCHAR", "cer": "DOUBLE", "char_errors": "INTEGER", "chars_ref": "INTEGER",
+          "wer": "DOUBLE", "word_errors": "INTEGER", "words_ref": "INTEGER", "wmr": "DOUBLE"}
+
+
+def hyp_file(decode_dir: str) -> Path:
+    path = Path(decode_dir) / "text"
+    if not path.is_file():
+        raise ConfigError(f"decode_dir {decode_dir} has no 'text' file of hypotheses; pass the output_dir of "
+                          f"corpus-io decode (it writes text, ref, cer.txt and wer.txt).")
+    return path
+
+
+def score(ref: str, hyp: str) -> dict:
+    """Per-utterance CER/WER/WMR of ``hyp`` against ``ref``."""
+    from corpus_io.train.scoring import char_units, edit_counts, word_units
+
+    c = edit_counts(char_units(ref), char_units(hyp))
+    w = edit_counts(word_units(ref), word_units(hyp))
+    return {"cer": c.errors / c.ref if c.ref else float(bool(c.errors)), "char_errors": c.errors, "chars_ref": c.ref,
+            "wer": w.errors / w.ref if w.ref else float(bool(w.errors)), "word_errors": w.errors, "words_ref": w.ref,
+            "wmr": (w.ref - w.sub - w.dele) / w.ref if w.ref else None}
+
+
+def build_results(decode_dir: str, cache_dir: Path) -> Path:
+    """``run-<digest>.parquet`` (key + :data:`RESULT_COLUMNS`) for ``decode_dir``, rebuilt when stale."""
+    from corpus_io.explore.engine import connect, file_stamp, read_stamp, sql_str, write_json
+    from corpus_io.files import temp_name
+    from corpus_io.kaldi import iter_table
+
+    hyps = hyp_file(decode_dir)
+    digest = hashlib.sha256(str(Path(decode_dir).resolve()).encode()).hexdigest()[:12]
+    out, stamp_path = cache_dir / f"run-{digest}.parquet", cache_dir / f"run-{digest}.json"
+    want = {"version": CATALOG_VERSION, "text": file_stamp(str(hyps)),
+            "base": file_stamp(str(cache_dir / "base.parquet"))}
+    if out.is_file() and {k: v for k, v in (read_stamp(stamp_path) or {}).items() if k != "version"} == \
+            {k: v for k, v in want.items() if k != "version"}:
+        return out
+    tmp_hyps, tmp_scores, tmp_out = temp_name(cache_dir / "hyps.jsonl"), temp_name(cache_dir / "scores.jsonl"), \
+        temp_name(out)
+    con = connect(cache_dir)
+    try:
+        with open(tmp_hyps, "w", encoding="utf-8") as f:
+            for line in iter_table(hyps, allow_empty_value=True):
+                f.write(json.dumps({"key": line.key, "hyp": line.value}, ensure_ascii=False) + "\n")
+        cur = con.execute(f"SELECT h.key, h.hyp, b.text FROM read_json({sql_str(tmp_hyps)}, format="
+                          f"'newline_delimited', columns={{'key': 'VARCHAR', 'hyp': 'VARCHAR'}}) h JOIN "
+                          f"read_parquet({sql_str(cache_dir / 'base.parquet')}) b ON b.key = h.key")
+        words = WordAccuracy()
+        with open(tmp_scores, "w", encoding="utf-8") as f:
+            while batch := cur.fetchmany(10000):
+                for key, hyp, ref in batch:
+                    scores = score(ref or "", hyp or "")
+                    words.add(ref or "", hyp or "", exact=scores["word_errors"] == 0)
+                    f.write(json.dumps({"key": key, "hyp": hyp, **scores}, ensure_ascii=False) + "\n")
+        write_json(words_path(out), words.summary())
+        columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in _TYPES.items()) + "}"
+        con.execute(f"COPY (SELECT * FROM read_json({sql_str(tmp_scores)}, format='newline_delimited', "
+                    f"columns={columns})) TO {sql_str(tmp_out)} (FORMAT parquet)")
+    finally:
+        con.close()
+        tmp_hyps.unlink(missing_ok=True)
+        tmp_scores.unlink(missing_ok=True)
+    os.replace(tmp_out, out)
+    write_json(stamp_path, want)
+    return out
+
+
+WORDS_TOP = 5000
+
+
+def words_path(run_parquet: Path) -> Path:
+    return run_parquet.with_suffix(".words.json")
+
+
+class WordAccuracy:
+    """Per vocabulary word: how often it is in the references and how often the hypothesis has it aligned
+    to itself (NeMo's "word accuracy"); kaldialign's C++ alignment when installed, else :func:`align`."""
+
+    def __init__(self) -> None:
+        from collections import Counter
+
+        self.count: Counter = Counter()
+        self.hits: Counter = Counter()
+        try:
+            from kaldialign import align as fast
+
+            self._pairs = lambda r, h: fast(r, h, "\x00")
+        except ImportError:
+            self._pairs = lambda r, h: [(a, b) for _, a, b in align(r, h)]
+
+    def add(self, ref: str, hyp: str, *, exact: bool) -> None:
+        from corpus_io.train.scoring import word_units
+
+        units = word_units(ref)
+        self.count.update(units)
+        self.hits.update(units if exact else (a for a, b in self._pairs(units, word_units(hyp)) if a == b))
+
+    def summary(self) -> dict:
+        top = self.count.most_common(WORDS_TOP)
+        return {"version": CATALOG_VERSION, "num_words": len(self.count),
+                "words": [[w, n, self.hits[w]] for w, n in top]}
+
+
+def align(ref: list[str], hyp: list[str]) -> list[tuple[str, str, str]]:
+    """``(op, ref unit, hyp unit)`` along a minimum edit path; op is ``=``, ``S``, ``I`` or ``D``.
+
+    Ties break as Kaldi's compute-wer does (a substitution first, then a deletion, then an insertion), so
+    the marks add up to :func:`corpus_io.train.scoring.edit_counts`' totals for one utterance."""
+    n, m = len(ref), len(hyp)
+    cost = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(1, n + 1):
+        cost[i][0] = i
+    for j in range(1, m + 1):
+        cost[0][j] = j
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            diag = cost[i - 1][j - 1] + (ref[i - 1] != hyp[j - 1])
+            cost[i][j] = min(diag, cost[i - 1][j] + 1, cost[i][j - 1] + 1)
+    ops: list[tuple[str, str, str]] = []
+    i, j = n, m
+    while i or j:
+        if i and j and cost[i][j] == cost[i - 1][j - 1] + (ref[i - 1] != hyp[j - 1]):
+            ops.append(("=" if ref[i - 1] == hyp[j - 1] else "S", ref[i - 1], hyp[j - 1]))
+            i, j = i - 1, j - 1
+        elif i and cost[i][j] == cost[i - 1][j] + 1:
+            ops.append(("D", ref[i - 1], ""))
+            i -= 1
+        else:
+            ops.append(("I", "", hyp[j - 1]))
+            j -= 1
+    return ops[::-1]
+
+
+def diff(ref: str, hyp: str) -> dict[str, Any]:
+    """The row view's marked diff: word-level (CJK characters as words) and character-level alignments."""
+    from corpus_io.train.scoring import char_units, word_units
+
+    words = align(word_units(ref), word_units(hyp))
+    chars = align(char_units(ref), char_units(hyp))
+    count = {op: sum(1 for o, _, _ in words if o == op) for op in "SID"}
+    return {"words": words, "chars": chars, "counts": count}

@@ -1,0 +1,205 @@
+"""The explorer's HTTP API on a real server (127.0.0.1, port from the OS): 4xx for bad requests, audio by
+byte range straight from tar members, and a clear message for a row whose shard is gone."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tarfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from corpus_io.explore.catalog import build
+from tests.conftest import assert_user_error, run_bounded, run_cli
+from tests.explore.conftest import Served, copy_shards, fixture_texts
+
+pytestmark = pytest.mark.network
+
+
+def get(url: str, headers: dict | None = None, method: str = "GET") -> tuple[int, dict, bytes]:
+    req = urllib.request.Request(url, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - loopback test server
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        exc.close()
+        return exc.code, dict(exc.headers), body
+
+
+@pytest.fixture(scope="module")
+def served(packed, decode_dirs, tmp_path_factory):
+    cat = build(str(packed / "data.list"), cache_dir=tmp_path_factory.mktemp("cache"),
+                decode_dirs=[str(d) for d in decode_dirs])
+    s = Served(cat)
+    yield s
+    s.close()
+
+
+def member_bytes(shard: str, member: str) -> bytes:
+    with tarfile.open(shard) as tar:
+        return tar.extractfile(member).read()
+
+
+@pytest.mark.parametrize("path", [
+    "/api/rows?page=-1", "/api/rows?size=1000000000", "/api/rows?size=0", "/api/rows?page=x",
+    "/api/rows?sort=__import__", "/api/rows?text=(unclosed", "/api/rows?dur_min=nan", "/api/rows?flag=drop",
+    "/api/hist?column=key", "/api/hist?bins=100000", "/api/waveform/0?width=-5",
+])
+def test_bad_parameters_are_400_with_a_reason(served, path):
+    status, _, body = get(served.base + path)
+    assert status == 400
+    assert json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("path", [
+    "/etc/passwd", "/../../etc/passwd", "/static/../catalog.py", "/static/server.py", "/api/audio/999999",
+    "/api/row/24", "/api/audio/-1", "/api/audio/0/../../x", "/api/spectrogram/0", "/api/audio/0.png",
+    "/api/audio/%2Fetc%2Fpasswd",
+])
+def test_paths_outside_the_catalog_are_404(served, path):
+    status, _, body = get(served.base + path)
+    assert status == 404, path
+    assert b"root:" not in body
+
+
+def test_the_server_is_read_only(served):
+    status, _, _ = get(served.base + "/api/rows", method="POST")
+    assert status == 405
+
+
+def test_pages_sort_and_filter_through_the_engine(served):
+    _, _, body = get(served.base + "/api/rows?size=5&sort=duration&desc=1")
+    page = json.loads(body)
+    durs = [r["duration"] for r in page["rows"]]
+    assert page["total"] == 24 and len(durs) == 5 and durs == sorted(durs, reverse=True)
+    _, _, body = get(served.base + "/api/rows?size=100&sort=text")
+    texts = [r["text"] for r in json.loads(body)["rows"]]
+    assert texts == sorted(texts)
+    _, _, body = get(served.base + "/api/rows?text=%5Ethe%20quick&speaker=spk0")
+    assert [r["key"] for r in json.loads(body)["rows"]] == ["spk0-utt008"]
+    _, _, body = get(served.base + "/api/rows?cer_min=0.0001&sort=cer&desc=1")
+    assert {r["key"] for r in json.loads(body)["rows"]} == {"spk0-utt008", "spk0-utt012", "spk2-utt010"}
+    _, _, body = get(served.base + "/api/rows?flag=better")
+    assert {r["key"] for r in json.loads(body)["rows"]} == {"spk0-utt008", "spk2-utt010"}
+    _, _, body = get(served.base + "/api/rows?shard=1&dur_min=2&dur_max=3")
+    rows = json.loads(body)["rows"]
+    assert rows and all(r["shard_id"] == 1 and 2 <= r["duration"] <= 3 for r in rows)
+    _, _, body = get(served.base + "/api/hist?column=duration&bins=4")
+    assert sum(json.loads(body)["counts"]) == 24
+
+
+def test_audio_is_the_member_bytes_with_range_support_for_wav_and_flac(served):
+    _, _, body = get(served.base + "/api/rows?size=100")
+    seen = set()
+    for r in json.loads(body)["rows"]:
+        row = json.loads(get(f"{served.base}/api/row/{r['row_id']}")[2])
+        fmt = row["audio_format"]
+        if fmt in seen:
+            continue
+        seen.add(fmt)
+        want = member_bytes(row["shard"], row["member"])
+        status, headers, data = get(f"{served.base}/api/audio/{r['row_id']}")
+        assert status == 200 and data == want and headers["Content-Type"] == f"audio/{fmt}"
+        assert headers["Accept-Ranges"] == "bytes"
+        status, headers, data = get(f"{served.base}/api/audio/{r['row_id']}", {"Range": "bytes=100-199"})
+        assert status == 206 and data == want[100:200]
+        assert headers["Content-Range"] == f"bytes 100-199/{len(want)}"
+        status, _, data = get(f"{served.base}/api/audio/{r['row_id']}", {"Range": "bytes=-10"})
+        assert status == 206 and data == want[-10:]
+        status, headers, _ = get(f"{served.base}/api/audio/{r['row_id']}", {"Range": f"bytes={len(want)}-"})
+        assert status == 416 and headers["Content-Range"] == f"bytes */{len(want)}"
+    assert seen == {"wav", "flac"}
+
+
+def test_dataset_view_has_word_accuracy_per_vocabulary_word(served):
+    d = json.loads(get(served.base + "/api/dataset")[2])
+    acc = {w: (n, hit) for w, n, hit in d["run1"]["word_accuracy"]}
+    texts = fixture_texts()
+    the = sum(t.split().count("the") for t in texts.values())
+    assert acc["the"] == (the, the - 1)  # run 1 dropped one "the"
+    assert acc["fox"] == (1, 0) and acc["hello"] == (1, 1) and acc["world"] == (1, 1)
+    assert acc["five"] == (sum(t.split().count("five") for t in texts.values()),) * 2
+    assert d["run2"]["word_accuracy"] and d["compare"] == {"better": 2, "worse": 0}
+
+
+def test_row_view_marks_substitutions_insertions_and_deletions(served):
+    _, _, body = get(served.base + "/api/rows?key=spk0-utt012")
+    row = json.loads(get(f"{served.base}/api/row/{json.loads(body)['rows'][0]['row_id']}")[2])
+    assert row["diff"]["counts"] == {"S": 0, "I": 0, "D": 1}
+    assert ["D", "the", ""] in row["diff"]["words"]
+    status, headers, png = get(f"{served.base}/api/spectrogram/{row['row_id']}.png")
+    assert status == 200 and png.startswith(b"\x89PNG") and headers["Content-Type"] == "image/png"
+    wave = json.loads(get(f"{served.base}/api/waveform/{row['row_id']}?width=100")[2])
+    assert len(wave["peaks"]) == 100 and wave["num_samples"] / wave["sample_rate"] == pytest.approx(row["duration"])
+
+
+def test_dataset_view_counts_and_lists_characters_missing_from_the_token_list(packed, tmp_path):
+    cat = build(str(packed / "data.list"), cache_dir=tmp_path / "cache")
+    units = tmp_path / "units.txt"
+    alphabet = {c for t in fixture_texts().values() for c in t if not c.isspace()}
+    units.write_text("".join(f"{c} {i}\n" for i, c in enumerate(sorted(alphabet - {"z", "天"}))), encoding="utf-8")
+    s = Served(cat, token_list=str(units))
+    try:
+        d = json.loads(get(s.base + "/api/dataset")[2])
+    finally:
+        s.close()
+    assert d["utterances"] == 24 and d["speakers"] == 4 and len(d["shards"]) == 3
+    assert sum(x["utterances"] for x in d["shards"]) == 24 and d["hours"] == pytest.approx(sum(
+        x["hours"] for x in d["shards"]))
+    counts = dict(d["alphabet"])
+    assert set(counts) == alphabet and counts["天"] == sum(t.count("天") for t in fixture_texts().values())
+    assert sorted(u for u, _ in d["missing_tokens"]) == sorted(["z", "天"])
+
+
+def test_a_missing_shard_gives_a_message_on_the_row_not_a_crash(packed, tmp_path):
+    data_list = copy_shards(packed, tmp_path / "s")
+    cat = build(str(data_list), cache_dir=tmp_path / "cache")
+    (tmp_path / "s" / "shard-000000.tar").unlink()
+    s = Served(cat)
+    try:
+        row = json.loads(get(s.base + "/api/row/0")[2])
+        assert "shard-000000.tar is missing" in row["audio_error"] and "restart corpus-io explore" in row["audio_error"]
+        status, _, body = get(s.base + "/api/audio/0")
+        assert status == 404 and "is missing" in json.loads(body)["error"]
+        status, _, body = get(s.base + "/api/audio/9")  # another shard still plays
+        assert status == 200 and body[:4] in (b"RIFF", b"fLaC")
+    finally:
+        s.close()
+
+
+def test_explore_refuses_a_missing_input_in_one_paragraph_and_never_imports_torch(tmp_path):
+    result = run_cli("corpus-io", "explore", f"++input={tmp_path / 'nope.list'}", "++port=0", timeout=60)
+    assert_user_error(result, "nope.list does not exist", "Kaldi dir")
+    probe = run_bounded([sys.executable, "-c", "import sys; import corpus_io.explore.server; "
+                         "from corpus_io.explore.results import score; score('a b', 'a c'); "
+                         "print('torch' in sys.modules)"], 60)
+    assert probe.stdout.strip() == "False", probe.stderr
+
+
+def test_kaldi_dir_audio_is_the_source_file_and_a_segment_is_cut_to_its_span(tmp_path):
+    import io
+
+    import soundfile as sf
+
+    from tests.conftest import FIXTURE
+
+    whole = build(str(FIXTURE), cache_dir=tmp_path / "k")
+    segs = build(str(FIXTURE / "segments_dir"), cache_dir=tmp_path / "s")
+    s1, s2 = Served(whole), Served(segs)
+    try:
+        row = json.loads(get(s1.base + "/api/row/0")[2])
+        status, headers, data = get(s1.base + "/api/audio/0", {"Range": "bytes=0-"})
+        assert status == 206 and data == Path(row["source"]).read_bytes()
+        row = json.loads(get(s2.base + "/api/row/1")[2])
+        assert (row["key"], row["seg_start"], row["seg_end"]) == ("long-seg01", 3.205, 5.178)
+        status, headers, data = get(s2.base + "/api/audio/1")
+        info = sf.info(io.BytesIO(data))
+        assert status == 200 and headers["Content-Type"] == "audio/wav"
+        assert info.duration == pytest.approx(5.178 - 3.205, abs=1e-3) == pytest.approx(row["duration"], abs=1e-3)
+    finally:
+        s1.close()
+        s2.close()
