@@ -3,14 +3,14 @@ verify-shards, make-tokenizer, add-field and stats (none of them imports torch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from corpus_io.config.checks import schema
 from corpus_io.config.dataset import DatasetConf, TokenizerConf
 from corpus_io.config.fields import FAILURE_CHOICES, opt
 
 
-@dataclass
+@schema
 class Scp2JsonlConfig:
     scp_file_list: List[str] = opt(help="Kaldi tables, first one drives the order, e.g. [wav.scp, text]",
                                    factory=list)
@@ -28,7 +28,7 @@ class Scp2JsonlConfig:
     storage_options: Dict[str, Any] = opt(help="fsspec options for http(s)/s3 sources", factory=dict)
 
 
-@dataclass
+@schema
 class Jsonl2ScpConfig:
     jsonl_file_in: str = opt("???", "input JSONL")
     scp_file_list: List[str] = opt(help="output tables, one per field", factory=list)
@@ -37,7 +37,7 @@ class Jsonl2ScpConfig:
     separator: str = opt("space", "between key and value: Kaldi's space or FunASR's tab", choices=("space", "tab"))
 
 
-@dataclass
+@schema
 class PrepareConfig:
     corpus: str = opt("???", "the on-disk layout under root", choices=("aishell", "librispeech"))
     root: str = opt("???", "aishell: the dir holding data_aishell/ (wav/{train,dev,test}/<spk>/*.wav, transcript/); "
@@ -48,7 +48,7 @@ class PrepareConfig:
     remove_spaces: bool = opt(True, "aishell: drop the transcript's word spaces (WeNet/ESPnet); false keeps them")
 
 
-@dataclass
+@schema
 class PackShardsConfig:
     input: str = opt("???", "train.jsonl (FunASR), a WeNet raw data.list, or a Kaldi data dir")
     output_dir: str = opt("???", "where shards, data.list and index.jsonl go")
@@ -72,7 +72,7 @@ class PackShardsConfig:
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote sources", factory=dict)
 
 
-@dataclass
+@schema
 class MakeDatalistConfig:
     data_type: str = opt("shard", "raw: utterance list from a JSONL; shard: list of shard URLs",
                          choices=("raw", "shard"))
@@ -82,7 +82,7 @@ class MakeDatalistConfig:
     prefix: Optional[str] = opt(None, "rewrite each shard's directory to this prefix, e.g. s3://bucket/corpus/")
 
 
-@dataclass
+@schema
 class VerifyShardsConfig:
     input: str = opt("???", "a shard data.list (its index.jsonl sidecar is used when present)")
     num_workers: int = opt(0, "checking processes (0: all cores)", range="[0, 1024]")
@@ -90,7 +90,7 @@ class VerifyShardsConfig:
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote shards", factory=dict)
 
 
-@dataclass
+@schema
 class MakeTokenizerConfig:
     input: str = opt("???", "a Kaldi text file or a JSONL with target/txt")
     output: str = opt("???", "token list to write (bpe also writes <output stem>.model)")
@@ -99,7 +99,7 @@ class MakeTokenizerConfig:
     min_count: int = opt(1, "char/word: drop tokens seen fewer times")
 
 
-@dataclass
+@schema
 class AddFieldConfig:
     input: str = opt("???", "a shard data.list")
     field: str = opt("???", "the field name, e.g. fbank or speaker")
@@ -109,7 +109,7 @@ class AddFieldConfig:
     num_workers: int = opt(0, "processes (0: all cores)", range="[0, 1024]")
 
 
-@dataclass
+@schema
 class StatsConfig:
     input: str = opt("???", "a shard or raw data.list")
     output: Optional[str] = opt(None, "PNG histogram path (default: next to the list)")

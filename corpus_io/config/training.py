@@ -3,14 +3,14 @@ compute-cmvn, average and bench-loader."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+from corpus_io.config.checks import schema
 from corpus_io.config.dataset import DatasetConf, FilterConf, TokenizerConf
 from corpus_io.config.fields import opt
 
 
-@dataclass
+@schema
 class TrainConf:
     max_epoch: int = opt(10, "epochs to train", range="[1, 1000000]")
     log_interval: int = opt(10, "steps between log lines", unit="steps", range="[1, 1000000000]")
@@ -37,14 +37,14 @@ class TrainConf:
                                      "(tests --max-restarts); 0: off", unit="steps")
 
 
-@dataclass
+@schema
 class OptimConf:
     optim: str = opt("adamw", "optimizer", choices=("adam", "adamw", "sgd"))
     lr: float = opt(0.001, "peak learning rate", range="(0, 10]")
     weight_decay: float = opt(1e-6, "weight decay", range="[0, 10]")
 
 
-@dataclass
+@schema
 class SchedulerConf:
     scheduler: str = opt("warmuplr", "warmuplr: linear warmup then inverse sqrt; constant",
                          choices=("warmuplr", "constant"))
@@ -52,7 +52,7 @@ class SchedulerConf:
 
 
 
-@dataclass
+@schema
 class BenchLoaderConfig:
     data_list: str = opt("", "the data.list to read (required unless dataset_conf.sources is set)")
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
@@ -66,7 +66,7 @@ class BenchLoaderConfig:
     train: bool = opt(True, "train mode (shuffle, augment) or cv mode")
 
 
-@dataclass
+@schema
 class TrainConfig:
     train_data_set_list: str = opt("", "training data.list (required unless dataset_conf.sources is set)")
     valid_data_set_list: Optional[str] = opt(None, "cv data.list (split across ranks)")
@@ -81,7 +81,7 @@ class TrainConfig:
     scheduler_conf: SchedulerConf = opt(factory=SchedulerConf)
 
 
-@dataclass
+@schema
 class DecodeConfig:
     data_list: str = opt("???", "data.list to decode")
     checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}")
@@ -93,7 +93,7 @@ class DecodeConfig:
     device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
 
 
-@dataclass
+@schema
 class ComputeCmvnConfig:
     data_list: str = opt("???", "training data.list")
     output: str = opt("???", "CMVN stats file to write")
@@ -103,7 +103,7 @@ class ComputeCmvnConfig:
     max_utts: int = opt(0, "use at most this many utterances (0: all)", range="[0, 1000000000000]")
 
 
-@dataclass
+@schema
 class AverageConfig:
     output_dir: str = opt("???", "the training output_dir")
     num: int = opt(5, "checkpoints to average", range="[1, 100000]")
