@@ -12,9 +12,10 @@ __version__ = "0.1.0"
 
 #: the public API, from corpus_io.api (resolved lazily, so `import corpus_io` and `corpus-io --help` stay fast)
 __all__ = [
-    "Cmvn", "ConfigError", "DataError", "DatasetConf", "TokenizerConf", "TrainConfig", "build_loader",
-    "build_tokenizer", "compute_cmvn", "jsonl2scp", "load_cmvn", "load_config", "make_datalist", "make_tokenizer",
-    "pack_shards", "read_manifest", "read_shards", "scp2jsonl", "verify_shards", "write_manifest",
+    "Cmvn", "ConfigError", "DataError", "DatasetConf", "FrontEnd", "TokenizerConf", "TrainConfig",
+    "build_front_end", "build_loader", "build_tokenizer", "compute_cmvn", "jsonl2scp", "load_cmvn", "load_config",
+    "make_datalist", "make_tokenizer", "pack_shards", "read_manifest", "read_shards", "scp2jsonl", "verify_shards",
+    "write_manifest",
 ]
 
 

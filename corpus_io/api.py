@@ -8,7 +8,8 @@ torch-free, and only the functions that need torch (the loader, CMVN) import it 
   their types when built in Python too;
 * the loader ``train`` uses: :func:`build_loader` (a :class:`corpus_io.dataset.CorpusLoader`: ``set_epoch``,
   ``state_dict``/``load_state_dict``, ``counts``; every DDP rank gets the same number of batches per epoch
-  unless ``uneven='allow'``), :func:`build_tokenizer`, :func:`load_cmvn` / :class:`Cmvn`;
+  unless ``uneven='allow'``), :func:`build_tokenizer`, :func:`load_cmvn` / :class:`Cmvn`, and
+  :func:`build_front_end` (features on the model's device with ``feats_on=model``);
 * manifests and shards: :func:`read_manifest`, :func:`write_manifest`, :func:`read_shards`, and the data
   commands as functions (:func:`scp2jsonl`, :func:`jsonl2scp`, :func:`pack_shards`, :func:`make_datalist`,
   :func:`verify_shards`, :func:`make_tokenizer`, :func:`compute_cmvn`) taking the CLI's keys as keyword
@@ -32,9 +33,10 @@ from corpus_io.config import DatasetConf, TokenizerConf, TrainConfig
 from corpus_io.errors import ConfigError, DataError
 
 __all__ = [
-    "Cmvn", "ConfigError", "DataError", "DatasetConf", "TokenizerConf", "TrainConfig", "build_loader",
-    "build_tokenizer", "compute_cmvn", "jsonl2scp", "load_cmvn", "load_config", "make_datalist", "make_tokenizer",
-    "pack_shards", "read_manifest", "read_shards", "scp2jsonl", "verify_shards", "write_manifest",
+    "Cmvn", "ConfigError", "DataError", "DatasetConf", "FrontEnd", "TokenizerConf", "TrainConfig",
+    "build_front_end", "build_loader", "build_tokenizer", "compute_cmvn", "jsonl2scp", "load_cmvn", "load_config",
+    "make_datalist", "make_tokenizer", "pack_shards", "read_manifest", "read_shards", "scp2jsonl", "verify_shards",
+    "write_manifest",
 ]
 
 _COMMAND = {c.name: c for c in COMMANDS}
@@ -168,11 +170,7 @@ def build_loader(config_or_path: Any = None, overrides: Iterable[str] = (), *, d
     from corpus_io.dataset import build_dataloader
     from corpus_io.train.cmvn import eval_dataset_conf
 
-    if isinstance(config_or_path, DatasetConf):
-        config_or_path = {"dataset_conf": config_or_path}
-    cfg = config_or_path if isinstance(config_or_path, TrainConfig) and not overrides else \
-        load_config(config_or_path, overrides, command="train", missing_ok=_UNUSED_BY_LOADER)
-    config.check_values(cfg)
+    cfg = _loader_config(config_or_path, overrides)
     if data_list is None:
         data_list = cfg.train_data_set_list if train else cfg.valid_data_set_list
     data_list = os.fspath(data_list) if data_list else None
@@ -181,6 +179,52 @@ def build_loader(config_or_path: Any = None, overrides: Iterable[str] = (), *, d
     dataset_conf = cfg.dataset_conf if train else eval_dataset_conf(cfg.dataset_conf)
     return build_dataloader(data_list, dataset_conf, tokenizer, train=train, rank=rank, world_size=world_size,
                             uneven=uneven or ("stop" if train else "allow"))
+
+
+class FrontEnd:
+    """``front_end(batch) -> (feats (B, T, D), feats_lengths (B,))`` on ``device`` from a loader batch of either
+    kind: with ``dataset_conf.feats_on=model`` (padded waveforms) it computes Kaldi fbank/mfcc there, batched,
+    plus spec_aug/sub/trim when ``train`` (as ``train`` does; call ``set_epoch`` with the loader's); with
+    ``feats_on=loader`` it moves the loader's ``feats`` to ``device``."""
+
+    def __init__(self, dataset_conf: DatasetConf, device: Any = "cpu", *, train: bool = True) -> None:
+        import torch
+
+        from corpus_io.train.frontend import build_front_end as build
+
+        self.device = torch.device(device)
+        self.train = train
+        self._front_end = build(dataset_conf, self.device)
+
+    def set_epoch(self, epoch: int) -> None:
+        if self._front_end is not None:
+            self._front_end.set_epoch(epoch)
+
+    def __call__(self, batch: dict) -> tuple[Any, Any]:
+        from corpus_io.train.frontend import model_inputs
+
+        return model_inputs(self._front_end, batch, self.device, train=self.train)
+
+
+def build_front_end(config_or_path: Any = None, overrides: Iterable[str] = (), *, device: Any = "cpu",
+                    train: bool = True) -> FrontEnd:
+    """The :class:`FrontEnd` of a config (what :func:`build_loader` takes: a ``TrainConfig``, a dict, a YAML path,
+    overrides or a ``DatasetConf``); ``train=False`` for cv/decode (no augmentation, no dither)."""
+    from corpus_io.train.cmvn import eval_dataset_conf
+
+    conf = config_or_path if isinstance(config_or_path, DatasetConf) and not overrides else \
+        _loader_config(config_or_path, overrides).dataset_conf
+    return FrontEnd(conf if train else eval_dataset_conf(conf), device, train=train)
+
+
+def _loader_config(config_or_path: Any, overrides: Iterable[str]) -> TrainConfig:
+    """``train``'s config for the loader: a TrainConfig as is (its ranges checked), else :func:`load_config`."""
+    if isinstance(config_or_path, DatasetConf):
+        config_or_path = {"dataset_conf": config_or_path}
+    if isinstance(config_or_path, TrainConfig) and not overrides:
+        config.check_values(config_or_path)
+        return config_or_path
+    return load_config(config_or_path, overrides, command="train", missing_ok=_UNUSED_BY_LOADER)
 
 
 @dataclasses.dataclass

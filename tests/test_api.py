@@ -165,6 +165,21 @@ def test_build_loader_takes_a_dataset_conf_and_a_cv_loader_reads_everything_with
         s["key"] for s in corpus_io.read_shards(prepared["shards"])) == prepared["keys"]
 
 
+def test_the_front_end_turns_waveform_batches_into_the_loaders_features(prepared):
+    import torch
+
+    conf = {"dataset_conf": {"feats_on": "model", "shuffle": False}}
+    on_model = _loader(prepared, feats_on="model", shuffle=False)
+    on_loader = _loader(prepared, shuffle=False)
+    model_batch, loader_batch = next(iter(on_model)), next(iter(on_loader))
+    assert "feats" not in model_batch and model_batch["keys"] == loader_batch["keys"]
+    feats, lengths = corpus_io.build_front_end(conf, train=False)(model_batch)
+    assert torch.equal(lengths, loader_batch["feats_lengths"])
+    torch.testing.assert_close(feats, loader_batch["feats"], atol=1e-3, rtol=1e-4)
+    same, _ = corpus_io.build_front_end(corpus_io.DatasetConf())(loader_batch)  # feats_on=loader: passed through
+    assert same is loader_batch["feats"] or torch.equal(same, loader_batch["feats"])
+
+
 def _torchrun(*args: str, timeout: float = 240) -> object:
     cmd = [str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}", *args]
     return run_bounded(cmd, timeout, env=env())
