@@ -97,6 +97,29 @@ def test_a_plain_dict_block_becomes_its_schema_and_its_keys_are_checked():
     assert corpus_io.DatasetConf(epoch_hours=2).epoch_hours == 2  # an int is a float
 
 
+# --------------------------------------------------------------------------- manifests and shards
+
+
+def test_manifests_and_shards_round_trip_through_the_api(prepared, tmp_path):
+    records = list(corpus_io.read_manifest(prepared["jsonl"]))
+    wenet = [{"key": r["key"], "wav": r["source"], "txt": r["target"]} for r in records]
+    assert corpus_io.write_manifest(tmp_path / "wenet.jsonl", wenet) == len(records)
+    assert [(r["key"], r["source"], r["target"]) for r in corpus_io.read_manifest(tmp_path / "wenet.jsonl")] == \
+        [(r["key"], r["source"], r["target"]) for r in records]
+    with pytest.raises(corpus_io.DataError, match="record 2: a line needs 'key' and 'source'"):
+        corpus_io.write_manifest(tmp_path / "bad.jsonl", [wenet[0], {"txt": "no key"}])
+    assert not (tmp_path / "bad.jsonl").exists()  # nothing half-written
+    assert corpus_io.jsonl2scp(prepared["jsonl"], [tmp_path / "wav.scp", tmp_path / "text"]) == len(records)
+    first_line = (tmp_path / "text").read_text(encoding="utf-8").split("\n")[0]
+    assert first_line == f"{records[0]['key']} {records[0]['target']}"
+    raw = corpus_io.make_datalist([prepared["jsonl"]], tmp_path / "raw.list", data_type="raw")
+    assert len(Path(raw).read_text(encoding="utf-8").splitlines()) == len(records)
+    results = corpus_io.verify_shards(prepared["shards"], num_workers=1)
+    assert len(results) == 8 and sum(1 for _ in corpus_io.read_shards(prepared["shards"])) == len(records)
+    sample = next(corpus_io.read_shards(prepared["shards"]))
+    assert {"key", "audio", "audio_format", "txt"} <= set(sample) and isinstance(sample["audio"], bytes)
+
+
 # --------------------------------------------------------------------------- load_config
 
 
