@@ -14,7 +14,20 @@ no augmentation, still split across ranks). ``CorpusLoader``:
 
 With ``dataset_conf.sources`` the corpora are interleaved by weight; with ``epoch_hours`` an
 epoch is that much audio (over all ranks) and the next epoch continues where it stopped.
-A DDP trainer ends an epoch with :func:`corpus_io.partition.all_ranks_have_data`.
+
+Ranks hold different amounts of data, so under DDP their batch counts differ. ``uneven`` says what the
+loader does about it (one all-reduce per batch, before the batch counts as consumed):
+
+* ``stop``: every rank's epoch ends at the step where the first rank runs out; what the other ranks still
+  hold is left unused (counted as ``uneven_ranks.unused`` in ``epoch_counts()``, and logged), so a plain
+  ``for batch in loader:`` DDP loop cannot desync. What :func:`corpus_io.build_loader` gives by default;
+* ``error``: a DataError on every rank at that step, naming this option;
+* ``allow``: no synchronisation; every rank yields all of its batches. The caller keeps the ranks together:
+  DDP's ``join()`` context manager, or :func:`corpus_io.partition.all_ranks_have_data` before each step (what
+  the trainer does, so it builds its loaders with ``allow``).
+
+There is no ``len()``: the batch count of a streaming epoch is known only at its end (filters, dynamic
+batch sizes); ``state_dict()["batches"]`` counts the batches consumed.
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from corpus_io.config import DatasetConf, check_values
 from corpus_io.errors import ConfigError, CorpusIOError, DataError
 from corpus_io.files import read_json_object
-from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info
+from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info, ranks_with_data
 from corpus_io.pipeline.build import build_pipeline, continues_streams, describe_chain, loader_chain
 from corpus_io.pipeline.elastic import Resplit, resplit, same_topology, utterances_left
 from corpus_io.pipeline.read import Source
@@ -42,6 +55,9 @@ log = logging.getLogger(__name__)
 __all__ = ["CorpusDataset", "CorpusLoader", "build_dataloader", "all_ranks_have_data"]
 
 STATE_VERSION = 1
+
+#: what the loader does when DDP ranks run out of batches at different steps (see the module doc)
+UNEVEN_CHOICES = ("stop", "error", "allow")
 
 
 class CorpusDataset(IterableDataset):
@@ -116,9 +132,13 @@ def _one_thread(batches: Iterator[dict]) -> Iterator[dict]:
 class CorpusLoader:
     """DataLoader with epochs, exact resumable state and aggregated counts (see the module doc)."""
 
-    def __init__(self, dataset: CorpusDataset, conf: DatasetConf):
+    def __init__(self, dataset: CorpusDataset, conf: DatasetConf, *, uneven: str = "allow"):
+        if uneven not in UNEVEN_CHOICES:
+            raise ConfigError(f"uneven={uneven!r}, but it must be one of {', '.join(UNEVEN_CHOICES)} (what the "
+                              f"loader does when DDP ranks run out of batches at different steps).")
         self.dataset = dataset
         self.conf = conf
+        self.uneven = uneven
         self.num_workers = max(0, int(conf.num_workers))
         self.epoch = 0
         self._snapshots: dict[int, dict] = {}
@@ -177,22 +197,52 @@ class CorpusLoader:
             kwargs["prefetch_factor"] = max(1, int(self.conf.prefetch))
         if self.num_workers > 0 and self.conf.batch_timeout > 0:
             kwargs["timeout"] = float(self.conf.batch_timeout)
+        in_step = self.uneven != "allow" and self.world_size > 1
         for batch in self._guarded(iter(DataLoader(self.dataset, **kwargs))):
             worker = int(batch.pop("__worker__"))
             if "__error__" in batch:
                 name, message = batch["__error__"]
                 raise (ConfigError if name == "ConfigError" else DataError)(message)
-            self._snapshots[worker] = batch.pop("__state__")
+            snapshot = batch.pop("__state__")
             delta = json.loads(batch.pop("__counts__"))
             self._counts.update(delta)
             self._epoch_counts.update(delta)
             if batch.pop("__final__"):
+                self._snapshots[worker] = snapshot
                 continue
+            if in_step and not self._every_rank_has_a_batch(True):
+                break  # the batch is not consumed: the state stays at the previous one
+            self._snapshots[worker] = snapshot
             self._batches += 1
             yield batch
+        else:
+            if in_step:
+                self._every_rank_has_a_batch(False)  # the step the ranks that still have batches wait in
         if self._epoch_counts:
             log.info("epoch %d rank %d: dropped %s", self.epoch, self.rank,
                      ", ".join(f"{k} {v}" for k, v in sorted(self._epoch_counts.items())))
+
+    def _every_rank_has_a_batch(self, mine: bool) -> bool:
+        """One all-reduce per step (``uneven`` stop/error): True while every rank has a batch for it."""
+        have, world_size = ranks_with_data(mine)
+        if have in (0, world_size):
+            return have == world_size
+        step = self._batches + 1
+        if self.uneven == "error":
+            raise DataError(f"rank {self.rank}: in epoch {self.epoch}, {world_size - have} of {world_size} ranks "
+                            f"ran out of batches at step {step} while the others still had some (ranks hold different "
+                            f"amounts of audio). Pass uneven='stop' (every rank ends the epoch at that step; the rest "
+                            f"is left unused and counted) or uneven='allow' (every rank yields all its batches; keep "
+                            f"the ranks together yourself, e.g. with DDP's join()) to build_loader.")
+        if mine:
+            left = self.left_in_epoch()
+            self._epoch_counts["uneven_ranks.unused"] += left
+            self._counts["uneven_ranks.unused"] += left
+            log.warning("epoch %d rank %d: %d of %d ranks ran out of batches at step %d, so every rank ends the epoch "
+                        "there (uneven='stop'); %d utterances of this rank are left unused in this epoch. More, "
+                        "smaller shards balance the ranks better; uneven='allow' with DDP's join() trains them all.",
+                        self.epoch, self.rank, world_size - have, world_size, step, left)
+        return False
 
     def _guarded(self, batches: Any) -> Iterator[dict]:
         """The DataLoader's batches; a worker silent past ``batch_timeout`` fails this rank naming it (else a
@@ -292,10 +342,6 @@ class CorpusLoader:
                                   f"{key}={mine[key]}. {need}; restore them, or start the epoch afresh without "
                                   f"the state.")
 
-    def __len__(self) -> int:
-        raise TypeError("a streaming loader has no length; iterate it (the trainer stops ranks together with "
-                        "all_ranks_have_data)")
-
 
 def check_positions(state: SlotState, sources: list[Source], who: str) -> None:
     """A read position of a loader state that cannot be one of these lists' (a source, unit or position past
@@ -353,8 +399,9 @@ def open_sources(data_list: str | None, conf: DatasetConf) -> list[Source]:
 
 
 def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer: Any, *, train: bool,
-                     rank: int | None = None, world_size: int | None = None) -> CorpusLoader:
-    """The loader for training (``train=True``) or cv/test (``train=False``) on this rank."""
+                     rank: int | None = None, world_size: int | None = None, uneven: str = "allow") -> CorpusLoader:
+    """The loader for training (``train=True``) or cv/test (``train=False``) on this rank; ``uneven``: what it
+    does when DDP ranks run out of batches at different steps (module doc; the trainer syncs itself: allow)."""
     if rank is None or world_size is None:
         r, w = dist_info()
         rank = r if rank is None else rank
@@ -378,7 +425,7 @@ def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer
                           f"{raw[0].data_list} is a raw list, which has none. Drop ++dataset_conf.fields, or "
                           f"pack the list into shards and run add-field on them.")
     dataset = CorpusDataset(sources, dataset_conf, tokenizer, train=train, rank=rank, world_size=world_size)
-    return CorpusLoader(dataset, dataset_conf)
+    return CorpusLoader(dataset, dataset_conf, uneven=uneven)
 
 
 # --------------------------------------------------------------------------- bench-loader

@@ -379,18 +379,24 @@ def dist_info() -> tuple[int, int]:
 
 
 def all_ranks_have_data(flag: bool) -> bool:
-    """True only if every rank still has data (an all-reduce MIN); ``flag`` alone without DDP.
+    """True only if every rank still has data (an all-reduce); ``flag`` alone without DDP.
 
     A trainer calls it before each step: ``if not all_ranks_have_data(batch is not None): break``,
     so all ranks leave the epoch at the same step instead of one waiting forever in a collective.
     """
+    have, world_size = ranks_with_data(flag)
+    return have == world_size
+
+
+def ranks_with_data(flag: bool) -> tuple[int, int]:
+    """``(ranks whose flag is true, world size)``: one all-reduce (SUM) under DDP, ``(int(flag), 1)`` without."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return bool(flag)
+        return int(bool(flag)), 1
     backend = dist.get_backend()
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return int(t.item()), dist.get_world_size()

@@ -17,8 +17,8 @@ import time, so ``--help`` is fast. Units follow Kaldi/WeNet: lengths in 10 ms f
 rates in Hz.
 """
 
-from corpus_io.config.checks import SUGGEST_CUTOFF, check_keys, check_values, require
-from corpus_io.config.compose import compose, to_dict, to_yaml, validate
+from corpus_io.config.checks import SUGGEST_CUTOFF, check_keys, check_values, coerce_fields, require, schema
+from corpus_io.config.compose import compose, compose_raw, to_dict, to_yaml, validate
 from corpus_io.config.data import (
     AddFieldConfig,
     ExploreConfig,
@@ -71,6 +71,7 @@ __all__ = [
     "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig", "PrepareConfig", "RENAMED_KEYS", "ResampleConf",
     "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig", "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf",
     "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf", "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig",
-    "TuneLmConfig", "VerifyShardsConfig", "all_keys", "check_keys", "check_values", "compose", "describe",
-    "group_presets", "in_range", "opt", "parse_range", "require", "to_dict", "to_yaml", "validate",
+    "TuneLmConfig", "VerifyShardsConfig", "all_keys", "check_keys", "check_values", "coerce_fields", "compose",
+    "compose_raw", "describe", "group_presets", "in_range", "opt", "parse_range", "require", "schema", "to_dict",
+    "to_yaml", "validate",
 ]

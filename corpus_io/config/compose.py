@@ -18,13 +18,21 @@ def compose(schema: type, config_name: str, overrides: list[str], *, config_path
 
     Returns the dataclass instance; ``resolved_yaml(cfg)`` gives the YAML to store with outputs.
     """
-    raw = _hydra_compose(config_name, overrides, config_path=config_path)
-    return validate(schema, raw, explicit=override_keys(overrides))
+    return validate(schema, compose_raw(config_name, overrides, config_path=config_path),
+                    explicit=override_keys(overrides))
 
 
-def validate(schema: type, raw: Any, *, explicit: frozenset = frozenset()) -> Any:
+def compose_raw(config_name: str, overrides: list[str], *, config_path: str | None = None) -> dict:
+    """The YAML composed with the overrides, as a plain dict, before any check (what :func:`compose` validates;
+    the Python API merges a user's dict over it first)."""
+    return _hydra_compose(config_name, overrides, config_path=config_path)
+
+
+def validate(schema: type, raw: Any, *, explicit: frozenset = frozenset(), missing_ok: tuple[str, ...] = ()) -> Any:
     """Check a DictConfig/dict against ``schema``; return the dataclass instance. ``explicit``: the keys the
-    command line set (an old spelling there overrides the YAML's new key)."""
+    command line set (an old spelling there overrides the YAML's new key). ``missing_ok``: required keys
+    that may stay unset (they become ``""``) because the caller does not read them (the API's loader:
+    ``output_dir``)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -37,6 +45,8 @@ def validate(schema: type, raw: Any, *, explicit: frozenset = frozenset()) -> An
     check_keys(schema, raw, prefix="")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), raw)
+        for key in set(OmegaConf.missing_keys(merged)) & set(missing_ok):
+            OmegaConf.update(merged, key, "")  # left empty: `require` names it if someone reads it after all
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             raise ConfigError(f"config key '{missing[0]}' is required but not set. Set it with "

@@ -3,14 +3,14 @@ verify-shards, make-tokenizer, add-field and stats (none of them imports torch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from corpus_io.config.checks import schema
 from corpus_io.config.dataset import PIPE_TIMEOUT_HELP, DatasetConf, TokenizerConf
 from corpus_io.config.fields import FAILURE_CHOICES, job_index_opt, num_jobs_opt, opt
 
 
-@dataclass
+@schema
 class Scp2JsonlConfig:
     scp_file_list: List[str] = opt(help="Kaldi tables, first one drives the order, e.g. [wav.scp, text]",
                                    factory=list)
@@ -31,7 +31,7 @@ class Scp2JsonlConfig:
     job_index: Any = job_index_opt()
 
 
-@dataclass
+@schema
 class Jsonl2ScpConfig:
     jsonl_file_in: str = opt("???", "input JSONL")
     scp_file_list: List[str] = opt(help="output tables, one per field", factory=list)
@@ -40,7 +40,7 @@ class Jsonl2ScpConfig:
     separator: str = opt("space", "between key and value: Kaldi's space or FunASR's tab", choices=("space", "tab"))
 
 
-@dataclass
+@schema
 class PrepareConfig:
     corpus: str = opt("???", "the on-disk layout under root", choices=("aishell", "librispeech"))
     root: str = opt("???", "aishell: the dir holding data_aishell/ (wav/{train,dev,test}/<spk>/*.wav, transcript/); "
@@ -51,7 +51,7 @@ class PrepareConfig:
     remove_spaces: bool = opt(True, "aishell: drop the transcript's word spaces (WeNet/ESPnet); false keeps them")
 
 
-@dataclass
+@schema
 class PackShardsConfig:
     input: str = opt("???", "train.jsonl (FunASR), a WeNet raw data.list, or a Kaldi data dir")
     output_dir: str = opt("???", "where shards, data.list and index.jsonl go")
@@ -78,7 +78,7 @@ class PackShardsConfig:
     job_index: Any = job_index_opt()
 
 
-@dataclass
+@schema
 class MakeDatalistConfig:
     data_type: str = opt("shard", "raw: utterance list from a JSONL; shard: list of shard URLs",
                          choices=("raw", "shard"))
@@ -88,7 +88,7 @@ class MakeDatalistConfig:
     prefix: Optional[str] = opt(None, "rewrite each shard's directory to this prefix, e.g. s3://bucket/corpus/")
 
 
-@dataclass
+@schema
 class VerifyShardsConfig:
     input: str = opt("???", "a shard data.list (its index.jsonl sidecar is used when present)")
     num_workers: int = opt(0, "checking processes (0: all cores)", range="[0, 1024]")
@@ -99,7 +99,7 @@ class VerifyShardsConfig:
     job_index: Any = job_index_opt()
 
 
-@dataclass
+@schema
 class MakeTokenizerConfig:
     input: str = opt("???", "a Kaldi text file or a JSONL with target/txt")
     output: str = opt("???", "token list to write (bpe also writes <output stem>.model)")
@@ -108,7 +108,7 @@ class MakeTokenizerConfig:
     min_count: int = opt(1, "char/word: drop tokens seen fewer times")
 
 
-@dataclass
+@schema
 class AddFieldConfig:
     input: str = opt("???", "a shard data.list")
     field: str = opt("???", "the field name, e.g. fbank or speaker")
@@ -120,7 +120,7 @@ class AddFieldConfig:
     job_index: Any = job_index_opt()
 
 
-@dataclass
+@schema
 class MergeJobsConfig:
     path: str = opt("???", "what one job would have written: pack-shards' output_dir, scp2jsonl's jsonl_file_out, "
                            "compute-cmvn's output, add-field's or verify-shards' input list")
@@ -130,7 +130,7 @@ class MergeJobsConfig:
                              "every output)", choices=("size", "sha256"))
 
 
-@dataclass
+@schema
 class StatsConfig:
     input: str = opt("???", "a shard or raw data.list")
     output: Optional[str] = opt(None, "PNG histogram path (default: next to the list)")
@@ -138,7 +138,7 @@ class StatsConfig:
     bins: int = opt(30, "histogram bins", range="[1, 100000]")
 
 
-@dataclass
+@schema
 class ExploreConfig:
     input: str = opt("???", "a shard data.list (or its directory), a raw list / FunASR jsonl, or a Kaldi dir")
     decode_dir: Optional[str] = opt(None, "output_dir of corpus-io decode: hypotheses and per-utterance errors")

@@ -3,16 +3,16 @@ compute-cmvn, bench-loader and add-field."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from corpus_io.config.checks import schema
 from corpus_io.config.fields import FAILURE_CHOICES, opt
 
 PIPE_TIMEOUT_HELP = ("longest run of one command entry (a Kaldi 'cmd |' or a pipe:CMD); past it its processes are "
                      "killed and the entry fails (on_error)")
 
 
-@dataclass
+@schema
 class FilterConf:
     max_length: int = opt(10240, "drop utterances longer than this", unit="frames (10 ms)", range="[1, inf)")
     min_length: int = opt(10, "drop utterances shorter than this", unit="frames (10 ms)", range="[0, inf)")
@@ -24,17 +24,17 @@ class FilterConf:
                                         range="(0, inf)")
 
 
-@dataclass
+@schema
 class ResampleConf:
     resample_rate: int = opt(16000, "every waveform is resampled to this rate", unit="Hz", range="[1000, 384000]")
 
 
-@dataclass
+@schema
 class SpeedPerturbConf:
     speeds: List[float] = opt(help="one speed factor is drawn per utterance", factory=lambda: [0.9, 1.0, 1.1])
 
 
-@dataclass
+@schema
 class FbankConf:
     num_mel_bins: int = opt(80, "mel filterbank channels", range="[1, 512]")
     frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
@@ -42,7 +42,7 @@ class FbankConf:
     dither: float = opt(0.0, "dither added before the FFT (0 = deterministic)", range="[0, inf)")
 
 
-@dataclass
+@schema
 class MfccConf:
     num_mel_bins: int = opt(40, "mel filterbank channels", range="[1, 512]")
     num_ceps: int = opt(40, "cepstral coefficients kept", range="[1, 512]")
@@ -53,7 +53,7 @@ class MfccConf:
     low_freq: float = opt(20.0, "low cutoff", unit="Hz")
 
 
-@dataclass
+@schema
 class SpecAugConf:
     num_t_mask: int = opt(2, "time masks per utterance", range="[0, 100]")
     num_f_mask: int = opt(2, "frequency masks per utterance", range="[0, 100]")
@@ -61,35 +61,35 @@ class SpecAugConf:
     max_f: int = opt(10, "widest frequency mask", unit="mel bins", range="[0, 512]")
 
 
-@dataclass
+@schema
 class SpecSubConf:
     max_t: int = opt(30, "longest substituted span", unit="frames", range="[0, 100000]")
     num_t_sub: int = opt(3, "substitutions per utterance", range="[0, 100]")
 
 
-@dataclass
+@schema
 class SpecTrimConf:
     max_t: int = opt(20, "most frames trimmed from the end", unit="frames", range="[0, 100000]")
 
 
-@dataclass
+@schema
 class ShuffleConf:
     shuffle_size: int = opt(1500, "utterances held by the shuffle buffer", unit="utterances", range="[1, 1000000]")
 
 
-@dataclass
+@schema
 class SortConf:
     sort_size: int = opt(500, "utterances sorted by length together", unit="utterances", range="[1, 1000000]")
 
 
-@dataclass
+@schema
 class SourceConf:
     data_list: str = opt("???", "a data.list (shard or raw) of one corpus")
     weight: float = opt(1.0, "relative share of this corpus in the mix", range="[0, inf)")
     data_type: str = opt("shard", "format of this list", choices=("raw", "shard"))
 
 
-@dataclass
+@schema
 class DatasetConf:
     data_type: str = opt("shard", "raw: JSONL list of utterances; shard: list of tar URLs", choices=("raw", "shard"))
     fields: List[str] = opt(help="fields to read (empty: all of the main shard), e.g. [fbank, txt]", factory=list)
@@ -153,7 +153,7 @@ class DatasetConf:
 # --------------------------------------------------------------------------- tokenizer
 
 
-@dataclass
+@schema
 class TokenizerConf:
     type: str = opt("char", "char: CJK chars + Latin words/letters; bpe: sentencepiece; word: jieba + whitespace",
                     choices=("char", "bpe", "word"))

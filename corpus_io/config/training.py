@@ -3,14 +3,14 @@ compute-cmvn, average and bench-loader."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from corpus_io.config.checks import schema
 from corpus_io.config.dataset import DatasetConf, FilterConf, TokenizerConf
 from corpus_io.config.fields import job_index_opt, num_jobs_opt, opt
 
 
-@dataclass
+@schema
 class TrainConf:
     max_epoch: int = opt(10, "epochs to train", range="[1, 1000000]")
     log_interval: int = opt(10, "steps between log lines", unit="steps", range="[1, 1000000000]")
@@ -40,14 +40,14 @@ class TrainConf:
                                      "(tests --max-restarts); 0: off", unit="steps")
 
 
-@dataclass
+@schema
 class OptimConf:
     optim: str = opt("adamw", "optimizer", choices=("adam", "adamw", "sgd"))
     lr: float = opt(0.001, "peak learning rate", range="(0, 10]")
     weight_decay: float = opt(1e-6, "weight decay", range="[0, 10]")
 
 
-@dataclass
+@schema
 class SchedulerConf:
     scheduler: str = opt("warmuplr", "warmuplr: linear warmup then inverse sqrt; constant",
                          choices=("warmuplr", "constant"))
@@ -55,7 +55,7 @@ class SchedulerConf:
 
 
 
-@dataclass
+@schema
 class BenchLoaderConfig:
     data_list: str = opt("", "the data.list to read (required unless dataset_conf.sources is set)")
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
@@ -69,7 +69,7 @@ class BenchLoaderConfig:
     train: bool = opt(True, "train mode (shuffle, augment) or cv mode")
 
 
-@dataclass
+@schema
 class TrainConfig:
     train_data_set_list: str = opt("", "training data.list (required unless dataset_conf.sources is set)")
     valid_data_set_list: Optional[str] = opt(None, "cv data.list (split across ranks)")
@@ -87,7 +87,7 @@ class TrainConfig:
 DECODING_METHODS = ("greedy", "ctc_prefix_beam", "ctc_beam_lm", "attention_rescoring")
 
 
-@dataclass
+@schema
 class DecodingConf:
     method: str = opt("greedy", "greedy: best path; ctc_prefix_beam: CTC prefix beam search (n-best, hotwords); "
                                 "ctc_beam_lm: the beam search with an n-gram LM fused (corpus-io make-lm); "
@@ -107,7 +107,7 @@ class DecodingConf:
                             range="[0, 1]")
 
 
-@dataclass
+@schema
 class DecodeConfig:
     data_list: str = opt("???", "data.list to decode")
     checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}")
@@ -120,7 +120,7 @@ class DecodeConfig:
     decoding: DecodingConf = opt(factory=DecodingConf)
 
 
-@dataclass
+@schema
 class MakeLmConfig:
     input: str = opt("???", "text to estimate from: a JSONL (target/txt), a Kaldi text (key transcript) or "
                             "plain text (one sentence a line)")
@@ -134,7 +134,7 @@ class MakeLmConfig:
     tokenizer: TokenizerConf = opt(factory=TokenizerConf)
 
 
-@dataclass
+@schema
 class TuneLmConfig:
     data_list: str = opt("???", "the dev list to tune on")
     checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}")
@@ -149,7 +149,7 @@ class TuneLmConfig:
     decoding: DecodingConf = opt(factory=lambda: DecodingConf(method="ctc_beam_lm"))
 
 
-@dataclass
+@schema
 class ComputeCmvnConfig:
     data_list: str = opt("???", "training data.list")
     output: str = opt("???", "CMVN stats file to write")
@@ -161,7 +161,7 @@ class ComputeCmvnConfig:
     job_index: Any = job_index_opt()
 
 
-@dataclass
+@schema
 class AverageConfig:
     output_dir: str = opt("???", "the training output_dir")
     num: int = opt(5, "checkpoints to average", range="[1, 100000]")
