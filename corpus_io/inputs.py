@@ -248,8 +248,9 @@ class Input:
         self.offsets = array("q")
         self.linenos = array("q")
 
-    def scan(self) -> int:
-        """First pass: offsets, line numbers, duplicate keys. 24 bytes per utterance; returns the count."""
+    def scan(self, *, offsets: bool = True) -> int:
+        """First pass: offsets, line numbers, duplicate keys; returns the count. 24 bytes per utterance
+        (``offsets=False``: 8, only the duplicate check, for streaming in file order)."""
         hashes = array("q")
         offset = 0
         self.offsets, self.linenos = array("q"), array("q")
@@ -257,8 +258,9 @@ class Input:
             for lineno, raw in bounded_lines(f, self.name):
                 key = self.key_of(raw, lineno)
                 if key is not None:
-                    self.offsets.append(offset)
-                    self.linenos.append(lineno)
+                    if offsets:
+                        self.offsets.append(offset)
+                        self.linenos.append(lineno)
                     hashes.append(kaldi.key_hash(key))
                 offset += len(raw)
         wanted = kaldi.duplicate_hashes(hashes)
@@ -555,11 +557,14 @@ def open_input(path: str | os.PathLike, *, feats: bool = False) -> Input:
     return _line_input(path, kind)
 
 
-def iter_records(path: str | os.PathLike, *, skip: Callable[[Skip], None] | None = None) -> Iterator[dict]:
-    """Stream the canonical records of any input (checked for duplicate keys first: one cheap pass).
-    A line that yields no record goes to ``skip`` (count it), or without one is a DataError naming it."""
+def iter_records(path: str | os.PathLike, *, skip: Callable[[Skip], None] | None = None,
+                 check_duplicates: bool = True) -> Iterator[dict]:
+    """Stream the canonical records of any input, in file order. ``check_duplicates``: a first pass refuses a
+    repeated key before any record is yielded (8 bytes per utterance). A line that yields no record goes to
+    ``skip`` (count it), or without one is a DataError naming it."""
     inp = open_input(path)
-    inp.scan()
+    if check_duplicates:
+        inp.scan(offsets=False)
     for rec in inp.records():
         if isinstance(rec, Skip):
             if skip is None:

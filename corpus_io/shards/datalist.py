@@ -218,7 +218,8 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
     with atomic_write(output) as out:  # an error below leaves no output behind
         for path in inputs:
             before = len(hashes)
-            for rec in iter_records(path, skip=lambda s: summary.skip(s.reason)):
+            # duplicates: checked below across every input, from 8-byte key hashes
+            for rec in iter_records(path, skip=lambda s: summary.skip(s.reason), check_duplicates=False):
                 where = rec.pop("where")
                 hashes.append(key_hash(rec["key"]))
                 if rec.get("target") is None:
