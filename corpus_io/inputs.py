@@ -11,7 +11,8 @@
   for the key of a line without ``key``; with ``offset`` the utterance is the segment
   ``[offset, offset + duration]``, without it the whole file (``duration`` is kept as metadata, NeMo rounds
   it). A relative ``audio_filepath`` is taken from the manifest's directory when the file is there (NeMo's
-  rule), else from the current directory;
+  rule), else from the current directory. In a tarred NeMo dataset (lines with ``shard_id``) it is the member
+  of ``audio_<shard_id>.tar`` beside the manifest (NeMo's layout), read as the source ``<tar>//<member>``;
 * a **Lhotse manifest**, jsonl or jsonl.gz: a **CutSet** (one utterance per ``MonoCut``: its span of the
   recording, the texts of its supervisions joined in time order) or a **RecordingSet + SupervisionSet**
   (one utterance per supervision; give either file or their directory: the other file is found by
@@ -20,7 +21,7 @@
 A multi-channel file is mixed down to mono as everywhere in corpus-io, so a MultiCut of all its channels is
 read. Refused with a clear message (no silent guess): a cut of some channels of a multi-channel file,
 overlapping supervisions in one cut (two transcripts for one stretch of audio), MixedCut/PaddingCut,
-features-only cuts, recordings with transforms, in-memory sources, tarred NeMo members.
+features-only cuts, recordings with transforms, in-memory sources.
 
 Memory: one pass over the driver file records 24 bytes per utterance (offsets, line numbers, key hashes); a
 RecordingSet is indexed by 16 bytes per recording. A ``.gz`` manifest is decompressed once into a temporary
@@ -110,10 +111,13 @@ def _nemo_record(obj: dict, where: str, base: str) -> dict | Skip:
         beside = os.path.join(base, path)
         if os.path.exists(beside):  # NeMo's rule: relative to the manifest when the file is there
             source = beside
-    if "shard_id" in obj and not os.path.exists(source):
-        raise DataError(f"{where}: key '{key}': '{path}' is a member of a tarred NeMo dataset (the line has "
-                        f"shard_id {obj['shard_id']}). corpus-io reads audio files, not NeMo's tar members: pack "
-                        f"the untarred manifest, or extract the tars and point audio_filepath at the files.")
+    if "shard_id" in obj and not os.path.exists(source):  # tarred NeMo: a member of audio_<shard_id>.tar
+        tar = os.path.join(base, f"audio_{obj['shard_id']}.tar")
+        if not os.path.isfile(tar):
+            raise DataError(f"{where}: key '{key}': '{path}' is a member of a tarred NeMo dataset (shard_id "
+                            f"{obj['shard_id']}), and {tar} is not there. Keep the manifest beside its "
+                            f"audio_<shard_id>.tar files (NeMo's convert_to_tarred_audio_dataset layout).")
+        source = f"{tar}//{path}"
     rec: dict[str, Any] = {k: v for k, v in obj.items() if k not in ("audio_filepath", "text", "offset", "shard_id")}
     rec["key"], rec["source"] = key, source
     if offset is not None and (offset or duration is not None):

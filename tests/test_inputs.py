@@ -145,7 +145,7 @@ def test_nemo_key_rule():
 @pytest.mark.parametrize("case, needles", [
     ("multichannel", ["channel(s) 1 of the 2-channel recording", "Split the channels"]),
     ("overlap", ["overlap", "trim_to_supervisions"]),
-    ("tarred", ["tarred NeMo dataset", "shard_id 0"]),
+    ("tarred", ["tarred NeMo dataset", "shard_id 0", "audio_0.tar is not there"]),
     ("nemo_repeat", ["duplicate key", "add a 'key' field"]),
 ])
 def test_inputs_corpus_io_cannot_take_are_refused_with_the_way_out(tmp_path, case, needles):
@@ -248,3 +248,52 @@ def test_nemo_export_has_the_documented_fields_and_reads_back(tmp_path, fixture_
     original = list(open_input(str(fixture_corpus / "segments_dir")).records())
     assert [r["key"] for r in back] == [r["key"] for r in original]  # keys kept (they differ from the rule)
     assert [r["target"] for r in back] == [r["target"] for r in original]
+
+
+def test_a_tarred_nemo_dataset_reads_its_members_from_the_tars_beside_the_manifest(tmp_path):
+    """NeMo's convert_to_tarred_audio_dataset layout: audio_<shard_id>.tar of basenames + a manifest naming them."""
+    lines = []
+    for i, (_, path, text) in enumerate(UTTS[:4]):
+        shard = i % 2
+        with tarfile.open(tmp_path / f"audio_{shard}.tar", "a") as tar:
+            tar.add(path, arcname=Path(path).name)
+        lines.append({"audio_filepath": Path(path).name, "duration": sf.info(path).duration, "text": text,
+                      "shard_id": shard})
+    manifest = tmp_path / "tarred_audio_manifest.json"
+    manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    result = run_cli("corpus-io", "pack-shards", f"++input={manifest}", f"++output_dir={tmp_path}/shards",
+                     "++num_workers=1")
+    assert result.returncode == 0, result.stderr
+    members = shard_members(tmp_path / "shards")
+    for _, path, text in UTTS[:4]:
+        key, ext = Path(path).stem, Path(path).suffix[1:]
+        assert members[key][ext] == Path(path).read_bytes() and members[key]["txt"].decode() == text
+    sample = RawList(manifest).sample(1)  # the raw loader reads the member too
+    assert sample["audio"] == Path(UTTS[1][1]).read_bytes() and sample["audio_format"] == Path(UTTS[1][1]).suffix[1:]
+
+
+def test_a_cut_with_several_supervisions_in_turn_is_one_utterance_with_their_texts_in_time_order(tmp_path):
+    from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
+
+    mono = Recording.from_file(UTTS[0][1])
+    sups = [SupervisionSegment(id="b", recording_id=mono.id, start=0.6, duration=0.3, text="world"),
+            SupervisionSegment(id="a", recording_id=mono.id, start=0.1, duration=0.4, text="hello")]
+    CutSet.from_cuts([MonoCut(id="c", start=0, duration=mono.duration, channel=0, recording=mono,
+                              supervisions=sups)]).to_file(tmp_path / "c.jsonl")
+    (rec,) = iter_records(tmp_path / "c.jsonl")
+    assert rec["target"] == "hello world" and "start" not in rec
+
+
+def test_the_raw_loader_trains_on_a_nemo_manifest_as_it_is(tmp_path):
+    from corpus_io.dataset import build_dataloader
+    from corpus_io.tokenizer import build_tokenizer
+    from tests.loader_data import small_conf
+
+    manifest = nemo_manifest(tmp_path)
+    tok = build_tokenizer(token_list(tmp_path))
+    loader = build_dataloader(str(manifest), small_conf(data_type="raw", shuffle=False, sort=False, num_workers=1),
+                              tok, train=False, rank=0, world_size=1)
+    frames = {k: int(n) for batch in loader for k, n in zip(batch["keys"], batch["feats_lengths"])}
+    stem = Path(UTTS[3][1]).stem
+    assert sorted(frames) == sorted(r["key"] for r in iter_records(manifest))
+    assert frames[f"{stem}-0000500"] == pytest.approx(38, abs=2)  # 0.4 s of 25 ms windows every 10 ms
