@@ -5,7 +5,8 @@ NeMo manifest to a CutSet). Written, one line per utterance, streamed:
 
 * **NeMo** (``manifest_out``, e.g. ``train_manifest.json``): ``audio_filepath``, ``duration`` (seconds),
   ``text``, ``offset`` (segments only; NeMo cuts ``[offset, offset + duration]``), plus ``key`` when the key
-  differs from what :func:`corpus_io.inputs.nemo_key` would derive, and ``speaker``/``language`` when known.
+  differs from what :func:`corpus_io.inputs.nemo_key` would derive, and ``speaker``/``lang`` when known (the
+  fields NeMo's manifest parser reads: ``nemo.collections.common.parts.preprocessing.manifest``).
 * **Lhotse** (``manifest_out`` ending ``.jsonl`` or ``.jsonl.gz``): a CutSet of ``MonoCut`` (``MultiCut`` of
   every channel for a multi-channel file, which corpus-io mixes down), each with its recording (probed from
   the audio header: sampling rate, samples, channels) and one supervision holding the transcript.
@@ -66,9 +67,11 @@ def nemo_line(rec: dict, probe: Callable[[dict, str], audio.AudioInfo], where: s
         line["offset"] = start
     if rec["key"] != inputs.nemo_key(line["audio_filepath"], start if segment else None):
         line["key"] = rec["key"]
-    for name in ("speaker", "language"):
-        if rec.get(name) is not None:
-            line[name] = rec[name]
+    if rec.get("speaker") is not None:
+        line["speaker"] = rec["speaker"]
+    language = rec.get("language", rec.get("lang"))
+    if language is not None:
+        line["lang"] = language  # NeMo's manifest parser reads speaker and lang
     return line
 
 
@@ -86,9 +89,10 @@ def lhotse_cut(rec: dict, probe: Callable[[dict, str], audio.AudioInfo], where: 
     supervision: dict[str, Any] = {"id": rec["key"], "recording_id": recording_id, "start": 0.0,
                                    "duration": round(duration, 6), "channel": channel,
                                    "text": str(rec.get("target", ""))}
-    for name in ("speaker", "language"):
-        if rec.get(name) is not None:
-            supervision[name] = rec[name]
+    if rec.get("speaker") is not None:
+        supervision["speaker"] = rec["speaker"]
+    if rec.get("language", rec.get("lang")) is not None:
+        supervision["language"] = rec.get("language", rec.get("lang"))
     return {"id": rec["key"], "start": start, "duration": round(duration, 6), "channel": channel,
             "supervisions": [supervision], "recording": recording,
             "type": "MonoCut" if info.channels == 1 else "MultiCut"}

@@ -7,7 +7,8 @@
 
 * a **FunASR jsonl** (``key``, ``source``, ``target``, ...) and a **WeNet raw list** (``key``, ``wav``, ``txt``);
 * a **Kaldi data dir** (``wav.scp`` + ``text``, optional ``segments``, ``utt2spk``; or ``feats.scp``);
-* a **NeMo manifest** (``audio_filepath``, ``duration``, ``text``, optional ``offset``): see :func:`nemo_key`
+* a **NeMo manifest** (``audio_filepath``, ``duration``, ``text``, optional ``offset``, ``speaker``, ``lang``; the
+  aliases NeMo's parser takes, ``audio_filename`` and ``normalized_text``, too): see :func:`nemo_key`
   for the key of a line without ``key``; with ``offset`` the utterance is the segment
   ``[offset, offset + duration]``, without it the whole file (``duration`` is kept as metadata, NeMo rounds
   it). A relative ``audio_filepath`` is taken from the manifest's directory when the file is there (NeMo's
@@ -67,7 +68,7 @@ class Skip:
 def kind_of_line(obj: dict) -> str:
     """Which kind of manifest line ``obj`` is (one of :data:`KINDS`, or ``lhotse-recording`` /
     ``lhotse-supervision`` for the halves of a pair)."""
-    if "audio_filepath" in obj:
+    if "audio_filepath" in obj or "audio_filename" in obj:  # NeMo reads either name
         return "nemo"
     if obj.get("type") in CUT_TYPES or ("recording" in obj and "supervisions" in obj):
         return "lhotse-cuts"
@@ -100,7 +101,7 @@ def _number(obj: dict, name: str, where: str, key: str) -> float | None:
 
 
 def _nemo_record(obj: dict, where: str, base: str) -> dict | Skip:
-    path = obj.get("audio_filepath")
+    path = obj.get("audio_filepath", obj.get("audio_filename"))
     if not isinstance(path, str) or not path:
         raise DataError(f"{where}: audio_filepath is {path!r}; a NeMo manifest line needs the audio file's path.")
     offset = _number(obj, "offset", where, path)
@@ -118,12 +119,14 @@ def _nemo_record(obj: dict, where: str, base: str) -> dict | Skip:
                             f"{obj['shard_id']}), and {tar} is not there. Keep the manifest beside its "
                             f"audio_<shard_id>.tar files (NeMo's convert_to_tarred_audio_dataset layout).")
         source = f"{tar}//{path}"
-    rec: dict[str, Any] = {k: v for k, v in obj.items() if k not in ("audio_filepath", "text", "offset", "shard_id")}
+    rec: dict[str, Any] = {k: v for k, v in obj.items()
+                           if k not in ("audio_filepath", "audio_filename", "text", "normalized_text", "offset",
+                                        "shard_id")}
     rec["key"], rec["source"] = key, source
     if offset is not None and (offset or duration is not None):
         rec["start"] = offset
         rec["end"] = offset + duration if duration is not None else -1.0
-    text = obj.get("text")
+    text = obj.get("text", obj.get("normalized_text"))  # NeMo's order
     if text is None:
         return Skip("missing transcript", where, key)
     rec["target"] = text if isinstance(text, str) else str(text)

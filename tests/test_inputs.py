@@ -111,7 +111,8 @@ def nemo_manifest(tmp_path: Path) -> Path:
                       "text": text})
     key, path, text = UTTS[3]
     lines.append({"audio_filepath": path, "duration": 0.5, "text": "first half", "offset": 0.0})
-    lines.append({"audio_filepath": path, "duration": 0.4, "text": "second half", "offset": 0.5, "lang": "en"})
+    lines.append({"audio_filename": path, "duration": 0.4, "normalized_text": "second half", "offset": 0.5,
+                  "lang": "en"})  # NeMo's aliases
     manifest = tmp_path / "train_manifest.json"
     manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return manifest
@@ -240,8 +241,11 @@ def test_nemo_export_has_the_documented_fields_and_reads_back(tmp_path, fixture_
                      "++output_format=nemo", f"++manifest_out={out}")
     assert result.returncode == 0, result.stderr
     lines = [json.loads(x) for x in out.read_text().splitlines()]
-    for line in lines:  # NeMo's manifest: audio_filepath, duration (s), text, offset for a segment
+    # NeMo's manifest parser (nemo.collections.common.parts.preprocessing.manifest.__parse_item) reads
+    # audio_filepath, duration (s, required), text, offset, speaker, lang; nothing else need be there
+    for line in lines:
         assert {"audio_filepath", "duration", "text", "offset"} <= set(line)
+        assert set(line) <= {"audio_filepath", "duration", "text", "offset", "speaker", "lang", "key"}
         assert isinstance(line["duration"], float) and line["duration"] > 0
     assert lines[1]["offset"] == 3.205 and lines[1]["duration"] == pytest.approx(5.178 - 3.205)
     back = list(iter_records(out))
