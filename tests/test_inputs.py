@@ -301,3 +301,14 @@ def test_the_raw_loader_trains_on_a_nemo_manifest_as_it_is(tmp_path):
     stem = Path(UTTS[3][1]).stem
     assert sorted(frames) == sorted(r["key"] for r in iter_records(manifest))
     assert frames[f"{stem}-0000500"] == pytest.approx(38, abs=2)  # 0.4 s of 25 ms windows every 10 ms
+
+
+def test_compute_cmvn_reads_a_nemo_manifest_and_the_loader_sends_a_kaldi_dir_to_make_datalist(tmp_path, fixture_corpus):
+    manifest = nemo_manifest(tmp_path)
+    out = tmp_path / "cmvn.json"
+    result = run_cli("corpus-io", "compute-cmvn", f"++data_list={manifest}", f"++output={out}",
+                     "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=0")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["frame_num"] > 0
+    with pytest.raises(DataError, match=r"make-datalist \+\+data_type=raw"):  # what the loader says of a Kaldi dir
+        RawList(fixture_corpus)
