@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from typing import IO, Any, Callable
 
 from corpus_io import audio, inputs
@@ -59,10 +60,20 @@ def _span(rec: dict, info: audio.AudioInfo) -> tuple[float, float, bool]:
     return float(start), max(0.0, stop - float(start)), True
 
 
+def _nemo_shard(source: str) -> tuple[str, int] | None:
+    """``(member, shard_id)`` of a member of a tarred NeMo dataset's ``audio_<shard_id>.tar``, else None."""
+    member = audio.split_tar_member(source)
+    match = re.fullmatch(r"audio_(\d+)\.tar", os.path.basename(member[0])) if member else None
+    return (member[1], int(match.group(1))) if member and match else None
+
+
 def nemo_line(rec: dict, probe: Callable[[dict, str], audio.AudioInfo], where: str) -> dict:
     start, duration, segment = _span(rec, probe(rec, where))
     line: dict[str, Any] = {"audio_filepath": str(rec["source"]), "duration": round(duration, 6),
                             "text": str(rec.get("target", ""))}
+    tarred = _nemo_shard(line["audio_filepath"])
+    if tarred is not None:  # back to NeMo's tarred layout: the member name and its shard
+        line["audio_filepath"], line["shard_id"] = tarred
     if segment:
         line["offset"] = start
     if rec["key"] != inputs.nemo_key(line["audio_filepath"], start if segment else None):
@@ -76,9 +87,12 @@ def nemo_line(rec: dict, probe: Callable[[dict, str], audio.AudioInfo], where: s
 
 
 def lhotse_cut(rec: dict, probe: Callable[[dict, str], audio.AudioInfo], where: str) -> dict:
+    source = str(rec["source"])
+    if audio.split_tar_member(source):
+        raise DataError(f"{where}: key '{rec['key']}': the audio is a member of a tar ({source}), which a Lhotse "
+                        f"recording cannot name. Pack shards instead (pack-shards), or extract the tar first.")
     info = probe(rec, where)
     start, duration, segment = _span(rec, info)
-    source = str(rec["source"])
     recording_id = inputs.nemo_key(source) if segment else rec["key"]
     channels = list(range(info.channels))
     recording = {"id": recording_id,

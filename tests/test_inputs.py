@@ -274,6 +274,14 @@ def test_a_tarred_nemo_dataset_reads_its_members_from_the_tars_beside_the_manife
         assert members[key][ext] == Path(path).read_bytes() and members[key]["txt"].decode() == text
     sample = RawList(manifest).sample(1)  # the raw loader reads the member too
     assert sample["audio"] == Path(UTTS[1][1]).read_bytes() and sample["audio_format"] == Path(UTTS[1][1]).suffix[1:]
+    # and the NeMo export writes the tarred layout back: member names and shard ids
+    out = tmp_path / "again.json"
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={manifest}", "++output_format=nemo",
+                     f"++manifest_out={out}")
+    assert result.returncode == 0, result.stderr
+    again = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(x["audio_filepath"], x["shard_id"], x["text"]) for x in again] == \
+        [(x["audio_filepath"], x["shard_id"], x["text"]) for x in lines]
 
 
 def test_a_cut_with_several_supervisions_in_turn_is_one_utterance_with_their_texts_in_time_order(tmp_path):
