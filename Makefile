@@ -5,10 +5,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install system-packages test demo smoke lint bench fixture clean
+.PHONY: install system-packages real-recordings test demo smoke lint bench fixture clean
 
-# Everything a machine with only Python needs: system packages (espeak-ng, sox, libsndfile, slurm-wlm, munge), then .venv.
-install: system-packages $(STAMP)
+# Everything a machine with only Python needs: system packages (espeak-ng, sox, libsndfile, slurm-wlm, munge,
+# chromium, chromium-driver), then .venv, then the real recordings (fetched once from PyPI, cached).
+install: system-packages $(STAMP) real-recordings
 
 system-packages:
 	recipes/tools/install_system_packages.sh
@@ -20,6 +21,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+# Real recordings for the tests and the demo (LibriVox + CMU, 10 utterances, from the pocketsphinx sdist on
+# PyPI; origin and licences in its ORIGIN.md), fetched once into ~/.cache/corpus-io: tests need no network.
+real-recordings: $(STAMP)
+	$(BIN)/python recipes/tools/real_recordings.py fetch
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -29,7 +29,7 @@ COMMANDS: tuple[Command, ...] = (
             "left out."),
     Command("scp2jsonl", config.Scp2JsonlConfig, "corpus_io.manifest:scp2jsonl",
             "Join Kaldi tables (wav.scp, text, ...) into a FunASR JSONL. Audio lengths come from file headers."),
-    Command("jsonl2scp", config.Jsonl2ScpConfig, "corpus_io.manifest:jsonl2scp",
+    Command("jsonl2scp", config.Jsonl2ScpConfig, "corpus_io.exports:jsonl2scp",
             "Split a JSONL back into Kaldi tables, one per field."),
     Command("pack-shards", config.PackShardsConfig, "corpus_io.shards.pack:pack_shards",
             "Pack a jsonl, a WeNet raw list or a Kaldi dir into WeNet/WebDataset tar shards with data.list "

@@ -9,6 +9,7 @@ it never decodes the whole file.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
@@ -73,6 +74,48 @@ def extension_of(source: str) -> str:
     return tail.rsplit(".", 1)[-1].lower() if "." in tail else ""
 
 
+TAR_MEMBER_SEP = ".tar//"  # ``<path>.tar//<member>``: a member of a local uncompressed tar (a NeMo tarred dataset)
+
+
+def split_tar_member(source: str) -> tuple[str, str] | None:
+    """``(tar path, member name)`` of a ``<path>.tar//<member>`` source, else None (a plain file wins)."""
+    if TAR_MEMBER_SEP not in source or urls.is_remote(source) or urls.is_command(source):
+        return None
+    tar, member = source.rsplit(TAR_MEMBER_SEP, 1)
+    return (urls.local_path(tar) + ".tar", member) if member and not os.path.isfile(source) else None
+
+
+@functools.lru_cache(maxsize=4)
+def _tar_members(path: str, size: int, mtime_ns: int) -> dict[str, tuple[int, int]]:
+    """member name -> (data offset, size) of an uncompressed tar, from its headers only (the segments of one
+    tar arrive together, so a few tars are kept)."""
+    import tarfile
+
+    try:
+        with tarfile.open(path, "r:") as tar:
+            return {m.name: (m.offset_data, m.size) for m in tar if m.isfile()}
+    except (OSError, tarfile.TarError) as exc:
+        raise DataError(f"cannot read the tar {path}: {exc}. A <tar>//<member> source needs an uncompressed "
+                        f"local tar.") from None
+
+
+def _read_tar_member(source: str, tar: str, member: str, max_bytes: int) -> bytes:
+    try:
+        st = os.stat(tar)
+    except OSError as exc:
+        raise DataError(f"{source}: the tar {tar} cannot be read ({exc.strerror}). Check the path.") from None
+    found = _tar_members(tar, st.st_size, st.st_mtime_ns).get(member)
+    if found is None:
+        raise DataError(f"{source}: {tar} has no member '{member}'. Check the manifest's audio_filepath and "
+                        f"shard_id against the tars.")
+    offset, size = found
+    if size > max_bytes:
+        raise DataError(f"{source} is longer than {max_bytes} bytes (the per-source read bound).")
+    with open(tar, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
+
+
 def _info_from_fileobj(f: Any, where: str) -> AudioInfo:
     import soundfile as sf
 
@@ -84,7 +127,7 @@ def _info_from_fileobj(f: Any, where: str) -> AudioInfo:
 
 
 def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None = None) -> AudioInfo:
-    """Sample rate and length of ``source`` from its header (a path, URL, ark offset or pipe)."""
+    """Sample rate and length of ``source`` from its header (a path, URL, ark offset, tar member or pipe)."""
     if kaldi.is_ark_offset(source):
         rate, samples = _load_ark_wav(source)
         return AudioInfo(rate, samples.shape[0], 1 if samples.ndim == 1 else samples.shape[1], "wav")
@@ -92,6 +135,10 @@ def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None
         data = read_source_bytes(source, allow_pipe=allow_pipe, storage_options=storage_options)
         wave, rate = decode_bytes(data, where=source)  # stdout headers often lack the length
         return AudioInfo(rate, wave.shape[0], 1 if wave.ndim == 1 else wave.shape[1], "wav")
+    member = split_tar_member(source)
+    if member is not None:
+        data = _read_tar_member(source, *member, MAX_SOURCE_BYTES)
+        return header_info(data[:HEAD_BYTES], len(data)) or _info_from_fileobj(io.BytesIO(data), source)
     if urls.is_remote(source):
         with urls.open_url(source, storage_options=storage_options, block_size=HEAD_BYTES, seekable=True) as f:
             size = getattr(f, "size", None)
@@ -138,6 +185,9 @@ def read_source_bytes(source: str, *, allow_pipe: bool = False, storage_options:
     if kaldi.is_ark_offset(source):
         rate, samples = _load_ark_wav(source)
         return encode(samples.astype(np.float32) / 32768.0 if samples.dtype == np.int16 else samples, rate, "wav")
+    member = split_tar_member(source)
+    if member is not None:
+        return _read_tar_member(source, *member, max_bytes)
     f = urls.open_url(source, allow_pipe=allow_pipe, storage_options=storage_options)
     data = b""
     try:

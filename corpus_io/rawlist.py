@@ -1,7 +1,8 @@
 """Raw mode: a JSONL list of utterances, indexed by line offsets (never held as Python objects).
 
-A line is WeNet's ``{"key", "wav", "txt"[, "start", "end"]}`` or FunASR's ``{"key", "source",
-"target", ...}``. :class:`RawList` keeps one int64 byte offset per non-blank line in a numpy array,
+A line is WeNet's ``{"key", "wav", "txt"[, "start", "end"]}``, FunASR's ``{"key", "source",
+"target", ...}``, a NeMo manifest line or a Lhotse cut (:func:`corpus_io.inputs.record_of_line`).
+:class:`RawList` keeps one int64 byte offset per non-blank line in a numpy array,
 cached next to the list as ``<list>.idx`` (a ``.npy`` file, memory-mapped; rebuilt when the list's
 size or mtime changes, or kept in memory when the directory is read-only). A 10M-line list costs
 80 MB of offsets; a line is parsed only when its utterance is read.
@@ -20,7 +21,7 @@ import numpy as np
 from corpus_io import audio
 from corpus_io.errors import DataError
 from corpus_io.files import parse_json_object
-from corpus_io.manifest import canonical
+from corpus_io.inputs import Skip, detect, record_of_line
 from corpus_io.shards.format import SHARD_SUFFIXES
 
 #: lines per resumable unit in raw mode (see corpus_io.partition)
@@ -91,9 +92,13 @@ class RawList:
 
     def __init__(self, path: str | os.PathLike, *, cache: bool = True):
         self.path = str(path)
-        if not os.path.isfile(self.path):
-            raise DataError(f"raw data list {self.path} does not exist. Pass an existing JSONL "
-                            f"(make-datalist ++data_type=raw or scp2jsonl writes one).")
+        if not os.path.isfile(self.path) or self.path.endswith(".gz") or \
+                detect(self.path) in ("kaldi", "lhotse-recordings+supervisions"):
+            what = "does not exist" if not os.path.exists(self.path) else "cannot be read by line offsets"
+            raise DataError(f"raw data list {self.path} {what}. The raw loader reads a FunASR/WeNet/NeMo jsonl or an "
+                            f"uncompressed Lhotse CutSet jsonl; turn any other input (a Kaldi dir, a .jsonl.gz, a "
+                            f"Lhotse RecordingSet + SupervisionSet) into one with corpus-io make-datalist "
+                            f"++data_type=raw ++input=<it> ++output=data.list.")
         self.files = jsonl_paths_of(self.path) or [self.path]
         self._offsets = [self._load_or_build(f, cache) for f in self.files]
         # entry i lives in file k where starts[k] <= i < starts[k + 1]
@@ -159,7 +164,11 @@ class RawList:
         rec = parse_json_object(raw, lambda: f"{path}:{self._lineno(path, off)}",
                                 "Each line must be one JSON object with key and wav/source.")
         try:
-            return canonical(rec)
+            out = record_of_line(rec, "", os.path.dirname(os.path.abspath(path)))
+            if isinstance(out, Skip):
+                raise DataError(f": key '{out.key}': {out.reason}. Drop the line, or let make-datalist "
+                                f"++data_type=raw write the list (it skips and counts such lines).")
+            return out
         except DataError as exc:  # the line number costs a read up to the line: only on error
             raise DataError(f"{path}:{self._lineno(path, off)}{exc}") from None
 

@@ -80,12 +80,15 @@ def _add(stats: CorpusStats, duration: float | None, text: str, speaker: str | N
 
 
 def _iter_raw(path: str) -> Iterator[tuple[float | None, str, str | None]]:
-    from corpus_io import audio
+    from corpus_io import audio, inputs
     from corpus_io.rawlist import RawList
 
-    lst = RawList(path)
-    for i in range(len(lst)):
-        rec = lst.record(i)
+    if os.path.isdir(path) or path.endswith(".gz") or inputs.detect(path) == "lhotse-recordings+supervisions":
+        records: Iterator[dict] = inputs.iter_records(path, skip=lambda _: None)  # read in one stream
+    else:
+        lst = RawList(path)
+        records = (lst.record(i) for i in range(len(lst)))
+    for rec in records:
         dur = meta_duration(rec)
         if dur is None:
             try:

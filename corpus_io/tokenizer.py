@@ -232,17 +232,23 @@ def build_tokenizer(conf: TokenizerConf) -> Tokenizer:
 
 
 def iter_texts(path: str) -> Iterator[str]:
-    """Transcripts of a Kaldi ``text`` file or a JSONL (``target`` or ``txt``), streamed.
+    """Transcripts of a Kaldi ``text`` file, a JSONL (``target`` or ``txt``) or any input of
+    :mod:`corpus_io.inputs` (a Kaldi dir, a NeMo or Lhotse manifest), streamed.
 
     Strict like scp2jsonl: a Kaldi line with a key but no transcript, a duplicate key (both lines
     named, checked by 8-byte key hashes once the file is read) and a file without any utterance are
     :class:`DataError`; these surface when the iteration reaches them.
     """
-    from corpus_io import kaldi, manifest
+    from corpus_io import inputs, kaldi, manifest
 
     hashes = array("q")
     count = 0
-    if _looks_like_jsonl(path):
+    if os.path.isdir(path) or path.endswith(".gz") or (_looks_like_jsonl(path) and inputs.detect(path) not in
+                                                       ("funasr", "wenet")):
+        for rec in inputs.iter_records(path, skip=lambda _: None):  # a Kaldi dir, NeMo, Lhotse: their texts
+            count += 1
+            yield str(rec.get("target", ""))
+    elif _looks_like_jsonl(path):
         for line in manifest.iter_jsonl(path):
             text = line.record.get("target", line.record.get("txt"))
             if not isinstance(text, str):

@@ -33,11 +33,16 @@ class Scp2JsonlConfig:
 
 @schema
 class Jsonl2ScpConfig:
-    jsonl_file_in: str = opt("???", "input JSONL")
+    jsonl_file_in: str = opt("???", "input JSONL (nemo/lhotse: any manifest kind pack-shards reads)")
     scp_file_list: List[str] = opt(help="output tables, one per field", factory=list)
     data_type_list: List[str] = opt(help="the field written to each table",
                                     factory=lambda: ["source", "target"])
     separator: str = opt("space", "between key and value: Kaldi's space or FunASR's tab", choices=("space", "tab"))
+    output_format: str = opt("kaldi", "kaldi: tables (scp_file_list); nemo: a NeMo manifest; lhotse: a Lhotse "
+                                      "CutSet (both to manifest_out; the input may be any manifest kind)",
+                             choices=("kaldi", "nemo", "lhotse"))
+    manifest_out: Optional[str] = opt(None, "nemo/lhotse: the manifest written, e.g. train_manifest.json or "
+                                            "cuts.jsonl.gz")
 
 
 @schema

@@ -209,10 +209,12 @@ def _probe(rec: dict, where: str) -> Any:
 
 
 def make_raw_list(inputs: list[str], output: str) -> Summary:
-    """WeNet raw lines ``{key, wav, txt, duration, source_len[, start, end]}`` from FunASR/WeNet jsonl(s)."""
+    """WeNet raw lines ``{key, wav, txt, duration, source_len[, start, end]}`` from inputs of any kind of
+    :mod:`corpus_io.inputs` (FunASR/WeNet jsonl, Kaldi dir, NeMo, Lhotse); a line without transcript is skipped
+    and counted."""
     from corpus_io import audio
+    from corpus_io.inputs import iter_records, raise_if_duplicate_keys
     from corpus_io.kaldi import key_hash
-    from corpus_io.manifest import canonical, iter_jsonl, raise_if_duplicate_keys
 
     summary = Summary()
     probed: dict[str, Any] = {}  # the last recording probed for segments
@@ -220,11 +222,12 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
     with atomic_write(output) as out:  # an error below leaves no output behind
         for path in inputs:
             before = len(hashes)
-            for line in iter_jsonl(path):
-                rec = canonical(line.record, where=line.where)
+            # duplicates: checked below across every input, from 8-byte key hashes
+            for rec in iter_records(path, skip=lambda s: summary.skip(s.reason), check_duplicates=False):
+                where = rec.pop("where")
                 hashes.append(key_hash(rec["key"]))
                 if rec.get("target") is None:
-                    raise DataError(f"{line.where}: key '{rec['key']}' has no transcript ('target' or 'txt').")
+                    raise DataError(f"{where}: key '{rec['key']}' has no transcript ('target' or 'txt').")
                 start, end = rec.get("start"), rec.get("end")
                 source_len = rec.get("source_len")
                 if start is not None and source_len is not None and is_command(str(rec["source"])):
@@ -233,20 +236,22 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
                 elif start is not None:  # a segment: its own length, and it must lie inside its recording
                     if str(rec["source"]) not in probed:
                         probed.clear()  # the segments of one recording come together: keep one probe
-                        probed[str(rec["source"])] = _probe(rec, line.where)
-                    num_samples, rate = _segment_length(probed[str(rec["source"])], start, end, line.where, rec)
+                        probed[str(rec["source"])] = _probe(rec, where)
+                    num_samples, rate = _segment_length(probed[str(rec["source"])], start, end, where, rec)
                     duration = num_samples / rate
                     if source_len is None:
                         source_len = audio.frames_10ms(num_samples, rate)
                 else:
                     if source_len is None:
-                        info = _probe(rec, line.where)
+                        info = _probe(rec, where)
                         source_len = audio.frames_10ms(info.num_samples, info.sample_rate)
                     duration = int(source_len) / 100.0
                 item: dict[str, Any] = {"key": rec["key"], "wav": rec["source"], "txt": rec["target"],
                                         "duration": round(duration, 3), "source_len": int(source_len)}
                 if start is not None:
                     item["start"], item["end"] = start, end
+                if rec.get("speaker") is not None:
+                    item["speaker"] = rec["speaker"]
                 out.write(json.dumps(item, ensure_ascii=False) + "\n")
                 summary.kept += 1
                 summary.seconds += duration

@@ -1,4 +1,4 @@
-"""``pack-shards``: a FunASR jsonl, a WeNet raw list or a Kaldi data dir -> tar shards + list + index.
+"""``pack-shards``: any input of :mod:`corpus_io.inputs` (FunASR, WeNet, Kaldi, NeMo, Lhotse) -> tar shards.
 
 Design (memory is bounded, independent of corpus size):
 
@@ -25,7 +25,6 @@ import io
 import json
 import os
 import re
-from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,16 +36,15 @@ from corpus_io import audio, kaldi
 from corpus_io.config import check_values
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import (
-    bounded_lines,
     completed_output,
     ensure_dir,
     inputs_digest,
-    parse_json_object,
     refuse_overwriting_inputs,
     remove_temp_files,
     sidecar_path,
     write_sidecar,
 )
+from corpus_io.inputs import Input, Skip, open_input
 from corpus_io.jobs import (
     Job,
     Part,
@@ -286,174 +284,6 @@ def pack_shard(task: ShardTask) -> ShardStat:
     return stat
 
 
-# --------------------------------------------------------------------------- input side
-
-
-@dataclass(frozen=True)
-class _Skip:
-    """An input line that yields no record: why (the skip reason counted in the summary), where, which key."""
-
-    reason: str
-    where: str
-    key: str
-
-
-class _Input:
-    """One input: a driver file read line by line, and a parser from a line to a record."""
-
-    def __init__(self, driver: str, key_of: Callable[[bytes, int], str | None],
-                 record_of: Callable[[bytes, int], dict | _Skip | None], describe: str,
-                 files: list[str] | None = None, may_skip: bool = False):
-        self.driver = driver
-        self.files = files or [driver]  # every file the records are read from (a run's fingerprint)
-        self.may_skip = may_skip  # record_of can yield a _Skip (so shard boundaries need a counting pass)
-        self.key_of = key_of  # cheap, for the first pass; None for a blank line
-        self.record_of = record_of  # a record, a _Skip, or None for a blank line
-        self.describe = describe
-        self.offsets = array("q")
-        self.linenos = array("q")
-
-    def scan(self) -> int:
-        """First pass: offsets, line numbers, duplicate keys. 24 bytes per utterance."""
-        hashes = array("q")
-        offset = 0
-        with open(self.driver, "rb") as f:
-            for lineno, raw in bounded_lines(f, self.driver):
-                key = self.key_of(raw, lineno)
-                if key is not None:
-                    self.offsets.append(offset)
-                    self.linenos.append(lineno)
-                    hashes.append(kaldi.key_hash(key))
-                offset += len(raw)
-        wanted = kaldi.duplicate_hashes(hashes)
-        if wanted:
-            self._raise_duplicate(wanted)
-        return len(hashes)
-
-    def _raise_duplicate(self, wanted: set[int]) -> None:
-        with open(self.driver, "rb") as f:
-            keyed = ((key, f"{self.driver}:{lineno}") for lineno, raw in bounded_lines(f, self.driver)
-                     if (key := self.key_of(raw, lineno)) is not None)
-            repeat = kaldi.first_repeat(keyed, wanted)
-        if repeat:
-            key, first, second = repeat
-            raise DataError(f"duplicate key '{key}' in {self.driver}: at {first} and {second} (both would be "
-                            f"shard member '{fmt.safe_member_name(key)}'). Keys must be unique; remove or rename one.")
-
-    def records(self, shuffle: bool, seed: int) -> Iterator[dict | _Skip]:
-        with open(self.driver, "rb") as f:
-            if not shuffle:
-                for lineno, raw in bounded_lines(f, self.driver):
-                    rec = self.record_of(raw, lineno)
-                    if rec is not None:
-                        yield rec
-                return
-            # Seeded permutation of line offsets (8 bytes/utt), not of records.
-            order = np.random.default_rng(seed).permutation(len(self.offsets))
-            for i in order:
-                f.seek(self.offsets[i])
-                rec = self.record_of(f.readline(), int(self.linenos[i]))
-                if rec is not None:
-                    yield rec
-
-
-def _jsonl_input(path: str) -> _Input:
-    from corpus_io.manifest import canonical
-
-    def parse(raw: bytes, lineno: int) -> dict | None:
-        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]
-        if not raw.strip():
-            return None
-        obj = parse_json_object(raw, f"{path}:{lineno}", "Each line of a jsonl / WeNet raw list must be one JSON "
-                                                          "object.")
-        return canonical(obj, where=f"{path}:{lineno}")
-
-    def key_of(raw: bytes, lineno: int) -> str | None:
-        rec = parse(raw, lineno)
-        return None if rec is None else rec["key"]
-
-    def record_of(raw: bytes, lineno: int) -> dict | None:
-        rec = parse(raw, lineno)
-        if rec is not None:
-            rec["where"] = f"{path}:{lineno}"
-        return rec
-
-    return _Input(path, key_of, record_of, f"jsonl {path}")
-
-
-def _kaldi_input(data_dir: Path, *, feats: bool) -> _Input:
-    def table(name: str) -> kaldi.KeyedTable | None:
-        p = data_dir / name
-        return kaldi.KeyedTable(p) if p.is_file() else None
-
-    text = table("text")
-    if text is None:
-        raise DataError(f"{data_dir} has no 'text' file; a Kaldi data dir needs wav.scp (or feats.scp) and text.")
-    utt2spk = table("utt2spk")
-    segments = data_dir / "segments"
-    if feats:
-        driver = data_dir / "feats.scp"
-        recordings = None
-    elif segments.is_file():
-        driver, recordings = segments, table("wav.scp")
-    else:
-        driver, recordings = data_dir / "wav.scp", None
-    if not driver.is_file():
-        raise DataError(f"{data_dir} has no {driver.name}. For audio a Kaldi dir needs wav.scp + text; "
-                        f"for ++feats=true it needs feats.scp + text.")
-    if segments.is_file() and not feats and recordings is None:
-        raise DataError(f"{data_dir} has 'segments' but no wav.scp for its recordings.")
-    path = str(driver)
-
-    def key_of(raw: bytes, lineno: int) -> str | None:
-        parsed = kaldi.parse_line(raw, path, lineno)
-        return None if parsed is None else parsed[0]
-
-    def record_of(raw: bytes, lineno: int) -> dict | _Skip | None:
-        parsed = kaldi.parse_line(raw, path, lineno)
-        if parsed is None:
-            return None
-        key, value = parsed
-        where = f"{path}:{lineno}"
-        rec: dict[str, Any] = {"key": key}
-        if recordings is not None:
-            seg = kaldi.parse_segment(key, value, where)
-            start, end = seg.start, seg.end
-            source = recordings.get(seg.recording)
-            if source is None:
-                return _Skip("recording missing from wav.scp", where, key)
-            rec["source"], rec["start"], rec["end"] = source, start, end
-        else:
-            rec["source"] = value
-        target = text.get(key)
-        if target is None:
-            return _Skip("missing transcript", where, key)
-        rec["target"] = target
-        speaker = utt2spk.get(key) if utt2spk is not None else None
-        if speaker is not None:
-            rec["speaker"] = speaker
-        rec["where"] = where
-        return rec
-
-    files = [path] + [str(data_dir / n) for n in ("wav.scp", "text", "utt2spk")
-                      if (data_dir / n).is_file() and str(data_dir / n) != path]
-    return _Input(path, key_of, record_of, f"Kaldi dir {data_dir}", files, may_skip=True)
-
-
-def open_input(path: str, *, feats: bool) -> _Input:
-    """The input reader for a jsonl / WeNet raw list (a file) or a Kaldi data dir (a directory)."""
-    p = Path(path)
-    if p.is_dir():
-        return _kaldi_input(p, feats=feats)
-    if feats:
-        raise ConfigError(f"++feats=true needs a Kaldi data dir with feats.scp + text; {path} is not a directory.")
-    if not p.is_file():
-        raise DataError(f"input {path} does not exist. Pass a jsonl (scp2jsonl), a WeNet raw data.list or a "
-                        f"Kaldi data dir: ++input=...")
-    return _jsonl_input(str(p))
-
-
 # --------------------------------------------------------------------------- driver
 
 
@@ -495,7 +325,7 @@ def _clean_temp_files(out_dir: Path, prefix: str) -> None:
     remove_temp_files(out_dir, shard_or_sidecar.fullmatch)
 
 
-def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
+def _pack_dir(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
               keep: Callable[[dict], bool] | None, summary: Summary, desc: str,
               wanted: range | None = None) -> list[ShardStat]:
     """Pack one directory's shards; ``wanted``: a job's shard numbers (only those are written, and no list)."""
@@ -519,10 +349,10 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
         batch: list[dict] = []
         index = 0
         for rec in inp.records(cfg.shuffle, cfg.seed):
-            if isinstance(rec, _Skip):
+            if isinstance(rec, Skip):
                 if cfg.on_error == "fail":
-                    raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the data "
-                                    f"dir, or pass ++on_error=skip to drop such utterances (they are counted).")
+                    raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the "
+                                    f"input, or pass ++on_error=skip to drop such utterances (they are counted).")
                 if wanted is None or index in wanted:
                     summary.skip(rec.reason)
                 continue
@@ -651,7 +481,7 @@ def _keep_companion_fields(previous_index: Path, entries: Iterable[dict]) -> Ite
         yield entry
 
 
-def _fingerprint(cfg: Any, opts: PackOptions, inp: _Input) -> str:
+def _fingerprint(cfg: Any, opts: PackOptions, inp: Input) -> str:
     return fingerprint(["pack-shards", opts.digest_part(), opts.on_error, cfg.num_utts_per_shard, bool(cfg.shuffle),
                         cfg.seed, list(cfg.filter_group), cfg.shard_prefix, files_digest(inp.files)])
 
@@ -660,7 +490,7 @@ def _group_dirs(out_dir: Path, groups: list[tuple[int, int]]) -> list[str]:
     return [f"{lo}_{hi}" for lo, hi in groups] or [""]
 
 
-def _plan(inp: _Input, cfg: Any, total: int, keeps: list[Callable[[dict], bool] | None]) -> list[int]:
+def _plan(inp: Input, cfg: Any, total: int, keeps: list[Callable[[dict], bool] | None]) -> list[int]:
     """The number of shards of each group, as a one-job run makes them (a job needs the global numbering):
     from the line count when every line is one record, else from a counting pass over the input."""
     per = cfg.num_utts_per_shard
@@ -668,7 +498,7 @@ def _plan(inp: _Input, cfg: Any, total: int, keeps: list[Callable[[dict], bool] 
         return [-(-total // per)]
     counts = [0] * len(keeps)
     for rec in inp.records(cfg.shuffle, cfg.seed):
-        if isinstance(rec, _Skip):
+        if isinstance(rec, Skip):
             if cfg.on_error == "fail":
                 raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the data dir, or "
                                 f"pass ++on_error=skip to drop such utterances (they are counted).")
@@ -741,7 +571,7 @@ def pack_shards(cfg: Any) -> Summary:
     return summary
 
 
-def _pack_job(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
+def _pack_job(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
               keeps: list[Callable[[dict], bool] | None], dirs: list[str], job: Job, place: Place,
               fp: str) -> Summary:
     """One job of N: the shards of its range of global shard numbers (over the groups in order), a record."""

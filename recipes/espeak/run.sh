@@ -9,12 +9,15 @@
 #   5 data lists (corpus-io make-datalist): shard lists for train/dev, raw lists for the test sets
 #   6 train (torchrun --nproc_per_node=$nproc --no-python corpus-io train, shard mode)
 #   7 average checkpoints, greedy CTC decode, CER table (exp dir RESULTS.md)
+#   8 real recordings (10 LibriVox + CMU utterances, recipes/tools/real_recordings.py): a model of their
+#     own overfits them (trained and decoded on the same set: a check that real audio flows, not a score),
+#     CER appended to RESULTS.md next to the synthetic sets
 # Usage: ./run.sh [--stage N] [--stop_stage N] [--nj N] [--max_epoch N] ...   (run from anywhere)
 # Example: ./run.sh --stage 6 --stop_stage 7 --max_epoch 5
 set -euo pipefail
 
 stage=0
-stop_stage=7
+stop_stage=8
 nj=2                      # processes for synthesis, probing and packing
 nproc=2                   # training processes (torchrun --nproc_per_node)
 data=data                 # relative to this recipe dir
@@ -38,10 +41,11 @@ num_workers=1             # DataLoader workers per training process
 feats_on=                 # empty: as in $train_config (loader); model: fbank + SpecAugment batched in the trainer
 average_num=3             # checkpoints averaged for decoding
 cer_target=10             # digits test %CER the demo must reach (checked at stage 7, 0 = no check)
+real_epochs=120           # stage 8: epochs over the 10 real utterances (one batch each)
 recipe_options=(stage stop_stage nj nproc data exp num_digits_train num_digits_dev num_digits_test
                 num_digits_test_newvoice num_mixed_train
                 num_mixed_test num_utts_per_shard num_utts_per_shard_dev train_config max_epoch max_steps_per_epoch
-                batch_type batch_size shuffle_size sort_size num_workers feats_on average_num cer_target)
+                batch_type batch_size shuffle_size sort_size num_workers feats_on average_num cer_target real_epochs)
 
 cd "$(dirname "$0")"
 repo=$(cd ../.. && pwd)
@@ -118,4 +122,37 @@ if stage_on 7; then
   average_and_decode 7 "$exp" "$average_num" "$data"/{test_digits,test_digits_newvoice,test_mixed}
   results_table "$exp" "$data/train/data.jsonl" test_digits test_digits_newvoice test_mixed | tee "$exp/RESULTS.md"
   check_cer "$exp/decode_test_digits/cer.txt" "$cer_target"
+fi
+
+if stage_on 8; then
+  # Real speech: fetched once at set-up (make install); the fetch below is instant when it is cached.
+  real_src=$(python "$repo/recipes/tools/real_recordings.py" fetch)
+  real=$data/real
+  real_exp=$(dirname "$exp")/real_overfit
+  mkdir -p "$real"
+  cp "$real_src"/{wav.scp,text,utt2spk} "$real/"
+  make_jsonl 8 "$real"
+  corpus-io make-tokenizer "++input=$real/data.jsonl" "++output=$real/tokens.txt" ++tokenizer.type=char \
+    ++tokenizer.latin_unit=letter
+  corpus-io compute-cmvn "++data_list=$real/data.jsonl" "++output=$real/cmvn.json" ++dataset_conf.data_type=raw \
+    "++dataset_conf.fbank_conf.num_mel_bins=$num_mel_bins" ++dataset_conf.num_workers=0
+  make_shards 8 5 false "$real"
+  make_shard_lists 8 "$real"
+  make_raw_lists 8 "$real"
+  start=$(date +%s)
+  OMP_NUM_THREADS=1 torchrun --standalone --nnodes=1 --nproc_per_node=1 --no-python \
+    corpus-io train --config-path "$(cd "$(dirname "$train_config")" && pwd)" --config-name "$(basename "$train_config")" \
+      "++train_data_set_list=$real/shard.list" "++output_dir=$real_exp" "++cmvn_file=$real/cmvn.json" \
+      "++tokenizer.token_list=$real/tokens.txt" ++tokenizer.latin_unit=letter ++dataset_conf.data_type=shard \
+      ++dataset_conf.batch_type=example ++dataset_conf.batch_size=10 ++dataset_conf.spec_aug=false \
+      ++dataset_conf.num_workers=1 ++dataset_conf.filter_conf.token_max_length=200 \
+      "++train_conf.max_epoch=$real_epochs" ++train_conf.log_interval=10 \
+      ++train_conf.keep_nbest_models=1 ++train_conf.avg_nbest_model=1 ++scheduler_conf.warmup_steps=20 \
+      ${max_steps_per_epoch:+"++train_conf.max_steps_per_epoch=$max_steps_per_epoch"}
+  echo $(($(date +%s) - start)) > "$real_exp/train_seconds"
+  average_and_decode 8 "$real_exp" 1 "$real"
+  results_table "$real_exp" "$real/data.jsonl" real > "$real_exp/RESULTS.md"
+  { echo; echo "Real recordings (pocketsphinx 5.1.1 sdist: LibriVox + CMU; overfit: trained and decoded on the same"
+    echo "10 utterances, so this shows real audio flows through every stage, not generalization):"; echo
+    cat "$real_exp/RESULTS.md"; } | tee -a "$exp/RESULTS.md"
 fi

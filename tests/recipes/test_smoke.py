@@ -56,7 +56,7 @@ def test_make_smoke_runs_every_stage_of_the_espeak_recipe(pipeline_commands, tmp
                         timeout=240)
     elapsed = time.monotonic() - start
     assert result.returncode == 0, result.stderr[-6000:]
-    assert stage_lines(result.stderr) == set(range(8)), result.stderr[-3000:]
+    assert stage_lines(result.stderr) == set(range(9)), result.stderr[-3000:]
     data, exp = tmp_path / "data", tmp_path / "exp"
     assert len(list((data / "train" / "shards").glob("*.tar"))) >= 2
     assert (data / "train" / "shard.list").read_text().count(".tar") >= 2
@@ -65,6 +65,7 @@ def test_make_smoke_runs_every_stage_of_the_espeak_recipe(pipeline_commands, tmp
     assert re.search(r"^\| test_digits \| [0-9.]+ \| [0-9.]+ \|", table, re.M), table
     assert re.search(r"^\| test_mixed \| [0-9.]+ \|", table, re.M), table
     assert re.search(r"^\| test_digits_newvoice \| [0-9.]+ \|", table, re.M), table
+    assert re.search(r"^\| real \| [0-9.]+ \|", table, re.M), table  # stage 8: the real recordings
     speakers = {line.split()[1] for line in (data / "test_digits_newvoice" / "utt2spk").read_text().splitlines()}
     trained = {line.split()[1] for line in (data / "train" / "utt2spk").read_text().splitlines()}
     assert speakers and not speakers & trained

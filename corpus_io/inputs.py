@@ -1,0 +1,599 @@
+"""Manifests in: the five kinds of input every reading command accepts, detected by content.
+
+``pack-shards``, ``make-datalist``, ``make-tokenizer``, ``stats``, the raw loader and (through the loader)
+``compute-cmvn`` read their ``++input`` here, as canonical records (FunASR names, see
+:func:`corpus_io.manifest.canonical`: ``key``, ``source``, ``target``, optional ``start``/``end`` in seconds,
+``speaker`` and any extra fields):
+
+* a **FunASR jsonl** (``key``, ``source``, ``target``, ...) and a **WeNet raw list** (``key``, ``wav``, ``txt``);
+* a **Kaldi data dir** (``wav.scp`` + ``text``, optional ``segments``, ``utt2spk``; or ``feats.scp``);
+* a **NeMo manifest** (``audio_filepath``, ``duration``, ``text``, optional ``offset``, ``speaker``, ``lang``; the
+  aliases NeMo's parser takes, ``audio_filename`` and ``normalized_text``, too): see :func:`nemo_key`
+  for the key of a line without ``key``; with ``offset`` the utterance is the segment
+  ``[offset, offset + duration]``, without it the whole file (``duration`` is kept as metadata, NeMo rounds
+  it). A relative ``audio_filepath`` is taken from the manifest's directory when the file is there (NeMo's
+  rule), else from the current directory. In a tarred NeMo dataset (lines with ``shard_id``) it is the member
+  of ``audio_<shard_id>.tar`` beside the manifest (NeMo's layout), read as the source ``<tar>//<member>``;
+* a **Lhotse manifest**, jsonl or jsonl.gz: a **CutSet** (one utterance per ``MonoCut``: its span of the
+  recording, the texts of its supervisions joined in time order) or a **RecordingSet + SupervisionSet**
+  (one utterance per supervision; give either file or their directory: the other file is found by
+  swapping ``recordings``/``supervisions`` in the name, as Lhotse recipes name them).
+
+A multi-channel file is mixed down to mono as everywhere in corpus-io, so a MultiCut of all its channels is
+read. Refused with a clear message (no silent guess): a cut of some channels of a multi-channel file,
+overlapping supervisions in one cut (two transcripts for one stretch of audio), MixedCut/PaddingCut,
+features-only cuts, recordings with transforms, in-memory sources.
+
+Memory: one pass over the driver file records 24 bytes per utterance (offsets, line numbers, key hashes); a
+RecordingSet is indexed by 16 bytes per recording. A ``.gz`` manifest is decompressed once into a temporary
+file (streamed, deleted when the input is closed or the process exits) so it can be read by offsets.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import tempfile
+import weakref
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from corpus_io import kaldi
+from corpus_io.errors import ConfigError, DataError
+from corpus_io.files import UTF8_BOM, bounded_lines, parse_json_object
+from corpus_io.manifest import canonical
+
+KINDS = ("funasr", "wenet", "nemo", "lhotse-cuts", "lhotse-recordings+supervisions", "kaldi")
+CUT_TYPES = ("MonoCut", "MultiCut", "MixedCut", "PaddingCut")
+_SAME_TIME = 1e-3  # seconds: supervisions closer than this do not overlap; a cut this close to its recording is whole
+
+
+@dataclass(frozen=True)
+class Skip:
+    """An input line that yields no record: why (the skip reason counted in the summary), where, which key."""
+
+    reason: str
+    where: str
+    key: str
+
+
+# --------------------------------------------------------------------------- one line -> one record
+
+
+def kind_of_line(obj: dict) -> str:
+    """Which kind of manifest line ``obj`` is (one of :data:`KINDS`, or ``lhotse-recording`` /
+    ``lhotse-supervision`` for the halves of a pair)."""
+    if "audio_filepath" in obj or "audio_filename" in obj:  # NeMo reads either name
+        return "nemo"
+    if obj.get("type") in CUT_TYPES or ("recording" in obj and "supervisions" in obj):
+        return "lhotse-cuts"
+    if "sources" in obj and "sampling_rate" in obj:
+        return "lhotse-recording"
+    if "recording_id" in obj and "duration" in obj:
+        return "lhotse-supervision"
+    return "wenet" if "wav" in obj else "funasr"
+
+
+def nemo_key(audio_filepath: str, offset: float | None = None) -> str:
+    """The key of a NeMo line without ``key``: the file name without its extension (NeMo's tarred datasets
+    and Lhotse's ``Recording.from_file`` name audio the same way, so it is unique in their corpora), with
+    whitespace replaced by ``_``, plus ``-<offset in ms, 7 digits>`` when ``offset`` is given and not 0
+    (``a/b/103-1240-0000.flac`` -> ``103-1240-0000``; offset 12.5 -> ``103-1240-0000-0012500``)."""
+    stem = os.path.splitext(os.path.basename(audio_filepath.rstrip("/")))[0]
+    stem = "_".join(stem.split())
+    if offset:
+        return f"{stem}-{int(round(float(offset) * 1000)):07d}"
+    return stem
+
+
+def _number(obj: dict, name: str, where: str, key: str) -> float | None:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise DataError(f"{where}: key '{key}': {name} is {value!r}, not a number of seconds. Fix the line.")
+    return float(value)
+
+
+def _nemo_record(obj: dict, where: str, base: str) -> dict | Skip:
+    path = obj.get("audio_filepath", obj.get("audio_filename"))
+    if not isinstance(path, str) or not path:
+        raise DataError(f"{where}: audio_filepath is {path!r}; a NeMo manifest line needs the audio file's path.")
+    offset = _number(obj, "offset", where, path)
+    key = str(obj["key"]) if obj.get("key") not in (None, "") else nemo_key(path, offset)
+    duration = _number(obj, "duration", where, key)
+    source = path
+    if base and not os.path.isabs(path) and "://" not in path:
+        beside = os.path.join(base, path)
+        if os.path.exists(beside):  # NeMo's rule: relative to the manifest when the file is there
+            source = beside
+    if "shard_id" in obj and not os.path.exists(source):  # tarred NeMo: a member of audio_<shard_id>.tar
+        tar = os.path.join(base, f"audio_{obj['shard_id']}.tar")
+        if not os.path.isfile(tar):
+            raise DataError(f"{where}: key '{key}': '{path}' is a member of a tarred NeMo dataset (shard_id "
+                            f"{obj['shard_id']}), and {tar} is not there. Keep the manifest beside its "
+                            f"audio_<shard_id>.tar files (NeMo's convert_to_tarred_audio_dataset layout).")
+        source = f"{tar}//{path}"
+    rec: dict[str, Any] = {k: v for k, v in obj.items()
+                           if k not in ("audio_filepath", "audio_filename", "text", "normalized_text", "offset",
+                                        "shard_id")}
+    rec["key"], rec["source"] = key, source
+    if offset is not None and (offset or duration is not None):
+        rec["start"] = offset
+        rec["end"] = offset + duration if duration is not None else -1.0
+    text = obj.get("text", obj.get("normalized_text"))  # NeMo's order
+    if text is None:
+        return Skip("missing transcript", where, key)
+    rec["target"] = text if isinstance(text, str) else str(text)
+    return canonical(rec, where)
+
+
+def _lhotse_source(recording: dict, channel: Any, where: str, key: str) -> str:
+    """The audio of one channel of a Lhotse recording, or a DataError saying why corpus-io cannot take it."""
+    rid = recording.get("id", "?")
+    if recording.get("transforms"):
+        raise DataError(f"{where}: key '{key}': recording '{rid}' has transforms "
+                        f"({[t.get('name') for t in recording['transforms']]}); corpus-io reads the stored audio "
+                        f"as it is. Drop the transforms (speed/volume perturbation is the loader's "
+                        f"dataset_conf.speed_perturb) or save the transformed audio first.")
+    sources = recording.get("sources") or []
+    channels = recording.get("channel_ids") or [c for s in sources for c in s.get("channels", [0])]
+    if isinstance(channel, list):
+        channel = channel[0] if len(channel) == 1 else sorted(channel)
+    if len(sources) == 1 and (len(channels) == 1 or channel == sorted(channels)):
+        source = sources[0]  # mono, or every channel of one file: mixed down like any multi-channel file
+    else:
+        chosen = [s for s in sources if s.get("channels") == [channel]]
+        if len(chosen) != 1:
+            raise DataError(f"{where}: key '{key}': the cut takes channel(s) {channel} of the {len(channels)}-channel "
+                            f"recording '{rid}'; corpus-io trains on mono audio and would mix the channels. "
+                            f"Split the channels into files first (one source per channel), or in Lhotse keep one "
+                            f"channel per cut (MultiCut.to_mono) and save it (cut.save_audio).")
+        source = chosen[0]
+    kind, value = source.get("type"), source.get("source")
+    if kind in ("file", "url") and isinstance(value, str):
+        return value
+    if kind == "command" and isinstance(value, str):
+        return value.rstrip() + " |"  # run only with ++allow_pipe=true, like a Kaldi pipe
+    raise DataError(f"{where}: key '{key}': recording '{rid}' has a '{kind}' source; corpus-io reads file, url "
+                    f"and command sources. Save the audio to files first (e.g. cuts.save_audios in Lhotse).")
+
+
+def _join_texts(supervisions: list[dict], where: str, key: str) -> tuple[str, str | None, str | None]:
+    """``(text, speaker, language)`` of a cut's supervisions, joined in time order; overlap is refused."""
+    sups = sorted(supervisions, key=lambda s: (float(s.get("start", 0.0)), str(s.get("id", ""))))
+    for before, after in zip(sups, sups[1:]):
+        if float(after.get("start", 0.0)) < float(before["start"]) + float(before.get("duration", 0.0)) - _SAME_TIME:
+            raise DataError(f"{where}: key '{key}': supervisions '{before.get('id')}' and '{after.get('id')}' overlap; "
+                            f"one utterance holds one transcript. Split the cut per supervision in Lhotse "
+                            f"(cuts.trim_to_supervisions(keep_overlapping=False)) and save that CutSet.")
+    text = " ".join(str(s.get("text") or "").strip() for s in sups).strip()
+    speakers = {s.get("speaker") for s in sups}
+    languages = {s.get("language") for s in sups}
+    return (text, speakers.pop() if len(speakers) == 1 else None, languages.pop() if len(languages) == 1 else None)
+
+
+def _utterance(key: str, source: str, start: float, duration: float, whole: bool, text: str,
+               speaker: str | None, language: str | None, where: str) -> dict:
+    rec: dict[str, Any] = {"key": key, "source": source, "target": text, "duration": round(duration, 6)}
+    if not whole:
+        rec["start"], rec["end"] = start, start + duration
+    if speaker is not None:
+        rec["speaker"] = speaker
+    if language is not None:
+        rec["language"] = language
+    return canonical(rec, where)
+
+
+def _lhotse_cut_record(obj: dict, where: str, base: str = "") -> dict | Skip:
+    key = str(obj.get("id", ""))
+    kind = obj.get("type", "MonoCut")
+    if kind not in ("MonoCut", "MultiCut"):
+        raise DataError(f"{where}: cut '{key}' is a {kind}: it is made of several tracks or padding. Save the mixed "
+                        f"audio first (cuts.save_audios in Lhotse) and write the CutSet of those files.")
+    recording = obj.get("recording")
+    if not isinstance(recording, dict):
+        raise DataError(f"{where}: cut '{key}' has no recording (a features-only cut?); corpus-io needs the audio.")
+    start = _number(obj, "start", where, key) or 0.0
+    duration = _number(obj, "duration", where, key)
+    if duration is None:
+        raise DataError(f"{where}: cut '{key}' has no duration. A Lhotse cut needs start and duration.")
+    source = _lhotse_source(recording, obj.get("channel", 0), where, key)
+    sups = obj.get("supervisions") or []
+    if not sups:
+        return Skip("no supervision", where, key)
+    text, speaker, language = _join_texts(sups, where, key)
+    whole = start < _SAME_TIME and abs(duration - float(recording.get("duration", -1))) < _SAME_TIME
+    return _utterance(key, source, start, duration, whole, text, speaker, language, where)
+
+
+def record_of_line(obj: dict, where: str = "", base: str = "") -> dict | Skip:
+    """The canonical record of one line of a line-local manifest (FunASR, WeNet, NeMo, a Lhotse cut);
+    ``base`` is the manifest's directory (NeMo's relative paths). A half of a Lhotse pair is refused here:
+    it needs the other file (:func:`open_input` reads the pair)."""
+    kind = kind_of_line(obj)
+    if kind == "nemo":
+        return _nemo_record(obj, where, base)
+    if kind == "lhotse-cuts":
+        return _lhotse_cut_record(obj, where)
+    if kind in ("lhotse-recording", "lhotse-supervision"):
+        raise DataError(f"{where}: this is a line of a Lhotse {kind.split('-')[1].title()}Set, which needs its "
+                        f"other half. Give pack-shards or make-datalist the supervisions (or recordings) file or "
+                        f"their directory, or convert it once: corpus-io make-datalist ++data_type=raw "
+                        f"++input=<it> ++output=data.list.")
+    if "key" not in obj or not ({"source", "wav"} & set(obj)):
+        raise DataError(f"{where}: a line needs 'key' and 'source' (FunASR) or 'wav' (WeNet), 'audio_filepath' "
+                        f"(NeMo), or must be a Lhotse cut; it has {sorted(obj)}.")
+    return canonical(obj, where)
+
+
+# --------------------------------------------------------------------------- one input -> a stream of records
+
+
+class Input:
+    """One input: a driver file read line by line, and a parser from a line to a record (or a :class:`Skip`).
+
+    ``scan()`` makes the first pass (offsets, line numbers, duplicate keys; 24 bytes per utterance);
+    ``records(shuffle, seed)`` streams the records, in file order or a seeded permutation of the offsets.
+    Every record carries ``where`` (``file:line``).
+    """
+
+    def __init__(self, driver: str, key_of: Callable[[bytes, int], str | None],
+                 record_of: Callable[[bytes, int], dict | Skip | None], describe: str, kind: str,
+                 name: str | None = None, files: list[str] | None = None, may_skip: bool = True):
+        self.driver = driver  # the file read (a temporary copy of a .gz)
+        self.name = name or driver  # the file named in messages
+        self.files = files or [self.name]  # every file the records are read from (a job's fingerprint)
+        self.may_skip = may_skip  # record_of can yield a Skip (so a job's shard numbering needs a counting pass)
+        self.key_of = key_of  # cheap, for the first pass; None for a blank line
+        self.record_of = record_of  # a record, a Skip, or None for a blank line
+        self.describe = describe
+        self.kind = kind
+        self.offsets = array("q")
+        self.linenos = array("q")
+
+    def scan(self, *, offsets: bool = True) -> int:
+        """First pass: offsets, line numbers, duplicate keys; returns the count. 24 bytes per utterance
+        (``offsets=False``: 8, only the duplicate check, for streaming in file order)."""
+        hashes = array("q")
+        offset = 0
+        self.offsets, self.linenos = array("q"), array("q")
+        with open(self.driver, "rb") as f:
+            for lineno, raw in bounded_lines(f, self.name):
+                key = self.key_of(raw, lineno)
+                if key is not None:
+                    if offsets:
+                        self.offsets.append(offset)
+                        self.linenos.append(lineno)
+                    hashes.append(kaldi.key_hash(key))
+                offset += len(raw)
+        wanted = kaldi.duplicate_hashes(hashes)
+        if wanted:
+            repeat = kaldi.first_repeat(self.keys(), wanted)
+            if repeat:
+                key, first, second = repeat
+                hint = (" NeMo lines without 'key' are named by the audio file name (and offset): add a 'key' "
+                        "field to tell them apart." if self.kind == "nemo" else "")
+                raise DataError(f"duplicate key '{key}' in {self.name}: at {first} and {second}. Keys must be "
+                                f"unique; remove or rename one.{hint}")
+        return len(hashes)
+
+    def keys(self) -> Iterator[tuple[str, str]]:
+        """``(key, file:line)`` of every utterance, in file order."""
+        with open(self.driver, "rb") as f:
+            for lineno, raw in bounded_lines(f, self.name):
+                key = self.key_of(raw, lineno)
+                if key is not None:
+                    yield key, f"{self.name}:{lineno}"
+
+    def records(self, shuffle: bool = False, seed: int = 0) -> Iterator[dict | Skip]:
+        with open(self.driver, "rb") as f:
+            if not shuffle:
+                for lineno, raw in bounded_lines(f, self.name):
+                    rec = self.record_of(raw, lineno)
+                    if rec is not None:
+                        yield rec
+                return
+            if not self.offsets:
+                self.scan()
+            # Seeded permutation of line offsets (8 bytes/utt), not of records.
+            order = np.random.default_rng(seed).permutation(len(self.offsets))
+            for i in order:
+                f.seek(self.offsets[i])
+                rec = self.record_of(f.readline(), int(self.linenos[i]))
+                if rec is not None:
+                    yield rec
+
+
+def _plain(path: str, owner: Any = None) -> str:
+    """``path``, or for a ``.gz`` a temporary decompressed copy (streamed; deleted with ``owner`` or at exit)."""
+    if not path.endswith(".gz"):
+        return path
+    fd, tmp = tempfile.mkstemp(prefix="corpus-io-", suffix="-" + os.path.basename(path)[:-3])
+    try:
+        with os.fdopen(fd, "wb") as out, gzip.open(path, "rb") as src:
+            shutil.copyfileobj(src, out, 1 << 20)
+    except (OSError, EOFError) as exc:
+        os.unlink(tmp)
+        raise DataError(f"cannot decompress {path}: {exc}. Check the file (a partial download?).") from None
+    if owner is not None:
+        weakref.finalize(owner, _unlink, tmp)
+    return tmp
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _json_of(raw: bytes, where: str) -> dict | None:
+    if raw.startswith(UTF8_BOM):
+        raw = raw[len(UTF8_BOM):]
+    if not raw.strip():
+        return None
+    return parse_json_object(raw, where, "Each line of a jsonl manifest must be one JSON object.")
+
+
+def _first_object(path: str) -> dict | None:
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            for lineno, raw in bounded_lines(f, path):
+                obj = _json_of(raw, f"{path}:{lineno}") if raw.lstrip(UTF8_BOM).lstrip().startswith(b"{") else None
+                if obj is not None:
+                    return obj
+                if raw.strip():
+                    return None
+    except (OSError, EOFError) as exc:
+        raise DataError(f"cannot read {path}: {exc}. Check ++input.") from None
+    return None
+
+
+def _line_input(path: str, kind: str) -> Input:
+    driver_holder: list[str] = []
+    base = os.path.dirname(os.path.abspath(path))
+
+    def record(raw: bytes, lineno: int) -> dict | Skip | None:
+        obj = _json_of(raw, f"{path}:{lineno}")
+        if obj is None:
+            return None
+        rec = record_of_line(obj, f"{path}:{lineno}", base)
+        if isinstance(rec, dict):
+            rec["where"] = f"{path}:{lineno}"
+        return rec
+
+    def key_of(raw: bytes, lineno: int) -> str | None:
+        rec = record(raw, lineno)
+        return None if rec is None else rec.key if isinstance(rec, Skip) else rec["key"]
+
+    inp = Input(path, key_of, record, f"{kind} manifest {path}", kind, name=path,
+                may_skip=kind not in ("funasr", "wenet"))
+    driver_holder.append(_plain(path, inp))
+    inp.driver = driver_holder[0]
+    return inp
+
+
+class _JsonById:
+    """Random access to the JSON lines of a file by their ``id`` (a RecordingSet): 16 bytes per line."""
+
+    def __init__(self, path: str, name: str):
+        self.path, self.name = path, name
+        hashes, offsets = array("q"), array("q")
+        offset = 0
+        with open(path, "rb") as f:
+            for lineno, raw in bounded_lines(f, name):
+                obj = _json_of(raw, f"{name}:{lineno}")
+                if obj is not None:
+                    if "id" not in obj:
+                        raise DataError(f"{name}:{lineno}: a Lhotse recording needs an 'id'; it has {sorted(obj)}.")
+                    hashes.append(kaldi.key_hash(str(obj["id"])))
+                    offsets.append(offset)
+                offset += len(raw)
+        h = np.frombuffer(hashes, dtype=np.int64)
+        order = np.argsort(h, kind="stable")
+        self._hashes = h[order]
+        self._offsets = np.frombuffer(offsets, dtype=np.int64)[order]
+        self._file = open(path, "rb")
+        weakref.finalize(self, self._file.close)
+
+    def get(self, rid: str) -> dict | None:
+        h = kaldi.key_hash(rid)
+        i = int(np.searchsorted(self._hashes, h))
+        while i < len(self._hashes) and self._hashes[i] == h:
+            self._file.seek(int(self._offsets[i]))
+            obj = _json_of(self._file.readline(), self.name)
+            if obj is not None and str(obj.get("id")) == rid:
+                return obj
+            i += 1
+        return None
+
+
+def _pair_files(path: str) -> tuple[str, str]:
+    """``(recordings, supervisions)`` of a Lhotse pair given one of the two files or their directory."""
+    p = Path(path)
+    if p.is_dir():
+        found = {}
+        for half in ("recordings", "supervisions"):
+            matches = sorted(str(m) for m in p.iterdir() if half in m.name and m.name.endswith((".jsonl", ".jsonl.gz")))
+            if len(matches) != 1:
+                raise DataError(f"{path} holds {len(matches)} Lhotse {half} files ({matches or 'none'}); give the "
+                                f"supervisions file itself as ++input.")
+            found[half] = matches[0]
+        return found["recordings"], found["supervisions"]
+    mine, other = ("recordings", "supervisions") if "recordings" in p.name else ("supervisions", "recordings")
+    partner = p.with_name(p.name.replace(mine, other))
+    if mine not in p.name or not partner.is_file():
+        raise DataError(f"{path} is one half of a Lhotse RecordingSet + SupervisionSet, and its other half was not "
+                        f"found (looked for {partner.name if mine in p.name else 'a name with recordings/supervisions'}"
+                        f"). Name them *recordings*.jsonl[.gz] and *supervisions*.jsonl[.gz] in one directory, or "
+                        f"give a CutSet (CutSet.from_manifests(...).to_file('cuts.jsonl.gz')).")
+    return (str(p), str(partner)) if mine == "recordings" else (str(partner), str(p))
+
+
+def _lhotse_pair_input(path: str) -> Input:
+    rec_path, sup_path = _pair_files(path)
+    recordings: list[_JsonById] = []
+
+    def record(raw: bytes, lineno: int) -> dict | Skip | None:
+        where = f"{sup_path}:{lineno}"
+        sup = _json_of(raw, where)
+        if sup is None:
+            return None
+        key = str(sup.get("id", ""))
+        if not key or "recording_id" not in sup:
+            raise DataError(f"{where}: a Lhotse supervision needs 'id', 'recording_id', 'start' and 'duration'; "
+                            f"it has {sorted(sup)}.")
+        recording = recordings[0].get(str(sup["recording_id"]))
+        if recording is None:
+            return Skip("recording missing from the RecordingSet", where, key)
+        start = _number(sup, "start", where, key) or 0.0
+        duration = _number(sup, "duration", where, key)
+        if duration is None:
+            raise DataError(f"{where}: supervision '{key}' has no duration.")
+        source = _lhotse_source(recording, sup.get("channel", 0), where, key)
+        whole = start < _SAME_TIME and abs(duration - float(recording.get("duration", -1))) < _SAME_TIME
+        text = sup.get("text")
+        if text is None:
+            return Skip("missing transcript", where, key)
+        rec = _utterance(key, source, start, duration, whole, str(text), sup.get("speaker"), sup.get("language"),
+                         where)
+        rec["where"] = where
+        return rec
+
+    def key_of(raw: bytes, lineno: int) -> str | None:
+        sup = _json_of(raw, f"{sup_path}:{lineno}")
+        return None if sup is None else str(sup.get("id", ""))
+
+    inp = Input(sup_path, key_of, record, f"Lhotse RecordingSet {rec_path} + SupervisionSet {sup_path}",
+                "lhotse-recordings+supervisions", name=sup_path, files=[rec_path, sup_path])
+    inp.driver = _plain(sup_path, inp)
+    recordings.append(_JsonById(_plain(rec_path, inp), rec_path))
+    return inp
+
+
+def _kaldi_input(data_dir: Path, *, feats: bool) -> Input:
+    def table(name: str) -> kaldi.KeyedTable | None:
+        p = data_dir / name
+        return kaldi.KeyedTable(p) if p.is_file() else None
+
+    text = table("text")
+    if text is None:
+        raise DataError(f"{data_dir} has no 'text' file; a Kaldi data dir needs wav.scp (or feats.scp) and text.")
+    utt2spk = table("utt2spk")
+    segments = data_dir / "segments"
+    if feats:
+        driver = data_dir / "feats.scp"
+        recordings = None
+    elif segments.is_file():
+        driver, recordings = segments, table("wav.scp")
+    else:
+        driver, recordings = data_dir / "wav.scp", None
+    if not driver.is_file():
+        raise DataError(f"{data_dir} has no {driver.name}. For audio a Kaldi dir needs wav.scp + text; "
+                        f"for ++feats=true it needs feats.scp + text.")
+    if segments.is_file() and not feats and recordings is None:
+        raise DataError(f"{data_dir} has 'segments' but no wav.scp for its recordings.")
+    path = str(driver)
+
+    def key_of(raw: bytes, lineno: int) -> str | None:
+        parsed = kaldi.parse_line(raw, path, lineno)
+        return None if parsed is None else parsed[0]
+
+    def record_of(raw: bytes, lineno: int) -> dict | Skip | None:
+        parsed = kaldi.parse_line(raw, path, lineno)
+        if parsed is None:
+            return None
+        key, value = parsed
+        where = f"{path}:{lineno}"
+        rec: dict[str, Any] = {"key": key}
+        if recordings is not None:
+            seg = kaldi.parse_segment(key, value, where)
+            source = recordings.get(seg.recording)
+            if source is None:
+                return Skip("recording missing from wav.scp", where, key)
+            rec["source"], rec["start"], rec["end"] = source, seg.start, seg.end
+        else:
+            rec["source"] = value
+        target = text.get(key)
+        if target is None:
+            return Skip("missing transcript", where, key)
+        rec["target"] = target
+        speaker = utt2spk.get(key) if utt2spk is not None else None
+        if speaker is not None:
+            rec["speaker"] = speaker
+        rec["where"] = where
+        return rec
+
+    files = [path] + [str(data_dir / n) for n in ("wav.scp", "text", "utt2spk")
+                      if (data_dir / n).is_file() and str(data_dir / n) != path]
+    return Input(path, key_of, record_of, f"Kaldi dir {data_dir}", "kaldi", files=files)
+
+
+def detect(path: str) -> str:
+    """The kind of input ``path`` is (one of :data:`KINDS`), by its content; a DataError says what is accepted."""
+    p = Path(path)
+    if p.is_dir():
+        if any((p / name).is_file() for name in ("wav.scp", "feats.scp", "text", "segments")):
+            return "kaldi"
+        if any("supervisions" in m.name for m in p.iterdir()):
+            return "lhotse-recordings+supervisions"
+        raise DataError(f"{path} is a directory but neither a Kaldi data dir (wav.scp + text) nor a directory of "
+                        f"Lhotse *recordings* + *supervisions* manifests.")
+    if not p.is_file():
+        raise DataError(f"input {path} does not exist. Pass a FunASR jsonl (scp2jsonl), a WeNet raw data.list, a "
+                        f"Kaldi data dir, a NeMo manifest or a Lhotse manifest (.jsonl / .jsonl.gz): ++input=...")
+    obj = _first_object(str(p))
+    if obj is None:  # empty, or not JSON: read as a jsonl, whose reader names the empty file or the bad line
+        return "funasr"
+    kind = kind_of_line(obj)
+    return "lhotse-recordings+supervisions" if kind in ("lhotse-recording", "lhotse-supervision") else kind
+
+
+def open_input(path: str | os.PathLike, *, feats: bool = False) -> Input:
+    """The :class:`Input` of any of the five kinds (a file or a Kaldi/Lhotse directory), detected by content."""
+    path = str(path)
+    kind = detect(path)
+    if feats and kind != "kaldi":
+        raise ConfigError(f"++feats=true needs a Kaldi data dir with feats.scp + text; {path} is a {kind} input.")
+    if kind == "kaldi":
+        return _kaldi_input(Path(path), feats=feats)
+    if kind == "lhotse-recordings+supervisions":
+        return _lhotse_pair_input(path)
+    return _line_input(path, kind)
+
+
+def iter_records(path: str | os.PathLike, *, skip: Callable[[Skip], None] | None = None,
+                 check_duplicates: bool = True) -> Iterator[dict]:
+    """Stream the canonical records of any input, in file order. ``check_duplicates``: a first pass refuses a
+    repeated key before any record is yielded (8 bytes per utterance). A line that yields no record goes to
+    ``skip`` (count it), or without one is a DataError naming it."""
+    inp = open_input(path)
+    if check_duplicates:
+        inp.scan(offsets=False)
+    for rec in inp.records():
+        if isinstance(rec, Skip):
+            if skip is None:
+                raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the input.")
+            skip(rec)
+            continue
+        yield rec
+
+
+def raise_if_duplicate_keys(paths: list[str], hashes: Any) -> None:
+    """A DataError naming both places of a key repeated across the inputs ``paths`` (read in order), given the
+    :func:`kaldi.key_hash` of every key; the inputs are re-read only when two hashes match."""
+    wanted = kaldi.duplicate_hashes(hashes)
+    if not wanted:
+        return
+    repeat = kaldi.first_repeat((pair for path in paths for pair in open_input(path).keys()), wanted)
+    if repeat:
+        key, first, second = repeat
+        raise DataError(f"duplicate key '{key}': at {first} and {second}. Keys must be unique across the inputs; "
+                        f"remove or rename one (e.g. a corpus prefix).")

@@ -1,0 +1,322 @@
+"""One set of inputs everywhere: FunASR, WeNet, Kaldi dir, NeMo and Lhotse manifests (corpus_io.inputs),
+read by pack-shards, make-datalist, make-tokenizer, stats and the raw loader; NeMo/Lhotse written back by
+jsonl2scp ++output_format. Lhotse round trips use the real ``lhotse`` package (a [dev] dependency)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+from corpus_io.errors import DataError
+from corpus_io.inputs import detect, iter_records, nemo_key, open_input
+from corpus_io.rawlist import RawList
+from tests.conftest import assert_user_error, run_cli
+from tests.loader_data import fixture_utts, token_list
+
+lhotse = pytest.importorskip("lhotse")
+
+UTTS = fixture_utts()[:6]  # (key, path, text): real 8/16/44.1 kHz wav and flac
+
+
+def lhotse_cuts(tmp_path: Path, *, segment: bool = False) -> tuple[Path, list]:
+    """A CutSet written by lhotse itself (jsonl.gz); ``segment``: cuts of 0.2 s .. 0.9 s of each recording."""
+    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+
+    recordings = RecordingSet.from_recordings(Recording.from_file(path, recording_id=key) for key, path, _ in UTTS)
+    sups = SupervisionSet.from_segments(
+        SupervisionSegment(id=f"{key}-s", recording_id=key, start=0.2 if segment else 0.0,
+                           duration=0.7 if segment else recordings[key].duration, text=text, speaker=key[:4])
+        for key, _, text in UTTS)
+    cuts = CutSet.from_manifests(recordings=recordings, supervisions=sups)
+    if segment:
+        cuts = cuts.trim_to_supervisions()
+    path = tmp_path / "cuts.jsonl.gz"
+    cuts.to_file(path)
+    recordings.to_file(tmp_path / "demo_recordings_train.jsonl.gz")
+    sups.to_file(tmp_path / "demo_supervisions_train.jsonl.gz")
+    return path, list(cuts)
+
+
+def shard_members(shard_dir: Path) -> dict[str, dict]:
+    """key -> {txt, json} of every packed utterance."""
+    found: dict[str, dict] = {}
+    for shard in sorted(shard_dir.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                key, ext = m.name.split(".", 1)
+                found.setdefault(key, {})[ext] = tar.extractfile(m).read()
+    return found
+
+
+def test_a_cutset_written_by_lhotse_packs_to_shards_and_trains(tmp_path):
+    from tests.train.conftest import run_train, torchrun_cmd
+
+    cuts_path, cuts = lhotse_cuts(tmp_path)
+    assert detect(str(cuts_path)) == "lhotse-cuts"
+    result = run_cli("corpus-io", "pack-shards", f"++input={cuts_path}", f"++output_dir={tmp_path}/shards",
+                     "++num_utts_per_shard=4", "++num_workers=1")
+    assert result.returncode == 0, result.stderr
+    members = shard_members(tmp_path / "shards")
+    assert sorted(members) == sorted(c.id for c in cuts)
+    for cut in cuts:
+        assert members[cut.id]["txt"].decode() == cut.supervisions[0].text
+        assert json.loads(members[cut.id]["json"])["speaker"] == cut.supervisions[0].speaker
+    tokens = token_list(tmp_path).token_list
+    cmd = torchrun_cmd(tmp_path / "exp", {"shards": tmp_path / "shards" / "data.list", "tokens": tokens},
+                       "++train_conf.max_epoch=1", "++train_conf.max_steps_per_epoch=2", "++model.num_blocks=1",
+                       "++dataset_conf.batch_size=2", nproc=1)
+    trained = run_train(cmd)
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
+    assert list((tmp_path / "exp").glob("*.pt")), "training wrote no checkpoint"
+
+
+def test_segment_cuts_and_the_recording_supervision_pair_give_the_same_segments(tmp_path):
+    cuts_path, cuts = lhotse_cuts(tmp_path, segment=True)
+    from_cuts = {r["key"]: r for r in iter_records(cuts_path)}
+    assert sorted(from_cuts) == sorted(c.id for c in cuts)
+    for cut in cuts:
+        rec = from_cuts[cut.id]
+        assert (rec["start"], rec["end"]) == pytest.approx((0.2, 0.9))
+        assert rec["target"] == cut.supervisions[0].text and rec["speaker"] == cut.supervisions[0].speaker
+    # the pair, given as either file or as their directory: one utterance per supervision, same span and text
+    for given in ("demo_supervisions_train.jsonl.gz", "demo_recordings_train.jsonl.gz", "."):
+        pair = {r["key"]: r for r in iter_records(tmp_path / given)}
+        assert sorted(pair) == sorted(from_cuts)
+        for key, rec in pair.items():
+            assert (rec["source"], rec["start"], rec["end"], rec["target"]) == pytest.approx(
+                (from_cuts[key]["source"], 0.2, 0.9, from_cuts[key]["target"]))
+    # make-datalist turns the pair into a raw list whose durations are the segments' own
+    out = tmp_path / "raw.list"
+    result = run_cli("corpus-io", "make-datalist", "++data_type=raw", f"++input=[{tmp_path}]", f"++output={out}")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert {x["duration"] for x in lines} == {0.7} and all(x["source_len"] == 70 for x in lines)
+
+
+def nemo_manifest(tmp_path: Path) -> Path:
+    """NeMo lines: a relative audio_filepath (beside the manifest), a whole file, two segments of one file."""
+    audio_dir = tmp_path / "audio"
+    audio_dir.mkdir()
+    lines = []
+    for _key, path, text in UTTS[:3]:
+        local = audio_dir / Path(path).name
+        local.write_bytes(Path(path).read_bytes())
+        lines.append({"audio_filepath": f"audio/{local.name}", "duration": round(sf.info(local).duration, 2),
+                      "text": text})
+    key, path, text = UTTS[3]
+    lines.append({"audio_filepath": path, "duration": 0.5, "text": "first half", "offset": 0.0})
+    lines.append({"audio_filename": path, "duration": 0.4, "normalized_text": "second half", "offset": 0.5,
+                  "lang": "en"})  # NeMo's aliases
+    manifest = tmp_path / "train_manifest.json"
+    manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return manifest
+
+
+def test_a_nemo_manifest_gets_keys_by_the_documented_rule_and_its_segments(tmp_path):
+    manifest = nemo_manifest(tmp_path)
+    assert detect(str(manifest)) == "nemo"
+    records = list(iter_records(manifest))
+    stems = [Path(p).stem for _, p, _ in UTTS[:4]]
+    assert [r["key"] for r in records] == stems[:3] + [stems[3], f"{stems[3]}-0000500"]
+    assert Path(records[0]["source"]) == tmp_path / "audio" / Path(UTTS[0][1]).name  # NeMo: beside the manifest
+    assert "start" not in records[0]  # no offset: the whole file, duration kept as metadata
+    assert (records[3]["start"], records[3]["end"]) == (0.0, 0.5)
+    assert (records[4]["start"], records[4]["end"], records[4]["lang"]) == (0.5, 0.9, "en")
+    result = run_cli("corpus-io", "pack-shards", f"++input={manifest}", f"++output_dir={tmp_path}/shards",
+                     "++num_workers=1")
+    assert result.returncode == 0, result.stderr
+    members = shard_members(tmp_path / "shards")
+    segment = json.loads(members[f"{stems[3]}-0000500"]["json"])
+    assert segment["duration"] == pytest.approx(0.4, abs=1e-3)
+    assert members[f"{stems[3]}-0000500"]["txt"] == b"second half"
+
+
+def test_nemo_key_rule():
+    assert nemo_key("/data/LibriSpeech/103/1240/103-1240-0000.flac") == "103-1240-0000"
+    assert nemo_key("a b/c d.wav", 12.5) == "c_d-0012500"
+    assert nemo_key("x.wav", 0.0) == "x"
+
+
+@pytest.mark.parametrize("case, needles", [
+    ("multichannel", ["channel(s) 1 of the 2-channel recording", "Split the channels"]),
+    ("overlap", ["overlap", "trim_to_supervisions"]),
+    ("tarred", ["tarred NeMo dataset", "shard_id 0", "audio_0.tar is not there"]),
+    ("nemo_repeat", ["duplicate key", "add a 'key' field"]),
+])
+def test_inputs_corpus_io_cannot_take_are_refused_with_the_way_out(tmp_path, case, needles):
+    from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
+
+    stereo = tmp_path / "stereo.wav"
+    subprocess.run(["sox", "-n", "-r", "16000", "-b", "16", "-c", "2", str(stereo), "synth", "1.0", "sine", "300"],
+                   check=True)
+    rec = Recording.from_file(stereo)
+    path = tmp_path / "in.jsonl"
+    if case == "multichannel":
+        sup = SupervisionSegment(id="s", recording_id=rec.id, start=0, duration=1.0, channel=1, text="a")
+        CutSet.from_cuts([MonoCut(id="c", start=0, duration=1.0, channel=1, recording=rec, supervisions=[sup])]
+                         ).to_file(path)
+    elif case == "overlap":
+        mono = Recording.from_file(UTTS[0][1])
+        sups = [SupervisionSegment(id=f"s{i}", recording_id=mono.id, start=0.1 * i, duration=0.5, text="a")
+                for i in range(2)]
+        CutSet.from_cuts([MonoCut(id="c", start=0, duration=mono.duration, channel=0, recording=mono,
+                                  supervisions=sups)]).to_file(path)
+    elif case == "tarred":
+        path.write_text(json.dumps({"audio_filepath": "audio_1.wav", "duration": 1.0, "text": "a", "shard_id": 0})
+                        + "\n")
+    else:
+        path.write_text("".join(json.dumps({"audio_filepath": f"{d}/same.wav", "duration": 1.0, "text": "a"}) + "\n"
+                                for d in ("a", "b")))
+    result = run_cli("corpus-io", "pack-shards", f"++input={path}", f"++output_dir={tmp_path}/shards")
+    assert_user_error(result, f"{path}", *needles)
+
+
+def test_a_multichannel_cut_of_every_channel_is_read_mixed_down(tmp_path):
+    from lhotse import CutSet, MultiCut, Recording, SupervisionSegment
+
+    stereo = tmp_path / "stereo.wav"
+    subprocess.run(["sox", "-n", "-r", "16000", "-b", "16", "-c", "2", str(stereo), "synth", "1.0", "sine", "300"],
+                   check=True)
+    rec = Recording.from_file(stereo)
+    sup = SupervisionSegment(id="s", recording_id=rec.id, start=0, duration=1.0, channel=[0, 1], text="a")
+    CutSet.from_cuts([MultiCut(id="c", start=0, duration=1.0, channel=[0, 1], recording=rec, supervisions=[sup])]
+                     ).to_file(tmp_path / "c.jsonl")
+    (rec_,) = iter_records(tmp_path / "c.jsonl")
+    assert rec_["source"] == str(stereo) and "start" not in rec_
+
+
+def test_make_tokenizer_stats_and_the_raw_loader_read_the_other_kinds(tmp_path, fixture_corpus):
+    # make-tokenizer: a Kaldi data dir (it used to say "Is a directory") and a Lhotse CutSet
+    cuts_path, cuts = lhotse_cuts(tmp_path)
+    for given in (fixture_corpus, cuts_path):
+        out = tmp_path / f"tokens-{Path(given).name}.txt"
+        result = run_cli("corpus-io", "make-tokenizer", f"++input={given}", f"++output={out}")
+        assert result.returncode == 0, result.stderr
+        assert "<blank>" in out.read_text()
+    # stats, raw: the gzipped CutSet
+    result = run_cli("corpus-io", "stats", f"++input={cuts_path}", "++data_type=raw", f"++output={tmp_path}/s.png")
+    assert result.returncode == 0, result.stderr
+    assert f"{len(cuts)}" in result.stdout
+    # the raw loader: a NeMo manifest and an uncompressed CutSet are read line by line
+    (tmp_path / "n").mkdir()
+    nemo = nemo_manifest(tmp_path / "n")
+    assert RawList(nemo).record(4)["start"] == 0.5
+    plain = tmp_path / "cuts.jsonl"
+    plain.write_bytes(gzip.decompress(cuts_path.read_bytes()))
+    assert RawList(plain).record(0)["key"] == cuts[0].id
+    with pytest.raises(DataError, match="make-datalist"):
+        RawList(cuts_path)
+
+
+def test_exported_cutset_loads_in_lhotse_and_reads_back_the_same(tmp_path, fixture_corpus):
+    from lhotse import CutSet
+
+    nemo = nemo_manifest(tmp_path)
+    out = tmp_path / "out_cuts.jsonl.gz"
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={nemo}", "++output_format=lhotse",
+                     f"++manifest_out={out}")
+    assert result.returncode == 0, result.stderr
+    cuts = CutSet.from_file(out).to_eager()
+    ours = list(iter_records(nemo))
+    assert [c.id for c in cuts] == [r["key"] for r in ours]
+    for cut, rec in zip(cuts, ours):
+        assert cut.supervisions[0].text == rec["target"]
+        samples = cut.load_audio()  # lhotse decodes the span we wrote
+        expected = (rec["end"] - rec["start"]) if "start" in rec else sf.info(rec["source"]).duration
+        assert samples.shape[-1] == pytest.approx(expected * cut.sampling_rate, abs=2)
+    back = list(iter_records(out))
+    assert [(r["key"], r["target"], r.get("start")) for r in back] == \
+        [(r["key"], r["target"], r.get("start")) for r in ours]
+
+
+def test_nemo_export_has_the_documented_fields_and_reads_back(tmp_path, fixture_corpus):
+    out = tmp_path / "manifest.json"
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={fixture_corpus / 'segments_dir'}",
+                     "++output_format=nemo", f"++manifest_out={out}")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    # NeMo's manifest parser (nemo.collections.common.parts.preprocessing.manifest.__parse_item) reads
+    # audio_filepath, duration (s, required), text, offset, speaker, lang; nothing else need be there
+    for line in lines:
+        assert {"audio_filepath", "duration", "text", "offset"} <= set(line)
+        assert set(line) <= {"audio_filepath", "duration", "text", "offset", "speaker", "lang", "key"}
+        assert isinstance(line["duration"], float) and line["duration"] > 0
+    assert lines[1]["offset"] == 3.205 and lines[1]["duration"] == pytest.approx(5.178 - 3.205)
+    back = list(iter_records(out))
+    original = list(open_input(str(fixture_corpus / "segments_dir")).records())
+    assert [r["key"] for r in back] == [r["key"] for r in original]  # keys kept (they differ from the rule)
+    assert [r["target"] for r in back] == [r["target"] for r in original]
+
+
+def test_a_tarred_nemo_dataset_reads_its_members_from_the_tars_beside_the_manifest(tmp_path):
+    """NeMo's convert_to_tarred_audio_dataset layout: audio_<shard_id>.tar of basenames + a manifest naming them."""
+    lines = []
+    for i, (_, path, text) in enumerate(UTTS[:4]):
+        shard = i % 2
+        with tarfile.open(tmp_path / f"audio_{shard}.tar", "a") as tar:
+            tar.add(path, arcname=Path(path).name)
+        lines.append({"audio_filepath": Path(path).name, "duration": sf.info(path).duration, "text": text,
+                      "shard_id": shard})
+    manifest = tmp_path / "tarred_audio_manifest.json"
+    manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    result = run_cli("corpus-io", "pack-shards", f"++input={manifest}", f"++output_dir={tmp_path}/shards",
+                     "++num_workers=1")
+    assert result.returncode == 0, result.stderr
+    members = shard_members(tmp_path / "shards")
+    for _, path, text in UTTS[:4]:
+        key, ext = Path(path).stem, Path(path).suffix[1:]
+        assert members[key][ext] == Path(path).read_bytes() and members[key]["txt"].decode() == text
+    sample = RawList(manifest).sample(1)  # the raw loader reads the member too
+    assert sample["audio"] == Path(UTTS[1][1]).read_bytes() and sample["audio_format"] == Path(UTTS[1][1]).suffix[1:]
+    # and the NeMo export writes the tarred layout back: member names and shard ids
+    out = tmp_path / "again.json"
+    result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={manifest}", "++output_format=nemo",
+                     f"++manifest_out={out}")
+    assert result.returncode == 0, result.stderr
+    again = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(x["audio_filepath"], x["shard_id"], x["text"]) for x in again] == \
+        [(x["audio_filepath"], x["shard_id"], x["text"]) for x in lines]
+
+
+def test_a_cut_with_several_supervisions_in_turn_is_one_utterance_with_their_texts_in_time_order(tmp_path):
+    from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
+
+    mono = Recording.from_file(UTTS[0][1])
+    sups = [SupervisionSegment(id="b", recording_id=mono.id, start=0.6, duration=0.3, text="world"),
+            SupervisionSegment(id="a", recording_id=mono.id, start=0.1, duration=0.4, text="hello")]
+    CutSet.from_cuts([MonoCut(id="c", start=0, duration=mono.duration, channel=0, recording=mono,
+                              supervisions=sups)]).to_file(tmp_path / "c.jsonl")
+    (rec,) = iter_records(tmp_path / "c.jsonl")
+    assert rec["target"] == "hello world" and "start" not in rec
+
+
+def test_the_raw_loader_trains_on_a_nemo_manifest_as_it_is(tmp_path):
+    from corpus_io.dataset import build_dataloader
+    from corpus_io.tokenizer import build_tokenizer
+    from tests.loader_data import small_conf
+
+    manifest = nemo_manifest(tmp_path)
+    tok = build_tokenizer(token_list(tmp_path))
+    loader = build_dataloader(str(manifest), small_conf(data_type="raw", shuffle=False, sort=False, num_workers=1),
+                              tok, train=False, rank=0, world_size=1)
+    frames = {k: int(n) for batch in loader for k, n in zip(batch["keys"], batch["feats_lengths"])}
+    stem = Path(UTTS[3][1]).stem
+    assert sorted(frames) == sorted(r["key"] for r in iter_records(manifest))
+    assert frames[f"{stem}-0000500"] == pytest.approx(38, abs=2)  # 0.4 s of 25 ms windows every 10 ms
+
+
+def test_compute_cmvn_reads_a_nemo_manifest_and_the_loader_sends_a_kaldi_dir_to_make_datalist(tmp_path, fixture_corpus):
+    manifest = nemo_manifest(tmp_path)
+    out = tmp_path / "cmvn.json"
+    result = run_cli("corpus-io", "compute-cmvn", f"++data_list={manifest}", f"++output={out}",
+                     "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=0")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["frame_num"] > 0
+    with pytest.raises(DataError, match=r"make-datalist \+\+data_type=raw"):  # what the loader says of a Kaldi dir
+        RawList(fixture_corpus)
