@@ -363,9 +363,10 @@ def check_positions(state: SlotState, sources: list[Source], who: str) -> None:
         source = sources[src]
         pass_, ordinal = divmod(unit, PASS_STRIDE) if unit >= 0 else (-1, -1)
         plan = state.plans.get(src)
-        units = len(plan[1]) if plan is not None and plan[0] == pass_ else source.num_units
-        if source.data_type == "raw":
-            units = -(-source.num_units // CHUNK_LINES)
+        if plan is not None and plan[0] == pass_:  # an elastic re-split: ordinals in its pieces
+            units = len(plan[1])
+        else:
+            units = -(-source.num_units // CHUNK_LINES) if source.data_type == "raw" else source.num_units
         if pass_ < 0 or not 0 <= ordinal < max(units, 1):
             raise bad(f"unit {unit} of {source.data_list} (pass {pass_}, unit {ordinal}; it has {units})")
         # the unit is an ordinal in this slot's share, so a shard position is bounded by the largest shard's count
