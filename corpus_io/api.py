@@ -167,9 +167,11 @@ def build_loader(config_or_path: Any = None, overrides: Iterable[str] = (), *, d
     rank's states and also resumes on another world size or worker count). There is no ``len()``: a streaming
     epoch's batch count is known only at its end.
     """
-    from corpus_io.dataset import build_dataloader
+    from corpus_io.dataset import build_dataloader, check_uneven
     from corpus_io.train.cmvn import eval_dataset_conf
 
+    if uneven is not None:
+        check_uneven(uneven)  # before anything is read
     cfg = _loader_config(config_or_path, overrides)
     if data_list is None:
         data_list = cfg.train_data_set_list if train else cfg.valid_data_set_list

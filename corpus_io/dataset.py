@@ -60,6 +60,12 @@ STATE_VERSION = 1
 UNEVEN_CHOICES = ("stop", "error", "allow")
 
 
+def check_uneven(uneven: str) -> None:
+    if uneven not in UNEVEN_CHOICES:
+        raise ConfigError(f"uneven={uneven!r}, but it must be one of {', '.join(UNEVEN_CHOICES)} (what the loader "
+                          f"does when DDP ranks run out of batches at different steps).")
+
+
 class CorpusDataset(IterableDataset):
     """Batches of one rank; each DataLoader worker reads its own slot (see corpus_io.partition)."""
 
@@ -133,9 +139,7 @@ class CorpusLoader:
     """DataLoader with epochs, exact resumable state and aggregated counts (see the module doc)."""
 
     def __init__(self, dataset: CorpusDataset, conf: DatasetConf, *, uneven: str = "allow"):
-        if uneven not in UNEVEN_CHOICES:
-            raise ConfigError(f"uneven={uneven!r}, but it must be one of {', '.join(UNEVEN_CHOICES)} (what the "
-                              f"loader does when DDP ranks run out of batches at different steps).")
+        check_uneven(uneven)
         self.dataset = dataset
         self.conf = conf
         self.uneven = uneven

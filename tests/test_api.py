@@ -149,6 +149,8 @@ def test_load_config_errors_are_the_clis(tmp_path):
         corpus_io.load_config({})
     with pytest.raises(corpus_io.ConfigError, match="no corpus-io command 'trian'"):
         corpus_io.load_config(command="trian")
+    with pytest.raises(corpus_io.ConfigError, match="uneven='even', but it must be one of stop, error, allow"):
+        corpus_io.build_loader({"train_data_set_list": str(FIXTURE / "wav.scp")}, uneven="even")
 
 
 # --------------------------------------------------------------------------- the loader
