@@ -37,6 +37,7 @@ from corpus_io import audio, kaldi
 from corpus_io.config import check_values
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import (
+    UTF8_BOM,
     bounded_lines,
     completed_output,
     ensure_dir,
@@ -312,12 +313,22 @@ class _Input:
         self.offsets = array("q")
         self.linenos = array("q")
 
-    def scan(self) -> int:
-        """First pass: offsets, line numbers, duplicate keys. 24 bytes per utterance."""
+    def scan(self, *, check_keys: bool = True) -> int:
+        """First pass: offsets, line numbers, duplicate keys. 24 bytes per utterance.
+
+        ``check_keys=False`` (a job of N over a jsonl, whose lines are its records): offsets of the non-blank
+        lines only, no parsing: a job reads the whole input, and parsing it is most of that cost; a key held
+        twice is refused by merge-jobs, which sees every key."""
         hashes = array("q")
         offset = 0
         with open(self.driver, "rb") as f:
             for lineno, raw in bounded_lines(f, self.driver):
+                if not check_keys:
+                    if raw.strip() and (lineno > 1 or raw.removeprefix(UTF8_BOM).strip()):
+                        self.offsets.append(offset)
+                        self.linenos.append(lineno)
+                    offset += len(raw)
+                    continue
                 key = self.key_of(raw, lineno)
                 if key is not None:
                     self.offsets.append(offset)
@@ -327,7 +338,7 @@ class _Input:
         wanted = kaldi.duplicate_hashes(hashes)
         if wanted:
             self._raise_duplicate(wanted)
-        return len(hashes)
+        return len(self.offsets)
 
     def _raise_duplicate(self, wanted: set[int]) -> None:
         with open(self.driver, "rb") as f:
@@ -339,17 +350,24 @@ class _Input:
             raise DataError(f"duplicate key '{key}' in {self.driver}: at {first} and {second} (both would be "
                             f"shard member '{fmt.safe_member_name(key)}'). Keys must be unique; remove or rename one.")
 
-    def records(self, shuffle: bool, seed: int) -> Iterator[dict | _Skip]:
+    def records(self, shuffle: bool, seed: int, start: int = 0) -> Iterator[dict | _Skip]:
+        """The records in (shuffled) order, from the ``start``-th line that holds one (a job's first shard)."""
+        if start >= len(self.offsets) > 0:
+            return
         with open(self.driver, "rb") as f:
             if not shuffle:
+                before = 0
+                if start:
+                    f.seek(self.offsets[start])
+                    before = int(self.linenos[start]) - 1
                 for lineno, raw in bounded_lines(f, self.driver):
-                    rec = self.record_of(raw, lineno)
+                    rec = self.record_of(raw, lineno + before)
                     if rec is not None:
                         yield rec
                 return
             # Seeded permutation of line offsets (8 bytes/utt), not of records.
             order = np.random.default_rng(seed).permutation(len(self.offsets))
-            for i in order:
+            for i in order[start:]:
                 f.seek(self.offsets[i])
                 rec = self.record_of(f.readline(), int(self.linenos[i]))
                 if rec is not None:
@@ -514,10 +532,13 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
             _refuse_other_run(t)
         return t
 
+    # a job over a jsonl (every line one record, no filter) starts reading at its first shard's first line
+    index = wanted.start if wanted is not None and keep is None and not inp.may_skip else 0
+
     def tasks() -> Iterator[ShardTask]:
+        nonlocal index
         batch: list[dict] = []
-        index = 0
-        for rec in inp.records(cfg.shuffle, cfg.seed):
+        for rec in inp.records(cfg.shuffle, cfg.seed, index * per_shard):
             if isinstance(rec, _Skip):
                 if cfg.on_error == "fail":
                     raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the data "
@@ -692,7 +713,7 @@ def pack_shards(cfg: Any) -> Summary:
     opts = PackOptions(cfg.audio_format, cfg.resample, feats, cfg.on_error, cfg.allow_pipe,
                        dict(cfg.storage_options or {}), cfg.compression)
     inp = open_input(cfg.input, feats=feats)
-    total = inp.scan()
+    total = inp.scan(check_keys=job.single or inp.may_skip)
     if total == 0:
         raise DataError(f"{inp.describe} holds no utterances, so there is nothing to pack (nothing was written). "
                         f"Check ++input (an earlier step may have written it empty).")
