@@ -257,14 +257,24 @@ class Input:
         self.offsets = array("q")
         self.linenos = array("q")
 
-    def scan(self, *, offsets: bool = True) -> int:
+    def scan(self, *, offsets: bool = True, check_keys: bool = True) -> int:
         """First pass: offsets, line numbers, duplicate keys; returns the count. 24 bytes per utterance
-        (``offsets=False``: 8, only the duplicate check, for streaming in file order)."""
+        (``offsets=False``: 8, only the duplicate check, for streaming in file order).
+
+        ``check_keys=False`` (a job of N over a jsonl, whose lines are its records): offsets of the non-blank
+        lines only, no parsing: a job reads the whole input, and parsing it is most of that cost; a key held
+        twice is refused by merge-jobs, which sees every key."""
         hashes = array("q")
         offset = 0
         self.offsets, self.linenos = array("q"), array("q")
         with open(self.driver, "rb") as f:
             for lineno, raw in bounded_lines(f, self.name):
+                if not check_keys:
+                    if raw.strip() and (lineno > 1 or raw.removeprefix(UTF8_BOM).strip()):
+                        self.offsets.append(offset)
+                        self.linenos.append(lineno)
+                    offset += len(raw)
+                    continue
                 key = self.key_of(raw, lineno)
                 if key is not None:
                     if offsets:
@@ -281,7 +291,7 @@ class Input:
                         "field to tell them apart." if self.kind == "nemo" else "")
                 raise DataError(f"duplicate key '{key}' in {self.name}: at {first} and {second}. Keys must be "
                                 f"unique; remove or rename one.{hint}")
-        return len(hashes)
+        return len(hashes) if check_keys else len(self.offsets)
 
     def keys(self) -> Iterator[tuple[str, str]]:
         """``(key, file:line)`` of every utterance, in file order."""
@@ -291,11 +301,19 @@ class Input:
                 if key is not None:
                     yield key, f"{self.name}:{lineno}"
 
-    def records(self, shuffle: bool = False, seed: int = 0) -> Iterator[dict | Skip]:
+    def records(self, shuffle: bool = False, seed: int = 0, start: int = 0) -> Iterator[dict | Skip]:
+        """The records in (shuffled) order, from the ``start``-th line that holds one (a job's first shard;
+        ``start`` > 0 needs :meth:`scan` first)."""
+        if start >= len(self.offsets) > 0:
+            return
         with open(self.driver, "rb") as f:
             if not shuffle:
+                before = 0
+                if start:
+                    f.seek(self.offsets[start])
+                    before = int(self.linenos[start]) - 1
                 for lineno, raw in bounded_lines(f, self.name):
-                    rec = self.record_of(raw, lineno)
+                    rec = self.record_of(raw, lineno + before)
                     if rec is not None:
                         yield rec
                 return
@@ -303,7 +321,7 @@ class Input:
                 self.scan()
             # Seeded permutation of line offsets (8 bytes/utt), not of records.
             order = np.random.default_rng(seed).permutation(len(self.offsets))
-            for i in order:
+            for i in order[start:]:
                 f.seek(self.offsets[i])
                 rec = self.record_of(f.readline(), int(self.linenos[i]))
                 if rec is not None:

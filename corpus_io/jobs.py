@@ -405,9 +405,10 @@ def load_parts(place: Place, *, digest: bool = False,
         raise DataError(f"part {missing[0]} of {n} is missing{more}: no {record}. Nothing was changed. Run that job "
                         f"(++num_jobs={n} ++job_index={missing[0]}), then merge again.")
     ordered = [by_index[j] for j in range(1, n + 1)]
-    first = ordered[0]
+    usual = Counter((p.fingerprint, p.total) for p in ordered).most_common(1)[0][0]  # the odd part is the stale one
+    first = next(p for p in ordered if (p.fingerprint, p.total) == usual)
     for part in ordered:
-        if part.fingerprint != first.fingerprint or part.total != first.total:
+        if (part.fingerprint, part.total) != usual:
             raise DataError(f"part {part.where} was made with other options or another input than "
                             f"{first.where}. Nothing was changed. Rerun job {part.job_index} with the run's "
                             f"options, then merge.")

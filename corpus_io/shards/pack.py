@@ -345,10 +345,13 @@ def _pack_dir(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
             _refuse_other_run(t)
         return t
 
+    # a job over a jsonl (every line one record, no filter) starts reading at its first shard's first line
+    index = wanted.start if wanted is not None and keep is None and not inp.may_skip else 0
+
     def tasks() -> Iterator[ShardTask]:
+        nonlocal index
         batch: list[dict] = []
-        index = 0
-        for rec in inp.records(cfg.shuffle, cfg.seed):
+        for rec in inp.records(cfg.shuffle, cfg.seed, index * per_shard):
             if isinstance(rec, Skip):
                 if cfg.on_error == "fail":
                     raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the "
@@ -525,7 +528,7 @@ def pack_shards(cfg: Any) -> Summary:
     opts = PackOptions(cfg.audio_format, cfg.resample, feats, cfg.on_error, cfg.allow_pipe,
                        {**(cfg.storage_options or {}), "pipe_timeout": float(cfg.pipe_timeout)}, cfg.compression)
     inp = open_input(cfg.input, feats=feats)
-    total = inp.scan()
+    total = inp.scan(check_keys=job.single or inp.may_skip)
     if total == 0:
         raise DataError(f"{inp.describe} holds no utterances, so there is nothing to pack (nothing was written). "
                         f"Check ++input (an earlier step may have written it empty).")

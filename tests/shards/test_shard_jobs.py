@@ -287,3 +287,13 @@ def test_verify_shards_n_jobs_merge_to_the_report_of_one_job(tmp_path, packed):
         with pytest.raises(DataError, match="1 of 6 shards failed"):
             merge(packed / "data.list")
         assert (tmp_path / f"n{n}.txt").read_text() == reference, n
+
+
+def test_a_key_repeated_in_the_input_is_refused_by_one_job_and_by_the_merge_of_n(tmp_path):
+    recs = fixture_records()
+    recs[20] = dict(recs[20], key=recs[0]["key"])  # in job 2's shards; the original is in job 1's
+    jsonl = write_jsonl(tmp_path / "dup.jsonl", recs)
+    with pytest.raises(DataError, match="duplicate key"):
+        pack(jsonl, tmp_path / "one")
+    pack_jobs(jsonl, tmp_path / "two", 2)
+    refused(tmp_path / "two", f"key '{recs[0]['key']}' is held by two parts")
