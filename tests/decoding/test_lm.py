@@ -60,7 +60,7 @@ def test_every_context_is_a_distribution_with_discounts_from_counts_of_counts(tm
 
 
 def test_kenlm_reads_the_arpa_with_the_same_scores(tmp_path):
-    from flashlight.lib.text.decoder import KenLM
+    from flashlight.lib.text.decoder.kenlm import KenLM
     from flashlight.lib.text.dictionary import Dictionary
 
     rng = random.Random(0)
