@@ -276,6 +276,16 @@ class LmFusion:
         self.device = device
         self.words = [s if s in self.arpa.vocab else UNK for s in tokenizer.symbols]
         self.id_of = {w: i for i, w in enumerate(tokenizer.symbols) if w in self.arpa.vocab}
+        known = set(self.id_of) - {BOS, EOS, UNK}
+        if not known:
+            raise ConfigError(f"no word of decoding.lm={path} is a token of the model's token list: ctc_beam_lm fuses "
+                              f"an LM over the model's tokens. Make it with corpus-io make-lm ++unit=token and the "
+                              f"model's tokenizer block (++tokenizer.token_list=...).")
+        unknown = len(self.arpa.vocab - known - {BOS, EOS, UNK})
+        if unknown > len(known):
+            print(f"warning: {unknown} words of {path} are not tokens of the model (only {len(known)} are); "
+                  f"was it made with the model's tokenizer (make-lm ++unit=token ++tokenizer...)?",
+                  file=sys.stderr, flush=True)
         self.seen: dict[tuple, list[tuple[int, float]]] = defaultdict(list)  # context -> (token id, log10 p)
         for gram, logp in self.arpa.prob.items():
             if gram[-1] in self.id_of:

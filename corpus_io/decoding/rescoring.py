@@ -16,7 +16,10 @@ def attention_rescoring(model: Any, encoder: tuple, nbest: list[list[Hyp]], ctc_
     seqs = [h.ids for hyps in nbest for h in hyps]
     if not seqs:
         return nbest
-    att = model.attention_scores(encoder[0], encoder[1], utt, seqs).tolist()
+    import torch
+
+    with torch.no_grad():
+        att = model.attention_scores(encoder[0], encoder[1], utt, seqs).tolist()
     out: list[list[Hyp]] = [[] for _ in nbest]
     for b, h, a in zip(utt, (h for hyps in nbest for h in hyps), att):
         bonus = h.score - h.ctc_score  # hotwords

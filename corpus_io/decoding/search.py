@@ -70,7 +70,8 @@ class Search:
         conf = self.conf
         if conf.method == "greedy":
             ids = best_path_ids(log_probs, lengths)
-            return [[Hyp(i, 0.0, 0.0)] for i in ids]
+            scores = ctc_scores(log_probs, lengths, list(range(len(ids))), ids).tolist()
+            return [[Hyp(i, sc, sc)] for i, sc in zip(ids, scores)]
         nbest = ctc_prefix_beam_search(log_probs, lengths, beam=conf.beam, token_beam=conf.token_beam or None,
                                        context=self.context, lm=self.lm)
         if conf.method == "attention_rescoring":

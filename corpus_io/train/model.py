@@ -15,6 +15,7 @@ passed to its constructor. ``cmvn_file`` may be ignored by models that normalise
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -89,12 +90,19 @@ class ConformerCTC(nn.Module):
         self.ctc = nn.Linear(output_size, vocab_size)
 
     def forward(self, feats: torch.Tensor, feats_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.ctc_log_probs(*self.encode(feats, feats_lengths))
+
+    def encode(self, feats: torch.Tensor, feats_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder output (B, T', D) and its lengths."""
         x = self.cmvn(feats)
         x, lengths = self.embed(x, feats_lengths)
         x = self.dropout(x)
         # Conformer needs every length >= 1 for its padding mask.
         x, _ = self.encoder(x, lengths.clamp(min=1))
-        return torch.log_softmax(self.ctc(x).float(), dim=-1), lengths
+        return x, lengths
+
+    def ctc_log_probs(self, encoded: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.log_softmax(self.ctc(encoded).float(), dim=-1), lengths
 
 
 def feature_dim(dataset_conf: Any) -> int:
@@ -134,3 +142,90 @@ def build_model(model_conf: dict, input_dim: int, vocab_size: int, cmvn_file: st
 
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+class ConformerCTCAttention(ConformerCTC):
+    """Hybrid CTC/attention (WeNet's U2 without streaming): the Conformer-CTC encoder and head, plus a
+    Transformer decoder over the encoder output trained with label-smoothed cross-entropy on
+    ``<sos> y <eos>`` (``<sos/eos>`` is the token list's last id). Training loss
+    ``ctc_weight * ctc + (1 - ctc_weight) * attention`` (:func:`corpus_io.train.steps.forward_loss`).
+
+    ``forward(feats, lengths)`` is the CTC interface of every model (greedy and beam decoding, CTC-only
+    tools); with ``target`` and ``target_lengths`` it also returns the attention loss. ``encode``,
+    ``ctc_log_probs`` and ``attention_scores`` serve attention rescoring
+    (:mod:`corpus_io.decoding.rescoring`). Decoder sizes: ``decoder_num_blocks``, ``decoder_linear_units``
+    (heads and width as the encoder's); ``lsm_weight`` label smoothing.
+    """
+
+    needs_target = True
+
+    def __init__(self, input_dim: int, vocab_size: int, cmvn_file: str | None = None, *, ctc_weight: float = 0.3,
+                 decoder_num_blocks: int = 3, decoder_linear_units: int = 1024, lsm_weight: float = 0.1,
+                 **encoder: Any) -> None:
+        super().__init__(input_dim, vocab_size, cmvn_file, **encoder)
+        if not 0.0 <= ctc_weight <= 1.0:
+            raise ValueError(f"ctc_weight={ctc_weight} must be in [0, 1]")
+        d = self.ctc.in_features
+        heads = int(encoder.get("attention_heads", 4))
+        dropout = float(encoder.get("dropout_rate", 0.1))
+        self.ctc_weight = float(ctc_weight)
+        self.lsm_weight = float(lsm_weight)
+        self.sos_eos = vocab_size - 1
+        self.embed_tokens = nn.Embedding(vocab_size, d)
+        layer = nn.TransformerDecoderLayer(d, heads, decoder_linear_units, dropout, batch_first=True, norm_first=True)
+        self.decoder = nn.TransformerDecoder(layer, decoder_num_blocks, norm=nn.LayerNorm(d))
+        self.output = nn.Linear(d, vocab_size)
+
+    def forward(self, feats: torch.Tensor, feats_lengths: torch.Tensor, target: torch.Tensor | None = None,
+                target_lengths: torch.Tensor | None = None) -> tuple:
+        encoded, lengths = self.encode(feats, feats_lengths)
+        log_probs, lengths = self.ctc_log_probs(encoded, lengths)
+        if target is None:
+            return log_probs, lengths
+        logits, gold = self._teacher_forced(encoded, lengths, target, target_lengths)
+        att = nn.functional.cross_entropy(logits.float().transpose(1, 2), gold, ignore_index=-1,
+                                          label_smoothing=self.lsm_weight, reduction="sum")
+        return log_probs, lengths, att / max(int(feats.shape[0]), 1)
+
+    def _teacher_forced(self, encoded: torch.Tensor, lengths: torch.Tensor, target: torch.Tensor,
+                        target_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder logits for ``<sos> y`` and the gold ``y <eos>`` (-1 where padded)."""
+        B, U = target.shape
+        dev = encoded.device
+        pos = torch.arange(U + 1, device=dev)[None, :]
+        ys = target.clamp(min=0)
+        ys_in = torch.cat([torch.full((B, 1), self.sos_eos, device=dev, dtype=torch.long), ys], dim=1)
+        ys_in = ys_in.masked_fill(pos > target_lengths[:, None], self.sos_eos)
+        gold = torch.cat([ys, torch.full((B, 1), -1, device=dev, dtype=torch.long)], dim=1)
+        gold = gold.scatter(1, target_lengths[:, None].long(), self.sos_eos)
+        gold = gold.masked_fill(pos > target_lengths[:, None], -1)
+        d = encoded.shape[-1]
+        x = self.embed_tokens(ys_in) * math.sqrt(d) + _sinusoids(U + 1, d, dev)
+        causal = torch.triu(torch.ones(U + 1, U + 1, dtype=torch.bool, device=dev), diagonal=1)
+        memory_pad = torch.arange(encoded.shape[1], device=dev)[None, :] >= lengths.clamp(min=1)[:, None]
+        out = self.decoder(self.dropout(x), encoded, tgt_mask=causal,
+                           tgt_key_padding_mask=pos > target_lengths[:, None], memory_key_padding_mask=memory_pad)
+        return self.output(out), gold
+
+    def attention_scores(self, encoded: torch.Tensor, lengths: torch.Tensor, utt: list[int],
+                         seqs: list[list[int]]) -> torch.Tensor:
+        """The decoder's log-probability of each token sequence (``<eos>`` included) given utterance ``utt[i]``."""
+        dev = encoded.device
+        index = torch.tensor(utt, dtype=torch.long, device=dev)
+        n = torch.tensor([len(s) for s in seqs], dtype=torch.long, device=dev)
+        target = torch.full((len(seqs), max(1, int(n.max()))), -1, dtype=torch.long, device=dev)
+        for i, s in enumerate(seqs):
+            if s:
+                target[i, :len(s)] = torch.tensor(s, dtype=torch.long, device=dev)
+        logits, gold = self._teacher_forced(encoded.index_select(0, index), lengths.index_select(0, index), target, n)
+        logp = torch.log_softmax(logits.float(), dim=-1).gather(2, gold.clamp(min=0)[..., None])[..., 0]
+        return logp.masked_fill(gold < 0, 0.0).sum(dim=1).cpu()
+
+
+def _sinusoids(length: int, dim: int, device: Any) -> torch.Tensor:
+    pos = torch.arange(length, device=device, dtype=torch.float32)[:, None]
+    inv = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    pe = torch.zeros(length, dim, device=device)
+    pe[:, 0::2] = torch.sin(pos * inv)
+    pe[:, 1::2] = torch.cos(pos * inv)[:, : dim // 2]
+    return pe

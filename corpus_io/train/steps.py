@@ -79,15 +79,23 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 def forward_loss(sc: StepContext, batch: dict, *, train: bool) -> Forward:
     """Model inputs (the device front end's features with ``feats_on=model``, augmented when ``train``),
-    the forward pass under autocast, and the CTC loss: the one forward of training and validation."""
+    the forward pass under autocast, and the CTC loss (for a hybrid CTC/attention model, one with
+    ``needs_target``, weighted with its attention loss): the one forward of training and validation."""
     from corpus_io.train.frontend import model_inputs
 
     b = to_device({k: v for k, v in batch.items() if k not in ("feats", "wav")}, sc.device)
     # outside autocast: the front end computes Kaldi features in float32
     feats, feats_lengths = model_inputs(sc.front_end, batch, sc.device, train=train)
+    inner = getattr(sc.model, "module", sc.model)  # under DDP
+    hybrid = getattr(inner, "needs_target", False)  # CTC/attention: the model also returns its attention loss
     with _autocast(sc.device, sc.amp_dtype):
-        log_probs, out_lengths = sc.model(feats, feats_lengths)
+        if hybrid:
+            log_probs, out_lengths, att_loss = sc.model(feats, feats_lengths, b["target"], b["target_lengths"])
+        else:
+            log_probs, out_lengths = sc.model(feats, feats_lengths)
     loss = ctc_loss(log_probs, out_lengths, b["target"], b["target_lengths"])
+    if hybrid:
+        loss = inner.ctc_weight * loss + (1.0 - inner.ctc_weight) * att_loss.float()
     return Forward(loss, log_probs, out_lengths, b["target"], b["target_lengths"])
 
 

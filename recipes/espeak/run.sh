@@ -8,7 +8,9 @@
 #   4 shards (corpus-io pack-shards): data/{train,dev}/shards/
 #   5 data lists (corpus-io make-datalist): shard lists for train/dev, raw lists for the test sets
 #   6 train (torchrun --nproc_per_node=$nproc --no-python corpus-io train, shard mode)
-#   7 average checkpoints, greedy CTC decode, CER table (exp dir RESULTS.md)
+#   7 average checkpoints, an n-gram LM of the training text (corpus-io make-lm), decode by every method of
+#     --decode_methods (greedy, CTC prefix beam, beam + LM; attention rescoring with --model conformer_ctc_att),
+#     CER/WER + RTF table per method (exp dir RESULTS.md)
 #   8 real recordings (10 LibriVox + CMU utterances, recipes/tools/real_recordings.py): a model of their
 #     own overfits them (trained and decoded on the same set: a check that real audio flows, not a score),
 #     CER appended to RESULTS.md next to the synthetic sets
@@ -42,10 +44,16 @@ feats_on=                 # empty: as in $train_config (loader); model: fbank + 
 average_num=3             # checkpoints averaged for decoding
 cer_target=10             # digits test %CER the demo must reach (checked at stage 7, 0 = no check)
 real_epochs=120           # stage 8: epochs over the 10 real utterances (one batch each)
+model=                    # empty: as in $train_config; conformer_ctc_att: hybrid CTC/attention (attention rescoring)
+decode_methods="greedy ctc_prefix_beam ctc_beam_lm"  # + attention_rescoring with --model conformer_ctc_att
+beam=10                   # prefix beam width of the beam methods
+lm_order=3                # order of the training-text n-gram for ctc_beam_lm
+lm_weight=0.3             # LM weight of ctc_beam_lm
 recipe_options=(stage stop_stage nj nproc data exp num_digits_train num_digits_dev num_digits_test
                 num_digits_test_newvoice num_mixed_train
                 num_mixed_test num_utts_per_shard num_utts_per_shard_dev train_config max_epoch max_steps_per_epoch
-                batch_type batch_size shuffle_size sort_size num_workers feats_on average_num cer_target real_epochs)
+                batch_type batch_size shuffle_size sort_size num_workers feats_on average_num cer_target real_epochs
+                model decode_methods beam lm_order lm_weight)
 
 cd "$(dirname "$0")"
 repo=$(cd ../.. && pwd)
@@ -106,6 +114,13 @@ if stage_on 6; then
   [ -n "$max_epoch" ] && extra+=("++train_conf.max_epoch=$max_epoch")
   [ -n "$max_steps_per_epoch" ] && extra+=("++train_conf.max_steps_per_epoch=$max_steps_per_epoch")
   [ -n "$feats_on" ] && extra+=("++dataset_conf.feats_on=$feats_on")
+  case "$model" in
+    "") ;;
+    conformer_ctc_att)  # the recipe's encoder with a Transformer decoder (conf/model/conformer_ctc_att.yaml's keys)
+      extra+=(++model._target_=corpus_io.train.model.ConformerCTCAttention ++model.ctc_weight=0.3
+              ++model.decoder_num_blocks=1 ++model.decoder_linear_units=512 ++model.lsm_weight=0.1) ;;
+    *) echo "$0: --model must be empty (as in $train_config) or conformer_ctc_att" >&2; exit 2 ;;
+  esac
   start=$(date +%s)
   OMP_NUM_THREADS=1 torchrun --standalone --nnodes=1 --nproc_per_node="$nproc" --no-python \
     corpus-io train --config-path "$(cd "$(dirname "$train_config")" && pwd)" --config-name "$(basename "$train_config")" \
@@ -119,6 +134,10 @@ if stage_on 6; then
 fi
 
 if stage_on 7; then
+  lm=$exp/lm_${lm_order}gram.arpa
+  corpus-io make-lm "++input=$data/train/data.jsonl" "++output=$lm" "++order=$lm_order" \
+    "++tokenizer.token_list=$data/lang/tokens.txt" ++tokenizer.type=char ++tokenizer.latin_unit=word
+  log 7 "made $lm (order $lm_order, tokens of $data/lang/tokens.txt)"
   average_and_decode 7 "$exp" "$average_num" "$data"/{test_digits,test_digits_newvoice,test_mixed}
   results_table "$exp" "$data/train/data.jsonl" test_digits test_digits_newvoice test_mixed | tee "$exp/RESULTS.md"
   check_cer "$exp/decode_test_digits/cer.txt" "$cer_target"

@@ -43,17 +43,38 @@ def train_figures(exp: Path) -> tuple[str, str, str]:
     return f"{seconds / 60:.1f} min" if seconds else "?", str(epochs or "?"), rate
 
 
+def read_rtf(cer_txt: Path) -> tuple[float, float, float] | None:
+    """(RTF, model RTF, search RTF) from a decode report."""
+    if not cer_txt.is_file():
+        return None
+    m = re.search(r"^RTF ([0-9.]+) .*model ([0-9.]+), search ([0-9.]+)\)", cer_txt.read_text(encoding="utf-8"), re.M)
+    return (float(m.group(1)), float(m.group(2)), float(m.group(3))) if m else None
+
+
 def table(exp: str, train_jsonl: str, *sets: str) -> str:
+    """The CER table: one row per test set (greedy, EXP/decode_<set>), then one row per other decoding
+    method found (EXP/decode_<set>.<method>), with the RTF of the model and of the search."""
     expdir = Path(exp)
     train_audio = audio_seconds(train_jsonl) if Path(train_jsonl).is_file() else 0.0
     minutes, epochs, rate = train_figures(expdir)
     lines = [f"training: {train_audio / 3600:.2f} h of audio, {epochs} epochs, {minutes}, {rate} audio-seconds/s",
              "", "| test set | %CER | %WER | training time | audio-seconds/s |", "|---|---|---|---|---|"]
+    fmt = lambda v: "?" if v is None else f"{v:.2f}"  # noqa: E731
     for name in sets:
         cer_txt = expdir / f"decode_{name}" / "cer.txt"
         cer, wer = read_rate(cer_txt, "CER"), read_rate(cer_txt, "WER")
-        fmt = lambda v: "?" if v is None else f"{v:.2f}"  # noqa: E731
         lines.append(f"| {name} | {fmt(cer)} | {fmt(wer)} | {minutes} | {rate} |")
+    rows = []
+    for name in sets:
+        for out in [expdir / f"decode_{name}", *sorted(expdir.glob(f"decode_{name}.*"))]:
+            method = out.name.split(".", 1)[1] if "." in out.name else "greedy"
+            cer_txt = out / "cer.txt"
+            rtf = read_rtf(cer_txt) or (None, None, None)
+            rtfs = " | ".join("?" if v is None else f"{v:.4f}" for v in rtf)
+            rows.append(f"| {name} | {method} | {fmt(read_rate(cer_txt, 'CER'))} | {fmt(read_rate(cer_txt, 'WER'))} "
+                        f"| {rtfs} |")
+    lines += ["", "| test set | decoding | %CER | %WER | RTF | RTF model | RTF search |",
+              "|---|---|---|---|---|---|---|", *rows]
     return "\n".join(lines) + "\n"
 
 

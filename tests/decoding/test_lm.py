@@ -60,7 +60,7 @@ def test_every_context_is_a_distribution_with_discounts_from_counts_of_counts(tm
 
 
 def test_kenlm_reads_the_arpa_with_the_same_scores(tmp_path):
-    from flashlight.lib.text.decoder import KenLM
+    from flashlight.lib.text.decoder.kenlm import KenLM
     from flashlight.lib.text.dictionary import Dictionary
 
     rng = random.Random(0)
@@ -165,3 +165,10 @@ def test_ctc_beam_lm_without_an_lm_file_says_what_to_do(tmp_path):
         Search(DecodingConf(method="ctc_beam_lm"), tokenizer())
     with pytest.raises(Exception, match="does not exist"):
         Search(DecodingConf(method="ctc_beam_lm", lm=str(tmp_path / "no.arpa")), tokenizer())
+
+
+def test_an_lm_over_other_units_than_the_models_tokens_is_refused(tmp_path):
+    probs, backoffs, _ = kneser_ney([["hello", "world"], ["good", "morning"]], 2)
+    write_arpa(tmp_path / "words.arpa", probs, backoffs)
+    with pytest.raises(Exception, match="make-lm ..unit=token"):
+        Search(DecodingConf(method="ctc_beam_lm", lm=str(tmp_path / "words.arpa")), tokenizer())

@@ -66,6 +66,10 @@ def test_make_smoke_runs_every_stage_of_the_espeak_recipe(pipeline_commands, tmp
     assert re.search(r"^\| test_mixed \| [0-9.]+ \|", table, re.M), table
     assert re.search(r"^\| test_digits_newvoice \| [0-9.]+ \|", table, re.M), table
     assert re.search(r"^\| real \| [0-9.]+ \|", table, re.M), table  # stage 8: the real recordings
+    # a row per decoding method, with the real-time factor of model and search
+    assert re.search(r"^\| test_mixed \| ctc_beam_lm \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$",
+                     table, re.M), table
+    assert (exp / "lm_3gram.arpa").is_file() and (exp / "decode_test_mixed.ctc_beam_lm" / "nbest").is_file()
     speakers = {line.split()[1] for line in (data / "test_digits_newvoice" / "utt2spk").read_text().splitlines()}
     trained = {line.split()[1] for line in (data / "train" / "utt2spk").read_text().splitlines()}
     assert speakers and not speakers & trained

@@ -228,3 +228,27 @@ def test_make_lm_tune_lm_and_decode_with_the_lm_and_hotwords_from_the_command_li
     assert "decoding: method=ctc_beam_lm" in report and f"hotwords={tmp_path / 'hot.txt'}" in report
     assert re.search(r"^hotword recall \d+\.\d+% \[ \d+ / 2 occurrences of 2 hotwords \]; without hotwords "
                      r"\d+\.\d+%$", report, re.M)
+
+
+def test_a_conformer_ctc_att_model_trains_and_decodes_by_all_four_methods(corpus, trained, tmp_path):
+    exp = tmp_path / "att"
+    cmd = torchrun_cmd(exp, corpus, "model=conformer_ctc_att", "++train_conf.max_epoch=1", "++optim_conf.lr=0.002",
+                       "++train_conf.max_steps_per_epoch=4", "++train_conf.avg_nbest_model=0", nproc=1)
+    result = run_train(cmd[cmd.index("--no-python") + 1:])
+    assert result.returncode == 0, result.stderr[-3000:]
+    lm = tmp_path / "lm.arpa"
+    assert run_cli("corpus-io", "make-lm", f"++input={corpus['raw']}", f"++output={lm}",
+                   f"++tokenizer.token_list={corpus['tokens']}").returncode == 0
+    common = [f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=0",
+              "++decoding.beam=4"]
+    for method in ("greedy", "ctc_prefix_beam", "ctc_beam_lm", "attention_rescoring"):
+        out = tmp_path / method
+        result = run_cli("corpus-io", "decode", *common, f"++checkpoint={exp / 'model.pt'}", f"++output_dir={out}",
+                         f"++decoding.method={method}", f"++decoding.lm={lm}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert len((out / "text").read_text(encoding="utf-8").splitlines()) == 24
+        assert f"decoding: method={method}" in (out / "cer.txt").read_text(encoding="utf-8")
+    # a CTC-only checkpoint still decodes, and says why it cannot rescore
+    result = run_cli("corpus-io", "decode", *common, f"++checkpoint={trained['out'] / 'model.pt.avg2'}",
+                     f"++output_dir={tmp_path / 'old'}", "++decoding.method=attention_rescoring")
+    assert_user_error(result, "conformer_ctc_att")

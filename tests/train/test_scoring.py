@@ -117,3 +117,17 @@ def test_split_equals_kaldi_on_random_pairs_over_small_alphabets_where_ties_abou
         hyp = [rng.choice("abcd") for _ in range(rng.randint(0, 10))]
         c = edit_counts(ref, hyp)
         assert (c.ins, c.dele, c.sub) == kaldi_compute_wer_counts(ref, hyp), (ref, hyp)
+
+
+def test_the_report_lists_the_most_frequent_confusions_and_hotword_recall():
+    s = Scorer(hotwords=["北京", "kaldi"])
+    s.add("u1", "北京 天气 kaldi", "背景 天气 caldy", unbiased="背景天气 caldy")
+    s.add("u2", "北京欢迎你", "北京欢迎", unbiased="背景欢迎")
+    s.add("u3", "use kaldi now", "use kaldi", unbiased="use kaldi now")
+    table = s.confusion_table()
+    rows = [line.split() for line in table.splitlines()[1:]]
+    assert rows[0] == ["1", "kaldi", "->", "caldy"] or ["1", "北", "->", "背"] in rows
+    assert ["1", "你", "->", "*"] in rows and ["1", "now", "->", "*"] in rows
+    assert len(rows) == 5  # 北->背, 京->景, kaldi->caldy, 你->*, now->*
+    assert s.hotword_recall() == (2 / 4, 1 / 4)  # 北京 x2, kaldi x2: found 2 (u2, u3), without hotwords 1 (u3)
+    assert "hotword recall 50.00% [ 2 / 4 occurrences of 2 hotwords ]; without hotwords 25.00%" in s.summary()
