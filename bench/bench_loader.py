@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from bench.common import BIN, OUT, drop_cache, mb, real_corpus, run_child
+from corpus_io.shards.index import index_path_for, load_index, write_index
 
 HERE = OUT / "loader16k"
 MIXED = OUT / "loader"
@@ -77,11 +78,9 @@ def subset_list(data_list: Path, raw: Path, n: int) -> tuple[Path, Path]:
     here = raw.parent
     sub = here / f"{data_list.parent.name}{n}.list"
     sub.write_text("".join(u + "\n" for u in urls[:max(1, n // 1000)]))
-    idx = data_list.with_name("index.jsonl")
-    if idx.exists():
-        keep = set(urls[:max(1, n // 1000)])
-        sub.with_name(f"{data_list.parent.name}{n}.index.jsonl").write_text(
-            "".join(x + "\n" for x in idx.read_text().splitlines() if json.loads(x)["path"] in keep))
+    index = load_index(data_list)  # entries keyed by path as the list writes it (the file stores 'file')
+    if index:
+        write_index(index_path_for(sub), [index[u] for u in urls[:max(1, n // 1000)] if u in index])
     rsub = here / f"raw{n}.list"
     with open(raw) as f, open(rsub, "w") as g:
         for i, line in enumerate(f):

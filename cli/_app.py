@@ -55,6 +55,12 @@ def run_with_errors(fn: Callable[[], Any]) -> None:
             raise
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
+    except RuntimeError as exc:
+        if not str(exc).startswith("Symlink loop"):  # pathlib's resolve() on a symlink that points at itself
+            raise
+        print(f"error: {exc}: a symbolic link points at itself (or round a loop). Point it at a directory "
+              f"or give another path.", file=sys.stderr)
+        raise SystemExit(2) from None
     except OSError as exc:
         # a path the job could not read or write (no such directory, no permission, disk full): the
         # user's to fix, so one paragraph; CORPUS_IO_DEBUG=1 shows where it happened

@@ -80,7 +80,7 @@ def apply(feats: torch.Tensor, lengths: torch.Tensor, plans: Sequence[Plan]) -> 
     """Apply one :class:`Plan` per row of padded ``feats`` (B, T, D); returns ``(feats, lengths)``.
 
     Equal to the loader stages on each row cut to its length; frames at or past a row's (new) length
-    are 0.
+    are 0, and after spec_trim the width is the longest kept row (as the loader pads a trimmed batch).
     """
     device = feats.device
     batch, width, bins = feats.shape
@@ -102,5 +102,6 @@ def apply(feats: torch.Tensor, lengths: torch.Tensor, plans: Sequence[Plan]) -> 
     if any(p.trimmed is not None for p in plans):
         kept = [p.frames if p.trimmed is None else p.trimmed for p in plans]
         lengths = torch.tensor(kept, dtype=lengths.dtype).to(device)
-        feats = feats * (t[None, :] < lengths[:, None]).unsqueeze(-1)
+        width = int(lengths.max()) if len(kept) else 0  # the padded width follows the longest kept row,
+        feats = (feats * (t[None, :] < lengths[:, None]).unsqueeze(-1))[:, :width]  # as the loader pads
     return feats, lengths

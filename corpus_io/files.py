@@ -42,6 +42,9 @@ def ensure_dir(path: str | os.PathLike, *, what: str = "output directory") -> Pa
     try:
         p.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
+        if os.path.islink(p) and not os.path.exists(p):
+            raise DataError(f"{what} {p} is a symbolic link that leads nowhere (to itself, a loop, or a missing "
+                            f"target: {os.readlink(p)}). Point it at a directory or give another path.") from None
         raise DataError(f"{what} {p} is a file, not a directory. Give a directory path.") from None
     except OSError as exc:
         raise DataError(f"cannot create {what} {p}: {exc.strerror}. Check the path and its permissions.") from None

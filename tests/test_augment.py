@@ -45,3 +45,11 @@ def test_short_utterances_keep_their_frames_and_masks_stay_inside_them():
         out, lengths = augment.apply(feats, frames, plans)
         assert ((lengths <= frames) & (lengths > frames / 2)).all()  # spec_trim never cuts half or more
         assert not out[1, 3:].any() and not out[2, 1:].any()
+
+
+def test_spec_trim_narrows_the_padded_batch_to_its_longest_kept_row_as_the_loader_pads():
+    feats = torch.ones(2, 40, 5)
+    plans = [augment.Plan(40, trimmed=30), augment.Plan(25, trimmed=20)]
+    out, lengths = augment.apply(feats, torch.tensor([40, 25]), plans)
+    assert lengths.tolist() == [30, 20] and out.shape == (2, 30, 5)
+    assert out[1, 20:].abs().sum() == 0 and out[0].sum() == 30 * 5

@@ -398,7 +398,7 @@ def test_every_value_that_sizes_memory_time_or_processes_has_a_documented_range(
 @pytest.mark.parametrize("override, needle", [
     ("dataset_conf.prefetch=1000000000", "dataset_conf.prefetch=1000000000 is outside its range [1, 64]"),
     ("dataset_conf.num_workers=-1", "dataset_conf.num_workers=-1 is outside its range [0, 256]"),
-    ("dataset_conf.fbank_conf.num_mel_bins=0", "num_mel_bins=0 is outside its range [1, 512]"),
+    ("dataset_conf.fbank_conf.num_mel_bins=3", "num_mel_bins=3 is outside its range [4, 512]"),
     ("dataset_conf.fbank_conf.frame_shift=0", "frame_shift=0.0 ms is outside its range [1, 1000]"),
     ("dataset_conf.spec_aug_conf.max_t=-5", "spec_aug_conf.max_t=-5 frames is outside its range [0, 100000]"),
     ("dataset_conf.shuffle_conf.shuffle_size=0", "shuffle_size=0 utterances is outside its range [1, 1000000]"),

@@ -65,7 +65,9 @@ def check_values(obj: Any, prefix: str = "") -> None:
             raise ConfigError(f"config key '{path}' is '{value}', but it must be one of "
                               f"{', '.join(map(str, choices))}. Example: ++{path}={choices[0]}")
         bounds = f.metadata.get("range") if f.metadata else None
-        if bounds and value is not None and not in_range(value, bounds):
+        if isinstance(value, list) and f.metadata:
+            _check_items(f, value, path)
+        elif bounds and value is not None and not in_range(value, bounds):
             unit = f" {f.metadata['unit']}" if f.metadata.get("unit") else ""
             example = "null" if f.default is None else f.default
             raise ConfigError(f"{path}={value}{unit} is outside its range {bounds} "
@@ -76,6 +78,26 @@ def check_values(obj: Any, prefix: str = "") -> None:
             for i, item in enumerate(value):
                 if dataclasses.is_dataclass(item):
                     check_values(item, f"{path}[{i}].")
+    if hasattr(obj, "check_together"):  # limits joining two keys of one block (e.g. DatasetConf's mfcc band)
+        obj.check_together(prefix)
+
+
+def _check_items(f: dataclasses.Field, value: list, path: str) -> None:
+    """A list key's ``min_items`` and, for a list of numbers, every item within its ``range``."""
+    bounds, fewest = f.metadata.get("range"), f.metadata.get("min_items", 0)
+    example = _list_example(f)
+    if len(value) < fewest:
+        raise ConfigError(f"{path}={value} holds {len(value)} items; it needs at least {fewest} "
+                          f"({f.metadata.get('help')}). Give e.g. ++{path}='{example}'.")
+    for i, item in enumerate(value):
+        if bounds and isinstance(item, (int, float)) and not in_range(item, bounds):
+            raise ConfigError(f"{path}[{i}]={item} is outside its range {bounds} ({f.metadata.get('help')}). "
+                              f"Give items in range, e.g. ++{path}='{example}'.")
+
+
+def _list_example(f: dataclasses.Field) -> str:
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return "[" + ",".join(map(str, default or [])) + "]"
 
 
 def require(obj: Any, *keys: str) -> None:

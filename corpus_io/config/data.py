@@ -63,7 +63,7 @@ class PackShardsConfig:
     num_utts_per_shard: int = opt(1000, "utterances per shard", range="[1, 10000000]")
     num_workers: int = opt(0, "packing processes (0: all cores)", range="[0, 1024]")
     shuffle: bool = opt(False, "shuffle utterances before sharding (seeded)")
-    seed: int = opt(777, "shuffle seed")
+    seed: int = opt(777, "shuffle seed", range="[0, 4294967295]")
     audio_format: str = opt("keep", "keep original bytes, or re-encode", choices=("keep", "wav", "flac"))
     resample: Optional[int] = opt(None, "re-encode at this rate (null: keep the rate)", unit="Hz",
                                   range="[1000, 384000]")
@@ -110,7 +110,7 @@ class MakeTokenizerConfig:
     output: str = opt("???", "token list to write (bpe also writes <output stem>.model)")
     tokenizer: TokenizerConf = opt(factory=TokenizerConf)
     vocab_size: int = opt(500, "bpe vocabulary size", range="[1, 10000000]")
-    min_count: int = opt(1, "char/word: drop tokens seen fewer times")
+    min_count: int = opt(1, "char/word: drop tokens seen fewer times", range="[1, 1000000000]")
 
 
 @schema

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional
 
 from corpus_io.config.checks import schema
 from corpus_io.config.fields import FAILURE_CHOICES, opt
+from corpus_io.errors import ConfigError
 
 PIPE_TIMEOUT_HELP = ("longest run of one command entry (a Kaldi 'cmd |' or a pipe:CMD); past it its processes are "
                      "killed and the entry fails (on_error)")
@@ -14,10 +15,12 @@ PIPE_TIMEOUT_HELP = ("longest run of one command entry (a Kaldi 'cmd |' or a pip
 
 @schema
 class FilterConf:
-    max_length: int = opt(10240, "drop utterances longer than this", unit="frames (10 ms)", range="[1, inf)")
-    min_length: int = opt(10, "drop utterances shorter than this", unit="frames (10 ms)", range="[0, inf)")
-    token_max_length: int = opt(200, "drop utterances with more tokens than this", unit="tokens", range="[1, inf)")
-    token_min_length: int = opt(1, "drop utterances with fewer tokens than this", unit="tokens", range="[0, inf)")
+    max_length: int = opt(10240, "drop utterances longer than this", unit="frames (10 ms)", range="[1, 1000000000]")
+    min_length: int = opt(10, "drop utterances shorter than this", unit="frames (10 ms)", range="[0, 1000000000]")
+    token_max_length: int = opt(200, "drop utterances with more tokens than this", unit="tokens",
+                                range="[1, 1000000000]")
+    token_min_length: int = opt(1, "drop utterances with fewer tokens than this", unit="tokens",
+                                range="[0, 1000000000]")
     min_output_input_ratio: float = opt(0.0005, "drop if tokens/frames is below this", unit="tokens per frame",
                                         range="[0, inf)")
     max_output_input_ratio: float = opt(1.0, "drop if tokens/frames is above this", unit="tokens per frame",
@@ -31,12 +34,13 @@ class ResampleConf:
 
 @schema
 class SpeedPerturbConf:
-    speeds: List[float] = opt(help="one speed factor is drawn per utterance", factory=lambda: [0.9, 1.0, 1.1])
+    speeds: List[float] = opt(help="one speed factor is drawn per utterance (0.5: half speed, twice as long)",
+                              factory=lambda: [0.9, 1.0, 1.1], range="[0.1, 10]", min_items=1)
 
 
 @schema
 class FbankConf:
-    num_mel_bins: int = opt(80, "mel filterbank channels", range="[1, 512]")
+    num_mel_bins: int = opt(80, "mel filterbank channels (Kaldi needs at least 4)", range="[4, 512]")
     frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
     frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="[1, 1000]")
     dither: float = opt(0.0, "dither added before the FFT (0 = deterministic)", range="[0, inf)")
@@ -44,13 +48,14 @@ class FbankConf:
 
 @schema
 class MfccConf:
-    num_mel_bins: int = opt(40, "mel filterbank channels", range="[1, 512]")
-    num_ceps: int = opt(40, "cepstral coefficients kept", range="[1, 512]")
+    num_mel_bins: int = opt(40, "mel filterbank channels (Kaldi needs at least 4)", range="[4, 512]")
+    num_ceps: int = opt(40, "cepstral coefficients kept (at most num_mel_bins)", range="[1, 512]")
     frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
     frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="[1, 1000]")
     dither: float = opt(0.0, "dither added before the FFT", range="[0, inf)")
-    high_freq: float = opt(-200.0, "high cutoff (negative: offset from Nyquist)", unit="Hz")
-    low_freq: float = opt(20.0, "low cutoff", unit="Hz")
+    high_freq: float = opt(-200.0, "high cutoff (<= 0: offset from Nyquist); low_freq < high cutoff <= Nyquist",
+                           unit="Hz", range="[-192000, 192000]")
+    low_freq: float = opt(20.0, "low cutoff, below the high cutoff", unit="Hz", range="[0, 192000)")
 
 
 @schema
@@ -93,7 +98,7 @@ class SourceConf:
 class DatasetConf:
     data_type: str = opt("shard", "raw: JSONL list of utterances; shard: list of tar URLs", choices=("raw", "shard"))
     fields: List[str] = opt(help="fields to read (empty: all of the main shard), e.g. [fbank, txt]", factory=list)
-    seed: int = opt(777, "seed of the list shuffle and the buffers; epoch e uses (seed, e)")
+    seed: int = opt(777, "seed of the list shuffle and the buffers; epoch e uses (seed, e)", range="[0, 4294967295]")
     filter_conf: FilterConf = opt(factory=FilterConf)
     resample_conf: ResampleConf = opt(factory=ResampleConf)
     speed_perturb: bool = opt(False, "apply speed perturbation (train only)")
@@ -148,6 +153,22 @@ class DatasetConf:
                                     factory=list)
     epoch_hours: Optional[float] = opt(None, "define an epoch as this much audio instead of one pass", unit="hours",
                                        range="(0, inf)")
+
+    def check_together(self, prefix: str) -> None:
+        """Limits that join two keys (Kaldi's mfcc asserts them; the range of each key alone cannot)."""
+        if self.feats_type != "mfcc":
+            return
+        m, nyquist = self.mfcc_conf, self.resample_conf.resample_rate / 2
+        if m.num_ceps > m.num_mel_bins:
+            raise ConfigError(f"{prefix}mfcc_conf.num_ceps={m.num_ceps} is more than {prefix}mfcc_conf.num_mel_bins="
+                              f"{m.num_mel_bins}; Kaldi's mfcc keeps at most one cepstrum per mel bin. Lower "
+                              f"++{prefix}mfcc_conf.num_ceps or raise num_mel_bins.")
+        high = m.high_freq if m.high_freq > 0 else nyquist + m.high_freq
+        if not m.low_freq < high <= nyquist:
+            raise ConfigError(f"{prefix}mfcc_conf.low_freq={m.low_freq} and high_freq={m.high_freq} give the band "
+                              f"[{m.low_freq}, {high}] Hz, but at {prefix}resample_conf.resample_rate="
+                              f"{self.resample_conf.resample_rate} it must lie inside (0, {nyquist}] and not be empty. "
+                              f"Change ++{prefix}mfcc_conf.low_freq / ++{prefix}mfcc_conf.high_freq.")
 
 
 # --------------------------------------------------------------------------- tokenizer

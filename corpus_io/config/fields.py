@@ -28,7 +28,7 @@ FAILURE_CHOICES = ("fail", "skip")
 
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", *, unit: str = "", choices: tuple = (),
-        factory: Any = dataclasses.MISSING, group: str = "", range: str = "") -> Any:
+        factory: Any = dataclasses.MISSING, group: str = "", range: str = "", min_items: int = 0) -> Any:
     """A schema field with its help text, unit and allowed values (shown by ``--help``).
 
     The default given here is the one default: the shipped ``conf/*.yaml`` may restate it, and
@@ -37,10 +37,12 @@ def opt(default: Any = dataclasses.MISSING, help: str = "", *, unit: str = "", c
     ``range``: the allowed interval of a number, in interval notation, e.g. ``"[1, 64]"`` or ``"(0, inf)"``
     (``[``/``]`` include the bound, ``(``/``)`` exclude it). Every value that sizes memory, time or
     processes has one; a value outside it is a :class:`ConfigError` (null stays allowed for Optional keys).
+    On a list of numbers ``range`` bounds every item, and ``min_items`` is the fewest items it may hold.
     """
     if range:
         parse_range(range)  # a typo in a schema fails at import, not in a user's run
-    meta = {"help": help, "unit": unit, "choices": tuple(choices), "group": group, "range": range}
+    meta = {"help": help, "unit": unit, "choices": tuple(choices), "group": group, "range": range,
+            "min_items": min_items}
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)

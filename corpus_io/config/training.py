@@ -23,7 +23,7 @@ class TrainConf:
     avg_nbest_model: int = opt(5, "average this many best epoch checkpoints into model.pt.avg{N}", range="[0, 100000]")
     avg_keep_nbest_models_type: str = opt("loss", "cv metric that ranks checkpoints", choices=("loss", "acc"))
     accum_grad: int = opt(1, "micro-batches per optimizer step", range="[1, 10000]")
-    grad_clip: float = opt(5.0, "max gradient norm (<= 0: off)")
+    grad_clip: float = opt(5.0, "max gradient norm (<= 0: off)", range="(-inf, inf)")
     max_nonfinite_steps: int = opt(20, "optimizer steps in a row with a non-finite loss or gradient norm (each is "
                                        "skipped and counted) before training stops with an error",
                                    unit="steps", range="[1, 1000000]")
@@ -31,13 +31,14 @@ class TrainConf:
     use_bf16: bool = opt(False, "bfloat16 autocast (CPU or GPU)")
     max_steps_per_epoch: int = opt(0, "step mode: an epoch ends after this many steps (0: one pass)",
                                    unit="steps", range="[0, 1000000000000]")
-    seed: int = opt(1234, "seed of model init and dropout")
+    seed: int = opt(1234, "seed of model init and dropout", range="[0, 4294967295]")
     device: str = opt("auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
     timeout_s: int = opt(600, "collective timeout", unit="seconds", range="[1, 604800]")
     dump_trained_keys: bool = opt(False, "debug: write output_dir/trained_keys.rank{R}.txt ('epoch key' per trained "
                                          "utterance, cut back to the checkpoint on resume) and unused_keys.rank{R}.txt")
     debug_fail_at_step: int = opt(0, "debug: rank 0 raises at this global step on the first torchrun attempt "
-                                     "(tests --max-restarts); 0: off", unit="steps")
+                                     "(tests --max-restarts); 0: off", unit="steps",
+                                  range="[0, 1000000000000]")
 
 
 @schema

@@ -532,7 +532,7 @@ def pack_shards(cfg: Any) -> Summary:
     if total == 0:
         raise DataError(f"{inp.describe} holds no utterances, so there is nothing to pack (nothing was written). "
                         f"Check ++input (an earlier step may have written it empty).")
-    out_dir = Path(cfg.output_dir).resolve()
+    out_dir = ensure_dir(cfg.output_dir, what="output_dir").resolve()
     summary = Summary()
     groups = parse_filter_group(list(cfg.filter_group))
     keeps: list[Callable[[dict], bool] | None] = [None]
