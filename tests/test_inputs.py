@@ -320,3 +320,13 @@ def test_compute_cmvn_reads_a_nemo_manifest_and_the_loader_sends_a_kaldi_dir_to_
     assert json.loads(out.read_text())["frame_num"] > 0
     with pytest.raises(DataError, match=r"make-datalist \+\+data_type=raw"):  # what the loader says of a Kaldi dir
         RawList(fixture_corpus)
+
+
+def test_make_datalist_takes_a_kaldi_dir_with_segments(tmp_path, fixture_corpus):
+    out = tmp_path / "raw.list"
+    result = run_cli("corpus-io", "make-datalist", "++data_type=raw", f"++input=[{fixture_corpus / 'segments_dir'}]",
+                     f"++output={out}")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["key"] for x in lines] == [f"long-seg{i:02d}" for i in range(4)]
+    assert lines[1]["duration"] == pytest.approx(5.178 - 3.205, abs=1e-3) and lines[1]["speaker"] == "long"
