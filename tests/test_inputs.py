@@ -54,7 +54,7 @@ def shard_members(shard_dir: Path) -> dict[str, dict]:
     return found
 
 
-def test_a_cutset_written_by_lhotse_packs_to_shards_and_trains(tmp_path):
+def test_a_cutset_written_by_lhotse_and_a_nemo_manifest_pack_to_shards_and_train(tmp_path):
     from tests.train.conftest import run_train, torchrun_cmd
 
     cuts_path, cuts = lhotse_cuts(tmp_path)
@@ -67,13 +67,24 @@ def test_a_cutset_written_by_lhotse_packs_to_shards_and_trains(tmp_path):
     for cut in cuts:
         assert members[cut.id]["txt"].decode() == cut.supervisions[0].text
         assert json.loads(members[cut.id]["json"])["speaker"] == cut.supervisions[0].speaker
+    # a NeMo manifest of six other utterances, packed and merged into the same training list
+    nemo = tmp_path / "nemo.json"
+    nemo.write_text("".join(json.dumps({"audio_filepath": path, "duration": sf.info(path).duration, "text": text})
+                            + "\n" for _, path, text in fixture_utts()[6:12]))
+    result = run_cli("corpus-io", "pack-shards", f"++input={nemo}", f"++output_dir={tmp_path}/nemo_shards",
+                     "++num_utts_per_shard=4", "++num_workers=1")
+    assert result.returncode == 0, result.stderr
+    merged = tmp_path / "train.list"
+    result = run_cli("corpus-io", "make-datalist", "++data_type=shard",
+                     f"++input=[{tmp_path}/shards,{tmp_path}/nemo_shards]", f"++output={merged}")
+    assert result.returncode == 0, result.stderr
     tokens = token_list(tmp_path).token_list
-    cmd = torchrun_cmd(tmp_path / "exp", {"shards": tmp_path / "shards" / "data.list", "tokens": tokens},
-                       "++train_conf.max_epoch=1", "++train_conf.max_steps_per_epoch=2", "++model.num_blocks=1",
-                       "++dataset_conf.batch_size=2", nproc=1)
+    cmd = torchrun_cmd(tmp_path / "exp", {"shards": merged, "tokens": tokens},
+                       "++train_conf.max_epoch=1", "++model.num_blocks=1", "++dataset_conf.batch_size=4", nproc=1)
     trained = run_train(cmd)
     assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
     assert list((tmp_path / "exp").glob("*.pt")), "training wrote no checkpoint"
+    assert "12 utts" in trained.stdout + trained.stderr  # both corpora were trained on
 
 
 def test_segment_cuts_and_the_recording_supervision_pair_give_the_same_segments(tmp_path):
