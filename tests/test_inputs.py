@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -210,10 +211,11 @@ def test_make_tokenizer_stats_and_the_raw_loader_read_the_other_kinds(tmp_path, 
         result = run_cli("corpus-io", "make-tokenizer", f"++input={given}", f"++output={out}")
         assert result.returncode == 0, result.stderr
         assert "<blank>" in out.read_text()
-    # stats, raw: the gzipped CutSet
-    result = run_cli("corpus-io", "stats", f"++input={cuts_path}", "++data_type=raw", f"++output={tmp_path}/s.png")
-    assert result.returncode == 0, result.stderr
-    assert f"{len(cuts)}" in result.stdout
+    # stats, raw: the gzipped CutSet and a Kaldi dir
+    for given, count in ((cuts_path, len(cuts)), (fixture_corpus, 24)):
+        result = run_cli("corpus-io", "stats", f"++input={given}", "++data_type=raw", f"++output={tmp_path}/s.png")
+        assert result.returncode == 0, result.stderr
+        assert re.search(rf"^utterances +{count}$", result.stdout, re.M), result.stdout
     # the raw loader: a NeMo manifest and an uncompressed CutSet are read line by line
     (tmp_path / "n").mkdir()
     nemo = nemo_manifest(tmp_path / "n")
