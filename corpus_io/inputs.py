@@ -150,10 +150,12 @@ def _lhotse_source(recording: dict, channel: Any, where: str, key: str) -> str:
     else:
         chosen = [s for s in sources if s.get("channels") == [channel]]
         if len(chosen) != 1:
+            how = ("its channels are in separate files; mix them into one file first" if len(sources) > 1 else
+                   "corpus-io reads a file's channels mixed down to mono. Split the channels into files first "
+                   "(one source per channel)")
             raise DataError(f"{where}: key '{key}': the cut takes channel(s) {channel} of the {len(channels)}-channel "
-                            f"recording '{rid}'; corpus-io trains on mono audio and would mix the channels. "
-                            f"Split the channels into files first (one source per channel), or in Lhotse keep one "
-                            f"channel per cut (MultiCut.to_mono) and save it (cut.save_audio).")
+                            f"recording '{rid}'; {how}, or in Lhotse save the audio you mean (e.g. "
+                            f"cut.to_mono(mono_downmix=True).save_audio(...)) and write that CutSet.")
         source = chosen[0]
     kind, value = source.get("type"), source.get("source")
     if kind in ("file", "url") and isinstance(value, str):

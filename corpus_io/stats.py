@@ -248,9 +248,10 @@ def run_stats(cfg: Any) -> CorpusStats:
         raise ConfigError(f"bins must be positive, got {cfg.bins}.")
     refuse_remote_output(cfg.output, "++output", "stats")
     refuse_overwriting_inputs([("++output", cfg.output)], [("++input", cfg.input)])
-    if not is_remote(cfg.input) and not os.path.isfile(cfg.input):
+    if not is_remote(cfg.input) and not os.path.isfile(cfg.input) and not (cfg.data_type == "raw" and
+                                                                            os.path.isdir(cfg.input)):
         raise ConfigError(f"input {cfg.input} does not exist. Pass a shard data.list (or ++data_type=raw with a "
-                          f"raw JSONL list).")
+                          f"raw JSONL list, a Kaldi dir, or a NeMo or Lhotse manifest).")
     if cfg.output is None and is_remote(cfg.input):
         raise ConfigError(f"input {cfg.input} is remote, so the PNG cannot go next to it: pass ++output=stats.png.")
     stats = collect(cfg.input, cfg.data_type)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -54,7 +55,7 @@ def shard_members(shard_dir: Path) -> dict[str, dict]:
     return found
 
 
-def test_a_cutset_written_by_lhotse_packs_to_shards_and_trains(tmp_path):
+def test_a_cutset_written_by_lhotse_and_a_nemo_manifest_pack_to_shards_and_train(tmp_path):
     from tests.train.conftest import run_train, torchrun_cmd
 
     cuts_path, cuts = lhotse_cuts(tmp_path)
@@ -67,13 +68,24 @@ def test_a_cutset_written_by_lhotse_packs_to_shards_and_trains(tmp_path):
     for cut in cuts:
         assert members[cut.id]["txt"].decode() == cut.supervisions[0].text
         assert json.loads(members[cut.id]["json"])["speaker"] == cut.supervisions[0].speaker
+    # a NeMo manifest of six other utterances, packed and merged into the same training list
+    nemo = tmp_path / "nemo.json"
+    nemo.write_text("".join(json.dumps({"audio_filepath": path, "duration": sf.info(path).duration, "text": text})
+                            + "\n" for _, path, text in fixture_utts()[6:12]))
+    result = run_cli("corpus-io", "pack-shards", f"++input={nemo}", f"++output_dir={tmp_path}/nemo_shards",
+                     "++num_utts_per_shard=4", "++num_workers=1")
+    assert result.returncode == 0, result.stderr
+    merged = tmp_path / "train.list"
+    result = run_cli("corpus-io", "make-datalist", "++data_type=shard",
+                     f"++input=[{tmp_path}/shards,{tmp_path}/nemo_shards]", f"++output={merged}")
+    assert result.returncode == 0, result.stderr
     tokens = token_list(tmp_path).token_list
-    cmd = torchrun_cmd(tmp_path / "exp", {"shards": tmp_path / "shards" / "data.list", "tokens": tokens},
-                       "++train_conf.max_epoch=1", "++train_conf.max_steps_per_epoch=2", "++model.num_blocks=1",
-                       "++dataset_conf.batch_size=2", nproc=1)
+    cmd = torchrun_cmd(tmp_path / "exp", {"shards": merged, "tokens": tokens},
+                       "++train_conf.max_epoch=1", "++model.num_blocks=1", "++dataset_conf.batch_size=4", nproc=1)
     trained = run_train(cmd)
     assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
     assert list((tmp_path / "exp").glob("*.pt")), "training wrote no checkpoint"
+    assert "12 utts" in trained.stdout + trained.stderr  # both corpora were trained on
 
 
 def test_segment_cuts_and_the_recording_supervision_pair_give_the_same_segments(tmp_path):
@@ -199,10 +211,11 @@ def test_make_tokenizer_stats_and_the_raw_loader_read_the_other_kinds(tmp_path, 
         result = run_cli("corpus-io", "make-tokenizer", f"++input={given}", f"++output={out}")
         assert result.returncode == 0, result.stderr
         assert "<blank>" in out.read_text()
-    # stats, raw: the gzipped CutSet
-    result = run_cli("corpus-io", "stats", f"++input={cuts_path}", "++data_type=raw", f"++output={tmp_path}/s.png")
-    assert result.returncode == 0, result.stderr
-    assert f"{len(cuts)}" in result.stdout
+    # stats, raw: the gzipped CutSet and a Kaldi dir
+    for given, count in ((cuts_path, len(cuts)), (fixture_corpus, 24)):
+        result = run_cli("corpus-io", "stats", f"++input={given}", "++data_type=raw", f"++output={tmp_path}/s.png")
+        assert result.returncode == 0, result.stderr
+        assert re.search(rf"^utterances +{count}$", result.stdout, re.M), result.stdout
     # the raw loader: a NeMo manifest and an uncompressed CutSet are read line by line
     (tmp_path / "n").mkdir()
     nemo = nemo_manifest(tmp_path / "n")
@@ -320,3 +333,13 @@ def test_compute_cmvn_reads_a_nemo_manifest_and_the_loader_sends_a_kaldi_dir_to_
     assert json.loads(out.read_text())["frame_num"] > 0
     with pytest.raises(DataError, match=r"make-datalist \+\+data_type=raw"):  # what the loader says of a Kaldi dir
         RawList(fixture_corpus)
+
+
+def test_make_datalist_takes_a_kaldi_dir_with_segments(tmp_path, fixture_corpus):
+    out = tmp_path / "raw.list"
+    result = run_cli("corpus-io", "make-datalist", "++data_type=raw", f"++input=[{fixture_corpus / 'segments_dir'}]",
+                     f"++output={out}")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["key"] for x in lines] == [f"long-seg{i:02d}" for i in range(4)]
+    assert lines[1]["duration"] == pytest.approx(5.178 - 3.205, abs=1e-3) and lines[1]["speaker"] == "long"
