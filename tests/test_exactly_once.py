@@ -1,5 +1,8 @@
 """Exactly once across every list (issue 21 item 2): a hand-joined list that repeats a shard or a key never trains
-an utterance twice silently, in shard and raw mode, with and without an index; verify-shards exits non-zero."""
+an utterance twice silently, in shard and raw mode, with and without an index; verify-shards exits non-zero.
+
+Without an index that records keys, local tars are scanned by their headers at loader start; remote shards and
+raw lists are checked by each reader as it reads (tests/test_remote.py has the remote case)."""
 
 from __future__ import annotations
 
@@ -81,8 +84,8 @@ def test_training_on_a_joined_list_exits_2_naming_both_shards(two_corpora, tmp_p
     joined.write_text(a.read_text() + b.read_text())
     result = run_cli("corpus-io", "bench-loader", f"++data_list={joined}", "++dataset_conf.num_workers=0",
                      "++dataset_conf.feats_type=raw", "++train=false", timeout=120)
-    assert_user_error(result, "is read twice in one epoch", str(root / "a" / "shard-000000.tar"),
-                      str(root / "b" / "shard-000000.tar"), "on_error=skip")
+    assert_user_error(result, "(from the shards' member names)", str(root / "a" / "shard-000000.tar"),
+                      str(root / "b" / "shard-000000.tar"), "on_error=skip")  # before any audio is read
     assert result.returncode == 2
 
 

@@ -80,19 +80,43 @@ class Source:
                                 f"directory>) and check the shards with verify-shards.")
         durations = [float(e["duration"]) if e and e.get("duration") else 0.0 for e in entries]
         num_utts = [int(e["num_utts"]) if e and e.get("num_utts") else 0 for e in entries]
-        repeats = known_repeated_keys(data_list)
+        keyed = index_records_keys(data_list)
+        found_in = str(index_path_for(data_list))
+        repeats = known_repeated_keys(data_list) if keyed else {}
+        if not keyed and all(_local_tar(u) for u in urls):
+            # no index names the keys, but the shards are local tars: their headers do, without reading audio
+            scanned = _repeats_from_headers(urls)
+            if scanned is not None:
+                keyed, repeats, found_in = True, scanned, "the shards' member names"
         if repeats and on_error == "fail":
-            raise DataError(f"{data_list}: {describe_repeats(repeats)} (from {index_path_for(data_list)}); training "
+            raise DataError(f"{data_list}: {describe_repeats(repeats)} (from {found_in}); training "
                             f"would see those utterances twice. Give each utterance its own key and re-pack, drop "
                             f"the repeated list, or set ++dataset_conf.on_error=skip to read each key from its first "
                             f"shard only (the rest are counted as 'duplicate key').")
         owners = {key: shards[0] for key, shards in repeats.items()}
-        return cls(data_list, "shard", weight, urls, durations, num_utts, owners=owners,
-                   track_keys=not index_records_keys(data_list))
+        return cls(data_list, "shard", weight, urls, durations, num_utts, owners=owners, track_keys=not keyed)
 
     @property
     def num_units(self) -> int:
         return len(self.urls) if self.data_type == "shard" else len(self.raw)  # type: ignore[arg-type]
+
+
+def _local_tar(url: str) -> bool:
+    from corpus_io.urls import is_command, is_remote
+
+    return url.endswith(".tar") and not is_remote(url) and not is_command(url) and not url.startswith("file://")
+
+
+def _repeats_from_headers(urls: list[str]) -> dict[str, list[str]] | None:
+    """Keys several local shards hold, from their tar headers (two passes, 8 bytes per utterance); None when a
+    shard cannot be scanned (the reader then reports it under on_error, and readers track keys instead)."""
+    from corpus_io.shards.index import find_repeated_keys
+    from corpus_io.shards.reader import member_keys
+
+    try:
+        return find_repeated_keys(lambda: ((u, member_keys(u)) for u in urls))
+    except (DataError, OSError):
+        return None
 
 
 @dataclass

@@ -314,6 +314,18 @@ def _finish(prefix: str, fields: dict[str, bytes], names: dict[str, str], *, url
     return sample
 
 
+def member_keys(path: str) -> list[str]:
+    """The sample names of a local uncompressed shard, in order, from its tar headers alone (every payload is
+    seeked over, never read): the prefix each run of adjacent members shares (:func:`split_member`)."""
+    keys: list[str] = []
+    with open(path, "rb") as f:
+        for name, _ in iter_tar_members(f, url=path, skip_payload=lambda _name: True):
+            stem = split_member(name)[0]
+            if not keys or keys[-1] != stem:
+                keys.append(stem)
+    return keys
+
+
 def group_samples(members: Iterable[tuple[str, bytes]], *, url: str) -> Iterator[dict]:
     """Group adjacent members with the same key into sample dicts (see docs/DEVELOPING.md).
 
