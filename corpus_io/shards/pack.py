@@ -16,6 +16,10 @@ Design (memory is bounded, independent of corpus size):
   as is; anything else is rewritten. ``data.list`` and ``index.jsonl`` are written atomically
   at the very end from the sidecars, so no list line ever names a partial shard, and the
   output after ``kill -9`` + rerun is byte-identical to an uninterrupted run.
+* ``output_dir=s3://bucket/prefix`` (:mod:`corpus_io.objects`): each shard is made complete locally,
+  sent as one object (with its sha256 and digest as metadata) and deleted locally; the sidecars stay
+  in the local state dir, a rerun keeps the objects whose size and metadata match, and the list and
+  index (naming the s3:// URLs) are sent last. Nothing else is written to the bucket.
 """
 
 from __future__ import annotations
@@ -33,16 +37,18 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from corpus_io import audio, kaldi
+from corpus_io import audio, kaldi, objects
 from corpus_io.config import check_values
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import (
     bounded_lines,
     completed_output,
     ensure_dir,
+    file_sha256,
     inputs_digest,
     parse_json_object,
     remove_temp_files,
+    sidecar_path,
     write_sidecar,
 )
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
@@ -82,6 +88,7 @@ class ShardTask:
     path: str  # final shard path (absolute)
     records: list[dict]
     options: PackOptions
+    url: str = ""  # the shard's object URL when output_dir is on object storage (path: its local staging name)
 
 
 @dataclass
@@ -117,13 +124,27 @@ def _digest(task: ShardTask) -> str:
 
 def _resume(task: ShardTask, digest: str) -> ShardStat | None:
     """The stat of an already complete shard for exactly this task, else None."""
-    stat = completed_output(task.path, digest)
+    stat = _completed_object(task, digest) if task.url else completed_output(task.path, digest)
     try:
         # The sidecar's own path is not trusted: a copied directory (or an old sidecar that stored the
         # first run's absolute path) resumes under this run's output_dir.
-        return None if stat is None else ShardStat(**{**stat, "path": task.path, "resumed": True})
+        return None if stat is None else ShardStat(**{**stat, "path": task.url or task.path, "resumed": True})
     except TypeError:  # a sidecar of another version, missing a field
         return None
+
+
+def _completed_object(task: ShardTask, digest: str) -> dict | None:
+    """The local sidecar stat of a shard already sent to object storage, when the object there has its size,
+    sha256 and input digest (object metadata); else None."""
+    try:
+        stat = json.loads(sidecar_path(task.path).read_text(encoding="utf-8"))
+        if stat.get("digest") != digest:
+            return None
+        size, sha256 = int(stat["bytes"]), str(stat["sha256"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    matches = objects.object_matches(task.url, task.options.storage_options, size=size, sha256=sha256, digest=digest)
+    return stat if matches else None
 
 
 def _text_of(record: dict) -> str:
@@ -267,6 +288,10 @@ def pack_shard(task: ShardTask) -> ShardStat:
     stat = ShardStat(task.path, len(durations), float(sum(durations)), min(durations, default=0.0),
                      max(durations, default=0.0), writer.bytes, writer.sha256, digest, dict(skipped), keys=keys)
     stored = {k: v for k, v in stat.__dict__.items() if k != "resumed"}
+    if task.url:  # one whole object; the local copy goes, its sidecar (the state) stays
+        objects.put_object(task.path, task.url, opts.storage_options, sha256=stat.sha256, digest=digest)
+        os.unlink(task.path)
+        stat.path = task.url
     write_sidecar(task.path, dict(stored, path=Path(task.path).name))  # relative: the dir may move
     return stat
 
@@ -476,14 +501,16 @@ def _clean_temp_files(out_dir: Path, prefix: str) -> None:
 
 
 def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
-              keep: Callable[[dict], bool] | None, summary: Summary, desc: str) -> list[ShardStat]:
+              keep: Callable[[dict], bool] | None, summary: Summary, desc: str, url: str = "") -> list[ShardStat]:
+    """Pack into ``out_dir`` (with ``url``, an object-storage prefix: ``out_dir`` is its local state dir)."""
     ensure_dir(out_dir, what="output_dir")
     _clean_temp_files(out_dir, cfg.shard_prefix)
     previous_index = _withdraw_list(out_dir / "data.list")
     per_shard = cfg.num_utts_per_shard
 
     def task(index: int, batch: list[dict]) -> ShardTask:
-        return ShardTask(index, str(out_dir / fmt.shard_name(cfg.shard_prefix, index, opts.compression)), batch, opts)
+        name = fmt.shard_name(cfg.shard_prefix, index, opts.compression)
+        return ShardTask(index, str(out_dir / name), batch, opts, objects.join(url, name) if url else "")
 
     def tasks() -> Iterator[ShardTask]:
         batch: list[dict] = []
@@ -518,11 +545,19 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
     listed = [s for s in stats if s.num_utts > 0]
     write_list_and_index(out_dir / "data.list", _keep_companion_fields(previous_index,
                                                                        [s.index_entry() for s in listed]))
+    if url:
+        _publish_list(out_dir / "data.list", url, opts.storage_options)
     previous_index.unlink(missing_ok=True)
     removed = _remove_stale_shards(out_dir, cfg.shard_prefix, {Path(s.path).name for s in listed})
     if removed:
         summary.extra["stale shards removed"] = summary.extra.get("stale shards removed", 0) + removed
     return stats
+
+
+def _publish_list(list_path: Path, url: str, storage_options: dict) -> None:
+    """Send a written list's index, then the list (so a list never lacks its index), to object storage."""
+    for path in (index_path_for(list_path), list_path):
+        objects.put_object(path, objects.join(url, path.name), storage_options, sha256=file_sha256(path))
 
 
 def _remove_stale_shards(out_dir: Path, prefix: str, current: set[str]) -> int:
@@ -583,12 +618,13 @@ def pack_shards(cfg: Any) -> Summary:
     if total == 0:
         raise DataError(f"{inp.describe} holds no utterances, so there is nothing to pack (nothing was written). "
                         f"Check ++input (an earlier step may have written it empty).")
-    out_dir = Path(cfg.output_dir).resolve()
+    url = str(cfg.output_dir) if objects.is_object_url(cfg.output_dir) else ""
+    out_dir = objects.state_dir(url) if url else Path(cfg.output_dir).resolve()
     summary = Summary()
     groups = parse_filter_group(list(cfg.filter_group))
     all_stats: list[ShardStat] = []
     if not groups:
-        all_stats = _pack_dir(inp, out_dir, cfg, opts, total, None, summary, "pack-shards")
+        all_stats = _pack_dir(inp, out_dir, cfg, opts, total, None, summary, "pack-shards", url)
     else:
         for lo, hi in groups:
             def keep(rec: dict, lo: int = lo, hi: int = hi) -> bool:
@@ -597,7 +633,7 @@ def pack_shards(cfg: Any) -> Summary:
                 except DataError:
                     return True  # the worker reports (or skips) unreadable audio
             all_stats += _pack_dir(inp, out_dir / f"{lo}_{hi}", cfg, opts, total, keep, summary,
-                                   f"pack-shards {lo}:{hi}")
+                                   f"pack-shards {lo}:{hi}", objects.join(url, f"{lo}_{hi}") if url else "")
         grouped = summary.kept + sum(summary.skipped.values())
         if grouped < total:
             summary.skip("outside filter_group", total - grouped)
