@@ -44,6 +44,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("verify-shards", config.VerifyShardsConfig, "corpus_io.shards.verify:verify_shards",
             "Check every shard of a data.list: sha256 and size against index.jsonl, member grouping, counts, "
             "audio decoding and UTF-8 transcripts. Exits non-zero naming the shard and member."),
+    Command("merge-jobs", config.MergeJobsConfig, "corpus_io.jobs:merge_jobs",
+            "Join the parts that ++num_jobs=N ++job_index=1..N runs of pack-shards, scp2jsonl, compute-cmvn, "
+            "add-field or verify-shards wrote into exactly what one job writes (data.list + index.jsonl, the "
+            "jsonl, the CMVN file, the report). Refuses, changing nothing, a missing, stale or duplicated part."),
     Command("stats", config.StatsConfig, "corpus_io.stats:run_stats",
             "Corpus statistics of a shard or raw data.list: hours, utterances, duration/text-length/speaker "
             "histograms, per-shard balance (a table on stdout) and a PNG duration histogram. Reads metadata "

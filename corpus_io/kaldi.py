@@ -87,9 +87,14 @@ def key_hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
 
 
-def duplicate_hashes(hashes: Any, most: int | None = 8) -> set[int]:
-    """The :func:`key_hash` values that occur more than once (at most ``most`` of them, None: all); empty if none."""
-    h = np.sort(np.asarray(hashes, dtype=np.int64))
+def duplicate_hashes(hashes: Any, most: int | None = 8, *, in_place: bool = False) -> set[int]:
+    """The :func:`key_hash` values that occur more than once (at most ``most`` of them, None: all); empty if none.
+    ``in_place``: sort ``hashes`` (a writable int64 array) itself instead of a copy (8 bytes per key less)."""
+    h = np.asarray(hashes, dtype=np.int64)
+    if in_place:
+        h.sort()
+    else:
+        h = np.sort(h)
     return {int(x) for x in np.unique(h[1:][h[1:] == h[:-1]])[:most]}
 
 

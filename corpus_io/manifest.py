@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from corpus_io import audio, kaldi, urls
+from corpus_io import audio, jobs, kaldi, urls
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write, iter_raw_lines, parse_json_object
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
@@ -206,8 +206,13 @@ def _first_lines(items: Iterable[tuple[str, Any]], repeated: set[int], dropped: 
 
 
 def scp2jsonl(cfg: Any) -> Summary:
-    """Join Kaldi tables into a FunASR JSONL by header probing; returns the job summary."""
+    """Join Kaldi tables into a FunASR JSONL by header probing; returns the job summary.
+
+    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs): it probes its range of the driving
+    table's lines (split_scp.pl's even split) into ``<jsonl_file_out>.scp2jsonl.part-J-of-N`` plus a part
+    record; ``merge-jobs ++path=<jsonl_file_out>`` concatenates the parts into the one-job jsonl."""
     _check_lists(cfg)
+    job = jobs.job_of(cfg)
     names = list(cfg.data_type_list)
     paths = [str(p) for p in cfg.scp_file_list]
     audio_fields = tuple(n for n, p in zip(names, paths) if _is_audio_field(n, p))
@@ -215,6 +220,16 @@ def scp2jsonl(cfg: Any) -> Summary:
         if not os.path.isfile(p):
             urls.check_regular_file(p)  # a FIFO or a device: say so, not "does not exist"
             raise DataError(f"table {p} does not exist. Check ++scp_file_list / ++segments.")
+    place = jobs.Place(str(cfg.jsonl_file_out), "scp2jsonl", False)
+    fp = ""
+    if not job.single or place.records():
+        fp = jobs.fingerprint(["scp2jsonl", names, jobs.files_digest(paths + ([cfg.segments] if cfg.segments else [])),
+                          cfg.on_error, cfg.on_empty_text, cfg.on_duplicate])
+        done = jobs.begin(place, job, fp)
+        if done is not None:
+            summary = jobs.merged_summary([done])
+            summary.print(f"scp2jsonl {job} (already complete)")
+            return summary
     skip_empty = cfg.on_empty_text == "skip"
     skip_duplicates = cfg.on_duplicate == "skip"
 
@@ -276,6 +291,7 @@ def scp2jsonl(cfg: Any) -> Summary:
         kaldi.raise_if_duplicates(driver_path, hashes, _DROP_HINT)
     total = len(hashes)
     del hashes
+    lo, hi = job.span(total)
     extra = {t.path: t.unused_keys(10) for t in keyed.values() if t.num_unused()} if not cfg.segments else {}
     extra_counts = {t.path: t.num_unused() for t in keyed.values() if t.num_unused()} if not cfg.segments else {}
     if cfg.on_error == "fail" and (missing or extra):
@@ -284,13 +300,17 @@ def scp2jsonl(cfg: Any) -> Summary:
                                           _missing_message(extra, extra_counts, "are only in")]))
         raise DataError(f"{message}. Fix the tables, or pass ++on_error=skip to drop those "
                         f"utterances (they are counted).")
-    for where, n in missing_counts.items():
+    for where, n in (missing_counts.items() if job.index == 1 else ()):  # counted once, by job 1
         summary.skip(f"missing in {Path(where).name}", n)
-    for where, n in extra_counts.items():
+    for where, n in (extra_counts.items() if job.index == 1 else ()):
         summary.skip(f"only in {Path(where).name}", n)
 
     def tasks() -> Iterator[_Task]:
-        for _, item in _first_lines(driver_lines(), repeated, dropped):
+        for i, (_, item) in enumerate(_first_lines(driver_lines(), repeated, dropped)):
+            if i < lo:
+                continue
+            if i >= hi:
+                break
             if cfg.segments:
                 seg = item
                 lookups = {n: (seg.recording if n in recording_fields else seg.key) for n in keyed}
@@ -304,8 +324,10 @@ def scp2jsonl(cfg: Any) -> Summary:
     workers = resolve_num_workers(cfg.num_workers)
     bad_audio: list[str] = []  # the first 10 unreadable-audio errors (with on_error=fail)
     bad_audio_count = 0
+    keys: list[str] = []
+    out_path = cfg.jsonl_file_out if job.single else place.data(job)
     try:
-        with atomic_write(cfg.jsonl_file_out) as out:
+        with atomic_write(out_path) as out:
             results = parallel_imap(_probe_task, tasks(), num_workers=workers, chunksize=256,
                                     initializer=_use_tables, initargs=(keyed,))
             for result in progress(results, total=total, desc="scp2jsonl", unit="utt"):
@@ -322,23 +344,50 @@ def scp2jsonl(cfg: Any) -> Summary:
                         summary.skip("unreadable audio")
                     continue
                 out.write(result.line)
+                if not job.single:
+                    keys.append(result.key)
                 summary.kept += 1
                 summary.seconds += result.seconds
             if bad_audio_count:  # raised inside the block: nothing is written
                 raise DataError(_bad_audio_message(bad_audio, bad_audio_count))
-            if dropped[0]:
+            if dropped[0] and job.index == 1:
                 summary.skip(f"duplicate key in {Path(driver_path).name}", dropped[0])
-            for t in keyed.values():
+            for t in keyed.values() if job.index == 1 else ():
                 if t.num_duplicates:
                     summary.skip(f"duplicate key in {Path(t.path).name} (first line kept)", t.num_duplicates)
-            if not summary.kept:  # raised inside the block: no empty JSONL is left behind
+            if not summary.kept and job.single:  # raised inside the block: no empty JSONL is left behind
                 raise DataError(f"no utterance of {driver_path} is left to write ({summary.line()}). "
                                 f"Fix the tables or the audio they name.")
     finally:
         _KEYED.clear()
     for t in keyed.values():
         t.close()
-    summary.print("scp2jsonl")
+    if not job.single:
+        jobs.write_part(place, jobs.Part("scp2jsonl", place.tag, job.count, job.index, fp, [lo, hi], total,
+                                         [jobs.output_entry(out_path, place.directory)],
+                                         {"keys": keys, "summary": jobs.summary_data(summary)}))
+    summary.print("scp2jsonl" if job.single else f"scp2jsonl {job}")
+    return summary
+
+
+def part_keys(data: dict) -> list[str]:
+    """The utterance keys of a scp2jsonl part (merge-jobs refuses a key two parts hold)."""
+    return data["keys"]
+
+
+def merge_parts(place: jobs.Place, parts: list[jobs.Part]) -> Summary:
+    """``merge-jobs`` of scp2jsonl: the parts' jsonl slices, concatenated in job order into the one-job jsonl."""
+    import shutil
+
+    summary = jobs.merged_summary(parts)
+    if not summary.kept:
+        raise DataError(f"no part of {place.path} holds an utterance ({summary.line()}); nothing was written. Fix the "
+                        f"tables or the audio they name.")
+    with atomic_write(place.path, "wb") as out:
+        for part in parts:
+            with open(Path(part.where).parent / part.outputs[0]["file"], "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 20)
+    summary.print("scp2jsonl (merged)")
     return summary
 
 

@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("corpus_io.files", "corpus_io.progress", "corpus_io.config"),
     ("corpus_io.kaldi", "corpus_io.urls", "corpus_io.partition", "corpus_io.batching", "corpus_io.augment",
      "corpus_io.features"),
-    ("corpus_io.audio", "corpus_io.objects"),
+    ("corpus_io.audio", "corpus_io.objects", "corpus_io.jobs"),
     ("corpus_io.manifest", "corpus_io.synth", "corpus_io.corpora"),
     ("corpus_io.tokenizer", "corpus_io.shards"),
     ("corpus_io.rawlist",),

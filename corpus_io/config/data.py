@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from corpus_io.config.dataset import DatasetConf, TokenizerConf
-from corpus_io.config.fields import FAILURE_CHOICES, opt
+from corpus_io.config.fields import FAILURE_CHOICES, job_index_opt, num_jobs_opt, opt
 
 
 @dataclass
@@ -26,6 +26,8 @@ class Scp2JsonlConfig:
                                     "the others", choices=FAILURE_CHOICES)
     allow_pipe: bool = opt(False, "allow Kaldi pipe entries like 'sox a.flac -t wav - |' (run without a shell)")
     storage_options: Dict[str, Any] = opt(help="fsspec options for http(s)/s3 sources", factory=dict)
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
 
 
 @dataclass
@@ -70,6 +72,8 @@ class PackShardsConfig:
                         choices=FAILURE_CHOICES)
     allow_pipe: bool = opt(False, "allow Kaldi pipe entries in wav.scp (run without a shell)")
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote sources", factory=dict)
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
 
 
 @dataclass
@@ -88,6 +92,9 @@ class VerifyShardsConfig:
     num_workers: int = opt(0, "checking processes (0: all cores)", range="[0, 1024]")
     decode_audio: bool = opt(True, "decode every audio member")
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote shards", factory=dict)
+    report: Optional[str] = opt(None, "also write the report (the lines printed) to this file")
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
 
 
 @dataclass
@@ -107,6 +114,18 @@ class AddFieldConfig:
     from_jsonl: Optional[str] = opt(None, "import values by key from a JSONL")
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
     num_workers: int = opt(0, "processes (0: all cores)", range="[0, 1024]")
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
+
+
+@dataclass
+class MergeJobsConfig:
+    path: str = opt("???", "what one job would have written: pack-shards' output_dir, scp2jsonl's jsonl_file_out, "
+                           "compute-cmvn's output, add-field's or verify-shards' input list")
+    what: Optional[str] = opt(None, "which parts, when P has parts of several commands (e.g. verify-shards, "
+                                    "add-field-fbank)")
+    check: str = opt("size", "how the parts' outputs are checked before merging: size (fast), or sha256 (reads "
+                             "every output)", choices=("size", "sha256"))
 
 
 @dataclass

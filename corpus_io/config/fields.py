@@ -46,6 +46,17 @@ def opt(default: Any = dataclasses.MISSING, help: str = "", *, unit: str = "", c
     return field(default=default, metadata=meta)
 
 
+def num_jobs_opt() -> Any:
+    """``num_jobs`` of a command that runs as jobs (corpus_io.jobs): an int, or ``auto``."""
+    return opt(1, "split the work into this many jobs (Kaldi's JOB=1:$nj); each writes a part, merge-jobs joins "
+                  "them; auto: the size of the Slurm/SGE/PBS/LSF job array", unit="jobs")
+
+
+def job_index_opt() -> Any:
+    """``job_index`` of a command that runs as jobs: 1..num_jobs, or ``auto``."""
+    return opt(1, "which job this is, counting from 1 (1..num_jobs); auto: the job array's task index")
+
+
 def parse_range(spec: str) -> tuple[float, bool, float, bool]:
     """``"[1, 64]"`` -> ``(1, True, 64, True)``: (low, low included, high, high included)."""
     text = spec.strip()

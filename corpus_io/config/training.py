@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from corpus_io.config.dataset import DatasetConf, FilterConf, TokenizerConf
-from corpus_io.config.fields import opt
+from corpus_io.config.fields import job_index_opt, num_jobs_opt, opt
 
 
 @dataclass
@@ -100,7 +100,9 @@ class ComputeCmvnConfig:
     output_format: str = opt("json", "json (WeNet-style sums, mean, istd) or kaldi (compute-cmvn-stats' binary "
                                       "2 x (dim+1) matrix, a cmvn.ark)", choices=("json", "kaldi"))
     dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(batch_size=32))
-    max_utts: int = opt(0, "use at most this many utterances (0: all)", range="[0, 1000000000000]")
+    max_utts: int = opt(0, "use at most this many utterances (0: all; one job only)", range="[0, 1000000000000]")
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
 
 
 @dataclass

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corpus_io import jobs
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import (
     HashingWriter,
@@ -339,10 +340,23 @@ def add_field(cfg: Any) -> Any:
             raise ConfigError(f"{cfg.input} lists {url}: add-field writes companion files next to each shard, so "
                               f"the shards must be local. Run it where the shards were packed, then upload the "
                               f"new files with the shards.")
-    _clean_temp_files(urls)
+    job = jobs.job_of(cfg)
+    lo, hi = job.span(len(urls))
+    _clean_temp_files(urls[lo:hi])
     index = load_index(cfg.input, keys=True) or {}  # rewritten below: its keys are kept
     tasks = [FieldTask(url, cfg.field, mode, _shard_digest(url, index.get(url)), options, dc.on_error,
                        dict(dc.storage_options or {})) for url in urls]
+    place = jobs.Place(str(cfg.input), f"add-field-{cfg.field}", False)
+    if not job.single or place.records():
+        # the shards' digests, not the index file: the merge adds this field's entries to the index
+        fp = jobs.fingerprint(["add-field", cfg.field, mode, options, dc.on_error, urls,
+                               [t.shard_digest for t in tasks]])
+        done = jobs.begin(place, job, fp)
+        if done is not None:
+            summary = jobs.merged_summary([done])
+            summary.print(f"add-field {job} (already complete)")
+            return summary
+    tasks = tasks[lo:hi]
     summary = Summary()
     results: dict[str, dict] = {}
     workers = min(resolve_num_workers(cfg.num_workers), max(1, len(tasks)))
@@ -358,12 +372,51 @@ def add_field(cfg: Any) -> Any:
             summary.skip(why, n)
         if res.resumed and res.missing:
             summary.skip("missing (resumed)", res.missing)
+    _SOURCES.clear()
+    if not job.single:
+        _write_part(place, job, fp, [lo, hi], len(urls), results, summary)
+        summary.print(f"add-field {job}")
+        return summary
     _update_index(index_path_for(cfg.input), urls, index, results)
     summary.extra["field"] = cfg.field
     summary.extra["shards"] = len(tasks)
     summary.extra["resumed"] = resumed
     summary.print("add-field")
-    _SOURCES.clear()
+    return summary
+
+
+def _write_part(place: jobs.Place, job: jobs.Job, fp: str, span: list, total: int, results: dict[str, dict],
+                summary: Any) -> None:
+    """A job's record: its companion files (outputs) and their stats by shard (what the merge indexes)."""
+    from corpus_io.urls import local_path
+
+    outputs = []
+    for url, stats in results.items():
+        for stat in stats.values():
+            path = Path(local_path(url)).parent / stat["file"]
+            outputs.append(jobs.output_entry(path, place.directory, sha256=stat["sha256"], size=stat["bytes"]))
+    jobs.write_part(place, jobs.Part("add-field", place.tag, job.count, job.index, fp, span, total, outputs,
+                                     {"results": results, "summary": jobs.summary_data(summary)}))
+
+
+def part_keys(data: dict) -> list[str]:
+    """The shards an add-field part wrote fields for (merge-jobs refuses a shard two parts hold)."""
+    return list(data["results"])
+
+
+def merge_parts(place: jobs.Place, parts: list[jobs.Part]) -> Any:
+    """``merge-jobs`` of add-field: the index with every shard's field entries, as one job writes it."""
+    from corpus_io.shards.index import index_path_for, load_index, read_datalist
+
+    results = {url: stats for part in parts for url, stats in part.payload()["results"].items()}
+    urls = read_datalist(place.path)
+    missing = next((u for u in urls if u not in results), None)
+    if missing is not None:
+        raise DataError(f"no part of {place.path} holds shard {missing}: the list changed since the jobs ran. "
+                        f"Nothing was changed. Rerun the jobs.")
+    _update_index(index_path_for(place.path), urls, load_index(place.path, keys=True) or {}, results)
+    summary = jobs.merged_summary(parts)
+    summary.print("add-field (merged)")
     return summary
 
 

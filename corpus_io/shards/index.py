@@ -117,11 +117,12 @@ def _stamp(index: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns]
 
 
-def _store_repeats(index: Path) -> dict[str, list[str]]:
-    repeats = find_repeated_keys(lambda: _iter_shard_keys(index))
+def _store_repeats(index: Path, known: int | None = None) -> dict[str, list[str]]:
+    """Count the repeats of ``index`` (unless the writer ``known``s the count) and store it beside it."""
+    repeats = find_repeated_keys(lambda: _iter_shard_keys(index)) if known is None else {}
     try:
         with atomic_write(_repeats_path(index)) as f:
-            json.dump({"index": _stamp(index), "repeated_keys": len(repeats)}, f)
+            json.dump({"index": _stamp(index), "repeated_keys": len(repeats) if known is None else known}, f)
     except OSError:
         pass  # a read-only shard directory: the next start computes it again
     return repeats
@@ -131,21 +132,22 @@ def find_repeated_keys(shard_keys: Callable[[], Iterable[tuple[str, list[str]]]]
                        most: int = 1_000_000) -> dict[str, list[str]]:
     """``{key: [shard, shard, ...]}`` for every key that occurs more than once among the ``(shard, keys)``
     pairs ``shard_keys()`` yields, shards in that order (the first one owns the key). Two passes over
-    ``shard_keys()``, 8 bytes per utterance plus the repeated keys."""
+    ``shard_keys()``, 8 bytes per utterance plus the repeated keys. The hash is Python's own (both passes run in
+    this process), 30x cheaper than a stable one at 36M keys."""
     import numpy as np
 
-    from corpus_io.kaldi import duplicate_hashes, key_hash
+    from corpus_io.kaldi import duplicate_hashes
 
     hashes = array("q")
     for _, keys in shard_keys():
-        hashes.extend(key_hash(k) for k in keys)
+        hashes.extend(map(hash, keys))
     wanted = duplicate_hashes(np.frombuffer(hashes, dtype=np.int64), most=most) if hashes else set()
     if not wanted:
         return {}
     shards: dict[str, list[str]] = {}
     for path, keys in shard_keys():
         for key in keys:
-            if key_hash(key) in wanted:
+            if hash(key) in wanted:
                 shards.setdefault(key, []).append(path)
     return {k: v for k, v in shards.items() if len(v) > 1}
 
@@ -231,19 +233,24 @@ def _iter_index_file(path: Path, keys: bool) -> Iterator[dict]:
             yield entry
 
 
-def write_list_and_index(list_path: str | os.PathLike, entries: Iterable[dict]) -> int:
-    """Write ``data.list`` and its sidecar atomically (index first, so a list never lacks one).
+def write_list_and_index(list_path: str | os.PathLike, entries: Iterable[dict], *,
+                         repeated_keys: int | None = None) -> int:
+    """Write ``data.list`` and its sidecar atomically (index first, so a list never lacks one), streaming
+    ``entries`` (a merge of 75,000 parts never holds them all). ``repeated_keys``: the writer already counted
+    the keys two shards hold (merge-jobs checks every key), so the index is not scanned again for them.
 
     The standard keys come first, in :data:`INDEX_FIELDS` order; any other key of an entry (e.g.
     ``fields``, written by add-field) is kept after them.
     """
-    entries = list(entries)
-    ordered = []
-    for entry in entries:
-        ordered.append({k: entry[k] for k in INDEX_FIELDS if k in entry})
-        ordered[-1].update((k, v) for k, v in entry.items() if k not in ordered[-1])
-    write_index(index_path_for(list_path), ordered)
-    with atomic_write(list_path) as f:
+    index_path = index_path_for(list_path)
+    n = 0
+    with atomic_write(list_path) as listed, atomic_write(index_path) as index:  # the index commits first
+        index_dir = _index_dir(index_path)
         for entry in entries:
-            f.write(entry["path"] + "\n")
-    return len(entries)
+            ordered = {k: entry[k] for k in INDEX_FIELDS if k in entry}
+            ordered.update((k, v) for k, v in entry.items() if k not in ordered)
+            index.write(json.dumps(_stored(ordered, index_dir), ensure_ascii=False) + "\n")
+            listed.write(entry["path"] + "\n")
+            n += 1
+    _store_repeats(Path(index_path), repeated_keys)
+    return n

@@ -33,7 +33,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from corpus_io import audio, kaldi, objects
 from corpus_io.config import check_values
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import (
+    UTF8_BOM,
     bounded_lines,
     completed_output,
     ensure_dir,
@@ -50,6 +51,19 @@ from corpus_io.files import (
     remove_temp_files,
     sidecar_path,
     write_sidecar,
+)
+from corpus_io.jobs import (
+    Job,
+    Part,
+    Place,
+    begin,
+    files_digest,
+    fingerprint,
+    job_of,
+    merged_summary,
+    output_entry,
+    summary_data,
+    write_part,
 )
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 from corpus_io.shards import format as fmt
@@ -312,20 +326,33 @@ class _Input:
     """One input: a driver file read line by line, and a parser from a line to a record."""
 
     def __init__(self, driver: str, key_of: Callable[[bytes, int], str | None],
-                 record_of: Callable[[bytes, int], dict | _Skip | None], describe: str):
+                 record_of: Callable[[bytes, int], dict | _Skip | None], describe: str,
+                 files: list[str] | None = None, may_skip: bool = False):
         self.driver = driver
+        self.files = files or [driver]  # every file the records are read from (a run's fingerprint)
+        self.may_skip = may_skip  # record_of can yield a _Skip (so shard boundaries need a counting pass)
         self.key_of = key_of  # cheap, for the first pass; None for a blank line
         self.record_of = record_of  # a record, a _Skip, or None for a blank line
         self.describe = describe
         self.offsets = array("q")
         self.linenos = array("q")
 
-    def scan(self) -> int:
-        """First pass: offsets, line numbers, duplicate keys. 24 bytes per utterance."""
+    def scan(self, *, check_keys: bool = True) -> int:
+        """First pass: offsets, line numbers, duplicate keys. 24 bytes per utterance.
+
+        ``check_keys=False`` (a job of N over a jsonl, whose lines are its records): offsets of the non-blank
+        lines only, no parsing: a job reads the whole input, and parsing it is most of that cost; a key held
+        twice is refused by merge-jobs, which sees every key."""
         hashes = array("q")
         offset = 0
         with open(self.driver, "rb") as f:
             for lineno, raw in bounded_lines(f, self.driver):
+                if not check_keys:
+                    if raw.strip() and (lineno > 1 or raw.removeprefix(UTF8_BOM).strip()):
+                        self.offsets.append(offset)
+                        self.linenos.append(lineno)
+                    offset += len(raw)
+                    continue
                 key = self.key_of(raw, lineno)
                 if key is not None:
                     self.offsets.append(offset)
@@ -335,7 +362,7 @@ class _Input:
         wanted = kaldi.duplicate_hashes(hashes)
         if wanted:
             self._raise_duplicate(wanted)
-        return len(hashes)
+        return len(self.offsets)
 
     def _raise_duplicate(self, wanted: set[int]) -> None:
         with open(self.driver, "rb") as f:
@@ -347,17 +374,24 @@ class _Input:
             raise DataError(f"duplicate key '{key}' in {self.driver}: at {first} and {second} (both would be "
                             f"shard member '{fmt.safe_member_name(key)}'). Keys must be unique; remove or rename one.")
 
-    def records(self, shuffle: bool, seed: int) -> Iterator[dict | _Skip]:
+    def records(self, shuffle: bool, seed: int, start: int = 0) -> Iterator[dict | _Skip]:
+        """The records in (shuffled) order, from the ``start``-th line that holds one (a job's first shard)."""
+        if start >= len(self.offsets) > 0:
+            return
         with open(self.driver, "rb") as f:
             if not shuffle:
+                before = 0
+                if start:
+                    f.seek(self.offsets[start])
+                    before = int(self.linenos[start]) - 1
                 for lineno, raw in bounded_lines(f, self.driver):
-                    rec = self.record_of(raw, lineno)
+                    rec = self.record_of(raw, lineno + before)
                     if rec is not None:
                         yield rec
                 return
             # Seeded permutation of line offsets (8 bytes/utt), not of records.
             order = np.random.default_rng(seed).permutation(len(self.offsets))
-            for i in order:
+            for i in order[start:]:
                 f.seek(self.offsets[i])
                 rec = self.record_of(f.readline(), int(self.linenos[i]))
                 if rec is not None:
@@ -443,7 +477,9 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> _Input:
         rec["where"] = where
         return rec
 
-    return _Input(path, key_of, record_of, f"Kaldi dir {data_dir}")
+    files = [path] + [str(data_dir / n) for n in ("wav.scp", "text", "utt2spk")
+                      if (data_dir / n).is_file() and str(data_dir / n) != path]
+    return _Input(path, key_of, record_of, f"Kaldi dir {data_dir}", files, may_skip=True)
 
 
 def open_input(path: str, *, feats: bool) -> _Input:
@@ -501,39 +537,61 @@ def _clean_temp_files(out_dir: Path, prefix: str) -> None:
 
 
 def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
-              keep: Callable[[dict], bool] | None, summary: Summary, desc: str, url: str = "") -> list[ShardStat]:
-    """Pack into ``out_dir`` (with ``url``, an object-storage prefix: ``out_dir`` is its local state dir)."""
+              keep: Callable[[dict], bool] | None, summary: Summary, desc: str,
+              wanted: range | None = None, url: str = "") -> list[ShardStat]:
+    """Pack one directory's shards; ``wanted``: a job's shard numbers (only those are written, and no list);
+    ``url``: an object-storage prefix (``out_dir`` is then its local state dir)."""
     ensure_dir(out_dir, what="output_dir")
-    _clean_temp_files(out_dir, cfg.shard_prefix)
-    previous_index = _withdraw_list(out_dir / "data.list")
+    _refuse_other_prefix(out_dir, cfg.shard_prefix)
+    if wanted is None:
+        _clean_temp_files(out_dir, cfg.shard_prefix)
+        previous_index = _withdraw_list(out_dir / "data.list")
+    else:  # another job may be writing its own shards here: only this job's temp files are removed
+        names = {fmt.shard_name(cfg.shard_prefix, k, opts.compression) for k in wanted}
+        remove_temp_files(out_dir, lambda final: final.lstrip(".").removesuffix(".json") in names)
     per_shard = cfg.num_utts_per_shard
 
     def task(index: int, batch: list[dict]) -> ShardTask:
         name = fmt.shard_name(cfg.shard_prefix, index, opts.compression)
-        return ShardTask(index, str(out_dir / name), batch, opts, objects.join(url, name) if url else "")
+        t = ShardTask(index, str(out_dir / name), batch, opts, objects.join(url, name) if url else "")
+        if wanted is not None:
+            _refuse_other_run(t)
+        return t
+
+    # a job over a jsonl (every line one record, no filter) starts reading at its first shard's first line
+    index = wanted.start if wanted is not None and keep is None and not inp.may_skip else 0
 
     def tasks() -> Iterator[ShardTask]:
+        nonlocal index
         batch: list[dict] = []
-        index = 0
-        for rec in inp.records(cfg.shuffle, cfg.seed):
+        for rec in inp.records(cfg.shuffle, cfg.seed, index * per_shard):
             if isinstance(rec, _Skip):
                 if cfg.on_error == "fail":
                     raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the data "
                                     f"dir, or pass ++on_error=skip to drop such utterances (they are counted).")
-                summary.skip(rec.reason)
+                if wanted is None or index in wanted:
+                    summary.skip(rec.reason)
                 continue
             if keep is not None and not keep(rec):
                 continue
-            batch.append(rec)
+            if wanted is not None and index >= wanted.stop:
+                return  # a job: the rest of the input is other jobs' shards
+            if wanted is None or index in wanted:
+                batch.append(rec)
+            else:
+                batch.append(None)  # type: ignore[arg-type]  # counted, not kept: another job's shard
             if len(batch) == per_shard:
-                yield task(index, batch)
+                if wanted is None or index in wanted:
+                    yield task(index, batch)
                 batch, index = [], index + 1
-        if batch:
+        if batch and (wanted is None or index in wanted):
             yield task(index, batch)
 
     workers = resolve_num_workers(cfg.num_workers)
     stats: list[ShardStat] = []
     num_shards = -(-total // per_shard) if keep is None else None
+    if wanted is not None:
+        num_shards, workers = len(wanted), max(1, min(workers, len(wanted)))
     results = parallel_imap(pack_shard, tasks(), num_workers=workers, chunksize=1)
     for stat in progress(results, total=num_shards, desc=desc, unit="shard"):
         stats.append(stat)
@@ -542,16 +600,60 @@ def _pack_dir(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
         summary.bytes += stat.bytes
         for reason, n in stat.skipped.items():
             summary.skip(reason, n)
+    if wanted is not None:
+        return stats
     listed = [s for s in stats if s.num_utts > 0]
-    write_list_and_index(out_dir / "data.list", _keep_companion_fields(previous_index,
-                                                                       [s.index_entry() for s in listed]))
+    _write_list(out_dir, cfg.shard_prefix, previous_index, [s.index_entry() for s in listed], summary,
+                url=url, storage_options=opts.storage_options)
+    return stats
+
+
+def _write_list(out_dir: Path, prefix: str, previous_index: Path, entries: Iterable[dict], summary: Summary,
+                repeated_keys: int | None = None, url: str = "", storage_options: dict | None = None) -> None:
+    """The end of a one-job run (or of merge-jobs): data.list + index.jsonl (sent to ``url`` when the output is
+    on object storage), then stale shards removed."""
+    names: set[str] = set()
+
+    def named() -> Iterator[dict]:
+        for entry in _keep_companion_fields(previous_index, entries):
+            names.add(Path(entry["path"]).name)
+            yield entry
+
+    write_list_and_index(out_dir / "data.list", named(), repeated_keys=repeated_keys)
     if url:
-        _publish_list(out_dir / "data.list", url, opts.storage_options)
+        _publish_list(out_dir / "data.list", url, storage_options or {})
     previous_index.unlink(missing_ok=True)
-    removed = _remove_stale_shards(out_dir, cfg.shard_prefix, {Path(s.path).name for s in listed})
+    removed = _remove_stale_shards(out_dir, prefix, names)
     if removed:
         summary.extra["stale shards removed"] = summary.extra.get("stale shards removed", 0) + removed
-    return stats
+
+
+def _refuse_other_run(task: ShardTask) -> None:
+    """A job does not overwrite a complete shard that another run (other options or input) wrote."""
+    try:
+        stored = json.loads(sidecar_path(task.path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no complete shard there (or an unfinished one): this job writes it
+    if isinstance(stored, dict) and stored.get("digest") not in (None, _digest(task)):
+        raise DataError(f"{task.path} was written by another run (other options or another input) and is not "
+                        f"this job's shard {task.index}; a job never overwrites it. Use another output_dir, or "
+                        f"delete that run's shards (or run it with ++num_jobs=1, which replaces them).")
+
+
+def _refuse_other_prefix(out_dir: Path, prefix: str) -> None:
+    """Two runs with different shard_prefix in one output_dir would leave one run's shards orphaned."""
+    listed = out_dir / "data.list"
+    mine = re.compile(rf"{fmt.shard_stem_pattern(prefix)}(\..+)?")
+    others = []
+    if listed.is_file():
+        others = [e for e in read_index_file(index_path_for(listed)) or {} if not mine.fullmatch(Path(e).name)]
+    if not others:
+        others = [e.name for e in os.scandir(out_dir) if e.is_file() and e.name.endswith((".tar", ".tar.gz", ".tgz"))
+                  and not mine.fullmatch(e.name)]
+    if others:
+        raise DataError(f"output_dir {out_dir} holds shards of another run ({Path(others[0]).name}: not "
+                        f"'{prefix}-NNNNNN'). Nothing was written. Use another output_dir, or delete that run's "
+                        f"shards, data.list and index.jsonl first.")
 
 
 def _publish_list(list_path: Path, url: str, storage_options: dict) -> None:
@@ -595,26 +697,59 @@ def _withdraw_list(list_path: Path) -> Path:
     return kept
 
 
-def _keep_companion_fields(previous_index: Path, entries: list[dict]) -> list[dict]:
+def _keep_companion_fields(previous_index: Path, entries: Iterable[dict]) -> Iterator[dict]:
     """Carry add-field's ``fields`` over from the old index for shards whose bytes did not change."""
     old = read_index_file(previous_index) or {}  # only its add-field entries are carried over
     for entry in entries:
         previous = old.get(entry["path"])
         if previous and previous.get("sha256") == entry.get("sha256") and "fields" in previous:
             entry["fields"] = previous["fields"]
-    return entries
+        yield entry
+
+
+def _fingerprint(cfg: Any, opts: PackOptions, inp: _Input) -> str:
+    return fingerprint(["pack-shards", opts.digest_part(), opts.on_error, cfg.num_utts_per_shard, bool(cfg.shuffle),
+                        cfg.seed, list(cfg.filter_group), cfg.shard_prefix, files_digest(inp.files)])
+
+
+def _group_dirs(out_dir: Path, groups: list[tuple[int, int]]) -> list[str]:
+    return [f"{lo}_{hi}" for lo, hi in groups] or [""]
+
+
+def _plan(inp: _Input, cfg: Any, total: int, keeps: list[Callable[[dict], bool] | None]) -> list[int]:
+    """The number of shards of each group, as a one-job run makes them (a job needs the global numbering):
+    from the line count when every line is one record, else from a counting pass over the input."""
+    per = cfg.num_utts_per_shard
+    if keeps == [None] and not inp.may_skip:
+        return [-(-total // per)]
+    counts = [0] * len(keeps)
+    for rec in inp.records(cfg.shuffle, cfg.seed):
+        if isinstance(rec, _Skip):
+            if cfg.on_error == "fail":
+                raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the data dir, or "
+                                f"pass ++on_error=skip to drop such utterances (they are counted).")
+            continue
+        for g, keep in enumerate(keeps):
+            if keep is None or keep(rec):
+                counts[g] += 1
+    return [-(-n // per) for n in counts]
 
 
 def pack_shards(cfg: Any) -> Summary:
-    """Run pack-shards for a validated :class:`corpus_io.config.PackShardsConfig`; returns the summary."""
+    """Run pack-shards for a validated :class:`corpus_io.config.PackShardsConfig`; returns the summary.
+
+    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs): it writes the shards of its contiguous
+    range of global shard numbers and a part record, no data.list; ``merge-jobs ++path=<output_dir>``
+    writes the list and index a one-job run writes."""
     check_values(cfg)  # num_utts_per_shard, resample, ...: their ranges, also for configs built in Python
+    job = job_of(cfg)
     feats = bool(getattr(cfg, "feats", False))
     if feats and (cfg.audio_format != "keep" or cfg.resample):
         raise ConfigError("++feats=true stores feature matrices; audio_format/resample do not apply.")
     opts = PackOptions(cfg.audio_format, cfg.resample, feats, cfg.on_error, cfg.allow_pipe,
                        dict(cfg.storage_options or {}), cfg.compression)
     inp = open_input(cfg.input, feats=feats)
-    total = inp.scan()
+    total = inp.scan(check_keys=job.single or inp.may_skip)
     if total == 0:
         raise DataError(f"{inp.describe} holds no utterances, so there is nothing to pack (nothing was written). "
                         f"Check ++input (an earlier step may have written it empty).")
@@ -622,18 +757,37 @@ def pack_shards(cfg: Any) -> Summary:
     out_dir = objects.state_dir(url) if url else Path(cfg.output_dir).resolve()
     summary = Summary()
     groups = parse_filter_group(list(cfg.filter_group))
-    all_stats: list[ShardStat] = []
-    if not groups:
-        all_stats = _pack_dir(inp, out_dir, cfg, opts, total, None, summary, "pack-shards", url)
-    else:
+    keeps: list[Callable[[dict], bool] | None] = [None]
+    if groups:
+        keeps = []
         for lo, hi in groups:
             def keep(rec: dict, lo: int = lo, hi: int = hi) -> bool:
                 try:
                     return lo <= _source_len(rec, opts) < hi
                 except DataError:
                     return True  # the worker reports (or skips) unreadable audio
-            all_stats += _pack_dir(inp, out_dir / f"{lo}_{hi}", cfg, opts, total, keep, summary,
-                                   f"pack-shards {lo}:{hi}", objects.join(url, f"{lo}_{hi}") if url else "")
+            keeps.append(keep)
+    dirs = _group_dirs(out_dir, groups)
+    place = Place(str(out_dir), "pack-shards", True)
+    if url and not job.single:
+        raise ConfigError(f"++output_dir={url} with ++num_jobs={job.count}: jobs into object storage are not "
+                          f"supported yet (merge-jobs reads the parts from a directory). Pack the jobs into a shared "
+                          f"directory and merge there, or pack to {url} as one job (++num_jobs=1).")
+    if not job.single or place.records():
+        fp = _fingerprint(cfg, opts, inp)
+        done = begin(place, job, fp)
+        if done is not None:
+            summary = merged_summary([done])
+            summary.print(f"pack-shards {job} (already complete)")
+            return summary
+    if not job.single:
+        return _pack_job(inp, out_dir, cfg, opts, total, keeps, dirs, job, place, fp)
+    all_stats: list[ShardStat] = []
+    for keep, sub in zip(keeps, dirs):
+        desc = "pack-shards" + (f" {sub.replace('_', ':')}" if sub else "")
+        all_stats += _pack_dir(inp, out_dir / sub, cfg, opts, total, keep, summary, desc,
+                               url=objects.join(url, sub) if url else "")
+    if groups:
         grouped = summary.kept + sum(summary.skipped.values())
         if grouped < total:
             summary.skip("outside filter_group", total - grouped)
@@ -644,4 +798,56 @@ def pack_shards(cfg: Any) -> Summary:
     summary.raise_if_empty("pack-shards", f"No shard was listed in {out_dir}: check {cfg.input} (an earlier step "
                                           f"may have written it empty) and the skip reasons above (audio paths, "
                                           f"transcripts, filter_group).")
+    return summary
+
+
+def _pack_job(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
+              keeps: list[Callable[[dict], bool] | None], dirs: list[str], job: Job, place: Place,
+              fp: str) -> Summary:
+    """One job of N: the shards of its range of global shard numbers (over the groups in order), a record."""
+    counts = _plan(inp, cfg, total, keeps)
+    lo, hi = job.span(sum(counts))
+    summary = Summary()
+    groups: list[dict] = []
+    outputs: list[dict] = []
+    first = 0
+    for keep, sub, count in zip(keeps, dirs, counts):
+        wanted = range(max(lo - first, 0), max(min(hi - first, count), 0))
+        first += count
+        entries: list[dict] = []
+        if len(wanted):
+            stats = _pack_dir(inp, out_dir / sub, cfg, opts, total, keep, summary, f"pack-shards {job}", wanted)
+            for stat in stats:
+                if stat.num_utts > 0:
+                    entries.append(dict(stat.index_entry(), path=os.path.relpath(stat.path, out_dir)))
+                    outputs.append(output_entry(stat.path, out_dir, sha256=stat.sha256, size=stat.bytes))
+        groups.append({"dir": sub, "entries": entries})
+    summary.what = "utterances"
+    summary.extra["shards"] = len(outputs)
+    data = {"prefix": cfg.shard_prefix, "groups": groups, "summary": summary_data(summary)}
+    record = write_part(place, Part("pack-shards", place.tag, job.count, job.index, fp, [lo, hi], sum(counts),
+                                    outputs, data))
+    summary.print(f"pack-shards {job}")
+    print(f"pack-shards {job}: shards {lo}..{hi - 1} of {sum(counts)} -> {record}", flush=True)
+    return summary
+
+
+def part_keys(data: dict) -> Iterator[str]:
+    """The utterance keys of a pack-shards part (merge-jobs refuses a key two parts hold)."""
+    return (k for group in data["groups"] for e in group["entries"] for k in e.get("keys") or ())
+
+
+def merge_parts(place: Place, parts: list[Part]) -> Summary:
+    """``merge-jobs`` of pack-shards: each directory's data.list + index.jsonl, as one job writes them (streamed:
+    one part's entries in memory at a time)."""
+    out_dir = Path(place.path).resolve()
+    first = parts[0].payload()
+    summary = merged_summary(parts)
+    for g, sub in enumerate(group["dir"] for group in first["groups"]):
+        entries = (dict(e, path=str(out_dir / e["path"])) for part in parts
+                   for e in part.payload()["groups"][g]["entries"])
+        _write_list(out_dir / sub, first["prefix"], _withdraw_list(out_dir / sub / "data.list"), entries, summary,
+                    repeated_keys=0)  # load_parts refused any key held twice
+    summary.extra["shards"] = sum(len(p.outputs) for p in parts)
+    summary.print("pack-shards (merged)")
     return summary

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Iterator
 
+from corpus_io import jobs
 from corpus_io.errors import DataError
+from corpus_io.files import atomic_write
 from corpus_io.progress import parallel_imap, progress, resolve_num_workers
 from corpus_io.shards.format import legacy_member_name, safe_member_name, split_member
 from corpus_io.shards.index import index_path_for, load_index, read_datalist, read_index_file, repeated_keys
@@ -126,23 +128,64 @@ def verify_one(task: VerifyTask) -> VerifyResult:
 
 
 def verify_shards(cfg: Any) -> list[VerifyResult]:
-    """Verify every shard of ``cfg.input``; print a report; raise DataError (exit 2) on any problem."""
+    """Verify every shard of ``cfg.input``; print a report; raise DataError (exit 2) on any problem.
+
+    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs): it verifies its range of the list's
+    shards and writes a part record; ``merge-jobs ++path=<input>`` prints (and writes to ``report``) the
+    one-job report, the check of keys repeated across shards included."""
+    job = jobs.job_of(cfg)
     urls = read_datalist(cfg.input)
     index = load_index(cfg.input)
     if index is None:
         print(f"[verify-shards] no index sidecar {index_path_for(cfg.input)}: sha256, size and counts are not "
               f"checked.", file=sys.stderr, flush=True)
+    place = jobs.Place(str(cfg.input), "verify-shards", False)
+    lo, hi = job.span(len(urls))
+    if not job.single or place.records():
+        fp = jobs.fingerprint(["verify-shards", jobs.files_digest([cfg.input]), index, cfg.decode_audio,
+                               cfg.report])
+        jobs.check_place(place, job, fp)  # a rerun checks the shards again: they may have changed
     tasks = (VerifyTask(u, (index or {}).get(u), index is not None, cfg.decode_audio, dict(cfg.storage_options or {}))
-             for u in urls)
-    workers = min(resolve_num_workers(cfg.num_workers), max(1, len(urls)))
+             for u in urls[lo:hi])
+    workers = min(resolve_num_workers(cfg.num_workers), max(1, hi - lo))
     results: list[VerifyResult] = []
+    desc = "verify-shards" if job.single else f"verify-shards {job}"
     for result in progress(parallel_imap(verify_one, tasks, num_workers=workers, chunksize=1),
-                           total=len(urls), desc="verify-shards", unit="shard"):
+                           total=hi - lo, desc=desc, unit="shard"):
         results.append(result)
-    repeats = repeated_keys(cfg.input)  # across shards, from the index alone
+    if not job.single:
+        jobs.write_part(place, jobs.Part("verify-shards", place.tag, job.count, job.index, fp, [lo, hi], len(urls),
+                                         data={"results": [asdict(r) for r in results], "report": cfg.report}))
+        bad = [r for r in results if r.problems]
+        _print_failures(bad)
+        print(f"[verify-shards] {job}: {len(results)} shards, {len(bad)} failed", flush=True)
+        if bad:
+            raise DataError(f"{job}: {len(bad)} of {len(results)} shards failed verification; first: "
+                            f"{bad[0].problems[0]}")
+        return results
+    return _report(cfg.input, index, results, cfg.report)
+
+
+def _print_failures(bad: list[VerifyResult], out: list[str] | None = None) -> None:
+    for r in bad:
+        for line in [f"FAIL {r.url}"] + [f"  - {problem}" for problem in r.problems]:
+            print(line, flush=True)
+            if out is not None:
+                out.append(line)
+
+
+def merge_parts(place: jobs.Place, parts: list[jobs.Part]) -> list[VerifyResult]:
+    """``merge-jobs`` of verify-shards: the one-job report (and its exit status) from the parts' results."""
+    results = [VerifyResult(**r) for part in parts for r in part.payload()["results"]]
+    return _report(place.path, load_index(place.path), results, parts[0].payload().get("report"))
+
+
+def _report(list_path: str, index: dict | None, results: list[VerifyResult], report: str | None) -> list[VerifyResult]:
+    """The cross-shard key check, the report (stdout, and ``report`` when given); a DataError on any problem."""
+    repeats = repeated_keys(list_path)  # across shards, from the index alone
     if index is not None and not any(isinstance(e.get("keys"), list)
-                                     for e in read_index_file(index_path_for(cfg.input), keys=True, lazy=True)):
-        print(f"[verify-shards] {index_path_for(cfg.input)} records no utterance keys (an older pack-shards or "
+                                     for e in read_index_file(index_path_for(list_path), keys=True, lazy=True)):
+        print(f"[verify-shards] {index_path_for(list_path)} records no utterance keys (an older pack-shards or "
               f"another tool wrote it): a key repeated across shards is not checked. Re-run pack-shards to "
               f"record them.", file=sys.stderr, flush=True)
     by_url = {r.url: r for r in results}
@@ -153,17 +196,19 @@ def verify_shards(cfg: Any) -> list[VerifyResult]:
             f"training would see it twice and decode would score it once. Give each utterance its own key "
             f"(e.g. a corpus prefix) and re-pack, or drop one of the lists.")
     bad = [r for r in results if r.problems]
-    for r in bad:
-        print(f"FAIL {r.url}", flush=True)
-        for problem in r.problems:
-            print(f"  - {problem}", flush=True)
+    lines: list[str] = []
+    _print_failures(bad, lines)
     utts = sum(r.num_utts for r in results)
-    print(f"[verify-shards] {len(results)} shards, {utts} utterances, {sum(r.bytes for r in results) / 1e9:.3f} GB; "
-          f"{len(results) - len(bad)} ok, {len(bad)} failed", flush=True)
+    lines.append(f"[verify-shards] {len(results)} shards, {utts} utterances, "
+                 f"{sum(r.bytes for r in results) / 1e9:.3f} GB; {len(results) - len(bad)} ok, {len(bad)} failed")
+    print(lines[-1], flush=True)
+    if report:
+        with atomic_write(report) as f:
+            f.write("".join(line + "\n" for line in lines))
     if bad:
         raise DataError(f"{len(bad)} of {len(results)} shards failed verification; first: {bad[0].problems[0]} "
                         f"See the report above for every shard and member.")
     if utts == 0:
-        raise DataError(f"{cfg.input} lists {len(results)} shards holding 0 utterances: there is nothing to verify "
+        raise DataError(f"{list_path} lists {len(results)} shards holding 0 utterances: there is nothing to verify "
                         f"or train on. Point ++input at the data.list of a pack-shards run that wrote utterances.")
     return results

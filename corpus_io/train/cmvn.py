@@ -136,48 +136,193 @@ def eval_dataset_conf(dataset_conf: Any) -> Any:
     return conf
 
 
-def compute_cmvn(cfg: Any) -> dict:
-    """Accumulate sum(x), sum(x^2) over every valid frame of ``cfg.data_list``; write ``cfg.output``."""
-    import torch
+# Every finite float64 is an integer multiple of 2**-1074 (and its frexp mantissa, times 2**53, an integer): scaled
+# by 2**_EXACT_BITS the statistics are Python ints, whose sums are exact, so they do not depend on the order in
+# which utterances arrive (loader workers, batches, jobs). The file holds their correctly rounded float64 values.
+_EXACT_BITS = 1074 + 53
 
-    from corpus_io.config import require
-    from corpus_io.dataset import build_dataloader
+
+def exact_sums(rows: Any) -> list[int]:
+    """Column sums of a float64 matrix, exactly, as ints scaled by ``2**_EXACT_BITS``."""
+    import numpy as np
+
+    mantissa, exponent = np.frexp(np.asarray(rows, dtype=np.float64))
+    ints = (mantissa * 2.0 ** 53).astype(np.int64).astype(object)
+    shifted = np.left_shift(ints, (exponent.astype(np.int64) + 1074).astype(object))
+    return [int(v) for v in shifted.sum(axis=0)]
+
+
+def exact_to_floats(sums: list[int]) -> list[float]:
+    return [v / (1 << _EXACT_BITS) for v in sums]  # int / int: correctly rounded
+
+
+class ExactStats:
+    """Per-utterance float64 sums of x and x^2 over its frames, added exactly (see :data:`_EXACT_BITS`)."""
+
+    def __init__(self) -> None:
+        self.sum_x: list[int] = []
+        self.sum_x2: list[int] = []
+        self.frames = 0
+        self.utts = 0
+
+    def add_batch(self, feats: Any, lengths: Any) -> None:
+        import numpy as np
+
+        feats = feats.detach().to("cpu").numpy()
+        rows_x, rows_x2 = [], []
+        for i, n in enumerate(lengths.tolist()):
+            f = np.asarray(feats[i, :n], dtype=np.float64)  # the utterance's frames, no padding: batch-independent
+            rows_x.append(f.sum(axis=0))
+            rows_x2.append((f * f).sum(axis=0))
+            self.frames += int(n)
+            self.utts += 1
+        if not rows_x:
+            return
+        for total, rows in ((self.sum_x, rows_x), (self.sum_x2, rows_x2)):
+            sums = exact_sums(np.stack(rows))
+            if not total:
+                total.extend(sums)
+            else:
+                total[:] = [a + b for a, b in zip(total, sums)]
+
+    def add(self, other: dict) -> None:
+        for name in ("sum_x", "sum_x2"):
+            mine, theirs = getattr(self, name), [int(v) for v in other[name]]
+            if theirs:  # an empty job's part holds no sums
+                setattr(self, name, [a + b for a, b in zip(mine, theirs)] if mine else theirs)
+        self.frames += int(other["frames"])
+        self.utts += int(other["utts"])
+
+    def data(self) -> dict:
+        return {"sum_x": [str(v) for v in self.sum_x], "sum_x2": [str(v) for v in self.sum_x2],
+                "frames": self.frames, "utts": self.utts}
+
+    def to_json(self) -> dict:
+        return stats_to_json(exact_to_floats(self.sum_x), exact_to_floats(self.sum_x2), self.frames)
+
+
+def _list_lines(path: str) -> list[str]:
+    """The entries of a local data list (shard paths or raw JSON lines), as written."""
+    from corpus_io.files import iter_raw_lines
+
+    return [raw.decode("utf-8").rstrip("\r\n") for _, raw in iter_raw_lines(path, what="data_list") if raw.strip()]
+
+
+def _job_list(data_list: str, lines: list[str], directory: str) -> str:
+    """A data list of this job's entries (with their index entries, for a shard list) in ``directory``."""
     from corpus_io.files import atomic_write
-    from corpus_io.progress import Summary, progress
-    from corpus_io.train.frontend import build_front_end, model_inputs
+    from corpus_io.shards.index import load_index, write_list_and_index
+
+    sub = str(Path(directory) / "data.list")
+    index = None if lines and lines[0].lstrip().startswith("{") else load_index(data_list, keys=True)
+    if index:
+        write_list_and_index(sub, [index.get(u) or {"path": u} for u in lines])
+    else:
+        with atomic_write(sub) as f:
+            f.write("".join(line + "\n" for line in lines))
+    return sub
+
+
+def compute_cmvn(cfg: Any) -> dict:
+    """Accumulate sum(x), sum(x^2) over every valid frame of ``cfg.data_list``; write ``cfg.output``.
+
+    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs): it accumulates its range of the list's
+    entries (shards, or raw lines) and records the exact sums in a part record; ``merge-jobs ++path=<output>``
+    adds them and writes the file a one-job run writes, byte for byte (the sums are exact: see ExactStats)."""
+    import tempfile
+
+    from corpus_io import jobs
+    from corpus_io.config import require
+    from corpus_io.progress import Summary
 
     require(cfg, "data_list", "output")
+    job = jobs.job_of(cfg)
+    place = jobs.Place(str(cfg.output), "compute-cmvn", False)
+    if job.single and not place.records():
+        stats, counts = _accumulate(cfg.data_list, cfg)
+        return _finish(cfg.output, cfg.output_format, stats, counts)
+    if cfg.max_utts:
+        raise ConfigError("++max_utts stops after that many utterances in list order, which N jobs cannot split; "
+                          "use it with ++num_jobs=1 only.")
+    lines = _list_lines(cfg.data_list)
     conf = eval_dataset_conf(cfg.dataset_conf)
-    loader = build_dataloader(cfg.data_list, conf, None, train=False, rank=0, world_size=1)
+    fp = jobs.fingerprint(["compute-cmvn", jobs.files_digest([cfg.data_list]), cfg.output_format,
+                           _conf_dict(conf)])
+    done = jobs.begin(place, job, fp)
+    if job.single:
+        stats, counts = _accumulate(cfg.data_list, cfg)
+        return _finish(cfg.output, cfg.output_format, stats, counts)
+    if done is not None:
+        print(f"compute-cmvn {job}: already complete ({done.where})", flush=True)
+        return done.data
+    lo, hi = job.span(len(lines))
+    stats, counts = ExactStats(), {}
+    if hi > lo:
+        with tempfile.TemporaryDirectory(prefix="compute-cmvn-job-") as tmp:
+            stats, counts = _accumulate(_job_list(cfg.data_list, lines[lo:hi], tmp), cfg)
+    data = {**stats.data(), "counts": counts, "output_format": cfg.output_format}
+    jobs.write_part(place, jobs.Part("compute-cmvn", place.tag, job.count, job.index, fp, [lo, hi], len(lines),
+                                     data=data))
+    Summary(what="utterances", kept=stats.utts, seconds=stats.frames * 0.01).print(f"compute-cmvn {job}")
+    return data
+
+
+def _conf_dict(conf: Any) -> Any:
+    """The loader options that shape the features (not how many workers compute them)."""
+    from corpus_io.config import to_dict
+
+    return {k: v for k, v in to_dict(conf).items() if k not in ("num_workers", "prefetch")}
+
+
+def merge_parts(place: Any, parts: list) -> dict:
+    """``merge-jobs`` of compute-cmvn: the parts' exact sums added, the one-job CMVN file written."""
+    stats, counts = ExactStats(), {}
+    for part in parts:
+        data = part.payload()
+        stats.add(data)
+        for reason, n in data["counts"].items():
+            counts[reason] = counts.get(reason, 0) + n
+    return _finish(place.path, parts[0].payload()["output_format"], stats, counts)
+
+
+def _accumulate(data_list: str, cfg: Any) -> tuple[ExactStats, dict]:
+    import torch
+
+    from corpus_io.dataset import build_dataloader
+    from corpus_io.progress import progress
+    from corpus_io.train.frontend import build_front_end, model_inputs
+
+    conf = eval_dataset_conf(cfg.dataset_conf)
+    loader = build_dataloader(data_list, conf, None, train=False, rank=0, world_size=1)
     device = torch.device("cuda" if conf.feats_on == "model" and torch.cuda.is_available() else "cpu")
     front_end = build_front_end(conf, device)  # feats_on=model: the same features the trainer will compute
-    sum_x = sum_x2 = None
-    frames = utts = 0
+    stats = ExactStats()
     for batch in progress(loader, desc="compute-cmvn", unit="batch"):
         feats, lengths = model_inputs(front_end, batch, device, train=False)
-        feats = feats.double()
-        mask = (torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]).unsqueeze(-1)
-        feats = feats * mask
-        s, s2 = feats.sum(dim=(0, 1)), (feats * feats).sum(dim=(0, 1))
-        sum_x = s if sum_x is None else sum_x + s
-        sum_x2 = s2 if sum_x2 is None else sum_x2 + s2
-        frames += int(lengths.sum())
-        utts += len(batch["keys"])
-        if cfg.max_utts and utts >= cfg.max_utts:
+        stats.add_batch(feats, lengths)
+        if cfg.max_utts and stats.utts >= cfg.max_utts:
             break
-    if sum_x is None:
+    return stats, loader_counts(loader)
+
+
+def _finish(output: str, output_format: str, stats: ExactStats, counts: dict) -> dict:
+    from corpus_io.files import atomic_write
+    from corpus_io.progress import Summary
+
+    if not stats.frames:
         stats_to_json([], [], 0)
-    obj = stats_to_json(sum_x.tolist(), sum_x2.tolist(), frames)
-    if cfg.output_format == "kaldi":
-        write_kaldi_stats(cfg.output, obj)
+    obj = stats.to_json()
+    if output_format == "kaldi":
+        write_kaldi_stats(output, obj)
     else:
-        with atomic_write(cfg.output) as f:
+        with atomic_write(output) as f:
             json.dump(obj, f)
             f.write("\n")
-    summary = Summary(what="utterances", kept=utts, seconds=frames * 0.01, extra={"frames": frames, "dim": obj["dim"]})
-    for reason, n in loader_counts(loader).items():
+    summary = Summary(what="utterances", kept=stats.utts, seconds=stats.frames * 0.01,
+                      extra={"frames": stats.frames, "dim": obj["dim"]})
+    for reason, n in counts.items():
         summary.skip(reason, n)
-    print(f"compute-cmvn -> {cfg.output}")
+    print(f"compute-cmvn -> {output}")
     summary.print("compute-cmvn")
     return obj
 

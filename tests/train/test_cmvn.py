@@ -96,3 +96,41 @@ def test_an_unreadable_or_mismatched_cmvn_file_names_the_file_and_the_formats(st
     with pytest.raises(ConfigError, match="dimension 80 but the features have 40"):
         load_cmvn(str(stats[0] / "cmvn.ark"), 40)
 
+
+
+# --------------------------------------------------------------------------- compute-cmvn as jobs
+
+
+@pytest.mark.parametrize("kind, output_format", [("raw", "json"), ("shard", "kaldi")])
+def test_compute_cmvn_n_jobs_merge_to_the_bytes_of_one_job(corpus, tmp_path, kind, output_format):
+    from corpus_io.config import ComputeCmvnConfig, DatasetConf, MergeJobsConfig
+    from corpus_io.jobs import merge_jobs
+    from corpus_io.train.cmvn import compute_cmvn
+
+    data_list = corpus["raw"] if kind == "raw" else corpus["shards"]  # 24 lines, or 3 shards (N=7: empty jobs)
+
+    def run(out, n, j):
+        compute_cmvn(ComputeCmvnConfig(data_list=str(data_list), output=str(out), output_format=output_format,
+                                       dataset_conf=DatasetConf(data_type=kind, num_workers=0, batch_size=5),
+                                       num_jobs=n, job_index=j))
+
+    run(tmp_path / "one", 1, 1)
+    reference = (tmp_path / "one").read_bytes()
+    for n in (2, 3, 7):
+        out = tmp_path / f"n{n}"
+        for j in range(1, n + 1):
+            run(out, n, j)
+        assert not out.exists(), "a job of N > 1 wrote the CMVN file"
+        merge_jobs(MergeJobsConfig(path=str(out)))
+        assert out.read_bytes() == reference, n
+
+
+def test_exact_sums_do_not_depend_on_the_order_of_the_rows():
+    from corpus_io.train.cmvn import exact_sums, exact_to_floats
+
+    rows = np.random.default_rng(0).normal(size=(500, 3)) * np.array([1e-3, 1.0, 1e6])
+    forward = exact_sums(rows)
+    assert exact_sums(rows[::-1]) == forward
+    assert [sum(exact_sums(rows[i:i + 7])[c] for i in range(0, 500, 7)) for c in range(3)] == forward
+    assert exact_to_floats(forward) == [float(sum(__import__("fractions").Fraction(v) for v in rows[:, c]))
+                                        for c in range(3)]

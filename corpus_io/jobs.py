@@ -1,0 +1,476 @@
+"""Jobs: one long data command split into N jobs (Kaldi's ``JOB=1:$nj``), and ``merge-jobs``.
+
+The interface (what an engine, recipe or executor needs):
+
+* ``++num_jobs=N ++job_index=J`` on ``pack-shards``, ``scp2jsonl``, ``compute-cmvn``, ``add-field`` and
+  ``verify-shards``; J counts from 1. ``auto`` (both keys) reads a scheduler's array variables
+  (:func:`scheduler_job`: Slurm, SGE/UGE, PBS Pro with ``num_jobs`` given, LSF); ``auto`` outside an
+  array is a :class:`ConfigError`. ``N = 1`` (the default) is the one-job run: it writes the final
+  outputs (``data.list``, the jsonl, the CMVN file, ...) itself.
+* Job J of N is a pure function of (input, options, N, J): :func:`Job.span` gives its contiguous slice
+  of the command's N-independent units (pack-shards: global shard numbers; scp2jsonl: lines of the first
+  table; compute-cmvn, add-field, verify-shards: entries of the data.list). It writes only its own outputs
+  plus a **part record** (:class:`Part`, JSON, by temp + rename, written last), never the final list/file.
+* :func:`run_job` ``(command, overrides, job_index, num_jobs)`` composes the command's config exactly as
+  the CLI does and runs that one job: the function an executor (Dask, a local pool) submits; it needs
+  nothing but the same filesystem.
+* ``corpus-io merge-jobs ++path=P`` (:func:`merge_jobs`), where P is what one job would have written
+  (pack-shards' ``output_dir``, scp2jsonl's ``jsonl_file_out``, compute-cmvn's ``output``, add-field's and
+  verify-shards' ``input`` list), checks the parts (:func:`load_parts`: none missing, one N, one options
+  fingerprint, outputs present and unchanged, no key in two parts) and only then writes exactly the bytes
+  ``++num_jobs=1`` writes. It changes nothing when it refuses, and a second merge rewrites the same bytes.
+
+Part records live beside P: ``P/<tag>.part-JJJJJJ-of-NNNNNN.json`` when P is a directory (pack-shards),
+else ``P.<tag>.part-JJJJJJ-of-NNNNNN.json`` (``<tag>`` is the command, add-field's is ``add-field-<field>``).
+A job's per-job data file, where it has one (scp2jsonl), is the record's name without ``.json``.
+A rerun of a job whose record proves its outputs complete (size and sha256) does nothing; any other rerun
+redoes what is missing (pack-shards and add-field also keep each complete shard). A job that finds a record
+of other options or of another N in its place stops before writing anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from corpus_io.errors import ConfigError, DataError
+from corpus_io.files import atomic_write, file_sha256, inputs_digest
+from corpus_io.progress import Summary
+
+RECORD_FORMAT = 1
+MAX_JOBS = 10_000_000
+
+# the commands that run as jobs: the function that runs one job (the CLI's, see cli/commands.py) and the
+# one that joins the parts (called by merge_jobs with the place and the checked parts)
+# one that joins the parts (called by merge_jobs with the place and the checked parts), and the one that names
+# the keys a part holds (in its record's data), which no two parts may share
+JOB_COMMANDS: dict[str, tuple[str, str, str, str]] = {  # command -> (schema, run, merge, keys)
+    "pack-shards": ("PackShardsConfig", "corpus_io.shards.pack:pack_shards", "corpus_io.shards.pack:merge_parts",
+                    "corpus_io.shards.pack:part_keys"),
+    "scp2jsonl": ("Scp2JsonlConfig", "corpus_io.manifest:scp2jsonl", "corpus_io.manifest:merge_parts",
+                  "corpus_io.manifest:part_keys"),
+    "compute-cmvn": ("ComputeCmvnConfig", "corpus_io.train.cmvn:compute_cmvn", "corpus_io.train.cmvn:merge_parts",
+                     ""),
+    "add-field": ("AddFieldConfig", "corpus_io.shards.add_field:add_field", "corpus_io.shards.add_field:merge_parts",
+                  "corpus_io.shards.add_field:part_keys"),
+    "verify-shards": ("VerifyShardsConfig", "corpus_io.shards.verify:verify_shards",
+                      "corpus_io.shards.verify:merge_parts", ""),
+}
+
+CONVENTION = "job_index counts from 1 to num_jobs, as Kaldi's JOB=1:$nj"
+
+
+# --------------------------------------------------------------------------- N and J
+
+
+@dataclass(frozen=True)
+class Job:
+    """Job ``index`` (1..count) of ``count``."""
+
+    index: int = 1
+    count: int = 1
+
+    @property
+    def single(self) -> bool:
+        return self.count == 1
+
+    def span(self, total: int) -> tuple[int, int]:
+        """``[lo, hi)``: this job's contiguous share of ``total`` units (split_scp.pl's even split; jobs past
+        the units get an empty span)."""
+        return (self.index - 1) * total // self.count, self.index * total // self.count
+
+    def name(self) -> str:
+        return f"part-{self.index:06d}-of-{self.count:06d}"
+
+    def __str__(self) -> str:
+        return f"job {self.index} of {self.count}"
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"the scheduler variable {name}={value!r} is not an integer, so "
+                          f"++job_index=auto cannot read it. Pass ++num_jobs=N ++job_index=J instead.") from None
+
+
+def scheduler_job(env: Mapping[str, str], num_jobs: int | None = None) -> tuple[Job, str] | None:
+    """``(Job, scheduler)`` from a job array's variables, or None outside an array.
+
+    Slurm: ``SLURM_ARRAY_TASK_ID`` within ``_MIN``.. (``_COUNT``, else ``_MAX - _MIN + 1``); SGE/UGE:
+    ``SGE_TASK_ID`` within ``SGE_TASK_FIRST``..``SGE_TASK_LAST`` (``qsub -t``; "undefined" outside an
+    array); PBS Pro: ``PBS_ARRAY_INDEX`` (``qsub -J 1-N``; the count comes from ``num_jobs``); LSF:
+    ``LSB_JOBINDEX`` (``bsub -J "name[1-N]"``; 0 outside an array), ``LSB_JOBINDEX_END``. The index is
+    counted from the array's first index, so ``--array=0-3`` and ``--array=1-4`` both give jobs 1..4."""
+    task = _env_int(env, "SLURM_ARRAY_TASK_ID")
+    if task is not None:
+        first = _env_int(env, "SLURM_ARRAY_TASK_MIN")
+        first = 1 if first is None else first
+        count = _env_int(env, "SLURM_ARRAY_TASK_COUNT")
+        last = _env_int(env, "SLURM_ARRAY_TASK_MAX")
+        if count is None and last is not None:
+            count = last - first + 1
+        return Job(task - first + 1, count or num_jobs or 0), "Slurm"
+    if env.get("SGE_TASK_ID", "undefined") != "undefined":
+        task = _env_int(env, "SGE_TASK_ID")
+        first = _env_int(env, "SGE_TASK_FIRST") if env.get("SGE_TASK_FIRST", "undefined") != "undefined" else 1
+        last = _env_int(env, "SGE_TASK_LAST") if env.get("SGE_TASK_LAST", "undefined") != "undefined" else None
+        step = _env_int(env, "SGE_TASK_STEPSIZE") if env.get("SGE_TASK_STEPSIZE", "undefined") != "undefined" \
+            else 1
+        step = step or 1
+        count = (last - first) // step + 1 if last is not None else num_jobs or 0
+        return Job((task - first) // step + 1, count), "SGE"
+    task = _env_int(env, "PBS_ARRAY_INDEX")
+    if task is not None:
+        return Job(task, num_jobs or 0), "PBS"
+    task = _env_int(env, "LSB_JOBINDEX")
+    if task:  # 0: not an array job
+        last = _env_int(env, "LSB_JOBINDEX_END")
+        return Job(task, last or num_jobs or 0), "LSF"
+    return None
+
+
+def resolve_job(num_jobs: Any = 1, job_index: Any = 1, env: Mapping[str, str] | None = None) -> Job:
+    """The :class:`Job` of ``++num_jobs``/``++job_index`` (ints, or ``auto``: the scheduler's array)."""
+    env = os.environ if env is None else env
+    count = None if str(num_jobs) == "auto" else _as_int("num_jobs", num_jobs)
+    index = None if str(job_index) == "auto" else _as_int("job_index", job_index)
+    if count is None or index is None:
+        found = scheduler_job(env, count)
+        if found is None:
+            raise ConfigError("++num_jobs=auto / ++job_index=auto read a job array's variables (Slurm "
+                              "SLURM_ARRAY_TASK_ID, SGE SGE_TASK_ID, PBS PBS_ARRAY_INDEX, LSF LSB_JOBINDEX), but "
+                              "none is set: this is not an array job. Submit it as an array (sbatch --array=1-N), "
+                              "or give ++num_jobs=N ++job_index=J.")
+        job, scheduler = found
+        if job.count <= 0:
+            raise ConfigError(f"{scheduler} gives this array task's index ({job.index}) but not the array's size; "
+                              f"pass it: ++num_jobs=N ++job_index=auto.")
+        if count is not None and count != job.count:
+            raise ConfigError(f"++num_jobs={count}, but the {scheduler} array has {job.count} tasks. Make them "
+                              f"agree, or pass ++num_jobs=auto.")
+        count = job.count
+        index = job.index if index is None else index
+    if not 1 <= count <= MAX_JOBS:
+        raise ConfigError(f"++num_jobs={count} must be in [1, {MAX_JOBS}].")
+    if not 1 <= index <= count:
+        raise ConfigError(f"++job_index={index} is outside 1..{count}: {CONVENTION} (0 is not a job index). "
+                          f"Give ++job_index=1..{count}.")
+    return Job(index, count)
+
+
+def _as_int(name: str, value: Any) -> int:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        return int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"++{name}={value!r} must be an integer or 'auto' ({CONVENTION}).") from None
+
+
+def job_of(cfg: Any) -> Job:
+    """The job a command's config asks for (``num_jobs``/``job_index``; configs without them: one job)."""
+    return resolve_job(getattr(cfg, "num_jobs", 1), getattr(cfg, "job_index", 1))
+
+
+# --------------------------------------------------------------------------- where parts live
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a command's final output P is and where its part records go."""
+
+    path: str  # P
+    tag: str  # the command (add-field: add-field-<field>)
+    is_dir: bool  # P is a directory (pack-shards' output_dir): records inside it
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.path) if self.is_dir else Path(self.path).parent
+
+    def _prefix(self) -> str:
+        return f"{self.tag}." if self.is_dir else f"{Path(self.path).name}.{self.tag}."
+
+    def record(self, job: Job) -> Path:
+        return self.directory / f"{self._prefix()}{job.name()}.json"
+
+    def data(self, job: Job) -> Path:
+        """The job's own data file (for commands whose P is one file, e.g. scp2jsonl's jsonl slice)."""
+        return self.directory / f"{self._prefix()}{job.name()}"
+
+    def records(self) -> list[Path]:
+        """Every part record of this tag here, by name (so by N, then J)."""
+        pattern = re.compile(re.escape(self._prefix()) + r"part-\d{6,}-of-\d{6,}\.json")
+        try:
+            names = sorted(e.name for e in os.scandir(self.directory) if pattern.fullmatch(e.name))
+        except FileNotFoundError:
+            return []
+        return [self.directory / n for n in names]
+
+
+# --------------------------------------------------------------------------- part records
+
+
+@dataclass
+class Part:
+    """One job's record: what it covered, what it wrote, with which options, and its payload."""
+
+    command: str
+    tag: str
+    num_jobs: int
+    job_index: int
+    fingerprint: str  # digest of the options and the input: parts of one run share it
+    span: list  # [lo, hi) of the command's units
+    total: int  # units in all
+    outputs: list = field(default_factory=list)  # [{"file" (relative to the record's dir), "bytes", "sha256"}]
+    data: dict = field(default_factory=dict)  # command-specific (index entries, stats, summary counts)
+    format: int = RECORD_FORMAT
+    where: str = ""  # the record's path (not stored)
+    lazy: bool = False  # data holds only its "summary": payload() reads the rest again (not stored)
+
+    @property
+    def job(self) -> Job:
+        return Job(self.job_index, self.num_jobs)
+
+    def payload(self) -> dict:
+        """``data``, read again from the record when :func:`load_parts` let it go (memory stays one part's)."""
+        return read_part(Path(self.where)).data or {} if self.lazy else self.data or {}
+
+
+def summary_data(summary: Summary) -> dict:
+    """A job's closing counts, as stored in its part record (``data["summary"]``)."""
+    return {"kept": summary.kept, "seconds": summary.seconds, "bytes": summary.bytes, "skipped": dict(summary.skipped)}
+
+
+def merged_summary(parts: list[Part], what: str = "utterances") -> Summary:
+    """The counts of all parts, summed (for the merge's closing line)."""
+    total = Summary(what=what)
+    for part in parts:
+        s = (part.data or {}).get("summary", {})
+        total.merge(Summary(kept=s.get("kept", 0), seconds=s.get("seconds", 0.0), bytes=s.get("bytes", 0),
+                            skipped=Counter(s.get("skipped", {}))))
+    return total
+
+
+def fingerprint(parts: object) -> str:
+    """The options' fingerprint of a run (a digest of ``parts``, canonical JSON)."""
+    return inputs_digest(["jobs", RECORD_FORMAT, parts])
+
+
+def files_digest(paths: Iterable[str | os.PathLike]) -> list:
+    """``[[name, size, sha256], ...]`` of input files (content, not mtime: nodes may see other mtimes)."""
+    return [[os.path.basename(str(p)), os.path.getsize(p), file_sha256(p)] for p in paths]
+
+
+def output_entry(path: str | os.PathLike, base: str | os.PathLike, *, sha256: str | None = None,
+                 size: int | None = None) -> dict:
+    """The record entry of an output file (its path relative to ``base``)."""
+    return {"file": os.path.relpath(path, base), "bytes": os.path.getsize(path) if size is None else size,
+            "sha256": sha256 or file_sha256(path)}
+
+
+def write_part(place: Place, part: Part) -> Path:
+    """Write ``part``'s record atomically (last, after its outputs)."""
+    path = place.record(part.job)
+    stored = {k: v for k, v in asdict(part).items() if k not in ("where", "lazy")}
+    with atomic_write(path) as f:
+        f.write(json.dumps(stored, ensure_ascii=False) + "\n")  # payload order kept: merges write it
+    return path
+
+
+def read_part(path: Path) -> Part:
+    try:
+        obj = json.loads(path.read_bytes())
+        part = Part(**obj)
+        if part.format != RECORD_FORMAT or not isinstance(part.span, list):
+            raise TypeError
+    except (OSError, ValueError, TypeError) as exc:
+        raise DataError(f"part record {path} cannot be read ({type(exc).__name__}): it is damaged or of another "
+                        f"corpus-io version. Delete it and rerun that job.") from None
+    part.where = str(path)
+    return part
+
+
+def _outputs_changed(part: Part, *, digest: bool) -> str | None:
+    """Why ``part``'s outputs do not match its record (absent, other size, other sha256), or None."""
+    base = Path(part.where).parent
+    for out in part.outputs:
+        path = base / out["file"]
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return f"its output {path} is absent"
+        if size != out["bytes"]:
+            return f"its output {path} has {size} bytes, the record says {out['bytes']}"
+        if digest and file_sha256(path) != out["sha256"]:
+            return f"its output {path} changed since the job wrote it (sha256 differs)"
+    return None
+
+
+def check_place(place: Place, job: Job, fp: str) -> None:
+    """Before a job writes anything: refuse a place holding parts of other options, or of another N."""
+    for path in place.records():
+        part = read_part(path)
+        if part.fingerprint != fp:
+            raise DataError(f"{path} is a part of a run with other options or another input than this {job} "
+                            f"({place.tag}). Nothing was written. Use another output, or delete that run's parts "
+                            f"(and its outputs) first.")
+        if not job.single and part.num_jobs != job.count:
+            raise DataError(f"{path} is a part of a {part.num_jobs}-job run, and this is {job}. Nothing was written. "
+                            f"Rerun with ++num_jobs={part.num_jobs}, or delete the {part.num_jobs}-job run's part "
+                            f"records first.")
+
+
+def begin(place: Place, job: Job, fp: str) -> Part | None:
+    """The start of a job (or of a one-job run beside parts): :func:`check_place`, then the job's record when
+    it proves the job already done (:func:`completed_part`; never for a one-job run)."""
+    check_place(place, job, fp)
+    return None if job.single else completed_part(place, job, fp)
+
+
+def completed_part(place: Place, job: Job, fp: str) -> Part | None:
+    """This job's record when it proves the job done (same options, outputs' size and sha256), else None."""
+    path = place.record(job)
+    if not path.is_file():
+        return None
+    part = read_part(path)
+    if part.fingerprint != fp or _outputs_changed(part, digest=True):
+        return None
+    return part
+
+
+def find_place(path: str, tag: str | None = None) -> Place:
+    """The place of P's parts (the tag found beside P when not given)."""
+    p = Path(path)
+    if p.is_dir():
+        candidates = {m.group(1) for e in os.scandir(p)
+                      if (m := re.fullmatch(r"(.+)\.part-\d{6,}-of-\d{6,}\.json", e.name))}
+        is_dir = True
+    else:
+        prefix = re.escape(p.name) + r"\.(.+)\.part-\d{6,}-of-\d{6,}\.json"
+        directory = p.parent if p.parent.is_dir() else None
+        candidates = {m.group(1) for e in (os.scandir(directory) if directory else ())
+                      if (m := re.fullmatch(prefix, e.name))}
+        is_dir = False
+    if tag:
+        candidates &= {tag}
+    if not candidates:
+        raise DataError(f"merge-jobs found no part records for {path}{f' ({tag})' if tag else ''}: run the jobs "
+                        f"first (++num_jobs=N ++job_index=1..N with the same ++ options and this output), then "
+                        f"merge.")
+    if len(candidates) > 1:
+        raise ConfigError(f"{path} has parts of several commands ({', '.join(sorted(candidates))}); say which to "
+                          f"merge: ++what={sorted(candidates)[0]}")
+    return Place(str(p), candidates.pop(), is_dir)
+
+
+def load_parts(place: Place, *, digest: bool = False,
+               keys_of: Callable[[dict], Iterable[str]] | None = None) -> list[Part]:
+    """All parts of one run at ``place``, in job order, after every check of :func:`merge_jobs`: one N,
+    one fingerprint, none missing, outputs present and unchanged (size; sha256 with ``digest``), and no key
+    (``keys_of(data)``) in two parts. The parts come back without their data (:meth:`Part.payload` reads it
+    again), so a 75,000-part merge holds one part's keys at a time, plus 8 bytes per key."""
+    from array import array
+
+    hashes = array("q")
+    parts = []
+    for path in place.records():
+        part = read_part(path)
+        if keys_of is not None:
+            hashes.extend(map(hash, keys_of(part.data or {})))  # within this process only: str hash is enough
+        part.data, part.lazy = {"summary": (part.data or {}).get("summary", {})}, True
+        parts.append(part)
+    counts = sorted({p.num_jobs for p in parts})
+    if len(counts) > 1:
+        a = next(p for p in parts if p.num_jobs == counts[0])
+        b = next(p for p in parts if p.num_jobs == counts[1])
+        raise DataError(f"{place.path} holds parts of two runs: {a.where} ({a.num_jobs} jobs) and {b.where} "
+                        f"({b.num_jobs} jobs). Nothing was changed. Delete the part records of the run you "
+                        f"abandoned, then merge.")
+    n = counts[0]
+    by_index = {p.job_index: p for p in parts}
+    missing = [j for j in range(1, n + 1) if j not in by_index]
+    if missing:
+        record = place.record(Job(missing[0], n))
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise DataError(f"part {missing[0]} of {n} is missing{more}: no {record}. Nothing was changed. Run that job "
+                        f"(++num_jobs={n} ++job_index={missing[0]}), then merge again.")
+    ordered = [by_index[j] for j in range(1, n + 1)]
+    usual = Counter((p.fingerprint, p.total) for p in ordered).most_common(1)[0][0]  # the odd part is the stale one
+    first = next(p for p in ordered if (p.fingerprint, p.total) == usual)
+    for part in ordered:
+        if (part.fingerprint, part.total) != usual:
+            raise DataError(f"part {part.where} was made with other options or another input than "
+                            f"{first.where}. Nothing was changed. Rerun job {part.job_index} with the run's "
+                            f"options, then merge.")
+        why = _outputs_changed(part, digest=digest)
+        if why:
+            raise DataError(f"part {part.where}: {why}. Nothing was changed. Rerun job {part.job_index} "
+                            f"(++num_jobs={n} ++job_index={part.job_index}), then merge.")
+    if keys_of is not None and hashes:
+        _refuse_repeated_keys(ordered, keys_of, hashes)
+    return ordered
+
+
+def _refuse_repeated_keys(parts: list[Part], keys_of: Callable[[dict], Iterable[str]], hashes: Any) -> None:
+    """A key held by two parts (or twice by one) is a refusal naming both parts (a second pass, only then)."""
+    import numpy as np
+
+    from corpus_io.kaldi import duplicate_hashes
+
+    wanted = duplicate_hashes(np.frombuffer(hashes, dtype=np.int64), in_place=True)  # order is not needed
+    if not wanted:
+        return
+    owner: dict[str, str] = {}
+    for part in parts:
+        for key in keys_of(part.payload()):
+            if hash(key) in wanted:
+                if key in owner:
+                    raise DataError(f"key '{key}' is held by two parts: {owner[key]} and {part.where}. Nothing was "
+                                    f"changed. The parts are not of one run: delete the stale one and rerun its "
+                                    f"job.")
+                owner[key] = part.where
+
+
+def merge_jobs(cfg: Any) -> Any:
+    """``corpus-io merge-jobs ++path=P``: check the parts of P, then join them (see the module docstring)."""
+    place = find_place(str(cfg.path), getattr(cfg, "what", None) or None)
+    records = place.records()
+    command = read_part(records[0]).command
+    if command not in JOB_COMMANDS:
+        raise DataError(f"{records[0]} is a part of '{command}', which merge-jobs does not know.")
+    _, _, merge, keys = JOB_COMMANDS[command]
+    parts = load_parts(place, digest=getattr(cfg, "check", "size") == "sha256",
+                       keys_of=_function(keys) if keys else None)
+    result = _function(merge)(place, parts)
+    print(f"[merge-jobs] {len(parts)} parts of {command} -> {place.path}", flush=True)
+    return result
+
+
+def _function(spec: str) -> Callable[..., Any]:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def run_job(command: str, overrides: list[str], job_index: int, num_jobs: int) -> Any:
+    """Run job ``job_index`` of ``num_jobs`` of ``command`` with the CLI's ``++key=value`` ``overrides``
+    (composed exactly as ``corpus-io <command>`` composes them). What an executor submits; returns the
+    command's result (its Summary)."""
+    if command not in JOB_COMMANDS:
+        raise ConfigError(f"'{command}' does not run as jobs; these do: {', '.join(JOB_COMMANDS)}.")
+    from corpus_io import config
+
+    schema_name, run, _, _ = JOB_COMMANDS[command]
+    overrides = [o for o in overrides if not re.match(r"\+*(num_jobs|job_index)=", o)]
+    cfg = config.compose(getattr(config, schema_name), command.replace("-", "_"),
+                         [*overrides, f"++num_jobs={num_jobs}", f"++job_index={job_index}"])
+    return _function(run)(cfg)

@@ -1,0 +1,141 @@
+"""corpus_io.jobs: N and J (Kaldi's JOB=1:$nj, and `auto` from Slurm/SGE/PBS/LSF arrays), slices, run_job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from corpus_io.errors import ConfigError
+from corpus_io.jobs import JOB_COMMANDS, Job, resolve_job
+
+
+@pytest.mark.parametrize("env, job", [
+    ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "4"}, Job(3, 4)),
+    ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "6"}, Job(1, 7)),
+    ({"SGE_TASK_ID": "2", "SGE_TASK_FIRST": "1", "SGE_TASK_LAST": "5", "SGE_TASK_STEPSIZE": "1"}, Job(2, 5)),
+    ({"LSB_JOBINDEX": "4", "LSB_JOBINDEX_END": "4"}, Job(4, 4)),
+])
+def test_auto_reads_the_array_task_and_size_of_slurm_sge_and_lsf(env, job):
+    assert resolve_job("auto", "auto", env) == job
+
+
+def test_auto_reads_pbs_array_index_with_the_count_given():
+    assert resolve_job(3, "auto", {"PBS_ARRAY_INDEX": "2"}) == Job(2, 3)
+    with pytest.raises(ConfigError, match="not the array's size"):
+        resolve_job("auto", "auto", {"PBS_ARRAY_INDEX": "2"})
+
+
+@pytest.mark.parametrize("env", [{}, {"SGE_TASK_ID": "undefined"}, {"LSB_JOBINDEX": "0"}])
+def test_auto_outside_an_array_is_an_error_not_one_job(env):
+    with pytest.raises(ConfigError, match="not an array job"):
+        resolve_job("auto", "auto", env)
+
+
+def test_a_given_num_jobs_that_disagrees_with_the_array_is_an_error():
+    with pytest.raises(ConfigError, match="array has 4 tasks"):
+        resolve_job(3, "auto", {"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "4"})
+
+
+@pytest.mark.parametrize("index", [0, 5, -1])
+def test_job_index_outside_1_to_n_names_the_convention(index):
+    with pytest.raises(ConfigError, match=r"counts from 1 to num_jobs, as Kaldi's JOB=1:\$nj"):
+        resolve_job(4, index, {})
+
+
+def test_spans_cover_every_unit_once_in_order_also_with_more_jobs_than_units():
+    for total in (0, 1, 6, 24):
+        for n in (1, 2, 3, 7):
+            spans = [Job(j, n).span(total) for j in range(1, n + 1)]
+            assert [i for lo, hi in spans for i in range(lo, hi)] == list(range(total))
+
+
+def test_every_job_command_runs_the_function_its_cli_row_runs():
+    from cli.commands import COMMANDS
+
+    runs = {c.name: c.run for c in COMMANDS}
+    assert {name: run for name, (_, run, _, _) in JOB_COMMANDS.items()} == {name: runs[name] for name in JOB_COMMANDS}
+    assert runs["merge-jobs"] == "corpus_io.jobs:merge_jobs"
+
+
+# --------------------------------------------------------------------------- scp2jsonl as jobs
+
+
+def scp2jsonl_job(out: Path, n: int, j: int, tables: list[Path], **kw) -> None:
+    from corpus_io.config import Scp2JsonlConfig
+    from corpus_io.manifest import scp2jsonl
+
+    scp2jsonl(Scp2JsonlConfig(scp_file_list=[str(t) for t in tables], jsonl_file_out=str(out), num_workers=1,
+                              num_jobs=n, job_index=j, **kw))
+
+
+@pytest.mark.parametrize("segments", [False, True], ids=["wav.scp", "segments"])
+def test_scp2jsonl_n_jobs_merge_to_the_bytes_of_one_job(tmp_path, fixture_corpus, segments):
+    from corpus_io.config import MergeJobsConfig
+    from corpus_io.jobs import merge_jobs
+
+    d = fixture_corpus / "segments_dir" if segments else fixture_corpus
+    kw = {"segments": str(d / "segments")} if segments else {}
+    tables = [d / "wav.scp", d / "text"]
+    scp2jsonl_job(tmp_path / "one.jsonl", 1, 1, tables, **kw)
+    reference = (tmp_path / "one.jsonl").read_bytes()
+    assert reference.count(b"\n") >= 4
+    for n in (2, 3, 7):
+        out = tmp_path / f"n{n}.jsonl"
+        for j in range(1, n + 1):
+            scp2jsonl_job(out, n, j, tables, **kw)
+        assert not out.exists(), "a job of N > 1 wrote the final jsonl"
+        merge_jobs(MergeJobsConfig(path=str(out)))
+        assert out.read_bytes() == reference, n
+        merge_jobs(MergeJobsConfig(path=str(out)))
+        assert out.read_bytes() == reference
+
+
+def test_scp2jsonl_rerun_job_is_skipped_and_a_missing_part_is_refused(tmp_path, fixture_corpus):
+    from corpus_io.config import MergeJobsConfig
+    from corpus_io.errors import DataError
+    from corpus_io.jobs import merge_jobs
+
+    tables = [fixture_corpus / "wav.scp", fixture_corpus / "text"]
+    out = tmp_path / "o.jsonl"
+    scp2jsonl_job(out, 2, 1, tables)
+    part = tmp_path / "o.jsonl.scp2jsonl.part-000001-of-000002"
+    stamp = part.stat().st_mtime_ns
+    scp2jsonl_job(out, 2, 1, tables)
+    assert part.stat().st_mtime_ns == stamp  # the record proves it complete: not rewritten
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(DataError, match="part 2 of 2 is missing"):
+        merge_jobs(MergeJobsConfig(path=str(out)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_run_job_composes_the_cli_config_and_runs_that_one_job(tmp_path, fixture_corpus):
+    from corpus_io.jobs import run_job
+
+    out = tmp_path / "o.jsonl"
+    overrides = [f"++scp_file_list=[{fixture_corpus / 'wav.scp'},{fixture_corpus / 'text'}]",
+                 f"++jsonl_file_out={out}", "++num_workers=1", "++num_jobs=9"]
+    summary = run_job("scp2jsonl", overrides, 2, 3)
+    assert summary.kept == 8  # lines 8..15 of 24
+    assert (tmp_path / "o.jsonl.scp2jsonl.part-000002-of-000003.json").is_file()
+
+
+@pytest.mark.parametrize("env", [
+    {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "3"},
+    {"SGE_TASK_ID": "2", "SGE_TASK_FIRST": "1", "SGE_TASK_LAST": "3"},
+    {"LSB_JOBINDEX": "2", "LSB_JOBINDEX_END": "3"},
+    {"PBS_ARRAY_INDEX": "2", "num_jobs": "3"},
+], ids=["slurm", "sge", "lsf", "pbs"])
+def test_a_command_with_auto_writes_the_slice_of_its_array_task(tmp_path, fixture_corpus, monkeypatch, env):
+    for name in ("SLURM_ARRAY_TASK_ID", "SGE_TASK_ID", "PBS_ARRAY_INDEX", "LSB_JOBINDEX"):
+        monkeypatch.delenv(name, raising=False)
+    env = dict(env)
+    num_jobs = env.pop("num_jobs", "auto")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "o.jsonl"
+    scp2jsonl_job(out, num_jobs, "auto", [fixture_corpus / "wav.scp", fixture_corpus / "text"])
+    part = tmp_path / "o.jsonl.scp2jsonl.part-000002-of-000003"
+    keys = [line.split(" ", 1)[0] for line in (fixture_corpus / "wav.scp").read_text().splitlines()]
+    assert [json.loads(x)["key"] for x in part.read_text().splitlines()] == keys[8:16]
