@@ -9,13 +9,14 @@
 #   5 data lists (corpus-io make-datalist): shard lists for train/dev, raw lists for the test sets
 #   6 train (torchrun --nproc_per_node=$nproc --no-python corpus-io train, shard mode)
 #   7 average checkpoints, greedy CTC decode, CER table (exp dir RESULTS.md)
-# Usage: ./run.sh [--stage N] [--stop_stage N] [--nj N] [--max_epoch N] ...   (run from anywhere)
+# Usage: ./run.sh [--stage N] [--stop_stage N] [--nj N] [--cmd local|slurm] [--max_epoch N] ...   (run from anywhere)
 # Example: ./run.sh --stage 6 --stop_stage 7 --max_epoch 5
 set -euo pipefail
 
 stage=0
 stop_stage=7
-nj=2                      # processes for synthesis, probing and packing
+nj=2                      # processes for synthesis and probing; jobs for packing
+cmd=local                 # local | slurm: how the --nj packing jobs run (cmd.sh: sbatch options)
 nproc=2                   # training processes (torchrun --nproc_per_node)
 data=data                 # relative to this recipe dir
 exp=exp/conformer_ctc
@@ -38,7 +39,7 @@ num_workers=1             # DataLoader workers per training process
 feats_on=                 # empty: as in $train_config (loader); model: fbank + SpecAugment batched in the trainer
 average_num=3             # checkpoints averaged for decoding
 cer_target=10             # digits test %CER the demo must reach (checked at stage 7, 0 = no check)
-recipe_options=(stage stop_stage nj nproc data exp num_digits_train num_digits_dev num_digits_test
+recipe_options=(stage stop_stage nj cmd nproc data exp num_digits_train num_digits_dev num_digits_test
                 num_digits_test_newvoice num_mixed_train
                 num_mixed_test num_utts_per_shard num_utts_per_shard_dev train_config max_epoch max_steps_per_epoch
                 batch_type batch_size shuffle_size sort_size num_workers feats_on average_num cer_target)
