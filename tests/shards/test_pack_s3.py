@@ -90,3 +90,13 @@ def test_kill_9_mid_pack_to_s3_lists_no_partial_object_and_rerun_gives_the_same_
     assert got["data.list"].decode().splitlines() == [f"{prefix}/{s}" for s in sorted(reference)]
     assert index_without_paths(got["index.jsonl"].decode()) == \
         index_without_paths((tmp_path / "ref" / "index.jsonl").read_text())
+
+
+def test_jobs_into_s3_are_refused_before_anything_is_written(tmp_path, monkeypatch):
+    from corpus_io.errors import ConfigError
+
+    monkeypatch.setenv("CORPUS_IO_STATE_DIR", str(tmp_path / "state"))
+    jsonl = write_jsonl(tmp_path / "train.jsonl", fixture_records())
+    with pytest.raises(ConfigError, match=r"num_jobs=2: jobs into object storage are not supported"):
+        pack_shards(PackShardsConfig(input=str(jsonl), output_dir="s3://corpus/jobs", num_jobs=2, job_index=1))
+    assert not (tmp_path / "state").exists()
