@@ -16,6 +16,7 @@ EXTRA_OF_MODULE = {
     "s3fs": ("s3", "s3:// URLs"),
     "aiohttp": ("http", "http(s):// URLs"),
     "matplotlib": ("plots", "the stats PNG histogram"),
+    "distributed": ("dask", "++executor=dask"),
 }
 
 # fsspec reports a missing backend in its own words, without the module name

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("corpus_io.kaldi", "corpus_io.urls", "corpus_io.partition", "corpus_io.batching", "corpus_io.augment",
      "corpus_io.features"),
     ("corpus_io.audio", "corpus_io.objects", "corpus_io.jobs"),
-    ("corpus_io.manifest", "corpus_io.synth", "corpus_io.corpora"),
+    ("corpus_io.manifest", "corpus_io.synth", "corpus_io.corpora", "corpus_io.executors"),
     ("corpus_io.tokenizer", "corpus_io.shards"),
     ("corpus_io.rawlist",),
     ("corpus_io.pipeline", "corpus_io.stats"),
