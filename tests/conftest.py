@@ -87,6 +87,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_port(port: int, proc: subprocess.Popen, log_path: Path, what: str, timeout: float = 60) -> None:
+    """Wait until a server ``proc`` accepts on 127.0.0.1:``port``; fail with its log if it exits or times out."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"{what} did not start: {Path(log_path).read_text(errors='replace')[-3000:]}")
+            time.sleep(0.1)
+
+
 def assert_user_error(result, *needles: str) -> None:
     """A user mistake: non-zero exit, a message naming the culprit, and no Python traceback."""
     assert result.returncode != 0, result.stdout + result.stderr

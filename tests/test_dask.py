@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 
-from tests.conftest import BIN, free_port, run_cli
+from tests.conftest import BIN, free_port, run_cli, wait_for_port
 from tests.shards.conftest import fixture_records, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -30,15 +29,9 @@ def dask_cluster(tmp_path):
         procs.append(proc)
         return proc
 
-    start("scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0", "--no-show")
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, (tmp_path / "dask0.log").read_text()
-            time.sleep(0.2)
+    scheduler = start("scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0",
+                      "--no-show")
+    wait_for_port(port, scheduler, tmp_path / "dask0.log", "dask scheduler")
     address = f"tcp://127.0.0.1:{port}"
     workers = [start("worker", address, "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1",
                      "--dashboard-address", ":0") for _ in range(2)]

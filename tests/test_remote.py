@@ -148,7 +148,7 @@ def test_s3_endpoint_and_credentials_from_aws_environment(shard_dir, seaweed, mo
 @pytest.fixture
 def plain_http_server(tmp_path):
     """``python -m http.server`` (no Range support) over ``tmp_path/www``; yields (base URL, log path)."""
-    from tests.conftest import free_port
+    from tests.conftest import free_port, wait_for_port
 
     www = tmp_path / "www"
     www.mkdir()
@@ -157,16 +157,7 @@ def plain_http_server(tmp_path):
     log = open(log_path, "wb")
     proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
                              "--directory", str(www)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"http.server did not start: {log_path.read_text()}")
-            time.sleep(0.1)
+    wait_for_port(port, proc, log_path, "http.server")
     yield f"http://127.0.0.1:{port}", www, log_path
     proc.kill()
     proc.wait()
