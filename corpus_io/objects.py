@@ -18,31 +18,13 @@ shards, ``data.list`` and ``index.jsonl`` is written to the bucket. Reads and wr
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from corpus_io.errors import DataError
+from corpus_io.files import is_object_url, state_dir  # noqa: F401 - re-exported: where an output lives
 from corpus_io.urls import filesystem
 
-SCHEMES = ("s3://",)
 SHA256_KEY = "sha256"  # user metadata (S3 lowercases the keys; x-amz-meta-sha256 on the wire)
 DIGEST_KEY = "corpus-io-digest"
-
-
-def is_object_url(path: str | os.PathLike) -> bool:
-    """An output on object storage (``s3://``), written by :func:`put_object`, not a local path."""
-    return str(path).startswith(SCHEMES)
-
-
-def state_dir(url: str) -> Path:
-    """The local directory that holds the hidden state of the outputs under ``url`` (absolute)."""
-    base = os.environ.get("CORPUS_IO_STATE_DIR") or \
-        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "corpus-io", "state")
-    scheme, rest = url.split("://", 1)
-    parts = [p for p in rest.split("/") if p]
-    if not parts or any(p in (".", "..") for p in parts):
-        raise DataError(f"{url} is not an object URL of the form {scheme}://bucket/prefix. Give the bucket and a "
-                        f"prefix, e.g. ++output_dir={scheme}://my-bucket/corpus/train.")
-    return Path(base, scheme, *parts).resolve()
 
 
 def join(url: str, *names: str) -> str:

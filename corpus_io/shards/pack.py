@@ -47,9 +47,11 @@ from corpus_io.files import (
     ensure_dir,
     file_sha256,
     inputs_digest,
+    is_object_url,
     parse_json_object,
     remove_temp_files,
     sidecar_path,
+    state_dir,
     write_sidecar,
 )
 from corpus_io.jobs import (
@@ -753,8 +755,8 @@ def pack_shards(cfg: Any) -> Summary:
     if total == 0:
         raise DataError(f"{inp.describe} holds no utterances, so there is nothing to pack (nothing was written). "
                         f"Check ++input (an earlier step may have written it empty).")
-    url = str(cfg.output_dir) if objects.is_object_url(cfg.output_dir) else ""
-    out_dir = objects.state_dir(url) if url else Path(cfg.output_dir).resolve()
+    url = str(cfg.output_dir) if is_object_url(cfg.output_dir) else ""
+    out_dir = state_dir(url) if url else Path(cfg.output_dir).resolve()
     summary = Summary()
     groups = parse_filter_group(list(cfg.filter_group))
     keeps: list[Callable[[dict], bool] | None] = [None]
@@ -769,10 +771,6 @@ def pack_shards(cfg: Any) -> Summary:
             keeps.append(keep)
     dirs = _group_dirs(out_dir, groups)
     place = Place(str(out_dir), "pack-shards", True)
-    if url and not job.single:
-        raise ConfigError(f"++output_dir={url} with ++num_jobs={job.count}: jobs into object storage are not "
-                          f"supported yet (merge-jobs reads the parts from a directory). Pack the jobs into a shared "
-                          f"directory and merge there, or pack to {url} as one job (++num_jobs=1).")
     if not job.single or place.records():
         fp = _fingerprint(cfg, opts, inp)
         done = begin(place, job, fp)
@@ -781,7 +779,7 @@ def pack_shards(cfg: Any) -> Summary:
             summary.print(f"pack-shards {job} (already complete)")
             return summary
     if not job.single:
-        return _pack_job(inp, out_dir, cfg, opts, total, keeps, dirs, job, place, fp)
+        return _pack_job(inp, out_dir, cfg, opts, total, keeps, dirs, job, place, fp, url)
     all_stats: list[ShardStat] = []
     for keep, sub in zip(keeps, dirs):
         desc = "pack-shards" + (f" {sub.replace('_', ':')}" if sub else "")
@@ -803,8 +801,10 @@ def pack_shards(cfg: Any) -> Summary:
 
 def _pack_job(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
               keeps: list[Callable[[dict], bool] | None], dirs: list[str], job: Job, place: Place,
-              fp: str) -> Summary:
-    """One job of N: the shards of its range of global shard numbers (over the groups in order), a record."""
+              fp: str, url: str = "") -> Summary:
+    """One job of N: the shards of its range of global shard numbers (over the groups in order), a record.
+    With ``url`` (object storage) the record's outputs are the shards' local sidecars (the objects' size and
+    sha256), and its entries name the shards relative to ``url``."""
     counts = _plan(inp, cfg, total, keeps)
     lo, hi = job.span(sum(counts))
     summary = Summary()
@@ -816,15 +816,18 @@ def _pack_job(inp: _Input, out_dir: Path, cfg: Any, opts: PackOptions, total: in
         first += count
         entries: list[dict] = []
         if len(wanted):
-            stats = _pack_dir(inp, out_dir / sub, cfg, opts, total, keep, summary, f"pack-shards {job}", wanted)
+            stats = _pack_dir(inp, out_dir / sub, cfg, opts, total, keep, summary, f"pack-shards {job}", wanted,
+                              url=objects.join(url, sub) if url else "")
             for stat in stats:
                 if stat.num_utts > 0:
-                    entries.append(dict(stat.index_entry(), path=os.path.relpath(stat.path, out_dir)))
-                    outputs.append(output_entry(stat.path, out_dir, sha256=stat.sha256, size=stat.bytes))
+                    local = out_dir / sub / Path(stat.path).name
+                    entries.append(dict(stat.index_entry(), path=os.path.relpath(local, out_dir)))
+                    outputs.append(output_entry(sidecar_path(local), out_dir) if url else
+                                   output_entry(stat.path, out_dir, sha256=stat.sha256, size=stat.bytes))
         groups.append({"dir": sub, "entries": entries})
     summary.what = "utterances"
     summary.extra["shards"] = len(outputs)
-    data = {"prefix": cfg.shard_prefix, "groups": groups, "summary": summary_data(summary)}
+    data = {"prefix": cfg.shard_prefix, "groups": groups, "summary": summary_data(summary), "url": url}
     record = write_part(place, Part("pack-shards", place.tag, job.count, job.index, fp, [lo, hi], sum(counts),
                                     outputs, data))
     summary.print(f"pack-shards {job}")
@@ -844,10 +847,12 @@ def merge_parts(place: Place, parts: list[Part]) -> Summary:
     first = parts[0].payload()
     summary = merged_summary(parts)
     for g, sub in enumerate(group["dir"] for group in first["groups"]):
-        entries = (dict(e, path=str(out_dir / e["path"])) for part in parts
+        url = first.get("url") or ""  # object storage: entries name the objects, the list is sent there
+        entries = (dict(e, path=objects.join(url, e["path"]) if url else str(out_dir / e["path"])) for part in parts
                    for e in part.payload()["groups"][g]["entries"])
         _write_list(out_dir / sub, first["prefix"], _withdraw_list(out_dir / sub / "data.list"), entries, summary,
-                    repeated_keys=0)  # load_parts refused any key held twice
+                    repeated_keys=0,  # load_parts refused any key held twice
+                    url=objects.join(url, sub) if url else "")  # credentials: the AWS environment
     summary.extra["shards"] = sum(len(p.outputs) for p in parts)
     summary.print("pack-shards (merged)")
     return summary

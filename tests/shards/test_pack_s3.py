@@ -92,11 +92,24 @@ def test_kill_9_mid_pack_to_s3_lists_no_partial_object_and_rerun_gives_the_same_
         index_without_paths((tmp_path / "ref" / "index.jsonl").read_text())
 
 
-def test_jobs_into_s3_are_refused_before_anything_is_written(tmp_path, monkeypatch):
-    from corpus_io.errors import ConfigError
-
-    monkeypatch.setenv("CORPUS_IO_STATE_DIR", str(tmp_path / "state"))
+def test_jobs_into_s3_merge_to_the_objects_of_one_job(bucket_prefix, tmp_path):
+    prefix, fs, env = bucket_prefix
     jsonl = write_jsonl(tmp_path / "train.jsonl", fixture_records())
-    with pytest.raises(ConfigError, match=r"num_jobs=2: jobs into object storage are not supported"):
-        pack_shards(PackShardsConfig(input=str(jsonl), output_dir="s3://corpus/jobs", num_jobs=2, job_index=1))
-    assert not (tmp_path / "state").exists()
+    args = [f"++input={jsonl}", "++num_utts_per_shard=3", "++shuffle=true", "++num_workers=1"]
+    one = run_cli("corpus-io", "pack-shards", *args, f"++output_dir={tmp_path / 'one'}")
+    assert one.returncode == 0, one.stderr
+    for j in (2, 1):
+        job = run_cli("corpus-io", "pack-shards", *args, f"++output_dir={prefix}", "++num_jobs=2", f"++job_index={j}",
+                      env=env)
+        assert job.returncode == 0, job.stderr
+    assert "data.list" not in objects_under(fs, prefix)  # no list before the merge
+    merged = run_cli("corpus-io", "merge-jobs", f"++path={prefix}", env=env)
+    assert merged.returncode == 0, merged.stderr
+    got = objects_under(fs, prefix)
+    shards = sorted(p.name for p in (tmp_path / "one").glob("*.tar"))
+    assert sorted(got) == sorted(["data.list", "index.jsonl", *shards])  # no part record or sidecar in the bucket
+    assert all(got[s] == (tmp_path / "one" / s).read_bytes() for s in shards)
+    one_list = [line.rsplit("/", 1)[1] for line in (tmp_path / "one" / "data.list").read_text().splitlines()]
+    assert got["data.list"].decode().splitlines() == [f"{prefix}/{s}" for s in one_list]
+    assert index_without_paths(got["index.jsonl"].decode()) == \
+        index_without_paths((tmp_path / "one" / "index.jsonl").read_text())
