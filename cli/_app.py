@@ -99,6 +99,9 @@ def _invoker(cmd: Command) -> Callable[..., None]:
     ) -> None:
         def job() -> None:
             cfg = compose(cmd.schema, config_name_opt or config_name, list(ctx.args), config_path=config_path)
+            if getattr(cfg, "executor", "local") == "dask":  # submit all num_jobs jobs, then merge (executors.py)
+                _target("corpus_io.executors:run_on_dask")(cmd.name, list(ctx.args), cfg)
+                return
             _target(cmd.run)(cfg)  # imported after the config is checked: a config error costs no torch import
 
         run_with_errors(job)

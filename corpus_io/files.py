@@ -345,3 +345,25 @@ def _same_file(a: str, a_real: str, a_inode: tuple[int, int] | None,
     if a_inode is not None and a_inode == b_inode:
         return " (a hard link: the same inode)"
     return None
+# --------------------------------------------------------------------------- outputs on object storage
+# (corpus_io.objects writes them; their hidden state lives in a local state dir, found here so that any
+# module, merge-jobs included, can map an s3:// output to it)
+
+OBJECT_SCHEMES = ("s3://",)
+
+
+def is_object_url(path: str | os.PathLike) -> bool:
+    """An output on object storage (``s3://``), written by :func:`corpus_io.objects.put_object`, not a local path."""
+    return str(path).startswith(OBJECT_SCHEMES)
+
+
+def state_dir(url: str) -> Path:
+    """The local directory that holds the hidden state of the outputs under ``url`` (absolute)."""
+    base = os.environ.get("CORPUS_IO_STATE_DIR") or \
+        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "corpus-io", "state")
+    scheme, rest = url.split("://", 1)
+    parts = [p for p in rest.split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise DataError(f"{url} is not an object URL of the form {scheme}://bucket/prefix. Give the bucket and a "
+                        f"prefix, e.g. ++output_dir={scheme}://my-bucket/corpus/train.")
+    return Path(base, scheme, *parts).resolve()

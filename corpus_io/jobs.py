@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write, file_sha256, inputs_digest
+from corpus_io.files import atomic_write, file_sha256, inputs_digest, is_object_url, state_dir
 from corpus_io.progress import Summary
 
 RECORD_FORMAT = 1
@@ -349,8 +349,9 @@ def completed_part(place: Place, job: Job, fp: str) -> Part | None:
 
 
 def find_place(path: str, tag: str | None = None) -> Place:
-    """The place of P's parts (the tag found beside P when not given)."""
-    p = Path(path)
+    """The place of P's parts (the tag found beside P when not given); an ``s3://`` P's parts are in its local
+    state dir (:func:`corpus_io.files.state_dir`)."""
+    p = state_dir(path) if is_object_url(path) else Path(path)
     if p.is_dir():
         candidates = {m.group(1) for e in os.scandir(p)
                       if (m := re.fullmatch(r"(.+)\.part-\d{6,}-of-\d{6,}\.json", e.name))}

@@ -92,6 +92,19 @@ def _storage_options(url: str, storage_options: dict | None) -> dict:
     return opts
 
 
+def filesystem(url: str, storage_options: dict | None = None, *, fresh: bool = False) -> tuple[Any, str]:
+    """``(fsspec filesystem, path)`` for a remote ``url``, configured as the readers configure it
+    (``storage_options``, the AWS environment, the read timeout). ``fresh``: a new instance, not fsspec's
+    cached one, whose connections close when it is dropped: a process that forks workers (pack-shards)
+    then holds no pooled connection that a child could close under it."""
+    import fsspec
+
+    opts = _storage_options(url, storage_options)
+    if fresh:
+        opts["skip_instance_cache"] = True
+    return fsspec.core.url_to_fs(url, **opts)
+
+
 def _stall_message(url: str, timeout: float) -> str:
     return (f"{url}: no answer from the server for {timeout:g} s (the bound is {TIMEOUT_KEY}={timeout:g} s). "
             f"Check the server, or raise ++{TIMEOUT_KEY} for a slow one.")
@@ -286,10 +299,8 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
         opts = storage_options or {}
         return io.BufferedReader(HTTPStream(url, read_timeout(opts), opts.get("headers")), buffer_size=block_size)
     if is_remote(url):
-        import fsspec
-
         try:
-            fs, path = fsspec.core.url_to_fs(url, **_storage_options(url, storage_options))
+            fs, path = filesystem(url, storage_options)
             return fs.open(path, "rb", block_size=block_size)
         except FileNotFoundError as exc:
             cause = exc.__cause__ if url.startswith(("http://", "https://")) else None

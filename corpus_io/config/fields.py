@@ -59,6 +59,16 @@ def job_index_opt() -> Any:
     return opt(1, "which job this is, counting from 1 (1..num_jobs); auto: the job array's task index")
 
 
+def executor_opt() -> Any:
+    """``executor`` of a command that runs as jobs: where its num_jobs jobs run."""
+    return opt("local", "local: this process is one job (++job_index); dask: submit all num_jobs jobs to the "
+                        "Dask cluster at executor_address and merge them (extra [dask])", choices=("local", "dask"))
+
+
+def executor_address_opt() -> Any:
+    return opt("", "the Dask scheduler for ++executor=dask, e.g. tcp://10.0.0.5:8786")
+
+
 def parse_range(spec: str) -> tuple[float, bool, float, bool]:
     """``"[1, 64]"`` -> ``(1, True, 64, True)``: (low, low included, high, high included)."""
     text = spec.strip()

@@ -16,6 +16,10 @@ Design (memory is bounded, independent of corpus size):
   as is; anything else is rewritten. ``data.list`` and ``index.jsonl`` are written atomically
   at the very end from the sidecars, so no list line ever names a partial shard, and the
   output after ``kill -9`` + rerun is byte-identical to an uninterrupted run.
+* ``output_dir=s3://bucket/prefix`` (:mod:`corpus_io.objects`): each shard is made complete locally,
+  sent as one object (with its sha256 and digest as metadata) and deleted locally; the sidecars stay
+  in the local state dir, a rerun keeps the objects whose size and metadata match, and the list and
+  index (naming the s3:// URLs) are sent last. Nothing else is written to the bucket.
 """
 
 from __future__ import annotations
@@ -32,16 +36,19 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from corpus_io import audio, kaldi
+from corpus_io import audio, kaldi, objects
 from corpus_io.config import check_values
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import (
     completed_output,
     ensure_dir,
+    file_sha256,
     inputs_digest,
+    is_object_url,
     refuse_overwriting_inputs,
     remove_temp_files,
     sidecar_path,
+    state_dir,
     write_sidecar,
 )
 from corpus_io.inputs import Input, Skip, open_input
@@ -95,6 +102,7 @@ class ShardTask:
     path: str  # final shard path (absolute)
     records: list[dict]
     options: PackOptions
+    url: str = ""  # the shard's object URL when output_dir is on object storage (path: its local staging name)
 
 
 @dataclass
@@ -130,13 +138,27 @@ def _digest(task: ShardTask) -> str:
 
 def _resume(task: ShardTask, digest: str) -> ShardStat | None:
     """The stat of an already complete shard for exactly this task, else None."""
-    stat = completed_output(task.path, digest)
+    stat = _completed_object(task, digest) if task.url else completed_output(task.path, digest)
     try:
         # The sidecar's own path is not trusted: a copied directory (or an old sidecar that stored the
         # first run's absolute path) resumes under this run's output_dir.
-        return None if stat is None else ShardStat(**{**stat, "path": task.path, "resumed": True})
+        return None if stat is None else ShardStat(**{**stat, "path": task.url or task.path, "resumed": True})
     except TypeError:  # a sidecar of another version, missing a field
         return None
+
+
+def _completed_object(task: ShardTask, digest: str) -> dict | None:
+    """The local sidecar stat of a shard already sent to object storage, when the object there has its size,
+    sha256 and input digest (object metadata); else None."""
+    try:
+        stat = json.loads(sidecar_path(task.path).read_text(encoding="utf-8"))
+        if stat.get("digest") != digest:
+            return None
+        size, sha256 = int(stat["bytes"]), str(stat["sha256"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    matches = objects.object_matches(task.url, task.options.storage_options, size=size, sha256=sha256, digest=digest)
+    return stat if matches else None
 
 
 def _text_of(record: dict) -> str:
@@ -280,6 +302,10 @@ def pack_shard(task: ShardTask) -> ShardStat:
     stat = ShardStat(task.path, len(durations), float(sum(durations)), min(durations, default=0.0),
                      max(durations, default=0.0), writer.bytes, writer.sha256, digest, dict(skipped), keys=keys)
     stored = {k: v for k, v in stat.__dict__.items() if k != "resumed"}
+    if task.url:  # one whole object; the local copy goes, its sidecar (the state) stays
+        objects.put_object(task.path, task.url, opts.storage_options, sha256=stat.sha256, digest=digest)
+        os.unlink(task.path)
+        stat.path = task.url
     write_sidecar(task.path, dict(stored, path=Path(task.path).name))  # relative: the dir may move
     return stat
 
@@ -327,8 +353,9 @@ def _clean_temp_files(out_dir: Path, prefix: str) -> None:
 
 def _pack_dir(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
               keep: Callable[[dict], bool] | None, summary: Summary, desc: str,
-              wanted: range | None = None) -> list[ShardStat]:
-    """Pack one directory's shards; ``wanted``: a job's shard numbers (only those are written, and no list)."""
+              wanted: range | None = None, url: str = "") -> list[ShardStat]:
+    """Pack one directory's shards; ``wanted``: a job's shard numbers (only those are written, and no list);
+    ``url``: an object-storage prefix (``out_dir`` is then its local state dir)."""
     ensure_dir(out_dir, what="output_dir")
     _refuse_other_prefix(out_dir, cfg.shard_prefix)
     if wanted is None:
@@ -340,7 +367,8 @@ def _pack_dir(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
     per_shard = cfg.num_utts_per_shard
 
     def task(index: int, batch: list[dict]) -> ShardTask:
-        t = ShardTask(index, str(out_dir / fmt.shard_name(cfg.shard_prefix, index, opts.compression)), batch, opts)
+        name = fmt.shard_name(cfg.shard_prefix, index, opts.compression)
+        t = ShardTask(index, str(out_dir / name), batch, opts, objects.join(url, name) if url else "")
         if wanted is not None:
             _refuse_other_run(t)
         return t
@@ -390,13 +418,15 @@ def _pack_dir(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
     if wanted is not None:
         return stats
     listed = [s for s in stats if s.num_utts > 0]
-    _write_list(out_dir, cfg.shard_prefix, previous_index, [s.index_entry() for s in listed], summary)
+    _write_list(out_dir, cfg.shard_prefix, previous_index, [s.index_entry() for s in listed], summary,
+                url=url, storage_options=opts.storage_options)
     return stats
 
 
 def _write_list(out_dir: Path, prefix: str, previous_index: Path, entries: Iterable[dict], summary: Summary,
-                repeated_keys: int | None = None) -> None:
-    """The end of a one-job run (or of merge-jobs): data.list + index.jsonl, then stale shards removed."""
+                repeated_keys: int | None = None, url: str = "", storage_options: dict | None = None) -> None:
+    """The end of a one-job run (or of merge-jobs): data.list + index.jsonl (sent to ``url`` when the output is
+    on object storage), then stale shards removed."""
     names: set[str] = set()
 
     def named() -> Iterator[dict]:
@@ -405,6 +435,8 @@ def _write_list(out_dir: Path, prefix: str, previous_index: Path, entries: Itera
             yield entry
 
     write_list_and_index(out_dir / "data.list", named(), repeated_keys=repeated_keys)
+    if url:
+        _publish_list(out_dir / "data.list", url, storage_options or {})
     previous_index.unlink(missing_ok=True)
     removed = _remove_stale_shards(out_dir, prefix, names)
     if removed:
@@ -437,6 +469,12 @@ def _refuse_other_prefix(out_dir: Path, prefix: str) -> None:
         raise DataError(f"output_dir {out_dir} holds shards of another run ({Path(others[0]).name}: not "
                         f"'{prefix}-NNNNNN'). Nothing was written. Use another output_dir, or delete that run's "
                         f"shards, data.list and index.jsonl first.")
+
+
+def _publish_list(list_path: Path, url: str, storage_options: dict) -> None:
+    """Send a written list's index, then the list (so a list never lacks its index), to object storage."""
+    for path in (index_path_for(list_path), list_path):
+        objects.put_object(path, objects.join(url, path.name), storage_options, sha256=file_sha256(path))
 
 
 def _remove_stale_shards(out_dir: Path, prefix: str, current: set[str]) -> int:
@@ -532,7 +570,8 @@ def pack_shards(cfg: Any) -> Summary:
     if total == 0:
         raise DataError(f"{inp.describe} holds no utterances, so there is nothing to pack (nothing was written). "
                         f"Check ++input (an earlier step may have written it empty).")
-    out_dir = ensure_dir(cfg.output_dir, what="output_dir").resolve()
+    url = str(cfg.output_dir) if is_object_url(cfg.output_dir) else ""
+    out_dir = state_dir(url) if url else ensure_dir(cfg.output_dir, what="output_dir").resolve()
     summary = Summary()
     groups = parse_filter_group(list(cfg.filter_group))
     keeps: list[Callable[[dict], bool] | None] = [None]
@@ -555,11 +594,12 @@ def pack_shards(cfg: Any) -> Summary:
             summary.print(f"pack-shards {job} (already complete)")
             return summary
     if not job.single:
-        return _pack_job(inp, out_dir, cfg, opts, total, keeps, dirs, job, place, fp)
+        return _pack_job(inp, out_dir, cfg, opts, total, keeps, dirs, job, place, fp, url)
     all_stats: list[ShardStat] = []
     for keep, sub in zip(keeps, dirs):
         desc = "pack-shards" + (f" {sub.replace('_', ':')}" if sub else "")
-        all_stats += _pack_dir(inp, out_dir / sub, cfg, opts, total, keep, summary, desc)
+        all_stats += _pack_dir(inp, out_dir / sub, cfg, opts, total, keep, summary, desc,
+                               url=objects.join(url, sub) if url else "")
     if groups:
         grouped = summary.kept + sum(summary.skipped.values())
         if grouped < total:
@@ -576,8 +616,10 @@ def pack_shards(cfg: Any) -> Summary:
 
 def _pack_job(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
               keeps: list[Callable[[dict], bool] | None], dirs: list[str], job: Job, place: Place,
-              fp: str) -> Summary:
-    """One job of N: the shards of its range of global shard numbers (over the groups in order), a record."""
+              fp: str, url: str = "") -> Summary:
+    """One job of N: the shards of its range of global shard numbers (over the groups in order), a record.
+    With ``url`` (object storage) the record's outputs are the shards' local sidecars (the objects' size and
+    sha256), and its entries name the shards relative to ``url``."""
     counts = _plan(inp, cfg, total, keeps)
     lo, hi = job.span(sum(counts))
     summary = Summary()
@@ -589,15 +631,18 @@ def _pack_job(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
         first += count
         entries: list[dict] = []
         if len(wanted):
-            stats = _pack_dir(inp, out_dir / sub, cfg, opts, total, keep, summary, f"pack-shards {job}", wanted)
+            stats = _pack_dir(inp, out_dir / sub, cfg, opts, total, keep, summary, f"pack-shards {job}", wanted,
+                              url=objects.join(url, sub) if url else "")
             for stat in stats:
                 if stat.num_utts > 0:
-                    entries.append(dict(stat.index_entry(), path=os.path.relpath(stat.path, out_dir)))
-                    outputs.append(output_entry(stat.path, out_dir, sha256=stat.sha256, size=stat.bytes))
+                    local = out_dir / sub / Path(stat.path).name
+                    entries.append(dict(stat.index_entry(), path=os.path.relpath(local, out_dir)))
+                    outputs.append(output_entry(sidecar_path(local), out_dir) if url else
+                                   output_entry(stat.path, out_dir, sha256=stat.sha256, size=stat.bytes))
         groups.append({"dir": sub, "entries": entries})
     summary.what = "utterances"
     summary.extra["shards"] = len(outputs)
-    data = {"prefix": cfg.shard_prefix, "groups": groups, "summary": summary_data(summary)}
+    data = {"prefix": cfg.shard_prefix, "groups": groups, "summary": summary_data(summary), "url": url}
     record = write_part(place, Part("pack-shards", place.tag, job.count, job.index, fp, [lo, hi], sum(counts),
                                     outputs, data))
     summary.print(f"pack-shards {job}")
@@ -617,10 +662,12 @@ def merge_parts(place: Place, parts: list[Part]) -> Summary:
     first = parts[0].payload()
     summary = merged_summary(parts)
     for g, sub in enumerate(group["dir"] for group in first["groups"]):
-        entries = (dict(e, path=str(out_dir / e["path"])) for part in parts
+        url = first.get("url") or ""  # object storage: entries name the objects, the list is sent there
+        entries = (dict(e, path=objects.join(url, e["path"]) if url else str(out_dir / e["path"])) for part in parts
                    for e in part.payload()["groups"][g]["entries"])
         _write_list(out_dir / sub, first["prefix"], _withdraw_list(out_dir / sub / "data.list"), entries, summary,
-                    repeated_keys=0)  # load_parts refused any key held twice
+                    repeated_keys=0,  # load_parts refused any key held twice
+                    url=objects.join(url, sub) if url else "")  # credentials: the AWS environment
     summary.extra["shards"] = sum(len(p.outputs) for p in parts)
     summary.print("pack-shards (merged)")
     return summary

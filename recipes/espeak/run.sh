@@ -14,13 +14,14 @@
 #   8 real recordings (10 LibriVox + CMU utterances, recipes/tools/real_recordings.py): a model of their
 #     own overfits them (trained and decoded on the same set: a check that real audio flows, not a score),
 #     CER appended to RESULTS.md next to the synthetic sets
-# Usage: ./run.sh [--stage N] [--stop_stage N] [--nj N] [--max_epoch N] ...   (run from anywhere)
+# Usage: ./run.sh [--stage N] [--stop_stage N] [--nj N] [--cmd local|slurm] [--max_epoch N] ...   (run from anywhere)
 # Example: ./run.sh --stage 6 --stop_stage 7 --max_epoch 5
 set -euo pipefail
 
 stage=0
 stop_stage=8
-nj=2                      # processes for synthesis, probing and packing
+nj=2                      # processes for synthesis and probing; jobs for packing
+cmd=local                 # local | slurm: how the --nj packing jobs run (cmd.sh: sbatch options)
 nproc=2                   # training processes (torchrun --nproc_per_node)
 data=data                 # relative to this recipe dir
 exp=exp/conformer_ctc
@@ -49,7 +50,7 @@ decode_methods="greedy ctc_prefix_beam ctc_beam_lm"  # + attention_rescoring wit
 beam=10                   # prefix beam width of the beam methods
 lm_order=3                # order of the training-text n-gram for ctc_beam_lm
 lm_weight=0.3             # LM weight of ctc_beam_lm
-recipe_options=(stage stop_stage nj nproc data exp num_digits_train num_digits_dev num_digits_test
+recipe_options=(stage stop_stage nj cmd nproc data exp num_digits_train num_digits_dev num_digits_test
                 num_digits_test_newvoice num_mixed_train
                 num_mixed_test num_utts_per_shard num_utts_per_shard_dev train_config max_epoch max_steps_per_epoch
                 batch_type batch_size shuffle_size sort_size num_workers feats_on average_num cer_target real_epochs

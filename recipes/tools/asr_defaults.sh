@@ -3,7 +3,8 @@
 # shellcheck shell=bash
 stage=0
 stop_stage=7
-nj=16                     # processes for probing and packing
+nj=16                     # processes for probing; jobs for packing (--cmd local: processes here)
+cmd=local                 # local | slurm: how the --nj packing jobs run (cmd.sh: sbatch options)
 nproc=8                   # training processes per node (one per GPU)
 nnodes=1                  # several nodes: run.sh on each with --node_rank R --master_addr HOST
 node_rank=0
@@ -23,6 +24,6 @@ sort_size=500
 num_workers=16            # DataLoader workers per training process
 average_num=10
 cmvn_max_utts=20000       # 0: all
-recipe_options=(stage stop_stage nj nproc nnodes node_rank master_addr master_port data exp num_utts_per_shard
+recipe_options=(stage stop_stage nj cmd nproc nnodes node_rank master_addr master_port data exp num_utts_per_shard
                 shard_prefix train_config max_epoch max_steps_per_epoch batch_type batch_size shuffle_size sort_size
                 num_workers average_num cmvn_max_utts)

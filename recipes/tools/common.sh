@@ -5,6 +5,16 @@
 if [ -x "$repo/.venv/bin/corpus-io" ]; then export PATH="$repo/.venv/bin:$PATH"; fi
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 
+# Jobs, as Kaldi's $cmd: --cmd local runs the --nj jobs of a data command as background processes,
+# --cmd slurm as an sbatch array plus a dependent merge (the recipe's cmd.sh holds the sbatch options).
+slurm_opts=()
+if [ -f cmd.sh ]; then . ./cmd.sh; fi
+case "${cmd:-local}" in
+  local) job_cmd=("$repo/recipes/tools/run_jobs.sh" local) ;;
+  slurm) job_cmd=("$repo/recipes/tools/run_jobs.sh" slurm "${slurm_opts[@]}") ;;
+  *) echo "$0: --cmd ${cmd}: use local or slurm" >&2; exit 2 ;;
+esac
+
 log() {  # log STAGE MESSAGE...
   echo "$(date '+%F %T') [stage $1] ${*:2}" >&2
 }
@@ -53,11 +63,19 @@ make_jsonl() {  # make_jsonl STAGE DIR...: DIR/{wav.scp,text} -> DIR/data.jsonl 
 }
 
 make_shards() {  # make_shards STAGE UTTS_PER_SHARD SHUFFLE DIR...: DIR/data.jsonl -> DIR/shards/ (pack-shards)
+  # --nj N jobs (logs in DIR/log/pack.J.log) joined by merge-jobs; one job packs with N processes.
   local st=$1 per_shard=$2 shuffle=$3 dir
   shift 3
   for dir in "$@"; do
-    corpus-io pack-shards "++input=$dir/data.jsonl" "++output_dir=$dir/shards" "++num_utts_per_shard=$per_shard" \
-      "++num_workers=$nj" "++shuffle=$shuffle"
+    local pack=(corpus-io pack-shards "++input=$dir/data.jsonl" "++output_dir=$dir/shards"
+                "++num_utts_per_shard=$per_shard" "++shuffle=$shuffle")
+    if [ "$nj" -gt 1 ] || [ "${cmd:-local}" = slurm ]; then
+      # local: one packing process per job; slurm: every CPU of the task (0: the cores it may use)
+      "${job_cmd[@]}" "JOB=1:$nj" "$dir/log/pack.JOB.log" --merge "$dir/shards" -- \
+        "${pack[@]}" "++num_workers=$([ "${cmd:-local}" = slurm ] && echo 0 || echo 1)"
+    else
+      "${pack[@]}" "++num_workers=$nj"
+    fi
     log "$st" "made $dir/shards: $(find "$dir/shards" -name '*.tar' | wc -l) shards"
   done
 }

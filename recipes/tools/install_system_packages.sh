@@ -12,8 +12,8 @@ command -v espeak-ng >/dev/null 2>&1 || packages+=(espeak-ng)
 command -v sox >/dev/null 2>&1 || packages+=(sox)
 ldconfig_bin=$(command -v ldconfig || echo /sbin/ldconfig)
 if ! "$ldconfig_bin" -p 2>/dev/null | grep -q 'libsndfile\.so'; then packages+=(libsndfile1); fi
-have() {  # have PROGRAM: on PATH or in the sbin dirs (daemons live there, and a user's PATH may lack them)
-  command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]
+have() {  # have PROGRAM: on PATH or in the system dirs (daemons live in sbin, which a user's PATH may lack)
+  command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ] || [ -x "/usr/bin/$1" ] || [ -x "/bin/$1" ]
 }
 { have slurmctld && have slurmd && have sbatch; } || packages+=(slurm-wlm)
 have munged || packages+=(munge)
