@@ -95,7 +95,7 @@ def kneser_ney(sentences: Iterable[list[str]], order: int) -> tuple[list[dict], 
 
 def _discounts(counts: Counter) -> tuple[float, float, float]:
     """Modified KN discounts from the counts of counts; KenLM's fallback when the text is too small."""
-    n = Counter(min(c, 4) for c in counts.values())
+    n = Counter(c for c in counts.values() if c <= 4)  # n_k: n-grams seen exactly k times
     n1, n2, n3, n4 = (n.get(k, 0) for k in (1, 2, 3, 4))
     if not (n1 and n2 and n3 and n4):
         return FALLBACK_DISCOUNTS

@@ -49,12 +49,14 @@ model=                    # empty: as in $train_config; conformer_ctc_att: hybri
 decode_methods="greedy ctc_prefix_beam ctc_beam_lm"  # + attention_rescoring with --model conformer_ctc_att
 beam=10                   # prefix beam width of the beam methods
 lm_order=3                # order of the training-text n-gram for ctc_beam_lm
-lm_weight=0.3             # LM weight of ctc_beam_lm
+lm_weight=0.3             # LM weight of ctc_beam_lm (replaced by tune-lm's best when tune_lm=true)
+word_score=0.0            # per-token score of ctc_beam_lm (likewise)
+tune_lm=true              # grid-search lm_weight x word_score on the dev set (corpus-io tune-lm) before decoding
 recipe_options=(stage stop_stage nj cmd nproc data exp num_digits_train num_digits_dev num_digits_test
                 num_digits_test_newvoice num_mixed_train
                 num_mixed_test num_utts_per_shard num_utts_per_shard_dev train_config max_epoch max_steps_per_epoch
                 batch_type batch_size shuffle_size sort_size num_workers feats_on average_num cer_target real_epochs
-                model decode_methods beam lm_order lm_weight)
+                model decode_methods beam lm_order lm_weight word_score tune_lm)
 
 cd "$(dirname "$0")"
 repo=$(cd ../.. && pwd)
@@ -139,6 +141,15 @@ if stage_on 7; then
   corpus-io make-lm "++input=$data/train/data.jsonl" "++output=$lm" "++order=$lm_order" \
     "++tokenizer.token_list=$data/lang/tokens.txt" ++tokenizer.type=char ++tokenizer.latin_unit=word
   log 7 "made $lm (order $lm_order, tokens of $data/lang/tokens.txt)"
+  if $tune_lm && [[ " $decode_methods " == *" ctc_beam_lm "* ]]; then
+    corpus-io average "++output_dir=$exp" "++num=$average_num"
+    corpus-io tune-lm "++data_list=$data/dev/shard.list" ++dataset_conf.data_type=shard \
+      "++checkpoint=$exp/model.pt.avg$average_num" "++lm=$lm" "++output_dir=$exp/tune_lm" "++decoding.beam=$beam" \
+      "++lm_weights=[0.1,0.2,0.3,0.5]" "++word_scores=[0.0,0.5,1.0,2.0]" "++dataset_conf.num_workers=$nj"
+    read -r lm_weight word_score < <(sed -n 's/.*lm_weight=\([^ ]*\) ++decoding.word_score=\([^ ]*\).*/\1 \2/p' \
+      "$exp/tune_lm/best.txt")
+    log 7 "tune-lm on dev: lm_weight=$lm_weight word_score=$word_score ($exp/tune_lm/tune.txt)"
+  fi
   average_and_decode 7 "$exp" "$average_num" "$data"/{test_digits,test_digits_newvoice,test_mixed}
   results_table "$exp" "$data/train/data.jsonl" test_digits test_digits_newvoice test_mixed | tee "$exp/RESULTS.md"
   check_cer "$exp/decode_test_digits/cer.txt" "$cer_target"

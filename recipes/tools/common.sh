@@ -102,7 +102,8 @@ make_raw_lists() {  # make_raw_lists STAGE DIR...: DIR/raw.list (one utterance a
 
 average_and_decode() {  # average_and_decode STAGE EXP NUM DIR...: model.pt.avgNUM, then EXP/decode_<DIR name>/
   # One decode per method of $decode_methods (default greedy): greedy writes EXP/decode_<name>/, the others
-  # EXP/decode_<name>.<method>/; ctc_beam_lm uses $lm (an ARPA from make-lm), all beams $beam (default 10).
+  # EXP/decode_<name>.<method>/; ctc_beam_lm uses $lm (an ARPA from make-lm) with $lm_weight and $word_score,
+  # all beams $beam (default 10).
   local st=$1 exp=$2 num=$3 dir name method out
   shift 3
   corpus-io average "++output_dir=$exp" "++num=$num"
@@ -115,8 +116,9 @@ average_and_decode() {  # average_and_decode STAGE EXP NUM DIR...: model.pt.avgN
       corpus-io decode "++data_list=$dir/raw.list" "++checkpoint=$exp/model.pt.avg$num" "++output_dir=$out" \
         ++dataset_conf.data_type=raw ++dataset_conf.batch_type=example ++dataset_conf.batch_size=16 \
         "++dataset_conf.num_workers=$nj" "++decoding.method=$method" "++decoding.beam=${beam:-10}" \
-        ${lm:+"++decoding.lm=$lm"} ${lm_weight:+"++decoding.lm_weight=$lm_weight"}
-      log "$st" "decoded $name ($method): $(head -n 1 "$out/cer.txt" | tail -n 1) $(grep -m1 '^%CER' "$out/cer.txt")"
+        ${lm:+"++decoding.lm=$lm"} ${lm_weight:+"++decoding.lm_weight=$lm_weight"} \
+        ${word_score:+"++decoding.word_score=$word_score"}
+      log "$st" "decoded $name ($method): $(grep -m1 "^%CER" "$out/cer.txt") $(grep -m1 "^RTF" "$out/cer.txt")"
     done
   done
 }

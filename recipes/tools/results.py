@@ -66,7 +66,10 @@ def table(exp: str, train_jsonl: str, *sets: str) -> str:
         lines.append(f"| {name} | {fmt(cer)} | {fmt(wer)} | {minutes} | {rate} |")
     rows = []
     for name in sets:
-        for out in [expdir / f"decode_{name}", *sorted(expdir.glob(f"decode_{name}.*"))]:
+        order = ["greedy", "ctc_prefix_beam", "ctc_beam_lm", "attention_rescoring"]
+        others = sorted(expdir.glob(f"decode_{name}.*"),
+                        key=lambda p: (order.index(p.suffix[1:]) if p.suffix[1:] in order else len(order), p.name))
+        for out in [expdir / f"decode_{name}", *others]:
             method = out.name.split(".", 1)[1] if "." in out.name else "greedy"
             cer_txt = out / "cer.txt"
             rtf = read_rtf(cer_txt) or (None, None, None)

@@ -40,6 +40,17 @@ def test_make_lm_writes_the_hand_computed_kneser_ney_probabilities(tmp_path):
     assert "perplexity" in result.stderr
 
 
+def test_discounts_follow_chen_and_goodman_from_the_counts_of_counts():
+    from collections import Counter
+
+    from corpus_io.decoding.lm import _discounts
+
+    counts = Counter({f"g{i}": c for i, c in enumerate([1, 1, 1, 1, 2, 2, 3, 4, 7, 9])})  # n1 4, n2 2, n3 1, n4 1
+    # Y = 4 / (4 + 2 * 2) = 0.5; D1 = 1 - 2Y n2/n1 = 0.5; D2 = 2 - 3Y n3/n2 = 1.25; D3+ = 3 - 4Y n4/n3 = 1.0
+    assert _discounts(counts) == pytest.approx((0.5, 1.25, 1.0))
+    assert _discounts(Counter({"a": 1, "b": 2, "c": 3})) == (0.5, 1.0, 1.5)  # n4 = 0: KenLM's fallback
+
+
 @pytest.mark.parametrize("order", [1, 2, 3, 4, 5])
 def test_every_context_is_a_distribution_with_discounts_from_counts_of_counts(tmp_path, order):
     rng = random.Random(order)
@@ -47,8 +58,8 @@ def test_every_context_is_a_distribution_with_discounts_from_counts_of_counts(tm
     sentences = [rng.choices(words, weights=[1 / (i + 1) for i in range(12)], k=rng.randint(1, 7))
                  for _ in range(400)]
     probs, backoffs, discounts = kneser_ney(sentences, order)
-    if order >= 4:  # enough distinct 4- and 5-grams for discounts from the counts of counts (the rest: fallback)
-        assert discounts[-1] != (0.5, 1.0, 1.5) and all(0 < d <= k + 1 for k, d in enumerate(discounts[-1]))
+    for d in discounts[1:]:  # enough text for discounts from the counts of counts above the unigrams
+        assert d != (0.5, 1.0, 1.5) and all(0 < x <= k + 1 for k, x in enumerate(d))
     write_arpa(tmp_path / "lm.arpa", probs, backoffs)
     lm = Arpa(tmp_path / "lm.arpa")
     vocab = [*words, EOS, UNK]
