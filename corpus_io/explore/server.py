@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from corpus_io.explore.media import Audio, MediaError, peaks, spectrogram_png
-from corpus_io.explore.query import BadRequest, Explorer
+from corpus_io.explore.query import BadRequest, Explorer, int_param
 
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -176,9 +176,7 @@ class Handler(BaseHTTPRequestHandler):
                    {**headers, "Content-Range": f"bytes {start}-{end}/{audio.size}"})
 
     def _waveform(self, row: dict, params: dict) -> None:
-        from corpus_io.explore.query import _int
-
-        width = _int(params, "width", 800, 1, MAX_WAVEFORM_WIDTH)
+        width = int_param(params, "width", 800, 1, MAX_WAVEFORM_WIDTH)
         wave, rate = Audio(self.explorer.catalog, row).samples()
         self._json({"sample_rate": rate, "num_samples": len(wave), "peaks": peaks(wave, width)})
 
