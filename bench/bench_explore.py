@@ -128,6 +128,8 @@ def main() -> None:
               f"({(cache / 'table.parquet').stat().st_size / 1e6:.0f} MB table)")
         print(f"{'first page (server start -> 50 rows)':45s} {1000 * start_to_first:8.0f} ms   target < 1000 ms")
         print(f"{'first page request alone':45s} {1000 * first:8.0f} ms")
+        took, _ = get(base + "/api/info")
+        print(f"{'page info (row count, runs, shards)':45s} {1000 * took:8.0f} ms")
         took, _ = get(base + "/api/dataset")
         print(f"{'dataset view (totals, shards, vocabulary)':45s} {1000 * took:8.0f} ms")
         took, _ = get(base + f"/api/row/{body['total'] // 2}")

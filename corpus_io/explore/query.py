@@ -86,6 +86,7 @@ class Explorer:
         if self.runs >= 2:
             self.sorts["cer_delta"] = "cer_delta"
         self._lock = threading.Lock()
+        self._dataset_lock = threading.Lock()
 
     def _query(self, sql: str, args: list | None = None) -> list[tuple]:
         with self._lock:  # one connection, many server threads: cursors are cheap, but keep order simple
@@ -221,17 +222,30 @@ class Explorer:
         return {"column": column, "edges": [lo + i * width for i in range(nb + 1)],
                 "counts": [int(got.get(i, 0)) for i in range(nb)]}
 
+    def info(self) -> dict:
+        """What the page needs to draw its first table at once: the input, row count, runs and shards."""
+        out: dict[str, Any] = {"input": self.catalog.input, "kind": self.catalog.kind, "utterances": self.size(),
+                               "runs": self.catalog.runs}
+        if self.catalog.kind == "shard":
+            out["shards"] = [{"id": i, "url": s.url, "utterances": s.num_utts, "hours": s.seconds / 3600,
+                              "error": s.error} for i, s in enumerate(self.catalog.shards)]
+        return out
+
     def dataset(self) -> dict:
+        """:meth:`_dataset`, computed once: the catalog does not change while it is served."""
+        with self._dataset_lock:  # not self._lock: _query takes that one
+            if not hasattr(self, "_dataset_cache"):
+                self._dataset_cache = self._dataset()
+            return self._dataset_cache
+
+    def _dataset(self) -> dict:
         """Totals, per-shard balance, alphabet and vocabulary (with tokens missing from the token list)."""
         (utts, secs, speakers, empty, dup_rows, errors) = self._query(
             "SELECT count(*), coalesce(sum(duration), 0), count(DISTINCT speaker), count(*) FILTER (chars = 0),"
             " count(*) FILTER (text_count > 1), count(*) FILTER (error IS NOT NULL) FROM t")[0]
-        out: dict[str, Any] = {"input": self.catalog.input, "kind": self.catalog.kind, "utterances": utts,
-                               "hours": secs / 3600, "speakers": speakers, "empty_text": empty,
-                               "duplicate_text_rows": dup_rows, "errors": errors, "runs": self.catalog.runs}
-        if self.catalog.kind == "shard":
-            out["shards"] = [{"id": i, "url": s.url, "utterances": s.num_utts, "hours": s.seconds / 3600,
-                              "error": s.error} for i, s in enumerate(self.catalog.shards)]
+        out = self.info()
+        out.update({"utterances": utts, "hours": secs / 3600, "speakers": speakers, "empty_text": empty,
+                    "duplicate_text_rows": dup_rows, "errors": errors})
         for n in range(1, self.runs + 1):
             sfx = "" if n == 1 else str(n)
             ce, cr, we, wr, scored = self._query(
