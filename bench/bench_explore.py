@@ -36,6 +36,11 @@ def simulate(cache: Path, n: int) -> float:
     if (cache / "table.parquet").is_file():
         return float(json.loads((cache / "sim.json").read_text())["build_s"])
     t0 = time.perf_counter()
+    if (cache / "run-sim.parquet").is_file():  # the simulated scan exists: rebuild only the table
+        build_table(cache, [cache / "run-sim.parquet"])
+        seconds = time.perf_counter() - t0
+        (cache / "sim.json").write_text(json.dumps({"n": n, "build_s": seconds}))
+        return seconds
     con = connect(cache, "2GB")
     word = "'w' || (hash(i * {k} + {k}) % 20000)::VARCHAR"
     words = " || ' ' || ".join(word.format(k=k) for k in range(1, 15))
@@ -123,6 +128,12 @@ def main() -> None:
               f"({(cache / 'table.parquet').stat().st_size / 1e6:.0f} MB table)")
         print(f"{'first page (server start -> 50 rows)':45s} {1000 * start_to_first:8.0f} ms   target < 1000 ms")
         print(f"{'first page request alone':45s} {1000 * first:8.0f} ms")
+        took, _ = get(base + "/api/info")
+        print(f"{'page info (row count, runs, shards)':45s} {1000 * took:8.0f} ms")
+        took, _ = get(base + "/api/dataset")
+        print(f"{'dataset view (totals, shards, vocabulary)':45s} {1000 * took:8.0f} ms")
+        took, _ = get(base + f"/api/row/{body['total'] // 2}")
+        print(f"{'one row (all fields)':45s} {1000 * took:8.0f} ms")
         worst = 0.0
         results = {}
         for name, query in REQUESTS:

@@ -452,7 +452,7 @@ def build_table(cache: Path, results: list[Path]) -> Path:
         con.execute(f"CREATE TEMP TABLE r AS {_RANKS.format(base=base)}")
         con.execute(f"COPY (SELECT {', '.join(selects)} FROM read_parquet({base}, file_row_number=true) b "
                     f"JOIN r ON r.row_id = b.file_row_number {' '.join(joins)}) TO {sql_str(tmp)} "
-                    f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 100000)")
+                    f"(FORMAT parquet, COMPRESSION snappy, ROW_GROUP_SIZE 100000)")  # scans: snappy ~1.5x zstd
         _build_vocab(con, tmp, cache / "vocab.json")
         # speaker -> its rank: a speaker filter becomes an integer comparison over the table
         con.execute(f"COPY (SELECT DISTINCT speaker, speaker_rank FROM read_parquet({sql_str(tmp)}) WHERE speaker IS "

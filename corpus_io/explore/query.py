@@ -32,7 +32,7 @@ class BadRequest(ValueError):
     """A request the explorer refuses (HTTP 400), with a sentence saying what is allowed."""
 
 
-def _int(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+def int_param(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
     raw = params.get(name)
     if raw in (None, ""):
         return default
@@ -45,7 +45,7 @@ def _int(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -
     return value
 
 
-def _float(params: Mapping[str, str], name: str) -> float | None:
+def float_param(params: Mapping[str, str], name: str) -> float | None:
     raw = params.get(name)
     if raw in (None, ""):
         return None
@@ -86,6 +86,7 @@ class Explorer:
         if self.runs >= 2:
             self.sorts["cer_delta"] = "cer_delta"
         self._lock = threading.Lock()
+        self._dataset_lock = threading.Lock()
 
     def _query(self, sql: str, args: list | None = None) -> list[tuple]:
         with self._lock:  # one connection, many server threads: cursors are cheap, but keep order simple
@@ -104,7 +105,7 @@ class Explorer:
                               ("cps_min", "cps", ">="), ("cps_max", "cps", "<="),
                               ("cer_min", "cer", ">="), ("cer_max", "cer", "<="),
                               ("cer2_min", "cer2", ">="), ("cer2_max", "cer2", "<=")):
-            value = _float(params, name)
+            value = float_param(params, name)
             if value is not None:
                 if col not in self.columns:
                     raise BadRequest(f"{name} needs decode results (++decode_dir=...)")
@@ -130,7 +131,7 @@ class Explorer:
             args.append(ranks[0][0] if ranks else -1)
         if params.get("shard") not in (None, ""):
             conds.append("shard_id = ?")
-            args.append(_int(params, "shard", 0, 0, max(0, len(self.catalog.shards) - 1)))
+            args.append(int_param(params, "shard", 0, 0, max(0, len(self.catalog.shards) - 1)))
         flag = params.get("flag", "")
         if flag == "duplicate":
             conds.append("text_count > 1")
@@ -149,8 +150,8 @@ class Explorer:
     # ----------------------------------------------------------------- answers
 
     def page(self, params: Mapping[str, str]) -> dict:
-        page = _int(params, "page", 0, 0, 10 ** 12)
-        size = _int(params, "size", 50, 1, MAX_PAGE_SIZE)
+        page = int_param(params, "page", 0, 0, 10 ** 12)
+        size = int_param(params, "size", 50, 1, MAX_PAGE_SIZE)
         sort = params.get("sort") or "row_id"
         if sort not in self.sorts:
             raise BadRequest(f"sort={sort!r}: sortable columns are {', '.join(sorted(self.sorts))}")
@@ -207,7 +208,7 @@ class Explorer:
         allowed = HIST_COLUMNS + tuple(c for c in ("cer", "wer", "cer2", "wer2", "cer_delta") if c in self.columns)
         if column not in allowed:
             raise BadRequest(f"column={column!r}: histograms exist for {', '.join(allowed)}")
-        bins = _int(params, "bins", 40, 1, MAX_BINS)
+        bins = int_param(params, "bins", 40, 1, MAX_BINS)
         where, args = self.where(params)
         cond = f"{where} {'AND' if where else 'WHERE'} {column} IS NOT NULL"
         lo, hi, n = self._query(f"SELECT min({column}), max({column}), count(*) FROM t{cond}", args)[0]
@@ -221,17 +222,30 @@ class Explorer:
         return {"column": column, "edges": [lo + i * width for i in range(nb + 1)],
                 "counts": [int(got.get(i, 0)) for i in range(nb)]}
 
+    def info(self) -> dict:
+        """What the page needs to draw its first table at once: the input, row count, runs and shards."""
+        out: dict[str, Any] = {"input": self.catalog.input, "kind": self.catalog.kind, "utterances": self.size(),
+                               "runs": self.catalog.runs}
+        if self.catalog.kind == "shard":
+            out["shards"] = [{"id": i, "url": s.url, "utterances": s.num_utts, "hours": s.seconds / 3600,
+                              "error": s.error} for i, s in enumerate(self.catalog.shards)]
+        return out
+
     def dataset(self) -> dict:
+        """:meth:`_dataset`, computed once: the catalog does not change while it is served."""
+        with self._dataset_lock:  # not self._lock: _query takes that one
+            if not hasattr(self, "_dataset_cache"):
+                self._dataset_cache = self._dataset()
+            return self._dataset_cache
+
+    def _dataset(self) -> dict:
         """Totals, per-shard balance, alphabet and vocabulary (with tokens missing from the token list)."""
         (utts, secs, speakers, empty, dup_rows, errors) = self._query(
             "SELECT count(*), coalesce(sum(duration), 0), count(DISTINCT speaker), count(*) FILTER (chars = 0),"
             " count(*) FILTER (text_count > 1), count(*) FILTER (error IS NOT NULL) FROM t")[0]
-        out: dict[str, Any] = {"input": self.catalog.input, "kind": self.catalog.kind, "utterances": utts,
-                               "hours": secs / 3600, "speakers": speakers, "empty_text": empty,
-                               "duplicate_text_rows": dup_rows, "errors": errors, "runs": self.catalog.runs}
-        if self.catalog.kind == "shard":
-            out["shards"] = [{"id": i, "url": s.url, "utterances": s.num_utts, "hours": s.seconds / 3600,
-                              "error": s.error} for i, s in enumerate(self.catalog.shards)]
+        out = self.info()
+        out.update({"utterances": utts, "hours": secs / 3600, "speakers": speakers, "empty_text": empty,
+                    "duplicate_text_rows": dup_rows, "errors": errors})
         for n in range(1, self.runs + 1):
             sfx = "" if n == 1 else str(n)
             ce, cr, we, wr, scored = self._query(

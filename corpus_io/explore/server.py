@@ -3,7 +3,8 @@
 Routes (GET only; anything else is 404/405):
 
 * ``/`` and ``/static/app.js|app.css``: the page (files from this package, picked from a fixed table);
-* ``/api/dataset``: totals, per-shard balance, alphabet, vocabulary, decode summaries;
+* ``/api/info``: input, row count, decode runs, shards (what the first table needs);
+* ``/api/dataset``: totals, per-shard balance, alphabet, vocabulary, decode summaries (computed once);
 * ``/api/rows?page=&size=&sort=&desc=&<filters>``: one page of the table (size at most 1000);
 * ``/api/hist?column=&bins=&<filters>``: a histogram of a numeric column;
 * ``/api/row/<row_id>``: one utterance, with the ref/hyp diff when decode results are joined;
@@ -27,7 +28,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from corpus_io.explore.media import Audio, MediaError, peaks, spectrogram_png
-from corpus_io.explore.query import BadRequest, Explorer
+from corpus_io.explore.query import BadRequest, Explorer, int_param
 
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -134,6 +135,8 @@ class Handler(BaseHTTPRequestHandler):
             name, ctype = STATIC[path]
             body = resources.files("corpus_io.explore").joinpath("static", name).read_bytes()
             self._send(200, body, ctype, {"Cache-Control": "no-cache"})
+        elif path == "/api/info":
+            self._json(ex.info())
         elif path == "/api/dataset":
             self._json(ex.dataset())
         elif path == "/api/rows":
@@ -176,9 +179,7 @@ class Handler(BaseHTTPRequestHandler):
                    {**headers, "Content-Range": f"bytes {start}-{end}/{audio.size}"})
 
     def _waveform(self, row: dict, params: dict) -> None:
-        from corpus_io.explore.query import _int
-
-        width = _int(params, "width", 800, 1, MAX_WAVEFORM_WIDTH)
+        width = int_param(params, "width", 800, 1, MAX_WAVEFORM_WIDTH)
         wave, rate = Audio(self.explorer.catalog, row).samples()
         self._json({"sample_rate": rate, "num_samples": len(wave), "peaks": peaks(wave, width)})
 

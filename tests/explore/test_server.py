@@ -116,7 +116,10 @@ def test_audio_is_the_member_bytes_with_range_support_for_wav_and_flac(served):
 
 
 def test_dataset_view_has_word_accuracy_per_vocabulary_word(served):
+    info = json.loads(get(served.base + "/api/info")[2])
+    assert info["utterances"] == 24 and len(info["runs"]) == 2 and len(info["shards"]) == 3
     d = json.loads(get(served.base + "/api/dataset")[2])
+    assert json.loads(get(served.base + "/api/dataset")[2]) == d  # computed once, served again
     acc = {w: (n, hit) for w, n, hit in d["run1"]["word_accuracy"]}
     texts = fixture_texts()
     the = sum(t.split().count("the") for t in texts.values())

@@ -188,12 +188,15 @@ function readFilters() {
 }
 
 async function init() {
-  const d = await api("/api/dataset");
-  state.runs = d.run2 ? 2 : d.run1 ? 1 : 0;
+  const d = await api("/api/info");  // cheap: the totals of the dataset view come later, off the first paint
+  state.runs = d.runs.length;
   document.body.classList.toggle("has-runs", state.runs > 0);
   for (const el of document.querySelectorAll(".run-only")) el.hidden = state.runs === 0;
   for (const el of document.querySelectorAll(".cmp-only")) el.hidden = state.runs < 2;
-  $("summary").textContent = `${d.input} \u00b7 ${d.utterances} utterances \u00b7 ${fmt(d.hours, 2)} h \u00b7 ${d.speakers} speakers`;
+  $("summary").textContent = `${d.input} \u00b7 ${d.utterances} utterances`;
+  api("/api/dataset").then((t) => {
+    $("summary").textContent = `${t.input} \u00b7 ${t.utterances} utterances \u00b7 ${fmt(t.hours, 2)} h \u00b7 ${t.speakers} speakers`;
+  }).catch(() => {});
   const sel = $("f-shard");
   (d.shards || []).slice(0, 5000).forEach((s) => { const o = document.createElement("option"); o.value = s.id; o.textContent = base(s.url); sel.appendChild(o); });
   $("filters").onsubmit = (e) => { e.preventDefault(); readFilters(); state.page = 0; load(); };
