@@ -139,9 +139,9 @@ def _why(exc: BaseException, opts: ReadOptions) -> str:
         return str(exc).rstrip(".")
     why = f"{type(exc).__name__}: {exc}".rstrip(": ") or type(exc).__name__
     if "timeout" in type(exc).__name__.lower():  # s3fs/botocore's own timeouts: name the bound that set them
-        from corpus_io.urls import TIMEOUT_KEY, read_timeout
+        from corpus_io.urls import read_timeout, timeout_key
 
-        why += f" (the bound is {TIMEOUT_KEY}={read_timeout(opts.storage_options):g} s)"
+        why += f" (the bound is {timeout_key(opts.storage_options)}={read_timeout(opts.storage_options):g} s)"
     return why
 
 
