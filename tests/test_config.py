@@ -312,6 +312,8 @@ def test_readme_documents_every_funasr_key():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     for path in config.FUNASR_KEYS:
         assert f"`{path}`" in readme, path
+    for key in config.FUNASR_TOP_KEYS:  # a top-level key, or its group's keys (`tokenizer_conf.*`)
+        assert f"`{key}`" in readme or f"`{key}.*`" in readme or f"`{key}," in readme, key
 
 
 def test_funasr_aishell_recipe_config_sections_validate_with_speed_perturbation_honoured(tmp_path):

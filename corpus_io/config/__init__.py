@@ -47,7 +47,7 @@ from corpus_io.config.dataset import (
 )
 from corpus_io.config.describe import describe, group_presets
 from corpus_io.config.fields import CONF_DIR, FAILURE_CHOICES, all_keys, in_range, opt, parse_range
-from corpus_io.config.funasr import FUNASR_KEYS, OLD_FAIL, RENAMED_KEYS, FunasrKey
+from corpus_io.config.funasr import FUNASR_KEYS, FUNASR_TOP_KEYS, OLD_FAIL, RENAMED_KEYS, FunasrKey
 from corpus_io.config.training import (
     AverageConfig,
     BenchLoaderConfig,
@@ -61,7 +61,8 @@ from corpus_io.config.training import (
 
 __all__ = [
     "AddFieldConfig", "AverageConfig", "BenchLoaderConfig", "CONF_DIR", "ComputeCmvnConfig", "DatasetConf",
-    "DecodeConfig", "FAILURE_CHOICES", "FUNASR_KEYS", "FbankConf", "FilterConf", "FunasrKey", "Jsonl2ScpConfig",
+    "DecodeConfig", "FAILURE_CHOICES", "FUNASR_KEYS", "FUNASR_TOP_KEYS", "FbankConf", "FilterConf", "FunasrKey",
+    "Jsonl2ScpConfig",
     "MakeDatalistConfig", "MakeTokenizerConfig", "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig",
     "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig",
     "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
