@@ -163,6 +163,9 @@ def test_killing_the_main_process_of_scp2jsonl_takes_its_workers_and_leaves_no_t
 
 
 def test_killing_the_main_process_of_pack_shards_takes_its_workers_and_leaves_no_temp_shard(tmp_path):
+    """The promise: a worker's temp shard does not outlive it. Workers die with the main process, a shard being
+    written has no name (O_TMPFILE) and a new shard is linked straight under its final name, so a kill at
+    any moment leaves complete shards only (a rerun's cleanup is for rewrites; test_pack checks it)."""
     import json
 
     from tests.conftest import BIN
