@@ -27,6 +27,22 @@ from corpus_io.partition import PASS_STRIDE, Assignment, Piece, Slot, SlotState,
 from corpus_io.rawlist import CHUNK_LINES, RawList, chunk_sizes, permuted_lines
 
 log = logging.getLogger(__name__)
+_NO_INDEX_WARNED: set[str] = set()
+
+
+def _warn_no_index(data_list: str) -> None:
+    """Once per list and process (rank 0 under torchrun): without an index, shards are balanced by count."""
+    import os
+    import sys
+
+    from corpus_io.shards.index import index_path_for
+
+    if data_list in _NO_INDEX_WARNED or os.environ.get("RANK", "0") != "0":
+        return
+    _NO_INDEX_WARNED.add(data_list)
+    print(f"warning: {data_list} has no index ({index_path_for(data_list)}), so ranks and workers share its shards "
+          f"by count, not by duration or utterances. Write one with make-datalist (or pack-shards).",
+          file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -51,7 +67,10 @@ class Source:
         urls = read_datalist(data_list)
         if not urls:
             raise DataError(f"{data_list} lists no shards. Run make-datalist on the packed shards.")
-        index = load_index(data_list) or {}
+        index = load_index(data_list)
+        if index is None:
+            _warn_no_index(data_list)
+        index = index or {}
         entries = [index.get(u) for u in urls]
         durations = [float(e["duration"]) if e and e.get("duration") else 0.0 for e in entries]
         num_utts = [int(e["num_utts"]) if e and e.get("num_utts") else 0 for e in entries]
