@@ -43,7 +43,8 @@ MIN_GAP_S = 1.0  # ... but never two within a second, and none for a job done in
 def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it") -> Iterator[T]:
     """Show progress on stderr while iterating: a tqdm bar in a terminal; in a log file or pipe, a plain
     line every ``LOG_INTERVAL_S`` seconds or ``LOG_STEP`` of the total (at most one per ``MIN_GAP_S``), and
-    one at the end (so a one-hour job leaves ~100 lines, not thousands of bar redraws; a sub-second job none). ``CORPUS_IO_NO_PROGRESS=1`` turns both off."""
+    one at the end (so a one-hour job leaves ~100 lines, not thousands of bar redraws; a sub-second job none).
+    ``CORPUS_IO_NO_PROGRESS=1`` turns both off."""
     if os.environ.get("CORPUS_IO_NO_PROGRESS") == "1":
         return iter(iterable)
     if not sys.stderr.isatty():
