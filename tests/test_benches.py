@@ -36,3 +36,18 @@ def test_bench_loader_subsets_a_packed_list_with_its_index(tmp_path):
     urls = sub.read_text().split()
     assert urls == data_list.read_text().split()[:1]
     assert list(load_index(sub)) == urls and len(rsub.read_text().splitlines()) == 24
+
+
+@pytest.mark.parametrize("name", ["batching", "segments", "scoring"])
+def test_the_second_long_benches_run_to_the_end(name):
+    """The benches small enough to run whole in the suite (seconds each) do, so a format change that breaks
+    them fails here; the corpus-sized ones (loader, pack, frontend, ...) run with `make bench`."""
+    import os
+    import sys
+
+    from tests.conftest import run_bounded
+
+    result = run_bounded([sys.executable, "-m", "bench", name], 240,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", CORPUS_IO_NO_PROGRESS="1"))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert f"===== bench_{name} done in" in result.stdout
