@@ -153,7 +153,7 @@ def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None
         with open(path, "rb") as f:
             info = header_info(f.read(HEAD_BYTES), os.fstat(f.fileno()).st_size)
     except FileNotFoundError:
-        raise DataError(f"{source} does not exist. Check the path in your wav.scp.") from None
+        raise DataError(f"{source} does not exist. Check the path in the list or table that names it.") from None
     except OSError as exc:
         raise DataError(f"cannot read {source}: {exc.strerror}.") from None
     # WAV and FLAC headers are parsed here (~10 us); anything else, or anything odd, goes to soundfile.

@@ -55,8 +55,10 @@ class UnnamedFile:
     """A file written in ``final``'s directory that has no name until :meth:`commit` gives it ``final``.
 
     On Linux it is an ``O_TMPFILE`` inode, so a writer killed at any point (even by SIGKILL, or with
-    its parent) leaves nothing behind; :meth:`commit` links it under :func:`temp_name` and renames it
-    over ``final`` (atomic). Where the filesystem has no ``O_TMPFILE`` the file is the visible
+    its parent) leaves nothing behind; :meth:`commit` links a new output straight under ``final``, and a
+    rewrite under :func:`temp_name`, then renames it over ``final`` (both atomic; only a writer killed
+    between that link and rename leaves the temp name, which a rerun's :func:`remove_temp_files` deletes).
+    Where the filesystem has no ``O_TMPFILE`` the file is the visible
     :func:`temp_name` from the start (removed by :meth:`abort`, or by a rerun's :func:`remove_temp_files`).
     """
 
@@ -77,6 +79,12 @@ class UnnamedFile:
         if fsync:
             os.fsync(self.file.fileno())
         if self.unnamed:
+            try:  # a new output: linked straight under its final name, so no visible temp name ever exists
+                os.link(f"/proc/self/fd/{self.file.fileno()}", self.final)
+                self.file.close()
+                return
+            except OSError:  # it exists (a rewrite: replaced atomically below), or no /proc
+                pass
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.tmp)  # left by a writer of the same pid that was killed between link and rename
             try:

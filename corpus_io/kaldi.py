@@ -26,6 +26,9 @@ from corpus_io.errors import DataError
 from corpus_io.files import UTF8_BOM, atomic_write, bounded_lines, iter_raw_lines
 
 _SEP = re.compile(rb"[ \t]+")
+#: what ends a table key, for the reader (``_SEP``, and the line's end) and the writer alike: a key holding
+#: U+00A0 or U+3000 (Unicode spaces Kaldi's byte-wise split does not see) reads and writes back unchanged
+KEY_BREAKS = frozenset(" \t\r\n")
 
 
 @dataclass(frozen=True)
@@ -281,7 +284,7 @@ def is_ark_offset(value: str) -> bool:
 def table_line(key: str, value: str, separator: str = " ", *, where: str, field: str = "value") -> str:
     """``key<sep>value\n``, or a DataError (naming ``where``) for a pair that would not read back as
     written: a key that is empty or holds whitespace, a value that is empty or holds a line break."""
-    if not key or any(c.isspace() for c in key):
+    if not key or any(c in KEY_BREAKS for c in key):
         raise DataError(f"{where}: key {key!r} is {'empty' if not key else 'not one word'}; a Kaldi table key "
                         f"is one word without spaces or tabs (the rest of the line is the value). Rename the "
                         f"key, e.g. replace spaces with '_'.")

@@ -37,12 +37,14 @@ def resolve_num_workers(num_workers: int | None) -> int:
 
 LOG_INTERVAL_S = 30.0  # a non-terminal stderr gets a progress line at most this often ...
 LOG_STEP = 0.10  # ... or when another 10 % of the total is done
+MIN_GAP_S = 1.0  # ... but never two within a second, and none for a job done in less
 
 
 def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it") -> Iterator[T]:
     """Show progress on stderr while iterating: a tqdm bar in a terminal; in a log file or pipe, a plain
-    line every ``LOG_INTERVAL_S`` seconds or ``LOG_STEP`` of the total, and one at the end (so a one-hour
-    job leaves ~100 lines, not thousands of bar redraws). ``CORPUS_IO_NO_PROGRESS=1`` turns both off."""
+    line every ``LOG_INTERVAL_S`` seconds or ``LOG_STEP`` of the total (at most one per ``MIN_GAP_S``), and
+    one at the end (so a one-hour job leaves ~100 lines, not thousands of bar redraws; a sub-second job none).
+    ``CORPUS_IO_NO_PROGRESS=1`` turns both off."""
     if os.environ.get("CORPUS_IO_NO_PROGRESS") == "1":
         return iter(iterable)
     if not sys.stderr.isatty():
@@ -68,14 +70,15 @@ def _log_lines(iterable: Iterable[T], *, total: int | None, desc: str, unit: str
         yield item
         done += 1
         now = time.monotonic()
-        crossed = bool(total) and done / total >= next_share
+        crossed = bool(total) and done / total >= next_share and now - last_time >= MIN_GAP_S
         if crossed or now - last_time >= LOG_INTERVAL_S:
             if crossed:
                 next_share = (int(done / total / LOG_STEP) + 1) * LOG_STEP
             if not (total and done >= total):  # the closing line below covers 100 %
                 print(line(now), file=sys.stderr, flush=True)
             last_time = now
-    print(line(time.monotonic()), file=sys.stderr, flush=True)
+    if time.monotonic() - start >= MIN_GAP_S:  # a sub-second job says nothing (its summary line suffices)
+        print(line(time.monotonic()), file=sys.stderr, flush=True)
 
 
 @dataclass

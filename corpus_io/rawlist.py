@@ -150,6 +150,11 @@ class RawList:
         with open(path, "rb") as f:
             return f.read(offset).count(b"\n") + 1
 
+    def where(self, i: int) -> str:
+        """``file:line`` of entry ``i`` (a read up to the line: for error messages only)."""
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return f"{self.files[k]}:{self._lineno(self.files[k], int(self._offsets[k][i - int(self._starts[k])]))}"
+
     def record(self, i: int) -> dict:
         """The canonical (FunASR names) record of entry ``i``."""
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
@@ -179,7 +184,7 @@ class RawList:
         try:
             data = audio.read_source_bytes(source, allow_pipe=allow_pipe, storage_options=storage_options)
         except DataError as exc:
-            raise DataError(f"{self.path} key {rec['key']}: {exc}") from None
+            raise DataError(f"{self.where(i)}: key '{rec['key']}', field 'source' (WeNet 'wav'): {exc}") from None
         sample = {"key": rec["key"], "audio": data, "audio_format": audio.extension_of(source) or "wav",
                   "txt": str(rec.get("target", "")), "meta": rec}
         for name in ("start", "end"):

@@ -32,7 +32,16 @@ REMOTE_SCHEMES = ("http://", "https://", "s3://", "gs://", "oss://")
 
 #: seconds without a connection or a byte before a network read fails (dataset_conf.read_timeout)
 DEFAULT_READ_TIMEOUT = 30.0
-TIMEOUT_KEY = "dataset_conf.read_timeout"
+#: the key a user raises for a slow server: the data-preparation commands take ``storage_options`` (a dict,
+#: so ``++storage_options.read_timeout=60``); the loader sets ``read_timeout`` from ``dataset_conf.read_timeout``
+#: and names that key in ``storage_options[TIMEOUT_KEY_OPTION]`` (popped before fsspec sees the options)
+TIMEOUT_KEY = "storage_options.read_timeout"
+TIMEOUT_KEY_OPTION = "read_timeout_key"
+
+
+def timeout_key(storage_options: dict | None) -> str:
+    """The config key that sets the read timeout of the command these options came from."""
+    return str((storage_options or {}).get(TIMEOUT_KEY_OPTION) or TIMEOUT_KEY)
 #: seconds a command entry (``cmd |`` or ``pipe:cmd``) may run before it is killed (``pipe_timeout``)
 DEFAULT_PIPE_TIMEOUT = 300.0
 PIPE_TIMEOUT_KEY = "pipe_timeout"  # scp2jsonl and pack-shards; dataset_conf.pipe_timeout in the loader
@@ -75,6 +84,7 @@ def _storage_options(url: str, storage_options: dict | None) -> dict:
     timeout = read_timeout(opts)
     opts.pop("read_timeout", None)
     opts.pop(PIPE_TIMEOUT_KEY, None)
+    opts.pop(TIMEOUT_KEY_OPTION, None)
     if url.startswith("s3://"):
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("S3_ENDPOINT_URL")
         if endpoint and "endpoint_url" not in opts and "client_kwargs" not in opts:
@@ -105,21 +115,22 @@ def filesystem(url: str, storage_options: dict | None = None, *, fresh: bool = F
     return fsspec.core.url_to_fs(url, **opts)
 
 
-def _stall_message(url: str, timeout: float) -> str:
-    return (f"{url}: no answer from the server for {timeout:g} s (the bound is {TIMEOUT_KEY}={timeout:g} s). "
-            f"Check the server, or raise ++{TIMEOUT_KEY} for a slow one.")
+def _stall_message(url: str, timeout: float, key: str = TIMEOUT_KEY) -> str:
+    return (f"{url}: no answer from the server for {timeout:g} s (the bound is {key}={timeout:g} s). "
+            f"Check the server, or raise ++{key} for a slow one.")
 
 
 class HTTPStream(io.RawIOBase):
     """The body of one plain GET, read front to back; every wait is bounded by ``timeout`` seconds."""
 
-    def __init__(self, url: str, timeout: float, headers: dict | None = None):
+    def __init__(self, url: str, timeout: float, headers: dict | None = None, key: str = TIMEOUT_KEY):
         import urllib.error
         import urllib.request
 
         url, auth = split_credentials(url)
         self.url = url
         self.timeout = timeout
+        self.key = key
         request = urllib.request.Request(url, headers={"User-Agent": "corpus-io", **auth, **(headers or {})})
         try:
             self._response = urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - http(s) only
@@ -133,7 +144,7 @@ class HTTPStream(io.RawIOBase):
         except (TimeoutError, OSError, urllib.error.URLError) as exc:
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, TimeoutError):
-                raise RemoteReadError(_stall_message(url, timeout)) from None
+                raise RemoteReadError(_stall_message(url, timeout, key)) from None
             raise RemoteReadError(f"{url}: cannot connect ({reason}).") from None
 
     def readable(self) -> bool:
@@ -143,7 +154,7 @@ class HTTPStream(io.RawIOBase):
         try:
             return self._response.readinto(b)
         except TimeoutError:
-            raise RemoteReadError(_stall_message(self.url, self.timeout)) from None
+            raise RemoteReadError(_stall_message(self.url, self.timeout, self.key)) from None
         except (OSError, ValueError) as exc:  # reset, or http.client.IncompleteRead (a ValueError subclass)
             raise RemoteReadError(f"{self.url}: the connection broke while reading "
                                   f"({type(exc).__name__}: {exc}).") from None
@@ -297,7 +308,8 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
         return io.BufferedReader(CommandStream(url, timeout), buffer_size=block_size)
     if url.startswith(("http://", "https://")) and not seekable:
         opts = storage_options or {}
-        return io.BufferedReader(HTTPStream(url, read_timeout(opts), opts.get("headers")), buffer_size=block_size)
+        return io.BufferedReader(HTTPStream(url, read_timeout(opts), opts.get("headers"), timeout_key(opts)),
+                                 buffer_size=block_size)
     if is_remote(url):
         try:
             fs, path = filesystem(url, storage_options)
@@ -305,7 +317,8 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
         except FileNotFoundError as exc:
             cause = exc.__cause__ if url.startswith(("http://", "https://")) else None
             if cause is not None and "timeout" in type(cause).__name__.lower():
-                raise RemoteReadError(_stall_message(url, read_timeout(storage_options))) from None
+                raise RemoteReadError(_stall_message(url, read_timeout(storage_options),
+                                                     timeout_key(storage_options))) from None
             if cause is not None and getattr(cause, "status", 404) != 404:  # fsspec says "not found" for a 5xx
                 raise RemoteReadError(f"{url}: the server answered HTTP {cause.status}.") from None
             if isinstance(cause, Exception) and not hasattr(cause, "status"):

@@ -312,6 +312,8 @@ def test_readme_documents_every_funasr_key():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     for path in config.FUNASR_KEYS:
         assert f"`{path}`" in readme, path
+    for key in config.FUNASR_TOP_KEYS:  # a top-level key, or its group's keys (`tokenizer_conf.*`)
+        assert f"`{key}`" in readme or f"`{key}.*`" in readme or f"`{key}," in readme, key
 
 
 def test_funasr_aishell_recipe_config_sections_validate_with_speed_perturbation_honoured(tmp_path):
@@ -400,7 +402,7 @@ def test_every_value_that_sizes_memory_time_or_processes_has_a_documented_range(
     ("dataset_conf.num_workers=-1", "dataset_conf.num_workers=-1 is outside its range [0, 256]"),
     ("dataset_conf.fbank_conf.num_mel_bins=3", "num_mel_bins=3 is outside its range [4, 512]"),
     ("dataset_conf.fbank_conf.frame_shift=0", "frame_shift=0.0 ms is outside its range [1, 1000]"),
-    ("dataset_conf.spec_aug_conf.max_t=-5", "spec_aug_conf.max_t=-5 frames is outside its range [0, 100000]"),
+    ("dataset_conf.spec_aug_conf.max_t=-5", "spec_aug_conf.max_t=-5 frames is outside its range [1, 100000]"),
     ("dataset_conf.shuffle_conf.shuffle_size=0", "shuffle_size=0 utterances is outside its range [1, 1000000]"),
     ("dataset_conf.epoch_hours=0", "epoch_hours=0.0 hours is outside its range (0, inf)"),
     ("dataset_conf.sources=[{data_list: a, weight: -1}]", "sources[0].weight=-1.0 is outside its range [0, inf)"),

@@ -72,12 +72,21 @@ def test_a_log_file_gets_a_line_per_tenth_of_the_job_not_per_update(capsys, monk
     from corpus_io.progress import progress
 
     monkeypatch.delenv("CORPUS_IO_NO_PROGRESS", raising=False)  # stderr here is captured: not a terminal
+    monkeypatch.setattr("corpus_io.progress.MIN_GAP_S", 0.0)  # as if every item took a second
     assert list(progress(range(1000), total=1000, desc="job", unit="utt")) == list(range(1000))
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 10, lines  # 10 %, 20 %, ... 90 %, then the closing line at 100 %
     assert lines[0].startswith("[job] 100/1000 (10 %) utt") and lines[-1].startswith("[job] 1000/1000 (100 %)")
     assert list(progress(range(5000), desc="nototal")) == list(range(5000))
-    assert len(capsys.readouterr().err.splitlines()) == 1  # a fast job without a total: only the closing line
+    assert len(capsys.readouterr().err.splitlines()) == 1  # without a total: only the closing line
+
+
+def test_a_sub_second_job_prints_no_progress_lines(capsys, monkeypatch):
+    from corpus_io.progress import progress
+
+    monkeypatch.delenv("CORPUS_IO_NO_PROGRESS", raising=False)
+    assert list(progress(range(10), total=10, desc="ten lines")) == list(range(10))
+    assert capsys.readouterr().err == ""
 
 
 def test_no_progress_env_silences_progress(capsys, monkeypatch):
@@ -163,6 +172,9 @@ def test_killing_the_main_process_of_scp2jsonl_takes_its_workers_and_leaves_no_t
 
 
 def test_killing_the_main_process_of_pack_shards_takes_its_workers_and_leaves_no_temp_shard(tmp_path):
+    """The promise: a worker's temp shard does not outlive it. Workers die with the main process, a shard being
+    written has no name (O_TMPFILE) and a new shard is linked straight under its final name, so a kill at
+    any moment leaves complete shards only (a rerun's cleanup is for rewrites; test_pack checks it)."""
     import json
 
     from tests.conftest import BIN

@@ -49,7 +49,7 @@ from corpus_io.config.dataset import (
 )
 from corpus_io.config.describe import describe, group_presets
 from corpus_io.config.fields import CONF_DIR, FAILURE_CHOICES, all_keys, in_range, opt, parse_range
-from corpus_io.config.funasr import FUNASR_KEYS, OLD_FAIL, RENAMED_KEYS, FunasrKey
+from corpus_io.config.funasr import FUNASR_KEYS, FUNASR_TOP_KEYS, OLD_FAIL, RENAMED_KEYS, FunasrKey
 from corpus_io.config.training import (
     AverageConfig,
     BenchLoaderConfig,
@@ -66,12 +66,13 @@ from corpus_io.config.training import (
 
 __all__ = [
     "AddFieldConfig", "AverageConfig", "BenchLoaderConfig", "CONF_DIR", "ComputeCmvnConfig", "DatasetConf",
-    "DecodeConfig", "DecodingConf", "ExploreConfig", "FAILURE_CHOICES", "FUNASR_KEYS", "FbankConf", "FilterConf",
-    "FunasrKey", "Jsonl2ScpConfig", "MakeDatalistConfig", "MakeLmConfig", "MakeTokenizerConfig", "MergeJobsConfig",
-    "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig", "PrepareConfig", "RENAMED_KEYS", "ResampleConf",
-    "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig", "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf",
-    "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf", "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig",
-    "TuneLmConfig", "VerifyShardsConfig", "all_keys", "check_keys", "check_values", "coerce_fields", "compose",
-    "compose_raw", "describe", "group_presets", "in_range", "opt", "parse_range", "require", "schema", "to_dict",
+    "DecodeConfig", "DecodingConf", "ExploreConfig", "FAILURE_CHOICES", "FUNASR_KEYS", "FUNASR_TOP_KEYS",
+    "FbankConf", "FilterConf", "FunasrKey", "Jsonl2ScpConfig", "MakeDatalistConfig", "MakeLmConfig",
+    "MakeTokenizerConfig", "MergeJobsConfig", "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig",
+    "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig",
+    "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
+    "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "TuneLmConfig", "VerifyShardsConfig", "all_keys",
+    "check_keys", "check_values", "coerce_fields", "compose", "compose_raw", "describe", "group_presets",
+    "in_range", "opt", "parse_range", "require", "schema", "to_dict",
     "to_yaml", "validate",
 ]

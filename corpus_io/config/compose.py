@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from corpus_io.config.checks import check_keys, check_values
-from corpus_io.config.fields import CONF_DIR
-from corpus_io.config.funasr import apply_funasr_keys, apply_old_spellings, override_keys
+from corpus_io.config.describe import group_presets
+from corpus_io.config.fields import CONF_DIR, schema_fields
+from corpus_io.config.funasr import apply_funasr_keys, apply_old_spellings, funasr_group_overrides, override_keys
 from corpus_io.errors import ConfigError
 
 
@@ -18,6 +19,8 @@ def compose(schema: type, config_name: str, overrides: list[str], *, config_path
 
     Returns the dataclass instance; ``resolved_yaml(cfg)`` gives the YAML to store with outputs.
     """
+    if "train_conf" in schema_fields(schema):
+        overrides = funasr_group_overrides(list(overrides), {"model": group_presets("model")})
     return validate(schema, compose_raw(config_name, overrides, config_path=config_path),
                     explicit=override_keys(overrides))
 

@@ -62,19 +62,20 @@ class MfccConf:
 class SpecAugConf:
     num_t_mask: int = opt(2, "time masks per utterance", range="[0, 100]")
     num_f_mask: int = opt(2, "frequency masks per utterance", range="[0, 100]")
-    max_t: int = opt(50, "longest time mask", unit="frames", range="[0, 100000]")
-    max_f: int = opt(10, "widest frequency mask", unit="mel bins", range="[0, 512]")
+    max_t: int = opt(50, "longest time mask (num_t_mask=0: none)", unit="frames", range="[1, 100000]")
+    max_f: int = opt(10, "widest frequency mask (num_f_mask=0: none)", unit="mel bins", range="[1, 512]")
 
 
 @schema
 class SpecSubConf:
-    max_t: int = opt(30, "longest substituted span", unit="frames", range="[0, 100000]")
+    max_t: int = opt(30, "longest substituted span (num_t_sub=0: none)", unit="frames", range="[1, 100000]")
     num_t_sub: int = opt(3, "substitutions per utterance", range="[0, 100]")
 
 
 @schema
 class SpecTrimConf:
-    max_t: int = opt(20, "most frames trimmed from the end", unit="frames", range="[0, 100000]")
+    max_t: int = opt(20, "most frames trimmed from the end (spec_trim=false: none)", unit="frames",
+                     range="[1, 100000]")
 
 
 @schema

@@ -76,7 +76,40 @@ FUNASR_KEYS: Dict[str, FunasrKey] = {
     "train_conf.use_fsdp": FunasrKey(note="training uses torch DDP; FSDP is not supported", honoured=_off),
     "train_conf.use_wandb": FunasrKey(note="logs go to output_dir/tensorboard", honoured=_off),
     "train_conf.freeze_param": FunasrKey(note="every parameter is trained", honoured=_off),
+    "train_conf.ignore_init_mismatch": FunasrKey(note="no FunASR init_param is loaded"),
 }
+
+#: FunASR's top-level keys of ``train.py``/``train_ds.py`` (as its finetune.sh scripts pass them), read by
+#: ``train`` only. ``dataset`` and ``model`` are handled by :func:`_funasr_dataset` and
+#: :func:`funasr_group_overrides`; a group (``frontend_conf``) maps key by key through ``FUNASR_GROUP_KEYS``.
+FUNASR_TOP_KEYS: Dict[str, FunasrKey] = {
+    "model_revision": FunasrKey(note="no model hub is read; the model is built from the model group"),
+    "trust_remote_code": FunasrKey(note="no remote code is run"),
+    "debug": FunasrKey(note="see train_conf.log_interval"),
+    "init_param": FunasrKey(note="training starts from the model group's random init; no FunASR checkpoint is "
+                                 "loaded (resume=true continues our own output_dir/model.pt)"),
+    "freeze_param": FunasrKey(note="every parameter is trained", honoured=_off),
+    "tokenizer": FunasrKey(note="the tokenizer is the tokenizer group (char, bpe or word)"),  # a class name only
+    "tokenizer_conf": FunasrKey(note="the tokenizer is set by tokenizer.* (token_list: '<token> <id>' lines, "
+                                     "make-tokenizer writes one)"),
+    "frontend": FunasrKey(note="features are Kaldi fbank/mfcc set by dataset_conf.feats_type"),
+    "frontend_conf": FunasrKey(note="features are set by dataset_conf.fbank_conf / mfcc_conf"),
+    "specaug": FunasrKey(note="SpecAugment is dataset_conf.spec_aug (+ spec_aug_conf)"),
+    "specaug_conf": FunasrKey(note="SpecAugment is dataset_conf.spec_aug (+ spec_aug_conf)"),
+    "encoder": FunasrKey(note="the model is the model group (model=conformer_tiny | conformer_small)"),
+    "encoder_conf": FunasrKey(note="the model's sizes are model.* keys"),
+    "decoder": FunasrKey(note="the model is the model group (CTC, no decoder)"),
+    "decoder_conf": FunasrKey(note="the model is the model group (CTC, no decoder)"),
+    "model_conf": FunasrKey(note="the model's settings are model.* keys"),
+    "optim": FunasrKey("optim_conf.optim", note="FunASR's optimizer name is read as optim_conf.optim"),
+    "scheduler": FunasrKey("scheduler_conf.scheduler",
+                           note="FunASR's scheduler name is read as scheduler_conf.scheduler"),
+}
+#: keys inside a FunASR top-level group that map to ours: ``group.key`` -> our dotted key
+FUNASR_GROUP_KEYS: Dict[str, str] = {"frontend_conf.cmvn_file": "cmvn_file"}
+#: FunASR's dataset classes: each reads a JSONL list, which is our raw list
+FUNASR_DATASETS = ("AudioDataset", "AudioDatasetHotword", "AudioLLMDataset", "AudioLLMARDataset",
+                   "AudioLLMQwenAudioDataset", "AudioLLMVicunaDataset", "SenseVoiceDataset", "SenseVoiceCTCDataset")
 
 
 def _warn(message: str) -> None:
@@ -100,9 +133,88 @@ def _funasr_speed_perturb(section: dict) -> None:
           f"dataset_conf.speed_perturb=true" + (f" with speeds {list(speeds)}." if speeds else "."))
 
 
+def _refuse_unless_honoured(path: str, value: Any, rule: FunasrKey) -> None:
+    if rule.honoured is not None and not rule.honoured(value):
+        raise ConfigError(f"FunASR key '{path}={value}' would change the results and cannot be honoured here: "
+                          f"{rule.note}. Remove it (or set it to FunASR's default) to train with corpus-io.")
+
+
+def _funasr_dataset(raw: dict) -> None:
+    """``dataset=AudioDataset`` (FunASR's JSONL dataset) is read as ``dataset_conf.data_type=raw``."""
+    if "dataset" not in raw:
+        return
+    value = raw.pop("dataset")
+    if isinstance(value, dict) and value.get("read_as_raw"):  # set by funasr_group_overrides: already applied
+        return
+    if str(value) not in FUNASR_DATASETS:
+        raise ConfigError(f"FunASR key 'dataset={value}' names a dataset class corpus-io does not know. FunASR's "
+                          f"JSONL datasets ({', '.join(FUNASR_DATASETS[:2])}, ...) are read as "
+                          f"++dataset_conf.data_type=raw, shards as data_type=shard; remove the dataset override.")
+    section = raw.setdefault("dataset_conf", {})
+    if isinstance(section, dict) and "data_type" not in section:
+        section["data_type"] = "raw"
+        _warn(f"FunASR key 'dataset={value}' is read as dataset_conf.data_type=raw (the JSONL list, streamed).")
+    else:
+        _warn(f"FunASR key 'dataset={value}' has no effect in corpus-io (dataset_conf.data_type is set); ignored.")
+
+
+def _funasr_top_keys(raw: dict, ours: dict) -> None:
+    for key, rule in FUNASR_TOP_KEYS.items():
+        if key not in raw or (key in ours and isinstance(raw[key], dict)):  # our own tokenizer group
+            continue
+        value = raw.pop(key)
+        _refuse_unless_honoured(key, value, rule)
+        for inner, target in FUNASR_GROUP_KEYS.items():
+            group, _, leaf = inner.partition(".")
+            if group == key and isinstance(value, dict) and leaf in value:
+                _set_dotted(raw, target, value.pop(leaf))
+                _warn(f"FunASR key '{inner}' is read as '{target}'.")
+        if rule.ours is not None:
+            _set_dotted(raw, rule.ours, value)
+            _warn(f"FunASR key '{key}' is read as '{rule.ours}'.")
+        elif value not in ({}, None):
+            names = [f"{key}.{k}" for k in value] if isinstance(value, dict) else [key]
+            _warn(f"FunASR key{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)} "
+                  f"{'have' if len(names) > 1 else 'has'} no effect in corpus-io ({rule.note}); ignored.")
+
+
+def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        raw = raw.setdefault(part, {})
+    raw[leaf] = value
+
+
+def funasr_group_overrides(overrides: list[str], groups: dict[str, list[str]]) -> list[str]:
+    """FunASR's ``++model=<hub name or dir>`` (and ``+model=``) before Hydra, which refuses a string for a config
+    group: a preset name of ours is selected (``model=conformer_small``), anything else (a FunASR model) is
+    dropped with one warning. ``groups``: each config group's preset names."""
+    kept = []
+    user_type = any(o.lstrip("+").startswith(("dataset_conf.data_type=", "dataset_conf=")) for o in overrides)
+    for item in overrides:
+        key, eq, value = item.lstrip("+").partition("=")
+        value = value.strip().strip("\"'")
+        if key == "dataset" and eq and value in FUNASR_DATASETS and not user_type:
+            kept += ["++dataset_conf.data_type=raw", "+dataset={read_as_raw: true}"]
+            _warn(f"FunASR key 'dataset={value}' is read as dataset_conf.data_type=raw (the JSONL list, streamed).")
+            continue
+        if not eq or key not in groups or not item.startswith("+"):
+            kept.append(item)
+            continue
+        if value in groups[key]:
+            kept.append(f"{key}={value}")
+            continue
+        _warn(f"FunASR key '{key}={value}' names a model corpus-io does not build; training uses the {key} group "
+              f"({', '.join(groups[key])}; select one with {key}=NAME).")
+    return kept
+
+
 def apply_funasr_keys(schema: type, raw: dict) -> None:
     """Rename, drop (with one warning line each) or refuse FunASR's keys in ``raw``, in place."""
     groups = schema_fields(schema)
+    if "train_conf" in groups and "model" in groups:  # train.py / train_ds.py's top level
+        _funasr_dataset(raw)
+        _funasr_top_keys(raw, groups)
     if "dataset_conf" in groups and isinstance(raw.get("dataset_conf"), dict):
         _funasr_speed_perturb(raw["dataset_conf"])
     for path, rule in FUNASR_KEYS.items():
@@ -111,9 +223,7 @@ def apply_funasr_keys(schema: type, raw: dict) -> None:
         if group not in groups or not isinstance(section, dict) or key not in section:
             continue
         value = section.pop(key)
-        if rule.honoured is not None and not rule.honoured(value):
-            raise ConfigError(f"FunASR key '{path}={value}' would change the results and cannot be honoured here: "
-                              f"{rule.note}. Remove it (or set it to FunASR's default) to train with corpus-io.")
+        _refuse_unless_honoured(path, value, rule)
         if rule.ours is None:
             _warn(f"FunASR key '{path}' has no effect in corpus-io ({rule.note}); ignored.")
             continue

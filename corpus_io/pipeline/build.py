@@ -39,8 +39,10 @@ def read_options(conf: DatasetConf) -> ReadOptions:
     if not conf.read_timeout > 0:
         raise ConfigError(f"dataset_conf.read_timeout={conf.read_timeout}: the longest wait for a remote read must "
                           f"be > 0 seconds (default 30), e.g. ++dataset_conf.read_timeout=60.")
+    from corpus_io.urls import TIMEOUT_KEY_OPTION
+
     storage_options = {**(conf.storage_options or {}), "read_timeout": float(conf.read_timeout),
-                       "pipe_timeout": float(conf.pipe_timeout)}
+                       "pipe_timeout": float(conf.pipe_timeout), TIMEOUT_KEY_OPTION: "dataset_conf.read_timeout"}
     return ReadOptions(storage_options=storage_options, allow_pipe=conf.allow_pipe,
                        max_member_bytes=conf.max_member_bytes, retries=conf.retries,
                        retry_backoff=conf.retry_backoff, on_error=conf.on_error,

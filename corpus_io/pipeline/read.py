@@ -27,6 +27,22 @@ from corpus_io.partition import PASS_STRIDE, Assignment, Piece, Slot, SlotState,
 from corpus_io.rawlist import CHUNK_LINES, RawList, chunk_sizes, permuted_lines
 
 log = logging.getLogger(__name__)
+_NO_INDEX_WARNED: set[str] = set()
+
+
+def _warn_no_index(data_list: str) -> None:
+    """Once per list and process (rank 0 under torchrun): without an index, shards are balanced by count."""
+    import os
+    import sys
+
+    from corpus_io.shards.index import index_path_for
+
+    if data_list in _NO_INDEX_WARNED or os.environ.get("RANK", "0") != "0":
+        return
+    _NO_INDEX_WARNED.add(data_list)
+    print(f"warning: {data_list} has no index ({index_path_for(data_list)}), so ranks and workers share its shards "
+          f"by count, not by duration or utterances. Write one with make-datalist (or pack-shards).",
+          file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -70,7 +86,10 @@ class Source:
                             f"({urls[j - 1]}); every utterance in it would be trained twice per epoch. Remove one "
                             f"of the lines (lists joined with cat?), or merge lists with make-datalist, which "
                             f"refuses repeats.")
-        index = load_index(data_list) or {}
+        index = load_index(data_list)
+        if index is None:
+            _warn_no_index(data_list)
+        index = index or {}
         entries = [index.get(u) for u in urls]
         for url, entry in zip(urls, entries):
             problems = index_entry_problems(entry) if entry else []
@@ -195,9 +214,9 @@ def _why(exc: BaseException, opts: ReadOptions) -> str:
         return str(exc).rstrip(".")
     why = f"{type(exc).__name__}: {exc}".rstrip(": ") or type(exc).__name__
     if "timeout" in type(exc).__name__.lower():  # s3fs/botocore's own timeouts: name the bound that set them
-        from corpus_io.urls import TIMEOUT_KEY, read_timeout
+        from corpus_io.urls import read_timeout, timeout_key
 
-        why += f" (the bound is {TIMEOUT_KEY}={read_timeout(opts.storage_options):g} s)"
+        why += f" (the bound is {timeout_key(opts.storage_options)}={read_timeout(opts.storage_options):g} s)"
     return why
 
 

@@ -119,3 +119,17 @@ def test_the_chain_prints_one_named_stage_per_line_with_the_config_it_runs_with(
     assert any("fbank(num_mel_bins=80, frame_length=25.0, frame_shift=10.0, dither=0.0)" in line for line in lines)
     assert lines[-1].strip().endswith("pad(frame_shift=0.01)")
     assert "tokenizer" not in text and "rng" not in text
+
+
+def test_a_shard_list_without_an_index_is_warned_once(tmp_path, capfd):
+    from corpus_io.pipeline.read import Source
+    from tests.loader_data import make_shards
+
+    data_list, _ = make_shards(tmp_path / "s", per_shard=12, index=False)
+    for _ in range(3):
+        Source.open(str(data_list), "shard")
+    err = capfd.readouterr().err
+    assert err.count("has no index") == 1 and str(data_list) in err, err
+    indexed, _ = make_shards(tmp_path / "t", per_shard=12)
+    Source.open(str(indexed), "shard")
+    assert "has no index" not in capfd.readouterr().err
