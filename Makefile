@@ -42,8 +42,8 @@ demo: install
 # The same recipe with a tiny corpus and a few training steps (tests/recipes/test_smoke.py runs it too).
 SMOKE_DIR ?= recipes/espeak/exp/smoke
 smoke: install
-	recipes/espeak/run.sh $$(cat recipes/espeak/conf/smoke.opts) --data $(abspath $(SMOKE_DIR))/data \
-	  --exp $(abspath $(SMOKE_DIR))/exp
+	xargs -a recipes/espeak/conf/smoke.opts recipes/espeak/run.sh --data $(abspath $(SMOKE_DIR))/data \
+	  --exp $(abspath $(SMOKE_DIR))/exp  # xargs: the options file quotes a list of decode methods
 
 bench: install
 	$(BIN)/python -m bench $(BENCH)
