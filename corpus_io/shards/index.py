@@ -331,29 +331,9 @@ def _iter_index_file(path: Path, keys: bool) -> Iterator[dict]:
             if "path" not in entry:
                 raise DataError(f"{path}:{lineno}: an index line needs a 'path' (or 'file', relative to the "
                                 f"index's directory) field.")
-            _check_numbers(entry, f"{path}:{lineno}")
             if not keys:
                 entry.pop("keys", None)
             yield entry
-
-
-#: index fields that are counts (whole numbers >= 0) and those that are seconds or bytes (numbers >= 0)
-_COUNT_FIELDS = ("num_utts", "bytes")
-_SECONDS_FIELDS = ("duration", "min_duration", "max_duration")
-
-
-def _check_numbers(entry: dict, where: str) -> None:
-    """A count or duration that is not a number >= 0 (``"num_utts": "five"``) is a DataError naming the line."""
-    for name in _COUNT_FIELDS + _SECONDS_FIELDS:
-        value = entry.get(name)
-        if value is None:
-            continue
-        whole = name in _COUNT_FIELDS
-        ok = (isinstance(value, int) if whole else isinstance(value, (int, float))) and not isinstance(value, bool)
-        if not ok or value < 0 or value != value or value == float("inf"):
-            kind = "a whole number >= 0" if whole else "a number of seconds >= 0"
-            raise DataError(f"{where}: index field '{name}' is {json.dumps(value)}, not {kind}. The index is "
-                            f"corrupt or hand-edited: regenerate it with make-datalist or pack-shards.")
 
 
 def write_list_and_index(list_path: str | os.PathLike, entries: Iterable[dict], *,

@@ -23,7 +23,7 @@ def test_train_options_that_crashed_are_one_line_errors_naming_the_key(tmp_path,
     assert_user_error(result, needle)
 
 
-def test_an_index_with_a_count_that_is_not_a_number_names_its_line_and_field(tmp_path):
+def test_an_index_with_a_count_that_is_not_a_number_names_its_shard_and_field(tmp_path):
     data_list, _ = make_shards(tmp_path / "shards", per_shard=12)
     index = data_list.with_name("index.jsonl")
     lines = index.read_text().splitlines()
@@ -33,7 +33,7 @@ def test_an_index_with_a_count_that_is_not_a_number_names_its_line_and_field(tmp
     tokens = token_list(tmp_path).token_list
     result = run_cli("corpus-io", "bench-loader", f"++data_list={data_list}", f"++tokenizer.token_list={tokens}",
                      "++dataset_conf.num_workers=0")
-    assert_user_error(result, f"{index}:2: index field 'num_utts' is \"five\"", "regenerate it")
+    assert_user_error(result, f"{index}: the entry of shard", "num_utts is 'five', not a whole number", "rebuild it")
 
 
 @pytest.mark.parametrize("command, key", [("train", "output_dir"), ("pack-shards", "output_dir")])
