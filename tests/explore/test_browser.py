@@ -21,7 +21,6 @@ import pytest
 
 from tests.conftest import BIN, REPO
 from tests.explore.conftest import HYP_EDITS, fixture_texts
-from tests.test_remote import seaweed  # noqa: F401 - the session's SeaweedFS S3 server, reused
 
 pytestmark = pytest.mark.network
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
