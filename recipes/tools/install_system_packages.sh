@@ -12,13 +12,14 @@ command -v espeak-ng >/dev/null 2>&1 || packages+=(espeak-ng)
 command -v sox >/dev/null 2>&1 || packages+=(sox)
 ldconfig_bin=$(command -v ldconfig || echo /sbin/ldconfig)
 if ! "$ldconfig_bin" -p 2>/dev/null | grep -q 'libsndfile\.so'; then packages+=(libsndfile1); fi
-have() {  # have PROGRAM: on PATH or in the system dirs (daemons live in sbin, which a user's PATH may lack)
+have() {  # have PROGRAM: on PATH or in the system dirs (daemons live in sbin, which a user's PATH may lack;
+          # the tests start the daemons and the browser by their system paths, whatever PATH says)
   command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ] || [ -x "/usr/bin/$1" ] || [ -x "/bin/$1" ]
 }
 { have slurmctld && have slurmd && have sbatch; } || packages+=(slurm-wlm)
 have munged || packages+=(munge)
-command -v chromium >/dev/null 2>&1 || packages+=(chromium)
-command -v chromedriver >/dev/null 2>&1 || packages+=(chromium-driver)
+have chromium || packages+=(chromium)
+have chromedriver || packages+=(chromium-driver)
 [ "${#packages[@]}" -eq 0 ] && exit 0
 
 command_line="apt-get update && apt-get install -y ${packages[*]}"
