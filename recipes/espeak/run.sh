@@ -181,7 +181,7 @@ if stage_on 8; then
       ++train_conf.keep_nbest_models=1 ++train_conf.avg_nbest_model=1 ++scheduler_conf.warmup_steps=20 \
       ${max_steps_per_epoch:+"++train_conf.max_steps_per_epoch=$max_steps_per_epoch"}
   echo $(($(date +%s) - start)) > "$real_exp/train_seconds"
-  average_and_decode 8 "$real_exp" 1 "$real"
+  decode_methods=greedy average_and_decode 8 "$real_exp" 1 "$real"  # a flow check: the LMs are of the synthetic text
   results_table "$real_exp" "$real/data.jsonl" real > "$real_exp/RESULTS.md"
   { echo; echo "Real recordings (pocketsphinx 5.1.1 sdist: LibriVox + CMU; overfit: trained and decoded on the same"
     echo "10 utterances, so this shows real audio flows through every stage, not generalization):"; echo
