@@ -247,7 +247,7 @@ OLD_FAIL = "error"
 def apply_old_spellings(schema: type, raw: dict, prefix: str, explicit: frozenset = frozenset()) -> None:
     """Read the old failure spellings as the new ones, in place, with one warning line each.
 
-    ``explicit``: the keys given on the command line (``++on_missing=skip``). An old key there overrides the
+    ``explicit``: the keys given on the command line (``on_missing=skip``). An old key there overrides the
     YAML's value of its new key; the new key there overrides an old key of the YAML; old and new given the
     same way with different values is a ConfigError. An old key's value is checked like the new key's."""
     fields = schema_fields(schema)
@@ -281,5 +281,6 @@ def apply_old_spellings(schema: type, raw: dict, prefix: str, explicit: frozense
 
 
 def override_keys(overrides: list[str]) -> frozenset:
-    """The keys that command-line overrides set (``++a.b=1``, ``+a=1``, ``a=1`` -> ``a.b``, ``a``)."""
+    """The keys that command-line overrides set (``a.b=1`` and ``a=1``, each with or without a leading ``+``
+    or two: ``a.b``, ``a``)."""
     return frozenset(o.lstrip("+~").split("=", 1)[0].strip() for o in overrides if "=" in o)
