@@ -141,8 +141,10 @@ class TuneLmConfig:
     checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}")
     output_dir: str = opt("???", "writes tune.txt (every grid point's CER/WER) and best.txt")
     lm: str = opt("???", "ARPA n-gram (corpus-io make-lm)")
-    lm_weights: List[float] = opt(factory=lambda: [0.1, 0.3, 0.5, 0.8, 1.2], help="LM weights to try")
-    word_scores: List[float] = opt(factory=lambda: [-1.0, 0.0, 1.0, 2.0], help="word scores to try")
+    lm_weights: List[float] = opt(factory=lambda: [0.1, 0.3, 0.5, 0.8, 1.2], help="LM weights to try",
+                                  range="[0, 100]", min_items=1)
+    word_scores: List[float] = opt(factory=lambda: [-1.0, 0.0, 1.0, 2.0], help="word scores to try",
+                                   range="[-100, 100]", min_items=1)
     dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(
         batch_size=32, filter_conf=FilterConf(token_min_length=0, min_output_input_ratio=0.0,
                                               max_output_input_ratio=1000.0)))
