@@ -267,13 +267,14 @@ def load_cmvn(path: str | os.PathLike, dim: int | None = None) -> Cmvn:
 
 
 def read_manifest(path: str | os.PathLike) -> Iterator[dict]:
-    """The utterances of a FunASR JSONL or a WeNet raw list as dicts with FunASR names (``key``, ``source``,
-    ``source_len``, ``target``, ``target_len``, ...; WeNet's ``wav``/``txt`` renamed), streamed; a bad line is
-    a DataError naming file:line."""
-    from corpus_io.manifest import canonical, iter_jsonl
+    """The utterances of any input the commands read (a FunASR JSONL, a WeNet raw list, a Kaldi dir with
+    ``segments``, a NeMo manifest, a Lhotse CutSet or RecordingSet + SupervisionSet; detected by content) as
+    dicts with FunASR names (``key``, ``source``, ``target``, ...; ``start``/``end`` in seconds for a segment;
+    ``where``: file:line), streamed after one pass that refuses a repeated key; a bad line is a DataError
+    naming file:line."""
+    from corpus_io.inputs import iter_records
 
-    for line in iter_jsonl(path):
-        yield canonical(line.record, line.where)
+    yield from iter_records(str(path))
 
 
 def write_manifest(path: str | os.PathLike, records: Iterable[Mapping]) -> int:
