@@ -122,9 +122,14 @@ def test_pack_shards_logged_to_a_file_over_20k_utterances_leaves_under_100_progr
     assert result.returncode == 0, text
     lines = text.splitlines()
     progress_lines = [ln for ln in lines if " shard, " in ln]
-    assert 1 <= len(progress_lines) < 100, text
+    # How many lines a run gets depends on how long its packing takes: none when under a second (issue 25's
+    # rule, pinned by test_a_sub_second_job_prints_no_progress_lines), one per tenth otherwise (pinned with a
+    # stopped clock by test_a_log_file_gets_a_line_per_tenth_of_the_job_not_per_update). What holds at any
+    # speed: no bar redraws, under 100 lines, the closing line at 100 % when there are any, and the summary.
+    assert len(progress_lines) < 100, text
     assert len(lines) < 100 and "\r" not in text, text
-    assert "400/400 (100 %)" in progress_lines[-1]
+    assert not progress_lines or "400/400 (100 %)" in progress_lines[-1], text
+    assert "[pack-shards] 20000 utterances;" in text, text
 
 
 def _kill_main_mid_job(cmd: list[str], out_dir, tmp_path) -> tuple[list[int], list[str]]:
