@@ -11,7 +11,10 @@ packages=()
 command -v espeak-ng >/dev/null 2>&1 || packages+=(espeak-ng)
 command -v sox >/dev/null 2>&1 || packages+=(sox)
 ldconfig_bin=$(command -v ldconfig || echo /sbin/ldconfig)
-if ! "$ldconfig_bin" -p 2>/dev/null | grep -q 'libsndfile\.so'; then packages+=(libsndfile1); fi
+# The cache is read whole before grep: `ldconfig -p | grep -q` under pipefail fails at random (grep exits at the
+# first match, ldconfig's next write gets SIGPIPE), which reinstalled libsndfile1 on a machine that had it.
+library_cache=$("$ldconfig_bin" -p 2>/dev/null || true)
+grep -q 'libsndfile\.so' <<<"$library_cache" || packages+=(libsndfile1)
 have() {  # have PROGRAM: on PATH or in the system dirs (daemons live in sbin, which a user's PATH may lack;
           # the tests start the daemons and the browser by their system paths, whatever PATH says)
   command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ] || [ -x "/usr/bin/$1" ] || [ -x "/bin/$1" ]
