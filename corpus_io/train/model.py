@@ -66,15 +66,23 @@ class ConformerCTC(nn.Module):
 
     Sizes: ``output_size`` (attention dim), ``attention_heads``, ``linear_units`` (feed-forward),
     ``num_blocks``, ``cnn_module_kernel`` (odd), ``subsampling_channels``, ``dropout_rate``,
-    ``use_group_norm`` (GroupNorm instead of BatchNorm in the convolution module).
+    ``use_group_norm`` (GroupNorm instead of BatchNorm in the convolution module), ``pos_enc_layer_type``
+    (WeNet's name): ``no_pos`` (torchaudio's Conformer has no positional encoding; its convolutions give
+    local order, enough for CTC) or ``abs_pos`` (``x * sqrt(d) + sinusoids`` after subsampling, as WeNet's
+    ``abs_pos``: an attention decoder needs it to tell two identical words apart, "eight eight").
     ``input_dim`` and ``vocab_size`` are filled in by the trainer from the features and tokenizer.
     """
+
+    POS_ENC_LAYER_TYPES = ("no_pos", "abs_pos")
 
     def __init__(self, input_dim: int, vocab_size: int, cmvn_file: str | None = None, *,
                  output_size: int = 144, attention_heads: int = 4, linear_units: int = 576, num_blocks: int = 4,
                  cnn_module_kernel: int = 15, subsampling_channels: int = 64, dropout_rate: float = 0.1,
-                 use_group_norm: bool = False) -> None:
+                 use_group_norm: bool = False, pos_enc_layer_type: str = "no_pos") -> None:
         super().__init__()
+        if pos_enc_layer_type not in self.POS_ENC_LAYER_TYPES:
+            raise ValueError(f"pos_enc_layer_type={pos_enc_layer_type!r} must be one of {self.POS_ENC_LAYER_TYPES}")
+        self.pos_enc_layer_type = pos_enc_layer_type
         if input_dim < 7:
             raise ValueError(f"input_dim={input_dim} is too small for conv2d subsampling (need >= 7)")
         self.input_dim = input_dim
@@ -96,6 +104,8 @@ class ConformerCTC(nn.Module):
         """The encoder output (B, T', D) and its lengths."""
         x = self.cmvn(feats)
         x, lengths = self.embed(x, feats_lengths)
+        if self.pos_enc_layer_type == "abs_pos":
+            x = x * math.sqrt(x.shape[-1]) + _sinusoids(x.shape[1], x.shape[-1], x.device).to(x.dtype)
         x = self.dropout(x)
         # Conformer needs every length >= 1 for its padding mask.
         x, _ = self.encoder(x, lengths.clamp(min=1))
@@ -154,15 +164,16 @@ class ConformerCTCAttention(ConformerCTC):
     tools); with ``target`` and ``target_lengths`` it also returns the attention loss. ``encode``,
     ``ctc_log_probs`` and ``attention_scores`` serve attention rescoring
     (:mod:`corpus_io.decoding.rescoring`). Decoder sizes: ``decoder_num_blocks``, ``decoder_linear_units``
-    (heads and width as the encoder's); ``lsm_weight`` label smoothing.
+    (heads and width as the encoder's); ``lsm_weight`` label smoothing; ``pos_enc_layer_type`` defaults to
+    ``abs_pos`` here: without positions the decoder's cross-attention cannot count repeated words.
     """
 
     needs_target = True
 
     def __init__(self, input_dim: int, vocab_size: int, cmvn_file: str | None = None, *, ctc_weight: float = 0.3,
                  decoder_num_blocks: int = 3, decoder_linear_units: int = 1024, lsm_weight: float = 0.1,
-                 **encoder: Any) -> None:
-        super().__init__(input_dim, vocab_size, cmvn_file, **encoder)
+                 pos_enc_layer_type: str = "abs_pos", **encoder: Any) -> None:
+        super().__init__(input_dim, vocab_size, cmvn_file, pos_enc_layer_type=pos_enc_layer_type, **encoder)
         if not 0.0 <= ctc_weight <= 1.0:
             raise ValueError(f"ctc_weight={ctc_weight} must be in [0, 1]")
         d = self.ctc.in_features

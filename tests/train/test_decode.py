@@ -6,6 +6,7 @@ import json
 import os
 import re
 
+import pytest
 import torch
 
 from corpus_io.config import ComputeCmvnConfig, SourceConf
@@ -252,3 +253,37 @@ def test_a_conformer_ctc_att_model_trains_and_decodes_by_all_four_methods(corpus
     result = run_cli("corpus-io", "decode", *common, f"++checkpoint={trained['out'] / 'model.pt.avg2'}",
                      f"++output_dir={tmp_path / 'old'}", "++decoding.method=attention_rescoring")
     assert_user_error(result, "conformer_ctc_att")
+
+
+def _encode_a_segment_twice(pos_enc_layer_type: str) -> tuple[torch.Tensor, int]:
+    """The encoder output of one random 40-frame segment played twice (frames 40-79 and 120-159, silence
+    between), and the subsampled offset between the two copies."""
+    from corpus_io.train.model import ConformerCTC
+
+    torch.manual_seed(0)
+    model = ConformerCTC(40, 12, output_size=32, attention_heads=2, linear_units=64, num_blocks=1,
+                         subsampling_channels=8, pos_enc_layer_type=pos_enc_layer_type).eval()
+    segment = torch.randn(40, 40)
+    feats = torch.zeros(1, 200, 40)
+    feats[0, 40:80] = segment
+    feats[0, 120:160] = segment
+    with torch.no_grad():
+        encoded, _ = model.encode(feats, torch.tensor([200]))
+    return encoded[0], 80 // 4
+
+
+def test_abs_pos_lets_the_decoder_tell_two_identical_words_apart_and_no_pos_keeps_ctc_checkpoints_as_trained():
+    """torchaudio's Conformer has no positional encoding, so two identical stretches of audio give identical
+    encoder frames (away from their edges): the attention decoder then cannot count "eight eight" and
+    attention rescoring dropped a repeated word. conformer_ctc_att encodes with abs_pos; CTC-only models keep
+    no_pos, the encoder their checkpoints were trained with."""
+    from corpus_io.train.model import ConformerCTC, ConformerCTCAttention
+
+    for kind, same in (("no_pos", True), ("abs_pos", False)):
+        encoded, offset = _encode_a_segment_twice(kind)
+        first, second = encoded[12:18], encoded[12 + offset:18 + offset]  # the middles of the two copies
+        assert torch.allclose(first, second, atol=1e-5) is same, kind
+    assert ConformerCTC(40, 12).pos_enc_layer_type == "no_pos"
+    assert ConformerCTCAttention(40, 12).pos_enc_layer_type == "abs_pos"
+    with pytest.raises(ValueError, match="pos_enc_layer_type='rel_pos' must be one of"):
+        ConformerCTC(40, 12, pos_enc_layer_type="rel_pos")
