@@ -12,7 +12,7 @@ from corpus_io.config import DecodingConf, TokenizerConf
 from corpus_io.decoding.beam import best_path_ids
 from corpus_io.decoding.hotwords import ContextGraph
 from corpus_io.decoding.search import Search
-from corpus_io.tokenizer import Tokenizer, char_split
+from corpus_io.tokenizer import Tokenizer, build_tokenizer, char_split
 from corpus_io.train.scoring import Scorer
 
 
@@ -32,19 +32,42 @@ def test_a_whole_hotword_keeps_its_bonus_and_a_broken_partial_match_gives_it_bac
     assert steps == [1.0, 1.0, -2.0]  # the partial bonus is taken back when the match fails
 
 
-def tokenizer(kind: str) -> Tokenizer:
+def tokenizer(kind: str, tmp_path) -> Tokenizer:
     if kind == "zh":
         symbols = list("北京背景上海伤害今天明去了会开")
         return Tokenizer(["<blank>", "<unk>", *symbols, "<sos/eos>"], char_split("word"), TokenizerConf(type="char"))
+    if kind == "bpe":  # a real sentencepiece BPE model, trained as make-tokenizer trains one
+        import sentencepiece as spm
+
+        # the hotwords are not in the training text, so they split into several pieces
+        words = "use now is fun speech torch audio model data train test the a of kind wet net lad".split()
+        rng = random.Random(0)
+        (tmp_path / "bpe.txt").write_text("".join(" ".join(rng.choices(words, k=8)) + "\n" for _ in range(400)))
+        spm.SentencePieceTrainer.train(input=str(tmp_path / "bpe.txt"), model_prefix=str(tmp_path / "bpe"),
+                                       vocab_size=60, model_type="bpe", character_coverage=1.0,
+                                       minloglevel=2)
+        return build_tokenizer(TokenizerConf(type="bpe", bpe_model=str(tmp_path / "bpe.model")))
     conf = TokenizerConf(type="char", latin_unit="letter")
     return Tokenizer(["<blank>", "<unk>", "▁", *"abcdefghijklmnopqrstuvwxyz", "<sos/eos>"],
                      char_split("letter"), conf, join=lambda t: "".join(t).replace("▁", " ").strip())
+
+
+def twin_tokens(tok: Tokenizer, word: str, twin: str | None) -> list[str]:
+    """The tokens of the hotword's acoustic twin: ``twin``'s, or (BPE, where a near spelling splits into other
+    pieces) the hotword's with its last piece swapped for another piece of the model."""
+    if twin is not None:
+        return tok.tokenize(twin)
+    pieces = tok.tokenize(word)
+    other = next(t for t in tok.symbols[2:-1] if t != pieces[-1] and not t.startswith("▁") and len(t) == 1)
+    return pieces[:-1] + [other]
 
 
 CASES = {  # hotwords, sentence frames, the hotword's acoustic twin (wins narrowly without biasing), other words
     "zh": (["北京", "上海"], ["今天去{}", "明天去{}开会", "{}"], {"北京": "背景", "上海": "伤害"}, ["会了", "开会"]),
     "en": (["kaldi", "wenet"], ["use {} now", "{} is fun", "{}"], {"kaldi": "kaldy", "wenet": "wenit"},
            ["speech", "torch", "audio"]),
+    "bpe": (["kaldi", "wenet"], ["use {} now", "{} is fun", "{}"], {"kaldi": None, "wenet": None},
+            ["speech", "torch", "audio"]),
 }
 
 
@@ -58,7 +81,7 @@ def emissions(tok: Tokenizer, texts: list[str], twins: dict, seed: int) -> tuple
         for word, twin in twins.items():
             for i in range(len(spoken)):
                 if spoken[i:i + len(tok.tokenize(word))] == tok.tokenize(word):
-                    heard[i:i + len(tok.tokenize(twin))] = tok.tokenize(twin)
+                    heard[i:i + len(tok.tokenize(word))] = twin_tokens(tok, word, twin)
         frames = []
         for said, rival in zip(spoken, heard):
             for f in range(2):
@@ -74,9 +97,9 @@ def emissions(tok: Tokenizer, texts: list[str], twins: dict, seed: int) -> tuple
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), torch.tensor([len(r) for r in rows])
 
 
-@pytest.mark.parametrize("kind", ["zh", "en"])
+@pytest.mark.parametrize("kind", ["zh", "en", "bpe"])
 def test_hotwords_raise_recall_without_costing_cer_where_they_are_absent(kind, tmp_path):
-    tok = tokenizer(kind)
+    tok = tokenizer(kind, tmp_path)
     hotwords, frames, twins, others = CASES[kind]
     (tmp_path / "hot.txt").write_text("\n".join(hotwords) + "\n", encoding="utf-8")
     rng = random.Random(0)
