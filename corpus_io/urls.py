@@ -267,12 +267,13 @@ class CommandStream(io.RawIOBase):
         for proc in self._procs:
             proc.wait()
             if proc.returncode != 0:
-                errors.append(f"{proc.args[0]} exited {proc.returncode}: "
-                              f"{proc.stderr.read().decode(errors='replace').strip()[:200]}")
+                said = " ".join(proc.stderr.read().decode(errors="replace").split())[:200].rstrip(".")
+                errors.append(f"{proc.args[0]} exited {proc.returncode}"
+                              + (f" saying: {said}" if said else " with no message on stderr"))
             proc.stderr.close()
         super().close()
         if errors:
-            raise DataError(f"command '{self.url}' failed: {'; '.join(errors)}")
+            raise DataError(f"command '{self.url}' failed: {'; '.join(errors)}.")
 
 
 def check_regular_file(path: str) -> None:

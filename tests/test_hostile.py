@@ -242,6 +242,18 @@ def test_a_pipe_that_never_ends_fails_naming_the_key_and_the_command_line(tmp_pa
     assert result.returncode == 2 and not (tmp_path / "o.jsonl").exists()
 
 
+@pytest.mark.parametrize("command, says", [("false |", "false exited 1 with no message on stderr. Fix"),
+                                           ("sh -c 'echo no such take. >&2; exit 3' |",
+                                            "sh exited 3 saying: no such take. Fix")])
+def test_a_failing_pipe_says_its_exit_status_and_what_it_printed_in_one_sentence(tmp_path, command, says):
+    (tmp_path / "wav.scp").write_text(f"u1 {command}\n")
+    (tmp_path / "text").write_text("u1 hi\n")
+    result = run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[{tmp_path / 'wav.scp'},{tmp_path / 'text'}]",
+                     f"++jsonl_file_out={tmp_path / 'o.jsonl'}", "++allow_pipe=true", "++num_workers=1", timeout=60)
+    assert_user_error(result, "wav.scp:1: key 'u1'", says)
+    assert ".." not in result.stderr and ":  " not in result.stderr
+
+
 class _AuthHandler(SimpleHTTPRequestHandler):
     expected = "Basic " + base64.b64encode(b"reader:s3cr%t").decode()
 
