@@ -112,6 +112,16 @@ def real_corpus(num_files: int = 20000, *, base_utts: int = 400, sample_rates: t
     return out
 
 
+def corpus_jsonl(corpus: Path, out: Path) -> Path:
+    """The FunASR JSONL of a Kaldi dir (``corpus_io.scp2jsonl``: the command's code path), cached at ``out``."""
+    if not out.exists():
+        import corpus_io
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        corpus_io.scp2jsonl([corpus / "wav.scp", corpus / "text"], out)
+    return out
+
+
 def drop_cache(paths) -> None:
     """Evict files from the page cache (cold-cache runs)."""
     for p in paths:
