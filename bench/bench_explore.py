@@ -21,9 +21,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.common import OUT
+from bench.common import OUT, sized
 
-N = int(os.environ.get("BENCH_EXPLORE_N", "10000000"))
+N = sized(int(os.environ.get("BENCH_EXPLORE_N", "10000000")), 5000)
 PER_SHARD = 1000
 
 

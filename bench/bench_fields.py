@@ -18,11 +18,12 @@ import os
 import time
 from pathlib import Path
 
-from bench.common import OUT, drop_cache, real_corpus
+from bench.common import OUT, drop_cache, real_corpus, sized
 
-N_UTTS = 3000
+N_UTTS = sized(3000, 48)
+PER_SHARD = sized(500, 16)
 NUM_WORKERS = 2
-BATCH_SIZE = 32
+BATCH_SIZE = sized(32, 8)
 
 
 def _prepare() -> Path:
@@ -43,7 +44,7 @@ def _prepare() -> Path:
                 f.write(json.dumps({"key": key, "source": path, "target": texts[key]}) + "\n")
     shards = root / "shards"
     t0 = time.perf_counter()
-    pack_shards(PackShardsConfig(input=str(jsonl), output_dir=str(shards), num_utts_per_shard=500))
+    pack_shards(PackShardsConfig(input=str(jsonl), output_dir=str(shards), num_utts_per_shard=PER_SHARD))
     t1 = time.perf_counter()
     add_field(AddFieldConfig(input=str(shards / "data.list"), field="fbank"))
     t2 = time.perf_counter()

@@ -27,12 +27,15 @@ import os
 import sys
 import time
 
-from bench.common import OUT, drop_cache, mb, real_corpus, run_child
+from bench.common import OUT, drop_cache, mb, real_corpus, run_child, sized
 
-N = int(os.environ.get("BENCH_FRONTEND_N", 4000))
-N_COMPUTE = int(os.environ.get("BENCH_FRONTEND_N_COMPUTE", 400))  # utterances of the CPU front-end run
+N = sized(int(os.environ.get("BENCH_FRONTEND_N", 4000)), 48)
+N_COMPUTE = sized(int(os.environ.get("BENCH_FRONTEND_N_COMPUTE", 400)), 16)  # utterances of the CPU front-end run
 # loader runs per (workers, mode), interleaved round by round; the best counts (the machine is shared)
-ROUNDS = int(os.environ.get("BENCH_FRONTEND_ROUNDS", 2))
+ROUNDS = sized(int(os.environ.get("BENCH_FRONTEND_ROUNDS", 2)), 1)
+PASSES = sized(5, 1)  # CPU front-end passes per method, alternated; the best counts
+WORKERS = sized((1, 2), (2,))  # DataLoader workers of the loader runs
+THREADS = sized((1, 2), (2,))  # torch threads of the CPU front-end runs
 PREFETCH = 16  # as bench_loader: batches per worker, above the sort buffer's bursts
 
 
@@ -100,7 +103,7 @@ def compute_child(spec: dict) -> dict:
 
     best = {"per_utterance": float("inf"), "batched": float("inf")}
     batched()  # constants built, allocator warm
-    for _ in range(5):  # alternated, so a burst of load on the shared machine hits both alike
+    for _ in range(PASSES):  # alternated, so a burst of load on the shared machine hits both alike
         for name, fn in (("per_utterance", per_utterance), ("batched", batched)):
             t = time.perf_counter()
             fn()
@@ -162,7 +165,7 @@ def main() -> None:
           flush=True)
     results: dict = {}
     for round_ in range(ROUNDS):
-        for nw in (1, 2):
+        for nw in WORKERS:
             for mode in ("model", "loader", "io"):
                 drop_cache(files)
                 res = _run({"kind": "loader", "mode": mode, "workers": nw, "list": str(shards)})
@@ -170,7 +173,7 @@ def main() -> None:
                 if best is None or res["utts"] / res["wall"] > best["utts"] / best["wall"]:
                     results[(nw, mode)] = res
         print(f"  round {round_ + 1} of {ROUNDS} done", flush=True)
-    for nw in (1, 2):
+    for nw in WORKERS:
         for mode, name in (("model", "feats_on=model (waveforms)"), ("loader", "loader-side fbank 80"),
                            ("io", "IO only (feats_type=raw)")):
             res = results[(nw, mode)]
@@ -178,24 +181,24 @@ def main() -> None:
             print(f"  workers={nw} {name:<28} {res['utts'] / res['wall']:7.0f} utt/s "
                   f"{res['seconds'] / res['wall']:7.0f} audio-s/s  {shipped:6.1f} kB per audio-s shipped  "
                   f"peak RSS {mb(res['peak_rss'])}", flush=True)
-    print(f"CPU front end, {N_COMPUTE} utterances sorted by length, batches of 16, best of 5", flush=True)
+    print(f"CPU front end, {N_COMPUTE} utterances sorted by length, batches of 16, best of {PASSES}", flush=True)
     gpu = _run({"kind": "gpu", "list": str(shards)})
     if gpu.get("device"):
         print(f"GPU front end ({gpu['device']}), batches of {gpu['batch']} utterances of 10-20 s: "
               f"{gpu['seconds'] / gpu['wall']:.0f} audio-s/s (target >= 100,000 on one H100)", flush=True)
     compute = {}
-    for threads in (1, 2):
+    for threads in THREADS:
         res = compute[threads] = _run({"kind": "compute", "threads": threads, "list": str(shards), "n": N_COMPUTE})
         for name in ("per_utterance", "batched"):
             print(f"  threads={threads} {name:<14} {res['seconds'] / res[name]:8.0f} audio-s/s", flush=True)
 
     print("\nSummary (ratios measured above)")
-    for nw in (1, 2):
+    for nw in WORKERS:
         rate = {m: results[(nw, m)]["utts"] / results[(nw, m)]["wall"] for m in ("model", "loader", "io")}
         print(f"  loader feed, cold, workers={nw}: feats_on=model / loader-side fbank = "
               f"{rate['model'] / rate['loader']:.2f} (target >= 3), feats_on=model / IO only = "
               f"{rate['model'] / rate['io']:.2f} (target >= 0.9)")
-    for threads in (1, 2):
+    for threads in THREADS:
         res = compute[threads]
         print(f"  CPU front end, threads={threads}: batched / torchaudio per utterance = "
               f"{res['per_utterance'] / res['batched']:.2f} (target >= 1, not slower)")

@@ -23,29 +23,17 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import OUT, mb, real_corpus, run_child, run_measured
+from bench.common import OUT, corpus_jsonl, mb, real_corpus, run_child, run_measured, sized
 
-FILES = int(os.environ.get("BENCH_JOBS_FILES", 4000))  # utterances of the packed corpus
-PER_SHARD = 200
-JOBS = (1, 2, 4)
-PARTS = int(os.environ.get("BENCH_JOBS_PARTS", 75000))
-KEYS = int(os.environ.get("BENCH_JOBS_KEYS", 480))
+FILES = sized(int(os.environ.get("BENCH_JOBS_FILES", 4000)), 48)  # utterances of the packed corpus
+PER_SHARD = sized(200, 8)
+JOBS = sized((1, 2, 4), (1, 2))  # the first is the reference the others' merged bytes must equal
+PARTS = sized(int(os.environ.get("BENCH_JOBS_PARTS", 75000)), 40)
+KEYS = sized(int(os.environ.get("BENCH_JOBS_KEYS", 480)), 8)
 
 
 def _jsonl() -> Path:
-    out = OUT / "jobs" / f"train{FILES}.jsonl"
-    if not out.exists():
-        from types import SimpleNamespace
-
-        from corpus_io.manifest import scp2jsonl
-
-        corpus = real_corpus(FILES)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        scp2jsonl(SimpleNamespace(scp_file_list=[str(corpus / "wav.scp"), str(corpus / "text")],
-                                  data_type_list=["source", "target"], jsonl_file_out=str(out), segments=None,
-                                  num_workers=0, on_error="fail", allow_pipe=False, storage_options={},
-                                  on_empty_text="fail", on_duplicate="fail", num_jobs=1, job_index=1))
-    return out
+    return corpus_jsonl(real_corpus(FILES), OUT / "jobs" / f"train{FILES}.jsonl")
 
 
 def _tree(d: Path) -> dict[str, str]:

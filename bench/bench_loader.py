@@ -36,14 +36,24 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import BIN, OUT, drop_cache, mb, real_corpus, run_child
+from bench.common import BIN, OUT, drop_cache, mb, real_corpus, run_child, sized
 from corpus_io.shards.index import index_path_for, load_index, write_index
 
 HERE = OUT / "loader16k"
 MIXED = OUT / "loader"
-N_IO = int(os.environ.get("BENCH_LOADER_N_IO", 20000))  # utterances per IO-only run (all of the corpus)
-N_E2E = int(os.environ.get("BENCH_LOADER_N_E2E", 10000))  # utterances per end-to-end run
-N_MIXED = int(os.environ.get("BENCH_LOADER_N_MIXED", 4000))  # utterances per mixed-corpus run
+FILES = sized(20000, 48)  # utterances of the corpus
+PER_SHARD = sized(1000, 8)
+N_IO = sized(int(os.environ.get("BENCH_LOADER_N_IO", 20000)), 48)  # utterances per IO-only run (all of the corpus)
+N_E2E = sized(int(os.environ.get("BENCH_LOADER_N_E2E", 10000)), 32)  # utterances per end-to-end run
+N_MIXED = sized(int(os.environ.get("BENCH_LOADER_N_MIXED", 4000)), 32)  # utterances per mixed-corpus run
+# smoke mode runs each loader once (each variant is a process that imports torch): the code paths, not the grid
+CACHES = sized(("cold", "warm"), ("cold",))
+WORKERS = sized((1, 2), (2,))  # DataLoader workers of the IO-only and end-to-end runs
+E2E_MODES = sized(("corpus-io", "webdataset", "raw"), ("corpus-io",))  # the baselines' chains: IO-only's + fbank
+RAW_LINES = sized((10_000, 10_000_000), (2000,))  # raw lists whose memory per worker is compared
+RAW_WORKERS = sized((1, 4), (1, 2))
+RAW_BATCHES = sized(60, 4)
+RAW_BUFFERS = sized((200, 50), (16, 8))  # shuffle and sort sizes of the raw-list loader runs
 # batches prefetched per DataLoader worker, the same for every loader: DataLoader hands batches over in
 # worker order, and block buffers (sort 500: 31 batches at once) and buckets (7 at once) emit in bursts; with
 # a prefetch below the burst the other worker idles (bucketing, 2 workers: 0.50 of the limit at 4, 0.61-0.65 at 16)
@@ -58,7 +68,7 @@ def prepare(corpus: Path, here: Path, name: str = "shards", pack_args: tuple = (
     if not (shards / "data.list").exists():
         t = time.perf_counter()
         r = subprocess.run([str(BIN / "corpus-io"), "pack-shards", f"++input={corpus}", f"++output_dir={shards}",
-                            "++num_utts_per_shard=1000", "++audio_format=keep", *pack_args],
+                            f"++num_utts_per_shard={PER_SHARD}", "++audio_format=keep", *pack_args],
                            capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit(r.stderr)
@@ -77,10 +87,10 @@ def subset_list(data_list: Path, raw: Path, n: int) -> tuple[Path, Path]:
     urls = data_list.read_text().split()
     here = raw.parent
     sub = here / f"{data_list.parent.name}{n}.list"
-    sub.write_text("".join(u + "\n" for u in urls[:max(1, n // 1000)]))
+    sub.write_text("".join(u + "\n" for u in urls[:max(1, n // PER_SHARD)]))
     index = load_index(data_list)  # entries keyed by path as the list writes it (the file stores 'file')
     if index:
-        write_index(index_path_for(sub), [index[u] for u in urls[:max(1, n // 1000)] if u in index])
+        write_index(index_path_for(sub), [index[u] for u in urls[:max(1, n // PER_SHARD)] if u in index])
     rsub = here / f"raw{n}.list"
     with open(raw) as f, open(rsub, "w") as g:
         for i, line in enumerate(f):
@@ -88,6 +98,14 @@ def subset_list(data_list: Path, raw: Path, n: int) -> tuple[Path, Path]:
                 break
             g.write(line)
     return sub, rsub
+
+
+def count(n: int) -> str:
+    """10_000_000 -> '10M', 10_000 -> '10k', 200 -> '200': list sizes in file names and printed lines."""
+    for unit, size in (("M", 10**6), ("k", 10**3)):
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
 
 
 def _head_corpus(corpus: Path, out: Path, n: int) -> Path:
@@ -257,8 +275,7 @@ def raw_workers_child(path: str, workers: int, batches: int) -> dict:
     from corpus_io.dataset import build_dataloader
 
     conf = DatasetConf(data_type="raw", num_workers=workers, batch_size=16, prefetch=2)
-    conf.shuffle_conf.shuffle_size = 200
-    conf.sort_conf.sort_size = 50
+    conf.shuffle_conf.shuffle_size, conf.sort_conf.sort_size = RAW_BUFFERS
     t = time.perf_counter()
     loader = build_dataloader(path, conf, None, train=True, rank=0, world_size=1)
     loader.set_epoch(0)
@@ -329,11 +346,11 @@ def main() -> None:
     HERE.mkdir(parents=True, exist_ok=True)
     results: dict = {}
     if ONLY & {"io", "e2e"}:  # the rss section alone needs no synthesized corpus
-        corpus = real_corpus(20000, sample_rates=(16000, 16000), formats=("wav", "wav"))
+        corpus = real_corpus(FILES, sample_rates=(16000, 16000), formats=("wav", "wav"))
         data_list, raw = prepare(corpus, HERE)
         shards_io, raw_io = subset_list(data_list, raw, N_IO)
         shards_e2e, raw_e2e = subset_list(data_list, raw, N_E2E)
-        print(f"16 kHz wav corpus ({corpus}), shards of 1000, audio_format=keep", flush=True)
+        print(f"16 kHz wav corpus ({corpus}), shards of {PER_SHARD}, audio_format=keep", flush=True)
 
     def spec(mode: str, lst: Path, nw: int, feats: bool, **kw) -> dict:
         files = _files_of("raw" if mode == "raw" else "shard", str(lst))
@@ -346,8 +363,8 @@ def main() -> None:
 
     if "io" in ONLY:
         print(f"IO only (read + decode, batch 16, padded), {N_IO} utterances per run", flush=True)
-    for cache in ("cold", "warm") if "io" in ONLY else ():
-        for nw in (1, 2):
+    for cache in CACHES if "io" in ONLY else ():
+        for nw in WORKERS:
             for mode, lst in (("corpus-io", shards_io), ("webdataset", shards_io), ("raw", raw_io)):
                 run(("io", cache, nw, mode), f"{mode} {cache} workers={nw}", spec(mode, lst, nw, False),
                     cold=cache == "cold")
@@ -356,15 +373,16 @@ def main() -> None:
     if "e2e" in ONLY:
         print(f"End to end (decode + fbank 80 + shuffle + sort + batch + pad), warm, {N_E2E} utterances per run",
               flush=True)
-    for nw in (1, 2) if "e2e" in ONLY else ():
+    for nw in WORKERS if "e2e" in ONLY else ():
         run(("limit", nw), f"fbank-only limit processes={nw}", spec("fbank_only", shards_e2e, nw, True))
-        for mode, lst in (("corpus-io", shards_e2e), ("webdataset", shards_e2e), ("raw", raw_e2e)):
+        for mode in E2E_MODES:
+            lst = raw_e2e if mode == "raw" else shards_e2e
             run(("e2e", nw, mode), f"{mode} workers={nw}", spec(mode, lst, nw, True))
         run(("e2e", nw, "bucket"), f"corpus-io bucketing workers={nw}",
             spec("corpus-io", shards_e2e, nw, True, bucketing=True))
 
     if WITH_MIXED and "mixed" in ONLY:
-        mixed = _head_corpus(real_corpus(20000), MIXED / f"corpus{N_MIXED}", N_MIXED)
+        mixed = _head_corpus(real_corpus(FILES), MIXED / f"corpus{N_MIXED}", N_MIXED)
         m_io, _ = prepare(mixed, MIXED, f"shards{N_MIXED}_keep")
         r_io, _ = prepare(mixed, MIXED, f"shards{N_MIXED}_resampled16k", ("++resample=16000",))
         print(f"Mixed corpus (half 44.1 kHz flac), IO only, warm, workers=1, {N_MIXED} utterances per run",
@@ -373,13 +391,14 @@ def main() -> None:
         run(("mixed", "pack"), "shard, packed ++resample=16000", spec("corpus-io", r_io, 1, False))
         run(("mixed", "wds"), "webdataset, resample at load time", spec("webdataset", m_io, 1, False))
 
-    big = MIXED / "raw10M.list"  # shared with earlier runs (1 GB)
+    big_lines = RAW_LINES[-1]
+    big = MIXED / f"raw{count(big_lines)}.list"  # shared with earlier runs (1 GB)
     big.parent.mkdir(parents=True, exist_ok=True)
     if not big.exists() and "rss" in ONLY:
         line = '{"key": "utt%08d", "wav": "/data/corpus/wav/utt%08d.wav", "txt": "one two three four five"}\n'
         with open(str(big) + ".tmp", "w") as f:
-            for s in range(0, 10_000_000, 200_000):
-                f.write("".join(line % (i, i) for i in range(s, s + 200_000)))
+            for s in range(0, big_lines, 200_000):
+                f.write("".join(line % (i, i) for i in range(s, min(big_lines, s + 200_000))))
         os.replace(str(big) + ".tmp", big)
     rss = {}
     for phase in ("build index", "cached index") if "rss" in ONLY else ():
@@ -391,31 +410,30 @@ def main() -> None:
     # raw-list memory per DataLoader worker: 10M lines vs 10k lines, 1 and 4 workers (process tree: RSS sums
     # shared pages once per process, PSS counts them once)
     workers_mem = {}
-    if "rss" in ONLY:
-        small, real10m = MIXED / "raw10k_real.list", MIXED / "raw10M_real.list"
-        _real_raw_list(small, 10_000)
-        _real_raw_list(real10m, 10_000_000)
-        for lst, lines in ((small, "10k"), (real10m, "10M")):
-            for nw in (1, 4):
-                peaks: dict = {}
-                _, peak = run_child("bench.bench_loader", "--raw-workers", str(lst), str(nw), "60", peaks=peaks)
-                workers_mem[(lines, nw)] = (peak, peaks["pss"])
+    for lines in RAW_LINES if "rss" in ONLY else ():
+        lst = MIXED / f"raw{count(lines)}_real.list"
+        _real_raw_list(lst, lines)
+        for nw in RAW_WORKERS:
+            peaks: dict = {}
+            _, peak = run_child("bench.bench_loader", "--raw-workers", str(lst), str(nw), str(RAW_BATCHES),
+                                peaks=peaks)
+            workers_mem[(lines, nw)] = (peak, peaks["pss"])
 
     def rate(key) -> float:
         return rate_of(results[key])
 
     print("\nSummary (ratios of audio-seconds/s measured above)")
-    for cache in ("cold", "warm") if "io" in ONLY else ():
-        for nw in (1, 2):
+    for cache in CACHES if "io" in ONLY else ():
+        for nw in WORKERS:
             s, w, r, f = (rate(("io", cache, nw, m)) for m in ("corpus-io", "webdataset", "raw", "wds-fast"))
             print(f"  IO only {cache} workers={nw}: shard / WebDataset = {s / w:.2f} (target >= 1.5), "
                   f"shard / raw = {s / r:.2f} (target >= 2); shard / WebDataset+fast wav = {s / f:.2f}")
-    for nw in (1, 2) if "e2e" in ONLY else ():
-        s, lim, w, r, b = (rate(k) for k in (("e2e", nw, "corpus-io"), ("limit", nw), ("e2e", nw, "webdataset"),
-                                             ("e2e", nw, "raw"), ("e2e", nw, "bucket")))
+    for nw in WORKERS if "e2e" in ONLY else ():
+        s, lim, b = (rate(k) for k in (("e2e", nw, "corpus-io"), ("limit", nw), ("e2e", nw, "bucket")))
+        versus = "".join(f", shard / {mode} = {s / rate(('e2e', nw, mode)):.2f}" for mode in E2E_MODES[1:])
         print(f"  end to end workers={nw}: shard / fbank-only limit = {s / lim:.2f} (target >= 0.90), "
-              f"bucketing / limit = {b / lim:.2f}, shard / WebDataset = {s / w:.2f}, shard / raw = {s / r:.2f}")
-    for nw in (1, 2) if "e2e" in ONLY else ():
+              f"bucketing / limit = {b / lim:.2f}{versus}")
+    for nw in WORKERS if "e2e" in ONLY else ():
         print(f"  padding workers={nw}: sort buffer {100 * results[('e2e', nw, 'corpus-io')]['padding']:.1f}% "
               f"(target <= 10%), bucketing {100 * results[('e2e', nw, 'bucket')]['padding']:.1f}% (target <= 5%)")
     if WITH_MIXED and "mixed" in ONLY:
@@ -423,13 +441,16 @@ def main() -> None:
               f"{rate(('mixed', 'pack')) / rate(('mixed', 'load')):.2f}, shard / WebDataset = "
               f"{rate(('mixed', 'load')) / rate(('mixed', 'wds')):.2f}")
     for phase, (peak, wall) in rss.items():
-        print(f"  raw list of 10M lines, {phase}: peak RSS {mb(peak)} in {wall:.1f} s (target < 1 GB)")
+        print(f"  raw list of {count(big_lines)} lines, {phase}: peak RSS {mb(peak)} in {wall:.1f} s (target < 1 GB)")
+    most = (RAW_LINES[-1], RAW_WORKERS[-1])
     for (lines, nw), (peak, pss) in workers_mem.items():
-        print(f"  raw list of {lines} lines, loader with {nw} workers (60 batches): process tree peak PSS {mb(pss)}, "
-              f"peak RSS {mb(peak)}" + (" (target PSS < 1 GB)" if (lines, nw) == ("10M", 4) else ""))
-    if workers_mem:
-        grow = [(workers_mem[(n, 4)][1] - workers_mem[(n, 1)][1]) / 3 for n in ("10k", "10M")]
-        print(f"  PSS per added worker: 10M lines {mb(grow[1])} vs 10k lines {mb(grow[0])} "
+        print(f"  raw list of {count(lines)} lines, loader with {nw} workers ({RAW_BATCHES} batches): process tree "
+              f"peak PSS {mb(pss)}, peak RSS {mb(peak)}" + (" (target PSS < 1 GB)" if (lines, nw) == most else ""))
+    if workers_mem and len(RAW_LINES) > 1:  # smoke mode has one list
+        few, many = RAW_WORKERS[0], RAW_WORKERS[-1]
+        grow = [(workers_mem[(n, many)][1] - workers_mem[(n, few)][1]) / (many - few) for n in RAW_LINES]
+        print(f"  PSS per added worker: {count(RAW_LINES[-1])} lines {mb(grow[1])} vs {count(RAW_LINES[0])} lines "
+              f"{mb(grow[0])} "
               f"(ratio {grow[1] / max(grow[0], 1):.2f}, target ~1: memory does not grow with the list per worker)")
 
 

@@ -24,30 +24,20 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import OUT, real_corpus
+from bench.common import OUT, corpus_jsonl, real_corpus, sized
 
-ROUNDS = 2
-SIZES = (5000, 20000)  # utterances
-PER_SHARD = 1000
+ROUNDS = sized(2, 1)
+SIZES = sized((5000, 20000), (24, 48))  # utterances
+PER_SHARD = sized(1000, 16)
 
 
 def _jsonl(n: int) -> Path:
-    """FunASR jsonl of the first ``n`` utterances of the cached 20k corpus (cached under bench/out/pack/)."""
+    """FunASR jsonl of the first ``n`` utterances of the cached corpus of max(SIZES) (cached under bench/out/pack/)."""
     out = OUT / "pack" / f"train{n}.jsonl"
     if out.exists():
         return out
-    full = OUT / "pack" / "train20000.jsonl"
-    if not full.exists():
-        from types import SimpleNamespace
-
-        from corpus_io.manifest import scp2jsonl
-
-        corpus = real_corpus(20000)
-        full.parent.mkdir(parents=True, exist_ok=True)
-        scp2jsonl(SimpleNamespace(scp_file_list=[str(corpus / "wav.scp"), str(corpus / "text")],
-                                  data_type_list=["source", "target"], jsonl_file_out=str(full), segments=None,
-                                  num_workers=0, on_error="fail", allow_pipe=False, storage_options={}))
-    if n != 20000:
+    full = corpus_jsonl(real_corpus(max(SIZES)), OUT / "pack" / f"train{max(SIZES)}.jsonl")
+    if n != max(SIZES):
         with open(full, encoding="utf-8") as src, open(out, "w", encoding="utf-8") as dst:
             for i, line in enumerate(src):
                 if i >= n:

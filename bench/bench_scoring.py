@@ -13,10 +13,12 @@ import random
 import time
 from pathlib import Path
 
+from bench.common import sized
 from corpus_io.train.scoring import EditCounts, char_units, edit_counts, word_units
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "corpus"
-NUM_PAIRS = 1810
+NUM_PAIRS = sized(1810, 100)
+ROUNDS = sized(5, 1)  # interleaved; the best counts (the least disturbed run)
 
 
 def python_edit_counts(ref: list[str], hyp: list[str]) -> EditCounts:
@@ -76,8 +78,8 @@ def main() -> None:
     old_total = new_total = 0.0
     for name, units in (("CER (characters)", char_units), ("WER (words, CJK chars)", word_units)):
         data = [(units(r), units(h)) for r, h in texts]
-        runs = [(_score(python_edit_counts, data), _score(edit_counts, data)) for _ in range(5)]  # interleaved
-        old_s, old = min((r[0] for r in runs), key=lambda t: t[0])  # best of 5: the least disturbed run
+        runs = [(_score(python_edit_counts, data), _score(edit_counts, data)) for _ in range(ROUNDS)]
+        old_s, old = min((r[0] for r in runs), key=lambda t: t[0])
         new_s, new = min((r[1] for r in runs), key=lambda t: t[0])
         old_total, new_total = old_total + old_s, new_total + new_s
         print(f"{name}: {len(data)} pairs, {sum(len(r) for r, _ in data)} ref units")

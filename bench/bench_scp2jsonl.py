@@ -10,8 +10,13 @@ import json
 import os
 import time
 
-from bench.common import BIN, OUT, drop_cache, mb, real_corpus, run_measured
+from bench.common import BIN, OUT, drop_cache, mb, real_corpus, run_measured, sized
 from corpus_io.progress import parallel_imap, resolve_num_workers
+
+BIG = sized(1_000_000, 2000)  # lines of the big wav.scp (peak RSS)
+STARTUPS = sized(5, 1)  # --help runs per command (the best counts)
+# FunASR installs `scp2jsonl`; ours is `corpus-io scp2jsonl` (same arguments), so both can live in one venv
+SCP2JSONL = [str(BIN / "corpus-io"), "scp2jsonl"]
 
 
 def _decode_len(line: str) -> int:
@@ -42,7 +47,7 @@ def main() -> None:
     wav_scp, text = corpus / "wav.scp", corpus / "text"
     files = [line.split(" ", 1)[1] for line in wav_scp.read_text().splitlines()]
     out = OUT / "scp2jsonl.jsonl"
-    argv = [str(BIN / "scp2jsonl"), f"++scp_file_list=[{wav_scp},{text}]", "++data_type_list=[source,target]",
+    argv = [*SCP2JSONL, f"++scp_file_list=[{wav_scp},{text}]", "++data_type_list=[source,target]",
             f"++jsonl_file_out={out}", f"++num_workers={workers}"]
 
     results = {}
@@ -61,27 +66,27 @@ def main() -> None:
               f"{base_s:.1f} s ({len(files) / base_s:.0f} files/s); speed ratio {base_s / probe_s:.1f}x "
               f"(target >= 20x); total frames probe {probe_frames} vs decode {base_frames}")
 
-    # 1M lines made by repeating real paths under new keys.
-    big = OUT / "wav1M"
+    # BIG lines made by repeating real paths under new keys.
+    big = OUT / f"wav{BIG}"
     big.mkdir(parents=True, exist_ok=True)
     if not (big / "wav.scp").exists():
         with open(big / "wav.scp.tmp", "w") as fw, open(big / "text", "w") as ft:
-            for i in range(1_000_000):
+            for i in range(BIG):
                 path = files[i % len(files)]
                 fw.write(f"u{i:08d} {path}\n")
                 ft.write(f"u{i:08d} one two three\n")
         os.rename(big / "wav.scp.tmp", big / "wav.scp")
-    argv_big = [str(BIN / "scp2jsonl"), f"++scp_file_list=[{big}/wav.scp,{big}/text]",
+    argv_big = [*SCP2JSONL, f"++scp_file_list=[{big}/wav.scp,{big}/text]",
                 "++data_type_list=[source,target]", f"++jsonl_file_out={big}/out.jsonl", f"++num_workers={workers}"]
     wall, rss, res = run_measured(argv_big)
     assert res.returncode == 0, res.stderr
-    print(f"[1M lines] wav.scp + text, {workers} processes: {wall:.0f} s ({1e6 / wall:.0f} lines/s), "
+    print(f"[{BIG:,} lines] wav.scp + text, {workers} processes: {wall:.0f} s ({BIG / wall:.0f} lines/s), "
           f"peak RSS of the process tree {mb(rss)} (target < 300 MB)")
     os.unlink(big / "out.jsonl")
     # Startup: --help without torch.
-    for cmd in (["corpus-io", "--help"], ["scp2jsonl", "--help"]):
-        best = min(run_measured([str(BIN / cmd[0]), *cmd[1:]])[0] for _ in range(5))
-        print(f"[startup] {' '.join(cmd)}: best of 5 = {best:.3f} s (target < 0.5 s)")
+    for cmd in (["corpus-io", "--help"], ["corpus-io", "scp2jsonl", "--help"]):
+        best = min(run_measured([str(BIN / cmd[0]), *cmd[1:]])[0] for _ in range(STARTUPS))
+        print(f"[startup] {' '.join(cmd)}: best of {STARTUPS} = {best:.3f} s (target < 0.5 s)")
 
 
 if __name__ == "__main__":

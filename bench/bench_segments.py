@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from bench.common import OUT
+from bench.common import OUT, sized
 
-HOURS = 1.0
-NUM = 300  # one-second segments, spread over the whole recording
+HOURS = sized(1.0, 0.02)
+NUM = sized(300, 30)  # one-second segments, spread over the whole recording
+ROUNDS = sized(2, 1)  # the fastest counts
 FIXTURE_LONG = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "corpus" / "segments_dir" / "wav" / \
     "long.wav"
 
@@ -65,8 +66,8 @@ def _pack(kaldi_dir: Path) -> float:
 
 def main() -> None:
     seg_dir, file_dir = _dirs()
-    files = min(_pack(file_dir) for _ in range(2))
-    segs = min(_pack(seg_dir) for _ in range(2))
+    files = min(_pack(file_dir) for _ in range(ROUNDS))
+    segs = min(_pack(seg_dir) for _ in range(ROUNDS))
     print(f"[bench_segments] {NUM} x 1 s: as segments of one {HOURS:g} h recording {segs:.2f} s, as {NUM} files "
           f"{files:.2f} s -> segments/files = {segs / files:.2f}x (target <= 2x)", flush=True)
 

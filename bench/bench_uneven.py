@@ -15,11 +15,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import BIN
+from bench.common import BIN, sized
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "corpus"
-ROUNDS = 3
-EPOCHS = 4
+ROUNDS = sized(3, 1)
+EPOCHS = sized(4, 1)
+ALLREDUCES = sized(1000, 10)  # timed one after another: the cost of one
 
 
 def child(data_list: str, tokens: str, out: str) -> None:
@@ -44,9 +45,9 @@ def child(data_list: str, tokens: str, out: str) -> None:
             dist.barrier()
             seconds[mode] += time.perf_counter() - start
     start = time.perf_counter()
-    for _ in range(1000):
+    for _ in range(ALLREDUCES):
         ranks_with_data(True)
-    allreduce = (time.perf_counter() - start) / 1000
+    allreduce = (time.perf_counter() - start) / ALLREDUCES
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps({"seconds": seconds, "batches": batches, "allreduce_s": allreduce}))
     dist.destroy_process_group()

@@ -1,18 +1,43 @@
-"""Shared bench helpers: a cached corpus of real espeak speech, process-tree peak RSS, timers."""
+"""Shared bench helpers: the smoke switch, a cached corpus of real espeak speech, process-tree peak RSS, timers."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent / "out"
+# Smoke mode (`python -m bench --smoke`, or BENCH_SMOKE=1): every bench on a tiny corpus, one round, seconds in all,
+# so the suite proves it still runs on the code. Benches pick their sizes with sized(); the figures measure nothing.
+SMOKE = os.environ.get("BENCH_SMOKE", "") not in ("", "0")
 BIN = Path(sys.executable).parent
+
+
+def sized(full, smoke):
+    """``smoke`` in smoke mode, else ``full``: a bench's sizes, rounds and repeats in one obvious way."""
+    return smoke if SMOKE else full
+
+
+def _out_dir() -> Path:
+    """Where benches cache their corpora: BENCH_OUT, else bench/out; a smoke run without BENCH_OUT gets a temp dir
+    (removed at exit), so it never leaves a tiny corpus where a full run would reuse it."""
+    if os.environ.get("BENCH_OUT"):
+        return Path(os.environ["BENCH_OUT"]).resolve()
+    if not SMOKE:
+        return Path(__file__).resolve().parent / "out"
+    out = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    os.environ["BENCH_OUT"] = str(out)  # the bench's child processes share it
+    return out
+
+
+OUT = _out_dir()
 
 
 def real_corpus(num_files: int = 20000, *, base_utts: int = 400, sample_rates: tuple[int, int] = (16000, 44100),
@@ -24,9 +49,11 @@ def real_corpus(num_files: int = 20000, *, base_utts: int = 400, sample_rates: t
     corpus (16 kHz wav + 44.1 kHz flac, ``bench/out/corpus20000``); ``sample_rates=(16000, 16000),
     formats=("wav", "wav")`` is a 16 kHz wav corpus as WeNet shards hold (``corpus20000_16k``): the
     same texts and voices. Copies are real files (not links), so every read is a distinct file.
-    Cached under bench/out/.
+    Cached under OUT (bench/out/, or BENCH_OUT). Smoke mode: at most 48 files of 24 base utterances.
     """
     from corpus_io import synth
+
+    num_files, base_utts = sized(num_files, min(num_files, 48)), sized(base_utts, min(base_utts, 24))
 
     mixed = tuple(sample_rates) == (16000, 44100) and tuple(formats) == ("wav", "flac")
     tag = "" if mixed else "_" + "_".join(f"{r // 1000 if r % 1000 == 0 else r / 1000:g}k{f}"
@@ -82,6 +109,16 @@ def real_corpus(num_files: int = 20000, *, base_utts: int = 400, sample_rates: t
                 ft.write(f"{new_key} {texts[key]}\n")
                 n += 1
     tmp.rename(out)
+    return out
+
+
+def corpus_jsonl(corpus: Path, out: Path) -> Path:
+    """The FunASR JSONL of a Kaldi dir (``corpus_io.scp2jsonl``: the command's code path), cached at ``out``."""
+    if not out.exists():
+        import corpus_io
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        corpus_io.scp2jsonl([corpus / "wav.scp", corpus / "text"], out)
     return out
 
 
@@ -198,10 +235,6 @@ def seaweed_server(data: Path):
                     time.sleep(0.5)
             yield endpoint, fs
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            proc.kill()  # its data dir is a throwaway; weed may sit out SIGTERM for 20 s
+            proc.wait()
             shutil.rmtree(data, ignore_errors=True)

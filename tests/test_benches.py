@@ -1,22 +1,36 @@
-"""Benches that cannot rot: every ``bench/bench_*.py`` imports on the landed code, and the helpers that read the
-formats the code writes (the index's ``file`` field) run on a tiny real corpus."""
+"""Benches that cannot rot: every ``bench/bench_*.py`` runs to the end on the landed code in smoke mode (a tiny
+real corpus, one round: ``python -m bench --smoke``), so a format change that breaks a bench fails here."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from bench import bench_names
+from tests.conftest import REPO, run_bounded
 
-BENCHES = sorted(m.name for m in pkgutil.iter_modules([str(REPO / "bench")]) if m.name.startswith("bench_"))
+
+@pytest.mark.parametrize("name", [n.removeprefix("bench_") for n in bench_names()])
+def test_every_bench_runs_to_the_end_in_smoke_mode(name, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", CORPUS_IO_NO_PROGRESS="1", BENCH_OUT=str(tmp_path / "out"))
+    result = run_bounded([sys.executable, "-m", "bench", "--smoke", name], 300, env=env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "smoke mode: figures are not measurements" in result.stdout
+    assert f"===== bench_{name} done in" in result.stdout
 
 
-@pytest.mark.parametrize("name", BENCHES)
-def test_every_bench_imports_and_has_a_main(name):
-    module = importlib.import_module(f"bench.{name}")
-    assert callable(getattr(module, "main", None)), name
+def test_a_smoke_run_keeps_its_corpus_out_of_bench_out_and_removes_it():
+    """A tiny corpus left in bench/out would be reused by the next full run as if it were the real one."""
+    env = {k: v for k, v in os.environ.items() if k != "BENCH_OUT"} | {"BENCH_SMOKE": "1"}
+    code = "from bench.common import OUT; (OUT / 'corpus48').mkdir(); print(OUT)"
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    out = Path(result.stdout.strip())
+    assert REPO / "bench" / "out" not in [out, *out.parents] and not out.exists()
 
 
 def test_bench_loader_subsets_a_packed_list_with_its_index(tmp_path):
@@ -36,18 +50,3 @@ def test_bench_loader_subsets_a_packed_list_with_its_index(tmp_path):
     urls = sub.read_text().split()
     assert urls == data_list.read_text().split()[:1]
     assert list(load_index(sub)) == urls and len(rsub.read_text().splitlines()) == 24
-
-
-@pytest.mark.parametrize("name", ["batching", "segments", "scoring"])
-def test_the_second_long_benches_run_to_the_end(name):
-    """The benches small enough to run whole in the suite (seconds each) do, so a format change that breaks
-    them fails here; the corpus-sized ones (loader, pack, frontend, ...) run with `make bench`."""
-    import os
-    import sys
-
-    from tests.conftest import run_bounded
-
-    result = run_bounded([sys.executable, "-m", "bench", name], 240,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", CORPUS_IO_NO_PROGRESS="1"))
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    assert f"===== bench_{name} done in" in result.stdout
