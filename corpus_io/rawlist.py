@@ -14,13 +14,14 @@ from the current directory, else from the list's directory.
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 
 from corpus_io import audio
 from corpus_io.errors import DataError
-from corpus_io.files import parse_json_object
+from corpus_io.files import atomic_write, parse_json_object
 from corpus_io.inputs import Skip, detect, record_of_line
 from corpus_io.shards.format import SHARD_SUFFIXES
 
@@ -138,6 +139,46 @@ class RawList:
 
     def __len__(self) -> int:
         return int(self._starts[-1])
+
+    def repeated_entries(self) -> dict[str, list[int]]:
+        """``{key: [entry, entry, ...]}`` (0-based entries, in list order) for every key the list holds more than
+        once, across all its files, so that every rank and worker keeps a repeated key from its first entry only
+        (per-reader tracking misses a repeat read by another worker or rank). Two passes that parse each line for
+        its key (8 bytes per utterance), skipped when the ``.<list>.repeats.json`` sidecar says that these very
+        files (same size and mtime) repeat no key; a line that does not parse is left to the reader to report."""
+        from corpus_io.shards.index import find_repeated_keys
+
+        where = os.path.dirname(os.path.abspath(self.path))
+        marker = os.path.join(where, f".{os.path.basename(self.path)}.repeats.json")
+        stamp = [[int(x) for x in _signature(f)[1:]] for f in [self.path, *self.files]]
+        try:
+            with open(marker, encoding="utf-8") as f:
+                stored = json.load(f)
+            if stored.get("lists") == stamp and stored.get("repeated_keys") == 0:
+                return {}
+        except (OSError, ValueError, AttributeError):
+            pass  # absent, stale or damaged: scan
+        entries = find_repeated_keys(lambda: ((i, [key]) for i, key in enumerate(self._keys()) if key is not None))
+        try:
+            with atomic_write(marker) as f:
+                json.dump({"lists": stamp, "repeated_keys": len(entries)}, f)
+        except (OSError, DataError):
+            pass  # a read-only directory: scanned again next time
+        return entries  # type: ignore[return-value]
+
+    def _keys(self):
+        """The key of every entry, in entry order (None for a line only the reader can judge)."""
+        for path in self.files:
+            base = os.path.dirname(os.path.abspath(path))
+            with open(path, "rb") as f:
+                for raw in f:
+                    if not raw.strip():
+                        continue
+                    try:
+                        rec = record_of_line(json.loads(raw), "", base)
+                        yield rec.key if isinstance(rec, Skip) else rec["key"]
+                    except (ValueError, DataError, TypeError, KeyError, AttributeError):
+                        yield None
 
     def __getstate__(self) -> dict:  # workers re-open the file (and the mmap) themselves
         return {"path": self.path}

@@ -1,8 +1,8 @@
 """Exactly once across every list (issue 21 item 2): a hand-joined list that repeats a shard or a key never trains
 an utterance twice silently, in shard and raw mode, with and without an index; verify-shards exits non-zero.
 
-Without an index that records keys, local tars are scanned by their headers at loader start; remote shards and
-raw lists are checked by each reader as it reads (tests/test_remote.py has the remote case)."""
+Without an index that records keys, local tars are scanned by their headers at loader start and raw lists by their
+lines; remote shards are checked by each reader as it reads (tests/test_remote.py has the remote case)."""
 
 from __future__ import annotations
 
@@ -71,11 +71,30 @@ def test_a_raw_list_with_a_repeated_key_fails_naming_both_entries_or_skips_and_c
     raw, keys = make_raw(tmp_path)
     lines = raw.read_text().splitlines()
     raw.write_text("\n".join([*lines, lines[2]]) + "\n")
-    with pytest.raises(DataError, match=f"key '{keys[2]}' is read twice in one epoch: entry 3 of the raw list .* "
-                                        f"and entry 25 of the raw list"):
+    with pytest.raises(DataError, match=f"key '{keys[2]}' is in entries 3 and 25 \\({re.escape(str(raw))}:3 and "
+                                        f"{re.escape(str(raw))}:25\\)"):
         _keys(raw, data_type="raw")
     got, counts = _keys(raw, data_type="raw", on_error="skip")
     assert sorted(got) == sorted(keys) and counts["duplicate key"] == 1
+
+
+def test_a_raw_list_joined_with_cat_trains_each_key_once_over_workers_and_ranks(tmp_path):
+    """The two copies of a key lie in different 1,000-line chunks, which different workers and ranks read: the
+    list's repeated keys are found before reading, so every reader keeps the first entry only."""
+    first, keys = make_raw(tmp_path / "a", copies=45)  # 1,080 lines
+    joined = tmp_path / "joined.list"
+    repeated = first.read_text().splitlines()[:30]
+    joined.write_text(first.read_text() + "\n".join(repeated) + "\n")
+    got, dropped = [], 0
+    for rank in range(2):
+        loader = build_dataloader(str(joined), small_conf(num_workers=2, feats_type="raw", data_type="raw",
+                                                          on_error="skip"), None, train=False, rank=rank, world_size=2)
+        loader.set_epoch(0)
+        got += [k for batch in loader for k in batch["keys"]]
+        dropped += loader.counts()["duplicate key"]
+    assert sorted(got) == sorted(keys) and dropped == 30
+    with pytest.raises(DataError, match=f"key '{keys[0]}' is in entries 1 and 1081"):
+        _keys(joined, data_type="raw")
 
 
 def test_training_on_a_joined_list_exits_2_naming_both_shards(two_corpora, tmp_path):

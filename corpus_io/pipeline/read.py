@@ -56,7 +56,7 @@ class Source:
     durations: list[float] | None = None
     num_utts: list[int] | None = None
     raw: RawList | None = None
-    owners: dict[str, str] = field(default_factory=dict)  # a key two shards hold -> the shard that keeps it
+    owners: dict[str, str | int] = field(default_factory=dict)  # a repeated key -> the shard (raw: entry) keeping it
     track_keys: bool = False  # no index records every shard's keys: readers find repeats from the samples
 
     @classmethod
@@ -64,7 +64,7 @@ class Source:
         """``on_error=fail``: a key the index records in two shards is a DataError here, before any reading;
         ``skip``: the first shard keeps it (``owners``) and the others' copies are dropped and counted."""
         if data_type == "raw":
-            return cls(data_list, "raw", weight, raw=RawList(data_list), track_keys=True)
+            return cls._open_raw(data_list, weight, on_error)
         from corpus_io.shards.index import (
             describe_repeats,
             index_entry_problems,
@@ -114,6 +114,22 @@ class Source:
                             f"shard only (the rest are counted as 'duplicate key').")
         owners = {key: shards[0] for key, shards in repeats.items()}
         return cls(data_list, "shard", weight, urls, durations, num_utts, owners=owners, track_keys=not keyed)
+
+    @classmethod
+    def _open_raw(cls, data_list: str, weight: float, on_error: str) -> Source:
+        """A raw list whose repeated keys are known before reading: every reader keeps a key from its first entry
+        only (``owners``: key -> entry), whatever worker or rank reads the other entries."""
+        raw = RawList(data_list)
+        repeats = raw.repeated_entries()
+        if repeats and on_error == "fail":
+            key, entries = next(iter(repeats.items()))
+            more = f" ({len(repeats) - 1} more keys repeat)" if len(repeats) > 1 else ""
+            raise DataError(f"{data_list}: key '{key}' is in entries {entries[0] + 1} and {entries[1] + 1} "
+                            f"({raw.where(entries[0])} and {raw.where(entries[1])}){more}; training would see "
+                            f"the utterance twice. Give each utterance its own key or drop the repeated lines "
+                            f"(lists joined with cat?), or set ++dataset_conf.on_error=skip to keep each key's "
+                            f"first entry and count the rest as 'duplicate key'.")
+        return cls(data_list, "raw", weight, raw=raw, owners={key: entries[0] for key, entries in repeats.items()})
 
     @property
     def num_units(self) -> int:

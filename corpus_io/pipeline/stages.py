@@ -132,16 +132,16 @@ def _decode_bytes(sample: dict) -> tuple[np.ndarray, int]:
 # --------------------------------------------------------------------------- filters
 
 
-def drop_repeated_keys(samples: Iterable[dict], *, owners: dict[str, str], track: bool = False, raw: bool = False,
-                       on_error: str = "skip", counts: Counter | None = None) -> Iterator[dict]:
+def drop_repeated_keys(samples: Iterable[dict], *, owners: dict[str, str | int], track: bool = False,
+                       raw: bool = False, on_error: str = "skip", counts: Counter | None = None) -> Iterator[dict]:
     """Read a key that several shards (or raw lines) hold once.
 
-    ``owners`` (from the index, see ``shards.index.repeated_keys``): a key is kept only from its owner shard,
-    the other copies are dropped and counted as ``duplicate key``. ``track`` (no index records the keys): this
-    reader remembers where it met each key in this epoch (a 64-bit hash and the place, ~100 bytes per
-    utterance); meeting it at another place (shard and position, or raw entry) is a DataError naming both
-    (``on_error=fail``) or dropped and counted (``skip``). A place read again in a later pass
-    (``epoch_hours``) is not a repeat."""
+    ``owners`` (from the index, see ``shards.index.repeated_keys``; raw: ``RawList.repeated_entries``): a key is
+    kept only from its owner shard (raw: entry), the other copies are dropped and counted as ``duplicate key``.
+    ``track`` (remote shards whose index records no keys): this reader remembers where it met each key in this
+    epoch (a 64-bit hash and the place, ~100 bytes per utterance); meeting it at another place (shard and
+    position) is a DataError naming both (``on_error=fail``) or dropped and counted (``skip``). A place read
+    again in a later pass (``epoch_hours``) is not a repeat."""
     seen: dict[int, tuple[str, int]] = {}
     for sample in samples:
         if sample is None:  # the end of a pass of a weighted mix (pipeline.read.iter_source), passed on
@@ -150,7 +150,7 @@ def drop_repeated_keys(samples: Iterable[dict], *, owners: dict[str, str], track
         key = sample["key"]
         owner = owners.get(key)
         if owner is not None:
-            if sample.get("__url__") != owner:
+            if (sample.get("__pos__") if raw else sample.get("__url__")) != owner:
                 _count(counts, "duplicate key")
                 continue
         elif track:
