@@ -113,6 +113,8 @@ class Trainer:
         self.resumed_mid_epoch = False
         self.nonfinite_run = 0  # optimizer steps in a row skipped for a non-finite loss or gradient norm
         self.nonfinite_steps = 0  # all such steps of this run
+        self.epoch_nonfinite_steps = 0  # those of this epoch (since the resume), for the epoch summary
+        self.step_keys: list[str] = []  # this rank's keys of the micro-batches of the step being accumulated
         self.log(f"world_size {ctx.world_size}, backend {ctx.backend or 'none'}, device {ctx.device}, "
                  f"model {type(self.module).__name__} {num_parameters(self.module) / 1e6:.3f}M params, "
                  f"vocab {self.tokenizer.vocab_size}, input_dim {self.input_dim}", all_ranks=False)
@@ -308,6 +310,7 @@ class Trainer:
         tc, ctx = self.tc, self.ctx
         if self.step_in_epoch == 0:
             self.train_loader.set_epoch(self.epoch)
+        self.epoch_nonfinite_steps = 0
         if self.front_end is not None:
             self.front_end.set_epoch(self.epoch)
         self.model.train()
@@ -326,6 +329,7 @@ class Trainer:
             sync = micro % tc.accum_grad == 0
             want_acc = sync and (self.step_in_epoch + 1) % tc.log_interval == 0
             out = micro_step(self.sc, batch, sync=sync, want_acc=want_acc)
+            self.step_keys += batch["keys"]
             if math.isfinite(out["loss"]):  # a non-finite one poisons the step (skipped in _finish_step)
                 meter.add_batch(out, batch, data_load)
                 epoch_meter.add_batch(out, batch, data_load)
@@ -365,14 +369,18 @@ class Trainer:
         """A step skipped for a non-finite loss or gradient norm (icefall skips such batches too) is counted;
         ``train_conf.max_nonfinite_steps`` of them in a row stop training. The norm is of the gradients DDP
         averaged, so every rank decides the same at the same step (no rank is left waiting)."""
+        keys, self.step_keys = self.step_keys, []
         if stepped:
             self.nonfinite_run = 0
             return
         self.nonfinite_run += 1
         self.nonfinite_steps += 1
+        self.epoch_nonfinite_steps += 1
+        more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+        # every rank logs its own keys: which rank's batch held the bad value is not known after the all-reduce
         self.log(f"warning: epoch {self.epoch} step {self.step_in_epoch + 1}: non-finite loss or gradient norm "
-                 f"({norm}); the step was skipped ({self.nonfinite_run} in a row, {self.nonfinite_steps} in all)",
-                 all_ranks=False)
+                 f"({norm}); the step was skipped ({self.nonfinite_run} in a row, {self.nonfinite_steps} in all); "
+                 f"rank {self.ctx.rank}'s batch: keys {', '.join(keys[:5])}{more}", all_ranks=True)
         if self.nonfinite_run >= self.tc.max_nonfinite_steps:
             raise DataError(f"train: {self.nonfinite_run} optimizer steps in a row had a non-finite loss or gradient "
                             f"norm (train_conf.max_nonfinite_steps={self.tc.max_nonfinite_steps}; each was skipped), "
@@ -474,11 +482,13 @@ class Trainer:
                      f"{audio / 3600:.3f} h audio in {max_wall:.1f}s = {audio / max_wall:.1f} audio_s/s, "
                      f"data_wait {100 * wait / max(total, 1e-9):.1f}%; left unused when the epoch ended: {unused} "
                      f"(unused share {100 * unused_share:.1f}% of the epoch); "
-                     f"loader skips/filters: {skip}", all_ranks=False)
+                     f"loader skips/filters: {skip}"
+                     + (f"; non-finite steps skipped: {self.epoch_nonfinite_steps}" if self.epoch_nonfinite_steps
+                        else ""), all_ranks=False)
             self.board.scalars(self.epoch, {
                 "epoch/train_loss": loss, "epoch/audio_seconds_per_second": audio / max_wall,
                 "epoch/data_wait_share": wait / max(total, 1e-9), "epoch/unused_utts": unused_utts,
-                "epoch/unused_share": unused_share})
+                "epoch/unused_share": unused_share, "epoch/nonfinite_steps": self.epoch_nonfinite_steps})
         acc = m.acc
         return {"loss": loss, "acc": acc, "utts": int(utts), "skips": skip}
 

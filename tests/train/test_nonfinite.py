@@ -5,6 +5,7 @@ of a non-finite model is written."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -45,8 +46,20 @@ def test_an_exploding_learning_rate_stops_training_naming_the_causes_and_writes_
     assert "2 optimizer steps in a row had a non-finite loss or gradient norm" in result.stderr
     assert "train_conf.max_nonfinite_steps=2" in result.stderr and "optim_conf.lr=10.0" in result.stderr
     assert "no cmvn_file" in result.stderr and "verify-shards" in result.stderr
-    assert "the step was skipped (1 in a row, 1 in all)" in result.stderr
+    skipped = re.search(r"the step was skipped \(1 in a row, 1 in all\); rank 0's batch: keys (\S+?),", result.stderr)
+    assert skipped and skipped.group(1) in corpus["keys"], result.stderr[-3000:]  # the keys lead to the data
     assert not list(out.glob("model.pt*")), sorted(p.name for p in out.iterdir())
+
+
+def test_a_skipped_non_finite_step_is_counted_in_the_epoch_summary(corpus, tmp_path):
+    out = tmp_path / "exp"
+    # lr 10 without clipping: the steps go non-finite; 1000 allowed in a row, so the epochs end on their own
+    result = _train(out, corpus, "++optim_conf.optim=sgd", "++optim_conf.lr=10", "++train_conf.grad_clip=0",
+                    "++scheduler_conf.scheduler=constant", "++train_conf.max_nonfinite_steps=1000",
+                    "++train_conf.max_epoch=1")
+    skipped = result.stderr.count("the step was skipped")
+    summary = re.search(r"epoch 0 done .*; non-finite steps skipped: (\d+)", result.stderr)
+    assert skipped >= 1 and summary and int(summary.group(1)) == skipped, result.stderr[-3000:]
 
 
 def test_average_refuses_a_non_finite_epoch_checkpoint(tmp_path):
