@@ -435,3 +435,24 @@ def test_a_scalar_given_for_a_config_group_names_the_group():
     with pytest.raises(ConfigError, match=r"'dataset_conf.fbank_conf' is a group of keys, not the single value 5.*"
                                           r"\+\+dataset_conf.fbank_conf.num_mel_bins="):
         config.compose(config.BenchLoaderConfig, "bench_loader", ["++data_list=x", "++dataset_conf.fbank_conf=5"])
+
+
+def test_the_saved_config_holds_no_credentials():
+    """exp/config.yaml and every checkpoint's config are shared with results; the credentials stay out."""
+    from omegaconf import OmegaConf
+
+    from corpus_io.config import TrainConfig
+    from corpus_io.config.compose import to_yaml
+
+    cfg = TrainConfig()
+    cfg.dataset_conf.storage_options = {"key": "AKIAEXAMPLE", "secret": "s3cr3t-value", "anon": False,
+                                        "client_kwargs": {"endpoint_url": "http://127.0.0.1:8333",
+                                                          "aws_session_token": "tok-value"}}
+    cfg.train_data_set_list = "https://alice:pa55word@example.org/data.list"
+    text = to_yaml(cfg)
+    for secret in ("AKIAEXAMPLE", "s3cr3t-value", "tok-value", "pa55word", "alice"):
+        assert secret not in text
+    saved = OmegaConf.create(text)
+    assert saved.dataset_conf.storage_options.client_kwargs.endpoint_url == "http://127.0.0.1:8333"
+    assert saved.dataset_conf.storage_options.anon is False and saved.dataset_conf.storage_options.secret == "***"
+    assert saved.train_data_set_list == "https://***@example.org/data.list"

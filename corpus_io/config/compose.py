@@ -4,6 +4,7 @@ its schema (no ``outputs/`` folder, no change of cwd; Hydra is imported only whe
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from corpus_io.config.checks import check_keys, check_values
 from corpus_io.config.describe import group_presets
 from corpus_io.config.fields import CONF_DIR, schema_fields
 from corpus_io.config.funasr import apply_funasr_keys, apply_old_spellings, funasr_group_overrides, override_keys
-from corpus_io.errors import ConfigError
+from corpus_io.errors import ConfigError, redact
 
 
 def compose(schema: type, config_name: str, overrides: list[str], *, config_path: str | None = None) -> Any:
@@ -68,11 +69,25 @@ def validate(schema: type, raw: Any, *, explicit: frozenset = frozenset(), missi
     return obj
 
 
+#: names of ``storage_options`` entries that hold credentials (s3fs key/secret/token, HTTP auth, ...)
+_SECRET_OPTION = re.compile(r"secret|password|passwd|token|key|credential|auth", re.IGNORECASE)
+
+
 def to_yaml(obj: Any) -> str:
-    """The resolved config as YAML (stored next to outputs and in checkpoints)."""
+    """The resolved config as YAML (stored next to outputs and in checkpoints), without credentials: the
+    ``storage_options`` entries that hold them read ``***`` and URLs lose their ``user:password@``."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml(OmegaConf.structured(obj))
+    return OmegaConf.to_yaml(OmegaConf.create(_without_secrets(OmegaConf.to_container(OmegaConf.structured(obj)))))
+
+
+def _without_secrets(node: Any, storage: bool = False) -> Any:
+    if isinstance(node, dict):
+        return {k: "***" if storage and _SECRET_OPTION.search(str(k)) and not isinstance(v, (dict, list))
+                else _without_secrets(v, storage or k == "storage_options") for k, v in node.items()}
+    if isinstance(node, list):
+        return [_without_secrets(v, storage) for v in node]
+    return redact(node) if isinstance(node, str) else node
 
 
 def to_dict(obj: Any) -> dict:
