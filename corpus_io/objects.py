@@ -66,6 +66,20 @@ def object_matches(url: str, storage_options: dict | None = None, *, size: int, 
             and (not digest or meta.get(DIGEST_KEY) == digest))
 
 
+def object_sizes(url: str, storage_options: dict | None = None) -> dict[str, int]:
+    """``{object URL: bytes}`` of every object under the prefix ``url`` (one listing, paged by the store)."""
+    fs, path = filesystem(url, storage_options, fresh=True)
+    fs.invalidate_cache()
+    try:
+        found = fs.find(path, detail=True)
+    except FileNotFoundError:
+        return {}
+    except Exception as exc:  # noqa: BLE001
+        raise _failed(url, "list", exc) from None
+    scheme = url.split("://", 1)[0]
+    return {f"{scheme}://{p}": int(info.get("size") or 0) for p, info in found.items()}
+
+
 def list_objects(url: str, storage_options: dict | None = None) -> list[str]:
     """Every object under the prefix ``url`` (recursively), as URLs, sorted."""
     fs, path = filesystem(url, storage_options, fresh=True)

@@ -589,6 +589,8 @@ def pack_shards(cfg: Any) -> Summary:
     if not job.single or place.records():
         fp = _fingerprint(cfg, opts, inp)
         done = begin(place, job, fp)
+        if done is not None and url and _absent_object(url, [done]):
+            done = None  # an object went missing since: the job runs again and sends only what is not there
         if done is not None:
             summary = merged_summary([done])
             summary.print(f"pack-shards {job} (already complete)")
@@ -650,6 +652,30 @@ def _pack_job(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
     return summary
 
 
+def _absent_object(url: str, parts: list[Part]) -> tuple[Part, str] | None:
+    """Object storage: the first part with a shard that is not an object of the size its record says, and why
+    (one listing of ``url``); the local sidecars that a part records do not prove the objects are there."""
+    sizes = objects.object_sizes(url)
+    for part in parts:
+        for group in part.payload()["groups"]:
+            for entry in group["entries"]:
+                name = objects.join(url, entry["path"])
+                if sizes.get(name) != entry["bytes"]:
+                    now = "is absent" if name not in sizes else f"has {sizes[name]} bytes, not {entry['bytes']}"
+                    return part, f"its shard {name} {now}"
+    return None
+
+
+def _refuse_absent_objects(url: str, parts: list[Part]) -> None:
+    """merge-jobs into object storage: every shard is checked before anything is written."""
+    absent = _absent_object(url, parts)
+    if absent:
+        part, why = absent
+        raise DataError(f"part {part.where}: {why}. Nothing was changed. Rerun job {part.job_index} "
+                        f"(++num_jobs={part.num_jobs} ++job_index={part.job_index}), which sends it again, then "
+                        f"merge.")
+
+
 def part_keys(data: dict) -> Iterator[str]:
     """The utterance keys of a pack-shards part (merge-jobs refuses a key two parts hold)."""
     return (k for group in data["groups"] for e in group["entries"] for k in e.get("keys") or ())
@@ -660,6 +686,8 @@ def merge_parts(place: Place, parts: list[Part]) -> Summary:
     one part's entries in memory at a time)."""
     out_dir = Path(place.path).resolve()
     first = parts[0].payload()
+    if first.get("url"):
+        _refuse_absent_objects(first["url"], parts)
     summary = merged_summary(parts)
     for g, sub in enumerate(group["dir"] for group in first["groups"]):
         url = first.get("url") or ""  # object storage: entries name the objects, the list is sent there

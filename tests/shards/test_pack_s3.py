@@ -113,3 +113,27 @@ def test_jobs_into_s3_merge_to_the_objects_of_one_job(bucket_prefix, tmp_path):
     assert got["data.list"].decode().splitlines() == [f"{prefix}/{s}" for s in one_list]
     assert index_without_paths(got["index.jsonl"].decode()) == \
         index_without_paths((tmp_path / "one" / "index.jsonl").read_text())
+
+
+def test_merge_into_s3_refuses_a_shard_object_deleted_after_its_job_and_a_rerun_sends_it_again(bucket_prefix,
+                                                                                                 tmp_path):
+    prefix, fs, env = bucket_prefix
+    jsonl = write_jsonl(tmp_path / "train.jsonl", fixture_records())
+    args = [f"++input={jsonl}", "++num_utts_per_shard=3", "++num_workers=1", f"++output_dir={prefix}",
+            "++num_jobs=2"]
+    for j in (1, 2):
+        job = run_cli("corpus-io", "pack-shards", *args, f"++job_index={j}", env=env)
+        assert job.returncode == 0, job.stderr
+    before = objects_under(fs, prefix)
+    gone = sorted(before)[0]
+    fs.rm(f"{prefix}/{gone}"[len("s3://"):])
+    merged = run_cli("corpus-io", "merge-jobs", f"++path={prefix}", env=env)
+    assert merged.returncode == 2 and f"its shard {prefix}/{gone} is absent. Nothing was changed." in merged.stderr
+    assert "Traceback" not in merged.stderr and "data.list" not in objects_under(fs, prefix)
+    for j in (1, 2):  # the job that made it sends it again; the other finds its objects complete
+        job = run_cli("corpus-io", "pack-shards", *args, f"++job_index={j}", env=env)
+        assert job.returncode == 0, job.stderr
+    merged = run_cli("corpus-io", "merge-jobs", f"++path={prefix}", env=env)
+    assert merged.returncode == 0, merged.stderr
+    after = objects_under(fs, prefix)
+    assert {k: v for k, v in after.items() if k.endswith(".tar")} == before and "data.list" in after
