@@ -87,20 +87,60 @@ def jsonl_paths_of(path: str) -> list[str] | None:
     return files
 
 
+def _needs_conversion(path: str) -> bool:
+    return os.path.isdir(path) or path.endswith(".gz") or detect(path) in ("kaldi", "lhotse-recordings+supervisions")
+
+
+def _as_jsonl(path: str, owner: object) -> str:
+    """A Kaldi dir, a ``.gz`` manifest or a Lhotse RecordingSet + SupervisionSet as a temporary jsonl of canonical
+    records (one streaming pass, memory flat in the corpus; removed with ``owner``), which the loader then reads
+    by offsets like any list. A line that holds no utterance is an error here, as make-datalist would count it."""
+    import tempfile
+    import weakref
+
+    from corpus_io.inputs import open_input
+
+    inp = open_input(path)
+    fd, tmp = tempfile.mkstemp(prefix="corpus-io-raw-", suffix=".jsonl")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            for rec in inp.records():
+                if isinstance(rec, Skip):
+                    raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the input, or "
+                                    f"write a raw list with corpus-io make-datalist ++data_type=raw ++input={path} "
+                                    f"++output=data.list, which drops and counts such utterances.")
+                out.write(json.dumps({k: v for k, v in rec.items() if k != "where"}, ensure_ascii=False) + "\n")
+    except BaseException:
+        _remove_jsonl(tmp)
+        raise
+    weakref.finalize(owner, _remove_jsonl, tmp, os.getpid())
+    return tmp
+
+
+def _remove_jsonl(path: str, creator: int) -> None:
+    if os.getpid() != creator:  # a forked DataLoader worker exits: the main process still reads the file
+        return
+    hidden = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.repeats.json")
+    for name in (path, path + ".idx", hidden):
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+
+
 class RawList:
     """Random access to the utterances of a JSONL list (or of a list of JSONL files) by index, through
     cached line offsets."""
 
-    def __init__(self, path: str | os.PathLike, *, cache: bool = True):
+    def __init__(self, path: str | os.PathLike, *, cache: bool = True, lines: str | None = None):
         self.path = str(path)
-        if not os.path.isfile(self.path) or self.path.endswith(".gz") or \
-                detect(self.path) in ("kaldi", "lhotse-recordings+supervisions"):
-            what = "does not exist" if not os.path.exists(self.path) else "cannot be read by line offsets"
-            raise DataError(f"raw data list {self.path} {what}. The raw loader reads a FunASR/WeNet/NeMo jsonl or an "
-                            f"uncompressed Lhotse CutSet jsonl; turn any other input (a Kaldi dir, a .jsonl.gz, a "
-                            f"Lhotse RecordingSet + SupervisionSet) into one with corpus-io make-datalist "
-                            f"++data_type=raw ++input=<it> ++output=data.list.")
-        self.files = jsonl_paths_of(self.path) or [self.path]
+        if not os.path.exists(self.path):
+            raise DataError(f"raw data list {self.path} does not exist. Give a FunASR/WeNet/NeMo jsonl, a Lhotse "
+                            f"manifest or a Kaldi data dir (++dataset_conf.data_type=raw), or a shard list "
+                            f"(data_type=shard).")
+        # the file read by offsets: the list itself, or the one-pass jsonl of a Kaldi dir, a .gz or a Lhotse pair
+        self.lines = lines or (_as_jsonl(self.path, self) if _needs_conversion(self.path) else self.path)
+        self.files = jsonl_paths_of(self.lines) or [self.lines]
         self._offsets = [self._load_or_build(f, cache) for f in self.files]
         # entry i lives in file k where starts[k] <= i < starts[k + 1]
         self._starts = np.cumsum([0] + [len(o) for o in self._offsets], dtype=np.int64)
@@ -148,9 +188,9 @@ class RawList:
         files (same size and mtime) repeat no key; a line that does not parse is left to the reader to report."""
         from corpus_io.shards.index import find_repeated_keys
 
-        where = os.path.dirname(os.path.abspath(self.path))
-        marker = os.path.join(where, f".{os.path.basename(self.path)}.repeats.json")
-        stamp = [[int(x) for x in _signature(f)[1:]] for f in [self.path, *self.files]]
+        where = os.path.dirname(os.path.abspath(self.lines))
+        marker = os.path.join(where, f".{os.path.basename(self.lines)}.repeats.json")
+        stamp = [[int(x) for x in _signature(f)[1:]] for f in [self.lines, *self.files]]
         try:
             with open(marker, encoding="utf-8") as f:
                 stored = json.load(f)
@@ -180,11 +220,11 @@ class RawList:
                     except (ValueError, DataError, TypeError, KeyError, AttributeError):
                         yield None
 
-    def __getstate__(self) -> dict:  # workers re-open the file (and the mmap) themselves
-        return {"path": self.path}
+    def __getstate__(self) -> dict:  # workers re-open the file (and the mmap) themselves, never re-convert
+        return {"path": self.path, "lines": self.lines}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"])
+        self.__init__(state["path"], lines=state["lines"])
 
     @staticmethod
     def _lineno(path: str, offset: int) -> int:

@@ -4,8 +4,10 @@ jsonl2scp ++output_format. Lhotse round trips use the real ``lhotse`` package (a
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
+import os
 import re
 import subprocess
 import tarfile
@@ -14,11 +16,12 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
+from corpus_io.dataset import build_dataloader
 from corpus_io.errors import DataError
 from corpus_io.inputs import detect, iter_records, nemo_key, open_input
 from corpus_io.rawlist import RawList
 from tests.conftest import assert_user_error, run_cli
-from tests.loader_data import fixture_utts, token_list
+from tests.loader_data import fixture_utts, small_conf, token_list
 
 lhotse = pytest.importorskip("lhotse")
 
@@ -324,15 +327,39 @@ def test_the_raw_loader_trains_on_a_nemo_manifest_as_it_is(tmp_path):
     assert frames[f"{stem}-0000500"] == pytest.approx(38, abs=2)  # 0.4 s of 25 ms windows every 10 ms
 
 
-def test_compute_cmvn_reads_a_nemo_manifest_and_the_loader_sends_a_kaldi_dir_to_make_datalist(tmp_path, fixture_corpus):
-    manifest = nemo_manifest(tmp_path)
-    out = tmp_path / "cmvn.json"
-    result = run_cli("corpus-io", "compute-cmvn", f"++data_list={manifest}", f"++output={out}",
-                     "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=0")
-    assert result.returncode == 0, result.stderr
-    assert json.loads(out.read_text())["frame_num"] > 0
-    with pytest.raises(DataError, match=r"make-datalist \+\+data_type=raw"):  # what the loader says of a Kaldi dir
-        RawList(fixture_corpus)
+def test_compute_cmvn_reads_a_nemo_manifest_and_a_kaldi_dir(tmp_path, fixture_corpus):
+    frames, before = {}, sorted(os.listdir(fixture_corpus))
+    for name, manifest in (("nemo", nemo_manifest(tmp_path)), ("kaldi", fixture_corpus)):
+        out = tmp_path / f"{name}.cmvn.json"
+        result = run_cli("corpus-io", "compute-cmvn", f"++data_list={manifest}", f"++output={out}",
+                         "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=2")
+        assert result.returncode == 0, result.stderr
+        frames[name] = json.loads(out.read_text())["frame_num"]
+    assert frames["nemo"] > 0 and frames["kaldi"] > 0
+    assert sorted(os.listdir(fixture_corpus)) == before  # nothing written beside the Kaldi dir
+
+
+def test_the_raw_loader_reads_a_kaldi_dir_and_a_gzipped_cutset_with_each_key_once_over_workers(tmp_path,
+                                                                                               fixture_corpus):
+    before = sorted(os.listdir(fixture_corpus))
+    cuts_path, cuts = lhotse_cuts(tmp_path)
+    assert str(cuts_path).endswith(".gz")
+    for manifest, keys in ((fixture_corpus, [r["key"] for r in iter_records(fixture_corpus)]),
+                           (cuts_path, [c.id for c in cuts])):
+        raw = RawList(manifest)
+        converted = raw.lines
+        loader = build_dataloader(str(manifest), small_conf(data_type="raw", num_workers=2, feats_type="raw"), None,
+                                  train=False, rank=0, world_size=1)
+        for epoch in range(2):  # the workers of a second epoch still find the converted list
+            loader.set_epoch(epoch)
+            assert sorted(k for batch in loader for k in batch["keys"]) == sorted(keys)
+        del raw
+        gc.collect()
+        assert not os.path.exists(converted)  # the temporary jsonl goes with its list
+    assert sorted(os.listdir(fixture_corpus)) == before  # nothing written beside the input
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(DataError, match="bad"):
+        RawList(tmp_path / "bad")
 
 
 def test_make_datalist_takes_a_kaldi_dir_with_segments(tmp_path, fixture_corpus):
