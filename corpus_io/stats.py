@@ -86,7 +86,9 @@ def _iter_raw(path: str) -> Iterator[tuple[float | None, str, str | None]]:
     if os.path.isdir(path) or path.endswith(".gz") or inputs.detect(path) == "lhotse-recordings+supervisions":
         records: Iterator[dict] = inputs.iter_records(path, skip=lambda _: None)  # read in one stream
     else:
-        lst = RawList(path)
+        # no .idx offset cache beside the list: stats writes nothing beside the data (8 bytes an utterance in
+        # memory, less than the durations it keeps)
+        lst = RawList(path, cache=False)
         records = (lst.record(i) for i in range(len(lst)))
     for rec in records:
         dur = meta_duration(rec)
@@ -236,8 +238,14 @@ def plot(stats: CorpusStats, path: str | os.PathLike, *, bins: int = 30) -> Path
 
 
 def default_output(list_path: str) -> Path:
-    p = Path(list_path)
-    return p.with_name(f"{p.stem}.stats.png")
+    """The PNG without ``++output``: ``<list stem>.stats.png`` in the current directory, never beside the data
+    (a data directory may be read-only, shared or remote, and a command's outputs go where the user runs it)."""
+    from urllib.parse import urlsplit
+
+    from corpus_io.urls import is_remote
+
+    name = Path(urlsplit(list_path).path if is_remote(list_path) else os.path.abspath(list_path)).stem
+    return Path.cwd() / f"{name or 'stats'}.stats.png"
 
 
 def run_stats(cfg: Any) -> CorpusStats:
@@ -247,13 +255,13 @@ def run_stats(cfg: Any) -> CorpusStats:
     if cfg.bins <= 0:
         raise ConfigError(f"bins must be positive, got {cfg.bins}.")
     refuse_remote_output(cfg.output, "++output", "stats")
-    refuse_overwriting_inputs([("++output", cfg.output)], [("++input", cfg.input)])
+    output = cfg.output or default_output(cfg.input)
+    refuse_overwriting_inputs([("++output" if cfg.output else "the default ++output", output)],
+                              [("++input", cfg.input)])
     if not is_remote(cfg.input) and not os.path.isfile(cfg.input) and not (cfg.data_type == "raw" and
                                                                             os.path.isdir(cfg.input)):
         raise ConfigError(f"input {cfg.input} does not exist. Pass a shard data.list (or ++data_type=raw with a "
                           f"raw JSONL list, a Kaldi dir, or a NeMo or Lhotse manifest).")
-    if cfg.output is None and is_remote(cfg.input):
-        raise ConfigError(f"input {cfg.input} is remote, so the PNG cannot go next to it: pass ++output=stats.png.")
     stats = collect(cfg.input, cfg.data_type)
     print(render(stats, bins=cfg.bins), flush=True)
     if cfg.output is None and importlib.util.find_spec("matplotlib") is None:
@@ -261,7 +269,7 @@ def run_stats(cfg: Any) -> CorpusStats:
         print("\nduration histogram: not drawn (matplotlib is not installed: pip install 'corpus-io[plots]', "
               "or pass ++output=FILE.png to require it)", flush=True)
     else:
-        out = plot(stats, cfg.output or default_output(cfg.input), bins=cfg.bins)
+        out = plot(stats, output, bins=cfg.bins)
         print(f"\nduration histogram: {out}", flush=True)
     if not math.isfinite(stats.seconds):
         raise DataError(f"{cfg.input}: a duration is not a finite number; check the metadata.")

@@ -4,6 +4,7 @@ inode); the message names both, the exit code is 2 and the input is byte-identic
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from corpus_io.errors import ConfigError
 from corpus_io.files import refuse_overwriting_inputs
 from tests.conftest import FIXTURE, assert_user_error, run_cli
+from tests.loader_data import make_shards
 
 JSONL = ('{"key": "a", "source": "a.wav", "target": "hi", "spk": "s1", "emotion": "happy", "target_len": 2}\n'
          '{"key": "b", "source": "b.wav", "target": "yo", "spk": "s2", "emotion": "sad", "target_len": 2}\n')
@@ -41,6 +43,13 @@ def _make_datalist(tmp: Path, kind: str):
     victim.write_text(JSONL)
     out = _alias(victim, kind, tmp / "out" / "data.list")
     return victim, ["make-datalist", "++data_type=raw", f"++input=[{victim}]", f"++output={out}"], "++input"
+
+
+def _make_lm(tmp: Path, kind: str):
+    victim = tmp / "text.txt"
+    victim.write_text("a b c\nb c a\n")
+    out = _alias(victim, kind, tmp / "out" / "lm.arpa")
+    return victim, ["make-lm", f"++input={victim}", f"++output={out}"], "++input"
 
 
 def _compute_cmvn(tmp: Path, kind: str):
@@ -95,7 +104,7 @@ def _pack_shards(tmp: Path, kind: str):
 
 COMMANDS = {"pack-shards": _pack_shards,
             "make-datalist": _make_datalist, "compute-cmvn": _compute_cmvn, "make-tokenizer": _make_tokenizer,
-            "scp2jsonl": _scp2jsonl, "jsonl2scp": _jsonl2scp, "decode": _decode}
+            "scp2jsonl": _scp2jsonl, "jsonl2scp": _jsonl2scp, "decode": _decode, "make-lm": _make_lm}
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -141,3 +150,52 @@ def test_refuse_overwriting_inputs_allows_distinct_files_and_names_two_outputs_t
         refuse_overwriting_inputs([("++out1", b), ("++out2", tmp_path / "." / "b")], [("++input", a)])
     with pytest.raises(ConfigError, match=r"is the input \+\+input"):
         refuse_overwriting_inputs([("++output", f"file://{a}")], [("++input", a)])
+
+
+def test_make_datalist_writes_the_list_of_a_directory_of_bare_shards_and_refuses_to_rewrite_it_from_itself(tmp_path):
+    shards = tmp_path / "shards"
+    data_list, _ = make_shards(shards, per_shard=8)
+    data_list.unlink()
+    data_list.with_name("index.jsonl").unlink()  # only the tars, as copied from elsewhere
+    tars = sorted(str(p) for p in shards.glob("*.tar"))
+    args = ("corpus-io", "make-datalist", f"++input=[{shards}/]", f"++output={data_list}")
+    first = run_cli(*args, timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert data_list.read_text().split() == tars
+    # now the directory's data.list exists, make-datalist reads it as the input: writing it again would replace it
+    before = data_list.read_bytes()
+    again = run_cli(*args, timeout=60)
+    assert_user_error(again, "++output", "is the input ++input's data.list", str(data_list))
+    assert again.returncode == 2
+    assert data_list.read_bytes() == before
+
+
+def test_make_datalist_rebuilds_a_directory_list_lost_after_its_index_was_written(tmp_path):
+    shards = tmp_path / "shards"
+    data_list, _ = make_shards(shards, per_shard=8)
+    index = data_list.with_name("index.jsonl")
+    entries = [json.loads(line) for line in index.read_text().splitlines()]
+    data_list.unlink()  # a crash between the index's commit and the list's
+    result = run_cli("corpus-io", "make-datalist", f"++input=[{shards}]", f"++output={data_list}", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert data_list.read_text().split() == [e["path"] for e in entries]
+    rebuilt = [json.loads(line) for line in index.read_text().splitlines()]
+    assert [(e["num_utts"], e["duration"]) for e in rebuilt] == [(e["num_utts"], e["duration"]) for e in entries]
+
+
+@pytest.mark.parametrize("command", ["make-lm", "tune-lm"])
+def test_an_lm_command_given_an_s3_output_is_refused_before_any_work(command, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("a b c\nb c a\n")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    if command == "make-lm":
+        args, key = [f"++input={text}", "++output=s3://bucket/lm.arpa"], "++output=s3://bucket/lm.arpa"
+    else:  # no model, list or LM exists: the refusal comes before any of them is opened
+        args = [f"++data_list={tmp_path / 'dev.list'}", f"++checkpoint={tmp_path / 'model.pt'}",
+                f"++lm={tmp_path / 'lm.arpa'}", "++output_dir=s3://bucket/tune"]
+        key = "++output_dir=s3://bucket/tune"
+    result = run_cli("corpus-io", command, *args, cwd=cwd, timeout=120)
+    assert_user_error(result, key, f"{command} writes local files only")
+    assert result.returncode == 2
+    assert list(cwd.iterdir()) == []  # no ./s3:/bucket/... tree

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 
@@ -45,13 +46,27 @@ def test_stats_table_totals_equal_the_index_and_the_png_is_real(packed, tmp_path
     assert png.read_bytes()[:8] == PNG and png.stat().st_size > 1000
 
 
-def test_stats_of_a_raw_list_reads_headers_and_writes_the_default_png(tmp_path):
-    raw, keys = make_raw(tmp_path / "raw")
-    result = run_cli("corpus-io", "stats", f"++input={raw}", "++data_type=raw")
+def _tree(root) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def test_stats_of_a_raw_list_writes_the_default_png_into_the_current_directory_and_leaves_the_data_alone(tmp_path):
+    raw, keys = make_raw(tmp_path / "data")
+    before = _tree(raw.parent)
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    result = run_cli("corpus-io", "stats", f"++input={raw}", "++data_type=raw", cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert int(_row(result.stdout, "utterances")) == len(keys)
     assert float(_row(result.stdout, "seconds")) > 10
-    assert (raw.parent / "raw.stats.png").read_bytes()[:8] == PNG
+    assert _tree(raw.parent) == before  # nothing written beside the data
+    if importlib.util.find_spec("matplotlib") is None:  # the core install: the table only, and it says so
+        assert "not drawn (matplotlib is not installed" in result.stdout and list(cwd.iterdir()) == []
+    else:
+        png = cwd / f"{raw.stem}.stats.png"
+        assert [p.name for p in cwd.iterdir()] == [png.name]
+        assert png.read_bytes()[:8] == PNG
+        assert f"duration histogram: {png}" in result.stdout
 
 
 def test_stats_of_a_missing_list_is_a_clear_error(tmp_path):

@@ -153,7 +153,8 @@ class MergeJobsConfig:
 @schema
 class StatsConfig:
     input: str = opt("???", "a shard or raw data.list")
-    output: Optional[str] = opt(None, "PNG histogram path (default: next to the list)")
+    output: Optional[str] = opt(None, "PNG histogram path (null: <list stem>.stats.png in the current directory, "
+                                      "e.g. data.stats.png; never written beside the data)")
     data_type: str = opt("shard", "format of the list", choices=("raw", "shard"))
     bins: int = opt(30, "histogram bins", range="[1, 100000]")
 

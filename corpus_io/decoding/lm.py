@@ -226,10 +226,15 @@ def lm_units(text: str, tokenizer: Any, unit: str) -> list[str]:
 def make_lm(cfg: Any) -> dict:
     """``corpus-io make-lm``: estimate and write the ARPA; print its size and training-text perplexity."""
     from corpus_io.config import require
+    from corpus_io.files import refuse_overwriting_inputs, refuse_remote_output
     from corpus_io.progress import progress
     from corpus_io.tokenizer import Tokenizer, build_tokenizer, char_split
 
     require(cfg, "input", "output")
+    refuse_remote_output(cfg.output, "++output", "make-lm")  # before the text is read or anything written
+    refuse_overwriting_inputs([("++output", cfg.output)],
+                              [("++input", cfg.input), ("++tokenizer.token_list", cfg.tokenizer.token_list),
+                               ("++tokenizer.bpe_model", cfg.tokenizer.bpe_model)])
     if cfg.tokenizer.token_list or cfg.tokenizer.type == "bpe":
         tokenizer = build_tokenizer(cfg.tokenizer)
     elif cfg.tokenizer.type == "char":  # no token list: the split alone (the LM vocabulary comes from the text)

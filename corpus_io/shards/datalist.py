@@ -271,10 +271,21 @@ def _outputs(cfg: Any) -> list[tuple[str, str]]:
 
 
 def _inputs(inputs: list) -> Iterator[tuple[str, str]]:
-    """The local files make-datalist reads: each input, a directory's data.list, and their index sidecars."""
+    """The local lists make-datalist reads, for the collision check: each file input with its index sidecar,
+    and a directory's data.list (with its sidecar) when that list exists, as :func:`expand_input` reads it.
+
+    A directory without a data.list names no list: its shards are scanned, so writing ``DIR/data.list``
+    creates the directory's own list. The ``DIR/index.jsonl`` left without a list (a crash between the
+    two commits of :func:`write_list_and_index`) is then rewritten from its own entries for the shards
+    the directory holds, which is the regeneration the user asked for, not a loss."""
     for i, item in enumerate(map(str, inputs), 1):
         name = f"++input entry {i}" if len(inputs) > 1 else "++input"
-        yield from list_and_sidecar(name, os.path.join(item, "data.list") if os.path.isdir(item) else item)
+        if os.path.isdir(item):
+            listed = os.path.join(item, "data.list")
+            if os.path.isfile(listed):
+                yield from list_and_sidecar(f"{name}'s data.list", listed)
+        else:
+            yield from list_and_sidecar(name, item)
 
 
 def make_datalist(cfg: Any) -> None:

@@ -14,7 +14,8 @@ def tune_lm(cfg: Any) -> dict:
     from corpus_io.config import require
     from corpus_io.dataset import build_dataloader
     from corpus_io.decoding.search import Search
-    from corpus_io.files import atomic_write, ensure_dir
+    from corpus_io.files import atomic_write, ensure_dir, refuse_overwriting_inputs, refuse_remote_output
+    from corpus_io.train.cmvn import loader_inputs
     from corpus_io.train.decode import (
         decode_dataset_conf,
         decode_device,
@@ -26,6 +27,12 @@ def tune_lm(cfg: Any) -> dict:
     )
 
     require(cfg, "data_list", "checkpoint", "output_dir", "lm")
+    # before the model is loaded or the dev list read: the grid search takes minutes, its outputs are local
+    refuse_remote_output(cfg.output_dir, "++output_dir", "tune-lm")
+    out = Path(cfg.output_dir)
+    refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in ("tune.txt", "best.txt")],
+                              [*loader_inputs(cfg.data_list, cfg.dataset_conf), ("++checkpoint", cfg.checkpoint),
+                               ("++lm", cfg.lm)])
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
@@ -45,7 +52,6 @@ def tune_lm(cfg: Any) -> dict:
             print(f"tune-lm: lm_weight={lm_weight} word_score={word_score} CER {100 * scorer.cer.rate:.2f} "
                   f"WER {100 * scorer.wer.rate:.2f}", file=sys.stderr, flush=True)
     best = min(rows)
-    out = Path(cfg.output_dir)
     ensure_dir(out, what="output_dir")
     with atomic_write(out / "tune.txt") as f:
         f.write("lm_weight word_score %CER %WER\n")
