@@ -106,20 +106,22 @@ def _env_int(env: Mapping[str, str], name: str) -> int | None:
 def scheduler_job(env: Mapping[str, str], num_jobs: int | None = None) -> tuple[Job, str] | None:
     """``(Job, scheduler)`` from a job array's variables, or None outside an array.
 
-    Slurm: ``SLURM_ARRAY_TASK_ID`` within ``_MIN``.. (``_COUNT``, else ``_MAX - _MIN + 1``); SGE/UGE:
-    ``SGE_TASK_ID`` within ``SGE_TASK_FIRST``..``SGE_TASK_LAST`` (``qsub -t``; "undefined" outside an
-    array); PBS Pro: ``PBS_ARRAY_INDEX`` (``qsub -J 1-N``; the count comes from ``num_jobs``); LSF:
-    ``LSB_JOBINDEX`` (``bsub -J "name[1-N]"``; 0 outside an array), ``LSB_JOBINDEX_END``. The index is
-    counted from the array's first index, so ``--array=0-3`` and ``--array=1-4`` both give jobs 1..4."""
+    Slurm: ``SLURM_ARRAY_TASK_ID`` within ``_MIN``.. by ``_STEP`` (``_COUNT``, else ``(_MAX - _MIN) // _STEP
+    + 1``); SGE/UGE: ``SGE_TASK_ID`` within ``SGE_TASK_FIRST``..``SGE_TASK_LAST`` by ``SGE_TASK_STEPSIZE``
+    (``qsub -t``; "undefined" outside an array); PBS Pro: ``PBS_ARRAY_INDEX`` (``qsub -J 1-N``; the count
+    comes from ``num_jobs``); LSF: ``LSB_JOBINDEX`` (``bsub -J "name[1-N]"``; 0 outside an array),
+    ``LSB_JOBINDEX_END``. The index is counted from the array's first index in steps, so ``--array=0-3``,
+    ``--array=1-4`` and ``--array=1-7:2`` all give jobs 1..4."""
     task = _env_int(env, "SLURM_ARRAY_TASK_ID")
     if task is not None:
         first = _env_int(env, "SLURM_ARRAY_TASK_MIN")
         first = 1 if first is None else first
+        step = _env_int(env, "SLURM_ARRAY_TASK_STEP") or 1
         count = _env_int(env, "SLURM_ARRAY_TASK_COUNT")
         last = _env_int(env, "SLURM_ARRAY_TASK_MAX")
         if count is None and last is not None:
-            count = last - first + 1
-        return Job(task - first + 1, count or num_jobs or 0), "Slurm"
+            count = (last - first) // step + 1
+        return Job((task - first) // step + 1, count or num_jobs or 0), "Slurm"
     if env.get("SGE_TASK_ID", "undefined") != "undefined":
         task = _env_int(env, "SGE_TASK_ID")
         first = _env_int(env, "SGE_TASK_FIRST") if env.get("SGE_TASK_FIRST", "undefined") != "undefined" else 1

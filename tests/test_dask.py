@@ -8,13 +8,13 @@ import signal
 import subprocess
 import time
 
+import distributed  # noqa: F401 - [dev] brings it ([dask]): a broken install fails this test, never skips it
 import pytest
 
 from tests.conftest import BIN, free_port, run_cli, wait_for_port
 from tests.shards.conftest import fixture_records, write_jsonl
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("distributed")
 
 
 @pytest.fixture

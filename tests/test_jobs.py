@@ -14,7 +14,16 @@ from corpus_io.jobs import JOB_COMMANDS, Job, resolve_job
 @pytest.mark.parametrize("env, job", [
     ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "4"}, Job(3, 4)),
     ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "6"}, Job(1, 7)),
+    # sbatch --array=1-9:2 (tasks 1 3 5 7 9): task 7 is the 4th of 5, with or without _COUNT
+    ({"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "9",
+      "SLURM_ARRAY_TASK_STEP": "2", "SLURM_ARRAY_TASK_COUNT": "5"}, Job(4, 5)),
+    ({"SLURM_ARRAY_TASK_ID": "9", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "9",
+      "SLURM_ARRAY_TASK_STEP": "2"}, Job(5, 5)),
+    ({"SLURM_ARRAY_TASK_ID": "6", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "7",
+      "SLURM_ARRAY_TASK_STEP": "3"}, Job(3, 3)),  # --array=0-7:3: tasks 0 3 6
     ({"SGE_TASK_ID": "2", "SGE_TASK_FIRST": "1", "SGE_TASK_LAST": "5", "SGE_TASK_STEPSIZE": "1"}, Job(2, 5)),
+    # qsub -t 2-10:4 (tasks 2 6 10): task 10 is the 3rd of 3
+    ({"SGE_TASK_ID": "10", "SGE_TASK_FIRST": "2", "SGE_TASK_LAST": "10", "SGE_TASK_STEPSIZE": "4"}, Job(3, 3)),
     ({"LSB_JOBINDEX": "4", "LSB_JOBINDEX_END": "4"}, Job(4, 4)),
 ])
 def test_auto_reads_the_array_task_and_size_of_slurm_sge_and_lsf(env, job):

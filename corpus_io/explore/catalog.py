@@ -404,11 +404,12 @@ _DERIVED = """
     CASE WHEN b.duration > 0 THEN length(regexp_replace(b.text, '\\s', '', 'g')) / b.duration END AS cps,
     r.text_count, r.key_rank, r.text_rank, r.speaker_rank
 """
-#: the sort ranks and duplicate counts, computed on the string columns alone (a narrow sort, not the whole row)
+#: the sort ranks and duplicate counts, computed on the string columns alone (a narrow sort, not the whole row);
+#: an empty, blank or missing text is "empty" (chars = 0), never a duplicate: its text_count is NULL
 _RANKS = """
     SELECT file_row_number AS row_id, dense_rank() OVER (ORDER BY key)::INTEGER AS key_rank,
         dense_rank() OVER (ORDER BY text)::INTEGER AS text_rank,
-        count(*) OVER (PARTITION BY text)::INTEGER AS text_count,
+        CASE WHEN regexp_matches(text, '\\S') THEN count(*) OVER (PARTITION BY text) END::INTEGER AS text_count,
         dense_rank() OVER (ORDER BY speaker NULLS FIRST)::INTEGER AS speaker_rank
     FROM read_parquet({base}, file_row_number=true)
 """

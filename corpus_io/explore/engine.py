@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-CATALOG_VERSION = 2
+CATALOG_VERSION = 3
 
 
 def file_stamp(path: str) -> list:

@@ -1,10 +1,10 @@
 """Questions the page asks, answered by DuckDB over the catalog's Parquet table (never Python loops).
 
-Every request's parameters are checked here: unknown columns, a negative page, a page size over
-:data:`MAX_PAGE_SIZE` or a bad regex raise :class:`BadRequest` (the server's HTTP 400), and every value
-reaches the engine as a bound parameter, never spliced into SQL. Sorting by a string column sorts by its
-precomputed integer rank (see :mod:`corpus_io.explore.catalog`); ties break by ``row_id``, so pages are
-stable.
+Every request's parameters are checked here: unknown columns, a negative page or one past the last, a page
+size over :data:`MAX_PAGE_SIZE` or a regex the engine (RE2) rejects raise :class:`BadRequest` (the server's
+HTTP 400), and every value reaches the engine as a bound parameter, never spliced into SQL. Sorting by a
+string column sorts by its precomputed integer rank (see :mod:`corpus_io.explore.catalog`); ties break by
+``row_id``, so pages are stable.
 """
 
 from __future__ import annotations
@@ -98,6 +98,18 @@ class Explorer:
 
     # ----------------------------------------------------------------- filters
 
+    def check_regex(self, name: str, pattern: str) -> None:
+        """Refuse a pattern the engine's regex dialect (RE2) rejects: lookarounds and backreferences are valid
+        Python but not RE2, so the engine itself is asked, on an empty string, before the real query."""
+        import duckdb
+
+        try:
+            self._query("SELECT regexp_matches('', ?)", [pattern])
+        except duckdb.InvalidInputException as exc:
+            reason = str(exc).removeprefix("Invalid Input Error: ")
+            raise BadRequest(f"{name}={pattern!r} is not a regular expression the engine accepts ({reason}; "
+                             f"RE2 syntax: no lookarounds or backreferences)") from None
+
     def where(self, params: Mapping[str, str]) -> tuple[str, list]:
         """The WHERE clause and its bound values for the filter parameters of a request."""
         conds, args = [], []
@@ -113,12 +125,7 @@ class Explorer:
                 args.append(value)
         text = params.get("text")
         if text:
-            import re
-
-            try:
-                re.compile(text)
-            except re.error as exc:
-                raise BadRequest(f"text={text!r} is not a valid regular expression ({exc})") from None
+            self.check_regex("text", text)
             conds.append("regexp_matches(text, ?)")
             args.append(text)
         if params.get("key"):
@@ -160,9 +167,13 @@ class Explorer:
         order = f"{self.sorts[sort]} {'DESC' if desc else 'ASC'} NULLS LAST, row_id"
         # the engine sorts and filters the narrow columns and returns row ids; the rows themselves come from
         # rows.jsonl by offset (a wide top-N would decompress every text of the table to keep 50)
+        total = self._query(f"SELECT count(*) FROM t{where}", args)[0][0] if where else self.size()
+        if page and page * size >= total:  # refused before the sort; page 0 of no rows is an empty page
+            last = max(0, -(-total // size) - 1)
+            raise BadRequest(f"page={page} is past the last page ({last}): {total} rows at size={size}, "
+                             f"pages count from 0")
         ids = [r[0] for r in self._query(f"SELECT row_id FROM t{where} ORDER BY {order} LIMIT ? OFFSET ?",
                                          args + [size, page * size])]
-        total = self._query(f"SELECT count(*) FROM t{where}", args)[0][0] if where else self.size()
         out = [self.page_row(i) for i in ids]
         for r in out:
             r["shard"] = self.shard_name(r["shard_id"])

@@ -44,15 +44,33 @@ def member_bytes(shard: str, member: str) -> bytes:
         return tar.extractfile(member).read()
 
 
-@pytest.mark.parametrize("path", [
-    "/api/rows?page=-1", "/api/rows?size=1000000000", "/api/rows?size=0", "/api/rows?page=x",
-    "/api/rows?sort=__import__", "/api/rows?text=(unclosed", "/api/rows?dur_min=nan", "/api/rows?flag=drop",
-    "/api/hist?column=key", "/api/hist?bins=100000", "/api/waveform/0?width=-5",
+@pytest.mark.parametrize(("path", "reason"), [
+    ("/api/rows?page=-1", "page=-1"), ("/api/rows?size=1000000000", "size=1000000000"),
+    ("/api/rows?size=0", "size=0"), ("/api/rows?page=x", "page='x'"), ("/api/rows?sort=__import__", "sort="),
+    ("/api/rows?text=(unclosed", "text='(unclosed'"), ("/api/rows?dur_min=nan", "dur_min="),
+    ("/api/rows?flag=drop", "flag="),
+    # valid Python regexes that the engine's RE2 rejects: a lookahead, a backreference
+    ("/api/rows?text=(%3F%3Da)", "text='(?=a)'"), ("/api/rows?text=(a)%5C1", "text='(a)\\\\1'"),
+    ("/api/hist?text=(%3F%3Da)", "text='(?=a)'"),
+    # pages past the last (24 rows; the key filter leaves 1) are refused before the engine sorts
+    ("/api/rows?page=1000000000000", "page=1000000000000 is past the last page (0)"),
+    ("/api/rows?page=1&size=24", "page=1 is past the last page (0)"),
+    ("/api/rows?page=3&size=10", "page=3 is past the last page (2)"),
+    ("/api/rows?page=1&size=1&key=spk0-utt008", "page=1 is past the last page (0)"),
+    ("/api/hist?column=key", "column='key'"), ("/api/hist?bins=100000", "bins=100000"),
+    ("/api/waveform/0?width=-5", "width=-5"),
 ])
-def test_bad_parameters_are_400_with_a_reason(served, path):
+def test_bad_parameters_are_400_with_a_reason_naming_the_parameter(served, path, reason):
     status, _, body = get(served.base + path)
-    assert status == 400
-    assert json.loads(body)["error"]
+    assert status == 400, body
+    assert reason in json.loads(body)["error"]
+
+
+@pytest.mark.parametrize(("path", "rows"), [("/api/rows?page=2&size=10", 4), ("/api/rows?page=0&key=no-such-key", 0)])
+def test_the_last_page_and_an_empty_first_page_are_served(served, path, rows):
+    status, _, body = get(served.base + path)
+    assert status == 200
+    assert len(json.loads(body)["rows"]) == rows
 
 
 @pytest.mark.parametrize("path", [
@@ -206,3 +224,24 @@ def test_kaldi_dir_audio_is_the_source_file_and_a_segment_is_cut_to_its_span(tmp
     finally:
         s1.close()
         s2.close()
+
+
+def test_empty_texts_are_empty_not_duplicates_of_each_other(tmp_path):
+    from tests.conftest import FIXTURE
+
+    wav = sorted((FIXTURE / "wav").iterdir())[0]
+    texts = {"a": "", "b": "", "c": " \t", "d": "hello world", "e": "hello world", "f": "unique"}
+    raw = tmp_path / "train.jsonl"
+    raw.write_text("".join(json.dumps({"key": k, "source": str(wav), "target": t}) + "\n" for k, t in texts.items()),
+                   encoding="utf-8")
+    s = Served(build(str(raw), cache_dir=tmp_path / "cache"))
+    try:
+        def keys(query: str) -> dict:
+            return {r["key"]: r["text_count"] for r in json.loads(get(s.base + "/api/rows?" + query)[2])["rows"]}
+
+        assert keys("flag=duplicate") == {"d": 2, "e": 2}
+        assert keys("flag=empty") == {"a": None, "b": None, "c": None}
+        d = json.loads(get(s.base + "/api/dataset")[2])
+        assert (d["duplicate_text_rows"], d["empty_text"]) == (2, 3)
+    finally:
+        s.close()
