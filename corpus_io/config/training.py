@@ -98,6 +98,10 @@ class DecodingConf:
     token_beam: int = opt(0, "tokens tried per frame and prefix (0: beam)", range="[0, 100000]")
     nbest: int = opt(10, "hypotheses per utterance written to output_dir/nbest (at most beam)", range="[1, 1000]")
     lm: Optional[str] = opt(None, "ARPA n-gram for ctc_beam_lm (corpus-io make-lm)")
+    lm_unit: str = opt("auto", "units of decoding.lm: token (the model's tokens, make-lm ++unit=token), word "
+                               "(whitespace words, make-lm ++unit=word, scored as each word completes; for models "
+                               "whose tokens spell words: bpe, or char with latin_unit=letter), auto (word when "
+                               "such a model's tokens are not the LM's words)", choices=("auto", "token", "word"))
     lm_weight: float = opt(0.5, "weight of the LM log-probability (ctc_beam_lm)", range="[0, 100]")
     word_score: float = opt(0.0, "score added per emitted LM unit (insertion bonus; ctc_beam_lm)",
                             range="[-100, 100]")
@@ -128,7 +132,8 @@ class MakeLmConfig:
     output: str = opt("???", "the ARPA file to write")
     order: int = opt(3, "n-gram order", range="[1, 5]")
     unit: str = opt("token", "token: the tokenizer's tokens (CJK characters, words or letters, BPE pieces; "
-                             "lexicon-free decoding); word: whitespace words (decoding with a lexicon)",
+                             "lexicon-free decoding); word: whitespace words (ctc_beam_lm scores them as the "
+                             "BPE pieces or letters of a model spell them: decoding.lm_unit)",
                     choices=("token", "word"))
     input_format: str = opt("auto", "auto (jsonl by name or first line, else Kaldi text when every line has a "
                                     "key and text), jsonl, kaldi or plain", choices=("auto", "jsonl", "kaldi", "plain"))

@@ -273,10 +273,11 @@ class LmFusion:
     batched search scores every candidate with one gather.
     """
 
-    def __init__(self, path: str, tokenizer: Any, lm_weight: float, word_score: float, device: Any = "cpu") -> None:
+    def __init__(self, path: str | Arpa, tokenizer: Any, lm_weight: float, word_score: float,
+                 device: Any = "cpu") -> None:
         import torch
 
-        self.arpa = Arpa(path)
+        self.arpa = path if isinstance(path, Arpa) else Arpa(path)
         self.weight, self.word_score = float(lm_weight), float(word_score)
         self.device = device
         self.words = [s if s in self.arpa.vocab else UNK for s in tokenizer.symbols]
@@ -352,3 +353,137 @@ class LmFusion:
         ln10 = math.log(10)
         return [self.weight * ln10 * self.arpa.sentence_logprob([self.words[t] for t in seq])
                 + self.word_score * len(seq) for seq in seqs]
+
+
+def lm_fusion(conf: Any, tokenizer: Any, device: Any = "cpu") -> LmFusion | WordLmFusion:
+    """The fusion of ``conf.lm`` (a ``DecodingConf``) for this model: over its tokens, or over words its tokens
+    spell (``conf.lm_unit``; auto: words when the model's tokens spell words and most LM words are not tokens)."""
+    arpa = Arpa(conf.lm)
+    unit = conf.lm_unit
+    if unit == "auto":
+        words = arpa.vocab - {BOS, EOS, UNK}
+        tokens = len(words & set(tokenizer.symbols))
+        unit = "word" if word_pieces(tokenizer) is not None and 2 * tokens < len(words) else "token"
+    fusion = WordLmFusion if unit == "word" else LmFusion
+    return fusion(arpa, tokenizer, conf.lm_weight, conf.word_score, device)
+
+
+def word_pieces(tokenizer: Any) -> tuple[list[bool], list[str]] | None:
+    """How the model's tokens spell words, or None when they are whole words or characters that no space
+    separates: ``(starts, texts)`` per token id; ``starts[t]``: token ``t`` begins a new word (a sentencepiece
+    piece with ``▁``, the space token of ``latin_unit=letter``, an ``<unk>``), ``texts[t]``: the letters it adds."""
+    conf = tokenizer.conf
+    if conf.type == "bpe":
+        marker = "\u2581"
+    elif conf.type == "char" and conf.latin_unit == "letter":
+        marker = conf.space
+    else:
+        return None
+    starts, texts = [], []
+    for i, sym in enumerate(tokenizer.symbols):
+        if i in (tokenizer.blank_id, tokenizer.sos_eos_id):
+            starts.append(False)
+            texts.append("")
+        elif i == tokenizer.unk_id:  # an unknown piece: a word the LM can only call <unk>
+            starts.append(True)
+            texts.append(UNK)
+        else:
+            starts.append(sym.startswith(marker))
+            texts.append(sym.removeprefix(marker) if conf.type == "bpe" or sym == marker else sym)
+    return starts, texts
+
+
+class WordLmFusion:
+    """Shallow fusion of a word n-gram (``make-lm ++unit=word``) into the beam search of a model whose tokens
+    spell words (sentencepiece BPE, or letters with a space token): a word earns ``lm_weight * ln p(word |
+    previous words) + word_score`` once it is complete, when the next word begins (and the last one at the end,
+    with ``</s>``, in :meth:`sequence_bonus`); the pieces inside a word earn nothing until then, as in
+    pyctcdecode's word-level decoding without its partial-word heuristic. A prefix's state is its last
+    ``order - 1`` words and the word it is spelling; each state's completion score is one entry of a tensor on
+    the device, so the search's bonus is one gather."""
+
+    def __init__(self, path: str | Arpa, tokenizer: Any, lm_weight: float, word_score: float,
+                 device: Any = "cpu") -> None:
+        import torch
+
+        pieces = word_pieces(tokenizer)
+        if pieces is None:
+            raise ConfigError(f"decoding.lm_unit=word needs a model whose tokens spell words (tokenizer.type=bpe, or "
+                              f"char with latin_unit=letter); this model's tokens are {tokenizer.conf.type} units: "
+                              f"make the LM with corpus-io make-lm ++unit=token and the model's tokenizer block.")
+        self.arpa = path if isinstance(path, Arpa) else Arpa(path)
+        self.weight, self.word_score, self.device = float(lm_weight), float(word_score), device
+        self.starts, self.texts = pieces
+        self.starts_mask = torch.tensor(self.starts, dtype=torch.bool, device=device)
+        self.keys: list[tuple[tuple[str, ...], str]] = []  # state -> (last order-1 words, the word being spelled)
+        self.state_of: dict[tuple[tuple[str, ...], str], int] = {}
+        self.step: dict[tuple[int, int], int] = {}  # (state, token) -> state
+        self.done = torch.zeros(0, device=device)  # state -> the score its word earns when complete
+        self.start = self._state(((BOS,), ""))
+
+    def _state(self, key: tuple[tuple[str, ...], str]) -> int:
+        import torch
+
+        sid = self.state_of.get(key)
+        if sid is None:
+            sid = self.state_of[key] = len(self.keys)
+            self.keys.append(key)
+            if sid >= self.done.shape[0]:
+                grown = torch.zeros(max(64, 2 * self.done.shape[0]), device=self.device)
+                grown[:self.done.shape[0]] = self.done
+                self.done = grown
+            context, word = key
+            if word:
+                self.done[sid] = self.weight * math.log(10) * self.arpa.logprob(word, context) + self.word_score
+        return sid
+
+    def _next(self, sid: int, token: int) -> int:
+        nxt = self.step.get((sid, token))
+        if nxt is None:
+            context, word = self.keys[sid]
+            if self.starts[token]:
+                if word:
+                    full = (*context, word)
+                    context = full[max(0, len(full) - self.arpa.order + 1):] if self.arpa.order > 1 else ()
+                word = self.texts[token]
+            else:
+                word += self.texts[token]
+            nxt = self.step[(sid, token)] = self._state((context, word))
+        return nxt
+
+    def initial_state(self, batch: int, beam: int) -> Any:
+        import torch
+
+        return torch.full((batch, beam), self.start, dtype=torch.long, device=self.device)
+
+    def bonus(self, state: Any, tokens: Any) -> Any:
+        import torch
+
+        return torch.where(self.starts_mask[tokens], self.done[state][..., None], 0.0)
+
+    def advance(self, state: Any, token: Any) -> Any:
+        import torch
+
+        st, tk = state.cpu().tolist(), token.cpu().tolist()
+        out = [[s if t < 0 else self._next(s, t) for s, t in zip(srow, trow)] for srow, trow in zip(st, tk)]
+        return torch.tensor(out, dtype=torch.long, device=state.device)
+
+    def words(self, seq: list[int]) -> list[str]:
+        """The words a token sequence spells, as the search completes them."""
+        words, word = [], ""
+        for t in seq:
+            if self.starts[t]:
+                if word:
+                    words.append(word)
+                word = self.texts[t]
+            else:
+                word += self.texts[t]
+        return words + [word] if word else words
+
+    def sequence_bonus(self, seqs: list[list[int]]) -> list[float]:
+        ln10 = math.log(10)
+        out = []
+        for seq in seqs:
+            words = self.words(seq)
+            out.append(self.weight * ln10 * self.arpa.sentence_logprob(words) + self.word_score * len(words))
+        return out

@@ -26,7 +26,8 @@ def describe(conf: Any) -> str:
     if m != "greedy":
         parts += [f"beam={conf.beam}", f"token_beam={conf.token_beam or conf.beam}"]
     if m == "ctc_beam_lm":
-        parts += [f"lm={conf.lm}", f"lm_weight={conf.lm_weight}", f"word_score={conf.word_score}"]
+        parts += [f"lm={conf.lm}", f"lm_unit={conf.lm_unit}", f"lm_weight={conf.lm_weight}",
+                  f"word_score={conf.word_score}"]
     if m == "attention_rescoring":
         parts.append(f"ctc_weight={conf.ctc_weight}")
     if conf.hotwords and m != "greedy":
@@ -51,7 +52,7 @@ class Search:
             raise ConfigError("decoding.hotwords needs a beam search: set decoding.method=ctc_prefix_beam, ctc_beam_lm "
                               "or attention_rescoring.")
         if conf.method == "ctc_beam_lm":
-            from corpus_io.decoding.lm import LmFusion
+            from corpus_io.decoding.lm import lm_fusion
 
             if not conf.lm:
                 raise ConfigError("decoding.method=ctc_beam_lm needs decoding.lm=<ARPA file>; write one from the "
@@ -59,7 +60,7 @@ class Search:
                                   "(and the model's tokenizer block).")
             if not Path(conf.lm).is_file():
                 raise ConfigError(f"decoding.lm={conf.lm} does not exist; write it with corpus-io make-lm.")
-            self.lm = LmFusion(conf.lm, tokenizer, conf.lm_weight, conf.word_score, device)
+            self.lm = lm_fusion(conf, tokenizer, device)
         if conf.method == "attention_rescoring" and not hasattr(model, "attention_scores"):
             raise ConfigError(f"decoding.method=attention_rescoring needs a model with an attention decoder "
                               f"(model=conformer_ctc_att); this checkpoint's model is {type(model).__name__}. "

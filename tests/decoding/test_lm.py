@@ -12,9 +12,9 @@ import torch
 
 from corpus_io.config import DecodingConf, TokenizerConf
 from corpus_io.decoding.beam import best_path_ids
-from corpus_io.decoding.lm import EOS, UNK, Arpa, kneser_ney, write_arpa
+from corpus_io.decoding.lm import BOS, EOS, UNK, Arpa, WordLmFusion, kneser_ney, write_arpa
 from corpus_io.decoding.search import Search
-from corpus_io.tokenizer import Tokenizer, char_split
+from corpus_io.tokenizer import Tokenizer, build_tokenizer, char_split
 from corpus_io.train.scoring import Scorer
 from tests.conftest import assert_user_error, run_cli
 
@@ -183,3 +183,102 @@ def test_an_lm_over_other_units_than_the_models_tokens_is_refused(tmp_path):
     write_arpa(tmp_path / "words.arpa", probs, backoffs)
     with pytest.raises(Exception, match="make-lm ..unit=token"):
         Search(DecodingConf(method="ctc_beam_lm", lm=str(tmp_path / "words.arpa")), tokenizer())
+
+
+# --------------------------------------------------------------------------- a word LM over BPE pieces
+
+TWINS = {"see": "sea", "sea": "see", "tail": "tale", "tale": "tail"}
+
+
+def english(rng: random.Random, n: int) -> list[str]:
+    """Sentences in which the LM, not the sound, tells the twins apart (see/sea, tail/tale)."""
+    return [f"{rng.choice(['we', 'they', 'you'])} " + rng.choice(["see the sea", "sail to the sea", "tell a tale",
+                                                                  "wag a tail", "meet at noon"])
+            for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def bpe_and_word_lm(tmp_path_factory):
+    """A real sentencepiece BPE model small enough to split words into pieces of unequal counts (tale: 4,
+    tail: 2), and a word trigram from the same text by make-lm ++unit=word."""
+    import sentencepiece as spm
+
+    root = tmp_path_factory.mktemp("wordlm")
+    train = english(random.Random(0), 400)
+    (root / "train.txt").write_text("\n".join(train) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(root / "train.txt"), model_prefix=str(root / "bpe"), vocab_size=36,
+                                   model_type="bpe", character_coverage=1.0, minloglevel=2)
+    tok = build_tokenizer(TokenizerConf(type="bpe", bpe_model=str(root / "bpe.model")))
+    result = run_cli("corpus-io", "make-lm", f"++input={root / 'train.txt'}", f"++output={root / 'words.arpa'}",
+                     "++order=3", "++unit=word")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return tok, root / "words.arpa"
+
+
+def piece_emissions(tok: Tokenizer, texts: list[str], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two frames per BPE piece and a blank; a twin's pieces narrowly beat the true ones (0.45 against 0.40),
+    a blank standing in for the pieces the shorter of the two lacks."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for text in texts:
+        frames = []
+        for word in text.split():
+            true, heard = tok.encode(word), tok.encode(TWINS.get(word, word))
+            for i in range(max(len(true), len(heard))):
+                t, h = (true[i] if i < len(true) else 0), (heard[i] if i < len(heard) else 0)
+                for f in range(3):
+                    p = 0.02 + 0.01 * torch.rand(tok.vocab_size, generator=g)
+                    if f == 2:
+                        p[0] = 0.9
+                    elif t != h:
+                        p[h], p[t] = 0.45, 0.40
+                    else:
+                        p[t] = 0.9
+                    frames.append((p / p.sum()).log())
+        rows.append(torch.stack(frames))
+    lengths = torch.tensor([len(r) for r in rows])
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths
+
+
+def wer(tok: Tokenizer, refs: list[str], hyps: list[list[int]]) -> float:
+    s = Scorer()
+    for i, (r, h) in enumerate(zip(refs, hyps)):
+        s.add(str(i), r, tok.decode(h))
+    return s.wer.rate
+
+
+def test_a_word_lm_scores_each_word_of_bpe_pieces_once_it_is_complete(bpe_and_word_lm):
+    tok, arpa_path = bpe_and_word_lm
+    assert len(tok.tokenize("tale")) > 1 and len(tok.tokenize("tail")) > 1  # words of several pieces
+    arpa = Arpa(arpa_path)
+    fusion = WordLmFusion(arpa, tok, lm_weight=0.7, word_score=0.25)
+    ln = 0.7 * 2.302585092994046
+    for text in english(random.Random(3), 30):
+        ids = tok.encode(text)
+        assert fusion.words(ids) == text.split()
+        state, earned = fusion.initial_state(1, 1), 0.0
+        for t in ids:
+            earned += float(fusion.bonus(state, torch.tensor([[[t]]]))[0, 0, 0])
+            state = fusion.advance(state, torch.tensor([[t]]))
+        words = text.split()
+        # each word but the last is scored when the next begins; the last (and </s>) only in the final ranking
+        expect = sum(ln * arpa.logprob(w, tuple([BOS, *words][max(0, i - 1):i + 1])) + 0.25
+                     for i, w in enumerate(words[:-1]))
+        assert earned == pytest.approx(expect, abs=1e-4)
+        assert fusion.sequence_bonus([ids])[0] == pytest.approx(ln * arpa.sentence_logprob(words) + 0.25 * len(words))
+
+
+def test_beam_with_a_word_lm_over_bpe_pieces_tells_twins_apart_and_keeps_clean_speech(bpe_and_word_lm):
+    tok, arpa_path = bpe_and_word_lm
+    search = Search(DecodingConf(method="ctc_beam_lm", lm=str(arpa_path), beam=8, lm_weight=0.5), tok)
+    assert isinstance(search.lm, WordLmFusion)  # lm_unit=auto: the LM's words are not the model's pieces
+    held_out = english(random.Random(1), 40)
+    lp, lengths = piece_emissions(tok, held_out, 2)
+    greedy, fused = wer(tok, held_out, best_path_ids(lp, lengths)), wer(tok, held_out,
+                                                                         [h[0].ids for h in search(lp, lengths)])
+    assert greedy > 0.1 and fused < greedy / 4, (greedy, fused)
+    clean = [t for t in held_out if not set(t.split()) & set(TWINS)]
+    lp, lengths = piece_emissions(tok, clean, 3)
+    assert wer(tok, clean, [h[0].ids for h in search(lp, lengths)]) == 0.0
+    with pytest.raises(Exception, match="make-lm ..unit=token"):  # a char model spells no words
+        Search(DecodingConf(method="ctc_beam_lm", lm=str(arpa_path), lm_unit="word"), tokenizer())
