@@ -47,7 +47,6 @@ RECORD_FORMAT = 1
 MAX_JOBS = 10_000_000
 
 # the commands that run as jobs: the function that runs one job (the CLI's, see cli/commands.py) and the
-# one that joins the parts (called by merge_jobs with the place and the checked parts)
 # one that joins the parts (called by merge_jobs with the place and the checked parts), and the one that names
 # the keys a part holds (in its record's data), which no two parts may share
 JOB_COMMANDS: dict[str, tuple[str, str, str, str]] = {  # command -> (schema, run, merge, keys)
@@ -109,9 +108,18 @@ def scheduler_job(env: Mapping[str, str], num_jobs: int | None = None) -> tuple[
     Slurm: ``SLURM_ARRAY_TASK_ID`` within ``_MIN``.. by ``_STEP`` (``_COUNT``, else ``(_MAX - _MIN) // _STEP
     + 1``); SGE/UGE: ``SGE_TASK_ID`` within ``SGE_TASK_FIRST``..``SGE_TASK_LAST`` by ``SGE_TASK_STEPSIZE``
     (``qsub -t``; "undefined" outside an array); PBS Pro: ``PBS_ARRAY_INDEX`` (``qsub -J 1-N``; the count
-    comes from ``num_jobs``); LSF: ``LSB_JOBINDEX`` (``bsub -J "name[1-N]"``; 0 outside an array),
-    ``LSB_JOBINDEX_END``. The index is counted from the array's first index in steps, so ``--array=0-3``,
-    ``--array=1-4`` and ``--array=1-7:2`` all give jobs 1..4."""
+    comes from ``num_jobs``); LSF: ``LSB_JOBINDEX`` (``bsub -J "name[1-N]"``; 0 outside an array) up to
+    ``LSB_JOBINDEX_END`` by ``LSB_JOBINDEX_STEP``. The index is counted from the array's first index in steps,
+    so ``--array=0-3``, ``--array=1-4`` and ``--array=1-7:2`` all give jobs 1..4.
+
+    ``auto`` needs an array that is one range (``start-end[:step]``). A Slurm index list (``--array=1,3,7``:
+    ``_COUNT`` is not the size of ``_MIN``..``_MAX`` by ``_STEP``) is a :class:`ConfigError`. LSF does not
+    tell a task its array's start: it is read from ``LSB_JOBNAME`` when that holds the array's range
+    (``name[3-11:2]``, agreeing with ``LSB_JOBINDEX_END`` and ``_STEP``), else it is taken as 1 (LSF's default
+    start); an ``LSB_JOBINDEX`` that is not start + k * step, and a job name holding an index list
+    (``name[1,5,7]``), are ConfigErrors. Where auto cannot tell, pass ``++num_jobs=N ++job_index=J``."""
+    explicit = ("pass this task's place explicitly instead: ++num_jobs=N ++job_index=J (J from 1 to N, computed "
+                "in the job script from the task's index).")
     task = _env_int(env, "SLURM_ARRAY_TASK_ID")
     if task is not None:
         first = _env_int(env, "SLURM_ARRAY_TASK_MIN")
@@ -119,8 +127,19 @@ def scheduler_job(env: Mapping[str, str], num_jobs: int | None = None) -> tuple[
         step = _env_int(env, "SLURM_ARRAY_TASK_STEP") or 1
         count = _env_int(env, "SLURM_ARRAY_TASK_COUNT")
         last = _env_int(env, "SLURM_ARRAY_TASK_MAX")
-        if count is None and last is not None:
-            count = (last - first) // step + 1
+        spanned = (last - first) // step + 1 if last is not None else None
+        if count is None:
+            count = spanned
+        elif spanned is not None and count != spanned:
+            raise ConfigError(f"the Slurm array is not one range: it has SLURM_ARRAY_TASK_COUNT={count} tasks, but "
+                              f"{first}..{last} in steps of {step} (SLURM_ARRAY_TASK_MIN/_MAX/_STEP) would be "
+                              f"{spanned}; an index list such as --array=1,3,7 does this. ++num_jobs=auto / "
+                              f"++job_index=auto need a range array: sbatch --array=1-N (or --array=A-B:S). For "
+                              f"this array, {explicit}")
+        if task < first or (task - first) % step:
+            raise ConfigError(f"SLURM_ARRAY_TASK_ID={task} is not in the range {first}..{last} in steps of {step} "
+                              f"(SLURM_ARRAY_TASK_MIN/_MAX/_STEP). ++job_index=auto needs a range array "
+                              f"(sbatch --array=1-N); {explicit}")
         return Job((task - first) // step + 1, count or num_jobs or 0), "Slurm"
     if env.get("SGE_TASK_ID", "undefined") != "undefined":
         task = _env_int(env, "SGE_TASK_ID")
@@ -137,7 +156,25 @@ def scheduler_job(env: Mapping[str, str], num_jobs: int | None = None) -> tuple[
     task = _env_int(env, "LSB_JOBINDEX")
     if task:  # 0: not an array job
         last = _env_int(env, "LSB_JOBINDEX_END")
-        return Job(task, last or num_jobs or 0), "LSF"
+        step = _env_int(env, "LSB_JOBINDEX_STEP") or 1
+        first, where = 1, "taken as 1, LSF's default: LSF does not tell a task its array's start"
+        name = env.get("LSB_JOBNAME", "")
+        spec = re.search(r"\[([0-9,:\- ]+)\](?:%\d+)?$", name)
+        if spec and "," in spec.group(1):
+            raise ConfigError(f"the LSF array {name!r} (LSB_JOBNAME) is an index list, not one range. "
+                              f"++num_jobs=auto / ++job_index=auto need a range array: bsub -J \"name[1-N]\" (or "
+                              f"\"name[1-N:S]\"). For this array, {explicit}")
+        ranged = re.fullmatch(r"\s*(\d+)-(\d+)(?::(\d+))?\s*", spec.group(1)) if spec else None
+        if ranged:
+            a, b, s = int(ranged.group(1)), int(ranged.group(2)), int(ranged.group(3) or 1)
+            if s == step and a <= b and last in (None, b, a + (b - a) // s * s):
+                first, where = a, f"read from LSB_JOBNAME={name!r}"
+        if task < first or (task - first) % step:
+            raise ConfigError(f"LSB_JOBINDEX={task} is not an index of the LSF array as ++job_index=auto sees it: "
+                              f"from {first} ({where}) in steps of LSB_JOBINDEX_STEP={step}. Submit the array as "
+                              f"bsub -J \"name[1-N]\" (or \"name[1-N:S]\"), or {explicit}")
+        count = (last - first) // step + 1 if last is not None else num_jobs or 0
+        return Job((task - first) // step + 1, count), "LSF"
     return None
 
 
@@ -386,10 +423,13 @@ def load_parts(place: Place, *, digest: bool = False,
 
     hashes = array("q")
     parts = []
+    on_objects: set[int] = set()  # jobs whose outputs are objects (checked by the command's merge), not files
     for path in place.records():
         part = read_part(path)
         if keys_of is not None:
             hashes.extend(map(hash, keys_of(part.data or {})))  # within this process only: str hash is enough
+        if (part.data or {}).get("url"):
+            on_objects.add(part.job_index)
         part.data, part.lazy = {"summary": (part.data or {}).get("summary", {})}, True
         parts.append(part)
     counts = sorted({p.num_jobs for p in parts})
@@ -415,7 +455,7 @@ def load_parts(place: Place, *, digest: bool = False,
             raise DataError(f"part {part.where} was made with other options or another input than "
                             f"{first.where}. Nothing was changed. Rerun job {part.job_index} with the run's "
                             f"options, then merge.")
-        why = _outputs_changed(part, digest=digest)
+        why = None if part.job_index in on_objects else _outputs_changed(part, digest=digest)
         if why:
             raise DataError(f"part {part.where}: {why}. Nothing was changed. Rerun job {part.job_index} "
                             f"(++num_jobs={n} ++job_index={part.job_index}), then merge.")
@@ -444,8 +484,15 @@ def _refuse_repeated_keys(parts: list[Part], keys_of: Callable[[dict], Iterable[
                 owner[key] = part.where
 
 
+#: for an ``s3://`` P (only pack-shards writes object storage): the function that brings the part records the
+#: jobs sent to the bucket into this machine's state dir, so jobs that shared no disk merge anywhere
+OBJECT_RECORDS = "corpus_io.shards.pack:fetch_part_records"
+
+
 def merge_jobs(cfg: Any) -> Any:
     """``corpus-io merge-jobs ++path=P``: check the parts of P, then join them (see the module docstring)."""
+    if is_object_url(str(cfg.path)):
+        _function(OBJECT_RECORDS)(str(cfg.path))
     place = find_place(str(cfg.path), getattr(cfg, "what", None) or None)
     records = place.records()
     command = read_part(records[0]).command

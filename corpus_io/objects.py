@@ -10,9 +10,10 @@ without reading it back, and rewrites any other.
 
 The hidden state a local output keeps beside it (sidecars, part records, the previous index) lives in a
 local **state directory** instead (:func:`state_dir`: ``$CORPUS_IO_STATE_DIR/s3/<bucket>/<prefix>``, by
-default under ``~/.cache/corpus-io/state``; on a cluster, a directory every node sees), so nothing but the
-shards, ``data.list`` and ``index.jsonl`` is written to the bucket. Reads and writes use the readers'
-``storage_options`` and AWS environment (:func:`corpus_io.urls.filesystem`).
+default under ``~/.cache/corpus-io/state``), so nothing but the shards, ``data.list``, ``index.jsonl`` and,
+for jobs, their part records is written to the bucket: a job sends its record after its shards, and
+``merge-jobs`` fetches the records from the bucket, so jobs on machines that share no disk merge anywhere.
+Reads and writes use the readers' ``storage_options`` and AWS environment (:func:`corpus_io.urls.filesystem`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,15 @@ def object_matches(url: str, storage_options: dict | None = None, *, size: int, 
     meta = {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}
     return (head.get("ContentLength") == size and meta.get(SHA256_KEY) == sha256
             and (not digest or meta.get(DIGEST_KEY) == digest))
+
+
+def get_object(url: str, storage_options: dict | None = None) -> bytes:
+    """The bytes of the (small) object ``url``."""
+    fs, path = filesystem(url, storage_options, fresh=True)
+    try:
+        return fs.cat_file(path)
+    except Exception as exc:  # noqa: BLE001
+        raise _failed(url, "read", exc) from None
 
 
 def object_sizes(url: str, storage_options: dict | None = None) -> dict[str, int]:

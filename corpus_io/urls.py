@@ -14,15 +14,20 @@ longest wait for a connection or for the next byte. A stall past it, a refused c
 5xx are :class:`RemoteReadError` (transient: the loader retries them); only an HTTP 404/410 says
 "does not exist". A command is bounded by ``storage_options["pipe_timeout"]`` (seconds, default
 :data:`DEFAULT_PIPE_TIMEOUT`; set from ``pipe_timeout`` / ``dataset_conf.pipe_timeout``): past it its
-processes are killed and the entry fails naming the key and the command line.
+processes are killed and the entry fails naming the key and the command line. Each process of a command
+runs in a session (and process group) of its own, so what it starts (``sh -c '...'``, a background child)
+is killed with it: at the time limit, when the stream is closed, and when this process exits normally.
 """
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
 import shlex
+import signal
 import subprocess
+import threading
 from typing import IO, Any
 
 from corpus_io.errors import DataError
@@ -45,6 +50,16 @@ def timeout_key(storage_options: dict | None) -> str:
 #: seconds a command entry (``cmd |`` or ``pipe:cmd``) may run before it is killed (``pipe_timeout``)
 DEFAULT_PIPE_TIMEOUT = 300.0
 PIPE_TIMEOUT_KEY = "pipe_timeout"  # scp2jsonl and pack-shards; dataset_conf.pipe_timeout in the loader
+
+
+def pipe_timeout_key(storage_options: dict | None) -> str:
+    """The config key of the command time limit, as the command these options came from spells it: the loader
+    names its read-timeout key ``dataset_conf.read_timeout`` (:data:`TIMEOUT_KEY_OPTION`), so its pipe key is
+    ``dataset_conf.pipe_timeout``; the data-preparation commands' is ``pipe_timeout``."""
+    read_key = str((storage_options or {}).get(TIMEOUT_KEY_OPTION) or "")
+    if read_key.endswith(".read_timeout") and not read_key.startswith("storage_options."):
+        return read_key[: -len("read_timeout")] + PIPE_TIMEOUT_KEY
+    return PIPE_TIMEOUT_KEY
 
 
 class RemoteReadError(DataError):
@@ -197,50 +212,92 @@ def command_argv(url: str) -> list[list[str]]:
     return stages
 
 
+# the process groups of the commands running now: pgid -> the pid of the process that started them (a forked
+# child inherits the table, and must not kill its parent's commands)
+_LIVE_GROUPS: dict[int, int] = {}
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # the group is gone already
+        pass
+
+
+@atexit.register
+def _kill_live_groups() -> None:
+    """At a normal exit (an error, Ctrl-C), the commands this process still runs die with it: they are in
+    groups of their own, which a terminal's Ctrl-C or a kill of our group does not reach."""
+    me = os.getpid()
+    for pgid, owner in list(_LIVE_GROUPS.items()):
+        if owner == me:
+            _kill_group(pgid)
+
+
 class CommandStream(io.RawIOBase):
     """stdout of a chain of processes; closing it waits and reports a non-zero exit.
 
-    ``timeout`` seconds after the start every process of the chain is
-    killed (a command that never ends, ``sleep 1000 |``, would hang the job) and reading or closing the
-    stream is a DataError naming :data:`PIPE_TIMEOUT_KEY` and the command line."""
+    Each process runs in a session of its own (no terminal to wait on, and a process group that holds what
+    it starts). ``timeout`` seconds after the start every process group of the chain is killed (a command
+    that never ends, ``sleep 1000 |``, or one whose child keeps stdout open, ``sh -c 'sleep 1000; true' |``,
+    would hang the job) and reading or closing the stream is a DataError naming ``key`` (the config key of
+    the limit) and the command line. Closing the stream also kills what the commands left running."""
 
-    def __init__(self, url: str, timeout: float = DEFAULT_PIPE_TIMEOUT):
-        import threading
-
+    def __init__(self, url: str, timeout: float = DEFAULT_PIPE_TIMEOUT, key: str = PIPE_TIMEOUT_KEY):
         self.url = url
         self.timeout = timeout
+        self.key = key
         self.timed_out = False
+        self._finished = False
+        self._lock = threading.Lock()
         self._procs: list[subprocess.Popen] = []
         prev = None
         try:
             for argv in command_argv(url):
-                proc = subprocess.Popen(argv, stdin=prev, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                proc = subprocess.Popen(argv, stdin=prev, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        start_new_session=True)
+                _LIVE_GROUPS[proc.pid] = os.getpid()
                 if prev is not None:
                     prev.close()
                 prev = proc.stdout
                 self._procs.append(proc)
-        except FileNotFoundError as exc:
+        except OSError as exc:
+            if prev is not None:
+                prev.close()
             self._kill()
-            raise DataError(f"cannot run '{url}': program {exc.filename!r} not found.") from None
+            self._reap()
+            if isinstance(exc, FileNotFoundError):
+                raise DataError(f"cannot run '{url}': program {exc.filename!r} not found.") from None
+            raise DataError(f"cannot run '{url}': {exc.strerror or exc} ({exc.filename!r}).") from None
         self._out = prev
         self._timer = threading.Timer(timeout, self._expire)
         self._timer.daemon = True
         self._timer.start()
 
     def _expire(self) -> None:
-        self.timed_out = True
+        with self._lock:
+            if self._finished:
+                return
+            self.timed_out = True
         self._kill()
 
     def _kill(self) -> None:
-        for proc in self._procs:  # the processes started here, by pid (they stay in our group: killed with us)
-            if proc.poll() is None:
-                proc.kill()
+        """SIGKILL to every process group of the chain (what the commands started included)."""
+        for proc in self._procs:
+            _kill_group(proc.pid)
+
+    def _reap(self) -> None:
+        for proc in self._procs:
+            proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None and not pipe.closed:
+                    pipe.close()
+            _LIVE_GROUPS.pop(proc.pid, None)
 
     def _timeout_error(self) -> DataError:
         return DataError(f"command '{self.url}' did not finish within {self.timeout:g} s and was stopped (the bound "
-                         f"is {PIPE_TIMEOUT_KEY}={self.timeout:g} s; dataset_conf.{PIPE_TIMEOUT_KEY} in train, decode "
-                         f"and bench-loader). Run the command by hand to see why it hangs, or raise "
-                         f"++{PIPE_TIMEOUT_KEY} for a slow one.")
+                         f"is {self.key}={self.timeout:g} s). Run the command by hand to see why it hangs, or raise "
+                         f"++{self.key} for a slow one.")
 
     def readable(self) -> bool:
         return True
@@ -255,22 +312,24 @@ class CommandStream(io.RawIOBase):
     def close(self) -> None:
         if self.closed:
             return
-        self._timer.cancel()
         self._out.close()
+        for proc in self._procs:  # bounded: the timer still runs, and kills the chain at the time limit
+            proc.wait()
+        with self._lock:
+            self._finished = True
+        self._timer.cancel()
+        self._kill()  # what the commands left behind in their groups (a background child)
         if self.timed_out:
-            for proc in self._procs:
-                proc.wait()
-                proc.stderr.close()
+            self._reap()
             super().close()
             raise self._timeout_error()
         errors = []
         for proc in self._procs:
-            proc.wait()
             if proc.returncode != 0:
                 said = " ".join(proc.stderr.read().decode(errors="replace").split())[:200].rstrip(".")
                 errors.append(f"{proc.args[0]} exited {proc.returncode}"
                               + (f" saying: {said}" if said else " with no message on stderr"))
-            proc.stderr.close()
+        self._reap()
         super().close()
         if errors:
             raise DataError(f"command '{self.url}' failed: {'; '.join(errors)}.")
@@ -306,7 +365,8 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
                             f"enable them with ++allow_pipe=true (or ++dataset_conf.allow_pipe=true) "
                             f"if you trust the list.")
         timeout = float((storage_options or {}).get(PIPE_TIMEOUT_KEY) or DEFAULT_PIPE_TIMEOUT)
-        return io.BufferedReader(CommandStream(url, timeout), buffer_size=block_size)
+        return io.BufferedReader(CommandStream(url, timeout, pipe_timeout_key(storage_options)),
+                                 buffer_size=block_size)
     if url.startswith(("http://", "https://")) and not seekable:
         opts = storage_options or {}
         return io.BufferedReader(HTTPStream(url, read_timeout(opts), opts.get("headers"), timeout_key(opts)),

@@ -242,6 +242,78 @@ def test_a_pipe_that_never_ends_fails_naming_the_key_and_the_command_line(tmp_pa
     assert result.returncode == 2 and not (tmp_path / "o.jsonl").exists()
 
 
+def _endless_command(forks: bool) -> tuple[str, str]:
+    """``(command entry, marker)``: a command that never ends, ``sleep 1000.<unique digits> |`` (the digits find
+    what it leaves behind, and nothing of another test's), or one that starts it as its child (``sh -c``), which
+    keeps stdout open when only ``sh`` is killed."""
+    import uuid
+
+    marker = f"sleep 1000.{uuid.uuid4().int % 10**12:012d}"
+    return (f"sh -c '{marker}; true' |" if forks else f"{marker} |"), marker
+
+
+def _left_behind(marker: str) -> list[str]:
+    """The command lines of live processes running ``marker`` (after a moment for killed ones to go); kills
+    them, so that a failing test leaves nothing either."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + 5
+    while True:
+        found = []
+        for proc in psutil.process_iter(["cmdline", "status"]):
+            line = " ".join(proc.info["cmdline"] or ())
+            if marker in line and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append((proc, line))
+        if not found or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for proc, _ in found:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    return [line for _, line in found]
+
+
+def _run_timed(*args: str) -> tuple[object, float]:
+    import time
+
+    start = time.monotonic()
+    result = run_cli(*args, timeout=90)
+    return result, time.monotonic() - start
+
+
+@pytest.mark.parametrize("forks", [False, True], ids=["sleep", "sh-starts-sleep"])
+def test_pack_shards_over_a_pipe_that_never_ends_fails_naming_the_key_and_kills_it(tmp_path, forks):
+    command, marker = _endless_command(forks)
+    source = _jsonl(tmp_path, {"key": "u1", "source": command, "target": "hi"})
+    result, seconds = _run_timed("corpus-io", "pack-shards", f"++input={source}", f"++output_dir={tmp_path / 'out'}",
+                                 "++allow_pipe=true", "++pipe_timeout=1", "++num_workers=1")
+    left = _left_behind(marker)
+    assert_user_error(result, "in.jsonl:1: key 'u1'", f"command '{command}' did not finish within 1 s",
+                      "the bound is pipe_timeout=1 s", "raise ++pipe_timeout")
+    assert result.returncode == 2 and ".." not in result.stderr, result.stderr
+    assert seconds < 30, f"pack-shards took {seconds:.0f} s over a 1 s pipe_timeout"
+    assert not left, f"left running: {left}"
+    assert not (tmp_path / "out" / "data.list").exists()
+
+
+@pytest.mark.parametrize("forks", [False, True], ids=["sleep", "sh-starts-sleep"])
+def test_the_loader_over_a_pipe_that_never_ends_fails_naming_its_key_and_kills_it(tmp_path, forks):
+    command, marker = _endless_command(forks)
+    raw = _jsonl(tmp_path, {"key": "u1", "wav": command, "txt": "hi"}, name="raw.list")
+    result, seconds = _run_timed("corpus-io", "bench-loader", f"++data_list={raw}", "++dataset_conf.data_type=raw",
+                                 "++dataset_conf.allow_pipe=true", "++dataset_conf.pipe_timeout=1")
+    left = _left_behind(marker)
+    assert_user_error(result, "raw.list:1: key 'u1'", f"command '{command}' did not finish within 1 s",
+                      "the bound is dataset_conf.pipe_timeout=1 s", "raise ++dataset_conf.pipe_timeout")
+    assert result.returncode == 2, result.stderr
+    assert seconds < 30, f"bench-loader took {seconds:.0f} s over a 1 s dataset_conf.pipe_timeout"
+    assert not left, f"left running: {left}"
+
+
 @pytest.mark.parametrize("command, says", [("false |", "false exited 1 with no message on stderr. Fix"),
                                            ("sh -c 'echo no such take. >&2; exit 3' |",
                                             "sh exited 3 saying: no such take. Fix")])

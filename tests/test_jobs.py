@@ -25,9 +25,39 @@ from corpus_io.jobs import JOB_COMMANDS, Job, resolve_job
     # qsub -t 2-10:4 (tasks 2 6 10): task 10 is the 3rd of 3
     ({"SGE_TASK_ID": "10", "SGE_TASK_FIRST": "2", "SGE_TASK_LAST": "10", "SGE_TASK_STEPSIZE": "4"}, Job(3, 3)),
     ({"LSB_JOBINDEX": "4", "LSB_JOBINDEX_END": "4"}, Job(4, 4)),
+    # bsub -J "x[1-9:2]" (tasks 1 3 5 7 9): LSF sets no start, so it is 1; task 7 is the 4th of 5
+    ({"LSB_JOBINDEX": "7", "LSB_JOBINDEX_END": "9", "LSB_JOBINDEX_STEP": "2"}, Job(4, 5)),
+    ({"LSB_JOBINDEX": "9", "LSB_JOBINDEX_END": "10", "LSB_JOBINDEX_STEP": "2"}, Job(5, 5)),  # END as given: [1-10:2]
+    ({"LSB_JOBINDEX": "1", "LSB_JOBINDEX_END": "3", "LSB_JOBINDEX_STEP": "1", "LSB_JOBNAME": "pack"}, Job(1, 3)),
+    # the start, where the job name holds the array's range (and it agrees with END and STEP)
+    ({"LSB_JOBINDEX": "7", "LSB_JOBINDEX_END": "11", "LSB_JOBINDEX_STEP": "2", "LSB_JOBNAME": "x[3-11:2]"}, Job(3, 5)),
+    ({"LSB_JOBINDEX": "6", "LSB_JOBINDEX_END": "8", "LSB_JOBNAME": "pack[5-8]%2"}, Job(2, 4)),
+    ({"LSB_JOBINDEX": "3", "LSB_JOBINDEX_END": "9", "LSB_JOBNAME": "x[2-5]"}, Job(3, 9)),  # disagrees: start 1
 ])
 def test_auto_reads_the_array_task_and_size_of_slurm_sge_and_lsf(env, job):
     assert resolve_job("auto", "auto", env) == job
+
+
+@pytest.mark.parametrize("env, needles", [
+    # sbatch --array=1,3,7: no _STEP, and 3 tasks where 1..7 holds 7
+    ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "7",
+      "SLURM_ARRAY_TASK_COUNT": "3"}, ["the Slurm array is not one range", "SLURM_ARRAY_TASK_COUNT=3",
+                                       "--array=1,3,7", "sbatch --array=1-N", "++num_jobs=N ++job_index=J"]),
+    ({"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "9",
+      "SLURM_ARRAY_TASK_STEP": "2"}, ["SLURM_ARRAY_TASK_ID=4 is not in the range 1..9 in steps of 2",
+                                      "++num_jobs=N ++job_index=J"]),
+    # bsub -J "x[2-10:2]": LSF does not say the start; from 1 by 2, task 4 is no index
+    ({"LSB_JOBINDEX": "4", "LSB_JOBINDEX_END": "10", "LSB_JOBINDEX_STEP": "2"},
+     ["LSB_JOBINDEX=4 is not an index of the LSF array", "from 1 (taken as 1, LSF's default",
+      "LSB_JOBINDEX_STEP=2", 'bsub -J "name[1-N]"', "++num_jobs=N ++job_index=J"]),
+    ({"LSB_JOBINDEX": "5", "LSB_JOBINDEX_END": "7", "LSB_JOBNAME": "x[1,5,7]"},
+     ["the LSF array 'x[1,5,7]' (LSB_JOBNAME) is an index list, not one range", "++num_jobs=N ++job_index=J"]),
+], ids=["slurm-index-list", "slurm-off-step", "lsf-off-step", "lsf-index-list"])
+def test_auto_refuses_an_array_that_is_not_one_range_and_says_what_to_pass(env, needles):
+    with pytest.raises(ConfigError) as err:
+        resolve_job("auto", "auto", env)
+    for needle in needles:
+        assert needle in str(err.value), f"{needle!r} not in: {err.value}"
 
 
 def test_auto_reads_pbs_array_index_with_the_count_given():

@@ -40,6 +40,7 @@ from corpus_io import audio, kaldi, objects
 from corpus_io.config import check_values
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import (
+    atomic_write,
     completed_output,
     ensure_dir,
     file_sha256,
@@ -280,8 +281,9 @@ def pack_shard(task: ShardTask) -> ShardStat:
                     ext, data, first = _audio_members(record, opts)
             except DataError as exc:
                 if opts.on_error == "fail":
-                    raise DataError(f"{record.get('where', '?')}: key '{key}': {exc}. Fix the input, or pass "
-                                    f"++on_error=skip to drop such utterances (they are counted).") from None
+                    raise DataError(f"{record.get('where', '?')}: key '{key}': {str(exc).rstrip('.')}. Fix the "
+                                    f"input, or pass ++on_error=skip to drop such utterances (they are "
+                                    f"counted).") from None
                 reason = "missing transcript" if "transcript" in str(exc) else "unreadable audio"
                 skipped[reason] += 1
                 continue
@@ -592,6 +594,8 @@ def pack_shards(cfg: Any) -> Summary:
         if done is not None and url and _absent_object(url, [done]):
             done = None  # an object went missing since: the job runs again and sends only what is not there
         if done is not None:
+            if url:  # a record written just before a kill may never have reached the bucket
+                _publish_record(place.record(job), url, opts.storage_options)
             summary = merged_summary([done])
             summary.print(f"pack-shards {job} (already complete)")
             return summary
@@ -647,9 +651,37 @@ def _pack_job(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
     data = {"prefix": cfg.shard_prefix, "groups": groups, "summary": summary_data(summary), "url": url}
     record = write_part(place, Part("pack-shards", place.tag, job.count, job.index, fp, [lo, hi], sum(counts),
                                     outputs, data))
+    if url:
+        _publish_record(record, url, opts.storage_options)
     summary.print(f"pack-shards {job}")
     print(f"pack-shards {job}: shards {lo}..{hi - 1} of {sum(counts)} -> {record}", flush=True)
     return summary
+
+
+_RECORD_NAME = re.compile(r"pack-shards\.part-\d{6,}-of-\d{6,}\.json")
+
+
+def _publish_record(record: Path, url: str, storage_options: dict) -> None:
+    """A job's part record, sent beside its shards (after them), unless the bucket holds it already."""
+    sha256 = file_sha256(record)
+    target = objects.join(url, record.name)
+    if not objects.object_matches(target, storage_options, size=record.stat().st_size, sha256=sha256):
+        objects.put_object(record, target, storage_options, sha256=sha256)
+
+
+def fetch_part_records(url: str, storage_options: dict | None = None) -> None:
+    """merge-jobs of an ``s3://`` output: the part records the jobs sent to the bucket, written into this
+    machine's state dir (a job's own copy stays where it ran: jobs on machines that share no disk)."""
+    local = state_dir(url)
+    for obj in sorted(objects.object_sizes(url, storage_options)):
+        name = obj.rsplit("/", 1)[1]
+        if obj != objects.join(url, name) or not _RECORD_NAME.fullmatch(name):  # this prefix's records only
+            continue
+        data = objects.get_object(objects.join(url, name), storage_options)
+        target = local / name
+        if not target.is_file() or target.read_bytes() != data:
+            with atomic_write(target, "wb") as f:
+                f.write(data)
 
 
 def _absent_object(url: str, parts: list[Part]) -> tuple[Part, str] | None:

@@ -107,7 +107,8 @@ def test_jobs_into_s3_merge_to_the_objects_of_one_job(bucket_prefix, tmp_path):
     assert merged.returncode == 0, merged.stderr
     got = objects_under(fs, prefix)
     shards = sorted(p.name for p in (tmp_path / "one").glob("*.tar"))
-    assert sorted(got) == sorted(["data.list", "index.jsonl", *shards])  # no part record or sidecar in the bucket
+    records = [f"pack-shards.part-{j:06d}-of-000002.json" for j in (1, 2)]
+    assert sorted(got) == sorted(["data.list", "index.jsonl", *shards, *records])  # no sidecar in the bucket
     assert all(got[s] == (tmp_path / "one" / s).read_bytes() for s in shards)
     one_list = [line.rsplit("/", 1)[1] for line in (tmp_path / "one" / "data.list").read_text().splitlines()]
     assert got["data.list"].decode().splitlines() == [f"{prefix}/{s}" for s in one_list]
@@ -125,7 +126,7 @@ def test_merge_into_s3_refuses_a_shard_object_deleted_after_its_job_and_a_rerun_
         job = run_cli("corpus-io", "pack-shards", *args, f"++job_index={j}", env=env)
         assert job.returncode == 0, job.stderr
     before = objects_under(fs, prefix)
-    gone = sorted(before)[0]
+    gone = sorted(k for k in before if k.endswith(".tar"))[0]
     fs.rm(f"{prefix}/{gone}"[len("s3://"):])
     merged = run_cli("corpus-io", "merge-jobs", f"++path={prefix}", env=env)
     assert merged.returncode == 2 and f"its shard {prefix}/{gone} is absent. Nothing was changed." in merged.stderr
@@ -136,4 +137,35 @@ def test_merge_into_s3_refuses_a_shard_object_deleted_after_its_job_and_a_rerun_
     merged = run_cli("corpus-io", "merge-jobs", f"++path={prefix}", env=env)
     assert merged.returncode == 0, merged.stderr
     after = objects_under(fs, prefix)
-    assert {k: v for k, v in after.items() if k.endswith(".tar")} == before and "data.list" in after
+    assert after == dict(before, **{k: after[k] for k in ("data.list", "index.jsonl")})
+
+
+def test_jobs_on_machines_that_share_no_disk_merge_on_a_third_to_the_objects_of_one_job(bucket_prefix, tmp_path):
+    """Each job and the merge get their own state dir (CORPUS_IO_STATE_DIR), as on nodes without a shared disk:
+    the part records travel through the bucket."""
+    prefix, fs, env = bucket_prefix
+    jsonl = write_jsonl(tmp_path / "train.jsonl", fixture_records())
+    args = [f"++input={jsonl}", "++num_utts_per_shard=3", "++num_workers=1"]
+    one = run_cli("corpus-io", "pack-shards", *args, f"++output_dir={tmp_path / 'one'}")
+    assert one.returncode == 0, one.stderr
+
+    def on(node: str) -> dict:
+        return dict(env, CORPUS_IO_STATE_DIR=str(tmp_path / node))
+
+    for j, node in ((1, "a"), (2, "b")):
+        job = run_cli("corpus-io", "pack-shards", *args, f"++output_dir={prefix}", "++num_jobs=2",
+                      f"++job_index={j}", env=on(node))
+        assert job.returncode == 0, job.stderr
+    merged = run_cli("corpus-io", "merge-jobs", f"++path={prefix}", env=on("c"))
+    assert merged.returncode == 0, merged.stderr
+    got = objects_under(fs, prefix)
+    shards = sorted(p.name for p in (tmp_path / "one").glob("*.tar"))
+    assert all(got[s] == (tmp_path / "one" / s).read_bytes() for s in shards)
+    assert index_without_paths(got["index.jsonl"].decode()) == \
+        index_without_paths((tmp_path / "one" / "index.jsonl").read_text())
+    again = run_cli("corpus-io", "merge-jobs", f"++path={prefix}", env=on("d"))  # idempotent, anywhere
+    assert again.returncode == 0, again.stderr
+    rerun = run_cli("corpus-io", "pack-shards", *args, f"++output_dir={prefix}", "++num_jobs=2", "++job_index=2",
+                    env=on("d"))  # a rerun on a node that never saw the job: same objects
+    assert rerun.returncode == 0, rerun.stderr
+    assert objects_under(fs, prefix) == got
