@@ -1,5 +1,6 @@
 """++executor=dask on a real Dask cluster on 127.0.0.1 (`dask scheduler` + two `dask worker`s, ports from the OS):
-pack-shards' jobs are submitted, one worker is killed mid-run, and the merged result equals one job's bytes."""
+pack-shards' jobs are submitted, one worker is killed mid-run, and the merged result equals one job's bytes; then
+compute-cmvn's jobs on the worker left."""
 
 from __future__ import annotations
 
@@ -70,3 +71,12 @@ def test_dask_executor_survives_a_killed_worker_and_merges_to_one_jobs_bytes(das
     assert sorted(p.name for p in out.glob("*.tar")) == shards
     assert all((out / s).read_bytes() == (tmp_path / "one" / s).read_bytes() for s in shards)
     assert (out / "index.jsonl").read_bytes() == (tmp_path / "one" / "index.jsonl").read_bytes()
+    # compute-cmvn's jobs on the worker left alive: the statistics of one job, byte for byte
+    cmvn = ["compute-cmvn", f"++data_list={out / 'data.list'}", "++dataset_conf.num_workers=0"]
+    one = run_cli("corpus-io", *cmvn, f"++output={tmp_path / 'one.cmvn.json'}", timeout=240)
+    assert one.returncode == 0, one.stderr
+    jobs = run_cli("corpus-io", *cmvn, f"++output={tmp_path / 'jobs.cmvn.json'}", "++num_jobs=3", "++executor=dask",
+                   f"++executor_address={address}", timeout=240)
+    assert jobs.returncode == 0, jobs.stderr
+    assert "[merge-jobs] 3 parts of compute-cmvn" in jobs.stdout + jobs.stderr
+    assert (tmp_path / "jobs.cmvn.json").read_bytes() == (tmp_path / "one.cmvn.json").read_bytes()

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 from corpus_io.config.checks import schema
 from corpus_io.config.dataset import DatasetConf, FilterConf, TokenizerConf
-from corpus_io.config.fields import job_index_opt, num_jobs_opt, opt
+from corpus_io.config.fields import executor_address_opt, executor_opt, job_index_opt, num_jobs_opt, opt
 
 
 @schema
@@ -167,6 +167,8 @@ class ComputeCmvnConfig:
     max_utts: int = opt(0, "use at most this many utterances (0: all; one job only)", range="[0, 1000000000000]")
     num_jobs: Any = num_jobs_opt()
     job_index: Any = job_index_opt()
+    executor: str = executor_opt()
+    executor_address: str = executor_address_opt()
 
 
 @schema
