@@ -20,8 +20,8 @@ set -euo pipefail
 
 stage=0
 stop_stage=8
-nj=2                      # processes for synthesis and probing; jobs for packing
-cmd=local                 # local | slurm: how the --nj packing jobs run (cmd.sh: sbatch options)
+nj=2                      # processes for synthesis; jobs for scp2jsonl, compute-cmvn and packing
+cmd=local                 # local | slurm: how the --nj data jobs run (cmd.sh: sbatch options)
 nproc=2                   # training processes (torchrun --nproc_per_node)
 data=data                 # relative to this recipe dir
 exp=exp/conformer_ctc
@@ -95,9 +95,7 @@ if stage_on 2; then
 fi
 
 if stage_on 3; then
-  corpus-io compute-cmvn "++data_list=$data/train/data.jsonl" "++output=$data/train/cmvn.json" \
-    ++dataset_conf.data_type=raw "++dataset_conf.fbank_conf.num_mel_bins=$num_mel_bins" "++dataset_conf.num_workers=$nj"
-  log 3 "made $data/train/cmvn.json ($num_mel_bins-dim fbank)"
+  make_cmvn 3 "$data/train" "$num_mel_bins"
 fi
 
 if stage_on 4; then

@@ -3,8 +3,8 @@
 # shellcheck shell=bash
 stage=0
 stop_stage=7
-nj=16                     # processes for probing; jobs for packing (--cmd local: processes here)
-cmd=local                 # local | slurm: how the --nj packing jobs run (cmd.sh: sbatch options)
+nj=16                     # jobs for scp2jsonl, compute-cmvn (all utterances) and packing (--cmd local: processes here)
+cmd=local                 # local | slurm: how the --nj data jobs run (cmd.sh: sbatch options)
 nproc=8                   # training processes per node (one per GPU)
 nnodes=1                  # several nodes: run.sh on each with --node_rank R --master_addr HOST
 node_rank=0

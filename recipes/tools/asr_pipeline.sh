@@ -23,10 +23,7 @@ if stage_on 2; then
 fi
 
 if stage_on 3; then
-  corpus-io compute-cmvn "++data_list=$data/train/data.jsonl" "++output=$data/train/cmvn.json" \
-    ++dataset_conf.data_type=raw "++dataset_conf.num_workers=$nj" "++max_utts=$cmvn_max_utts" \
-    "++dataset_conf.fbank_conf.num_mel_bins=$(train_config_value dataset_conf.fbank_conf.num_mel_bins)"
-  log 3 "made $data/train/cmvn.json"
+  make_cmvn 3 "$data/train" "$(train_config_value dataset_conf.fbank_conf.num_mel_bins)" "$cmvn_max_utts"
 fi
 
 if stage_on 4; then

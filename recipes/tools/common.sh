@@ -50,29 +50,58 @@ check_cer() {  # check_cer CER_TXT TARGET: fail when %CER > TARGET (TARGET 0: no
   python "$repo/recipes/tools/results.py" check "$1" "$2"
 }
 
-# ---- pipeline stages shared by the recipes; each logs what it made. Uses $nj (processes).
+# ---- pipeline stages shared by the recipes; each logs what it made. Uses $nj and $cmd.
+# The data stages (scp2jsonl, compute-cmvn, pack-shards) run as --nj jobs joined by merge-jobs, with a log per
+# job in DIR/log/NAME.J.log (--nj > 1 or --cmd slurm: the bytes one job writes), else as one job with $nj processes.
+
+as_jobs() {  # true when the data stages run as --nj jobs
+  [ "$nj" -gt 1 ] || [ "${cmd:-local}" = slurm ]
+}
+
+job_workers() {  # processes of one job: 1 locally (the jobs share the host), 0 on slurm (the task's CPUs)
+  if [ "${cmd:-local}" = slurm ]; then echo 0; else echo 1; fi
+}
 
 make_jsonl() {  # make_jsonl STAGE DIR...: DIR/{wav.scp,text} -> DIR/data.jsonl (scp2jsonl)
   local st=$1 dir
   shift
   for dir in "$@"; do
-    corpus-io scp2jsonl "++scp_file_list=[$dir/wav.scp,$dir/text]" "++data_type_list=[source,target]" \
-      "++jsonl_file_out=$dir/data.jsonl" "++num_workers=$nj"
+    local scp=(corpus-io scp2jsonl "++scp_file_list=[$dir/wav.scp,$dir/text]" "++data_type_list=[source,target]"
+               "++jsonl_file_out=$dir/data.jsonl")
+    if as_jobs; then
+      "${job_cmd[@]}" "JOB=1:$nj" "$dir/log/scp2jsonl.JOB.log" --merge "$dir/data.jsonl" -- \
+        "${scp[@]}" "++num_workers=$(job_workers)"
+    else
+      "${scp[@]}" "++num_workers=$nj"
+    fi
     log "$st" "made $dir/data.jsonl: $(wc -l < "$dir/data.jsonl") utterances, $(audio_hours "$dir/data.jsonl") h"
   done
 }
 
+make_cmvn() {  # make_cmvn STAGE DIR NUM_MEL_BINS [MAX_UTTS]: DIR/data.jsonl -> DIR/cmvn.json (compute-cmvn)
+  # MAX_UTTS > 0 (the first utterances only) is one job: a slice of the list is not what jobs split
+  local st=$1 dir=$2 bins=$3 max_utts=${4:-0}
+  local cmvn=(corpus-io compute-cmvn "++data_list=$dir/data.jsonl" "++output=$dir/cmvn.json"
+              ++dataset_conf.data_type=raw "++dataset_conf.fbank_conf.num_mel_bins=$bins" "++max_utts=$max_utts")
+  if as_jobs && [ "$max_utts" -eq 0 ]; then
+    # in-process reading (dataset_conf.num_workers=0): each job is a process of its own
+    "${job_cmd[@]}" "JOB=1:$nj" "$dir/log/cmvn.JOB.log" --merge "$dir/cmvn.json" -- \
+      "${cmvn[@]}" ++dataset_conf.num_workers=0
+  else
+    "${cmvn[@]}" "++dataset_conf.num_workers=$nj"
+  fi
+  log "$st" "made $dir/cmvn.json ($bins-dim fbank)"
+}
+
 make_shards() {  # make_shards STAGE UTTS_PER_SHARD SHUFFLE DIR...: DIR/data.jsonl -> DIR/shards/ (pack-shards)
-  # --nj N jobs (logs in DIR/log/pack.J.log) joined by merge-jobs; one job packs with N processes.
   local st=$1 per_shard=$2 shuffle=$3 dir
   shift 3
   for dir in "$@"; do
     local pack=(corpus-io pack-shards "++input=$dir/data.jsonl" "++output_dir=$dir/shards"
                 "++num_utts_per_shard=$per_shard" "++shuffle=$shuffle")
-    if [ "$nj" -gt 1 ] || [ "${cmd:-local}" = slurm ]; then
-      # local: one packing process per job; slurm: every CPU of the task (0: the cores it may use)
+    if as_jobs; then
       "${job_cmd[@]}" "JOB=1:$nj" "$dir/log/pack.JOB.log" --merge "$dir/shards" -- \
-        "${pack[@]}" "++num_workers=$([ "${cmd:-local}" = slurm ] && echo 0 || echo 1)"
+        "${pack[@]}" "++num_workers=$(job_workers)"
     else
       "${pack[@]}" "++num_workers=$nj"
     fi
