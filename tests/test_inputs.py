@@ -218,15 +218,15 @@ def test_make_tokenizer_stats_and_the_raw_loader_read_the_other_kinds(tmp_path, 
         result = run_cli("corpus-io", "stats", f"++input={given}", "++data_type=raw", f"++output={tmp_path}/s.png")
         assert result.returncode == 0, result.stderr
         assert re.search(rf"^utterances +{count}$", result.stdout, re.M), result.stdout
-    # the raw loader: a NeMo manifest and an uncompressed CutSet are read line by line
+    # the raw loader: a NeMo manifest and an uncompressed CutSet are read line by line, a gzipped one through
+    # its one-pass temporary jsonl
     (tmp_path / "n").mkdir()
     nemo = nemo_manifest(tmp_path / "n")
     assert RawList(nemo).record(4)["start"] == 0.5
     plain = tmp_path / "cuts.jsonl"
     plain.write_bytes(gzip.decompress(cuts_path.read_bytes()))
-    assert RawList(plain).record(0)["key"] == cuts[0].id
-    with pytest.raises(DataError, match="make-datalist"):
-        RawList(cuts_path)
+    assert RawList(plain).record(0)["key"] == cuts[0].id == RawList(cuts_path).record(0)["key"]
+    assert RawList(plain).lines == str(plain) and RawList(cuts_path).lines != str(cuts_path)
 
 
 def test_exported_cutset_loads_in_lhotse_and_reads_back_the_same(tmp_path, fixture_corpus):
