@@ -39,4 +39,12 @@ def run_on_dask(command: str, overrides: list[str], cfg: Any) -> Any:
         futures = [client.submit(run_job, command, kept, j, num_jobs, pure=False, retries=2)
                    for j in range(1, num_jobs + 1)]
         client.gather(futures)
-    return merge_jobs(SimpleNamespace(path=getattr(cfg, MERGE_PATH[command]), what=None, check="size"))
+    # what=: the tag of these jobs' part records, so another command's parts beside P (verify-shards and add-field
+    # both keep theirs beside the data.list) are left alone instead of refusing a merge this command cannot steer
+    return merge_jobs(SimpleNamespace(path=getattr(cfg, MERGE_PATH[command]), what=part_tag(command, cfg),
+                                      check="size"))
+
+
+def part_tag(command: str, cfg: Any) -> str:
+    """The tag of ``command``'s part records (jobs.Place): the command, add-field's with its field."""
+    return f"add-field-{cfg.field}" if command == "add-field" else command

@@ -17,7 +17,7 @@ EXTRA_OF_MODULE = {
     "aiohttp": ("http", "http(s):// URLs"),
     "matplotlib": ("plots", "the stats PNG histogram"),
     "duckdb": ("explore", "corpus-io explore (its catalog engine)"),
-    "distributed": ("dask", "++executor=dask"),
+    "distributed": ("dask", "executor=dask"),
 }
 
 # fsspec reports a missing backend in its own words, without the module name

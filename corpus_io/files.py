@@ -373,5 +373,5 @@ def state_dir(url: str) -> Path:
     parts = [p for p in rest.split("/") if p]
     if not parts or any(p in (".", "..") for p in parts):
         raise DataError(f"{url} is not an object URL of the form {scheme}://bucket/prefix. Give the bucket and a "
-                        f"prefix, e.g. ++output_dir={scheme}://my-bucket/corpus/train.")
+                        f"prefix, e.g. {scheme}://my-bucket/corpus/train.")
     return Path(base, scheme, *parts).resolve()

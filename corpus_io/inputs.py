@@ -517,7 +517,7 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> Input:
         driver, recordings = data_dir / "wav.scp", None
     if not driver.is_file():
         raise DataError(f"{data_dir} has no {driver.name}. For audio a Kaldi dir needs wav.scp + text; "
-                        f"for ++feats=true it needs feats.scp + text.")
+                        f"for pack-shards ++feats=true it needs feats.scp + text.")
     if segments.is_file() and not feats and recordings is None:
         raise DataError(f"{data_dir} has 'segments' but no wav.scp for its recordings.")
     path = str(driver)
@@ -568,7 +568,7 @@ def detect(path: str) -> str:
                         f"Lhotse *recordings* + *supervisions* manifests.")
     if not p.is_file():
         raise DataError(f"input {path} does not exist. Pass a FunASR jsonl (scp2jsonl), a WeNet raw data.list, a "
-                        f"Kaldi data dir, a NeMo manifest or a Lhotse manifest (.jsonl / .jsonl.gz): ++input=...")
+                        f"Kaldi data dir, a NeMo manifest or a Lhotse manifest (.jsonl / .jsonl.gz).")
     obj = _first_object(str(p))
     if obj is None:  # empty, or not JSON: read as a jsonl, whose reader names the empty file or the bad line
         return "funasr"
@@ -581,7 +581,8 @@ def open_input(path: str | os.PathLike, *, feats: bool = False) -> Input:
     path = str(path)
     kind = detect(path)
     if feats and kind != "kaldi":
-        raise ConfigError(f"++feats=true needs a Kaldi data dir with feats.scp + text; {path} is a {kind} input.")
+        raise ConfigError(f"pack-shards ++feats=true needs a Kaldi data dir with feats.scp + text; {path} is a "
+                          f"{kind} input.")
     if kind == "kaldi":
         return _kaldi_input(Path(path), feats=feats)
     if kind == "lhotse-recordings+supervisions":

@@ -350,7 +350,8 @@ def check_regular_file(path: str) -> None:
             else "a socket" if stat.S_ISSOCK(mode) else "a device")
     raise DataError(f"{path} is {kind}, not a regular file; corpus-io reads data only from regular files or URLs "
                     f"(a FIFO would block forever and a device such as /dev/zero never ends). Point the entry at "
-                    f"a file, or use a pipe:/'cmd |' entry with ++allow_pipe=true for a stream you trust.")
+                    f"a file, or, for a stream you trust, use a pipe:/'cmd |' entry (scp2jsonl and pack-shards: "
+                    f"++allow_pipe=true; the loader: ++dataset_conf.allow_pipe=true).")
 
 
 def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
@@ -361,9 +362,9 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
     """
     if is_command(url):
         if not allow_pipe:
-            raise DataError(f"'{url}' is a command. Commands from data lists are off by default; "
-                            f"enable them with ++allow_pipe=true (or ++dataset_conf.allow_pipe=true) "
-                            f"if you trust the list.")
+            raise DataError(f"'{url}' is a command. Commands from data lists are off by default; if you trust "
+                            f"the list, enable them (scp2jsonl and pack-shards: ++allow_pipe=true; the loader: "
+                            f"++dataset_conf.allow_pipe=true; other commands read only files and URLs).")
         timeout = float((storage_options or {}).get(PIPE_TIMEOUT_KEY) or DEFAULT_PIPE_TIMEOUT)
         return io.BufferedReader(CommandStream(url, timeout, pipe_timeout_key(storage_options)),
                                  buffer_size=block_size)

@@ -1,6 +1,7 @@
 """Ranges are real: every numeric and list key of every command has a declared range, its minimum and maximum
 are accepted and one step outside is a one-line ConfigError naming the key; the loader runs at both ends of
-every ``dataset_conf`` range (a batch, or a one-paragraph error naming a key, never a traceback)."""
+every ``dataset_conf`` range and gives a batch (an end that rightly keeps nothing is listed, with what it drops),
+and refuses one step outside with a one-line ConfigError naming the key."""
 
 from __future__ import annotations
 
@@ -118,16 +119,58 @@ def _owner(obj, key: str):
 #: dataset_conf keys not run at their maximum here, with the reason (their range is still checked above)
 NOT_RUN_AT_MAX = {
     "num_workers": "256 worker processes on a 2-core CI machine",
-    "resample_rate": "384 kHz fbank of the whole corpus is slow; the minimum runs",
-    "seed": "any seed is a seed",
-    "epoch_hours": "an epoch of 10^9 hours repeats the list for ever (by design); the minimum runs",
-    "max_member_bytes": "a limit, not an allocation: the minimum runs",
-    "batch_timeout": "a bound on a wait: the minimum runs",
-    "read_timeout": "a bound on a wait (local files never wait): the minimum runs",
+    "epoch_hours": "an epoch of 10^9 hours repeats the list for ever (by design; seconds to reach 4 batches): the "
+                   "minimum runs",
 }
+#: the filter bounds that come in pairs: a bound past its partner is a ConfigError naming both (build_dataloader)
+PAIRS = {"min_length": "max_length", "token_min_length": "token_max_length",
+         "min_output_input_ratio": "max_output_input_ratio"}
+PAIRS.update({hi: lo for lo, hi in list(PAIRS.items())})
+#: the ends where the loader rightly yields no batch: every utterance of the fixture is dropped, under this count
+DROPS_ALL = {
+    ("filter_conf.max_length", 1): "filter.too_long",  # every utterance is longer than 10 ms
+    ("filter_conf.min_length", 10 ** 9): "filter.too_short",
+    ("filter_conf.token_max_length", 1): "filter.too_many_tokens",  # every transcript has 2 tokens or more
+    ("filter_conf.token_min_length", 10 ** 9): "filter.too_few_tokens",
+    ("filter_conf.min_output_input_ratio", 10.0 ** 9): "filter.ratio_too_low",
+    ("filter_conf.max_output_input_ratio", 1e-06): "filter.ratio_too_high",
+}
+#: the ends where reading rightly fails: a one-paragraph user error naming the key
+REFUSES = {("max_member_bytes", 1): "++dataset_conf.max_member_bytes"}  # every tar member is over a 1-byte cap
 
 
-def _loader_cases() -> list[tuple[str, object]]:
+def _loader_settings(key: str, value) -> dict:
+    """What ``key=value`` needs besides: its stage on, and the keys tied to it consistent with it (the loader
+    refuses, naming both, a min above its max, num_ceps above num_mel_bins or an mfcc band outside Nyquist)."""
+    leaf = key.rsplit(".", 1)[-1]
+    settings = {}
+    if key.startswith("mfcc_conf."):
+        settings["feats_type"] = "mfcc"
+    if leaf in PAIRS:  # the partner moves with the bound: min <= max
+        partner, low = f"filter_conf.{PAIRS[leaf]}", leaf.startswith("min") or leaf.startswith("token_min")
+        settings[partner] = 10 ** 9 if low else 0
+    if leaf == "frame_shift" and value >= 1000:  # 1-3 frames an utterance, fewer than its tokens: CTC's ratio
+        settings["filter_conf.max_output_input_ratio"] = 10 ** 9  # filter would drop all; features are the point
+    if key == "mfcc_conf.num_mel_bins":
+        settings["mfcc_conf.num_ceps"] = min(value, 40)
+    if key == "mfcc_conf.num_ceps":
+        settings["mfcc_conf.num_mel_bins"] = max(value, 40)
+    if key in ("mfcc_conf.high_freq", "mfcc_conf.low_freq"):
+        settings["resample_conf.resample_rate"] = 384000  # Nyquist 192 kHz: the widest band the ranges allow
+        settings["mfcc_conf.low_freq" if key.endswith("high_freq") else "mfcc_conf.high_freq"] = 0.0
+    if leaf == "max_batch_size":
+        settings.update(batch_type="token", batch_size=10 ** 8)  # the cap is what binds
+    if leaf == "num_buckets":
+        settings["bucketing"] = True
+    if leaf == "prefetch":
+        settings["num_workers"] = 1
+    if leaf == "max_member_bytes":
+        settings["data_type"] = "shard"  # a raw list reads no tar member
+    return settings
+
+
+def _loader_cases() -> list[tuple[str, object, bool]]:
+    """``(dataset_conf key, value, inside its range)``: both ends, and one step outside each."""
     cases = []
     for _, _, key, f in NUMERIC:
         if not key.startswith("dataset_conf."):
@@ -136,11 +179,12 @@ def _loader_cases() -> list[tuple[str, object]]:
         hint = _hint(DatasetConf, rel)
         is_list = typing.get_origin(hint) in (list, typing.List)
         is_int = hint is int or int in typing.get_args(hint)
-        inside, _ = _ends(f, is_int)
+        inside, outside = _ends(f, is_int)
         for i, value in enumerate(inside):
             if i == 1 and rel.rsplit(".", 1)[-1] in NOT_RUN_AT_MAX:
                 continue
-            cases.append((rel, [value] if is_list else value))
+            cases.append((rel, [value] if is_list else value, True))
+        cases += [(rel, [value] if is_list else value, False) for value in outside]
     return cases
 
 
@@ -149,33 +193,59 @@ LOADER_CASES = _loader_cases()
 
 @pytest.fixture(scope="module")
 def loader_inputs(tmp_path_factory):
-    from tests.loader_data import make_raw, token_list
+    """Three utterances of the fixture corpus (8 and 16 kHz, wav and flac): a raw list and one shard."""
+    from tests.loader_data import fixture_utts, make_raw, make_shards, token_list
 
     root = tmp_path_factory.mktemp("ranges")
     raw, _ = make_raw(root)
     head = root / "head.list"
     head.write_text("".join(raw.read_text(encoding="utf-8").splitlines(keepends=True)[:3]), encoding="utf-8")
-    return head, token_list(root)
+    shards, _ = make_shards(root / "shards", utts=fixture_utts()[:3], per_shard=3)
+    return {"raw": head, "shard": shards}, token_list(root)
 
 
-@pytest.mark.parametrize("key, value", LOADER_CASES, ids=[f"{k}={v}" for k, v in LOADER_CASES])
-def test_the_loader_runs_at_each_end_of_every_dataset_conf_range(loader_inputs, key, value):
-    """Train mode with every augmentation on, so each key is used: a batch, or a user error naming a key."""
+@pytest.mark.parametrize("key, value, inside", LOADER_CASES,
+                         ids=[f"{k}={v}{'' if i else '-outside'}" for k, v, i in LOADER_CASES])
+def test_the_loader_runs_at_each_end_of_every_dataset_conf_range(loader_inputs, key, value, inside):
+    """Train mode with every augmentation on, so each key is used: a batch at each end (or, where the end rightly
+    keeps nothing, no batch and every utterance counted as dropped), and one step outside a one-line ConfigError
+    naming the key, before anything is read."""
+    import torch
+
     from corpus_io.dataset import build_dataloader
+    from corpus_io.errors import ConfigError
     from corpus_io.tokenizer import build_tokenizer
 
-    head, tokens = loader_inputs
+    lists, tokens = loader_inputs
     conf = DatasetConf(data_type="raw", num_workers=0, speed_perturb=True, spec_aug=True, spec_sub=True,
                        spec_trim=True, batch_size=2)
     conf.filter_conf.token_min_length = 0
+    for other, setting in (_loader_settings(key, value) if inside else {}).items():
+        _set(conf, other, setting)
     _set(conf, key, value)
-    if key == "num_workers" or key == "prefetch":
-        conf.num_workers = min(conf.num_workers, 1)
-    try:
-        batches = list(itertools.islice(build_dataloader(str(head), conf, build_tokenizer(tokens), train=True, rank=0,
-                                                         world_size=1), 4))
-    except CorpusIOError as exc:
-        assert "dataset_conf." in str(exc) or key.rsplit(".", 1)[-1] in str(exc), exc
+
+    def load():
+        loader = build_dataloader(str(lists[conf.data_type]), conf, build_tokenizer(tokens), train=True, rank=0,
+                                  world_size=1)
+        return list(itertools.islice(loader, 4)), loader.counts()
+
+    if not inside:
+        with pytest.raises(ConfigError) as err:
+            load()
+        message = str(err.value)
+        assert f"dataset_conf.{key}" in message and "\n" not in message, message
         return
+    leaf_value = (key, value[0] if isinstance(value, list) else value)
+    if leaf_value in REFUSES:
+        with pytest.raises(CorpusIOError) as err:
+            load()
+        assert REFUSES[leaf_value] in str(err.value) and "\n" not in str(err.value), err.value
+        return
+    batches, counts = load()
+    if leaf_value in DROPS_ALL:
+        assert batches == [] and counts == {DROPS_ALL[leaf_value]: 3}, (batches, counts)
+        return
+    assert batches, f"no batch at dataset_conf.{key}={value} (counts: {counts})"
     for batch in batches:
-        assert batch["feats"].shape[0] == len(batch["keys"])
+        assert batch["feats"].shape[0] == len(batch["keys"]) > 0
+        assert bool(torch.isfinite(batch["feats"]).all()), f"non-finite features at dataset_conf.{key}={value}"

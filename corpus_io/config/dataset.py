@@ -54,7 +54,7 @@ class MfccConf:
     frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="[1, 1000]")
     dither: float = opt(0.0, "dither added before the FFT", range="[0, inf)")
     high_freq: float = opt(-200.0, "high cutoff (<= 0: offset from Nyquist); low_freq < high cutoff <= Nyquist",
-                           unit="Hz", range="[-192000, 192000]")
+                           unit="Hz", range="(-192000, 192000]")  # -192000: no band even at 384 kHz
     low_freq: float = opt(20.0, "low cutoff, below the high cutoff", unit="Hz", range="[0, 192000)")
 
 

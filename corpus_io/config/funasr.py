@@ -188,9 +188,14 @@ def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
 def funasr_group_overrides(overrides: list[str], groups: dict[str, list[str]]) -> list[str]:
     """FunASR's ``++model=<hub name or dir>`` (and ``+model=``) before Hydra, which refuses a string for a config
     group: a preset name of ours is selected (``model=conformer_small``), anything else (a FunASR model) is
-    dropped with one warning. ``groups``: each config group's preset names."""
+    dropped with one warning, which also says the lists are read as FunASR's JSONL (``dataset_conf.data_type=raw``)
+    unless the line names a dataset class or a data_type itself. ``groups``: each config group's preset names."""
     kept = []
     user_type = any(o.lstrip("+").startswith(("dataset_conf.data_type=", "dataset_conf=")) for o in overrides)
+    # FunASR's train_ds.py indexes its data lists as JSONL (IndexDSJsonl) whatever the dataset class, which a
+    # line may name (++dataset=AudioDataset, paraformer) or leave to the model's config (SenseVoice's finetune.sh):
+    # a FunASR model on the command line reads its lists as raw unless a dataset override or the user says
+    named_dataset = any(o.lstrip("+").partition("=")[0] == "dataset" for o in overrides)
     for item in overrides:
         key, eq, value = item.lstrip("+").partition("=")
         value = value.strip().strip("\"'")
@@ -204,8 +209,13 @@ def funasr_group_overrides(overrides: list[str], groups: dict[str, list[str]]) -
         if value in groups[key]:
             kept.append(f"{key}={value}")
             continue
+        jsonl = key == "model" and not user_type and not named_dataset
+        if jsonl:
+            kept.append("++dataset_conf.data_type=raw")
+            user_type = True  # once
         _warn(f"FunASR key '{key}={value}' names a model corpus-io does not build; training uses the {key} group "
-              f"({', '.join(groups[key])}; select one with {key}=NAME).")
+              f"({', '.join(groups[key])}; select one with {key}=NAME)"
+              + (", and reads the data lists as FunASR's JSONL (dataset_conf.data_type=raw)." if jsonl else "."))
     return kept
 
 

@@ -63,13 +63,13 @@ def read_datalist(path: str | os.PathLike) -> list[str]:
     entries = [line.strip() for line in text.splitlines() if line.strip()]
     if entries and entries[0].startswith("{"):
         raise DataError(f"{path} holds JSON lines (a raw list or a FunASR jsonl), not shard paths. Read it as a raw "
-                        f"list (++dataset_conf.data_type=raw; make-datalist: ++data_type=raw), or pack it into "
-                        f"shards with pack-shards first.")
+                        f"list (the loader: ++dataset_conf.data_type=raw; make-datalist and stats: ++data_type=raw), "
+                        f"or pack it into shards with pack-shards first.")
     jsonl = next((e for e in entries if e.endswith((".jsonl", ".json", ".jsonl.gz"))), None)
     if jsonl is not None:
         raise DataError(f"{path} lists JSONL files ('{jsonl}'), as FunASR's multi-file data list does, not shards. "
-                        f"Read it as a raw list (++dataset_conf.data_type=raw), or pack the JSONL into shards with "
-                        f"pack-shards first.")
+                        f"Read it as a raw list (the loader: ++dataset_conf.data_type=raw; stats: ++data_type=raw), "
+                        f"or pack the JSONL into shards with pack-shards first.")
     return entries
 
 

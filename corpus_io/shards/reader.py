@@ -225,8 +225,9 @@ def iter_tar_members(fileobj: IO[bytes], *, url: str, max_member_bytes: int = DE
             continue
         if size < 0 or size > max_member_bytes:
             raise DataError(f"{url}: member '{name}' is {size} bytes, over the cap max_member_bytes="
-                            f"{max_member_bytes}; it is rejected, not buffered. Raise "
-                            f"++dataset_conf.max_member_bytes if the member is legitimate.")
+                            f"{max_member_bytes}; it is rejected, not buffered. If the member is legitimate, raise "
+                            f"the cap (the loader: ++dataset_conf.max_member_bytes; verify-shards and stats read "
+                            f"with the default cap).")
         data = _read_exact(fileobj, size)
         if len(data) < size:
             raise DataError(f"{url}: truncated shard: member '{name}' needs {size} bytes but the stream "

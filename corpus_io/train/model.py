@@ -136,7 +136,8 @@ def build_model(model_conf: dict, input_dim: int, vocab_size: int, cmvn_file: st
 
     if not model_conf or "_target_" not in model_conf:
         raise ConfigError("config key 'model' needs a '_target_' (e.g. corpus_io.train.model.ConformerCTC). "
-                          "Pick a preset with model=conformer_tiny or set ++model._target_=pkg.Class.")
+                          "Pick a preset with corpus-io train model=conformer_tiny or set ++model._target_=pkg.Class "
+                          "(decode and tune-lm read the model block saved in the checkpoint).")
     conf = {k: v for k, v in model_conf.items() if k not in ("input_dim", "vocab_size", "cmvn_file")}
     try:
         model = instantiate(conf, input_dim=input_dim, vocab_size=vocab_size, cmvn_file=cmvn_file,

@@ -54,8 +54,9 @@ def test_funasr_script_lines_compose_unchanged_each_mapped_or_warned_once(name, 
     cfg = compose(TrainConfig, "train", args)
     warnings = capfd.readouterr().err.splitlines()
     assert cfg.dataset_conf.batch_type == "token"
-    if "++dataset=\"AudioDataset\"" in SCRIPTS[name]:
-        assert cfg.dataset_conf.data_type == "raw"  # FunASR's JSONL dataset is our raw list
+    # FunASR's lists are JSONL (IndexDSJsonl), our raw list: named by ++dataset=AudioDataset (paraformer) or, with no
+    # dataset line (SenseVoice: the model's config names it), implied by the FunASR model
+    assert cfg.dataset_conf.data_type == "raw"
     if "frontend_conf.cmvn_file" in SCRIPTS[name]:
         assert cfg.cmvn_file == str(tmp_path / "model" / "am.mvn")
     ours = {"train_data_set_list", "valid_data_set_list", "output_dir"}
@@ -85,13 +86,28 @@ def test_an_unknown_funasr_dataset_class_is_an_error_with_a_funasr_hint(tmp_path
         compose(TrainConfig, "train", [f"++output_dir={tmp_path}", "++train_data_set_list=x", "++dataset=MyDataset"])
 
 
-def test_paraformer_finetune_lines_run_corpus_io_train_unchanged(corpus, tmp_path):
-    """The script's lines verbatim, then the few a user adds for a CPU smoke run (ours win: they come last)."""
-    args = _expand(PARAFORMER_FINETUNE, _values(tmp_path, corpus["raw"]))
+def _train_verbatim(script: str, tmp_path, corpus) -> str:
+    """``corpus-io train`` with the script's lines verbatim, then the few a user adds for a CPU smoke run (ours win:
+    they come last; each only makes the run small: our token list, no workers, one epoch of two steps, smaller
+    batches, no cv pass); returns stderr after checking the run finished with a model."""
+    args = _expand(script, _values(tmp_path, corpus["raw"]))
     result = run_cli("corpus-io", "train", *args, f"++tokenizer.token_list={corpus['tokens']}",
                      "++dataset_conf.num_workers=0", "++train_conf.max_epoch=1", "++train_conf.max_steps_per_epoch=2",
                      "++dataset_conf.batch_size=1500", "++valid_data_set_list=null",
                      timeout=240, env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-4000:]
+    assert "epoch 0 done (max_steps_per_epoch): 2 steps" in result.stderr  # it trained, on the JSONL
     assert (tmp_path / "outputs" / "model.pt").is_file()
-    assert "FunASR key 'dataset=AudioDataset' is read as dataset_conf.data_type=raw" in result.stderr
+    return result.stderr
+
+
+def test_paraformer_finetune_lines_run_corpus_io_train_unchanged(corpus, tmp_path):
+    stderr = _train_verbatim(PARAFORMER_FINETUNE, tmp_path, corpus)
+    assert "FunASR key 'dataset=AudioDataset' is read as dataset_conf.data_type=raw" in stderr
+
+
+def test_sensevoice_finetune_lines_run_corpus_io_train_unchanged(corpus, tmp_path):
+    """SenseVoice's lines name no dataset class: the FunASR JSONL they point at is still read as one."""
+    stderr = _train_verbatim(SENSEVOICE_FINETUNE, tmp_path, corpus)
+    assert "reads the data lists as FunASR's JSONL (dataset_conf.data_type=raw)" in stderr
+    assert "FunASR key 'trust_remote_code' has no effect" in stderr
