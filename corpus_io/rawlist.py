@@ -87,6 +87,10 @@ def jsonl_paths_of(path: str) -> list[str] | None:
     return files
 
 
+#: the field of a converted list's line that says where its record came from (``file:line`` of the input)
+ORIGIN = "__where__"
+
+
 def _needs_conversion(path: str) -> bool:
     return os.path.isdir(path) or path.endswith(".gz") or detect(path) in ("kaldi", "lhotse-recordings+supervisions")
 
@@ -109,7 +113,8 @@ def _as_jsonl(path: str, owner: object) -> str:
                     raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the input, or "
                                     f"write a raw list with corpus-io make-datalist ++data_type=raw ++input={path} "
                                     f"++output=data.list, which drops and counts such utterances.")
-                out.write(json.dumps({k: v for k, v in rec.items() if k != "where"}, ensure_ascii=False) + "\n")
+                out.write(json.dumps({k: v for k, v in rec.items() if k != "where"} | {ORIGIN: rec.get("where")},
+                                     ensure_ascii=False) + "\n")
     except BaseException:
         _remove_jsonl(tmp)
         raise
@@ -232,9 +237,21 @@ class RawList:
             return f.read(offset).count(b"\n") + 1
 
     def where(self, i: int) -> str:
-        """``file:line`` of entry ``i`` (a read up to the line: for error messages only)."""
+        """``file:line`` of entry ``i`` (a read up to the line: for error messages only); for a converted input
+        (a Kaldi dir, a .gz, a Lhotse pair) the place in that input, never the temporary jsonl."""
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return f"{self.files[k]}:{self._lineno(self.files[k], int(self._offsets[k][i - int(self._starts[k])]))}"
+        off = int(self._offsets[k][i - int(self._starts[k])])
+        if self.lines != self.path:
+            return self._origin(self.files[k], off)
+        return f"{self.files[k]}:{self._lineno(self.files[k], off)}"
+
+    def _origin(self, path: str, offset: int) -> str:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            try:
+                return str(json.loads(f.readline())[ORIGIN])
+            except (ValueError, KeyError, TypeError):
+                return f"{self.path} (entry at byte {offset} of {path})"
 
     def record(self, i: int) -> dict:
         """The canonical (FunASR names) record of entry ``i``."""
@@ -249,6 +266,7 @@ class RawList:
         # the line number costs a read up to the line: found only on error
         rec = parse_json_object(raw, lambda: f"{path}:{self._lineno(path, off)}",
                                 "Each line must be one JSON object with key and wav/source.")
+        rec.pop(ORIGIN, None)
         try:
             out = record_of_line(rec, "", os.path.dirname(os.path.abspath(path)))
             if isinstance(out, Skip):
@@ -256,7 +274,7 @@ class RawList:
                                 f"++data_type=raw write the list (it skips and counts such lines).")
             return out
         except DataError as exc:  # the line number costs a read up to the line: only on error
-            raise DataError(f"{path}:{self._lineno(path, off)}{exc}") from None
+            raise DataError(f"{self.where(i)}{exc}") from None
 
     def sample(self, i: int, *, storage_options: dict | None = None, allow_pipe: bool = False) -> dict:
         """Entry ``i`` as a pipeline sample (key, audio bytes, audio_format, txt, meta, start/end)."""

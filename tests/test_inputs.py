@@ -338,6 +338,19 @@ def test_compute_cmvn_reads_a_nemo_manifest_and_a_kaldi_dir(tmp_path, fixture_co
     assert sorted(os.listdir(fixture_corpus)) == before  # nothing written beside the Kaldi dir
 
 
+def test_a_bad_entry_of_a_kaldi_dir_read_by_the_raw_loader_is_named_by_its_line_in_the_dir(tmp_path):
+    utts = fixture_utts()
+    (tmp_path / "wav.scp").write_text("".join(f"{k} {'/missing/x.wav' if i == 4 else p}\n"
+                                              for i, (k, p, _) in enumerate(utts)))
+    (tmp_path / "text").write_text("".join(f"{k} {t}\n" for k, _, t in utts), encoding="utf-8")
+    loader = build_dataloader(str(tmp_path), small_conf(data_type="raw", num_workers=0, feats_type="raw",
+                                                        shuffle=False), None, train=False, rank=0, world_size=1)
+    loader.set_epoch(0)
+    with pytest.raises(DataError, match=rf"{re.escape(str(tmp_path / 'wav.scp'))}:5: key '{utts[4][0]}'") as err:
+        list(loader)
+    assert "corpus-io-raw" not in str(err.value)  # never the temporary jsonl
+
+
 def test_the_raw_loader_reads_a_kaldi_dir_and_a_gzipped_cutset_with_each_key_once_over_workers(tmp_path,
                                                                                                fixture_corpus):
     before = sorted(os.listdir(fixture_corpus))
