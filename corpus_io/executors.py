@@ -42,7 +42,7 @@ def run_on_dask(command: str, overrides: list[str], cfg: Any) -> Any:
     # what=: the tag of these jobs' part records, so another command's parts beside P (verify-shards and add-field
     # both keep theirs beside the data.list) are left alone instead of refusing a merge this command cannot steer
     return merge_jobs(SimpleNamespace(path=getattr(cfg, MERGE_PATH[command]), what=part_tag(command, cfg),
-                                      check="size"))
+                                      check="size", storage_options=getattr(cfg, "storage_options", None)))
 
 
 def part_tag(command: str, cfg: Any) -> str:

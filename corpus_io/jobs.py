@@ -35,7 +35,7 @@ import json
 import os
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -231,6 +231,7 @@ class Place:
     path: str  # P
     tag: str  # the command (add-field: add-field-<field>)
     is_dir: bool  # P is a directory (pack-shards' output_dir): records inside it
+    storage_options: dict | None = field(default=None, compare=False, hash=False)  # an s3:// P's (merge-jobs)
 
     @property
     def directory(self) -> Path:
@@ -491,9 +492,10 @@ OBJECT_RECORDS = "corpus_io.shards.pack:fetch_part_records"
 
 def merge_jobs(cfg: Any) -> Any:
     """``corpus-io merge-jobs ++path=P``: check the parts of P, then join them (see the module docstring)."""
+    storage_options = dict(getattr(cfg, "storage_options", None) or {})
     if is_object_url(str(cfg.path)):
-        _function(OBJECT_RECORDS)(str(cfg.path))
-    place = find_place(str(cfg.path), getattr(cfg, "what", None) or None)
+        _function(OBJECT_RECORDS)(str(cfg.path), storage_options)
+    place = replace(find_place(str(cfg.path), getattr(cfg, "what", None) or None), storage_options=storage_options)
     records = place.records()
     command = read_part(records[0]).command
     if command not in JOB_COMMANDS:

@@ -148,6 +148,8 @@ class MergeJobsConfig:
                                     "add-field-fbank)")
     check: str = opt("size", "how the parts' outputs are checked before merging: size (fast), or sha256 (reads "
                              "every output)", choices=("size", "sha256"))
+    storage_options: Dict[str, Any] = opt(help="fsspec options for an s3:// path (endpoint_url, key, secret), as the "
+                                               "jobs' storage_options; else the AWS environment", factory=dict)
 
 
 @schema

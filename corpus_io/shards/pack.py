@@ -591,7 +591,7 @@ def pack_shards(cfg: Any) -> Summary:
     if not job.single or place.records():
         fp = _fingerprint(cfg, opts, inp)
         done = begin(place, job, fp)
-        if done is not None and url and _absent_object(url, [done]):
+        if done is not None and url and _absent_object(url, [done], opts.storage_options):
             done = None  # an object went missing since: the job runs again and sends only what is not there
         if done is not None:
             if url:  # a record written just before a kill may never have reached the bucket
@@ -684,10 +684,10 @@ def fetch_part_records(url: str, storage_options: dict | None = None) -> None:
                 f.write(data)
 
 
-def _absent_object(url: str, parts: list[Part]) -> tuple[Part, str] | None:
+def _absent_object(url: str, parts: list[Part], storage_options: dict | None = None) -> tuple[Part, str] | None:
     """Object storage: the first part with a shard that is not an object of the size its record says, and why
     (one listing of ``url``); the local sidecars that a part records do not prove the objects are there."""
-    sizes = objects.object_sizes(url)
+    sizes = objects.object_sizes(url, storage_options)
     for part in parts:
         for group in part.payload()["groups"]:
             for entry in group["entries"]:
@@ -698,9 +698,9 @@ def _absent_object(url: str, parts: list[Part]) -> tuple[Part, str] | None:
     return None
 
 
-def _refuse_absent_objects(url: str, parts: list[Part]) -> None:
+def _refuse_absent_objects(url: str, parts: list[Part], storage_options: dict) -> None:
     """merge-jobs into object storage: every shard is checked before anything is written."""
-    absent = _absent_object(url, parts)
+    absent = _absent_object(url, parts, storage_options)
     if absent:
         part, why = absent
         raise DataError(f"part {part.where}: {why}. Nothing was changed. Rerun job {part.job_index} "
@@ -718,8 +718,9 @@ def merge_parts(place: Place, parts: list[Part]) -> Summary:
     one part's entries in memory at a time)."""
     out_dir = Path(place.path).resolve()
     first = parts[0].payload()
+    options = place.storage_options or {}
     if first.get("url"):
-        _refuse_absent_objects(first["url"], parts)
+        _refuse_absent_objects(first["url"], parts, options)
     summary = merged_summary(parts)
     for g, sub in enumerate(group["dir"] for group in first["groups"]):
         url = first.get("url") or ""  # object storage: entries name the objects, the list is sent there
@@ -727,7 +728,7 @@ def merge_parts(place: Place, parts: list[Part]) -> Summary:
                    for e in part.payload()["groups"][g]["entries"])
         _write_list(out_dir / sub, first["prefix"], _withdraw_list(out_dir / sub / "data.list"), entries, summary,
                     repeated_keys=0,  # load_parts refused any key held twice
-                    url=objects.join(url, sub) if url else "")  # credentials: the AWS environment
+                    url=objects.join(url, sub) if url else "", storage_options=options)
     summary.extra["shards"] = sum(len(p.outputs) for p in parts)
     summary.print("pack-shards (merged)")
     return summary
