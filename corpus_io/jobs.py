@@ -247,11 +247,14 @@ class Place:
         """The job's own data file (for commands whose P is one file, e.g. scp2jsonl's jsonl slice)."""
         return self.directory / f"{self._prefix()}{job.name()}"
 
+    def is_record(self, name: str) -> bool:
+        """Whether the file name ``name`` is a part record of this tag."""
+        return re.fullmatch(re.escape(self._prefix()) + r"part-\d{6,}-of-\d{6,}\.json", name) is not None
+
     def records(self) -> list[Path]:
         """Every part record of this tag here, by name (so by N, then J)."""
-        pattern = re.compile(re.escape(self._prefix()) + r"part-\d{6,}-of-\d{6,}\.json")
         try:
-            names = sorted(e.name for e in os.scandir(self.directory) if pattern.fullmatch(e.name))
+            names = sorted(e.name for e in os.scandir(self.directory) if self.is_record(e.name))
         except FileNotFoundError:
             return []
         return [self.directory / n for n in names]

@@ -88,17 +88,3 @@ def object_sizes(url: str, storage_options: dict | None = None) -> dict[str, int
         raise _failed(url, "list", exc) from None
     scheme = url.split("://", 1)[0]
     return {f"{scheme}://{p}": int(info.get("size") or 0) for p, info in found.items()}
-
-
-def list_objects(url: str, storage_options: dict | None = None) -> list[str]:
-    """Every object under the prefix ``url`` (recursively), as URLs, sorted."""
-    fs, path = filesystem(url, storage_options, fresh=True)
-    fs.invalidate_cache()
-    try:
-        found = fs.find(path)
-    except FileNotFoundError:
-        return []
-    except Exception as exc:  # noqa: BLE001
-        raise _failed(url, "list", exc) from None
-    scheme = url.split("://", 1)[0]
-    return sorted(f"{scheme}://{p}" for p in found)

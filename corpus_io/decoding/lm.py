@@ -261,6 +261,25 @@ def make_lm(cfg: Any) -> dict:
 # --------------------------------------------------------------------------- ctc_beam_lm
 
 
+def room_for(table: Any, row: int) -> Any:
+    """``table`` (states along its first dimension, on the device), doubled (at least 64 rows) when ``row`` lies
+    past its end, so a fusion's per-state table grows in amortised O(1) as the search meets new states."""
+    import torch
+
+    if row < table.shape[0]:
+        return table
+    grown = torch.zeros((max(64, 2 * table.shape[0]), *table.shape[1:]), dtype=table.dtype, device=table.device)
+    grown[:table.shape[0]] = table
+    return grown
+
+
+def start_states(start: int, batch: int, beam: int, device: Any) -> Any:
+    """Every prefix of a new search in a fusion's start state: ``(batch, beam)`` state ids."""
+    import torch
+
+    return torch.full((batch, beam), start, dtype=torch.long, device=device)
+
+
 class LmFusion:
     """Shallow fusion of an ARPA n-gram into :func:`corpus_io.decoding.beam.ctc_prefix_beam_search`:
     each appended token earns ``lm_weight * ln p(token | previous tokens) + word_score``, and the final
@@ -317,25 +336,18 @@ class LmFusion:
         return row
 
     def _state(self, context: tuple) -> int:
-        import torch
-
         context = context[len(context) - self.arpa.order + 1:] if self.arpa.order > 1 else ()
         sid = self.state_of.get(context)
         if sid is None:
             sid = len(self.keys)
             self.keys.append(context)
             self.state_of[context] = sid
-            if sid >= self.table.shape[0]:
-                grown = torch.zeros((max(64, 2 * self.table.shape[0]), len(self.words)), device=self.device)
-                grown[:self.table.shape[0]] = self.table
-                self.table = grown
+            self.table = room_for(self.table, sid)
             self.table[sid] = (self._row(context) * math.log(10)).float().to(self.device)
         return sid
 
     def initial_state(self, batch: int, beam: int) -> Any:
-        import torch
-
-        return torch.full((batch, beam), self.start, dtype=torch.long, device=self.device)
+        return start_states(self.start, batch, beam, self.device)
 
     def bonus(self, state: Any, tokens: Any) -> Any:
         rows = self.table[state]  # (B, K, V)
@@ -422,16 +434,11 @@ class WordLmFusion:
         self.start = self._state(((BOS,), ""))
 
     def _state(self, key: tuple[tuple[str, ...], str]) -> int:
-        import torch
-
         sid = self.state_of.get(key)
         if sid is None:
             sid = self.state_of[key] = len(self.keys)
             self.keys.append(key)
-            if sid >= self.done.shape[0]:
-                grown = torch.zeros(max(64, 2 * self.done.shape[0]), device=self.device)
-                grown[:self.done.shape[0]] = self.done
-                self.done = grown
+            self.done = room_for(self.done, sid)
             context, word = key
             if word:
                 self.done[sid] = self.weight * math.log(10) * self.arpa.logprob(word, context) + self.word_score
@@ -452,9 +459,7 @@ class WordLmFusion:
         return nxt
 
     def initial_state(self, batch: int, beam: int) -> Any:
-        import torch
-
-        return torch.full((batch, beam), self.start, dtype=torch.long, device=self.device)
+        return start_states(self.start, batch, beam, self.device)
 
     def bonus(self, state: Any, tokens: Any) -> Any:
         import torch

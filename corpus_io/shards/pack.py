@@ -658,9 +658,6 @@ def _pack_job(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
     return summary
 
 
-_RECORD_NAME = re.compile(r"pack-shards\.part-\d{6,}-of-\d{6,}\.json")
-
-
 def _publish_record(record: Path, url: str, storage_options: dict) -> None:
     """A job's part record, sent beside its shards (after them), unless the bucket holds it already."""
     sha256 = file_sha256(record)
@@ -672,13 +669,13 @@ def _publish_record(record: Path, url: str, storage_options: dict) -> None:
 def fetch_part_records(url: str, storage_options: dict | None = None) -> None:
     """merge-jobs of an ``s3://`` output: the part records the jobs sent to the bucket, written into this
     machine's state dir (a job's own copy stays where it ran: jobs on machines that share no disk)."""
-    local = state_dir(url)
+    place = Place(str(state_dir(url)), "pack-shards", True)
     for obj in sorted(objects.object_sizes(url, storage_options)):
         name = obj.rsplit("/", 1)[1]
-        if obj != objects.join(url, name) or not _RECORD_NAME.fullmatch(name):  # this prefix's records only
+        if obj != objects.join(url, name) or not place.is_record(name):  # this prefix's records only
             continue
-        data = objects.get_object(objects.join(url, name), storage_options)
-        target = local / name
+        data = objects.get_object(obj, storage_options)
+        target = place.directory / name
         if not target.is_file() or target.read_bytes() != data:
             with atomic_write(target, "wb") as f:
                 f.write(data)
