@@ -102,21 +102,22 @@ def _as_jsonl(path: str, owner: object) -> str:
     import tempfile
     import weakref
 
-    from corpus_io.inputs import open_input
+    from corpus_io.inputs import iter_records
 
-    inp = open_input(path)
+    def refuse(rec: Skip) -> None:
+        raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason}. Fix the input, or write a raw list with "
+                        f"corpus-io make-datalist ++data_type=raw ++input={path} ++output=data.list, which drops "
+                        f"and counts such utterances.")
+
+    records = iter_records(path, skip=refuse, check_duplicates=False)  # repeats: RawList.repeated_entries
     fd, tmp = tempfile.mkstemp(prefix="corpus-io-raw-", suffix=".jsonl")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
-            for rec in inp.records():
-                if isinstance(rec, Skip):
-                    raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the input, or "
-                                    f"write a raw list with corpus-io make-datalist ++data_type=raw ++input={path} "
-                                    f"++output=data.list, which drops and counts such utterances.")
+            for rec in records:
                 out.write(json.dumps({k: v for k, v in rec.items() if k != "where"} | {ORIGIN: rec.get("where")},
                                      ensure_ascii=False) + "\n")
     except BaseException:
-        _remove_jsonl(tmp)
+        _remove_jsonl(tmp, os.getpid())
         raise
     weakref.finalize(owner, _remove_jsonl, tmp, os.getpid())
     return tmp

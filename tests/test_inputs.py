@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 import lhotse  # noqa: F401 - a [dev] dependency: a broken install fails these tests, never skips them
@@ -352,7 +353,8 @@ def test_a_bad_entry_of_a_kaldi_dir_read_by_the_raw_loader_is_named_by_its_line_
 
 
 def test_the_raw_loader_reads_a_kaldi_dir_and_a_gzipped_cutset_with_each_key_once_over_workers(tmp_path,
-                                                                                               fixture_corpus):
+                                                                                               fixture_corpus,
+                                                                                               monkeypatch):
     before = sorted(os.listdir(fixture_corpus))
     cuts_path, cuts = lhotse_cuts(tmp_path)
     assert str(cuts_path).endswith(".gz")
@@ -370,8 +372,11 @@ def test_the_raw_loader_reads_a_kaldi_dir_and_a_gzipped_cutset_with_each_key_onc
         assert not os.path.exists(converted)  # the temporary jsonl goes with its list
     assert sorted(os.listdir(fixture_corpus)) == before  # nothing written beside the input
     (tmp_path / "bad").mkdir()
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     with pytest.raises(DataError, match="bad"):
         RawList(tmp_path / "bad")
+    assert not os.listdir(tmp_path / "tmp")  # a conversion that fails leaves no temporary jsonl
 
 
 def test_make_datalist_takes_a_kaldi_dir_with_segments(tmp_path, fixture_corpus):
