@@ -80,7 +80,7 @@ class UnnamedFile:
             os.fsync(self.file.fileno())
         if self.unnamed:
             try:  # a new output: linked straight under its final name, so no visible temp name ever exists
-                os.link(f"/proc/self/fd/{self.file.fileno()}", self.final)
+                self._link_to(self.final)
                 self.file.close()
                 return
             except OSError:  # it exists (a rewrite: replaced atomically below), or no /proc
@@ -88,11 +88,21 @@ class UnnamedFile:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.tmp)  # left by a writer of the same pid that was killed between link and rename
             try:
-                os.link(f"/proc/self/fd/{self.file.fileno()}", self.tmp)
+                self._link_to(self.tmp)
             except OSError:  # no /proc: copy the bytes out instead
                 self._copy_to_tmp()
         self.file.close()
         os.replace(self.tmp, self.final)
+
+    def _link_to(self, path: Path) -> None:
+        """Give the unnamed inode the name ``path``. ``linkat(AT_SYMLINK_FOLLOW)`` through /proc/self/fd:
+        os.link with default arguments calls link(2), which does not follow that magic link (EXDEV), so a
+        ``src_dir_fd`` makes CPython use linkat with the follow flag."""
+        proc_fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.link(str(self.file.fileno()), path, src_dir_fd=proc_fds, follow_symlinks=True)
+        finally:
+            os.close(proc_fds)
 
     def _copy_to_tmp(self) -> None:
         fd, offset = self.file.fileno(), 0

@@ -7,6 +7,7 @@ import pytest
 from corpus_io.errors import DataError
 from corpus_io.files import (
     HashingWriter,
+    UnnamedFile,
     atomic_write,
     completed_output,
     ensure_dir,
@@ -29,6 +30,27 @@ def test_atomic_write_renames_only_after_the_block_succeeds(tmp_path):
     with atomic_write(path) as f:
         f.write("new\n")
     assert path.read_text() == "new\n"
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new_output", "rewrite"])
+def test_a_committed_unnamed_file_is_the_written_inode_itself_and_no_name_shows_while_writing(tmp_path, existing):
+    """The kill-safety promise: while a file is written nothing in the directory names it, and commit names
+    that very inode (a copy would show a partial temp file to a writer killed mid-copy)."""
+    import os
+
+    path = tmp_path / "shard.tar"
+    if existing:
+        path.write_bytes(b"old")
+    out = UnnamedFile(path, "wb")
+    if not out.unnamed:
+        pytest.skip(f"{tmp_path} has no O_TMPFILE: the visible temp name is the documented fallback")
+    out.file.write(b"x" * 100_000)
+    out.file.flush()
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["shard.tar"] if existing else [])
+    written = os.fstat(out.file.fileno()).st_ino
+    out.commit()
+    assert os.stat(path).st_ino == written and path.read_bytes() == b"x" * 100_000
+    assert [p.name for p in tmp_path.iterdir()] == ["shard.tar"]
 
 
 def test_an_output_that_cannot_be_written_is_a_data_error_naming_it(tmp_path):
