@@ -234,6 +234,39 @@ def _kill_live_groups() -> None:
             _kill_group(pgid)
 
 
+class _StderrTail:
+    """Reads a process's stderr to its end in a thread of its own and keeps the last ``keep`` bytes.
+
+    A command that writes more than the pipe holds (64 KiB on Linux: a chatty sox, a decoder's warnings)
+    would otherwise block on stderr, never finish, and be reported as a timeout."""
+
+    def __init__(self, pipe: IO[bytes], keep: int = 4096):
+        self._pipe, self._keep, self._tail = pipe, keep, bytearray()
+        self.truncated = False
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        fd = self._pipe.fileno()
+        try:
+            while chunk := os.read(fd, 65536):
+                self._tail += chunk
+                if len(self._tail) > self._keep:
+                    del self._tail[: len(self._tail) - self._keep]
+                    self.truncated = True
+        except OSError:
+            pass
+        finally:
+            self._pipe.close()
+
+    def text(self, wait: float = 2.0) -> str:
+        """The kept tail, whitespace folded; waits up to ``wait`` seconds for the pipe's end (a process that
+        escaped its group may hold it open)."""
+        self._thread.join(wait)
+        said = " ".join(bytes(self._tail).decode(errors="replace").split())
+        return ("…" + said[-200:].lstrip()) if self.truncated or len(said) > 200 else said
+
+
 class CommandStream(io.RawIOBase):
     """stdout of a chain of processes; closing it waits and reports a non-zero exit.
 
@@ -251,12 +284,14 @@ class CommandStream(io.RawIOBase):
         self._finished = False
         self._lock = threading.Lock()
         self._procs: list[subprocess.Popen] = []
+        self._stderr: list[_StderrTail] = []
         prev = None
         try:
             for argv in command_argv(url):
                 proc = subprocess.Popen(argv, stdin=prev, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         start_new_session=True)
                 _LIVE_GROUPS[proc.pid] = os.getpid()
+                self._stderr.append(_StderrTail(proc.stderr))
                 if prev is not None:
                     prev.close()
                 prev = proc.stdout
@@ -289,10 +324,9 @@ class CommandStream(io.RawIOBase):
     def _reap(self) -> None:
         for proc in self._procs:
             proc.wait()
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None and not pipe.closed:
-                    pipe.close()
-            _LIVE_GROUPS.pop(proc.pid, None)
+            if proc.stdout is not None and not proc.stdout.closed:
+                proc.stdout.close()
+            _LIVE_GROUPS.pop(proc.pid, None)  # stderr: its _StderrTail closes it at its end
 
     def _timeout_error(self) -> DataError:
         return DataError(f"command '{self.url}' did not finish within {self.timeout:g} s and was stopped (the bound "
@@ -324,9 +358,9 @@ class CommandStream(io.RawIOBase):
             super().close()
             raise self._timeout_error()
         errors = []
-        for proc in self._procs:
+        for proc, stderr in zip(self._procs, self._stderr):
             if proc.returncode != 0:
-                said = " ".join(proc.stderr.read().decode(errors="replace").split())[:200].rstrip(".")
+                said = stderr.text().rstrip(".")
                 errors.append(f"{proc.args[0]} exited {proc.returncode}"
                               + (f" saying: {said}" if said else " with no message on stderr"))
         self._reap()

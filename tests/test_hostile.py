@@ -326,6 +326,29 @@ def test_a_failing_pipe_says_its_exit_status_and_what_it_printed_in_one_sentence
     assert ".." not in result.stderr and ":  " not in result.stderr
 
 
+@pytest.mark.parametrize("fails", [False, True], ids=["succeeds", "fails"])
+def test_a_pipe_that_floods_stderr_is_read_to_its_end_and_a_failure_quotes_its_last_words(tmp_path, fails):
+    """300 KB of warnings on stderr (more than a pipe holds) must neither block the command into a timeout nor
+    hide why it failed: the message quotes the end of what it printed."""
+    from tests.conftest import FIXTURE, REPO
+
+    wav = REPO / (FIXTURE / "wav.scp").read_text().split()[1]
+    last_words = "exit 4" if fails else f"cat {wav}"
+    command = f"sh -c 'yes warning: clipping | head -c 300000 >&2; echo the real reason >&2; {last_words}' |"
+    (tmp_path / "wav.scp").write_text(f"u1 {command}\n")
+    (tmp_path / "text").write_text("u1 hi\n")
+    result = run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[{tmp_path / 'wav.scp'},{tmp_path / 'text'}]",
+                     f"++jsonl_file_out={tmp_path / 'o.jsonl'}", "++allow_pipe=true", "++pipe_timeout=30",
+                     "++num_workers=1", timeout=120)
+    assert "did not finish" not in result.stderr, result.stderr
+    if fails:
+        assert_user_error(result, "wav.scp:1: key 'u1'", "sh exited 4 saying: …", "the real reason. Fix")
+        assert len(result.stderr) < 1000, result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+        assert '"source_len"' in (tmp_path / "o.jsonl").read_text()
+
+
 class _AuthHandler(SimpleHTTPRequestHandler):
     expected = "Basic " + base64.b64encode(b"reader:s3cr%t").decode()
 
