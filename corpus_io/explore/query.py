@@ -255,7 +255,8 @@ class Explorer:
             "SELECT count(*), coalesce(sum(duration), 0), count(DISTINCT speaker), count(*) FILTER (chars = 0),"
             " count(*) FILTER (text_count > 1), count(*) FILTER (error IS NOT NULL) FROM t")[0]
         out = self.info()
-        out.update({"utterances": utts, "hours": secs / 3600, "speakers": speakers, "empty_text": empty,
+        # None, not 0, when no row names a speaker (a raw list without spk): the page then shows "-"
+        out.update({"utterances": utts, "hours": secs / 3600, "speakers": speakers or None, "empty_text": empty,
                     "duplicate_text_rows": dup_rows, "errors": errors})
         for n in range(1, self.runs + 1):
             sfx = "" if n == 1 else str(n)

@@ -226,7 +226,7 @@ def test_kaldi_dir_audio_is_the_source_file_and_a_segment_is_cut_to_its_span(tmp
         s2.close()
 
 
-def test_empty_texts_are_empty_not_duplicates_of_each_other(tmp_path):
+def test_empty_texts_are_empty_not_duplicates_and_a_list_without_speakers_has_no_speaker_count(tmp_path):
     from tests.conftest import FIXTURE
 
     wav = sorted((FIXTURE / "wav").iterdir())[0]
@@ -243,5 +243,6 @@ def test_empty_texts_are_empty_not_duplicates_of_each_other(tmp_path):
         assert keys("flag=empty") == {"a": None, "b": None, "c": None}
         d = json.loads(get(s.base + "/api/dataset")[2])
         assert (d["duplicate_text_rows"], d["empty_text"]) == (2, 3)
+        assert d["speakers"] is None, "a list with no speaker field has unknown speakers, not 0"
     finally:
         s.close()

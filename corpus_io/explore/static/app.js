@@ -155,7 +155,7 @@ function barChart(canvas, hist, color = "#4878a8") {
 
 async function loadDataset() {
   const d = await api("/api/dataset");
-  const cards = { utterances: d.utterances, hours: fmt(d.hours, 3), speakers: d.speakers, shards: d.shards ? d.shards.length : "-",
+  const cards = { utterances: d.utterances, hours: fmt(d.hours, 3), speakers: d.speakers ?? "-", shards: d.shards ? d.shards.length : "-",
     "duplicate-text rows": d.duplicate_text_rows, "empty text": d.empty_text, unreadable: d.errors, "distinct words": d.num_words };
   if (d.run1) { cards["CER run 1"] = fmt(100 * d.run1.cer, 2) + " %"; cards["WER run 1"] = fmt(100 * d.run1.wer, 2) + " %"; }
   if (d.run2) { cards["CER run 2"] = fmt(100 * d.run2.cer, 2) + " %"; }
@@ -195,7 +195,8 @@ async function init() {
   for (const el of document.querySelectorAll(".cmp-only")) el.hidden = state.runs < 2;
   $("summary").textContent = `${d.input} \u00b7 ${d.utterances} utterances`;
   api("/api/dataset").then((t) => {
-    $("summary").textContent = `${t.input} \u00b7 ${t.utterances} utterances \u00b7 ${fmt(t.hours, 2)} h \u00b7 ${t.speakers} speakers`;
+    $("summary").textContent = `${t.input} \u00b7 ${t.utterances} utterances \u00b7 ${fmt(t.hours, 2)} h` +
+      (t.speakers == null ? "" : ` \u00b7 ${t.speakers} speakers`);
   }).catch(() => {});
   const sel = $("f-shard");
   (d.shards || []).slice(0, 5000).forEach((s) => { const o = document.createElement("option"); o.value = s.id; o.textContent = base(s.url); sel.appendChild(o); });
