@@ -177,6 +177,11 @@ class Explorer:
         out = [self.page_row(i) for i in ids]
         for r in out:
             r["shard"] = self.shard_name(r["shard_id"])
+        if self.catalog.kind != "shard" and ids:  # one pseudo-shard: the page names each row's own file instead
+            sources = dict(self._query(f"SELECT row_id, source FROM t WHERE row_id IN ({', '.join('?' * len(ids))})",
+                                       list(ids)))
+            for r in out:
+                r["source"] = sources.get(r["row_id"])
         return {"page": page, "size": size, "total": total, "rows": out}
 
     def page_row(self, row_id: int) -> dict:

@@ -224,5 +224,36 @@ def test_s3_shards_play_in_the_browser_bytes_and_text_equal_to_the_member(browse
         server.close()
 
 
+def test_a_raw_list_shows_each_audio_file_instead_of_a_shard_and_no_speaker_count(browser, tmp_path):
+    """A raw list is one pseudo-shard: the table names each row's file, the shard filter is hidden, an
+    unknown speaker count is "-", and a row plays its source file's own bytes."""
+    import json
+
+    from tests.conftest import FIXTURE
+
+    texts = fixture_texts()
+    wavs = dict(line.split(" ", 1) for line in (FIXTURE / "wav.scp").read_text().splitlines() if line)
+    raw = tmp_path / "train.jsonl"
+    raw.write_text("".join(json.dumps({"key": k, "source": str(REPO / wavs[k]), "target": texts[k]}) + "\n"
+                           for k in sorted(wavs)), encoding="utf-8")
+    server = Explore(f"++input={raw}", f"++cache_dir={tmp_path / 'cache'}")
+    try:
+        browser.get(server.url)
+        wait_for(browser, "return document.body.dataset.ready==='1'")
+        heads = browser.execute_script("return [...document.querySelectorAll('#head th')].map(t=>t.dataset.col)")
+        assert "source" in heads and "shard" not in heads, heads
+        assert rows_text(browser, "source") == [os.path.basename(wavs[k]) for k in sorted(wavs)]
+        assert not browser.find_element("id", "f-shard").is_displayed()
+        key = sorted(wavs)[3]
+        play_and_check(browser, key, (REPO / wavs[key]).read_bytes(), texts[key], tmp_path, "explore-raw.png")
+        browser.find_element("id", "tab-dataset").click()
+        wait_for(browser, "return document.body.dataset.dataset==='1'")
+        cards = browser.find_element("id", "totals").text
+        assert f"{len(wavs)}\nutterances" in cards and "-\nspeakers" in cards, cards
+        assert "speakers" not in browser.find_element("id", "summary").text
+    finally:
+        server.close()
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -1,12 +1,14 @@
 // corpus-io explore: the page. Vanilla JS, no network access beyond this server's /api.
 "use strict";
 const $ = (id) => document.getElementById(id);
-const state = { seq: 0, page: 0, size: 50, sort: "row_id", desc: false, total: 0, filters: {}, open: null, runs: 0 };
+const state = { seq: 0, page: 0, size: 50, sort: "row_id", desc: false, total: 0, filters: {}, open: null, runs: 0,
+  kind: "shard" };
 const COLUMNS = [
   ["row_id", "#", "num"], ["key", "key"], ["duration", "dur (s)", "num"], ["text", "text"],
   ["speaker", "speaker"], ["shard", "shard"], ["chars", "chars", "num"], ["cps", "chars/s", "num"],
   ["text_count", "same text", "num"],
 ];
+const AUDIO_COLUMN = ["source", "audio"];  // a raw list or Kaldi dir has one pseudo-shard: show each file instead
 const RUN_COLUMNS = [["cer", "CER", "num"], ["wer", "WER", "num"], ["hyp", "hypothesis"]];
 const CMP_COLUMNS = [["cer2", "CER 2", "num"], ["cer_delta", "CER \u0394", "num"]];
 
@@ -21,7 +23,7 @@ function fmt(v, digits = 2) { return v === null || v === undefined ? "" : typeof
 function base(url) { return url ? String(url).split("/").pop() : ""; }
 
 function columns() {
-  let cols = COLUMNS.slice();
+  let cols = COLUMNS.map((col) => (col[0] === "shard" && state.kind !== "shard" ? AUDIO_COLUMN : col));
   if (state.runs >= 1) cols = cols.concat(RUN_COLUMNS);
   if (state.runs >= 2) cols = cols.concat(CMP_COLUMNS);
   return cols;
@@ -32,7 +34,7 @@ function renderHead() {
     `<th data-col="${c}" class="${state.sort === c ? "sorted" + (state.desc ? " desc" : "") : ""}">${esc(label)}</th>`).join("");
   for (const th of $("head").children) {
     th.onclick = () => {
-      const col = th.dataset.col === "hyp" ? "cer" : th.dataset.col;
+      const col = { hyp: "cer", source: "row_id" }[th.dataset.col] || th.dataset.col;  // files sort in list order
       if (state.sort === col) state.desc = !state.desc; else { state.sort = col; state.desc = false; }
       state.page = 0; load();
     };
@@ -63,7 +65,7 @@ async function load() {
   $("next").disabled = state.page + 1 >= pages;
   $("body").innerHTML = data.rows.map((r) => `<tr data-row="${r.row_id}" class="${r.error ? "bad" : ""}${r.row_id === state.open ? " open" : ""}">` +
     columns().map(([c, , cls]) => {
-      let v = c === "shard" ? base(r.shard) : r[c];
+      let v = c === "shard" || c === "source" ? base(r[c]) : r[c];
       if (c === "duration") v = fmt(v, 2);
       else if (["cps", "cer", "wer", "cer2", "cer_delta"].includes(c)) v = fmt(v, 3);
       return `<td class="${cls || ""}" title="${esc(r[c] ?? "")}">${esc(v)}</td>`;
@@ -147,8 +149,8 @@ function barChart(canvas, hist, color = "#4878a8") {
   ctx.fillStyle = color;
   hist.counts.forEach((c, i) => { const h = (H - pad) * c / top; ctx.fillRect(pad + i * bw, H - pad - h, Math.max(1, bw - 1), h); });
   ctx.fillStyle = "#333"; ctx.font = "11px sans-serif";
-  ctx.fillText(fmt(hist.edges[0], 1), pad, H - 6);
-  const last = fmt(hist.edges[hist.edges.length - 1], 1);
+  ctx.fillText(fmt(hist.edges[0], 2), pad, H - 6);
+  const last = fmt(hist.edges[hist.edges.length - 1], 2);  // 1 digit rounded a largest CER of 1.04 down to 1.0
   ctx.fillText(last, W - ctx.measureText(last).width - 2, H - 6);
   ctx.fillText(String(top), 0, 12);
 }
@@ -190,6 +192,8 @@ function readFilters() {
 async function init() {
   const d = await api("/api/info");  // cheap: the totals of the dataset view come later, off the first paint
   state.runs = d.runs.length;
+  state.kind = d.kind;
+  $("f-shard").closest("label").hidden = d.kind !== "shard";
   document.body.classList.toggle("has-runs", state.runs > 0);
   for (const el of document.querySelectorAll(".run-only")) el.hidden = state.runs === 0;
   for (const el of document.querySelectorAll(".cmp-only")) el.hidden = state.runs < 2;
