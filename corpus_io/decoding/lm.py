@@ -292,6 +292,8 @@ class LmFusion:
     batched search scores every candidate with one gather.
     """
 
+    unit = "token"  # what the LM's words are (decoding.lm_unit)
+
     def __init__(self, path: str | Arpa, tokenizer: Any, lm_weight: float, word_score: float,
                  device: Any = "cpu") -> None:
         import torch
@@ -413,6 +415,8 @@ class WordLmFusion:
     pyctcdecode's word-level decoding without its partial-word heuristic. A prefix's state is its last
     ``order - 1`` words and the word it is spelling; each state's completion score is one entry of a tensor on
     the device, so the search's bonus is one gather."""
+
+    unit = "word"
 
     def __init__(self, path: str | Arpa, tokenizer: Any, lm_weight: float, word_score: float,
                  device: Any = "cpu") -> None:

@@ -19,14 +19,15 @@ from corpus_io.errors import ConfigError
 NEEDS_ENCODER = ("attention_rescoring",)
 
 
-def describe(conf: Any) -> str:
-    """The method and the options it uses, for the report."""
+def describe(conf: Any, lm_unit: str | None = None) -> str:
+    """The method and the options it uses, for the report; ``lm_unit``: the unit ``auto`` chose (token | word)."""
     m = conf.method
     parts = [f"method={m}"]
     if m != "greedy":
         parts += [f"beam={conf.beam}", f"token_beam={conf.token_beam or conf.beam}"]
     if m == "ctc_beam_lm":
-        parts += [f"lm={conf.lm}", f"lm_unit={conf.lm_unit}", f"lm_weight={conf.lm_weight}",
+        unit = f"{lm_unit}({conf.lm_unit})" if lm_unit and lm_unit != conf.lm_unit else conf.lm_unit
+        parts += [f"lm={conf.lm}", f"lm_unit={unit}", f"lm_weight={conf.lm_weight}",
                   f"word_score={conf.word_score}"]
     if m == "attention_rescoring":
         parts.append(f"ctc_weight={conf.ctc_weight}")
@@ -61,6 +62,7 @@ class Search:
             if not Path(conf.lm).is_file():
                 raise ConfigError(f"decoding.lm={conf.lm} does not exist; write it with corpus-io make-lm.")
             self.lm = lm_fusion(conf, tokenizer, device)
+        self.description = describe(conf, self.lm.unit if self.lm is not None else None)
         if conf.method == "attention_rescoring" and not hasattr(model, "attention_scores"):
             raise ConfigError(f"decoding.method=attention_rescoring needs a model with an attention decoder "
                               f"(model=conformer_ctc_att); this checkpoint's model is {type(model).__name__}. "

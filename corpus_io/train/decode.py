@@ -70,7 +70,7 @@ def decode(cfg: Any) -> dict:
     refuse_overwrites(cfg)  # first: before torch is imported or anything is read
     from corpus_io.config import require
     from corpus_io.dataset import build_dataloader
-    from corpus_io.decoding.search import NEEDS_ENCODER, Search, describe
+    from corpus_io.decoding.search import NEEDS_ENCODER, Search
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     device = decode_device(cfg.device)
@@ -82,8 +82,8 @@ def decode(cfg: Any) -> dict:
                               desc=f"decode ({cfg.decoding.method})")
     run = run_search(cfg.decoding, batches, tokenizer, search, where=cfg.data_list, skipped=skipped_summary(loader))
     out = Path(cfg.output_dir)
-    result = write_results(out, run, tokenizer, describe(cfg.decoding), nbest=cfg.decoding.nbest)
-    print(f"decode: {result['utts']} utterances ({run.audio / 3600:.3f} h), {describe(cfg.decoding)}, "
+    result = write_results(out, run, tokenizer, search.description, nbest=cfg.decoding.nbest)
+    print(f"decode: {result['utts']} utterances ({run.audio / 3600:.3f} h), {search.description}, "
           f"RTF {result['rtf']:.4f} (model {result['rtf_model']:.4f}, search {result['rtf_search']:.4f}), "
           f"loader skips/filters: {run.skipped}")
     print(result["summary"].rstrip())

@@ -6,7 +6,8 @@
 #   1 JSONL (scp2jsonl)   2 char token list (make-tokenizer)   3 global CMVN (compute-cmvn)
 #   4 shards (pack-shards, 1000 utterances each)   5 data lists (make-datalist; --shard_prefix for S3)
 #   6 train (torchrun, $nproc processes per node on $nnodes nodes; shard mode, token batching)
-#   7 average + greedy CTC decode of test + CER table
+#   7 character 3-gram LM of the training text (make-lm; tune-lm on dev) + average + decode of test by
+#     $decode_methods (greedy CTC, CTC prefix beam + LM) + CER table
 # Usage: ./run.sh --aishell_root /data/aishell [--stage N] [--stop_stage N] [--nproc 8] [--nj 16] ...
 # Several nodes: stages 0-5 once (shared storage or S3), then stage 6 on each node with --nnodes M
 # --node_rank R --master_addr HOST.
@@ -22,6 +23,7 @@ recipe_options+=(aishell_root)
 
 test_names=(test)
 tokenizer_overrides=("++tokenizer.token_list=$data/lang/tokens.txt")
+lm_overrides=(++unit=token "++tokenizer.token_list=$data/lang/tokens.txt" ++tokenizer.type=char)
 
 prepare_data() {
   [ -n "$aishell_root" ] || { echo "$0: set --aishell_root (the dir holding data_aishell/)" >&2; exit 2; }

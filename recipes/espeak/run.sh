@@ -135,19 +135,8 @@ if stage_on 6; then
 fi
 
 if stage_on 7; then
-  lm=$exp/lm_${lm_order}gram.arpa
-  corpus-io make-lm "++input=$data/train/data.jsonl" "++output=$lm" "++order=$lm_order" \
-    "++tokenizer.token_list=$data/lang/tokens.txt" ++tokenizer.type=char ++tokenizer.latin_unit=word
-  log 7 "made $lm (order $lm_order, tokens of $data/lang/tokens.txt)"
-  if $tune_lm && [[ " $decode_methods " == *" ctc_beam_lm "* ]]; then
-    corpus-io average "++output_dir=$exp" "++num=$average_num"
-    corpus-io tune-lm "++data_list=$data/dev/shard.list" ++dataset_conf.data_type=shard \
-      "++checkpoint=$exp/model.pt.avg$average_num" "++lm=$lm" "++output_dir=$exp/tune_lm" "++decoding.beam=$beam" \
-      "++lm_weights=[0.1,0.2,0.3,0.5]" "++word_scores=[0.0,0.5,1.0,2.0]" "++dataset_conf.num_workers=$nj"
-    read -r lm_weight word_score < <(sed -n 's/.*lm_weight=\([^ ]*\) ++decoding.word_score=\([^ ]*\).*/\1 \2/p' \
-      "$exp/tune_lm/best.txt")
-    log 7 "tune-lm on dev: lm_weight=$lm_weight word_score=$word_score ($exp/tune_lm/tune.txt)"
-  fi
+  make_lm 7 "$exp" "$data/dev/shard.list" "++tokenizer.token_list=$data/lang/tokens.txt" ++tokenizer.type=char \
+    ++tokenizer.latin_unit=word
   average_and_decode 7 "$exp" "$average_num" "$data"/{test_digits,test_digits_newvoice,test_mixed}
   results_table "$exp" "$data/train/data.jsonl" test_digits test_digits_newvoice test_mixed | tee "$exp/RESULTS.md"
   check_cer "$exp/decode_test_digits/cer.txt" "$cer_target"

@@ -6,7 +6,8 @@
 #   1 JSONL (scp2jsonl)   2 BPE model + token list (make-tokenizer)   3 global CMVN (compute-cmvn)
 #   4 shards (pack-shards, 1000 utterances each)   5 data lists (make-datalist; --shard_prefix for S3)
 #   6 train (torchrun, $nproc processes per node on $nnodes nodes; shard mode, token batching)
-#   7 average + greedy CTC decode of the --test_sets + CER/WER table
+#   7 word 3-gram LM of the training text (make-lm; tune-lm on dev) + average + decode of the --test_sets by
+#     $decode_methods (greedy CTC, CTC prefix beam + the word LM over BPE pieces) + CER/WER table
 # Usage: ./run.sh --librispeech_root /data/LibriSpeech [--stage N] [--stop_stage N] [--nproc 8] [--nj 16] ...
 # Several nodes: stages 0-5 once (shared storage or S3), then stage 6 on each node with --nnodes M
 # --node_rank R --master_addr HOST.
@@ -31,6 +32,7 @@ test_names=("${test_subsets[@]//-/_}")   # data dirs use _ (train-clean-100 -> t
 train_dirs=("${train_subsets[@]//-/_}")
 dev_dirs=("${dev_subsets[@]//-/_}")
 tokenizer_overrides=("++tokenizer.token_list=$data/lang/tokens.txt" "++tokenizer.bpe_model=$data/lang/tokens.model")
+lm_overrides=(++unit=word)
 
 prepare_data() {
   [ -n "$librispeech_root" ] || { echo "$0: set --librispeech_root (the dir holding train-clean-100/, ...)" >&2; exit 2; }

@@ -24,6 +24,12 @@ sort_size=500
 num_workers=16            # DataLoader workers per training process
 average_num=10
 cmvn_max_utts=20000       # 0: all
+decode_methods="greedy ctc_beam_lm"  # + ctc_prefix_beam; attention_rescoring with a conformer_ctc_att train_config
+beam=10                   # prefix beam width of the beam methods
+lm_order=3                # order of the training-text n-gram for ctc_beam_lm
+lm_weight=0.3             # LM weight of ctc_beam_lm (replaced by tune-lm's best when tune_lm=true)
+word_score=0.0            # score per LM unit of ctc_beam_lm (likewise)
+tune_lm=true              # grid-search lm_weight x word_score on the dev shards (corpus-io tune-lm) before decoding
 recipe_options=(stage stop_stage nj cmd nproc nnodes node_rank master_addr master_port data exp num_utts_per_shard
                 shard_prefix train_config max_epoch max_steps_per_epoch batch_type batch_size shuffle_size sort_size
-                num_workers average_num cmvn_max_utts)
+                num_workers average_num cmvn_max_utts decode_methods beam lm_order lm_weight word_score tune_lm)

@@ -4,6 +4,7 @@
 #   make_token_list       stage 2: $data/lang/tokens.txt (and tokens.model for BPE)
 #   test_names            array of test dir names under $data
 #   tokenizer_overrides   array of ++tokenizer.* overrides for train
+#   lm_overrides          array of make-lm overrides for the ctc_beam_lm n-gram (its unit and tokenizer)
 # shellcheck shell=bash
 tests=()
 for x in "${test_names[@]}"; do tests+=("$data/$x"); done
@@ -55,6 +56,7 @@ if stage_on 6; then
 fi
 
 if stage_on 7 && [ "$node_rank" = 0 ]; then
+  make_lm 7 "$exp" "$data/dev/shard.list" "${lm_overrides[@]}"
   average_and_decode 7 "$exp" "$average_num" "${tests[@]}"
   results_table "$exp" "$data/train/data.jsonl" "${test_names[@]}" | tee "$exp/RESULTS.md"
 fi

@@ -270,6 +270,7 @@ def test_beam_with_a_word_lm_over_bpe_pieces_tells_twins_apart_and_keeps_clean_s
     tok, arpa_path = bpe_and_word_lm
     search = Search(DecodingConf(method="ctc_beam_lm", lm=str(arpa_path), beam=8, lm_weight=0.5), tok)
     assert isinstance(search.lm, WordLmFusion)  # lm_unit=auto: the LM's words are not the model's pieces
+    assert "lm_unit=word(auto)" in search.description  # the report says what auto chose
     held_out = english(random.Random(1), 40)
     lp, lengths = piece_emissions(tok, held_out, 2)
     greedy, fused = wer(tok, held_out, best_path_ids(lp, lengths)), wer(tok, held_out,

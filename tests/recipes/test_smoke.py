@@ -105,7 +105,11 @@ def test_aishell_recipe_prepares_trains_and_decodes_a_lookalike_tree(pipeline_co
     assert stage_lines(result.stderr) == set(range(8)), result.stderr[-3000:]
     assert "[prepare train] 8 utterances, 2 speakers" in result.stderr
     assert (tmp_path / "data" / "train" / "text").read_text().count("BAC009S0002W") == 4
-    assert re.search(r"^\| test \| [0-9.]+ \|", (tmp_path / "exp" / "RESULTS.md").read_text(), re.M)
+    table = (tmp_path / "exp" / "RESULTS.md").read_text()
+    assert re.search(r"^\| test \| [0-9.]+ \|", table, re.M), table
+    assert re.search(r"^\| test \| ctc_beam_lm \| [0-9.]+ \|", table, re.M), table  # a character 3-gram, tuned on dev
+    assert (tmp_path / "exp" / "tune_lm" / "best.txt").is_file()
+    assert "lm_unit=token" in (tmp_path / "exp" / "decode_test.ctc_beam_lm" / "cer.txt").read_text()
 
 
 @pytest.mark.slow
@@ -120,4 +124,8 @@ def test_librispeech_recipe_prepares_trains_and_decodes_a_lookalike_tree(pipelin
     assert stage_lines(result.stderr) == set(range(8)), result.stderr[-3000:]
     assert (tmp_path / "data" / "train" / "wav.scp").read_text().count(".flac") == 8
     assert (tmp_path / "data" / "lang" / "tokens.model").is_file()
-    assert re.search(r"^\| test_clean \| [0-9.]+ \|", (tmp_path / "exp" / "RESULTS.md").read_text(), re.M)
+    table = (tmp_path / "exp" / "RESULTS.md").read_text()
+    assert re.search(r"^\| test_clean \| [0-9.]+ \|", table, re.M), table
+    assert re.search(r"^\| test_clean \| ctc_beam_lm \| [0-9.]+ \| [0-9.]+ \|", table, re.M), table
+    # a word 3-gram over the BPE pieces' words (lm_unit auto -> word)
+    assert "lm_unit=word" in (tmp_path / "exp" / "decode_test_clean.ctc_beam_lm" / "cer.txt").read_text()
