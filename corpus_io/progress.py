@@ -139,8 +139,8 @@ def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int,
 
     ``initializer(*initargs)`` runs once in every worker before its first item (in this process when
     the job runs inline): the way to give workers state a job builds (open tables, loaded sources),
-    which then works under any start method, not only fork. ``start_method``: None is fork on Linux,
-    the platform's default elsewhere.
+    which then works under any start method, not only fork. ``start_method``: None is
+    :func:`default_start_method`.
     """
     if num_workers <= 1:
         if initializer is not None:
@@ -151,7 +151,7 @@ def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int,
     from concurrent.futures.process import BrokenProcessPool
 
     if start_method is None:
-        start_method = "fork" if sys.platform.startswith("linux") else None
+        start_method = default_start_method()
     ctx = mp.get_context(start_method)
     window: deque = deque()
     pool = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_start_worker,
@@ -169,6 +169,18 @@ def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int,
                          "workers (++num_workers) or more memory; jobs that resume skip finished work.") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def default_start_method() -> str | None:
+    """fork on Linux (workers share the parent's tables copy-on-write, and start at once), except once this
+    process runs fsspec's event-loop thread (after an s3:// or http(s):// read or write): a forked child
+    inherits that loop's aiohttp/SSL objects mid-use, and a pack-shards worker writing to S3 died of a
+    segfault while collecting them. Then spawn. Elsewhere the platform's default."""
+    if not sys.platform.startswith("linux"):
+        return None
+    asyn = sys.modules.get("fsspec.asyn")
+    loop_thread = asyn.iothread[0] if asyn is not None else None
+    return "spawn" if loop_thread is not None and loop_thread.is_alive() else "fork"
 
 
 def _start_worker(parent_pid: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from corpus_io.errors import DataError, WorkerDied
-from corpus_io.progress import Summary, parallel_imap
+from corpus_io.progress import Summary, default_start_method, parallel_imap
 
 
 def _square(x: int) -> int:
@@ -218,3 +218,18 @@ def test_worker_state_comes_from_the_initializer_under_any_start_method(workers,
     assert [item for item, _, _ in out] == list(range(6))
     assert {value for _, value, _ in out} == {"tables"}
     assert ({pid for _, _, pid in out} == {os.getpid()}) == (workers == 1)
+
+
+def test_workers_are_spawned_not_forked_once_this_process_runs_the_fsspec_event_loop():
+    """A fork inherits fsspec's event loop (aiohttp/SSL state mid-use) and a pack-shards worker writing to S3 died
+    of a segfault collecting it: once that loop's thread runs, workers start fresh (they see no global the parent
+    set, only what the initializer gives)."""
+    import fsspec.asyn
+
+    fsspec.asyn.get_loop()  # what any s3:// or http(s):// read or write starts
+    assert default_start_method() == "spawn"
+    _WORKER_STATE.clear()
+    _WORKER_STATE["value"] = "set in the parent"
+    out = list(parallel_imap(_read_worker_state, range(4), num_workers=2, chunksize=1))
+    assert {value for _, value, _ in out} == {"unset"}
+    assert os.getpid() not in {pid for _, _, pid in out}
