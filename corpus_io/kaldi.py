@@ -184,6 +184,12 @@ class KeyedTable:
     def __len__(self) -> int:
         return len(self._hashes)
 
+    def __getstate__(self) -> dict:
+        """Picklable for spawned workers: the index goes along, the open file does not (reopened on first use)."""
+        state = dict(self.__dict__)
+        state["_file"], state["_pid"] = None, None
+        return state
+
     def _lookup(self, key: str) -> tuple[int, str | None]:
         """``(slot, value)`` of ``key``, ``(-1, None)`` when absent; reads and parses one line."""
         if self._pid != os.getpid():  # a forked worker: a shared file offset would race
@@ -236,7 +242,8 @@ class KeyedTable:
         return keys
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 @dataclass(frozen=True)

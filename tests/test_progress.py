@@ -233,3 +233,60 @@ def test_workers_are_spawned_not_forked_once_this_process_runs_the_fsspec_event_
     out = list(parallel_imap(_read_worker_state, range(4), num_workers=2, chunksize=1))
     assert {value for _, value, _ in out} == {"unset"}
     assert os.getpid() not in {pid for _, _, pid in out}
+
+
+def _shard_files(directory) -> dict[str, bytes]:
+    """Every shard and companion file of a pack-shards/add-field output dir, by name (lists name paths, so not them)."""
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name.startswith("shard-")}
+
+
+def test_every_parallel_job_gives_the_same_bytes_with_spawned_workers_as_with_forked_ones(tmp_path):
+    """What the fsspec rule switches to works for every job that runs workers: scp2jsonl (its keyed tables go to
+    the workers), pack-shards, add-field (its sources) and verify-shards run here with spawned workers and give
+    what the command line gives with forked ones."""
+    import fsspec.asyn
+    import kaldiio
+    import numpy as np
+
+    import corpus_io
+    from corpus_io.api import load_config
+    from corpus_io.shards.add_field import add_field
+    from tests.conftest import FIXTURE, run_cli
+
+    fsspec.asyn.get_loop()
+    assert default_start_method() == "spawn"
+    tables = [str(FIXTURE / "wav.scp"), str(FIXTURE / "text"), str(FIXTURE / "utt2spk")]
+    fields = "++data_type_list=[source,target,speaker]"
+    forked, spawned = tmp_path / "forked", tmp_path / "spawned"
+    for d in (forked, spawned):
+        d.mkdir()
+
+    result = run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[{','.join(tables)}]", fields,
+                     f"++jsonl_file_out={forked / 'train.jsonl'}", "++num_workers=2")
+    assert result.returncode == 0, result.stderr
+    corpus_io.scp2jsonl(tables, spawned / "train.jsonl", data_type_list=["source", "target", "speaker"],
+                        num_workers=2)
+    assert (spawned / "train.jsonl").read_bytes() == (forked / "train.jsonl").read_bytes()
+
+    result = run_cli("corpus-io", "pack-shards", f"++input={forked / 'train.jsonl'}", f"++output_dir={forked / 'sh'}",
+                     "++num_utts_per_shard=5", "++num_workers=2", "++audio_format=flac")
+    assert result.returncode == 0, result.stderr
+    corpus_io.pack_shards(forked / "train.jsonl", spawned / "sh", num_utts_per_shard=5, num_workers=2,
+                          audio_format="flac")
+    assert _shard_files(spawned / "sh") == _shard_files(forked / "sh") and len(_shard_files(forked / "sh")) == 5
+
+    keys = [line.split()[0] for line in (FIXTURE / "text").read_text().splitlines() if line.strip()]
+    scp = tmp_path / "kf.scp"
+    with kaldiio.WriteHelper(f"ark,scp:{tmp_path / 'kf.ark'},{scp}") as w:
+        for i, key in enumerate(keys):
+            w(key, np.full((3 + i % 4, 2), i, dtype=np.float32))
+    result = run_cli("corpus-io", "add-field", f"++input={forked / 'sh' / 'data.list'}", "++field=kf",
+                     f"++from_scp={scp}", "++num_workers=2")
+    assert result.returncode == 0, result.stderr
+    add_field(load_config({"input": str(spawned / "sh" / "data.list"), "field": "kf", "from_scp": str(scp),
+                           "num_workers": 2}, command="add-field"))
+    companions = {n: b for n, b in _shard_files(spawned / "sh").items() if ".kf." in n}
+    assert companions and companions == {n: b for n, b in _shard_files(forked / "sh").items() if ".kf." in n}
+
+    verified = corpus_io.verify_shards(spawned / "sh" / "data.list", num_workers=2)
+    assert [v.problems for v in verified] == [[]] * 5 and sum(v.num_utts for v in verified) == len(keys)
