@@ -135,9 +135,10 @@ if stage_on 6; then
 fi
 
 if stage_on 7; then
-  make_lm 7 "$exp" "$data/dev/shard.list" "++tokenizer.token_list=$data/lang/tokens.txt" ++tokenizer.type=char \
-    ++tokenizer.latin_unit=word
-  average_and_decode 7 "$exp" "$average_num" "$data"/{test_digits,test_digits_newvoice,test_mixed}
+  average_model 7 "$exp" "$average_num"
+  make_lm 7 "$exp" "$exp/model.pt.avg$average_num" "$data/dev/shard.list" \
+    "++tokenizer.token_list=$data/lang/tokens.txt" ++tokenizer.type=char ++tokenizer.latin_unit=word
+  decode_sets 7 "$exp" "$exp/model.pt.avg$average_num" "$data"/{test_digits,test_digits_newvoice,test_mixed}
   results_table "$exp" "$data/train/data.jsonl" test_digits test_digits_newvoice test_mixed | tee "$exp/RESULTS.md"
   check_cer "$exp/decode_test_digits/cer.txt" "$cer_target"
 fi
@@ -168,7 +169,8 @@ if stage_on 8; then
       ++train_conf.keep_nbest_models=1 ++train_conf.avg_nbest_model=1 ++scheduler_conf.warmup_steps=20 \
       ${max_steps_per_epoch:+"++train_conf.max_steps_per_epoch=$max_steps_per_epoch"}
   echo $(($(date +%s) - start)) > "$real_exp/train_seconds"
-  decode_methods=greedy average_and_decode 8 "$real_exp" 1 "$real"  # a flow check: the LMs are of the synthetic text
+  average_model 8 "$real_exp" 1
+  decode_methods=greedy decode_sets 8 "$real_exp" "$real_exp/model.pt.avg1" "$real"  # the LMs are of the synthetic text
   results_table "$real_exp" "$real/data.jsonl" real > "$real_exp/RESULTS.md"
   { echo; echo "Real recordings (pocketsphinx 5.1.1 sdist: LibriVox + CMU; overfit: trained and decoded on the same"
     echo "10 utterances, so this shows real audio flows through every stage, not generalization):"; echo

@@ -56,7 +56,8 @@ if stage_on 6; then
 fi
 
 if stage_on 7 && [ "$node_rank" = 0 ]; then
-  make_lm 7 "$exp" "$data/dev/shard.list" "${lm_overrides[@]}"
-  average_and_decode 7 "$exp" "$average_num" "${tests[@]}"
+  average_model 7 "$exp" "$average_num"
+  make_lm 7 "$exp" "$exp/model.pt.avg$average_num" "$data/dev/shard.list" "${lm_overrides[@]}"
+  decode_sets 7 "$exp" "$exp/model.pt.avg$average_num" "${tests[@]}"
   results_table "$exp" "$data/train/data.jsonl" "${test_names[@]}" | tee "$exp/RESULTS.md"
 fi

@@ -129,19 +129,24 @@ make_raw_lists() {  # make_raw_lists STAGE DIR...: DIR/raw.list (one utterance a
   done
 }
 
-make_lm() {  # make_lm STAGE EXP DEV_SHARD_LIST MAKE_LM_OVERRIDE...: $lm, an order-$lm_order ARPA of the training
-  # text for ctc_beam_lm (the overrides choose its unit: the model's tokens, or words), and with $tune_lm=true the
-  # $lm_weight and $word_score that tune-lm finds best on the dev shards. Nothing when $decode_methods has no ctc_beam_lm.
-  local st=$1 exp=$2 dev=$3
-  shift 3
+average_model() {  # average_model STAGE EXP NUM: EXP/model.pt.avgNUM, the mean of EXP's last NUM checkpoints
+  corpus-io average "++output_dir=$2" "++num=$3"
+  log "$1" "made $2/model.pt.avg$3"
+}
+
+make_lm() {  # make_lm STAGE EXP CHECKPOINT DEV_SHARD_LIST MAKE_LM_OVERRIDE...: $lm, an order-$lm_order ARPA of the
+  # training text for ctc_beam_lm (the overrides choose its unit: the model's tokens, or words), and with
+  # $tune_lm=true the $lm_weight and $word_score that tune-lm finds best for CHECKPOINT on the dev shards.
+  # Nothing when $decode_methods has no ctc_beam_lm.
+  local st=$1 exp=$2 checkpoint=$3 dev=$4
+  shift 4
   [[ " ${decode_methods:-greedy} " == *" ctc_beam_lm "* ]] || return 0
   lm=$exp/lm_${lm_order}gram.arpa
   corpus-io make-lm "++input=$data/train/data.jsonl" "++output=$lm" "++order=$lm_order" "$@"
   log "$st" "made $lm (order $lm_order: $*)"
   if $tune_lm; then
-    corpus-io average "++output_dir=$exp" "++num=$average_num"
     corpus-io tune-lm "++data_list=$dev" ++dataset_conf.data_type=shard \
-      "++checkpoint=$exp/model.pt.avg$average_num" "++lm=$lm" "++output_dir=$exp/tune_lm" "++decoding.beam=$beam" \
+      "++checkpoint=$checkpoint" "++lm=$lm" "++output_dir=$exp/tune_lm" "++decoding.beam=$beam" \
       "++lm_weights=[0.1,0.2,0.3,0.5]" "++word_scores=[0.0,0.5,1.0,2.0]" "++dataset_conf.num_workers=$nj"
     read -r lm_weight word_score < <(sed -n 's/.*lm_weight=\([^ ]*\) ++decoding.word_score=\([^ ]*\).*/\1 \2/p' \
       "$exp/tune_lm/best.txt")
@@ -149,20 +154,18 @@ make_lm() {  # make_lm STAGE EXP DEV_SHARD_LIST MAKE_LM_OVERRIDE...: $lm, an ord
   fi
 }
 
-average_and_decode() {  # average_and_decode STAGE EXP NUM DIR...: model.pt.avgNUM, then EXP/decode_<DIR name>/
+decode_sets() {  # decode_sets STAGE EXP CHECKPOINT DIR...: EXP/decode_<DIR name>/ for each DIR/raw.list
   # One decode per method of $decode_methods (default greedy): greedy writes EXP/decode_<name>/, the others
   # EXP/decode_<name>.<method>/; ctc_beam_lm uses $lm (an ARPA from make-lm) with $lm_weight and $word_score,
   # all beams $beam (default 10).
-  local st=$1 exp=$2 num=$3 dir name method out
+  local st=$1 exp=$2 checkpoint=$3 dir name method out
   shift 3
-  corpus-io average "++output_dir=$exp" "++num=$num"
-  log "$st" "made $exp/model.pt.avg$num"
   for dir in "$@"; do
     name=$(basename "$dir")
     for method in ${decode_methods:-greedy}; do
       out=$exp/decode_$name
       [ "$method" = greedy ] || out=$exp/decode_$name.$method
-      corpus-io decode "++data_list=$dir/raw.list" "++checkpoint=$exp/model.pt.avg$num" "++output_dir=$out" \
+      corpus-io decode "++data_list=$dir/raw.list" "++checkpoint=$checkpoint" "++output_dir=$out" \
         ++dataset_conf.data_type=raw ++dataset_conf.batch_type=example ++dataset_conf.batch_size=16 \
         "++dataset_conf.num_workers=$nj" "++decoding.method=$method" "++decoding.beam=${beam:-10}" \
         ${lm:+"++decoding.lm=$lm"} ${lm_weight:+"++decoding.lm_weight=$lm_weight"} \
