@@ -369,6 +369,10 @@ class CommandStream(io.RawIOBase):
             raise DataError(f"command '{self.url}' failed: {'; '.join(errors)}.")
 
 
+#: where each command turns pipes on, for the messages that refuse one
+_ENABLE_PIPES = "scp2jsonl and pack-shards: ++allow_pipe=true; the loader: ++dataset_conf.allow_pipe=true"
+
+
 def check_regular_file(path: str) -> None:
     """Refuse a local path that is not a regular file before opening it: a FIFO would block the open (or
     the read) forever, and a device such as /dev/zero never ends. Missing paths are left to the opener."""
@@ -384,8 +388,7 @@ def check_regular_file(path: str) -> None:
             else "a socket" if stat.S_ISSOCK(mode) else "a device")
     raise DataError(f"{path} is {kind}, not a regular file; corpus-io reads data only from regular files or URLs "
                     f"(a FIFO would block forever and a device such as /dev/zero never ends). Point the entry at "
-                    f"a file, or, for a stream you trust, use a pipe:/'cmd |' entry (scp2jsonl and pack-shards: "
-                    f"++allow_pipe=true; the loader: ++dataset_conf.allow_pipe=true).")
+                    f"a file, or, for a stream you trust, use a pipe:/'cmd |' entry ({_ENABLE_PIPES}).")
 
 
 def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
@@ -397,8 +400,7 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
     if is_command(url):
         if not allow_pipe:
             raise DataError(f"'{url}' is a command. Commands from data lists are off by default; if you trust "
-                            f"the list, enable them (scp2jsonl and pack-shards: ++allow_pipe=true; the loader: "
-                            f"++dataset_conf.allow_pipe=true; other commands read only files and URLs).")
+                            f"the list, enable them ({_ENABLE_PIPES}; other commands read only files and URLs).")
         timeout = float((storage_options or {}).get(PIPE_TIMEOUT_KEY) or DEFAULT_PIPE_TIMEOUT)
         return io.BufferedReader(CommandStream(url, timeout, pipe_timeout_key(storage_options)),
                                  buffer_size=block_size)

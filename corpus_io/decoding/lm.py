@@ -273,6 +273,12 @@ def room_for(table: Any, row: int) -> Any:
     return grown
 
 
+def sentence_bonus(arpa: Arpa, words: list[str], weight: float, word_score: float) -> float:
+    """A fusion's score of a whole hypothesis spelling ``words`` (the final ranking, with ``</s>``): ``weight``
+    times its natural-log probability plus ``word_score`` per LM unit."""
+    return weight * math.log(10) * arpa.sentence_logprob(words) + word_score * len(words)
+
+
 def start_states(start: int, batch: int, beam: int, device: Any) -> Any:
     """Every prefix of a new search in a fusion's start state: ``(batch, beam)`` state ids."""
     import torch
@@ -364,9 +370,7 @@ class LmFusion:
         return torch.tensor(out, dtype=torch.long, device=state.device)
 
     def sequence_bonus(self, seqs: list[list[int]]) -> list[float]:
-        ln10 = math.log(10)
-        return [self.weight * ln10 * self.arpa.sentence_logprob([self.words[t] for t in seq])
-                + self.word_score * len(seq) for seq in seqs]
+        return [sentence_bonus(self.arpa, [self.words[t] for t in seq], self.weight, self.word_score) for seq in seqs]
 
 
 def lm_fusion(conf: Any, tokenizer: Any, device: Any = "cpu") -> LmFusion | WordLmFusion:
@@ -490,9 +494,4 @@ class WordLmFusion:
         return words + [word] if word else words
 
     def sequence_bonus(self, seqs: list[list[int]]) -> list[float]:
-        ln10 = math.log(10)
-        out = []
-        for seq in seqs:
-            words = self.words(seq)
-            out.append(self.weight * ln10 * self.arpa.sentence_logprob(words) + self.word_score * len(words))
-        return out
+        return [sentence_bonus(self.arpa, self.words(seq), self.weight, self.word_score) for seq in seqs]
