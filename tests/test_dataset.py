@@ -11,6 +11,7 @@ from corpus_io.dataset import build_dataloader
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.partition import SlotState
 from corpus_io.tokenizer import build_tokenizer
+from tests.conftest import hang_limit
 from tests.loader_data import fixture_utts, make_raw, make_shards, small_conf, token_list
 
 
@@ -381,7 +382,8 @@ def test_a_key_two_shards_hold_fails_naming_both_or_with_skip_is_read_once_and_c
 def test_a_worker_stuck_past_batch_timeout_fails_naming_rank_and_worker(tmp_path):
     tok = build_tokenizer(token_list(tmp_path))
     listed = tmp_path / "stuck.list"  # a pipe that never ends: the read neither fails nor delivers
-    listed.write_text(json.dumps({"key": "stuck", "wav": "pipe:sleep 20", "txt": "a"}) + "\n", encoding="utf-8")
+    listed.write_text(json.dumps({"key": "stuck", "wav": f"pipe:sleep {hang_limit(20):.0f}", "txt": "a"}) + "\n",
+                      encoding="utf-8")
     conf = small_conf(num_workers=1, data_type="raw", allow_pipe=True, batch_timeout=3.0)
     loader = build_dataloader(str(listed), conf, tok, train=True, rank=0, world_size=1)
     with pytest.raises(DataError) as err:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from corpus_io.explore.catalog import build
-from tests.conftest import assert_user_error, run_bounded, run_cli
+from tests.conftest import assert_user_error, hang_limit, run_bounded, run_cli
 from tests.explore.conftest import Served, copy_shards, fixture_texts
 
 pytestmark = pytest.mark.network
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.network
 def get(url: str, headers: dict | None = None, method: str = "GET") -> tuple[int, dict, bytes]:
     req = urllib.request.Request(url, headers=headers or {}, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - loopback test server
+        with urllib.request.urlopen(req, timeout=hang_limit(30)) as r:  # noqa: S310 - loopback test server
             return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as exc:
         body = exc.read()

@@ -15,7 +15,7 @@ from corpus_io.config import MergeJobsConfig, PackShardsConfig
 from corpus_io.errors import DataError
 from corpus_io.jobs import Job, merge_jobs
 from corpus_io.shards.pack import pack_shards
-from tests.conftest import BIN, REPO, run_cli
+from tests.conftest import BIN, REPO, hang_limit, run_cli
 from tests.shards.conftest import fixture_records, write_jsonl
 
 
@@ -196,7 +196,7 @@ def test_kill_9_mid_job_then_rerun_merges_to_the_bytes_of_one_job(tmp_path):
     job = [str(BIN / "corpus-io"), "pack-shards", *args, f"++output_dir={out}", "++num_jobs=2"]
     proc = subprocess.Popen([*job, "++job_index=1"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 120
+    deadline = time.time() + hang_limit(120)
     while time.time() < deadline and len(list(out.glob(".shard-*.tar.json"))) < 3:
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)
