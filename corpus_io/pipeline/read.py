@@ -60,9 +60,11 @@ class Source:
     track_keys: bool = False  # no index records every shard's keys: readers find repeats from the samples
 
     @classmethod
-    def open(cls, data_list: str, data_type: str, weight: float = 1.0, *, on_error: str = "skip") -> Source:
+    def open(cls, data_list: str, data_type: str, weight: float = 1.0, *, on_error: str = "skip",
+             storage_options: dict | None = None) -> Source:
         """``on_error=fail``: a key the index records in two shards is a DataError here, before any reading;
-        ``skip``: the first shard keeps it (``owners``) and the others' copies are dropped and counted."""
+        ``skip``: the first shard keeps it (``owners``) and the others' copies are dropped and counted.
+        ``storage_options``: the readers', also for a list (and its index) at a URL."""
         if data_type == "raw":
             return cls._open_raw(data_list, weight, on_error)
         from corpus_io.shards.index import (
@@ -76,7 +78,7 @@ class Source:
             repeated_shard,
         )
 
-        urls = read_datalist(data_list)
+        urls = read_datalist(data_list, storage_options=storage_options)
         if not urls:
             raise DataError(f"{data_list} lists no shards. Run make-datalist on the packed shards.")
         twice = repeated_shard(urls)
@@ -86,7 +88,7 @@ class Source:
                             f"({urls[j - 1]}); every utterance in it would be trained twice per epoch. Remove one "
                             f"of the lines (lists joined with cat?), or merge lists with make-datalist, which "
                             f"refuses repeats.")
-        index = load_index(data_list)
+        index = load_index(data_list, storage_options=storage_options)
         if index is None:
             _warn_no_index(data_list)
         index = index or {}
@@ -99,9 +101,9 @@ class Source:
                                 f"directory>) and check the shards with verify-shards.")
         durations = [float(e["duration"]) if e and e.get("duration") else 0.0 for e in entries]
         num_utts = [int(e["num_utts"]) if e and e.get("num_utts") else 0 for e in entries]
-        keyed = index_records_keys(data_list)
+        keyed = index_records_keys(data_list, storage_options=storage_options)
         found_in = str(index_path_for(data_list))
-        repeats = known_repeated_keys(data_list) if keyed else {}
+        repeats = known_repeated_keys(data_list, storage_options=storage_options) if keyed else {}
         if not keyed and all(_local_tar(u) for u in urls):
             # no index names the keys, but the shards are local tars: their headers do, without reading audio
             scanned = _repeats_from_headers(urls)
