@@ -100,6 +100,14 @@ def _iter_shard_keys(index: Path | str, storage_options: dict | None = None) -> 
             yield entry["path"], [str(k) for k in entry["keys"]]
 
 
+def index_shard_keys(list_path: str | os.PathLike, *, storage_options: dict | None = None,
+                     only: set[str] | None = None) -> Iterator[tuple[str, list[str]]]:
+    """``(shard, its utterance keys)`` of each entry of the index of ``list_path`` that records them (``only``: of
+    these shards), streamed; nothing when there is no index."""
+    return ((p, keys) for p, keys in _iter_shard_keys(index_path_for(list_path), storage_options)
+            if only is None or p in only)
+
+
 def repeated_keys(list_path: str | os.PathLike, *, storage_options: dict | None = None) -> dict[str, list[str]]:
     """Keys that more than one shard of ``list_path`` holds (or one shard twice), from its index's ``keys``
     (no audio is read); see :func:`find_repeated_keys`. Empty when there is no index or it records no keys."""
