@@ -415,11 +415,13 @@ _RANKS = """
 def build(input_path: str, *, cache_dir: str | os.PathLike | None = None, decode_dirs: list[str] = (),
           storage_options: dict | None = None) -> Catalog:
     """Build (or reuse) the catalog of ``input_path`` joined with the given decode result dirs."""
-    from corpus_io.explore.results import build_results
+    from corpus_io.explore.results import build_results, check_hyps
 
+    runs = [str(Path(d).resolve()) for d in decode_dirs if d]
+    for d in runs:  # before anything is written
+        check_hyps(d)
     cache = Path(cache_dir) if cache_dir else default_cache_dir(input_path)
     kind, shards = build_base(input_path, cache, storage_options=storage_options)
-    runs = [str(Path(d).resolve()) for d in decode_dirs if d]
     run_files = [build_results(d, cache) for d in runs]
     build_table(cache, run_files)
     return Catalog(input_path, kind, cache, shards, storage_options, runs, run_files)
