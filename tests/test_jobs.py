@@ -94,7 +94,7 @@ def test_every_job_command_runs_the_function_its_cli_row_runs():
     from cli.commands import COMMANDS
 
     runs = {c.name: c.run for c in COMMANDS}
-    assert {name: run for name, (_, run, _, _) in JOB_COMMANDS.items()} == {name: runs[name] for name in JOB_COMMANDS}
+    assert {name: run for name, (_, run, *_) in JOB_COMMANDS.items()} == {name: runs[name] for name in JOB_COMMANDS}
     assert runs["merge-jobs"] == "corpus_io.jobs:merge_jobs"
 
 
@@ -178,3 +178,30 @@ def test_a_command_with_auto_writes_the_slice_of_its_array_task(tmp_path, fixtur
     part = tmp_path / "o.jsonl.scp2jsonl.part-000002-of-000003"
     keys = [line.split(" ", 1)[0] for line in (fixture_corpus / "wav.scp").read_text().splitlines()]
     assert [json.loads(x)["key"] for x in part.read_text().splitlines()] == keys[8:16]
+
+
+def test_merge_refuses_a_record_whose_output_path_leaves_its_directory_and_writes_nothing(tmp_path, fixture_corpus):
+    from corpus_io.config import MergeJobsConfig
+    from corpus_io.errors import DataError
+    from corpus_io.files import file_sha256
+    from corpus_io.jobs import merge_jobs
+
+    tables = [fixture_corpus / "wav.scp", fixture_corpus / "text"]
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "o.jsonl"
+    for j in (1, 2):
+        scp2jsonl_job(out, 2, j, tables)
+    secret = tmp_path / "secret.txt"  # outside the run's directory: a merge must never copy it into the output
+    secret.write_text("not for the jsonl\n")
+    record = work / "o.jsonl.scp2jsonl.part-000002-of-000002.json"
+    part = json.loads(record.read_text())
+    part["outputs"][0] = {"file": "../secret.txt", "bytes": secret.stat().st_size, "sha256": file_sha256(secret)}
+    record.write_text(json.dumps(part))
+    before = sorted(p.name for p in work.iterdir())
+    with pytest.raises(DataError) as err:
+        merge_jobs(MergeJobsConfig(path=str(out)))
+    assert (f"part record {record}: outputs[0].file is '../secret.txt', not a relative path inside the record's "
+            f"directory") in str(err.value)
+    assert "Delete it and rerun that job" in str(err.value)
+    assert sorted(p.name for p in work.iterdir()) == before and not out.exists()

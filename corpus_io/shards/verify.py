@@ -257,6 +257,31 @@ def _print_failures(bad: list[VerifyResult], out: list[str] | None = None) -> No
                 out.append(line)
 
 
+def check_part(part: jobs.Part) -> None:
+    """merge-jobs: a verify-shards record's results, one per shard of its span, each a :class:`VerifyResult`
+    (:class:`corpus_io.jobs.RecordProblem` on the first field that cannot be trusted)."""
+    results = jobs.of_type(part.data.get("results"), "data.results", list, "a list")
+    lo, hi = part.span
+    if len(results) != hi - lo:
+        raise jobs.bad("data.results", f"{len(results)} shards", f"but the job's span {part.span} holds {hi - lo}")
+    fields = set(VerifyResult.__dataclass_fields__)
+    for i, r in enumerate(results):
+        where = f"data.results[{i}]"
+        extra = set(jobs.of_type(r, where, dict, "a JSON object")) - fields
+        if extra:
+            raise jobs.bad(where, sorted(extra), f"fields a verify result does not have (it has {sorted(fields)})")
+        jobs.of_type(r.get("url"), f"{where}.url", str, "a string")
+        jobs.whole(r.get("num_utts", 0), f"{where}.num_utts")
+        jobs.whole(r.get("bytes", 0), f"{where}.bytes")
+        problems = jobs.of_type(r.get("problems", []), f"{where}.problems", list, "a list")
+        if not all(isinstance(p, str) for p in problems):
+            raise jobs.bad(f"{where}.problems", problems, "not a list of strings")
+        jobs.of_type(r.get("keys", ""), f"{where}.keys", str, "a string")
+    report = part.data.get("report")
+    if report is not None:
+        jobs.of_type(report, "data.report", str, "a path (a string)")
+
+
 def merge_parts(place: jobs.Place, parts: list[jobs.Part]) -> list[VerifyResult]:
     """``merge-jobs`` of verify-shards: the one-job report (and its exit status) from the parts' results."""
     results = [VerifyResult(**r) for part in parts for r in part.payload()["results"]]
