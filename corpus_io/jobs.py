@@ -124,10 +124,11 @@ def scheduler_job(env: Mapping[str, str], num_jobs: int | None = None) -> tuple[
     task = _env_int(env, "SLURM_ARRAY_TASK_ID")
     if task is not None:
         first = _env_int(env, "SLURM_ARRAY_TASK_MIN")
-        first = 1 if first is None else first
         step = _env_int(env, "SLURM_ARRAY_TASK_STEP") or 1
         count = _env_int(env, "SLURM_ARRAY_TASK_COUNT")
         last = _env_int(env, "SLURM_ARRAY_TASK_MAX")
+        _check_slurm_array(task, first, last, count, step, explicit)
+        first = 1 if first is None else first
         spanned = (last - first) // step + 1 if last is not None else None
         if count is None:
             count = spanned
@@ -138,7 +139,9 @@ def scheduler_job(env: Mapping[str, str], num_jobs: int | None = None) -> tuple[
                               f"++job_index=auto need a range array: sbatch --array=1-N (or --array=A-B:S). For "
                               f"this array, {explicit}")
         if task < first or (task - first) % step:
-            raise ConfigError(f"SLURM_ARRAY_TASK_ID={task} is not in the range {first}..{last} in steps of {step} "
+            end = last if last is not None else first + (count - 1) * step if count else None
+            span = f"the range {first}..{end}" if end is not None else f"a range from {first}"
+            raise ConfigError(f"SLURM_ARRAY_TASK_ID={task} is not in {span} in steps of {step} "
                               f"(SLURM_ARRAY_TASK_MIN/_MAX/_STEP). ++job_index=auto needs a range array "
                               f"(sbatch --array=1-N); {explicit}")
         return Job((task - first) // step + 1, count or num_jobs or 0), "Slurm"
@@ -177,6 +180,32 @@ def scheduler_job(env: Mapping[str, str], num_jobs: int | None = None) -> tuple[
         count = (last - first) // step + 1 if last is not None else num_jobs or 0
         return Job((task - first) // step + 1, count), "LSF"
     return None
+
+
+def _check_slurm_array(task: int, first: int | None, last: int | None, count: int | None, step: int,
+                       explicit: str) -> None:
+    """The Slurm array variables that cannot place ``task`` in one range, named with what to set: Slurm sets
+    ``SLURM_ARRAY_TASK_MIN``, ``_MAX`` and ``_COUNT`` with ``_ID`` in every array task, so a task that lacks them
+    runs in an environment someone wrote (a wrapper, a copied ``export``) and ``auto`` would only guess."""
+    missing = [f"SLURM_ARRAY_TASK_{name}" for name, value in (("MIN", first), ("MAX", last), ("COUNT", count))
+               if value is None]
+    if first is None and task < 1:  # a 1-based guess cannot hold task 0 (or below): say what is not there
+        raise ConfigError(f"SLURM_ARRAY_TASK_ID={task} is set but {', '.join(missing)} "
+                          f"{'is' if len(missing) == 1 else 'are'} not, so ++job_index=auto cannot tell where task "
+                          f"{task} is in the array (sbatch --array sets them all in every array task). Set them as "
+                          f"sbatch --array would (e.g. SLURM_ARRAY_TASK_MIN=0 SLURM_ARRAY_TASK_MAX=N-1 for "
+                          f"--array=0-(N-1)), or {explicit}")
+    if step < 1:
+        raise ConfigError(f"SLURM_ARRAY_TASK_STEP={step} must be 1 or more (--array=A-B:S). Set it, or {explicit}")
+    if first is not None and last is not None and last < first:
+        raise ConfigError(f"SLURM_ARRAY_TASK_MAX={last} is below SLURM_ARRAY_TASK_MIN={first}: no array runs from "
+                          f"{first} to {last}. Make them agree with sbatch --array=MIN-MAX, or {explicit}")
+    if count is not None and count < 1:
+        raise ConfigError(f"SLURM_ARRAY_TASK_COUNT={count}: an array holds at least one task. Set it to the array's "
+                          f"size, or {explicit}")
+    if last is not None and task > last:
+        raise ConfigError(f"SLURM_ARRAY_TASK_ID={task} is above SLURM_ARRAY_TASK_MAX={last}: the variables do not "
+                          f"describe one array. Make them agree with sbatch --array=MIN-MAX, or {explicit}")
 
 
 def resolve_job(num_jobs: Any = 1, job_index: Any = 1, env: Mapping[str, str] | None = None) -> Job:
