@@ -70,9 +70,10 @@ def decode(cfg: Any) -> dict:
     refuse_overwrites(cfg)  # first: before torch is imported or anything is read
     from corpus_io.config import require
     from corpus_io.dataset import build_dataloader
-    from corpus_io.decoding.search import NEEDS_ENCODER, Search
+    from corpus_io.decoding.search import NEEDS_ENCODER, Search, check_options
 
     require(cfg, "data_list", "checkpoint", "output_dir")
+    check_options(cfg.decoding)
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)

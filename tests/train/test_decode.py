@@ -15,6 +15,7 @@ from corpus_io.train.cmvn import compute_cmvn, eval_dataset_conf
 from corpus_io.train.scoring import Scorer
 from tests.conftest import assert_user_error, run_cli
 from tests.loader_data import small_conf
+from tests.test_hostile import corpus_io as in_process
 from tests.train.conftest import run_train, torchrun_cmd
 
 
@@ -244,8 +245,9 @@ def test_a_conformer_ctc_att_model_trains_and_decodes_by_all_four_methods(corpus
               "++decoding.beam=4"]
     for method in ("greedy", "ctc_prefix_beam", "ctc_beam_lm", "attention_rescoring"):
         out = tmp_path / method
+        uses_lm = [f"++decoding.lm={lm}"] if method == "ctc_beam_lm" else []  # the others refuse one
         result = run_cli("corpus-io", "decode", *common, f"++checkpoint={exp / 'model.pt'}", f"++output_dir={out}",
-                         f"++decoding.method={method}", f"++decoding.lm={lm}")
+                         f"++decoding.method={method}", *uses_lm)
         assert result.returncode == 0, result.stderr[-3000:]
         assert len((out / "text").read_text(encoding="utf-8").splitlines()) == 24
         assert f"decoding: method={method}" in (out / "cer.txt").read_text(encoding="utf-8")
@@ -287,3 +289,33 @@ def test_abs_pos_lets_the_decoder_tell_two_identical_words_apart_and_no_pos_keep
     assert ConformerCTCAttention(40, 12).pos_enc_layer_type == "abs_pos"
     with pytest.raises(ValueError, match="pos_enc_layer_type='rel_pos' must be one of"):
         ConformerCTC(40, 12, pos_enc_layer_type="rel_pos")
+
+
+# --------------------------------------------------------------------------- refused before anything is written
+
+
+def _lm(tmp_path, name: str = "lm.arpa"):
+    from corpus_io.decoding.lm import kneser_ney, write_arpa
+
+    write_arpa(tmp_path / name, *kneser_ney([list("今天天气很好"), list("北京天气")], 2)[:2])
+    return tmp_path / name
+
+
+def test_decode_refuses_a_count_lying_lm_and_an_lm_for_greedy_and_writes_nothing(trained, corpus, tmp_path, capfd):
+    good = _lm(tmp_path)
+    text = good.read_text(encoding="utf-8")
+    unigrams = int(text.split("ngram 1=")[1].split()[0])
+    lying = tmp_path / "lying.arpa"
+    lying.write_text(text.replace(f"ngram 1={unigrams}\n", f"ngram 1={unigrams + 3}\n"), encoding="utf-8")
+    common = [f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=0",
+              f"++checkpoint={trained['out'] / 'model.pt.avg2'}", f"++output_dir={tmp_path / 'dec'}"]
+    for options, needles in (
+            (["++decoding.method=ctc_beam_lm", f"++decoding.lm={lying}"],
+             [f"{lying}:", f"section ends after {unigrams} entries, but the header announces ngram 1={unigrams + 3}"]),
+            (["++decoding.method=greedy", f"++decoding.lm={good}"],
+             [f"decoding.lm={good} is given, but decoding.method=greedy uses no LM", "++decoding.method=ctc_beam_lm"])):
+        rc, err = in_process("decode", *common, *options, capfd=capfd)
+        assert rc == 2 and "Traceback" not in err, err
+        for needle in needles:
+            assert needle in err, err
+        assert not (tmp_path / "dec").exists()
