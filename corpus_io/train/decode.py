@@ -48,12 +48,13 @@ def decode_dataset_conf(user: Any, trained: Any) -> Any:
 def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
     """``(model in eval mode, tokenizer, training config)`` from a checkpoint."""
     from corpus_io.tokenizer import build_tokenizer
-    from corpus_io.train.checkpoint import load_checkpoint
+    from corpus_io.train.checkpoint import check_token_list, load_checkpoint
     from corpus_io.train.model import build_model, feature_dim
 
     state = load_checkpoint(checkpoint)
     tcfg = training_config(state, checkpoint)
     tokenizer = build_tokenizer(tcfg.tokenizer)
+    check_token_list(state, tokenizer, checkpoint)
     # CMVN stats are buffers inside the checkpoint; the original cmvn_file is not needed.
     model = build_model(dict(tcfg.model), feature_dim(tcfg.dataset_conf), tokenizer.vocab_size, None)
     try:
