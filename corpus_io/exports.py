@@ -147,9 +147,10 @@ def export(cfg: Any) -> Summary:
     line_of = nemo_line if cfg.output_format == "nemo" else lhotse_cut
     probe = _Probe()
     summary = Summary(what="utterances")
+    skipped = inputs.Skipped(summary.skip)
     with atomic_write(out_path, "wb") as raw:
         f = _open_text(raw, out_path) if out_path.endswith(".gz") else None
-        for rec in inputs.iter_records(cfg.jsonl_file_in, skip=lambda s: summary.skip(s.reason)):
+        for rec in inputs.iter_records(cfg.jsonl_file_in, skip=skipped):
             where = rec.pop("where", cfg.jsonl_file_in)
             line = line_of(rec, probe, where)
             text = json.dumps(line, ensure_ascii=False) + "\n"
@@ -162,7 +163,7 @@ def export(cfg: Any) -> Summary:
         if f is not None:
             f.close()  # the gzip trailer, before the file is renamed into place
         if not summary.kept:
-            raise DataError(f"{cfg.jsonl_file_in} has no utterances to write. Check ++jsonl_file_in.")
+            raise skipped.nothing_left(cfg.jsonl_file_in, "there is nothing to write", "++jsonl_file_in")
     summary.print(f"jsonl2scp -> {cfg.output_format} {out_path}")
     return summary
 
