@@ -20,6 +20,7 @@ from pathlib import Path
 import distributed  # noqa: F401 - [dev] brings it ([dask]): a broken install fails this test, never skips it
 import pytest
 
+from corpus_io import api
 from tests.conftest import BIN, REPO, free_port, run_cli, wait_for_port
 from tests.shards.conftest import fixture_records, write_jsonl
 
@@ -130,23 +131,18 @@ def test_the_readme_dask_lines_on_a_default_worker_give_one_local_jobs_bytes(clu
     argv, executor = _readme_dask_lines()
     pack = [*_at(argv, {"train.jsonl": str(jsonl), "/shared/shards": str(tmp_path / "dask"),
                         "tcp://10.0.0.5:8786": cluster.address}), "++num_utts_per_shard=1"]
-    local = run_cli("corpus-io", "pack-shards", f"++input={jsonl}", f"++output_dir={tmp_path / 'one'}",
-                    "++num_utts_per_shard=1", timeout=600)
-    assert local.returncode == 0, local.stderr[-5000:]
+    api.pack_shards(jsonl, tmp_path / "one", num_utts_per_shard=1)  # one local job, here
     result = run_cli(*pack, timeout=600)
     assert result.returncode == 0, result.stderr[-5000:] + log.read_text(errors="replace")[-5000:]
     assert "[merge-jobs] 64 parts of pack-shards" in result.stdout + result.stderr
     _same_files(tmp_path / "dask", tmp_path / "one", "*.tar")
     _same_files(tmp_path / "dask", tmp_path / "one", "index.jsonl")
     # compute-cmvn: the README's line with "the same two keys" (and the block's job count)
-    cmvn = _readme_compute_cmvn()
     data_list = str(tmp_path / "dask" / "data.list")
-    local = run_cli(*_at(cmvn, {"data/train/shards/data.list": data_list,
-                                "data/train/cmvn.json": str(tmp_path / "one.cmvn.json")}), timeout=600)
-    assert local.returncode == 0, local.stderr[-5000:]
-    result = run_cli(*_at([*cmvn, *executor], {"data/train/shards/data.list": data_list,
-                                               "data/train/cmvn.json": str(tmp_path / "dask.cmvn.json"),
-                                               "tcp://10.0.0.5:8786": cluster.address}), timeout=600)
+    api.compute_cmvn(data_list, tmp_path / "one.cmvn.json")
+    places = {"data/train/shards/data.list": data_list, "data/train/cmvn.json": str(tmp_path / "dask.cmvn.json"),
+              "tcp://10.0.0.5:8786": cluster.address}
+    result = run_cli(*_at([*_readme_compute_cmvn(), *executor], places), timeout=600)
     assert result.returncode == 0, result.stderr[-5000:] + log.read_text(errors="replace")[-5000:]
     assert "[merge-jobs] 64 parts of compute-cmvn" in result.stdout + result.stderr
     assert (tmp_path / "dask.cmvn.json").read_bytes() == (tmp_path / "one.cmvn.json").read_bytes()
@@ -160,8 +156,7 @@ def test_dask_executor_survives_a_killed_worker_and_merges_to_one_jobs_bytes(clu
     records = [dict(r, key=f"c{c}-{r['key']}") for c in range(4) for r in fixture_records()]
     jsonl = write_jsonl(tmp_path / "train.jsonl", records)  # 96 utterances, 24 shards of 4
     args = [f"++input={jsonl}", "++num_utts_per_shard=4", "++audio_format=flac", "++num_workers=1"]
-    one = run_cli("corpus-io", "pack-shards", *args, f"++output_dir={tmp_path / 'one'}")
-    assert one.returncode == 0, one.stderr
+    api.pack_shards(jsonl, tmp_path / "one", num_utts_per_shard=4, audio_format="flac", num_workers=1)  # one job
     out = tmp_path / "out"
     proc = subprocess.Popen([str(BIN / "corpus-io"), "pack-shards", *args, f"++output_dir={out}", "++num_jobs=6",
                              "++executor=dask", f"++executor_address={address}"], stdout=subprocess.PIPE,
@@ -183,8 +178,7 @@ def test_dask_executor_survives_a_killed_worker_and_merges_to_one_jobs_bytes(clu
     assert (out / "index.jsonl").read_bytes() == (tmp_path / "one" / "index.jsonl").read_bytes()
     # compute-cmvn's jobs on the worker left alive: the statistics of one job, byte for byte
     cmvn = ["compute-cmvn", f"++data_list={out / 'data.list'}", "++dataset_conf.num_workers=0"]
-    one = run_cli("corpus-io", *cmvn, f"++output={tmp_path / 'one.cmvn.json'}", timeout=240)
-    assert one.returncode == 0, one.stderr
+    api.compute_cmvn(out / "data.list", tmp_path / "one.cmvn.json", dataset_conf={"num_workers": 0})
     jobs = run_cli("corpus-io", *cmvn, f"++output={tmp_path / 'jobs.cmvn.json'}", "++num_jobs=3", "++executor=dask",
                    f"++executor_address={address}", timeout=240)
     assert jobs.returncode == 0, jobs.stderr
