@@ -49,6 +49,7 @@ from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info,
 from corpus_io.pipeline.build import build_pipeline, continues_streams, describe_chain, loader_chain, read_options
 from corpus_io.pipeline.elastic import Resplit, resplit, same_topology, utterances_left
 from corpus_io.pipeline.read import Source
+from corpus_io.progress import may_start_processes
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,8 @@ class CorpusLoader:
         self.conf = conf
         self.uneven = uneven
         self.num_workers = max(0, int(conf.num_workers))
+        if not may_start_processes(self.num_workers, "DataLoader worker processes (dataset_conf.num_workers)"):
+            self.num_workers = 0  # a daemonic process (a dask worker under its nanny): the loader runs inline
         self.epoch = 0
         self._snapshots: dict[int, dict] = {}
         self._resume: dict[int, dict] | None = None

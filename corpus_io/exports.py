@@ -12,6 +12,8 @@ NeMo manifest to a CutSet). Written, one line per utterance, streamed:
   the audio header: sampling rate, samples, channels) and one supervision holding the transcript.
   ``lhotse.CutSet.from_file`` loads it.
 
+Local audio paths are written absolute (:func:`from_anywhere`): the manifest reads the same from any directory.
+
 Segments of one recording arrive together, so one header probe serves them all.
 """
 
@@ -50,6 +52,20 @@ class _Probe:
         return self.info
 
 
+def from_anywhere(source: str) -> str:
+    """``source`` as a path that names the same file from any directory: a relative local path (read, as everywhere
+    in corpus-io, from the current directory) made absolute, a tar member's tar too; URLs and commands unchanged.
+    NeMo resolves a relative ``audio_filepath`` from the current directory if the file is there, else from the
+    manifest's directory; Lhotse resolves a relative source from the current directory only: an absolute path is
+    the one that every reader, run from anywhere, opens as the file read here."""
+    if "://" in source or is_command(source):
+        return source
+    member = audio.split_tar_member(source)
+    if member is not None:
+        return os.path.abspath(member[0]) + "//" + member[1]
+    return os.path.abspath(source)
+
+
 def _span(rec: dict, info: audio.AudioInfo) -> tuple[float, float, bool]:
     """``(start, duration, is a segment)`` in seconds."""
     start = rec.get("start")
@@ -69,7 +85,7 @@ def _nemo_shard(source: str) -> tuple[str, int] | None:
 
 def nemo_line(rec: dict, probe: Callable[[dict, str], audio.AudioInfo], where: str) -> dict:
     start, duration, segment = _span(rec, probe(rec, where))
-    line: dict[str, Any] = {"audio_filepath": str(rec["source"]), "duration": round(duration, 6),
+    line: dict[str, Any] = {"audio_filepath": from_anywhere(str(rec["source"])), "duration": round(duration, 6),
                             "text": str(rec.get("target", ""))}
     tarred = _nemo_shard(line["audio_filepath"])
     if tarred is not None:  # back to NeMo's tarred layout: the member name and its shard
@@ -94,6 +110,7 @@ def lhotse_cut(rec: dict, probe: Callable[[dict, str], audio.AudioInfo], where: 
     info = probe(rec, where)
     start, duration, segment = _span(rec, info)
     recording_id = inputs.nemo_key(source) if segment else rec["key"]
+    source = from_anywhere(source)
     channels = list(range(info.channels))
     recording = {"id": recording_id,
                  "sources": [{"type": "url" if "://" in source else "file", "channels": channels, "source": source}],
@@ -130,9 +147,10 @@ def export(cfg: Any) -> Summary:
     line_of = nemo_line if cfg.output_format == "nemo" else lhotse_cut
     probe = _Probe()
     summary = Summary(what="utterances")
+    skipped = inputs.Skipped(summary.skip)
     with atomic_write(out_path, "wb") as raw:
         f = _open_text(raw, out_path) if out_path.endswith(".gz") else None
-        for rec in inputs.iter_records(cfg.jsonl_file_in, skip=lambda s: summary.skip(s.reason)):
+        for rec in inputs.iter_records(cfg.jsonl_file_in, skip=skipped):
             where = rec.pop("where", cfg.jsonl_file_in)
             line = line_of(rec, probe, where)
             text = json.dumps(line, ensure_ascii=False) + "\n"
@@ -145,7 +163,7 @@ def export(cfg: Any) -> Summary:
         if f is not None:
             f.close()  # the gzip trailer, before the file is renamed into place
         if not summary.kept:
-            raise DataError(f"{cfg.jsonl_file_in} has no utterances to write. Check ++jsonl_file_in.")
+            raise skipped.nothing_left(cfg.jsonl_file_in, "there is nothing to write", "++jsonl_file_in")
     summary.print(f"jsonl2scp -> {cfg.output_format} {out_path}")
     return summary
 

@@ -20,7 +20,8 @@
   swapping ``recordings``/``supervisions`` in the name, as Lhotse recipes name them).
 
 A multi-channel file is mixed down to mono as everywhere in corpus-io, so a MultiCut of all its channels is
-read. Refused with a clear message (no silent guess): a cut of some channels of a multi-channel file,
+read. Refused with a clear message (no silent guess): a cut or supervision outside its recording (checked as a
+Kaldi segment is), a supervision of another recording in a cut, a cut of some channels of a multi-channel file,
 overlapping supervisions in one cut (two transcripts for one stretch of audio), MixedCut/PaddingCut,
 features-only cuts, recordings with transforms, in-memory sources.
 
@@ -43,7 +44,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from corpus_io import kaldi
+from corpus_io import audio, kaldi
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import UTF8_BOM, bounded_lines, parse_json_object
 from corpus_io.manifest import canonical
@@ -55,11 +56,48 @@ _SAME_TIME = 1e-3  # seconds: supervisions closer than this do not overlap; a cu
 
 @dataclass(frozen=True)
 class Skip:
-    """An input line that yields no record: why (the skip reason counted in the summary), where, which key."""
+    """An input line that yields no record: why (the skip reason counted in the summary), where, which key, and
+    what the line holds that made it so (``detail``: the field, for messages)."""
 
     reason: str
     where: str
     key: str
+    detail: str = ""
+
+    @property
+    def what(self) -> str:
+        """``key 'K': <reason> (<detail>)``: what happened to the line, for a message after its ``where``."""
+        return f"key '{self.key}': {self.reason}" + (f" ({self.detail})" if self.detail else "")
+
+
+class Skipped:
+    """The ``skip`` of :func:`iter_records` for a command that drops and counts such lines: ``count(reason)`` (e.g.
+    ``Summary.skip``) for each, and the first kept, so that an input left with no utterance is reported as what
+    happened to its lines (:meth:`nothing_left`), not as an empty file."""
+
+    def __init__(self, count: Callable[[str], None] | None = None):
+        self.count = count
+        self.first: Skip | None = None
+        self.n = 0
+
+    def __call__(self, skip: Skip) -> None:
+        self.first = self.first or skip
+        self.n += 1
+        if self.count is not None:
+            self.count(skip.reason)
+
+    def nothing_left(self, path: str, consequence: str, option: str) -> DataError:
+        """The error of input ``path`` (the command's ``option``) that gave no utterance: ``consequence`` is what the
+        command cannot do."""
+        if self.first is None:
+            return DataError(f"{path} has no utterances; {consequence}. Check {option} (an earlier step may have "
+                             f"written an empty file).")
+        first = f"{self.first.where}: {self.first.what}"
+        if self.n == 1:
+            return DataError(f"{path}: its only utterance was skipped, so {consequence}: {first}. Fix the line (or "
+                             f"remove it).")
+        return DataError(f"{path}: all {self.n} of its utterances were skipped, so {consequence}; the first: {first}. "
+                         f"Fix those lines (or remove them).")
 
 
 # --------------------------------------------------------------------------- one line -> one record
@@ -128,9 +166,31 @@ def _nemo_record(obj: dict, where: str, base: str) -> dict | Skip:
         rec["end"] = offset + duration if duration is not None else -1.0
     text = obj.get("text", obj.get("normalized_text"))  # NeMo's order
     if text is None:
-        return Skip("missing transcript", where, key)
+        field = next((f"'{name}' is null" for name in ("text", "normalized_text") if name in obj),
+                     "no 'text' field")
+        return Skip("missing transcript", where, key, f"{field}: NeMo reads it from 'text' or 'normalized_text'")
     rec["target"] = text if isinstance(text, str) else str(text)
     return canonical(rec, where)
+
+
+def _lhotse_span(obj: dict, recording: dict, where: str, key: str, what: str) -> tuple[float, float]:
+    """``(start, duration)`` s of a cut (or a supervision of a RecordingSet), checked as a Kaldi segment is: finite,
+    ``0 <= start < start + duration``, inside the recording (up to ``audio.MAX_OVERSHOOT`` past its end, clipped
+    when read), whose ``sampling_rate`` and ``num_samples`` a Lhotse recording holds."""
+    start = _number(obj, "start", where, key) or 0.0
+    duration = _number(obj, "duration", where, key)
+    if duration is None:
+        raise DataError(f"{where}: {what} '{key}' has no duration. A Lhotse {what} needs start and duration.")
+    rate, total = recording.get("sampling_rate"), recording.get("num_samples")
+    if not (isinstance(rate, int) and rate > 0 and isinstance(total, int) and total >= 0):
+        rate, total = 1000, 1 << 62  # a recording of unknown length: only 0 <= start < end is checked
+    try:
+        audio.segment_samples(start, start + duration, rate, total)
+    except DataError as exc:
+        raise DataError(f"{where}: {what} '{key}' (start {start:g} s, duration {duration:g} s) of recording "
+                        f"'{recording.get('id', '?')}': {exc} Fix the {what} in Lhotse (or drop it) and save the "
+                        f"manifest again.") from None
+    return start, duration
 
 
 def _lhotse_source(recording: dict, channel: Any, where: str, key: str) -> str:
@@ -201,14 +261,17 @@ def _lhotse_cut_record(obj: dict, where: str, base: str = "") -> dict | Skip:
     recording = obj.get("recording")
     if not isinstance(recording, dict):
         raise DataError(f"{where}: cut '{key}' has no recording (a features-only cut?); corpus-io needs the audio.")
-    start = _number(obj, "start", where, key) or 0.0
-    duration = _number(obj, "duration", where, key)
-    if duration is None:
-        raise DataError(f"{where}: cut '{key}' has no duration. A Lhotse cut needs start and duration.")
+    start, duration = _lhotse_span(obj, recording, where, key, "cut")
     source = _lhotse_source(recording, obj.get("channel", 0), where, key)
     sups = obj.get("supervisions") or []
+    other = next((s for s in sups if s.get("recording_id", recording.get("id")) != recording.get("id")), None)
+    if other is not None:
+        raise DataError(f"{where}: cut '{key}' is of recording '{recording.get('id')}', but its supervision "
+                        f"'{other.get('id')}' is of recording '{other.get('recording_id')}': its text belongs to other "
+                        f"audio. Fix the cut in Lhotse (e.g. rebuild it with CutSet.from_manifests) and save the "
+                        f"CutSet again.")
     if not sups:
-        return Skip("no supervision", where, key)
+        return Skip("no supervision", where, key, "'supervisions' is empty: the transcript is a supervision's 'text'")
     text, speaker, language = _join_texts(sups, where, key)
     whole = start < _SAME_TIME and abs(duration - float(recording.get("duration", -1))) < _SAME_TIME
     return _utterance(key, source, start, duration, whole, text, speaker, language, where)
@@ -472,16 +535,15 @@ def _lhotse_pair_input(path: str) -> Input:
                             f"it has {sorted(sup)}.")
         recording = recordings[0].get(str(sup["recording_id"]))
         if recording is None:
-            return Skip("recording missing from the RecordingSet", where, key)
-        start = _number(sup, "start", where, key) or 0.0
-        duration = _number(sup, "duration", where, key)
-        if duration is None:
-            raise DataError(f"{where}: supervision '{key}' has no duration.")
+            return Skip("recording missing from the RecordingSet", where, key,
+                        f"its recording_id '{sup['recording_id']}' is not in {rec_path}")
+        start, duration = _lhotse_span(sup, recording, where, key, "supervision")
         source = _lhotse_source(recording, sup.get("channel", 0), where, key)
         whole = start < _SAME_TIME and abs(duration - float(recording.get("duration", -1))) < _SAME_TIME
         text = sup.get("text")
         if text is None:
-            return Skip("missing transcript", where, key)
+            return Skip("missing transcript", where, key,
+                        "the supervision's 'text' is null" if "text" in sup else "the supervision has no 'text'")
         rec = _utterance(key, source, start, duration, whole, str(text), sup.get("speaker"), sup.get("language"),
                          where)
         rec["where"] = where
@@ -537,13 +599,14 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> Input:
             seg = kaldi.parse_segment(key, value, where)
             source = recordings.get(seg.recording)
             if source is None:
-                return Skip("recording missing from wav.scp", where, key)
+                return Skip("recording missing from wav.scp", where, key,
+                            f"its recording '{seg.recording}' has no line in {data_dir / 'wav.scp'}")
             rec["source"], rec["start"], rec["end"] = source, seg.start, seg.end
         else:
             rec["source"] = value
         target = text.get(key)
         if target is None:
-            return Skip("missing transcript", where, key)
+            return Skip("missing transcript", where, key, f"no line in {data_dir / 'text'}")
         rec["target"] = target
         speaker = utt2spk.get(key) if utt2spk is not None else None
         if speaker is not None:
@@ -601,7 +664,7 @@ def iter_records(path: str | os.PathLike, *, skip: Callable[[Skip], None] | None
     for rec in inp.records():
         if isinstance(rec, Skip):
             if skip is None:
-                raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the input.")
+                raise DataError(f"{rec.where}: {rec.what} ({inp.describe}). Fix the input.")
             skip(rec)
             continue
         yield rec

@@ -30,6 +30,8 @@ of other options or of another N in its place stops before writing anything.
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
 import json
 import os
@@ -657,10 +659,19 @@ def run_job(command: str, overrides: list[str], job_index: int, num_jobs: int) -
     command's result (its Summary)."""
     if command not in JOB_COMMANDS:
         raise ConfigError(f"'{command}' does not run as jobs; these do: {', '.join(JOB_COMMANDS)}.")
+    run = JOB_COMMANDS[command][1]
+    overrides = [o for o in overrides if not re.match(r"\+*(num_jobs|job_index)=", o)]
+    cfg = copy.deepcopy(_composed(command, tuple(overrides), num_jobs))
+    cfg.job_index = job_index  # checked against num_jobs by job_of, as compose would
+    return _function(run)(cfg)
+
+
+@functools.lru_cache(maxsize=8)
+def _composed(command: str, overrides: tuple[str, ...], num_jobs: int) -> Any:
+    """The config of ``command``'s jobs (job 1's; :func:`run_job` sets each job's index on a copy), composed once per
+    process: a Dask worker runs many jobs, and one Hydra composition costs about 0.3 s of CPU, held under a lock."""
     from corpus_io import config
 
-    schema_name, run, *_ = JOB_COMMANDS[command]
-    overrides = [o for o in overrides if not re.match(r"\+*(num_jobs|job_index)=", o)]
-    cfg = config.compose(getattr(config, schema_name), command.replace("-", "_"),
-                         [*overrides, f"++num_jobs={num_jobs}", f"++job_index={job_index}"])
-    return _function(run)(cfg)
+    schema_name = JOB_COMMANDS[command][0]
+    return config.compose(getattr(config, schema_name), command.replace("-", "_"),
+                          [*overrides, f"++num_jobs={num_jobs}", "++job_index=1"])

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 from corpus_io import audio, files, jobs, kaldi, urls
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import atomic_write, iter_raw_lines, parse_json_object
-from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
+from corpus_io.progress import Summary, WorkerState, parallel_imap, progress, resolve_num_workers
 
 WENET_TO_FUNASR = {"wav": "source", "txt": "target"}
 
@@ -135,18 +135,17 @@ class _Result:
 
 # The joined tables of this process: workers do the lookups (each reopens the table files), so the main
 # process only streams keys and writes lines. Set by _use_tables, the workers' parallel_imap initializer.
-_KEYED: dict[str, kaldi.KeyedTable] = {}
+_KEYED = WorkerState()  # .values: name -> kaldi.KeyedTable, per thread when inline (jobs side by side in a Dask worker)
 
 
 def _use_tables(keyed: dict[str, kaldi.KeyedTable]) -> None:
-    _KEYED.clear()
-    _KEYED.update(keyed)
+    _KEYED.values = dict(keyed)
 
 
 def _probe_task(task: _Task) -> _Result:
     values = dict(task.values)
     for name, lookup in task.lookups.items():
-        value = _KEYED[name].get(lookup)
+        value = _KEYED.values[name].get(lookup)
         if value is None:
             return _Result(task.key, None)
         values[name] = value
@@ -385,7 +384,7 @@ def scp2jsonl(cfg: Any) -> Summary:
                 raise DataError(f"no utterance of {driver_path} is left to write ({summary.line()}). "
                                 f"Fix the tables or the audio they name.")
     finally:
-        _KEYED.clear()
+        _KEYED.values = {}
     for t in keyed.values():
         t.close()
     if not job.single:

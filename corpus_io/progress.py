@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
+import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -126,10 +127,40 @@ class Summary:
             raise DataError(f"{job} produced nothing: {self.line()}. {what_to_do}")
 
 
+def may_start_processes(num_workers: int, what: str = "worker processes") -> bool:
+    """Whether to start ``num_workers`` ``what``: not inside a daemonic process (a ``dask worker`` under its
+    nanny, the default; a multiprocessing pool's worker), which Python forbids children (``AssertionError:
+    daemonic processes are not allowed to have children``). The caller then runs the work inline, in this
+    process, and the log says so once per process."""
+    global _SAID_INLINE
+    if num_workers < 1 or not mp.current_process().daemon:
+        return num_workers >= 1
+    with _SAID_LOCK:
+        said, _SAID_INLINE = _SAID_INLINE, True
+    if not said:
+        print(f"[corpus-io] this process is daemonic (a dask worker under its nanny, or a pool's worker) and may not "
+              f"start processes: the work of its {num_workers} {what} runs inline, in this process (the cluster's "
+              f"workers and threads run the jobs side by side).", file=sys.stderr, flush=True)
+    return False
+
+
+_SAID_INLINE = False
+_SAID_LOCK = threading.Lock()
+
+
+class WorkerState(threading.local):
+    """What a :func:`parallel_imap` ``initializer`` gives the workers (``.values``, set by the initializer), per
+    thread: jobs that run inline side by side in one process's threads (a Dask worker's) never see each other's."""
+
+    def __init__(self) -> None:
+        self.values: dict = {}
+
+
 def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int, chunksize: int = 64,
                   initializer: Callable[..., None] | None = None, initargs: tuple = (),
                   start_method: str | None = None) -> Iterator[R]:
-    """Ordered ``map`` over processes; runs inline when ``num_workers == 1``.
+    """Ordered ``map`` over processes; runs inline when ``num_workers == 1`` or in a daemonic process
+    (:func:`may_start_processes`).
 
     Results come back in input order. The input is consumed lazily with at most
     ``4 * num_workers`` chunks in flight (``Pool.imap`` would read it all ahead),
@@ -139,10 +170,10 @@ def parallel_imap(fn: Callable[[T], R], items: Iterable[T], *, num_workers: int,
 
     ``initializer(*initargs)`` runs once in every worker before its first item (in this process when
     the job runs inline): the way to give workers state a job builds (open tables, loaded sources),
-    which then works under any start method, not only fork. ``start_method``: None is
-    :func:`default_start_method`.
+    which then works under any start method, not only fork (keep it in a :class:`WorkerState`). ``start_method``:
+    None is :func:`default_start_method`.
     """
-    if num_workers <= 1:
+    if num_workers <= 1 or not may_start_processes(num_workers):
         if initializer is not None:
             initializer(*initargs)
         yield from map(fn, items)

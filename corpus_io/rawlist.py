@@ -105,7 +105,7 @@ def _as_jsonl(path: str, owner: object) -> str:
     from corpus_io.inputs import iter_records
 
     def refuse(rec: Skip) -> None:
-        raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason}. Fix the input, or write a raw list with "
+        raise DataError(f"{rec.where}: {rec.what}. Fix the input, or write a raw list with "
                         f"corpus-io make-datalist ++data_type=raw ++input={path} ++output=data.list, which drops "
                         f"and counts such utterances.")
 
@@ -271,7 +271,7 @@ class RawList:
         try:
             out = record_of_line(rec, "", os.path.dirname(os.path.abspath(path)))
             if isinstance(out, Skip):
-                raise DataError(f": key '{out.key}': {out.reason}. Drop the line, or let make-datalist "
+                raise DataError(f": {out.what}. Drop the line, or let make-datalist "
                                 f"++data_type=raw write the list (it skips and counts such lines).")
             return out
         except DataError as exc:  # the line number costs a read up to the line: only on error

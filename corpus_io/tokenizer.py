@@ -254,9 +254,10 @@ def iter_texts(path: str) -> Iterator[str]:
 
     hashes = array("q")
     count = 0
+    skipped = inputs.Skipped()  # lines without a transcript are left out; if all are, the error names one
     if os.path.isdir(path) or path.endswith(".gz") or (_looks_like_jsonl(path) and inputs.detect(path) not in
                                                        ("funasr", "wenet")):
-        for rec in inputs.iter_records(path, skip=lambda _: None):  # a Kaldi dir, NeMo, Lhotse: their texts
+        for rec in inputs.iter_records(path, skip=skipped):  # a Kaldi dir, NeMo, Lhotse: their texts
             count += 1
             yield str(rec.get("target", ""))
     elif _looks_like_jsonl(path):
@@ -281,8 +282,7 @@ def iter_texts(path: str) -> Iterator[str]:
             yield row.value
         kaldi.raise_if_duplicates(path, hashes)
     if not count:
-        raise DataError(f"{path} has no utterances; there is no text to build a token list from. Check "
-                        f"++input (an earlier step may have written an empty file).")
+        raise skipped.nothing_left(path, "there is no text to build a token list from", "++input")
 
 
 def _looks_like_jsonl(path: str) -> bool:

@@ -457,3 +457,28 @@ def test_the_saved_config_holds_no_credentials():
     assert saved.dataset_conf.storage_options.client_kwargs.endpoint_url == "http://127.0.0.1:8333"
     assert saved.dataset_conf.storage_options.anon is False and saved.dataset_conf.storage_options.secret == "***"
     assert saved.train_data_set_list == "https://***@example.org/data.list"
+
+
+def test_threads_that_compose_side_by_side_each_get_their_own_config():
+    """A Dask worker runs jobs in its threads, and each composes its config: Hydra's one GlobalHydra per process
+    must not be cleared or initialized under another thread's composition ("GlobalHydra is already initialized")."""
+    import threading
+
+    got: dict = {}
+
+    def compose(i: int) -> None:
+        try:
+            got[i] = [config.compose(config.PackShardsConfig, "pack_shards",
+                                     [f"++input=in{i}.jsonl", "++output_dir=o", f"++num_utts_per_shard={i + 1}"])
+                      for _ in range(4)]
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            got[i] = exc
+
+    threads = [threading.Thread(target=compose, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i in range(4):
+        assert isinstance(got[i], list), got[i]
+        assert {(c.input, c.num_utts_per_shard) for c in got[i]} == {(f"in{i}.jsonl", i + 1)}

@@ -1,55 +1,162 @@
-"""++executor=dask on a real Dask cluster on 127.0.0.1 (`dask scheduler` + two `dask worker`s, ports from the OS):
-pack-shards' jobs are submitted, one worker is killed mid-run, and the merged result equals one job's bytes; then
-compute-cmvn's jobs on the worker left."""
+"""++executor=dask on a real Dask cluster on 127.0.0.1 (`dask scheduler` + `dask worker`s, ports from the OS), one
+scheduler for the module:
+
+* the README's Dask lines on a default `dask worker` (nanny on: tasks run in a daemonic process, which may not start
+  the commands' worker processes) with the commands' default num_workers: pack-shards and compute-cmvn give one
+  local job's bytes;
+* pack-shards' jobs on two `--no-nanny` workers, one killed mid-run: the merged result equals one job's bytes; then
+  compute-cmvn's jobs on the worker left."""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import distributed  # noqa: F401 - [dev] brings it ([dask]): a broken install fails this test, never skips it
 import pytest
 
-from tests.conftest import BIN, free_port, hang_limit, run_cli, wait_for_port
+from corpus_io import api
+from tests.conftest import BIN, REPO, free_port, hang_limit, run_cli, wait_for_port
 from tests.shards.conftest import fixture_records, write_jsonl
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def dask_cluster(tmp_path):
-    port = free_port()
-    procs = []
+class Cluster:
+    """A scheduler for the module; each test starts its workers and :meth:`stop_workers` ends them."""
 
-    def start(*args: str) -> subprocess.Popen:
-        log = open(tmp_path / f"dask{len(procs)}.log", "wb")
-        proc = subprocess.Popen([str(BIN / "dask"), *args], stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+    def __init__(self, logs: Path):
+        self.logs, self.procs, self.workers = logs, [], []
+        port = free_port()
+        scheduler = self._start("scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0",
+                                "--no-show")
+        wait_for_port(port, scheduler, self.logs / "dask0.log", "dask scheduler")
+        self.address = f"tcp://127.0.0.1:{port}"
+
+    def _start(self, *args: str) -> subprocess.Popen:
+        log = open(self.logs / f"dask{len(self.procs)}.log", "wb")
+        proc = subprocess.Popen([str(BIN / "dask"), *args], stdout=log, stderr=subprocess.STDOUT, cwd=self.logs,
                                 env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
-        procs.append(proc)
+        self.procs.append(proc)
         return proc
 
-    scheduler = start("scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0",
-                      "--no-show")
-    wait_for_port(port, scheduler, tmp_path / "dask0.log", "dask scheduler")
-    address = f"tcp://127.0.0.1:{port}"
-    workers = [start("worker", address, "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1",
-                     "--dashboard-address", ":0") for _ in range(2)]
-    yield address, workers
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    def start_worker(self, *args: str) -> tuple[subprocess.Popen, Path]:
+        """``dask worker <scheduler> ARGS`` on 127.0.0.1: the process and its log."""
+        proc = self._start("worker", self.address, "--host", "127.0.0.1", "--dashboard-address", ":0", *args)
+        self.workers.append(proc)
+        return proc, self.logs / f"dask{len(self.procs) - 1}.log"
+
+    def stop_workers(self) -> None:
+        """Kill this test's workers (a nanny with its worker: the process group) and wait until the scheduler has
+        dropped them, so the next test's jobs run only on its own workers."""
+        from distributed import Client
+
+        for proc in self.workers:
+            _kill(proc)
+        self.workers = []
+        with Client(self.address, timeout=60) as client:
+            deadline = time.monotonic() + 60
+            while client.scheduler_info()["workers"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not client.scheduler_info()["workers"], "the scheduler still lists killed workers"
+
+    def close(self) -> None:
+        for proc in self.procs:
+            _kill(proc)
 
 
-def test_dask_executor_survives_a_killed_worker_and_merges_to_one_jobs_bytes(dask_cluster, tmp_path):
-    address, workers = dask_cluster
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory):
+    cluster = Cluster(tmp_path_factory.mktemp("dask"))
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def cluster(dask_cluster):
+    yield dask_cluster
+    dask_cluster.stop_workers()
+
+
+def _readme_dask_lines() -> tuple[list[str], list[str]]:
+    """The README's pack-shards line on a Dask cluster (its ```bash block after "On a Dask cluster"), split as a
+    shell splits it, and its executor keys (what "the same two keys" adds to another command)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"On a Dask cluster.*?```bash\n(.*?)```", readme, re.S).group(1)
+    argv = shlex.split(block.replace("\\\n", " "))
+    assert argv[:2] == ["corpus-io", "pack-shards"], block
+    return argv, [a for a in argv if a.startswith(("++num_jobs=", "++executor=", "++executor_address="))]
+
+
+def _readme_compute_cmvn() -> list[str]:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    return shlex.split(re.search(r"^corpus-io compute-cmvn .*$", readme, re.M).group(0))
+
+
+def _at(argv: list[str], places: dict[str, str]) -> list[str]:
+    """``argv`` with the README's addresses (paths, the scheduler) replaced by this test's."""
+    out = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        out.append(f"{key}={places[value]}" if value in places else arg)
+    assert out != argv
+    return [str(BIN / out[0]), *out[1:]]
+
+
+def _same_files(a: Path, b: Path, pattern: str) -> None:
+    names = sorted(p.name for p in a.glob(pattern))
+    assert names and names == sorted(p.name for p in b.glob(pattern))
+    assert all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
+
+
+def test_the_readme_dask_lines_on_a_default_worker_give_one_local_jobs_bytes(cluster, tmp_path):
+    """The README's block, verbatim apart from the paths and the scheduler's address, on `dask worker <address>`
+    (nanny on, its default threads) with default num_workers; pack-shards gets ``++num_utts_per_shard=1`` so that
+    this small corpus (96 utterances) makes more shards than the block's 64 jobs: a job packs two shards, which
+    opens its pool of workers (one shard a job would run inline and prove nothing)."""
+    _, log = cluster.start_worker()
+    jsonl = write_jsonl(tmp_path / "train.jsonl", [dict(r, key=f"c{c}-{r['key']}") for c in range(4)
+                                                    for r in fixture_records()])
+    argv, executor = _readme_dask_lines()
+    pack = [*_at(argv, {"train.jsonl": str(jsonl), "/shared/shards": str(tmp_path / "dask"),
+                        "tcp://10.0.0.5:8786": cluster.address}), "++num_utts_per_shard=1"]
+    api.pack_shards(jsonl, tmp_path / "one", num_utts_per_shard=1)  # one local job, here
+    result = run_cli(*pack, timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:] + log.read_text(errors="replace")[-5000:]
+    assert "[merge-jobs] 64 parts of pack-shards" in result.stdout + result.stderr
+    _same_files(tmp_path / "dask", tmp_path / "one", "*.tar")
+    _same_files(tmp_path / "dask", tmp_path / "one", "index.jsonl")
+    # compute-cmvn: the README's line with "the same two keys" (and the block's job count)
+    data_list = str(tmp_path / "dask" / "data.list")
+    api.compute_cmvn(data_list, tmp_path / "one.cmvn.json")
+    places = {"data/train/shards/data.list": data_list, "data/train/cmvn.json": str(tmp_path / "dask.cmvn.json"),
+              "tcp://10.0.0.5:8786": cluster.address}
+    result = run_cli(*_at([*_readme_compute_cmvn(), *executor], places), timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:] + log.read_text(errors="replace")[-5000:]
+    assert "[merge-jobs] 64 parts of compute-cmvn" in result.stdout + result.stderr
+    assert (tmp_path / "dask.cmvn.json").read_bytes() == (tmp_path / "one.cmvn.json").read_bytes()
+    # the worker said once why its jobs ran their pools inline
+    assert log.read_text(errors="replace").count("this process is daemonic") == 1
+
+
+def test_dask_executor_survives_a_killed_worker_and_merges_to_one_jobs_bytes(cluster, tmp_path):
+    address = cluster.address
+    workers = [cluster.start_worker("--nthreads", "1", "--no-nanny")[0] for _ in range(2)]
     records = [dict(r, key=f"c{c}-{r['key']}") for c in range(4) for r in fixture_records()]
     jsonl = write_jsonl(tmp_path / "train.jsonl", records)  # 96 utterances, 24 shards of 4
     args = [f"++input={jsonl}", "++num_utts_per_shard=4", "++audio_format=flac", "++num_workers=1"]
-    one = run_cli("corpus-io", "pack-shards", *args, f"++output_dir={tmp_path / 'one'}")
-    assert one.returncode == 0, one.stderr
+    api.pack_shards(jsonl, tmp_path / "one", num_utts_per_shard=4, audio_format="flac", num_workers=1)  # one job
     out = tmp_path / "out"
     proc = subprocess.Popen([str(BIN / "corpus-io"), "pack-shards", *args, f"++output_dir={out}", "++num_jobs=6",
                              "++executor=dask", f"++executor_address={address}"], stdout=subprocess.PIPE,
@@ -67,14 +174,11 @@ def test_dask_executor_survives_a_killed_worker_and_merges_to_one_jobs_bytes(das
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, stderr[-5000:]
     assert "[merge-jobs] 6 parts of pack-shards" in stdout + stderr
-    shards = sorted(p.name for p in (tmp_path / "one").glob("*.tar"))
-    assert sorted(p.name for p in out.glob("*.tar")) == shards
-    assert all((out / s).read_bytes() == (tmp_path / "one" / s).read_bytes() for s in shards)
+    _same_files(out, tmp_path / "one", "*.tar")
     assert (out / "index.jsonl").read_bytes() == (tmp_path / "one" / "index.jsonl").read_bytes()
     # compute-cmvn's jobs on the worker left alive: the statistics of one job, byte for byte
     cmvn = ["compute-cmvn", f"++data_list={out / 'data.list'}", "++dataset_conf.num_workers=0"]
-    one = run_cli("corpus-io", *cmvn, f"++output={tmp_path / 'one.cmvn.json'}", timeout=240)
-    assert one.returncode == 0, one.stderr
+    api.compute_cmvn(out / "data.list", tmp_path / "one.cmvn.json", dataset_conf={"num_workers": 0})
     jobs = run_cli("corpus-io", *cmvn, f"++output={tmp_path / 'jobs.cmvn.json'}", "++num_jobs=3", "++executor=dask",
                    f"++executor_address={address}", timeout=240)
     assert jobs.returncode == 0, jobs.stderr

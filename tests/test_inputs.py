@@ -387,3 +387,76 @@ def test_make_datalist_takes_a_kaldi_dir_with_segments(tmp_path, fixture_corpus)
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["key"] for x in lines] == [f"long-seg{i:02d}" for i in range(4)]
     assert lines[1]["duration"] == pytest.approx(5.178 - 3.205, abs=1e-3) and lines[1]["speaker"] == "long"
+
+
+def _lhotse_lines(tmp_path: Path, case: str) -> Path:
+    """Two cuts (or a recording + supervision pair) written by lhotse, the second edited as ``case`` says."""
+    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+
+    recordings = [Recording.from_file(path, recording_id=key) for key, path, _ in UTTS[:2]]
+    sups = [SupervisionSegment(id=f"{r.id}-s", recording_id=r.id, start=0.0, duration=r.duration, text="hi")
+            for r in recordings]
+    if case == "pair supervision start -2.0":
+        RecordingSet.from_recordings(recordings).to_file(tmp_path / "demo_recordings.jsonl")
+        lines = [s.to_dict() for s in sups]
+        lines[1]["start"] = -2.0
+        path = tmp_path / "demo_supervisions.jsonl"
+    else:
+        cuts = CutSet.from_manifests(recordings=RecordingSet.from_recordings(recordings),
+                                     supervisions=SupervisionSet.from_segments(sups))
+        lines = [dict(c.to_dict(), id=f"c{i}") for i, c in enumerate(cuts, 1)]
+        if case == "cut start -2.0":
+            lines[1]["start"] = -2.0  # its duration stays the recording's: read as the whole file before
+        else:  # "supervision of another recording"
+            lines[1]["supervisions"][0]["recording_id"] = UTTS[0][0]
+        path = tmp_path / "cuts.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+@pytest.mark.parametrize("case, needles", [
+    ("cut start -2.0", ["cuts.jsonl:2", "cut 'c2' (start -2 s", "lies outside its recording", "Fix the cut in Lhotse"]),
+    ("supervision of another recording", ["cuts.jsonl:2", f"cut 'c2' is of recording '{UTTS[1][0]}'",
+                                          f"supervision '{UTTS[1][0]}-s' is of recording '{UTTS[0][0]}'"]),
+    ("pair supervision start -2.0", ["demo_supervisions.jsonl:2", f"supervision '{UTTS[1][0]}-s' (start -2 s",
+                                     "lies outside its recording"]),
+])
+def test_a_lhotse_cut_or_supervision_outside_its_recording_is_refused_as_a_kaldi_segment_is(tmp_path, case, needles):
+    """Checked where every reader takes them (corpus_io.inputs), as Kaldi segments are: 0 <= start < end, inside the
+    recording; a cut's supervisions are of its recording. make-datalist then writes nothing."""
+    from corpus_io.api import make_datalist
+
+    given, out = tmp_path / "in", tmp_path / "out"
+    given.mkdir()
+    path = _lhotse_lines(given, case)
+    before = sorted(p.name for p in given.iterdir())
+    with pytest.raises(DataError) as error:
+        make_datalist([str(path)], out / "raw.list", data_type="raw")
+    for needle in needles:
+        assert needle in str(error.value), str(error.value)
+    assert list(out.iterdir()) == [] and sorted(p.name for p in given.iterdir()) == before
+    with pytest.raises(DataError, match="lies outside|is of recording"):
+        list(iter_records(path))  # every reader: the check is the input's
+
+
+@pytest.mark.parametrize("command", ["make-datalist", "make-tokenizer", "jsonl2scp"])
+def test_a_nemo_manifest_whose_only_line_has_text_null_is_reported_as_that_line_not_as_an_empty_file(tmp_path,
+                                                                                                     command):
+    from corpus_io import api
+
+    given, out = tmp_path / "in", tmp_path / "out"
+    given.mkdir()
+    manifest = given / "train_manifest.json"
+    manifest.write_text(json.dumps({"audio_filepath": UTTS[0][1], "duration": 3.1, "text": None}) + "\n")
+    run = {"make-datalist": lambda: api.make_datalist([str(manifest)], out / "raw.list", data_type="raw"),
+           "make-tokenizer": lambda: api.make_tokenizer(manifest, out / "tokens.txt"),
+           "jsonl2scp": lambda: api.jsonl2scp(manifest, [], output_format="nemo",
+                                              manifest_out=str(out / "manifest.json"))}[command]
+    out.mkdir()
+    with pytest.raises(DataError) as error:
+        run()
+    message = str(error.value)
+    assert f"{manifest}: its only utterance was skipped" in message
+    assert f"{manifest}:1: key '{Path(UTTS[0][1]).stem}': missing transcript ('text' is null" in message
+    assert "empty file" not in message
+    assert list(out.iterdir()) == [] and [p.name for p in given.iterdir()] == [manifest.name]

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from corpus_io.errors import DataError, WorkerDied
-from corpus_io.progress import Summary, default_start_method, parallel_imap
+from corpus_io.progress import Summary, WorkerState, default_start_method, parallel_imap
 
 
 def _square(x: int) -> int:
@@ -222,6 +222,58 @@ def test_worker_state_comes_from_the_initializer_under_any_start_method(workers,
     assert [item for item, _, _ in out] == list(range(6))
     assert {value for _, value, _ in out} == {"tables"}
     assert ({pid for _, _, pid in out} == {os.getpid()}) == (workers == 1)
+
+
+def _map_in_a_daemon(results) -> None:
+    try:
+        results.put([list(parallel_imap(_read_worker_state, range(4), num_workers=2, chunksize=1,
+                                        initializer=_set_worker_state, initargs=(f"job {j}",))) for j in (1, 2)])
+    except BaseException as exc:  # noqa: BLE001 - the parent asserts on it
+        results.put(repr(exc))
+
+
+def test_a_daemonic_process_runs_the_pool_inline_and_says_so_once(capfd):
+    """A daemonic process (a `dask worker` under its nanny) may not start processes: its jobs run their work inline,
+    with the initializer's state, and the log says why once, not per job."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    daemon = ctx.Process(target=_map_in_a_daemon, args=(results,), daemon=True)
+    daemon.start()
+    got = results.get(timeout=120)
+    daemon.join(timeout=120)
+    assert isinstance(got, list), got
+    for j, out in zip((1, 2), got):
+        assert out == [(i, f"job {j}", daemon.pid) for i in range(4)]
+    assert capfd.readouterr().err.count("this process is daemonic") == 1
+
+
+_STATE = WorkerState()
+
+
+def _set_state(value: str) -> None:
+    _STATE.values = {"value": value}
+
+
+def _read_state(item: int) -> tuple[int, str]:
+    return item, _STATE.values.get("value", "unset")
+
+
+def test_jobs_run_inline_in_two_threads_each_keep_their_initializers_state():
+    """A Dask worker runs jobs side by side in its threads, inline: one job's initializer must not replace the
+    state of a job another thread is in the middle of."""
+    import threading
+
+    first = parallel_imap(_read_state, range(4), num_workers=1, initializer=_set_state, initargs=("first",))
+    head = next(first)
+    other: list = []
+    thread = threading.Thread(target=lambda: other.extend(parallel_imap(_read_state, range(2), num_workers=1,
+                                                                          initializer=_set_state, initargs=("other",))))
+    thread.start()
+    thread.join()
+    assert [head, *first] == [(i, "first") for i in range(4)]
+    assert other == [(i, "other") for i in range(2)]
 
 
 def test_workers_are_spawned_not_forked_once_this_process_runs_the_fsspec_event_loop():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,11 @@ def to_dict(obj: Any) -> dict:
     return dataclasses.asdict(obj)
 
 
+# Hydra keeps one GlobalHydra per process: threads that compose side by side (the jobs a Dask worker runs in its
+# threads) would clear and initialize it under each other, so they compose one at a time
+_HYDRA_LOCK = threading.Lock()
+
+
 def _hydra_compose(config_name: str, overrides: list[str], *, config_path: str | None) -> dict:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -109,10 +115,14 @@ def _hydra_compose(config_name: str, overrides: list[str], *, config_path: str |
     hydra_overrides = list(overrides)
     if conf_dir != CONF_DIR.resolve():  # a user's YAML may use the shipped groups (dataset_conf: shard, ...)
         hydra_overrides.append(f"hydra.searchpath=[file://{CONF_DIR.resolve()}]")
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base=None, job_name=name):
-            cfg = hydra_compose(config_name=name, overrides=hydra_overrides)
+        with _HYDRA_LOCK:
+            GlobalHydra.instance().clear()
+            try:
+                with initialize_config_dir(config_dir=str(conf_dir), version_base=None, job_name=name):
+                    cfg = hydra_compose(config_name=name, overrides=hydra_overrides)
+            finally:
+                GlobalHydra.instance().clear()
     except HydraException as exc:
         raise ConfigError(_explain_hydra_error(str(exc), overrides)) from None
     except UnicodeDecodeError as exc:
@@ -128,8 +138,6 @@ def _hydra_compose(config_name: str, overrides: list[str], *, config_path: str |
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{conf_dir / (name + '.yaml')} (or a config group it uses) is not valid YAML{where}: "
                           f"{problem}. Fix the file.") from None
-    finally:
-        GlobalHydra.instance().clear()
     return OmegaConf.to_container(cfg, resolve=False)
 
 

@@ -29,6 +29,7 @@ from corpus_io.files import (
     sidecar_path,
     write_sidecar,
 )
+from corpus_io.progress import WorkerState
 from corpus_io.shards.fields import (
     META,
     MISSING_EXT,
@@ -104,14 +105,13 @@ class FieldResult:
     reasons: dict = field(default_factory=dict)
 
 
-# the sources of this process (feats.scp reader, jsonl values), set by _use_sources: the parallel_imap
-# initializer of add-field's workers (under fork they are shared copy-on-write)
-_SOURCES: dict[str, Any] = {}
+# the sources of this worker (feats.scp reader, jsonl values), set by _use_sources: the parallel_imap
+# initializer of add-field's workers (under fork they are shared copy-on-write; per thread when inline)
+_SOURCES = WorkerState()
 
 
 def _use_sources(sources: dict[str, Any]) -> None:
-    _SOURCES.clear()
-    _SOURCES.update(sources)
+    _SOURCES.values = dict(sources)
 
 
 def _npy_bytes(array: Any) -> bytes:
@@ -263,7 +263,7 @@ def _value(task: FieldTask, sample: dict, compute: Any) -> tuple[Any, str]:
                 return None, "features failed"
             raise DataError(f"shard {task.url}, utterance '{key}': {exc} Fix or remove the utterance, or set "
                             f"++dataset_conf.on_error=skip to store a missing placeholder instead.") from None
-    source = _SOURCES[task.mode]
+    source = _SOURCES.values[task.mode]
     if task.mode == "scp":
         if key not in source:
             return None, "not in feats.scp"
@@ -372,7 +372,7 @@ def add_field(cfg: Any) -> Any:
             summary.skip(why, n)
         if res.resumed and res.missing:
             summary.skip("missing (resumed)", res.missing)
-    _SOURCES.clear()
+    _SOURCES.values = {}
     if not job.single:
         _write_part(place, job, fp, [lo, hi], len(urls), results, summary)
         summary.print(f"add-field {job}")

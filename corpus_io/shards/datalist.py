@@ -205,7 +205,14 @@ def _probe(rec: dict, where: str) -> Any:
         raise DataError(f"{where}: key '{rec['key']}': the source '{source}' is a command, which make-datalist "
                         f"does not run, so it cannot measure its length. Give the line a source_len (scp2jsonl "
                         f"++allow_pipe=true computes it), or convert the audio to files first.")
-    return audio.probe(source)
+    try:
+        return audio.probe(source)
+    except DataError as exc:  # the audio's own words, then the line and key that name it
+        relative = " (a relative path is read from the current directory)" if not (
+            os.path.isabs(source) or "://" in source) else ""
+        raise DataError(f"{where}: key '{rec['key']}': {str(exc).rstrip('.')}. make-datalist measures each recording "
+                        f"from its header, so this line cannot be listed: fix its audio{relative} or remove the "
+                        f"line.") from None
 
 
 def make_raw_list(inputs: list[str], output: str) -> Summary:
@@ -213,7 +220,7 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
     :mod:`corpus_io.inputs` (FunASR/WeNet jsonl, Kaldi dir, NeMo, Lhotse); a line without transcript is skipped
     and counted."""
     from corpus_io import audio
-    from corpus_io.inputs import iter_records, raise_if_duplicate_keys
+    from corpus_io.inputs import Skipped, iter_records, raise_if_duplicate_keys
     from corpus_io.kaldi import key_hash
 
     summary = Summary()
@@ -222,8 +229,9 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
     with atomic_write(output) as out:  # an error below leaves no output behind
         for path in inputs:
             before = len(hashes)
+            skipped = Skipped(summary.skip)
             # duplicates: checked below across every input, from 8-byte key hashes
-            for rec in iter_records(path, skip=lambda s: summary.skip(s.reason), check_duplicates=False):
+            for rec in iter_records(path, skip=skipped, check_duplicates=False):
                 where = rec.pop("where")
                 hashes.append(key_hash(rec["key"]))
                 if rec.get("target") is None:
@@ -256,8 +264,7 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
                 summary.kept += 1
                 summary.seconds += duration
             if len(hashes) == before:
-                raise DataError(f"{path} has no utterances; there is nothing to list. Check ++input "
-                                f"(an earlier step may have written an empty file).")
+                raise skipped.nothing_left(path, "there is nothing to list", "++input")
         raise_if_duplicate_keys(inputs, hashes)
     summary.print("make-datalist")
     return summary

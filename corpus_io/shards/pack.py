@@ -390,7 +390,7 @@ def _pack_dir(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
         for rec in inp.records(cfg.shuffle, cfg.seed, index * per_shard):
             if isinstance(rec, Skip):
                 if cfg.on_error == "fail":
-                    raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the "
+                    raise DataError(f"{rec.where}: {rec.what} ({inp.describe}). Fix the "
                                     f"input, or pass ++on_error=skip to drop such utterances (they are counted).")
                 if wanted is None or index in wanted:
                     summary.skip(rec.reason)
@@ -549,7 +549,7 @@ def _plan(inp: Input, cfg: Any, total: int, keeps: list[Callable[[dict], bool] |
     for rec in inp.records(cfg.shuffle, cfg.seed):
         if isinstance(rec, Skip):
             if cfg.on_error == "fail":
-                raise DataError(f"{rec.where}: key '{rec.key}': {rec.reason} ({inp.describe}). Fix the data dir, or "
+                raise DataError(f"{rec.where}: {rec.what} ({inp.describe}). Fix the data dir, or "
                                 f"pass ++on_error=skip to drop such utterances (they are counted).")
             continue
         for g, keep in enumerate(keeps):

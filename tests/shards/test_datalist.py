@@ -227,3 +227,63 @@ def test_index_readers_skip_the_keys_array_exactly_whatever_the_keys_hold(tmp_pa
     for raw in lines[1:3]:  # the usual shapes are cut before parsing
         cut = index_mod._without_keys(raw)
         assert b'"keys"' not in cut and json.loads(cut) == {k: v for k, v in json.loads(raw).items() if k != "keys"}
+
+
+WAV = str(FIXTURE / "wav" / "spk0-utt000.wav")
+
+
+def _audio_input(tmp: Path, case: str) -> Path:
+    """An input of one good line, then a line make-datalist cannot measure."""
+    import tarfile
+
+    if case == "missing file":
+        path = tmp / "in.jsonl"
+        path.write_text("".join(json.dumps({"key": k, "source": s, "target": "hi"}) + "\n"
+                                for k, s in (("u1", WAV), ("u2", "audio/nowhere.wav"))))
+    elif case == "not audio":
+        (tmp / "notes.wav").write_text("not audio\n" * 50)
+        path = tmp / "in.jsonl"
+        path.write_text("".join(json.dumps({"key": k, "source": s, "target": "hi"}) + "\n"
+                                for k, s in (("u1", WAV), ("u2", str(tmp / "notes.wav")))))
+    elif case == "NeMo tar member missing":
+        with tarfile.open(tmp / "audio_0.tar", "w") as tar:
+            tar.add(WAV, arcname="u1.wav")
+        path = tmp / "tarred_audio_manifest.json"
+        path.write_text("".join(json.dumps({"audio_filepath": f"{k}.wav", "duration": 3.1, "text": "hi",
+                                            "shard_id": 0}) + "\n" for k in ("u1", "u2")))
+    else:  # "Lhotse source missing"
+        from lhotse import CutSet, Recording, SupervisionSegment
+
+        gone = tmp / "u2.wav"
+        gone.write_bytes(Path(WAV).read_bytes())
+        recordings = [Recording.from_file(p, recording_id=k) for k, p in (("u1", WAV), ("u2", gone))]
+        path = tmp / "cuts.jsonl"
+        CutSet.from_cuts(_cut_of(r, SupervisionSegment) for r in recordings).to_file(path)
+        gone.unlink()
+    return path
+
+
+def _cut_of(recording, supervision):
+    cut = recording.to_cut()
+    cut.supervisions = [supervision(id=f"{recording.id}-s", recording_id=recording.id, start=0.0,
+                                    duration=recording.duration, text="hi")]
+    return cut
+
+
+@pytest.mark.parametrize("case, needles", [
+    ("missing file", ["in.jsonl:2", "key 'u2'", "audio/nowhere.wav does not exist", "relative path is read from the "
+                      "current directory", "remove the line"]),
+    ("not audio", ["in.jsonl:2", "key 'u2'", "notes.wav", "remove the line"]),
+    ("NeMo tar member missing", ["tarred_audio_manifest.json:2", "key 'u2'", "has no member 'u2.wav'"]),
+    ("Lhotse source missing", ["cuts.jsonl:2", "key 'u2'", "u2.wav does not exist"]),
+])
+def test_raw_mode_names_the_line_and_key_of_audio_it_cannot_list_and_writes_nothing(tmp_path, case, needles):
+    given, out = tmp_path / "in", tmp_path / "out"
+    given.mkdir()
+    src = _audio_input(given, case)
+    before = sorted(p.name for p in given.iterdir())
+    with pytest.raises(DataError) as error:
+        make_datalist(MakeDatalistConfig(data_type="raw", input=[str(src)], output=str(out / "raw.list")))
+    for needle in needles:
+        assert needle in str(error.value), str(error.value)
+    assert list(out.iterdir()) == [] and sorted(p.name for p in given.iterdir()) == before
