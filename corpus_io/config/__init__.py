@@ -62,6 +62,7 @@ from corpus_io.config.training import (
     TrainConf,
     TrainConfig,
     TuneLmConfig,
+    resolve_intervals,
 )
 
 __all__ = [
@@ -73,6 +74,6 @@ __all__ = [
     "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
     "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "TuneLmConfig", "VerifyShardsConfig", "all_keys",
     "check_keys", "check_values", "coerce_fields", "compose", "compose_raw", "describe", "group_presets",
-    "in_range", "opt", "parse_range", "require", "schema", "to_dict",
+    "in_range", "opt", "parse_range", "require", "resolve_intervals", "schema", "to_dict",
     "to_yaml", "validate",
 ]
