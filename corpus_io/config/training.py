@@ -37,6 +37,9 @@ class TrainConf:
     timeout_s: int = opt(600, "collective timeout", unit="seconds", range="[1, 604800]")
     dump_trained_keys: bool = opt(False, "debug: write output_dir/trained_keys.rank{R}.txt ('epoch key' per trained "
                                          "utterance, cut back to the checkpoint on resume) and unused_keys.rank{R}.txt")
+    ignore_init_mismatch: bool = opt(False, "init_param: the tensors whose shape differs from the checkpoint's (the "
+                                            "output layer of a new token list), or that it lacks, start from their "
+                                            "fresh init, named in the log; false: an error before training")
     debug_fail_at_step: int = opt(0, "debug: rank 0 raises at this global step on the first torchrun attempt "
                                      "(tests --max-restarts); 0: off", unit="steps",
                                   range="[0, 1000000000000]")
@@ -107,6 +110,13 @@ class TrainConfig:
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
     tokenizer: TokenizerConf = opt(factory=TokenizerConf)
     model: Dict[str, Any] = opt(help="the model, built with Hydra _target_", factory=dict, group="model")
+    init_param: Optional[str] = opt(None, "start from this corpus-io checkpoint's model weights (model.pt, "
+                                          "model.pt.ep{E}, model.pt.avg{N}, an s3:// or http(s):// URL) with a fresh "
+                                          "optimizer, scheduler and data position; its model config (and tokenizer "
+                                          "when none is given) unless model.* is set on the command line. A "
+                                          "train_conf.resume of output_dir/model.pt wins")
+    init_param_excludes: List[str] = opt(factory=list, help="parameter name prefixes not taken from init_param "
+                                                            "(left at their fresh init), e.g. '[ctc.]'")
     train_conf: TrainConf = opt(factory=TrainConf)
     optim_conf: OptimConf = opt(factory=OptimConf)
     scheduler_conf: SchedulerConf = opt(factory=SchedulerConf)

@@ -120,6 +120,12 @@ def load_checkpoint(path: str | os.PathLike, *, key: str = "checkpoint", storage
     return state
 
 
+def resume_path(output_dir: str | os.PathLike, resume: bool) -> Path | None:
+    """``output_dir/model.pt`` when ``train_conf.resume`` continues it (it exists), else None."""
+    latest = Path(output_dir) / "model.pt"
+    return latest if resume and latest.is_file() else None
+
+
 def _holds(state: Any) -> str:
     """What a file that is not a corpus-io checkpoint holds, in a few words."""
     if not isinstance(state, dict):

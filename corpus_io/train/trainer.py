@@ -43,6 +43,7 @@ from corpus_io.train.distributed import (
     init_distributed,
     rank_disagreement,
 )
+from corpus_io.train.init_param import Start, load_weights, prepare
 from corpus_io.train.metrics import Board, Meter, RankLog, memory_mb
 from corpus_io.train.optim import build_optimizer, build_scheduler
 from corpus_io.train.steps import SkippedSteps, StepContext, forward_loss, micro_step, optim_step, sync_device
@@ -51,7 +52,7 @@ from corpus_io.train.steps import SkippedSteps, StepContext, forward_loss, micro
 
 
 class Trainer:
-    def __init__(self, cfg: Any, ctx: DistContext) -> None:
+    def __init__(self, cfg: Any, ctx: DistContext, start: Start | None = None) -> None:
         from corpus_io.config import to_yaml
         from corpus_io.dataset import build_dataloader
         from corpus_io.pipeline.build import describe_chain, loader_chain
@@ -68,18 +69,20 @@ class Trainer:
             raise ConfigError("train_conf.use_fp16 and use_bf16 are both true; choose one.")
         if tc.use_fp16 and ctx.device.type != "cuda":
             raise ConfigError("train_conf.use_fp16 needs a CUDA device; on CPU use ++train_conf.use_bf16=true.")
-        self.out = Path(cfg.output_dir)
-        ensure_dir(self.out, what="output_dir")
-        self.log = RankLog(self.out, ctx.rank)
-        _absolute_paths(cfg.tokenizer, "token_list", "bpe_model")  # so decode finds them from any directory
-        self.config_yaml = to_yaml(cfg)
-        if ctx.is_main:
-            (self.out / "config.yaml").write_text(self.config_yaml, encoding="utf-8")
-
         torch.manual_seed(tc.seed)
         self.tokenizer = build_tokenizer(cfg.tokenizer)
         self.input_dim = feature_dim(cfg.dataset_conf)
         model = build_model(dict(cfg.model), self.input_dim, self.tokenizer.vocab_size, cfg.cmvn_file)
+        start_notes = load_weights(model, start, cfg)  # init_param: raises before anything is written
+        self.out = Path(cfg.output_dir)
+        ensure_dir(self.out, what="output_dir")
+        self.log = RankLog(self.out, ctx.rank)
+        for note in start_notes:
+            self.log(note, all_ranks=False)
+        _absolute_paths(cfg.tokenizer, "token_list", "bpe_model")  # so decode finds them from any directory
+        self.config_yaml = to_yaml(cfg)
+        if ctx.is_main:
+            (self.out / "config.yaml").write_text(self.config_yaml, encoding="utf-8")
         model.to(ctx.device)
         self.module = model
         if ctx.distributed:
@@ -165,8 +168,8 @@ class Trainer:
         barrier(self.ctx)
 
     def resume(self) -> None:
-        latest = self.out / "model.pt"
-        state = ckpt.load_checkpoint(latest) if (self.tc.resume and latest.is_file()) else None
+        latest = ckpt.resume_path(self.out, self.tc.resume)
+        state = ckpt.load_checkpoint(latest) if latest is not None else None
         if state is None:
             self._open_keys_file(None)
             return
@@ -513,8 +516,9 @@ def train(cfg: Any) -> None:
     if not cfg.dataset_conf.sources:  # a weighted mix names its own lists
         require(cfg, "train_data_set_list")
     resolve_intervals(cfg.train_conf)
+    start = prepare(cfg)  # init_param: read (or refused) before any process group or file
     ctx = init_distributed(cfg.train_conf.device, cfg.train_conf.timeout_s)
     try:
-        Trainer(cfg, ctx).run()
+        Trainer(cfg, ctx, start).run()
     finally:
         cleanup()
