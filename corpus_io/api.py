@@ -308,7 +308,8 @@ def read_shards(data_list: str | os.PathLike, *, storage_options: dict | None = 
     from corpus_io.shards.reader import read_shard
 
     path = os.fspath(data_list)
-    urls = [path] if path.endswith((".tar", ".tar.gz", ".tgz")) else read_datalist(path)
+    urls = [path] if path.endswith((".tar", ".tar.gz", ".tgz")) else \
+        read_datalist(path, storage_options=storage_options)
     for url in urls:
         for sample in read_shard(url, storage_options=storage_options):
             yield {k: v for k, v in sample.items() if not k.startswith("__")}

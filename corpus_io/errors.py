@@ -18,6 +18,14 @@ def redact(text: str) -> str:
     return _USERINFO.sub(r"\1***@", text)
 
 
+def excerpt(text: str, limit: int = 60) -> str:
+    """``text`` quoted (``repr``), whole when at most ``limit`` characters, else its first ``limit``, an
+    ellipsis and its length: a message quotes user data (a hotword, a line) without echoing a megabyte."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text)} characters)"
+
+
 class CorpusIOError(Exception):
     """An error caused by user input; the message says where and what to do (credentials redacted)."""
 

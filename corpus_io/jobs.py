@@ -47,19 +47,20 @@ RECORD_FORMAT = 1
 MAX_JOBS = 10_000_000
 
 # the commands that run as jobs: the function that runs one job (the CLI's, see cli/commands.py) and the
-# one that joins the parts (called by merge_jobs with the place and the checked parts), and the one that names
-# the keys a part holds (in its record's data), which no two parts may share
-JOB_COMMANDS: dict[str, tuple[str, str, str, str]] = {  # command -> (schema, run, merge, keys)
+# one that joins the parts (called by merge_jobs with the place and the checked parts), the one that names
+# the keys a part holds (in its record's data), which no two parts may share, and the one that checks the
+# command's fields of a record (``check(part)`` raises :class:`RecordProblem`) before the merge trusts any
+JOB_COMMANDS: dict[str, tuple[str, str, str, str, str]] = {  # command -> (schema, run, merge, keys, check)
     "pack-shards": ("PackShardsConfig", "corpus_io.shards.pack:pack_shards", "corpus_io.shards.pack:merge_parts",
-                    "corpus_io.shards.pack:part_keys"),
+                    "corpus_io.shards.pack:part_keys", "corpus_io.shards.pack:check_part"),
     "scp2jsonl": ("Scp2JsonlConfig", "corpus_io.manifest:scp2jsonl", "corpus_io.manifest:merge_parts",
-                  "corpus_io.manifest:part_keys"),
+                  "corpus_io.manifest:part_keys", "corpus_io.manifest:check_part"),
     "compute-cmvn": ("ComputeCmvnConfig", "corpus_io.train.cmvn:compute_cmvn", "corpus_io.train.cmvn:merge_parts",
-                     ""),
+                     "", "corpus_io.train.cmvn:check_part"),
     "add-field": ("AddFieldConfig", "corpus_io.shards.add_field:add_field", "corpus_io.shards.add_field:merge_parts",
-                  "corpus_io.shards.add_field:part_keys"),
+                  "corpus_io.shards.add_field:part_keys", "corpus_io.shards.add_field:check_part"),
     "verify-shards": ("VerifyShardsConfig", "corpus_io.shards.verify:verify_shards",
-                      "corpus_io.shards.verify:merge_parts", ""),
+                      "corpus_io.shards.verify:merge_parts", "", "corpus_io.shards.verify:check_part"),
 }
 
 CONVENTION = "job_index counts from 1 to num_jobs, as Kaldi's JOB=1:$nj"
@@ -123,10 +124,11 @@ def scheduler_job(env: Mapping[str, str], num_jobs: int | None = None) -> tuple[
     task = _env_int(env, "SLURM_ARRAY_TASK_ID")
     if task is not None:
         first = _env_int(env, "SLURM_ARRAY_TASK_MIN")
-        first = 1 if first is None else first
         step = _env_int(env, "SLURM_ARRAY_TASK_STEP") or 1
         count = _env_int(env, "SLURM_ARRAY_TASK_COUNT")
         last = _env_int(env, "SLURM_ARRAY_TASK_MAX")
+        _check_slurm_array(task, first, last, count, step, explicit)
+        first = 1 if first is None else first
         spanned = (last - first) // step + 1 if last is not None else None
         if count is None:
             count = spanned
@@ -137,7 +139,9 @@ def scheduler_job(env: Mapping[str, str], num_jobs: int | None = None) -> tuple[
                               f"++job_index=auto need a range array: sbatch --array=1-N (or --array=A-B:S). For "
                               f"this array, {explicit}")
         if task < first or (task - first) % step:
-            raise ConfigError(f"SLURM_ARRAY_TASK_ID={task} is not in the range {first}..{last} in steps of {step} "
+            end = last if last is not None else first + (count - 1) * step if count else None
+            span = f"the range {first}..{end}" if end is not None else f"a range from {first}"
+            raise ConfigError(f"SLURM_ARRAY_TASK_ID={task} is not in {span} in steps of {step} "
                               f"(SLURM_ARRAY_TASK_MIN/_MAX/_STEP). ++job_index=auto needs a range array "
                               f"(sbatch --array=1-N); {explicit}")
         return Job((task - first) // step + 1, count or num_jobs or 0), "Slurm"
@@ -176,6 +180,32 @@ def scheduler_job(env: Mapping[str, str], num_jobs: int | None = None) -> tuple[
         count = (last - first) // step + 1 if last is not None else num_jobs or 0
         return Job((task - first) // step + 1, count), "LSF"
     return None
+
+
+def _check_slurm_array(task: int, first: int | None, last: int | None, count: int | None, step: int,
+                       explicit: str) -> None:
+    """The Slurm array variables that cannot place ``task`` in one range, named with what to set: Slurm sets
+    ``SLURM_ARRAY_TASK_MIN``, ``_MAX`` and ``_COUNT`` with ``_ID`` in every array task, so a task that lacks them
+    runs in an environment someone wrote (a wrapper, a copied ``export``) and ``auto`` would only guess."""
+    missing = [f"SLURM_ARRAY_TASK_{name}" for name, value in (("MIN", first), ("MAX", last), ("COUNT", count))
+               if value is None]
+    if first is None and task < 1:  # a 1-based guess cannot hold task 0 (or below): say what is not there
+        raise ConfigError(f"SLURM_ARRAY_TASK_ID={task} is set but {', '.join(missing)} "
+                          f"{'is' if len(missing) == 1 else 'are'} not, so ++job_index=auto cannot tell where task "
+                          f"{task} is in the array (sbatch --array sets them all in every array task). Set them as "
+                          f"sbatch --array would (e.g. SLURM_ARRAY_TASK_MIN=0 SLURM_ARRAY_TASK_MAX=N-1 for "
+                          f"--array=0-(N-1)), or {explicit}")
+    if step < 1:
+        raise ConfigError(f"SLURM_ARRAY_TASK_STEP={step} must be 1 or more (--array=A-B:S). Set it, or {explicit}")
+    if first is not None and last is not None and last < first:
+        raise ConfigError(f"SLURM_ARRAY_TASK_MAX={last} is below SLURM_ARRAY_TASK_MIN={first}: no array runs from "
+                          f"{first} to {last}. Make them agree with sbatch --array=MIN-MAX, or {explicit}")
+    if count is not None and count < 1:
+        raise ConfigError(f"SLURM_ARRAY_TASK_COUNT={count}: an array holds at least one task. Set it to the array's "
+                          f"size, or {explicit}")
+    if last is not None and task > last:
+        raise ConfigError(f"SLURM_ARRAY_TASK_ID={task} is above SLURM_ARRAY_TASK_MAX={last}: the variables do not "
+                          f"describe one array. Make them agree with sbatch --array=MIN-MAX, or {explicit}")
 
 
 def resolve_job(num_jobs: Any = 1, job_index: Any = 1, env: Mapping[str, str] | None = None) -> Job:
@@ -331,6 +361,8 @@ def write_part(place: Place, part: Part) -> Path:
 
 
 def read_part(path: Path) -> Part:
+    """The record at ``path``, its own fields checked (:func:`check_record`); a DataError naming the record and
+    the field when one cannot be trusted."""
     try:
         obj = json.loads(path.read_bytes())
         part = Part(**obj)
@@ -340,7 +372,100 @@ def read_part(path: Path) -> Part:
         raise DataError(f"part record {path} cannot be read ({type(exc).__name__}): it is damaged or of another "
                         f"corpus-io version. Delete it and rerun that job.") from None
     part.where = str(path)
+    try:
+        check_record(part)
+    except RecordProblem as problem:
+        raise DataError(f"part record {path}: {problem}. The record was changed after its job wrote it, or is "
+                        f"damaged, so nothing in it is trusted and nothing was changed. Delete it and rerun that "
+                        f"job, then merge.") from None
     return part
+
+
+# --------------------------------------------------------------------------- record checks
+
+
+class RecordProblem(Exception):
+    """A field of a part record that cannot be trusted, said as ``<dotted field name> is <value>, <why>``."""
+
+
+def bad(name: str, value: Any, want: str) -> RecordProblem:
+    """The :class:`RecordProblem` of field ``name`` holding ``value`` (shown shortened), ``want`` saying why."""
+    shown = repr(value)
+    return RecordProblem(f"{name} is {shown if len(shown) <= 80 else shown[:77] + '...'}, {want}")
+
+
+def whole(value: Any, name: str, lo: int = 0, hi: int | None = None) -> int:
+    """``value`` when it is an int in [lo, hi], else :class:`RecordProblem`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        raise bad(name, value, f"not a whole number in [{lo}, {'inf' if hi is None else hi}]")
+    return value
+
+
+def seconds(value: Any, name: str) -> float:
+    """``value`` when it is a finite number >= 0 (seconds), else :class:`RecordProblem`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise bad(name, value, "not a finite number of seconds >= 0")
+    return float(value)
+
+
+def of_type(value: Any, name: str, kind: type, what: str) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise bad(name, value, f"not {what}")
+    return value
+
+
+def sha256_hex(value: Any, name: str) -> str:
+    if not (isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
+        raise bad(name, value, "not a sha256 (64 lowercase hex digits)")
+    return value
+
+
+def inner_path(value: Any, name: str, *, empty: bool = False) -> str:
+    """``value`` when it is a relative path that stays inside its base directory (no ``..``, not absolute): a
+    record that names ``../x`` would have the merge read or list a file outside the run's place."""
+    if not isinstance(value, str) or (not value and not empty) or "\0" in value or os.path.isabs(value) \
+            or ".." in value.replace("\\", "/").split("/"):
+        raise bad(name, value, "not a relative path inside the record's directory")
+    return value
+
+
+def check_summary(data: dict) -> dict:
+    """``data["summary"]`` (:func:`summary_data`): counts >= 0, seconds finite."""
+    s = of_type(data.get("summary", {}), "data.summary", dict, "a JSON object")
+    whole(s.get("kept", 0), "data.summary.kept")
+    seconds(s.get("seconds", 0.0), "data.summary.seconds")
+    whole(s.get("bytes", 0), "data.summary.bytes")
+    for reason, n in of_type(s.get("skipped", {}), "data.summary.skipped", dict, "a JSON object").items():
+        whole(n, f"data.summary.skipped[{reason!r}]")
+    return s
+
+
+def check_record(part: Part) -> None:
+    """The fields every record has: its command and tag, N and J (which its file name repeats), its span (the one
+    :meth:`Job.span` gives J of N over its total), its outputs (paths inside its directory, sizes, sha256) and its
+    summary; :class:`RecordProblem` on the first that cannot be trusted."""
+    if part.command not in JOB_COMMANDS:
+        raise bad("command", part.command, f"not one of {', '.join(JOB_COMMANDS)}")
+    of_type(part.tag, "tag", str, "a string")
+    if part.tag != part.command and not part.tag.startswith(part.command + "-"):
+        raise bad("tag", part.tag, f"not the tag of {part.command}")
+    n = whole(part.num_jobs, "num_jobs", 1, MAX_JOBS)
+    j = whole(part.job_index, "job_index", 1, n)
+    named = re.search(r"part-(\d+)-of-(\d+)\.json$", part.where)
+    if named and (int(named.group(1)), int(named.group(2))) != (j, n):
+        raise bad("num_jobs/job_index", [n, j], f"but the record's file name says job "
+                                                          f"{int(named.group(1))} of {int(named.group(2))}")
+    of_type(part.fingerprint, "fingerprint", str, "a string")
+    total = whole(part.total, "total")
+    if part.span != list(Job(j, n).span(total)):
+        raise bad("span", part.span, f"but job {j} of {n} over {total} units covers "
+                                               f"{list(Job(j, n).span(total))}")
+    for i, out in enumerate(of_type(part.outputs, "outputs", list, "a list")):
+        of_type(out, f"outputs[{i}]", dict, "a JSON object")
+        inner_path(out.get("file"), f"outputs[{i}].file")
+        whole(out.get("bytes"), f"outputs[{i}].bytes")
+        sha256_hex(out.get("sha256"), f"outputs[{i}].sha256")
+    check_summary(of_type(part.data, "data", dict, "a JSON object"))
 
 
 def _outputs_changed(part: Part, *, digest: bool) -> str | None:
@@ -418,11 +543,13 @@ def find_place(path: str, tag: str | None = None) -> Place:
 
 
 def load_parts(place: Place, *, digest: bool = False,
-               keys_of: Callable[[dict], Iterable[str]] | None = None) -> list[Part]:
-    """All parts of one run at ``place``, in job order, after every check of :func:`merge_jobs`: one N,
-    one fingerprint, none missing, outputs present and unchanged (size; sha256 with ``digest``), and no key
-    (``keys_of(data)``) in two parts. The parts come back without their data (:meth:`Part.payload` reads it
-    again), so a 75,000-part merge holds one part's keys at a time, plus 8 bytes per key."""
+               keys_of: Callable[[dict], Iterable[str]] | None = None,
+               check: Callable[[Part], None] | None = None) -> list[Part]:
+    """All parts of one run at ``place``, in job order, after every check of :func:`merge_jobs`: every record's
+    fields (:func:`check_record`, and the command's ``check(part)``), one N, one fingerprint, none missing,
+    outputs present and unchanged (size; sha256 with ``digest``), and no key (``keys_of(data)``) in two parts.
+    The parts come back without their data (:meth:`Part.payload` reads it again), so a 75,000-part merge holds one
+    part's keys at a time, plus 8 bytes per key."""
     from array import array
 
     hashes = array("q")
@@ -430,6 +557,14 @@ def load_parts(place: Place, *, digest: bool = False,
     on_objects: set[int] = set()  # jobs whose outputs are objects (checked by the command's merge), not files
     for path in place.records():
         part = read_part(path)
+        if check is not None:
+            try:
+                check(part)
+            except RecordProblem as problem:
+                raise DataError(f"part record {path}: {problem}. The record was changed after its job wrote it, "
+                                f"or is damaged, so nothing in it is trusted and nothing was changed. Delete it and "
+                                f"rerun job {part.job_index} (++num_jobs={part.num_jobs} "
+                                f"++job_index={part.job_index}), then merge.") from None
         if keys_of is not None:
             hashes.extend(map(hash, keys_of(part.data or {})))  # within this process only: str hash is enough
         if (part.data or {}).get("url"):
@@ -503,9 +638,9 @@ def merge_jobs(cfg: Any) -> Any:
     command = read_part(records[0]).command
     if command not in JOB_COMMANDS:
         raise DataError(f"{records[0]} is a part of '{command}', which merge-jobs does not know.")
-    _, _, merge, keys = JOB_COMMANDS[command]
+    _, _, merge, keys, check = JOB_COMMANDS[command]
     parts = load_parts(place, digest=getattr(cfg, "check", "size") == "sha256",
-                       keys_of=_function(keys) if keys else None)
+                       keys_of=_function(keys) if keys else None, check=_function(check))
     result = _function(merge)(place, parts)
     print(f"[merge-jobs] {len(parts)} parts of {command} -> {place.path}", flush=True)
     return result
@@ -524,7 +659,7 @@ def run_job(command: str, overrides: list[str], job_index: int, num_jobs: int) -
         raise ConfigError(f"'{command}' does not run as jobs; these do: {', '.join(JOB_COMMANDS)}.")
     from corpus_io import config
 
-    schema_name, run, _, _ = JOB_COMMANDS[command]
+    schema_name, run, *_ = JOB_COMMANDS[command]
     overrides = [o for o in overrides if not re.match(r"\+*(num_jobs|job_index)=", o)]
     cfg = config.compose(getattr(config, schema_name), command.replace("-", "_"),
                          [*overrides, f"++num_jobs={num_jobs}", f"++job_index={job_index}"])

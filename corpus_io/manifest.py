@@ -401,6 +401,20 @@ def part_keys(data: dict) -> list[str]:
     return data["keys"]
 
 
+def check_part(part: jobs.Part) -> None:
+    """merge-jobs: a scp2jsonl record's keys (strings, as many as the lines it kept) and its one jsonl slice
+    (:class:`corpus_io.jobs.RecordProblem` on the first field that cannot be trusted)."""
+    keys = jobs.of_type(part.data.get("keys"), "data.keys", list, "a list")
+    for i, key in enumerate(keys):
+        if not isinstance(key, str) or not key:
+            raise jobs.bad(f"data.keys[{i}]", key, "not a key (a non-empty string)")
+    kept = part.data.get("summary", {}).get("kept", 0)
+    if len(keys) != kept:
+        raise jobs.bad("data.keys", f"{len(keys)} keys", f"but data.summary.kept is {kept}")
+    if len(part.outputs) != 1:
+        raise jobs.bad("outputs", f"{len(part.outputs)} files", "but a scp2jsonl job writes one jsonl slice")
+
+
 def merge_parts(place: jobs.Place, parts: list[jobs.Part]) -> Summary:
     """``merge-jobs`` of scp2jsonl: the parts' jsonl slices, concatenated in job order into the one-job jsonl."""
     import shutil

@@ -116,8 +116,8 @@ def collect(list_path: str, data_type: str = "shard", *, storage_options: dict |
     from corpus_io.shards.fields import iter_shard_metadata
     from corpus_io.shards.index import load_index, read_datalist
 
-    urls = read_datalist(list_path)
-    index = load_index(list_path)
+    urls = read_datalist(list_path, storage_options=storage_options)
+    index = load_index(list_path, storage_options=storage_options)
     if index is not None and all(u in index for u in urls):
         stats.index_totals = (sum(int(index[u].get("num_utts", 0)) for u in urls),
                               sum(float(index[u].get("duration", 0.0)) for u in urls))

@@ -16,6 +16,7 @@ No torch here: ``make-tokenizer`` is a data-prep command.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -76,9 +77,19 @@ def write_token_list(path: str | Path, tokens: Iterable[str], *, blank: str = "<
     """Write ``<blank> 0``, ``<unk> 1``, ``tokens``..., ``<sos/eos>``; return the vocabulary size."""
     symbols = [blank, unk] + [t for t in tokens if t not in (blank, unk, SOS_EOS)] + [SOS_EOS]
     with atomic_write(path) as f:
-        for i, token in enumerate(symbols):
-            f.write(f"{token} {i}\n")
+        f.write(token_list_text(symbols))
     return len(symbols)
+
+
+def token_list_text(symbols: list[str]) -> str:
+    """A token list in its canonical form: one ``<token> <id>`` line per symbol, ids in order."""
+    return "".join(f"{token} {i}\n" for i, token in enumerate(symbols))
+
+
+def token_list_sha256(symbols: list[str]) -> str:
+    """sha256 (hex) of :func:`token_list_text`: what a checkpoint records of its token list (for a list that
+    make-tokenizer wrote, the file's own ``sha256sum``)."""
+    return hashlib.sha256(token_list_text(symbols).encode("utf-8")).hexdigest()
 
 
 # --------------------------------------------------------------------------- tokenizers

@@ -68,6 +68,10 @@ class RemoteReadError(DataError):
     transient = True
 
 
+class URLNotFoundError(DataError):
+    """An HTTP server answered 404/410: the URL names nothing (not retried; :func:`open_if_exists` says None)."""
+
+
 class RemoteNotFoundError(DataError):
     """A remote URL could not be opened. HTTP servers under load answer 5xx and fsspec reports those as
     "not found" too, so loaders retry this one (``corpus_io.pipeline.read`` does)."""
@@ -85,6 +89,19 @@ def is_command(url: str) -> bool:
 
 def local_path(url: str) -> str:
     return url[len("file://"):] if url.startswith("file://") else url
+
+
+def beside(url: str, relative: str) -> str:
+    """The path or URL ``relative`` names from the directory of ``url`` (``..`` resolved). A URL keeps its
+    scheme and host and loses its query: ``os.path`` or ``pathlib`` would turn ``s3://b/x`` into ``s3:/b/x``."""
+    import posixpath
+    from urllib.parse import urlsplit, urlunsplit
+
+    if "://" not in url:
+        return os.path.normpath(os.path.join(os.path.dirname(url), relative))
+    parts = urlsplit(url)
+    path = posixpath.normpath(posixpath.join(posixpath.dirname(parts.path) or "/", relative))
+    return urlunsplit((parts.scheme, parts.netloc, path if path.startswith("/") else "/" + path, "", ""))
 
 
 def read_timeout(storage_options: dict | None) -> float:
@@ -152,8 +169,8 @@ class HTTPStream(io.RawIOBase):
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code in (404, 410):
-                raise DataError(f"{url} does not exist on the server (HTTP {exc.code}). Check the URL in the "
-                                f"list.") from None
+                raise URLNotFoundError(f"{url} does not exist on the server (HTTP {exc.code}). Check the URL in "
+                                       f"the list.") from None
             error = RemoteReadError if exc.code >= 500 or exc.code in (408, 429) else DataError
             raise error(f"{url}: the server answered HTTP {exc.code} {exc.reason}.") from None
         except (TimeoutError, OSError, urllib.error.URLError) as exc:
@@ -423,6 +440,13 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
                 raise RemoteReadError(f"{url}: cannot read it ({type(cause).__name__}: {cause}).") from None
             raise RemoteNotFoundError(f"{url} does not exist on the server (or the server did not answer "
                                       f"with it).") from None
+        except Exception as exc:
+            if type(exc).__name__ != "NoCredentialsError":  # botocore's, for s3:// without any credentials
+                raise
+            raise DataError(f"{url}: no credentials for the object store. Give them in the storage_options of the "
+                            f"command that reads it (the loader: dataset_conf.storage_options; key and secret, "
+                            f"with client_kwargs.endpoint_url for a server other than AWS, or anon: true for a "
+                            f"public bucket) or in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.") from None
     check_regular_file(local_path(url))
     try:
         return open(local_path(url), "rb", buffering=block_size)
@@ -431,6 +455,22 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
                         f"current directory).") from None
     except OSError as exc:
         raise DataError(f"cannot open {url}: {exc.strerror}.") from None
+
+
+def open_if_exists(url: str, *, storage_options: dict | None = None) -> IO[bytes] | None:
+    """:func:`open_url`, or None where ``url`` names nothing: a local path that is no file, an HTTP 404/410, an
+    absent object-store key. Any other failure (no credentials, a stall, a 5xx) raises, so a sidecar that cannot
+    be read is never taken for one that is not there."""
+    if not is_remote(url):
+        return open_url(url) if os.path.isfile(local_path(url)) else None
+    try:
+        return open_url(url, storage_options=storage_options)
+    except URLNotFoundError:
+        return None
+    except RemoteNotFoundError:
+        if url.startswith(("http://", "https://")):  # fsspec's http says "not found" for a 5xx too
+            raise
+        return None
 
 
 def read_url(url: str, **kwargs: Any) -> bytes:

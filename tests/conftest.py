@@ -31,22 +31,60 @@ def fixture_corpus() -> Path:
     return FIXTURE
 
 
+HANG_SCALE_ENV = "CORPUS_IO_TEST_HANG_SCALE"
+_busiest = [1.0]  # the highest load per CPU seen this session
+
+
+def load_scale() -> float:
+    """How many times slower than on a quiet machine a test may run now: $CORPUS_IO_TEST_HANG_SCALE if set,
+    else the 1-minute load average per CPU, never below 1 and never below the highest seen this session (a
+    suite beside this one is likely still there; the load average lags a minute)."""
+    forced = os.environ.get(HANG_SCALE_ENV)
+    if forced:
+        try:
+            scale = float(forced)
+        except ValueError:
+            scale = 0.0
+        if not scale > 0:
+            raise pytest.UsageError(f"{HANG_SCALE_ENV}={forced!r}: give a positive number (e.g. 3)")
+        return scale
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    _busiest[0] = max(_busiest[0], os.getloadavg()[0] / cpus)
+    return _busiest[0]
+
+
+def hang_limit(seconds: float) -> float:
+    """A wait that means "hung", never "slow": ``seconds`` (set generously for a quiet machine) times
+    load_scale(). It costs time only when something hangs, so every test wait that fails on expiry uses it."""
+    return seconds * load_scale()
+
+
+def pytest_configure(config) -> None:
+    load_scale()  # a bad $CORPUS_IO_TEST_HANG_SCALE stops the session before any test
+
+
+def pytest_report_header(config) -> str:
+    return f"hang limits: x{load_scale():.2f} (load per CPU, never below 1; {HANG_SCALE_ENV} sets it)"
+
+
 def run_bounded(cmd: list[str], timeout: float, env: dict | None = None,
                 cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
-    """subprocess.run in its own process group. On timeout the whole tree (torchrun, its ranks, their
-    DataLoader workers) first prints every Python thread's stack (SIGUSR1: faulthandler, see cli/_app.py),
-    then is killed, and the test fails with those stacks, so a hang in CI says where it hung and leaves
-    no orphan behind to disturb later tests."""
+    """subprocess.run in its own process group, bounded by hang_limit(``timeout`` s). On expiry the whole tree
+    (torchrun, its ranks, their DataLoader workers) first prints every Python thread's stack (SIGUSR1:
+    faulthandler, see cli/_app.py), then is killed, and the test fails with those stacks, so a hang in CI says
+    where it hung and leaves no orphan behind to disturb later tests."""
+    limit = hang_limit(timeout)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=cwd or REPO, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         _dump_corpus_io_stacks(proc.pid)
         time.sleep(3)
         _signal_group(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"{' '.join(map(str, cmd[:3]))} ... hung for {timeout:.0f} s; its stacks and output:\n"
+        pytest.fail(f"{' '.join(map(str, cmd[:3]))} ... hung for {limit:.0f} s ({timeout:.0f} s x load "
+                    f"{limit / timeout:.2f}); its stacks and output:\n"
                     f"--- stderr (tail) ---\n{err[-20000:]}\n--- stdout (tail) ---\n{out[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
@@ -88,8 +126,9 @@ def free_port() -> int:
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, log_path: Path, what: str, timeout: float = 60) -> None:
-    """Wait until a server ``proc`` accepts on 127.0.0.1:``port``; fail with its log if it exits or times out."""
-    deadline = time.time() + timeout
+    """Wait until a server ``proc`` accepts on 127.0.0.1:``port``; fail with its log if it exits or does not
+    accept within hang_limit(``timeout`` s)."""
+    deadline = time.time() + hang_limit(timeout)
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -156,7 +195,7 @@ def seaweed(tmp_path_factory):
     endpoint = f"http://127.0.0.1:{ports['s3']}"
     import s3fs
 
-    deadline = time.time() + 90
+    deadline = time.time() + hang_limit(90)
     while True:
         try:
             fs = s3fs.S3FileSystem(anon=True, client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True)

@@ -20,6 +20,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.conftest import hang_limit
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "squeue", "scancel", "sinfo", "scontrol")
 
@@ -140,7 +142,7 @@ class SlurmCluster:
                                             env=self.env, start_new_session=True)
 
     def _until(self, ready, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + hang_limit(timeout)
         while not ready():
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             if dead or time.monotonic() > deadline:
@@ -181,7 +183,7 @@ class SlurmCluster:
 
     def client(self, name: str, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
         result = subprocess.run([_which(name), *args], capture_output=True, text=True, env=self.env,
-                                timeout=timeout)
+                                timeout=hang_limit(timeout))
         if check and result.returncode != 0:
             raise RuntimeError(f"{name} {' '.join(args)} failed ({result.returncode}): {result.stderr}\n"
                                f"{self.logs()}")
@@ -200,13 +202,14 @@ class SlurmCluster:
         """Wait until every task of ``job`` left the queue; their final states."""
         finished = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
                     "BOOT_FAIL", "DEADLINE"}
-        deadline = time.monotonic() + timeout
+        limit = hang_limit(timeout)
+        deadline = time.monotonic() + limit
         while True:
             states = self.job_states(job)
             if states and all(s in finished for s in states.values()):
                 return states
             if time.monotonic() > deadline:
-                raise RuntimeError(f"job {job} not done in {timeout:.0f} s: {states}\n{self.logs()}")
+                raise RuntimeError(f"job {job} not done in {limit:.0f} s: {states}\n{self.logs()}")
             time.sleep(0.3)
 
     def logs(self, tail: int = 3000) -> str:

@@ -16,7 +16,7 @@ import pytest
 from corpus_io.config import BenchLoaderConfig, compose
 from corpus_io.dataset import bench_loader
 from corpus_io.errors import ConfigError, DataError
-from tests.conftest import BIN, REPO, assert_user_error, free_port, run_bounded, run_cli
+from tests.conftest import BIN, REPO, assert_user_error, free_port, hang_limit, run_bounded, run_cli
 from tests.loader_data import env_no_threads, fixture_utts, make_shards, token_list
 
 
@@ -72,7 +72,7 @@ def test_kill_9_after_saving_state_then_resume_is_exact(corpus, tmp_path):
            *overrides(data_list, tokens, f"++dump_keys={dump}", "++dataset_conf.num_workers=2",
                       "++save_state_after=3", f"++state_file={state}")]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env_no_threads(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
+    deadline = time.time() + hang_limit(120)
     while not state.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     assert state.exists(), proc.communicate()[1].decode()

@@ -15,7 +15,7 @@ import pytest
 from corpus_io import config
 from corpus_io.config.compose import _hydra_compose
 from corpus_io.errors import ConfigError
-from tests.conftest import REPO, assert_user_error, run_cli
+from tests.conftest import REPO, assert_user_error, hang_limit, load_scale, run_cli
 
 
 def test_overrides_compose_into_a_typed_object():
@@ -163,9 +163,10 @@ def test_help_is_fast_and_does_not_import_torch():
     result = run_cli("python", "-c", code)
     assert "NOTORCH" in result.stderr, result.stderr
     best = min(_wall(("corpus-io", "--help")) for _ in range(3))
-    assert best < 0.5 * 3, best  # the strict 0.5 s figure is printed by the bench; allow a noisy machine here
+    # the strict 0.5 s figure is printed by the bench; allow a noisy machine here, and a busy one in proportion
+    assert best < 0.5 * 3 * load_scale(), best
     best = min(_wall(("corpus-io", "scp2jsonl", "--help")) for _ in range(3))
-    assert best < 0.5 * 3, best
+    assert best < 0.5 * 3 * load_scale(), best
 
 
 def _wall(args) -> float:
@@ -186,7 +187,7 @@ def test_sigusr1_prints_every_thread_stack_and_the_command_carries_on():
                             text=True)
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGUSR1)
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=hang_limit(30))
     assert proc.returncode == 0 and out == "finished\n"
     assert "most recent call first" in err and "in work" in err and "run_with_errors" in err
 

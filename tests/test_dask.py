@@ -12,7 +12,7 @@ import time
 import distributed  # noqa: F401 - [dev] brings it ([dask]): a broken install fails this test, never skips it
 import pytest
 
-from tests.conftest import BIN, free_port, run_cli, wait_for_port
+from tests.conftest import BIN, free_port, hang_limit, run_cli, wait_for_port
 from tests.shards.conftest import fixture_records, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -55,13 +55,13 @@ def test_dask_executor_survives_a_killed_worker_and_merges_to_one_jobs_bytes(das
                              "++executor=dask", f"++executor_address={address}"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env=dict(os.environ, CORPUS_IO_NO_PROGRESS="1"))
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + hang_limit(120)
     while time.monotonic() < deadline and not list(out.glob("pack-shards.part-*.json")):
         time.sleep(0.05)
     os.kill(workers[0].pid, signal.SIGKILL)  # mid-run: the scheduler reruns its job on the other worker
     assert len(list(out.glob("pack-shards.part-*.json"))) < 6, "every job was done before the kill: proved nothing"
     try:
-        stdout, stderr = proc.communicate(timeout=240)
+        stdout, stderr = proc.communicate(timeout=hang_limit(240))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

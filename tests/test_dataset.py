@@ -11,6 +11,7 @@ from corpus_io.dataset import build_dataloader
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.partition import SlotState
 from corpus_io.tokenizer import build_tokenizer
+from tests.conftest import hang_limit
 from tests.loader_data import fixture_utts, make_raw, make_shards, small_conf, token_list
 
 
@@ -378,10 +379,37 @@ def test_a_key_two_shards_hold_fails_naming_both_or_with_skip_is_read_once_and_c
     assert loader.counts().get("duplicate key") == 4
 
 
+def test_a_copied_shard_appended_to_a_list_whose_index_lacks_it_is_refused_or_with_skip_read_once(tmp_path):
+    import shutil
+
+    from corpus_io.config import PackShardsConfig
+    from corpus_io.shards.pack import pack_shards
+    from tests.shards.conftest import fixture_records, write_jsonl
+
+    out = tmp_path / "a"
+    pack_shards(PackShardsConfig(input=str(write_jsonl(tmp_path / "a.jsonl", fixture_records())), output_dir=str(out),
+                                 num_workers=1, num_utts_per_shard=10))
+    shutil.copy(out / "shard-000001.tar", out / "copy-000001.tar")  # same content, another name, no index entry
+    with open(out / "data.list", "a") as f:
+        f.write(f"{out / 'copy-000001.tar'}\n")
+    tok = build_tokenizer(token_list(tmp_path))
+    conf = small_conf()
+    with pytest.raises(DataError) as err:  # before any batch: nothing is trained
+        build_dataloader(str(out / "data.list"), conf, tok, train=True, rank=0, world_size=1)
+    assert f"in shards {out}/shard-000001.tar, {out}/copy-000001.tar" in str(err.value)
+    assert "the member names of the 1 listed shard(s) it has no entry for" in str(err.value)
+    conf.on_error = "skip"
+    loader = build_dataloader(str(out / "data.list"), conf, tok, train=True, rank=0, world_size=1)
+    got = epoch_keys(loader, 0)
+    assert len(got) == len(set(got)) == 24  # 34 samples in the shards, 24 distinct keys
+    assert loader.counts().get("duplicate key") == 10
+
+
 def test_a_worker_stuck_past_batch_timeout_fails_naming_rank_and_worker(tmp_path):
     tok = build_tokenizer(token_list(tmp_path))
     listed = tmp_path / "stuck.list"  # a pipe that never ends: the read neither fails nor delivers
-    listed.write_text(json.dumps({"key": "stuck", "wav": "pipe:sleep 20", "txt": "a"}) + "\n", encoding="utf-8")
+    listed.write_text(json.dumps({"key": "stuck", "wav": f"pipe:sleep {hang_limit(20):.0f}", "txt": "a"}) + "\n",
+                      encoding="utf-8")
     conf = small_conf(num_workers=1, data_type="raw", allow_pipe=True, batch_timeout=3.0)
     loader = build_dataloader(str(listed), conf, tok, train=True, rank=0, world_size=1)
     with pytest.raises(DataError) as err:

@@ -52,12 +52,37 @@ def test_auto_reads_the_array_task_and_size_of_slurm_sge_and_lsf(env, job):
       "LSB_JOBINDEX_STEP=2", 'bsub -J "name[1-N]"', "++num_jobs=N ++job_index=J"]),
     ({"LSB_JOBINDEX": "5", "LSB_JOBINDEX_END": "7", "LSB_JOBNAME": "x[1,5,7]"},
      ["the LSF array 'x[1,5,7]' (LSB_JOBNAME) is an index list, not one range", "++num_jobs=N ++job_index=J"]),
-], ids=["slurm-index-list", "slurm-off-step", "lsf-off-step", "lsf-index-list"])
+    # variables that are not one array: MAX below MIN, a task past MAX, a task before MIN with only COUNT
+    ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "5", "SLURM_ARRAY_TASK_MAX": "3"},
+     ["SLURM_ARRAY_TASK_MAX=3 is below SLURM_ARRAY_TASK_MIN=5", "sbatch --array=MIN-MAX",
+      "++num_jobs=N ++job_index=J"]),
+    ({"SLURM_ARRAY_TASK_ID": "9", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "4"},
+     ["SLURM_ARRAY_TASK_ID=9 is above SLURM_ARRAY_TASK_MAX=4", "++num_jobs=N ++job_index=J"]),
+    ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "4"},
+     ["SLURM_ARRAY_TASK_ID=0 is not in the range 1..4 in steps of 1", "++num_jobs=N ++job_index=J"]),
+], ids=["slurm-index-list", "slurm-off-step", "lsf-off-step", "lsf-index-list", "slurm-max-below-min",
+        "slurm-past-max", "slurm-before-min"])
 def test_auto_refuses_an_array_that_is_not_one_range_and_says_what_to_pass(env, needles):
     with pytest.raises(ConfigError) as err:
         resolve_job("auto", "auto", env)
     for needle in needles:
         assert needle in str(err.value), f"{needle!r} not in: {err.value}"
+
+
+def test_a_slurm_task_id_alone_names_the_missing_variables_and_what_to_set_and_writes_nothing(tmp_path, fixture_corpus,
+                                                                                             monkeypatch):
+    for name in ("SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_STEP",
+                 "SGE_TASK_ID", "PBS_ARRAY_INDEX", "LSB_JOBINDEX"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
+    with pytest.raises(ConfigError) as err:
+        scp2jsonl_job(tmp_path / "o.jsonl", "auto", "auto", [fixture_corpus / "wav.scp", fixture_corpus / "text"])
+    message = str(err.value)
+    assert ("SLURM_ARRAY_TASK_ID=0 is set but SLURM_ARRAY_TASK_MIN, SLURM_ARRAY_TASK_MAX, SLURM_ARRAY_TASK_COUNT are "
+            "not") in message
+    assert "SLURM_ARRAY_TASK_MIN=0 SLURM_ARRAY_TASK_MAX=N-1" in message and "++num_jobs=N ++job_index=J" in message
+    assert "None" not in message
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_auto_reads_pbs_array_index_with_the_count_given():
@@ -94,7 +119,7 @@ def test_every_job_command_runs_the_function_its_cli_row_runs():
     from cli.commands import COMMANDS
 
     runs = {c.name: c.run for c in COMMANDS}
-    assert {name: run for name, (_, run, _, _) in JOB_COMMANDS.items()} == {name: runs[name] for name in JOB_COMMANDS}
+    assert {name: run for name, (_, run, *_) in JOB_COMMANDS.items()} == {name: runs[name] for name in JOB_COMMANDS}
     assert runs["merge-jobs"] == "corpus_io.jobs:merge_jobs"
 
 
@@ -178,3 +203,30 @@ def test_a_command_with_auto_writes_the_slice_of_its_array_task(tmp_path, fixtur
     part = tmp_path / "o.jsonl.scp2jsonl.part-000002-of-000003"
     keys = [line.split(" ", 1)[0] for line in (fixture_corpus / "wav.scp").read_text().splitlines()]
     assert [json.loads(x)["key"] for x in part.read_text().splitlines()] == keys[8:16]
+
+
+def test_merge_refuses_a_record_whose_output_path_leaves_its_directory_and_writes_nothing(tmp_path, fixture_corpus):
+    from corpus_io.config import MergeJobsConfig
+    from corpus_io.errors import DataError
+    from corpus_io.files import file_sha256
+    from corpus_io.jobs import merge_jobs
+
+    tables = [fixture_corpus / "wav.scp", fixture_corpus / "text"]
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "o.jsonl"
+    for j in (1, 2):
+        scp2jsonl_job(out, 2, j, tables)
+    secret = tmp_path / "secret.txt"  # outside the run's directory: a merge must never copy it into the output
+    secret.write_text("not for the jsonl\n")
+    record = work / "o.jsonl.scp2jsonl.part-000002-of-000002.json"
+    part = json.loads(record.read_text())
+    part["outputs"][0] = {"file": "../secret.txt", "bytes": secret.stat().st_size, "sha256": file_sha256(secret)}
+    record.write_text(json.dumps(part))
+    before = sorted(p.name for p in work.iterdir())
+    with pytest.raises(DataError) as err:
+        merge_jobs(MergeJobsConfig(path=str(out)))
+    assert (f"part record {record}: outputs[0].file is '../secret.txt', not a relative path inside the record's "
+            f"directory") in str(err.value)
+    assert "Delete it and rerun that job" in str(err.value)
+    assert sorted(p.name for p in work.iterdir()) == before and not out.exists()

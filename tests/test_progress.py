@@ -55,10 +55,12 @@ def test_an_exception_in_a_worker_reaches_the_caller_unchanged():
 
 
 def test_a_worker_killed_by_a_signal_fails_the_job_instead_of_hanging():
+    from tests.conftest import hang_limit
+
     start = time.monotonic()
     with pytest.raises(WorkerDied, match="died abruptly.*out-of-memory"):
         list(parallel_imap(_die_on_5, range(50), num_workers=2, chunksize=1))
-    assert time.monotonic() - start < 60
+    assert time.monotonic() - start < hang_limit(60)
 
 
 def test_summary_line_counts_skips_by_reason():
@@ -103,7 +105,7 @@ def test_pack_shards_logged_to_a_file_over_20k_utterances_leaves_under_100_progr
 
     import soundfile as sf
 
-    from tests.conftest import BIN, FIXTURE
+    from tests.conftest import BIN, FIXTURE, hang_limit
 
     wave, rate = sf.read(FIXTURE / "wav" / "spk0-utt000.wav", dtype="int16")
     clip = tmp_path / "clip.wav"
@@ -116,7 +118,7 @@ def test_pack_shards_logged_to_a_file_over_20k_utterances_leaves_under_100_progr
     with open(log, "w") as err:  # stderr is a regular file, as with `&> log.txt`
         result = subprocess.run([str(BIN / "pack-shards"), f"++input={tmp_path / 'in.jsonl'}",
                                  f"++output_dir={tmp_path / 'shards'}", "++num_utts_per_shard=50"],
-                                stdout=subprocess.DEVNULL, stderr=err, timeout=600,
+                                stdout=subprocess.DEVNULL, stderr=err, timeout=hang_limit(600),
                                 env={k: v for k, v in os.environ.items() if k != "CORPUS_IO_NO_PROGRESS"})
     text = log.read_text()
     assert result.returncode == 0, text
@@ -134,25 +136,27 @@ def test_pack_shards_logged_to_a_file_over_20k_utterances_leaves_under_100_progr
 
 def _kill_main_mid_job(cmd: list[str], out_dir, tmp_path) -> tuple[list[int], list[str]]:
     """Start ``cmd`` (a parallel corpus-io job), SIGKILL its main process once its workers are busy;
-    return the pids of workers still alive 30 s later and the files left in ``out_dir``."""
+    return the pids of workers still alive hang_limit(30 s) later and the files left in ``out_dir``."""
     import subprocess
 
     import psutil
+
+    from tests.conftest import hang_limit
 
     log = open(tmp_path / "job.log", "wb")
     job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                            env=dict(os.environ, CORPUS_IO_NO_PROGRESS="1"))
     try:
         main = psutil.Process(job.pid)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + hang_limit(120)
         while len(main.children()) < 2 and job.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)  # let the workers write
         workers = main.children()
         assert len(workers) >= 2 and job.poll() is None, (tmp_path / "job.log").read_text()
         job.send_signal(signal.SIGKILL)
-        job.wait(30)
-        _, alive = psutil.wait_procs(workers, timeout=30)
+        job.wait(hang_limit(30))
+        _, alive = psutil.wait_procs(workers, timeout=hang_limit(30))
         return [p.pid for p in alive], sorted(p.name for p in out_dir.iterdir()) if out_dir.exists() else []
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import BIN, REPO, free_port, run_bounded
+from tests.conftest import BIN, REPO, free_port, hang_limit, run_bounded
 from tests.loader_data import make_shards, token_list
 
 pytestmark = pytest.mark.slow
@@ -74,7 +74,7 @@ def test_recipe_pack_stage_on_slurm_survives_a_cancelled_task_and_equals_one_job
     proc = subprocess.Popen(stage, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + hang_limit(60)
         task = None
         while task is None and time.monotonic() < deadline:
             out = slurm.client("squeue", "-h", "-r", "-o", "%i %j", check=False).stdout.split("\n")
@@ -83,7 +83,7 @@ def test_recipe_pack_stage_on_slurm_survives_a_cancelled_task_and_equals_one_job
             time.sleep(0.05)
         assert task, "the array was never seen in the queue"
         slurm.client("scancel", task)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=hang_limit(120))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

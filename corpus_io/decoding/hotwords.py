@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from corpus_io.errors import ConfigError
+from corpus_io.errors import ConfigError, excerpt
 
 MAX_TABLE = 50_000_000  # states x vocabulary entries
 
@@ -122,8 +122,8 @@ def build_context(path: str, tokenizer: Any, weight: float, device: Any = "cpu")
         sequences.append(ids)
         kept.append(word)
     if dropped:
-        print(f"warning: {len(dropped)} hotwords have tokens outside the token list and are left out "
-              f"(e.g. {', '.join(dropped[:5])}).", file=sys.stderr, flush=True)
+        print(f"warning: {len(dropped)} hotwords of {path} have tokens outside the token list and are left out "
+              f"(e.g. {', '.join(excerpt(w) for w in dropped[:5])}).", file=sys.stderr, flush=True)
     if not sequences:
         raise ConfigError(f"no hotword of {path} can be spelled with the model's token list.")
     return ContextGraph(sequences, tokenizer.vocab_size, weight, device), kept

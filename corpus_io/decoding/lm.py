@@ -30,12 +30,14 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from corpus_io.errors import ConfigError, DataError
+from corpus_io.errors import ConfigError, DataError, excerpt
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 SIL = "<corpus-io-word-boundary>"
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
 NEG_LOG10 = -99.0  # ARPA's "impossible" (<s> as a predicted word)
+ARPA_MAX_LOG10 = 1000.0  # |log10| bound of a read probability or backoff: no n-gram of a text is near it, and
+# 1e308 would overflow the fused scores to inf (and nan)
 
 
 # --------------------------------------------------------------------------- estimation
@@ -129,40 +131,123 @@ def write_arpa(path: str | Path, probs: list[dict], backoffs: list[dict]) -> Non
 
 
 class Arpa:
-    """A read ARPA model: ``logprob(word, context)`` (log10, with backoff) and sentence scoring."""
+    """A read ARPA model: ``logprob(word, context)`` (log10, with backoff) and sentence scoring.
+
+    The file is checked as it is read, by KenLM's rules, so a truncated, edited or foreign file is refused
+    naming its line rather than fused: UTF-8 text; ``\\data\\`` first (after blank or ``#`` lines); one
+    ``ngram N=count`` per order from 1; each ``\\N-grams:`` section in order, with exactly ``count`` entries of
+    a log10 probability (finite, in [-ARPA_MAX_LOG10, 0]), N words and, below the highest order, an optional
+    finite backoff; ``\\end\\`` last.
+    """
 
     def __init__(self, path: str | Path) -> None:
+        from corpus_io.files import iter_raw_lines
+
+        self.path = str(path)
         self.prob: dict[tuple, float] = {}
         self.backoff: dict[tuple, float] = {}
-        self.order = 0
-        section = 0
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                line = line.strip()
-                if not line or line.startswith("ngram ") or line == "\\data\\":
-                    continue
-                if line.startswith("\\") and line.endswith("-grams:"):
-                    section = int(line[1:line.index("-")])
-                    self.order = max(self.order, section)
-                    continue
-                if line == "\\end\\":
+        prob, backoff = self.prob, self.backoff
+        counts: list[tuple[int, int]] = []  # per order: (n-grams the header announces, its line)
+        section = entries = 0  # the section being read (0: the header) and its entries so far
+        started = False
+        lineno = 0
+        for lineno, raw in iter_raw_lines(path, what="ARPA file"):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as exc:
+                raise self._bad(lineno, f"the line is not UTF-8 text (byte {exc.start} of the line; a binary LM "
+                                        f"such as KenLM's build_binary output cannot be read)") from None
+            if not started:
+                if line == "\\data\\":
+                    started = True
+                elif line and not line.startswith("#"):
+                    raise self._bad(lineno, f"the line holds {excerpt(line)} where the ARPA header \\data\\ should "
+                                            f"begin (only blank lines and # comments may come before it)")
+                continue
+            if not line:
+                continue
+            if line.startswith("\\"):
+                if section:  # a section ends: it must hold what the header announced
+                    self._check_count(section, entries, counts, lineno)
+                if line == "\\end\\" and section and section == len(counts):
                     break
-                parts = line.split("\t") if "\t" in line else line.split()
-                try:
-                    if "\t" in line:
-                        logp, gram = float(parts[0]), tuple(parts[1].split())
-                        bo = float(parts[2]) if len(parts) > 2 else None
-                    else:
-                        logp, gram = float(parts[0]), tuple(parts[1:1 + section])
-                        bo = float(parts[1 + section]) if len(parts) > 1 + section else None
-                except (ValueError, IndexError):
-                    raise DataError(f"{path}:{lineno}: not an ARPA n-gram line: {line[:80]!r}.") from None
-                self.prob[gram] = logp
-                if bo is not None:
-                    self.backoff[gram] = bo
-        if not self.order:
-            raise DataError(f"{path} has no n-gram sections; is it an ARPA file (corpus-io make-lm)?")
+                if not counts:
+                    raise self._bad(lineno, "the \\data\\ header ends without an 'ngram 1=count' line")
+                if line != f"\\{section + 1}-grams:" or section + 1 > len(counts):
+                    want = f"\\{section + 1}-grams:" if section < len(counts) else "\\end\\"
+                    raise self._bad(lineno, f"the line holds {excerpt(line)} where {want} should come (the header "
+                                            f"announces {len(counts)} order{'s' if len(counts) > 1 else ''})")
+                section, entries = section + 1, 0
+                continue
+            if not section:
+                if not line.startswith("ngram "):
+                    raise self._bad(lineno, f"the line holds {excerpt(line)} in the \\data\\ header, which lists "
+                                            f"only 'ngram N=count' lines")
+                order, _, count = line[6:].partition("=")
+                if order.strip() != str(len(counts) + 1) or not count.strip().isdigit():
+                    raise self._bad(lineno, f"the line holds {excerpt(line)}; the header's lines must be 'ngram "
+                                            f"N=count' with N = 1, 2, ... in order and a count >= 0")
+                counts.append((int(count), lineno))
+                continue
+            entries += 1  # an n-gram line, ``log10p w1 .. wn [backoff]`` (the fast path; _refuse_entry says why not)
+            parts = line.split()
+            width = len(parts) - section  # 1: no backoff, 2: a backoff
+            try:
+                logp = float(parts[0])
+                bo = float(parts[-1]) if width == 2 else 0.0
+            except ValueError:
+                logp = bo = math.nan
+            gram = tuple(parts[1:section + 1])
+            if (width != 1 and (width != 2 or section == len(counts)) or not -ARPA_MAX_LOG10 <= logp <= 0.0
+                    or not -ARPA_MAX_LOG10 <= bo <= ARPA_MAX_LOG10 or gram in prob):
+                raise self._refuse_entry(parts, line, lineno, section, last=section == len(counts))
+            prob[gram] = logp
+            if width == 2:
+                backoff[gram] = bo
+        else:
+            if not started:
+                raise self._bad(lineno, f"the file {'ends' if lineno else 'is empty'}, without the ARPA header "
+                                        f"\\data\\ (an ARPA file is what corpus-io make-lm or KenLM's lmplz write)")
+            where = f"the \\{section}-grams: section ({entries} entries)" if section else "the \\data\\ header"
+            raise self._bad(lineno, f"the file ends inside {where}, and \\end\\ never comes: it is truncated")
+        self.order = len(counts)
         self.vocab = {g[0] for g in self.prob if len(g) == 1}
+
+    def _refuse_entry(self, parts: list[str], line: str, lineno: int, n: int, *, last: bool) -> DataError:
+        """Why an n-gram line of section ``n`` is refused."""
+        if len(parts) not in ((n + 1,) if last else (n + 1, n + 2)):
+            fields = f"a log10 probability and {n} word{'s' if n > 1 else ''}" + ("" if last else ", then a backoff "
+                                                                                   "or nothing")
+            return self._bad(lineno, f"the line holds {excerpt(line)}, not an entry of the \\{n}-grams: section "
+                                     f"({fields})")
+        self._number(parts[0], lineno, "log10 probability", -ARPA_MAX_LOG10, 0.0)
+        if len(parts) == n + 2:
+            self._number(parts[-1], lineno, "backoff weight", -ARPA_MAX_LOG10, ARPA_MAX_LOG10)
+        return self._bad(lineno, f"the line gives the {n}-gram {excerpt(' '.join(parts[1:n + 1]))} a second time")
+
+    def _number(self, text: str, lineno: int, what: str, low: float, high: float) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise self._bad(lineno, f"the line has the {what} {excerpt(text)}, which is not a number") from None
+        if not low <= value <= high:  # also nan and inf
+            raise self._bad(lineno, f"the line has the {what} {excerpt(text)}, not a finite number in [{low:g}, "
+                                    f"{high:g}] (log10; ARPA's 'impossible' is {NEG_LOG10:g})")
+        return value
+
+    def _check_count(self, section: int, entries: int, counts: list[tuple[int, int]], lineno: int) -> None:
+        announced, at = counts[section - 1]
+        if entries != announced:
+            raise self._bad(lineno, f"the \\{section}-grams: section ends after {entries} entries, but the header "
+                                    f"announces ngram {section}={announced} (line {at}): the file was cut or edited")
+
+    def _bad(self, lineno: int, what: str) -> DataError:
+        where = f"{self.path}:{lineno}" if lineno else self.path
+        return DataError(f"{where}: {what}, so {self.path} is not a whole, valid ARPA n-gram "
+                         f"file and is not used. Write it again (corpus-io make-lm ++output=...) and copy it whole.")
+
+    def __repr__(self) -> str:
+        return f"Arpa({self.path!r}, order {self.order})"
 
     def logprob(self, word: str, context: tuple[str, ...]) -> float:
         """log10 p(word | context) by backoff; an unknown word is ``<unk>``."""
@@ -245,6 +330,12 @@ def make_lm(cfg: Any) -> dict:
                           "(++tokenizer.token_list=..., and tokenizer.bpe_model for bpe).")
     sentences = [lm_units(t, tokenizer, cfg.unit)
                  for t in progress(iter_sentences(cfg.input, cfg.input_format), desc="make-lm", unit="lines")]
+    if not any(sentences):
+        n = len(sentences)
+        read = f"{n} transcript{'' if n == 1 else 's'}, none with a {cfg.unit}" if n else "not one transcript"
+        raise DataError(f"make-lm: {cfg.input} holds no text to estimate an LM from ({read}), so nothing was "
+                        f"written to {cfg.output}. Give ++input the training transcripts: a JSONL with 'target' (or "
+                        f"'txt'), a Kaldi text ('key transcript' lines) or plain text, one sentence a line.")
     probs, backoffs, discounts = kneser_ney(sentences, cfg.order)
     write_arpa(cfg.output, probs, backoffs)
     ppl = perplexity(Arpa(cfg.output), sentences)
@@ -310,13 +401,14 @@ class LmFusion:
         self.words = [s if s in self.arpa.vocab else UNK for s in tokenizer.symbols]
         self.id_of = {w: i for i, w in enumerate(tokenizer.symbols) if w in self.arpa.vocab}
         known = set(self.id_of) - {BOS, EOS, UNK}
+        lm = self.arpa.path
         if not known:
-            raise ConfigError(f"no word of decoding.lm={path} is a token of the model's token list: ctc_beam_lm fuses "
+            raise ConfigError(f"no word of decoding.lm={lm} is a token of the model's token list: ctc_beam_lm fuses "
                               f"an LM over the model's tokens. Make it with corpus-io make-lm ++unit=token and the "
                               f"model's tokenizer block (++tokenizer.token_list=...).")
         unknown = len(self.arpa.vocab - known - {BOS, EOS, UNK})
         if unknown > len(known):
-            print(f"warning: {unknown} words of {path} are not tokens of the model (only {len(known)} are); "
+            print(f"warning: {unknown} words of decoding.lm={lm} are not tokens of the model (only {len(known)} are); "
                   f"was it made with the model's tokenizer (make-lm ++unit=token ++tokenizer...)?",
                   file=sys.stderr, flush=True)
         self.seen: dict[tuple, list[tuple[int, float]]] = defaultdict(list)  # context -> (token id, log10 p)

@@ -36,6 +36,25 @@ def describe(conf: Any, lm_unit: str | None = None) -> str:
     return " ".join(parts)
 
 
+def check_options(conf: Any) -> None:
+    """Refuse ``decoding`` options that do not go together: one the method would ignore, or an LM the method
+    needs and lacks (cheap checks, made before a model is loaded)."""
+    if conf.hotwords and conf.method == "greedy":
+        raise ConfigError("decoding.hotwords needs a beam search: set decoding.method=ctc_prefix_beam, ctc_beam_lm "
+                          "or attention_rescoring.")
+    if conf.method == "ctc_beam_lm" and not conf.lm:
+        raise ConfigError("decoding.method=ctc_beam_lm needs decoding.lm=<ARPA file>; write one from the "
+                          "training text with: corpus-io make-lm ++input=train.jsonl ++output=lm.arpa "
+                          "(and the model's tokenizer block).")
+    if conf.method == "ctc_beam_lm" and not Path(conf.lm).is_file():
+        raise ConfigError(f"decoding.lm={conf.lm} does not exist; write it with corpus-io make-lm.")
+    if conf.lm and conf.method != "ctc_beam_lm":
+        raise ConfigError(f"decoding.lm={conf.lm} is given, but decoding.method={conf.method} uses no LM: only "
+                          f"ctc_beam_lm fuses one, so the LM would be ignored. To decode with it, set "
+                          f"++decoding.method=ctc_beam_lm (and tune its weight with corpus-io tune-lm); to decode "
+                          f"without it, leave decoding.lm out.")
+
+
 class Search:
     """``search(log_probs, lengths, encoder=None) -> n-best lists`` for the configured method."""
 
@@ -45,22 +64,14 @@ class Search:
         self.context = None
         self.hotwords: list[str] = []
         self.lm = None
+        check_options(conf)
         if conf.hotwords and conf.method != "greedy":
             from corpus_io.decoding.hotwords import build_context
 
             self.context, self.hotwords = build_context(conf.hotwords, tokenizer, conf.hotword_weight, device)
-        elif conf.hotwords:
-            raise ConfigError("decoding.hotwords needs a beam search: set decoding.method=ctc_prefix_beam, ctc_beam_lm "
-                              "or attention_rescoring.")
         if conf.method == "ctc_beam_lm":
             from corpus_io.decoding.lm import lm_fusion
 
-            if not conf.lm:
-                raise ConfigError("decoding.method=ctc_beam_lm needs decoding.lm=<ARPA file>; write one from the "
-                                  "training text with: corpus-io make-lm ++input=train.jsonl ++output=lm.arpa "
-                                  "(and the model's tokenizer block).")
-            if not Path(conf.lm).is_file():
-                raise ConfigError(f"decoding.lm={conf.lm} does not exist; write it with corpus-io make-lm.")
             self.lm = lm_fusion(conf, tokenizer, device)
         self.description = describe(conf, self.lm.unit if self.lm is not None else None)
         if conf.method == "attention_rescoring" and not hasattr(model, "attention_scores"):
@@ -95,4 +106,4 @@ class Search:
             self.context = context
 
 
-__all__ = ["Hyp", "Search", "best_path_ids", "ctc_scores", "describe", "NEEDS_ENCODER"]
+__all__ = ["Hyp", "Search", "best_path_ids", "check_options", "ctc_scores", "describe", "NEEDS_ENCODER"]

@@ -224,13 +224,10 @@ def _shard_stamp(url: str, entry: dict | None) -> list:
     return ["remote"]
 
 
-def _index_keys(list_path: str) -> dict[str, list[str]]:
-    from corpus_io.shards.index import index_path_for, read_index_file
-    from corpus_io.urls import is_remote
+def _index_keys(list_path: str, storage_options: dict | None) -> dict[str, list[str]]:
+    from corpus_io.shards.index import load_index
 
-    if is_remote(list_path):
-        return {}
-    index = read_index_file(index_path_for(list_path), keys=True) or {}
+    index = load_index(list_path, keys=True, storage_options=storage_options) or {}
     return {url: [str(k) for k in e.get("keys") or []] for url, e in index.items()}
 
 
@@ -247,7 +244,7 @@ def _iter_shard_rows(list_path: str, shards: list[Shard], todo: set[int],
         except DataError as exc:
             shard.error = str(exc)
             if keys_of is None:
-                keys_of = _index_keys(list_path)
+                keys_of = _index_keys(list_path, storage_options)
             # the index still names the shard's keys: each becomes a row that says why it cannot play
             rows = [{"shard_id": i, "pos": p, "key": k, "text": "", "error": shard.error}
                     for p, k in enumerate(keys_of.get(shard.url, []))]
@@ -341,8 +338,8 @@ def build_base(input_path: str, cache_dir: Path, *, storage_options: dict | None
     if kind == "shard":
         from corpus_io.shards.index import load_index, read_datalist
 
-        urls = read_datalist(list_path)
-        index = {} if "://" in list_path else (load_index(list_path) or {})
+        urls = read_datalist(list_path, storage_options=storage_options)
+        index = load_index(list_path, storage_options=storage_options) or {}
         shards = [Shard(u, _shard_stamp(u, index.get(u))) for u in urls]
         previous = {} if old is None or old.get("kind") != "shard" else \
             {(s["url"], json.dumps(s["stamp"])): (i, s) for i, s in enumerate(old["shards"])}
@@ -418,11 +415,13 @@ _RANKS = """
 def build(input_path: str, *, cache_dir: str | os.PathLike | None = None, decode_dirs: list[str] = (),
           storage_options: dict | None = None) -> Catalog:
     """Build (or reuse) the catalog of ``input_path`` joined with the given decode result dirs."""
-    from corpus_io.explore.results import build_results
+    from corpus_io.explore.results import build_results, check_hyps
 
+    runs = [str(Path(d).resolve()) for d in decode_dirs if d]
+    for d in runs:  # before anything is written
+        check_hyps(d)
     cache = Path(cache_dir) if cache_dir else default_cache_dir(input_path)
     kind, shards = build_base(input_path, cache, storage_options=storage_options)
-    runs = [str(Path(d).resolve()) for d in decode_dirs if d]
     run_files = [build_results(d, cache) for d in runs]
     build_table(cache, run_files)
     return Catalog(input_path, kind, cache, shards, storage_options, runs, run_files)

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from corpus_io.errors import ConfigError
+from corpus_io.errors import ConfigError, DataError
 from corpus_io.explore.engine import CATALOG_VERSION
 
 RESULT_COLUMNS = ("hyp", "cer", "char_errors", "chars_ref", "wer", "word_errors", "words_ref", "wmr")
@@ -29,6 +29,21 @@ def hyp_file(decode_dir: str) -> Path:
     if not path.is_file():
         raise ConfigError(f"decode_dir {decode_dir} has no 'text' file of hypotheses; pass the output_dir of "
                           f"corpus-io decode (it writes text, ref, cer.txt and wer.txt).")
+    return path
+
+
+def check_hyps(decode_dir: str) -> Path:
+    """The ``text`` of ``decode_dir``, refused (a DataError naming both ``file:line``) when it repeats a key, as the
+    catalog refuses a Kaldi dir's ``text`` that does: joined to the catalog, a repeated key would show its
+    utterance twice and count it twice in every total."""
+    from corpus_io.kaldi import check_unique_keys
+
+    path = hyp_file(decode_dir)
+    try:
+        check_unique_keys(path)
+    except DataError as exc:
+        raise DataError(f"{exc} corpus-io decode writes each key once; a text joined from several runs (cat) "
+                        f"repeats them: keep one line per key.") from None
     return path
 
 

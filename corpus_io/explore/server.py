@@ -188,9 +188,32 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, spectrogram_png(wave, rate), "image/png")
 
 
-def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+def make_server(explorer: Explorer | None, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """The server listening on ``host``:``port`` (0: a free port); ``explorer`` None: set it on
+    ``server.RequestHandlerClass.explorer`` before serving. An address it cannot listen on (a port in use, a host
+    that is not this machine's, a port that needs root) is a ConfigError saying which key picks another."""
+    import errno
+    import socket
+
+    from corpus_io.errors import ConfigError
+
     handler = type("ExploreHandler", (Handler,), {"explorer": explorer})
-    server = ThreadingHTTPServer((host, port), handler)
+    try:
+        server = ThreadingHTTPServer((host, port), handler)
+    except OSError as exc:
+        where = f"{host}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is in use (another explore, or another program, listens on "
+                              f"{where}), so explore cannot serve there. Pick another port with ++port=N, or "
+                              f"++port=0 for any free one (the address is printed).") from None
+        if exc.errno == errno.EADDRNOTAVAIL or isinstance(exc, socket.gaierror):  # gaierror: a name of no address
+            raise ConfigError(f"cannot listen on {where}: {host} is not an address of this machine "
+                              f"({exc.strerror or exc}). Use ++host=127.0.0.1 (this machine only) or ++host=0.0.0.0 "
+                              f"(every address of this machine).") from None
+        if exc.errno == errno.EACCES:
+            raise ConfigError(f"cannot listen on {where}: ports below 1024 need root. Pick a port above 1023 with "
+                              f"++port=N, or ++port=0 for any free one.") from None
+        raise
     server.daemon_threads = True
     return server
 
@@ -199,19 +222,22 @@ def explore(cfg: Any) -> None:
     """``corpus-io explore`` for a validated :class:`corpus_io.config.ExploreConfig`."""
     from corpus_io.explore.catalog import build
 
-    storage_options = dict(cfg.storage_options or {}) or None
-    catalog = build(cfg.input, cache_dir=cfg.cache_dir, decode_dirs=[d for d in (cfg.decode_dir, cfg.compare_dir) if d],
-                    storage_options=storage_options)
-    explorer = Explorer(catalog, token_list=cfg.token_list)
-    server = make_server(explorer, cfg.host, cfg.port)
-    host, port = server.server_address[:2]
-    shown = f"[{host}]" if ":" in str(host) else host
-    print(f"corpus-io explore: {explorer.size()} utterances of {cfg.input} (catalog: {catalog.cache_dir})", flush=True)
-    if host not in ("127.0.0.1", "::1", "localhost"):
-        print(f"warning: listening on {host}: anyone who can reach this address can read the corpus "
-              f"(no authentication).", file=sys.stderr, flush=True)
-    print(f"corpus-io explore: open http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
+    # listen first: an address it cannot use fails before minutes of catalog building (requests wait in the backlog)
+    server = make_server(None, cfg.host, cfg.port)
     try:
+        storage_options = dict(cfg.storage_options or {}) or None
+        catalog = build(cfg.input, cache_dir=cfg.cache_dir, storage_options=storage_options,
+                        decode_dirs=[d for d in (cfg.decode_dir, cfg.compare_dir) if d])
+        explorer = Explorer(catalog, token_list=cfg.token_list)
+        server.RequestHandlerClass.explorer = explorer
+        host, port = server.server_address[:2]
+        shown = f"[{host}]" if ":" in str(host) else host
+        print(f"corpus-io explore: {explorer.size()} utterances of {cfg.input} (catalog: {catalog.cache_dir})",
+              flush=True)
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            print(f"warning: listening on {host}: anyone who can reach this address can read the corpus "
+                  f"(no authentication).", file=sys.stderr, flush=True)
+        print(f"corpus-io explore: open http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
         server.serve_forever()
     except KeyboardInterrupt:
         pass

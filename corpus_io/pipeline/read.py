@@ -60,9 +60,11 @@ class Source:
     track_keys: bool = False  # no index records every shard's keys: readers find repeats from the samples
 
     @classmethod
-    def open(cls, data_list: str, data_type: str, weight: float = 1.0, *, on_error: str = "skip") -> Source:
+    def open(cls, data_list: str, data_type: str, weight: float = 1.0, *, on_error: str = "skip",
+             storage_options: dict | None = None) -> Source:
         """``on_error=fail``: a key the index records in two shards is a DataError here, before any reading;
-        ``skip``: the first shard keeps it (``owners``) and the others' copies are dropped and counted."""
+        ``skip``: the first shard keeps it (``owners``) and the others' copies are dropped and counted.
+        ``storage_options``: the readers', also for a list (and its index) at a URL."""
         if data_type == "raw":
             return cls._open_raw(data_list, weight, on_error)
         from corpus_io.shards.index import (
@@ -70,13 +72,14 @@ class Source:
             index_entry_problems,
             index_path_for,
             index_records_keys,
+            index_shard_keys,
             known_repeated_keys,
             load_index,
             read_datalist,
             repeated_shard,
         )
 
-        urls = read_datalist(data_list)
+        urls = read_datalist(data_list, storage_options=storage_options)
         if not urls:
             raise DataError(f"{data_list} lists no shards. Run make-datalist on the packed shards.")
         twice = repeated_shard(urls)
@@ -86,7 +89,7 @@ class Source:
                             f"({urls[j - 1]}); every utterance in it would be trained twice per epoch. Remove one "
                             f"of the lines (lists joined with cat?), or merge lists with make-datalist, which "
                             f"refuses repeats.")
-        index = load_index(data_list)
+        index = load_index(data_list, storage_options=storage_options)
         if index is None:
             _warn_no_index(data_list)
         index = index or {}
@@ -99,10 +102,19 @@ class Source:
                                 f"directory>) and check the shards with verify-shards.")
         durations = [float(e["duration"]) if e and e.get("duration") else 0.0 for e in entries]
         num_utts = [int(e["num_utts"]) if e and e.get("num_utts") else 0 for e in entries]
-        keyed = index_records_keys(data_list)
+        keyed = index_records_keys(data_list, storage_options=storage_options)
         found_in = str(index_path_for(data_list))
-        repeats = known_repeated_keys(data_list) if keyed else {}
-        if not keyed and all(_local_tar(u) for u in urls):
+        unindexed = [u for u, e in zip(urls, entries) if e is None]
+        repeats = known_repeated_keys(data_list, storage_options=storage_options) if keyed and not unindexed else {}
+        if keyed and unindexed:
+            # shards the index has no entry for (a copy appended to the list?): their keys are not in it, so they
+            # come from their tar headers, checked against the index's keys of the other shards
+            listed = set(urls)
+            indexed = partial(index_shard_keys, data_list, storage_options=storage_options, only=listed)
+            scanned = _repeats_from_headers(unindexed, indexed) if all(_local_tar(u) for u in unindexed) else None
+            keyed, repeats = scanned is not None, scanned or {}
+            found_in += f" and the member names of the {len(unindexed)} listed shard(s) it has no entry for"
+        elif not keyed and all(_local_tar(u) for u in urls):
             # no index names the keys, but the shards are local tars: their headers do, without reading audio
             scanned = _repeats_from_headers(urls)
             if scanned is not None:
@@ -142,14 +154,18 @@ def _local_tar(url: str) -> bool:
     return url.endswith(".tar") and not is_remote(url) and not is_command(url) and not url.startswith("file://")
 
 
-def _repeats_from_headers(urls: list[str]) -> dict[str, list[str]] | None:
-    """Keys several local shards hold, from their tar headers (two passes, 8 bytes per utterance); None when a
-    shard cannot be scanned (the reader then reports it under on_error, and readers track keys instead)."""
+def _repeats_from_headers(urls: list[str], known: Callable[[], Iterator[tuple[str, list[str]]]] | None = None
+                          ) -> dict[str, list[str]] | None:
+    """Keys several local shards hold, from their tar headers (two passes, 8 bytes per utterance), after the
+    ``(shard, keys)`` that ``known()`` gives (an index's, which then own a repeated key); None when a shard cannot be
+    scanned (the reader then reports it under on_error, and readers track keys instead)."""
+    from itertools import chain
+
     from corpus_io.shards.index import find_repeated_keys
     from corpus_io.shards.reader import member_keys
 
     try:
-        return find_repeated_keys(lambda: ((u, member_keys(u)) for u in urls))
+        return find_repeated_keys(lambda: chain(known() if known else (), ((u, member_keys(u)) for u in urls)))
     except (DataError, OSError):
         return None
 

@@ -404,12 +404,35 @@ def part_keys(data: dict) -> list[str]:
     return list(data["results"])
 
 
+def check_part(part: jobs.Part) -> None:
+    """merge-jobs: an add-field record's companion files per shard (a file name beside the shard, its size and
+    sha256, as many as its outputs) (:class:`corpus_io.jobs.RecordProblem` on the first field that cannot be
+    trusted)."""
+    files = 0
+    for url, stats in jobs.of_type(part.data.get("results"), "data.results", dict, "a JSON object").items():
+        for name, stat in jobs.of_type(stats, f"data.results[{url!r}]", dict, "a JSON object").items():
+            where = f"data.results[{url!r}][{name!r}]"
+            file = jobs.inner_path(jobs.of_type(stat, where, dict, "a JSON object").get("file"), f"{where}.file")
+            if "/" in file:
+                raise jobs.bad(f"{where}.file", file, "not a file name beside its shard")
+            jobs.whole(stat.get("bytes"), f"{where}.bytes")
+            jobs.sha256_hex(stat.get("sha256"), f"{where}.sha256")
+            files += 1
+    if files != len(part.outputs):
+        raise jobs.bad("outputs", f"{len(part.outputs)} files", f"but data.results names {files}")
+
+
 def merge_parts(place: jobs.Place, parts: list[jobs.Part]) -> Any:
     """``merge-jobs`` of add-field: the index with every shard's field entries, as one job writes it."""
     from corpus_io.shards.index import index_path_for, load_index, read_datalist
 
     results = {url: stats for part in parts for url, stats in part.payload()["results"].items()}
     urls = read_datalist(place.path)
+    listed = set(urls)
+    unknown = next((u for u in results if u not in listed), None)
+    if unknown is not None:
+        raise DataError(f"a part of {place.path} holds shard {unknown}, which the list does not name: the list "
+                        f"changed since the jobs ran, or a record was changed. Nothing was changed. Rerun the jobs.")
     missing = next((u for u in urls if u not in results), None)
     if missing is not None:
         raise DataError(f"no part of {place.path} holds shard {missing}: the list changed since the jobs ran. "

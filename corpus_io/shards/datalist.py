@@ -99,7 +99,7 @@ def _tar_entries(paths: list[str]) -> Iterator[tuple[str, dict | None]]:
 
 
 def _list_entries(path: str) -> Iterator[tuple[str, dict | None]]:
-    index = load_index(path, keys=True) if not is_remote(path) else None
+    index = load_index(path, keys=True)  # a list at a URL has its index beside it too (AWS environment)
     for entry in read_datalist(path):  # a raw list / jsonl given here is caught there
         yield entry, (index or {}).get(entry)
 

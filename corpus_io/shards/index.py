@@ -12,7 +12,8 @@ entries (URLs, relative list entries as written, older indexes) keep ``path`` ex
 
 Sidecar location (:func:`index_path_for`): ``DIR/data.list`` -> ``DIR/index.jsonl``;
 any other list name ``DIR/NAME.EXT`` -> ``DIR/NAME.index.jsonl`` (so two lists in one
-directory never share a sidecar).
+directory never share a sidecar). A list at a URL (``s3://``, ``http(s)://``) has its sidecar at the URL beside
+it, read with the same ``storage_options`` as the list; a ``file`` entry there resolves against that URL.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from __future__ import annotations
 import json
 import os
 from array import array
-from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from pathlib import Path, PurePosixPath
+from typing import IO, Any, Callable, Iterable, Iterator
+from urllib.parse import urlsplit
 
 from corpus_io.errors import DataError
 from corpus_io.files import atomic_write, parse_json_object
@@ -29,9 +31,16 @@ from corpus_io.files import atomic_write, parse_json_object
 INDEX_FIELDS = ("path", "num_utts", "duration", "min_duration", "max_duration", "bytes", "sha256", "keys")
 
 
-def index_path_for(list_path: str | os.PathLike) -> Path:
-    """The ``index.jsonl`` sidecar of a data.list (see the module docstring for the naming rule)."""
-    p = Path(list_path)
+def index_path_for(list_path: str | os.PathLike) -> Path | str:
+    """The ``index.jsonl`` sidecar of a data.list (see the module docstring for the naming rule): a Path for a
+    local list, a URL (str) for a remote one."""
+    from corpus_io.urls import beside, is_remote
+
+    text = os.fspath(list_path)
+    if is_remote(text):
+        name = PurePosixPath(urlsplit(text).path).name
+        return beside(text, "index.jsonl" if name == "data.list" else f"{PurePosixPath(name).stem}.index.jsonl")
+    p = Path(text)
     if p.name == "data.list":
         return p.with_name("index.jsonl")
     return p.with_name(f"{p.stem}.index.jsonl")
@@ -43,8 +52,9 @@ def list_and_sidecar(name: str, list_path: str | os.PathLike) -> list[tuple[str,
     return [(name, str(list_path)), (f"the index sidecar of {name}", str(index_path_for(list_path)))]
 
 
-def read_datalist(path: str | os.PathLike) -> list[str]:
-    """Entries of a data.list (local path or URL), stripped, blank lines skipped."""
+def read_datalist(path: str | os.PathLike, *, storage_options: dict | None = None) -> list[str]:
+    """Entries of a data.list (local path or URL, read with ``storage_options``), stripped, blank lines
+    skipped."""
     from corpus_io.urls import is_remote, open_url
 
     path = str(path)
@@ -54,7 +64,7 @@ def read_datalist(path: str | os.PathLike) -> list[str]:
         raise DataError(f"data list {path} is a directory, not a list file.{hint}")
     if not is_remote(path) and not os.path.isfile(path):
         raise DataError(f"data list {path} does not exist. Create it with make-datalist or pack-shards.")
-    with open_url(path) as f:
+    with open_url(path, storage_options=storage_options) as f:
         raw = f.read()
     try:
         text = raw.decode("utf-8-sig")
@@ -73,36 +83,49 @@ def read_datalist(path: str | os.PathLike) -> list[str]:
     return entries
 
 
-def load_index(list_path: str | os.PathLike, *, keys: bool = False) -> dict[str, dict] | None:
+def load_index(list_path: str | os.PathLike, *, keys: bool = False,
+               storage_options: dict | None = None) -> dict[str, dict] | None:
     """The sidecar of ``list_path`` keyed by shard entry, or None when there is no sidecar.
 
     ``keys``: keep each entry's utterance keys (to rewrite the index); readers leave them out, so
-    their memory does not grow with the corpus (find repeats with :func:`repeated_keys`)."""
-    return read_index_file(index_path_for(list_path), keys=keys)
+    their memory does not grow with the corpus (find repeats with :func:`repeated_keys`).
+    ``storage_options``: the list's, for a remote one."""
+    return read_index_file(index_path_for(list_path), keys=keys, storage_options=storage_options)
 
 
-def _iter_shard_keys(index: Path) -> Iterator[tuple[str, list[str]]]:
+def _iter_shard_keys(index: Path | str, storage_options: dict | None = None) -> Iterator[tuple[str, list[str]]]:
     """``(shard path, its utterance keys)`` per index line, streamed (lines without ``keys`` are skipped)."""
-    for entry in read_index_file(index, keys=True, lazy=True) or ():
+    for entry in read_index_file(index, keys=True, lazy=True, storage_options=storage_options) or ():
         if isinstance(entry.get("keys"), list):
             yield entry["path"], [str(k) for k in entry["keys"]]
 
 
-def repeated_keys(list_path: str | os.PathLike) -> dict[str, list[str]]:
+def index_shard_keys(list_path: str | os.PathLike, *, storage_options: dict | None = None,
+                     only: set[str] | None = None) -> Iterator[tuple[str, list[str]]]:
+    """``(shard, its utterance keys)`` of each entry of the index of ``list_path`` that records them (``only``: of
+    these shards), streamed; nothing when there is no index."""
+    return ((p, keys) for p, keys in _iter_shard_keys(index_path_for(list_path), storage_options)
+            if only is None or p in only)
+
+
+def repeated_keys(list_path: str | os.PathLike, *, storage_options: dict | None = None) -> dict[str, list[str]]:
     """Keys that more than one shard of ``list_path`` holds (or one shard twice), from its index's ``keys``
     (no audio is read); see :func:`find_repeated_keys`. Empty when there is no index or it records no keys."""
     index = index_path_for(list_path)
-    if not index.is_file():
+    if isinstance(index, Path) and not index.is_file():
         return {}
-    return find_repeated_keys(lambda: _iter_shard_keys(index))
+    return find_repeated_keys(lambda: _iter_shard_keys(index, storage_options))
 
 
-def known_repeated_keys(list_path: str | os.PathLike) -> dict[str, list[str]]:
+def known_repeated_keys(list_path: str | os.PathLike, *, storage_options: dict | None = None) -> dict[str, list[str]]:
     """:func:`repeated_keys`, without the scan when the index's ``.<index stem>.repeats.json`` sidecar says that this
     very index (same size and mtime) repeats no key; else computed, and the count stored there (best effort:
     a read-only directory just computes it). The loader asks on every rank at start: at 15M keys the scan
-    takes seconds and hundreds of MB, the sidecar milliseconds. :func:`write_index` stores it with each index."""
+    takes seconds and hundreds of MB, the sidecar milliseconds. :func:`write_index` stores it with each index.
+    A remote index has no such sidecar: it is scanned."""
     index = index_path_for(list_path)
+    if not isinstance(index, Path):
+        return repeated_keys(list_path, storage_options=storage_options)
     if not index.is_file():
         return {}
     try:
@@ -114,10 +137,13 @@ def known_repeated_keys(list_path: str | os.PathLike) -> dict[str, list[str]]:
     return _store_repeats(index)
 
 
-def index_records_keys(list_path: str | os.PathLike) -> bool:
+def index_records_keys(list_path: str | os.PathLike, *, storage_options: dict | None = None) -> bool:
     """Whether the index of ``list_path`` records the utterance keys of every shard (then :func:`known_repeated_keys`
     finds every repeat before reading); from the ``.repeats.json`` stamp when it is fresh, else by a byte scan."""
     index = index_path_for(list_path)
+    if not isinstance(index, Path):
+        f = _open_index(index, storage_options)
+        return f is not None and _every_line_has_keys(f)
     if not index.is_file():
         return False
     try:
@@ -126,11 +152,11 @@ def index_records_keys(list_path: str | os.PathLike) -> bool:
             return stored["keyed"]
     except (OSError, ValueError, AttributeError, TypeError):
         pass
-    return _every_line_has_keys(index)
+    return _every_line_has_keys(open(index, "rb"))
 
 
-def _every_line_has_keys(index: Path) -> bool:
-    with open(index, "rb") as f:
+def _every_line_has_keys(f: IO[bytes]) -> bool:
+    with f:
         return all(b'"keys":' in raw for raw in f if raw.strip())
 
 
@@ -149,7 +175,7 @@ def _store_repeats(index: Path, known: int | None = None) -> dict[str, list[str]
     try:
         with atomic_write(_repeats_path(index)) as f:
             json.dump({"index": _stamp(index), "repeated_keys": len(repeats) if known is None else known,
-                       "keyed": _every_line_has_keys(index)}, f)
+                       "keyed": _every_line_has_keys(open(index, "rb"))}, f)
     except OSError:
         pass  # a read-only shard directory: the next start computes it again
     return repeats
@@ -267,6 +293,15 @@ def _index_dir(index_path: str | os.PathLike) -> str:
     return os.path.dirname(os.path.realpath(index_path))
 
 
+def _open_index(path: Path | str, storage_options: dict | None) -> IO[bytes] | None:
+    """The index file opened for reading (a URL with the list's ``storage_options``), or None when absent."""
+    from corpus_io.urls import open_if_exists
+
+    if isinstance(path, Path):
+        return open(path, "rb") if path.is_file() else None
+    return open_if_exists(path, storage_options=storage_options)
+
+
 def _stored(entry: dict, index_dir: str) -> dict:
     """``entry`` as written: ``file`` (relative) first for a local absolute path under ``index_dir``."""
     path = entry["path"]
@@ -287,13 +322,19 @@ def write_index(path: str | os.PathLike, entries: Iterable[dict]) -> None:
     _store_repeats(Path(path))  # once here, offline, so every loader start reads it instead of scanning
 
 
-def read_index_file(path: Path, *, keys: bool = False, lazy: bool = False) -> Any:
+def read_index_file(path: Path | str, *, keys: bool = False, lazy: bool = False,
+                    storage_options: dict | None = None) -> Any:
     """An ``index.jsonl`` keyed by shard entry (relative paths resolved), or None when ``path`` is not a file.
 
+    ``path``: a local Path, or a URL (str, read with ``storage_options``) as :func:`index_path_for` gives it.
     ``keys``: keep each entry's ``keys`` list; ``lazy``: an iterator of the entries instead of a dict."""
-    if not path.is_file():
+    from corpus_io.urls import is_remote
+
+    path = path if isinstance(path, Path) or is_remote(path) else Path(path)
+    f = _open_index(path, storage_options)
+    if f is None:
         return None
-    entries = _iter_index_file(path, keys)
+    entries = _iter_index_file(path, f, keys)
     return entries if lazy else {entry["path"]: entry for entry in entries}
 
 
@@ -317,17 +358,21 @@ def _without_keys(raw: bytes) -> bytes:
     return raw[:start] + raw[end + 2:]
 
 
-def _iter_index_file(path: Path, keys: bool) -> Iterator[dict]:
-    index_dir = _index_dir(path)
-    with open(path, "rb") as f:
+def _iter_index_file(path: Path | str, f: IO[bytes], keys: bool) -> Iterator[dict]:
+    from corpus_io.urls import beside
+
+    local = isinstance(path, Path)
+    index_dir = _index_dir(path) if local else ""
+    with f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             entry = parse_json_object(raw if keys else _without_keys(raw), f"{path}:{lineno}",
                                       "The index is corrupt: regenerate it with make-datalist or pack-shards.")
             if "path" not in entry and isinstance(entry.get("file"), str):
-                entry = {"path": os.path.normpath(os.path.join(index_dir, entry["file"])),
-                         **{k: v for k, v in entry.items() if k != "file"}}
+                resolved = os.path.normpath(os.path.join(index_dir, entry["file"])) if local \
+                    else beside(str(path), entry["file"])
+                entry = {"path": resolved, **{k: v for k, v in entry.items() if k != "file"}}
             if "path" not in entry:
                 raise DataError(f"{path}:{lineno}: an index line needs a 'path' (or 'file', relative to the "
                                 f"index's directory) field.")

@@ -57,18 +57,24 @@ from corpus_io.jobs import (
     Job,
     Part,
     Place,
+    RecordProblem,
+    bad,
     begin,
     files_digest,
     fingerprint,
+    inner_path,
     job_of,
     merged_summary,
+    of_type,
     output_entry,
+    sha256_hex,
     summary_data,
+    whole,
     write_part,
 )
 from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 from corpus_io.shards import format as fmt
-from corpus_io.shards.index import index_path_for, read_index_file, write_list_and_index
+from corpus_io.shards.index import index_entry_problems, index_path_for, read_index_file, write_list_and_index
 from corpus_io.shards.writer import ShardWriter
 
 # FunASR/WeNet fields that become members or computed metadata instead of being copied to the .json.
@@ -710,11 +716,56 @@ def part_keys(data: dict) -> Iterator[str]:
     return (k for group in data["groups"] for e in group["entries"] for k in e.get("keys") or ())
 
 
+def check_part(part: Part) -> None:
+    """merge-jobs: the pack-shards fields of a record, before any is trusted (:class:`corpus_io.jobs.RecordProblem`
+    on the first that cannot be): each group's directory and shard entries (paths inside the output, the values
+    :func:`corpus_io.shards.index.index_entry_problems` checks, the size and sha256 its outputs record), and counts
+    that agree (utterances with the summary, shards with the outputs and the span)."""
+    data = part.data
+    of_type(data.get("prefix"), "data.prefix", str, "a string")
+    url = of_type(data.get("url", ""), "data.url", str, "a string")
+    shards = utts = 0
+    for g, group in enumerate(of_type(data.get("groups"), "data.groups", list, "a list")):
+        name = f"data.groups[{g}]"
+        inner_path(of_type(group, name, dict, "a JSON object").get("dir"), f"{name}.dir", empty=True)
+        for e, entry in enumerate(of_type(group.get("entries"), f"{name}.entries", list, "a list")):
+            where = f"{name}.entries[{e}]"
+            inner_path(of_type(entry, where, dict, "a JSON object").get("path"), f"{where}.path")
+            whole(entry.get("num_utts"), f"{where}.num_utts", 1)
+            whole(entry.get("bytes"), f"{where}.bytes")
+            sha256_hex(entry.get("sha256"), f"{where}.sha256")
+            problems = index_entry_problems(entry)
+            if problems:
+                raise RecordProblem(f"{where}.{problems[0]}")
+            out = part.outputs[shards] if shards < len(part.outputs) else None
+            if not url and out is not None and [out["file"], out["bytes"], out["sha256"]] != \
+                    [entry["path"], entry["bytes"], entry["sha256"]]:  # object storage: outputs are sidecars
+                raise bad(where, {k: entry[k] for k in ("path", "bytes", "sha256")},
+                          f"but outputs[{shards}] records {out}")
+            shards += 1
+            utts += entry["num_utts"]
+    if shards != len(part.outputs):
+        raise bad("outputs", f"{len(part.outputs)} files", f"but data.groups lists {shards} shards")
+    lo, hi = part.span
+    if shards > hi - lo:
+        raise bad("data.groups", f"{shards} shards", f"but the job's span {part.span} holds {hi - lo}")
+    kept = data.get("summary", {}).get("kept", 0)
+    if kept != utts:
+        raise bad("data.summary.kept", kept, f"but the shard entries hold {utts} utterances")
+
+
 def merge_parts(place: Place, parts: list[Part]) -> Summary:
     """``merge-jobs`` of pack-shards: each directory's data.list + index.jsonl, as one job writes them (streamed:
     one part's entries in memory at a time)."""
     out_dir = Path(place.path).resolve()
     first = parts[0].payload()
+    dirs = [group["dir"] for group in first["groups"]]
+    for part in parts[1:]:  # before the old lists are withdrawn: every part has the same groups
+        theirs = [group["dir"] for group in part.payload()["groups"]]
+        if theirs != dirs:
+            raise DataError(f"part record {part.where}: data.groups are {theirs}, but {parts[0].where} has {dirs}: "
+                            f"the record was changed after its job wrote it. Nothing was changed. Delete it and "
+                            f"rerun job {part.job_index}, then merge.")
     options = place.storage_options or {}
     if first.get("url"):
         _refuse_absent_objects(first["url"], parts, options)

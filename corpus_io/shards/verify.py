@@ -216,8 +216,9 @@ def verify_shards(cfg: Any) -> list[VerifyResult]:
     shards and writes a part record; ``merge-jobs ++path=<input>`` prints (and writes to ``report``) the
     one-job report, the check of keys repeated across shards included."""
     job = jobs.job_of(cfg)
-    urls, _ = _distinct_entries(read_datalist(cfg.input))  # each shard read once
-    index = load_index(cfg.input, keys=True)
+    options = dict(cfg.storage_options or {})
+    urls, _ = _distinct_entries(read_datalist(cfg.input, storage_options=options))  # each shard read once
+    index = load_index(cfg.input, keys=True, storage_options=options)
     if index is None:
         print(f"[verify-shards] no index sidecar {index_path_for(cfg.input)}: sha256, size and counts are not "
               f"checked.", file=sys.stderr, flush=True)
@@ -227,8 +228,7 @@ def verify_shards(cfg: Any) -> list[VerifyResult]:
         fp = jobs.fingerprint(["verify-shards", jobs.files_digest([cfg.input]), index, cfg.decode_audio,
                                cfg.report])
         jobs.check_place(place, job, fp)  # a rerun checks the shards again: they may have changed
-    tasks = (VerifyTask(u, (index or {}).get(u), index is not None, cfg.decode_audio, dict(cfg.storage_options or {}))
-             for u in urls[lo:hi])
+    tasks = (VerifyTask(u, (index or {}).get(u), index is not None, cfg.decode_audio, options) for u in urls[lo:hi])
     workers = min(resolve_num_workers(cfg.num_workers), max(1, hi - lo))
     results: list[VerifyResult] = []
     desc = "verify-shards" if job.single else f"verify-shards {job}"
@@ -245,7 +245,7 @@ def verify_shards(cfg: Any) -> list[VerifyResult]:
             raise DataError(f"{job}: {len(bad)} of {len(results)} shards failed verification; first: "
                             f"{bad[0].problems[0]}")
         return results
-    return _report(cfg.input, index, results, cfg.report)
+    return _report(cfg.input, index, results, cfg.report, options)
 
 
 def _print_failures(bad: list[VerifyResult], out: list[str] | None = None) -> None:
@@ -257,16 +257,44 @@ def _print_failures(bad: list[VerifyResult], out: list[str] | None = None) -> No
                 out.append(line)
 
 
+def check_part(part: jobs.Part) -> None:
+    """merge-jobs: a verify-shards record's results, one per shard of its span, each a :class:`VerifyResult`
+    (:class:`corpus_io.jobs.RecordProblem` on the first field that cannot be trusted)."""
+    results = jobs.of_type(part.data.get("results"), "data.results", list, "a list")
+    lo, hi = part.span
+    if len(results) != hi - lo:
+        raise jobs.bad("data.results", f"{len(results)} shards", f"but the job's span {part.span} holds {hi - lo}")
+    fields = set(VerifyResult.__dataclass_fields__)
+    for i, r in enumerate(results):
+        where = f"data.results[{i}]"
+        extra = set(jobs.of_type(r, where, dict, "a JSON object")) - fields
+        if extra:
+            raise jobs.bad(where, sorted(extra), f"fields a verify result does not have (it has {sorted(fields)})")
+        jobs.of_type(r.get("url"), f"{where}.url", str, "a string")
+        jobs.whole(r.get("num_utts", 0), f"{where}.num_utts")
+        jobs.whole(r.get("bytes", 0), f"{where}.bytes")
+        problems = jobs.of_type(r.get("problems", []), f"{where}.problems", list, "a list")
+        if not all(isinstance(p, str) for p in problems):
+            raise jobs.bad(f"{where}.problems", problems, "not a list of strings")
+        jobs.of_type(r.get("keys", ""), f"{where}.keys", str, "a string")
+    report = part.data.get("report")
+    if report is not None:
+        jobs.of_type(report, "data.report", str, "a path (a string)")
+
+
 def merge_parts(place: jobs.Place, parts: list[jobs.Part]) -> list[VerifyResult]:
     """``merge-jobs`` of verify-shards: the one-job report (and its exit status) from the parts' results."""
     results = [VerifyResult(**r) for part in parts for r in part.payload()["results"]]
-    return _report(place.path, load_index(place.path, keys=True), results, parts[0].payload().get("report"))
+    options = place.storage_options
+    return _report(place.path, load_index(place.path, keys=True, storage_options=options), results,
+                   parts[0].payload().get("report"), options)
 
 
-def _report(list_path: str, index: dict | None, results: list[VerifyResult], report: str | None) -> list[VerifyResult]:
+def _report(list_path: str, index: dict | None, results: list[VerifyResult], report: str | None,
+            storage_options: dict | None = None) -> list[VerifyResult]:
     """Shards listed twice, keys repeated across shards, the report (stdout, and ``report`` when given); a
-    DataError on any problem."""
-    entries = read_datalist(list_path)
+    DataError on any problem. ``storage_options``: the list's, when it is at a URL."""
+    entries = read_datalist(list_path, storage_options=storage_options)
     _, twice = _distinct_entries(entries)
     by_url = {r.url: r for r in results}
     for j, i in twice:
@@ -275,7 +303,7 @@ def _report(list_path: str, index: dict | None, results: list[VerifyResult], rep
             f"training would read every utterance of it twice. Remove one of the lines.")
     # across shards: from the members read, and from the index for shards that could not be read whole
     repeats = find_repeated_keys(lambda: ((r.url, r.keys.split("\0") if r.keys else []) for r in results))
-    for key, shards in repeated_keys(list_path).items():
+    for key, shards in repeated_keys(list_path, storage_options=storage_options).items():
         repeats.setdefault(key, shards)
     if index is not None and not any(isinstance(e.get("keys"), list) for e in index.values()):
         print(f"[verify-shards] {index_path_for(list_path)} records no utterance keys (an older pack-shards or "

@@ -144,6 +144,40 @@ def _forbidden_global(message: str) -> str | None:
     return f"the global {m.group(1)}" if m else None
 
 
+def token_list_record(tokenizer: Any) -> dict:
+    """What a checkpoint records of the token list it is trained with (``"token_list"``): the file, the number of
+    tokens and the sha256 of its canonical form (:func:`corpus_io.tokenizer.token_list_sha256`)."""
+    from corpus_io.tokenizer import token_list_sha256
+
+    conf = tokenizer.conf
+    return {"file": str(conf.token_list or conf.bpe_model), "size": tokenizer.vocab_size,
+            "sha256": token_list_sha256(tokenizer.symbols)}
+
+
+_UNRECORDED_WARNED: set[str] = set()  # checkpoints without a token list record, warned about once per process
+
+
+def check_token_list(state: dict, tokenizer: Any, checkpoint: str | os.PathLike) -> None:
+    """Refuse a token list other than the one ``state`` was trained with: one with two tokens swapped loads and
+    reads every output id as the other token. A checkpoint written before the record: a warning, once."""
+    now = token_list_record(tokenizer)
+    trained = state.get("token_list")
+    if not isinstance(trained, dict):
+        if str(checkpoint) not in _UNRECORDED_WARNED:
+            _UNRECORDED_WARNED.add(str(checkpoint))
+            print(f"warning: checkpoint {checkpoint} does not record its token list (it was written before corpus-io "
+                  f"recorded one), so {now['file']} cannot be checked against the token list it was trained with; "
+                  f"if that file changed after training, the outputs are read as other tokens.",
+                  file=sys.stderr, flush=True)
+        return
+    if (trained.get("size"), trained.get("sha256")) != (now["size"], now["sha256"]):
+        raise DataError(f"the token list {now['file']} ({now['size']} tokens, sha256 {now['sha256'][:12]}…) is not the "
+                        f"one checkpoint {checkpoint} was trained with ({trained.get('size')} tokens, sha256 "
+                        f"{str(trained.get('sha256'))[:12]}…, then {trained.get('file')}): it changed after training, "
+                        f"and the model's outputs would be read as other tokens. Restore the training token list, or "
+                        f"train (fine-tune) a model with the new one.")
+
+
 def epoch_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
     out = {}
     for p in Path(output_dir).iterdir():
@@ -278,8 +312,10 @@ def average_checkpoints(output_dir: str | os.PathLike, num: int, metric: str = "
     ckpts = epoch_checkpoints(out_dir)
     avg: dict[str, Any] = {}
     last: dict = {}
+    token_lists: dict[tuple, int] = {}  # (size, sha256) -> an epoch trained with that token list
     for epoch in chosen:
         last = load_checkpoint(ckpts[epoch], finite=False)  # the average is checked below, naming the epochs
+        _one_token_list(token_lists, last, epoch, out_dir, key)
         for k, v in last["model"].items():
             if k not in avg:
                 avg[k] = v.detach().clone().double() if v.is_floating_point() else v.detach().clone()
@@ -295,7 +331,8 @@ def average_checkpoints(output_dir: str | os.PathLike, num: int, metric: str = "
                         f"retrain from an earlier one (see train_conf.max_nonfinite_steps).")
     path = out_dir / f"model.pt.avg{num}"
     metrics = read_metrics(out_dir)
-    save_checkpoint(path, {"model": avg, "config": last.get("config"), "averaged_epochs": chosen,
+    save_checkpoint(path, {"model": avg, "config": last.get("config"), "token_list": last.get("token_list"),
+                           "averaged_epochs": chosen,
                            "requested_num": num, "cv_metrics": {e: metrics.get(e) for e in chosen},
                            "metric": metric})
     message = _shortfall_warning(num, chosen, metric, path, key=key)
@@ -305,6 +342,19 @@ def average_checkpoints(output_dir: str | os.PathLike, num: int, metric: str = "
         else:
             warn(message)
     return path
+
+
+def _one_token_list(seen: dict[tuple, int], state: dict, epoch: int, out_dir: Path, key: str | None) -> None:
+    """Refuse to average epochs trained with different token lists (a resume with another list)."""
+    record = state.get("token_list")
+    if isinstance(record, dict):
+        seen.setdefault((record.get("size"), record.get("sha256")), epoch)
+    if len(seen) > 1:
+        first, other = seen.values()
+        fewer = f"a smaller ++{key}" if key else "fewer epochs"
+        raise DataError(f"epochs {first} and {other} of {out_dir} were trained with different token lists, so their "
+                        f"weights do not average into one model (nothing was written). Average the epochs of one "
+                        f"token list ({fewer}), or train again with one token list.")
 
 
 def _shortfall_warning(num: int, chosen: list[int], metric: str, path: str | os.PathLike, *,

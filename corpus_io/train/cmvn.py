@@ -295,11 +295,44 @@ def _conf_dict(conf: Any) -> Any:
     return {k: v for k, v in to_dict(conf).items() if k not in ("num_workers", "prefetch")}
 
 
+def check_part(part: Any) -> None:
+    """merge-jobs: a compute-cmvn record's exact sums (integers as strings, one per feature dimension, x^2 >= 0), its
+    frame and utterance counts, the loader's counts and the output format (:class:`corpus_io.jobs.RecordProblem` on
+    the first field that cannot be trusted)."""
+    from corpus_io import jobs
+
+    data = part.data
+    sums = {}
+    for name in ("sum_x", "sum_x2"):
+        values = jobs.of_type(data.get(name), f"data.{name}", list, "a list")
+        for i, v in enumerate(values):
+            if not isinstance(v, str) or not v.lstrip("-").isdigit() or (name == "sum_x2" and v.startswith("-")):
+                raise jobs.bad(f"data.{name}[{i}]", v, "not an exact sum (an integer as a string"
+                               + (", >= 0)" if name == "sum_x2" else ")"))
+        sums[name] = values
+    if len(sums["sum_x"]) != len(sums["sum_x2"]):
+        raise jobs.bad("data.sum_x2", f"{len(sums['sum_x2'])} dimensions", f"but data.sum_x has {len(sums['sum_x'])}")
+    frames = jobs.whole(data.get("frames"), "data.frames")
+    utts = jobs.whole(data.get("utts"), "data.utts", 0, frames)
+    if bool(sums["sum_x"]) != bool(utts):
+        raise jobs.bad("data.utts", utts, f"but data.sum_x holds {len(sums['sum_x'])} dimensions")
+    for reason, n in jobs.of_type(data.get("counts"), "data.counts", dict, "a JSON object").items():
+        jobs.whole(n, f"data.counts[{reason!r}]")
+    if data.get("output_format") not in ("json", "kaldi"):
+        raise jobs.bad("data.output_format", data.get("output_format"), "not json or kaldi")
+
+
 def merge_parts(place: Any, parts: list) -> dict:
     """``merge-jobs`` of compute-cmvn: the parts' exact sums added, the one-job CMVN file written."""
+    from corpus_io.errors import DataError
+
     stats, counts = ExactStats(), {}
     for part in parts:
         data = part.payload()
+        if stats.sum_x and data["sum_x"] and len(data["sum_x"]) != len(stats.sum_x):
+            raise DataError(f"part record {part.where}: data.sum_x has {len(data['sum_x'])} dimensions, but the parts "
+                            f"before it have {len(stats.sum_x)}: the record was changed after its job wrote it. "
+                            f"Nothing was changed. Delete it and rerun job {part.job_index}, then merge.")
         stats.add(data)
         for reason, n in data["counts"].items():
             counts[reason] = counts.get(reason, 0) + n

@@ -48,12 +48,13 @@ def decode_dataset_conf(user: Any, trained: Any) -> Any:
 def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
     """``(model in eval mode, tokenizer, training config)`` from a checkpoint."""
     from corpus_io.tokenizer import build_tokenizer
-    from corpus_io.train.checkpoint import load_checkpoint
+    from corpus_io.train.checkpoint import check_token_list, load_checkpoint
     from corpus_io.train.model import build_model, feature_dim
 
     state = load_checkpoint(checkpoint)
     tcfg = training_config(state, checkpoint)
     tokenizer = build_tokenizer(tcfg.tokenizer)
+    check_token_list(state, tokenizer, checkpoint)
     # CMVN stats are buffers inside the checkpoint; the original cmvn_file is not needed.
     model = build_model(dict(tcfg.model), feature_dim(tcfg.dataset_conf), tokenizer.vocab_size, None)
     try:
@@ -70,9 +71,10 @@ def decode(cfg: Any) -> dict:
     refuse_overwrites(cfg)  # first: before torch is imported or anything is read
     from corpus_io.config import require
     from corpus_io.dataset import build_dataloader
-    from corpus_io.decoding.search import NEEDS_ENCODER, Search
+    from corpus_io.decoding.search import NEEDS_ENCODER, Search, check_options
 
     require(cfg, "data_list", "checkpoint", "output_dir")
+    check_options(cfg.decoding)
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)

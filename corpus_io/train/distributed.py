@@ -97,7 +97,19 @@ def init_distributed(device: str = "auto", timeout_s: int = 600) -> DistContext:
             kwargs["init_method"] = "env://"
         if use_cuda:
             kwargs["device_id"] = dev
-        dist.init_process_group(**kwargs)
+        try:
+            dist.init_process_group(**kwargs)
+        except dist.DistNetworkError as exc:
+            if "EADDRINUSE" not in str(exc):
+                raise
+            from corpus_io.errors import ConfigError
+
+            raise ConfigError(f"rank {rank}: port {os.environ.get('MASTER_PORT')} on {os.environ.get('MASTER_ADDR')} "
+                              f"is in use, so this run's rendezvous server (rank 0 listens on MASTER_PORT) cannot "
+                              f"start there: another training run on this node holds it. Set another free port in "
+                              f"the environment, MASTER_PORT=N (under srun without it the port is {SLURM_PORT_BASE} + "
+                              f"the job id % {SLURM_PORT_SPAN}; torchrun: --master_port=N or --rdzv-endpoint)."
+                              ) from None
     return ctx
 
 

@@ -150,6 +150,7 @@ class Trainer:
             "epoch_done": self.epoch_done,
             "cv_metrics": cv_metrics,
             "config": self.config_yaml,
+            "token_list": ckpt.token_list_record(self.tokenizer),
         }
 
     def save(self, name: str, cv_metrics: dict | None = None) -> None:

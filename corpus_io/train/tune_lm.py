@@ -13,7 +13,7 @@ from typing import Any
 def tune_lm(cfg: Any) -> dict:
     from corpus_io.config import require
     from corpus_io.dataset import build_dataloader
-    from corpus_io.decoding.search import Search
+    from corpus_io.decoding.search import Search, check_options
     from corpus_io.files import atomic_write, ensure_dir, refuse_overwriting_inputs, refuse_remote_output
     from corpus_io.train.cmvn import loader_inputs
     from corpus_io.train.decode import (
@@ -33,13 +33,14 @@ def tune_lm(cfg: Any) -> dict:
     refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in ("tune.txt", "best.txt")],
                               [*loader_inputs(cfg.data_list, cfg.dataset_conf), ("++checkpoint", cfg.checkpoint),
                                ("++lm", cfg.lm)])
+    base = copy.deepcopy(cfg.decoding)
+    base.method, base.lm = "ctc_beam_lm", cfg.lm
+    check_options(base)
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
     batches = list(forward_batches(loader, model, tokenizer, conf, device, desc="tune-lm (model)"))
-    base = copy.deepcopy(cfg.decoding)
-    base.method, base.lm = "ctc_beam_lm", cfg.lm
     rows = []
     for lm_weight in cfg.lm_weights:
         for word_score in cfg.word_scores:

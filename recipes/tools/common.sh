@@ -164,18 +164,21 @@ decode_sets() {  # decode_sets STAGE EXP CHECKPOINT DIR...: EXP/decode_<DIR name
   # One decode per method of $decode_methods (default greedy): greedy writes EXP/decode_<name>/, the others
   # EXP/decode_<name>.<method>/; ctc_beam_lm uses $lm (an ARPA from make-lm) with $lm_weight and $word_score,
   # all beams $beam (default 10).
-  local st=$1 exp=$2 checkpoint=$3 dir name method out
+  local st=$1 exp=$2 checkpoint=$3 dir name method out lm_opts
   shift 3
   for dir in "$@"; do
     name=$(basename "$dir")
     for method in ${decode_methods:-greedy}; do
       out=$exp/decode_$name
       [ "$method" = greedy ] || out=$exp/decode_$name.$method
+      lm_opts=()  # only ctc_beam_lm takes the LM (decode refuses one that the method would ignore)
+      if [ "$method" = ctc_beam_lm ]; then
+        lm_opts=(${lm:+"++decoding.lm=$lm"} ${lm_weight:+"++decoding.lm_weight=$lm_weight"}
+                 ${word_score:+"++decoding.word_score=$word_score"})
+      fi
       corpus-io decode "++data_list=$dir/raw.list" "++checkpoint=$checkpoint" "++output_dir=$out" \
         ++dataset_conf.data_type=raw ++dataset_conf.batch_type=example ++dataset_conf.batch_size=16 \
-        "++dataset_conf.num_workers=$nj" "++decoding.method=$method" "++decoding.beam=${beam:-10}" \
-        ${lm:+"++decoding.lm=$lm"} ${lm_weight:+"++decoding.lm_weight=$lm_weight"} \
-        ${word_score:+"++decoding.word_score=$word_score"}
+        "++dataset_conf.num_workers=$nj" "++decoding.method=$method" "++decoding.beam=${beam:-10}" "${lm_opts[@]}"
       log "$st" "decoded $name ($method): $(grep -m1 "^%CER" "$out/cer.txt") $(grep -m1 "^RTF" "$out/cer.txt")"
     done
   done

@@ -126,3 +126,16 @@ def test_hotwords_raise_recall_without_costing_cer_where_they_are_absent(kind, t
             s.add(str(i), ref, tok.decode(hyp))
         cers.append(s.cer.rate)
     assert cers[1] <= cers[0] + 0.01
+
+
+def test_a_megabyte_hotword_left_out_is_quoted_in_a_bounded_excerpt(tmp_path, capfd):
+    from corpus_io.decoding.hotwords import build_context
+
+    huge = "北" + "x" * 1_000_000  # its Latin run is no token of the list: left out with a warning
+    (tmp_path / "hot.txt").write_text(f"{huge}\n北京\n", encoding="utf-8")
+    capfd.readouterr()
+    _, kept = build_context(str(tmp_path / "hot.txt"), tokenizer("zh", tmp_path), 1.5)
+    err = capfd.readouterr().err
+    assert kept == ["北京"]
+    assert f"warning: 1 hotwords of {tmp_path / 'hot.txt'} have tokens outside the token list" in err, err[:500]
+    assert f"(e.g. '北{'x' * 59}'… (1000001 characters))" in err and len(err) < 500, err[:500]

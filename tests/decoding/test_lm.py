@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import Callable
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from corpus_io.config import DecodingConf, TokenizerConf
 from corpus_io.decoding.beam import best_path_ids
 from corpus_io.decoding.lm import BOS, EOS, UNK, Arpa, WordLmFusion, kneser_ney, write_arpa
 from corpus_io.decoding.search import Search
+from corpus_io.errors import ConfigError, DataError
 from corpus_io.tokenizer import Tokenizer, build_tokenizer, char_split
 from corpus_io.train.scoring import Scorer
 from tests.conftest import assert_user_error, run_cli
@@ -281,3 +283,106 @@ def test_beam_with_a_word_lm_over_bpe_pieces_tells_twins_apart_and_keeps_clean_s
     assert wer(tok, clean, [h[0].ids for h in search(lp, lengths)]) == 0.0
     with pytest.raises(Exception, match="make-lm ..unit=token"):  # a char model spells no words
         Search(DecodingConf(method="ctc_beam_lm", lm=str(arpa_path), lm_unit="word"), tokenizer())
+
+
+# --------------------------------------------------------------------------- hostile ARPA files and LM options
+
+
+def _lm_lines(tmp_path) -> list[str]:
+    """The lines of a trigram over the CJK sentences, as make-lm writes it."""
+    probs, backoffs, _ = kneser_ney([list(s) for s in sentences(random.Random(0), 40)], 3)
+    write_arpa(tmp_path / "good.arpa", probs, backoffs)
+    return (tmp_path / "good.arpa").read_text(encoding="utf-8").splitlines()
+
+
+def _cut_in_the_trigrams(lines: list[str]) -> tuple[list[str], int, list[str]]:
+    start = lines.index("\\3-grams:")
+    kept = lines[:start + (len(lines) - start) // 2]
+    return kept, len(kept), ["the file ends inside the \\3-grams: section", "it is truncated"]
+
+
+def _bigram_count_lies(lines: list[str]) -> tuple[list[str], int, list[str]]:
+    at = next(i for i, line in enumerate(lines) if line.startswith("ngram 2="))
+    real = int(lines[at].split("=")[1])
+    lines[at] = f"ngram 2={real + 1}"
+    return lines, lines.index("\\3-grams:") + 1, [f"the \\2-grams: section ends after {real} entries, but the header "
+                                                  f"announces ngram 2={real + 1} (line {at + 1})"]
+
+
+def _first_bigram_scored(value: str, says: str) -> Callable:
+    def edit(lines: list[str]) -> tuple[list[str], int, list[str]]:
+        at = lines.index("\\2-grams:") + 1
+        lines[at] = value + lines[at][lines[at].index("\t"):]
+        return lines, at + 1, [f"the log10 probability '{value}', {says}"]
+    return edit
+
+
+DAMAGED = {"truncated": _cut_in_the_trigrams, "count-lying": _bigram_count_lies,
+           "nan": _first_bigram_scored("nan", "not a finite number in [-1000, 0]"),
+           "1e308": _first_bigram_scored("1e308", "not a finite number in [-1000, 0]"),
+           "not a number": _first_bigram_scored("-0.3x", "which is not a number")}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED))
+def test_a_damaged_arpa_is_refused_naming_its_line(damage, tmp_path):
+    lines, lineno, needles = DAMAGED[damage](_lm_lines(tmp_path))
+    bad = tmp_path / "lm.arpa"
+    bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    Search(DecodingConf(method="ctc_beam_lm", lm=str(tmp_path / "good.arpa")), tokenizer())  # the intact file fuses
+    with pytest.raises(DataError) as refused:
+        Search(DecodingConf(method="ctc_beam_lm", lm=str(bad)), tokenizer())
+    message = str(refused.value)
+    assert message.startswith(f"{bad}:{lineno}: ") and "is not a whole, valid ARPA n-gram file" in message, message
+    for needle in needles:
+        assert needle in message, message
+
+
+def test_a_binary_lm_is_refused_naming_its_first_line(tmp_path):
+    import gzip
+
+    gz = tmp_path / "lm.arpa.gz"  # a compressed ARPA: not text
+    gz.write_bytes(gzip.compress(("\n".join(_lm_lines(tmp_path)) + "\n").encode("utf-8")))
+    with pytest.raises(DataError, match=f"^{gz}:1: the line is not UTF-8 text"):
+        Search(DecodingConf(method="ctc_beam_lm", lm=str(gz)), tokenizer())
+    kenlm = tmp_path / "lm.bin"  # KenLM's build_binary output starts with a text line
+    kenlm.write_bytes(b"mmap lm http://kheafield.com/code format version 5\n\0\0\0\x05" + bytes(range(256)))
+    with pytest.raises(DataError, match=f"^{kenlm}:1: the line holds 'mmap lm http.* where the ARPA header"):
+        Search(DecodingConf(method="ctc_beam_lm", lm=str(kenlm)), tokenizer())
+
+
+@pytest.mark.parametrize("method", ["greedy", "ctc_prefix_beam", "attention_rescoring"])
+def test_an_lm_given_to_a_method_without_one_is_refused_and_ctc_beam_lm_named(method, tmp_path):
+    _lm_lines(tmp_path)
+    lm = tmp_path / "good.arpa"
+    with pytest.raises(ConfigError) as refused:
+        Search(DecodingConf(method=method, lm=str(lm)), tokenizer())
+    message = str(refused.value)
+    assert f"decoding.lm={lm} is given, but decoding.method={method} uses no LM" in message, message
+    assert "the LM would be ignored" in message and "++decoding.method=ctc_beam_lm" in message
+
+
+def test_an_lm_warning_names_the_lm_file(tmp_path, capfd):
+    probs, backoffs, _ = kneser_ney([["今天", "hello", "world"], ["good", "morning", "today"]], 2)
+    write_arpa(tmp_path / "mixed.arpa", probs, backoffs)  # one word a token of the model, five not
+    capfd.readouterr()
+    Search(DecodingConf(method="ctc_beam_lm", lm=str(tmp_path / "mixed.arpa")),
+           Tokenizer(["<blank>", "<unk>", "今天", "<sos/eos>"], str.split, TokenizerConf(type="char")))
+    err = capfd.readouterr().err
+    assert f"warning: 5 words of decoding.lm={tmp_path / 'mixed.arpa'} are not tokens of the model" in err, err
+    assert "object at" not in err
+
+
+@pytest.mark.parametrize("name, text, read", [
+    ("empty.txt", "", "not one transcript"),
+    ("silent.jsonl", '{"key": "u1", "source": "a.wav", "target": ""}\n', "1 transcript, none with a token")])
+def test_make_lm_on_text_without_words_names_the_file_and_writes_nothing(name, text, read, tmp_path):
+    from corpus_io.config import MakeLmConfig
+    from corpus_io.decoding.lm import make_lm
+
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    with pytest.raises(DataError) as refused:
+        make_lm(MakeLmConfig(input=str(tmp_path / name), output=str(tmp_path / "lm.arpa")))
+    message = str(refused.value)
+    assert f"{tmp_path / name} holds no text to estimate an LM from ({read}), so nothing was written to " \
+           f"{tmp_path / 'lm.arpa'}" in message and "Give ++input the training transcripts" in message, message
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]

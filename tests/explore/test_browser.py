@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, REPO
+from tests.conftest import BIN, REPO, hang_limit
 from tests.explore.conftest import HYP_EDITS, fixture_texts
 
 pytestmark = pytest.mark.network
@@ -41,7 +41,7 @@ def browser():
                 "--disable-extensions", "--disable-background-networking"):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
-    driver.set_script_timeout(30)
+    driver.set_script_timeout(hang_limit(30))
     yield driver
     driver.quit()
 
@@ -54,7 +54,7 @@ class Explore:
         full_env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1", PYTHONPATH=str(REPO), **(env or {}))
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                                      env=full_env, start_new_session=True)
-        deadline = time.time() + 120
+        deadline = time.time() + hang_limit(120)
         self.url = None
         while time.time() < deadline:
             line = self.proc.stdout.readline()
@@ -82,7 +82,7 @@ class Explore:
 def wait_for(driver, script: str, timeout: float = 30):
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: d.execute_script(script))
+    return WebDriverWait(driver, hang_limit(timeout), poll_frequency=0.1).until(lambda d: d.execute_script(script))
 
 
 def screenshot(driver, path: Path) -> None:

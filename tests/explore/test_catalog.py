@@ -123,6 +123,21 @@ def test_decode_results_give_per_utterance_errors_and_two_runs_compare(packed, d
     assert all(r["cer_delta"] == 0 for k, r in rows.items() if k not in HYP_EDITS)
 
 
+def test_a_decode_text_that_repeats_a_key_is_refused_naming_both_lines_before_anything_is_written(packed, decode_dirs,
+                                                                                                   tmp_path):
+    from corpus_io.errors import DataError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = (decode_dirs[0] / "text").read_text(encoding="utf-8").splitlines(keepends=True)
+    (run / "text").write_text("".join(lines) + lines[4], encoding="utf-8")  # 25 lines for 24 keys
+    key = lines[4].split()[0]
+    with pytest.raises(DataError) as err:
+        build(str(packed / "data.list"), cache_dir=tmp_path / "cache", decode_dirs=[str(run)])
+    assert f"duplicate key '{key}' in {run / 'text'}: at {run / 'text'}:5 and {run / 'text'}:25" in str(err.value)
+    assert not (tmp_path / "cache").exists()
+
+
 @pytest.mark.parametrize("ref,hyp", [("a b c d", "a x c d"), ("a b c d", "a c d"), ("a b", "a b b c"),
                                      ("今天天气很好", "今天气很好啊"), ("", "x y"), ("x y", "")])
 def test_marked_alignment_adds_up_to_the_scorers_counts(ref, hyp):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from corpus_io.explore.catalog import build
-from tests.conftest import assert_user_error, run_bounded, run_cli
+from tests.conftest import assert_user_error, hang_limit, run_bounded, run_cli
 from tests.explore.conftest import Served, copy_shards, fixture_texts
 
 pytestmark = pytest.mark.network
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.network
 def get(url: str, headers: dict | None = None, method: str = "GET") -> tuple[int, dict, bytes]:
     req = urllib.request.Request(url, headers=headers or {}, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - loopback test server
+        with urllib.request.urlopen(req, timeout=hang_limit(30)) as r:  # noqa: S310 - loopback test server
             return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as exc:
         body = exc.read()
@@ -199,6 +199,20 @@ def test_explore_refuses_a_missing_input_in_one_paragraph_and_never_imports_torc
                          "from corpus_io.explore.results import score; score('a b', 'a c'); "
                          "print('torch' in sys.modules)"], 60)
     assert probe.stdout.strip() == "False", probe.stderr
+
+
+def test_a_port_in_use_says_so_and_which_key_picks_another_before_any_catalog_is_built(packed, tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        result = run_cli("corpus-io", "explore", f"++input={packed / 'data.list'}", f"++port={port}",
+                         f"++cache_dir={tmp_path / 'cache'}", timeout=60)
+    assert_user_error(result, f"port {port} on 127.0.0.1 is in use", "Pick another port with ++port=N, or ++port=0")
+    assert "free space" not in result.stderr
+    assert not (tmp_path / "cache").exists()
 
 
 def test_kaldi_dir_audio_is_the_source_file_and_a_segment_is_cut_to_its_span(tmp_path):

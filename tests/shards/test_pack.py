@@ -19,7 +19,7 @@ from corpus_io.kaldi import iter_table
 from corpus_io.shards.index import load_index, read_datalist
 from corpus_io.shards.pack import pack_shards
 from corpus_io.shards.reader import read_shard
-from tests.conftest import BIN, FIXTURE, REPO, assert_user_error, run_cli
+from tests.conftest import BIN, FIXTURE, REPO, assert_user_error, hang_limit, run_cli
 from tests.shards.conftest import fixture_records, write_jsonl
 
 
@@ -193,7 +193,7 @@ def test_kill_9_then_rerun_is_byte_identical_to_an_uninterrupted_run(tmp_path):
     env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1")
     proc = subprocess.Popen([str(BIN / "corpus-io"), "pack-shards", *args, f"++output_dir={out}"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 120
+    deadline = time.time() + hang_limit(120)
     while time.time() < deadline and len(list(out.glob(".shard-*.tar.json"))) < 5:
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)  # the main process and its workers, mid-run

@@ -14,7 +14,7 @@ import pytest
 
 from corpus_io.config import PackShardsConfig
 from corpus_io.shards.pack import pack_shards
-from tests.conftest import BIN, REPO, run_bounded, run_cli
+from tests.conftest import BIN, REPO, hang_limit, run_bounded, run_cli
 from tests.shards.conftest import fixture_records, write_jsonl
 
 pytestmark = pytest.mark.network
@@ -72,7 +72,7 @@ def test_kill_9_mid_pack_to_s3_lists_no_partial_object_and_rerun_gives_the_same_
     proc = subprocess.Popen([str(BIN / "corpus-io"), "pack-shards", *args, f"++output_dir={prefix}"], cwd=REPO,
                             env=dict(os.environ, **env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    deadline = time.time() + 120
+    deadline = time.time() + hang_limit(120)
     while time.time() < deadline and len(fs.find(prefix[len("s3://"):])) < 5:
         time.sleep(0.02)
         fs.invalidate_cache()

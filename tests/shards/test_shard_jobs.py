@@ -4,6 +4,7 @@ nothing, kill -9."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -15,7 +16,7 @@ from corpus_io.config import MergeJobsConfig, PackShardsConfig
 from corpus_io.errors import DataError
 from corpus_io.jobs import Job, merge_jobs
 from corpus_io.shards.pack import pack_shards
-from tests.conftest import BIN, REPO, run_cli
+from tests.conftest import BIN, REPO, hang_limit, run_cli
 from tests.shards.conftest import fixture_records, write_jsonl
 
 
@@ -180,6 +181,54 @@ def test_merge_refuses_a_key_two_parts_hold(three_parts):
     refused(three_parts, f"key '{stolen}' is held by two parts")
 
 
+@pytest.fixture(scope="module")
+def parts_template(tmp_path_factory) -> Path:
+    """3 pack-shards jobs of the fixture corpus (6 shards of 4), not merged; tests tamper with a copy."""
+    d = tmp_path_factory.mktemp("parts")
+    pack_jobs(write_jsonl(d / "in.jsonl", fixture_records()), d / "out", 3)
+    return d / "out"
+
+
+def _entry(r: dict) -> dict:
+    return r["data"]["groups"][0]["entries"][0]
+
+
+def _escape(r: dict) -> None:
+    r["outputs"][0]["file"] = _entry(r)["path"] = "../elsewhere.tar"
+
+
+TAMPERED = {  # what is done to the record of job 1 of 3, and what the refusal says about it
+    "negative duration": (lambda r: _entry(r).update(duration=-3.0),
+                          "data.groups[0].entries[0].duration is -3.0, not a finite number of seconds >= 0"),
+    "../ output path": (_escape, "outputs[0].file is '../elsewhere.tar', not a relative path inside the record's "
+                                 "directory"),
+    "kept disagrees": (lambda r: r["data"]["summary"].update(kept=r["data"]["summary"]["kept"] + 1),
+                       "data.summary.kept is 9, but the shard entries hold 8 utterances"),
+    "num_utts disagrees with keys": (lambda r: _entry(r).update(num_utts=5),
+                                     "data.groups[0].entries[0].keys lists 4 keys but num_utts is 5"),
+    "sha256 disagrees with outputs": (lambda r: _entry(r).update(sha256="0" * 64),
+                                      "data.groups[0].entries[0] is {'path': 'shard-000000.tar'"),
+    "span disagrees": (lambda r: r.update(span=[0, 5]), "span is [0, 5], but job 1 of 3 over 6 units covers [0, 2]"),
+    "job index disagrees with the name": (lambda r: r.update(job_index=2),
+                                          "num_jobs/job_index is [3, 2], but the record's file name says job 1 of 3"),
+}
+
+
+@pytest.mark.parametrize("tampering", list(TAMPERED))
+def test_merge_refuses_a_tampered_record_naming_the_record_and_the_field(parts_template, tmp_path, tampering):
+    import json
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(parts_template, out)
+    record = out / "pack-shards.part-000001-of-000003.json"
+    part = json.loads(record.read_text())
+    change, says = TAMPERED[tampering]
+    change(part)
+    record.write_text(json.dumps(part))
+    refused(out, re.escape(f"part record {record}: {says}"))
+
+
 def test_merge_without_parts_says_what_to_run(tmp_path):
     with pytest.raises(DataError, match="no part records"):
         merge(tmp_path)
@@ -196,7 +245,7 @@ def test_kill_9_mid_job_then_rerun_merges_to_the_bytes_of_one_job(tmp_path):
     job = [str(BIN / "corpus-io"), "pack-shards", *args, f"++output_dir={out}", "++num_jobs=2"]
     proc = subprocess.Popen([*job, "++job_index=1"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 120
+    deadline = time.time() + hang_limit(120)
     while time.time() < deadline and len(list(out.glob(".shard-*.tar.json"))) < 3:
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)

@@ -178,3 +178,17 @@ def test_trainer_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_pat
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
     set_rng_state(ckpt.load_checkpoint(tmp_path / "model.pt")["rng_states"][0], torch.device("cpu"))
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_average_keeps_the_token_list_record_and_refuses_epochs_of_two_token_lists(tmp_path):
+    write_epochs(tmp_path, [0.9, 0.2, 0.5])
+    for epoch, sha in ((0, "b" * 64), (1, "a" * 64), (2, "a" * 64)):  # 1 and 2: resumed with another list
+        state = ckpt.load_checkpoint(tmp_path / f"model.pt.ep{epoch}")
+        state["token_list"] = {"file": "/data/tokens.txt", "size": 7, "sha256": sha}
+        ckpt.save_checkpoint(tmp_path / f"model.pt.ep{epoch}", state)
+    kept = ckpt.load_checkpoint(ckpt.average_checkpoints(tmp_path, 2, "loss"))["token_list"]  # epochs 1 and 2
+    assert kept == {"file": "/data/tokens.txt", "size": 7, "sha256": "a" * 64}
+    with pytest.raises(DataError, match=r"epochs 1 and 0 of .* were trained with different token lists.*"
+                                        r"nothing was written.*a smaller \+\+num"):
+        ckpt.average_checkpoints(tmp_path, 3, "loss", key="num")
+    assert not (tmp_path / "model.pt.avg3").exists()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from corpus_io.train.cmvn import compute_cmvn, eval_dataset_conf
 from corpus_io.train.scoring import Scorer
 from tests.conftest import assert_user_error, run_cli
 from tests.loader_data import small_conf
+from tests.test_hostile import corpus_io as in_process
 from tests.train.conftest import run_train, torchrun_cmd
 
 
@@ -244,8 +247,9 @@ def test_a_conformer_ctc_att_model_trains_and_decodes_by_all_four_methods(corpus
               "++decoding.beam=4"]
     for method in ("greedy", "ctc_prefix_beam", "ctc_beam_lm", "attention_rescoring"):
         out = tmp_path / method
+        uses_lm = [f"++decoding.lm={lm}"] if method == "ctc_beam_lm" else []  # the others refuse one
         result = run_cli("corpus-io", "decode", *common, f"++checkpoint={exp / 'model.pt'}", f"++output_dir={out}",
-                         f"++decoding.method={method}", f"++decoding.lm={lm}")
+                         f"++decoding.method={method}", *uses_lm)
         assert result.returncode == 0, result.stderr[-3000:]
         assert len((out / "text").read_text(encoding="utf-8").splitlines()) == 24
         assert f"decoding: method={method}" in (out / "cer.txt").read_text(encoding="utf-8")
@@ -287,3 +291,85 @@ def test_abs_pos_lets_the_decoder_tell_two_identical_words_apart_and_no_pos_keep
     assert ConformerCTCAttention(40, 12).pos_enc_layer_type == "abs_pos"
     with pytest.raises(ValueError, match="pos_enc_layer_type='rel_pos' must be one of"):
         ConformerCTC(40, 12, pos_enc_layer_type="rel_pos")
+
+
+# --------------------------------------------------------------------------- refused before anything is written
+
+
+def _own_token_list(trained, corpus, tmp_path, *, record: bool = True) -> tuple:
+    """The shared run's model.pt.avg2, its config naming a copy of its token list (which a test may change), and
+    without the token list record where ``record`` is false (a checkpoint of an older corpus-io)."""
+    from omegaconf import OmegaConf
+
+    state = torch.load(trained["out"] / "model.pt.avg2", weights_only=True)
+    tokens = tmp_path / "tokens.txt"
+    shutil.copyfile(corpus["tokens"], tokens)
+    conf = OmegaConf.create(state["config"])
+    conf.tokenizer.token_list = str(tokens)
+    state["config"] = OmegaConf.to_yaml(conf)
+    if not record:
+        state.pop("token_list", None)
+    torch.save(state, tmp_path / "model.pt")
+    return tmp_path / "model.pt", tokens
+
+
+def _lm(tmp_path, name: str = "lm.arpa"):
+    from corpus_io.decoding.lm import kneser_ney, write_arpa
+
+    write_arpa(tmp_path / name, *kneser_ney([list("今天天气很好"), list("北京天气")], 2)[:2])
+    return tmp_path / name
+
+
+def test_a_token_list_changed_after_training_is_refused_naming_both_files(trained, corpus, tmp_path, capfd):
+    from corpus_io.train.decode import load_model
+
+    ckpt, tokens = _own_token_list(trained, corpus, tmp_path)
+    recorded = torch.load(trained["out"] / "model.pt.avg2", weights_only=True)["token_list"]  # the average keeps it
+    assert recorded["sha256"] == hashlib.sha256(tokens.read_bytes()).hexdigest()  # the list's own sha256sum
+    load_model(str(ckpt), "cpu")  # the copy is the token list it was trained with
+    lines = tokens.read_text(encoding="utf-8").splitlines()
+    (a, i), (b, j) = (line.split() for line in lines[2:4])
+    lines[2:4] = [f"{b} {i}", f"{a} {j}"]  # two tokens swapped: the same size, every id still 0..V-1
+    tokens.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    common = [f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw", f"++checkpoint={ckpt}",
+              "++dataset_conf.num_workers=0"]
+    for args in (["decode", *common, f"++output_dir={tmp_path / 'dec'}"],
+                 ["tune-lm", *common, f"++output_dir={tmp_path / 'tune'}", f"++lm={_lm(tmp_path)}"]):
+        rc, err = in_process(*args, capfd=capfd)
+        assert rc == 2 and "Traceback" not in err, err
+        assert f"the token list {tokens} ({recorded['size']} tokens, sha256 " in err, err
+        assert f"is not the one checkpoint {ckpt} was trained with ({recorded['size']} tokens, sha256 " \
+               f"{recorded['sha256'][:12]}…, then {corpus['tokens']}): it changed after training" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lm.arpa", "model.pt", "tokens.txt"]  # nothing written
+
+
+def test_a_checkpoint_without_a_token_list_record_decodes_with_one_warning(trained, corpus, tmp_path, capfd):
+    from corpus_io.train.decode import load_model
+
+    ckpt, tokens = _own_token_list(trained, corpus, tmp_path, record=False)
+    capfd.readouterr()
+    for _ in range(2):
+        load_model(str(ckpt), "cpu")
+    err = capfd.readouterr().err
+    assert err.count(f"warning: checkpoint {ckpt} does not record its token list") == 1, err
+    assert f"so {tokens} cannot be checked against the token list it was trained with" in err
+
+
+def test_decode_refuses_a_count_lying_lm_and_an_lm_for_greedy_and_writes_nothing(trained, corpus, tmp_path, capfd):
+    good = _lm(tmp_path)
+    text = good.read_text(encoding="utf-8")
+    unigrams = int(text.split("ngram 1=")[1].split()[0])
+    lying = tmp_path / "lying.arpa"
+    lying.write_text(text.replace(f"ngram 1={unigrams}\n", f"ngram 1={unigrams + 3}\n"), encoding="utf-8")
+    common = [f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=0",
+              f"++checkpoint={trained['out'] / 'model.pt.avg2'}", f"++output_dir={tmp_path / 'dec'}"]
+    for options, needles in (
+            (["++decoding.method=ctc_beam_lm", f"++decoding.lm={lying}"],
+             [f"{lying}:", f"section ends after {unigrams} entries, but the header announces ngram 1={unigrams + 3}"]),
+            (["++decoding.method=greedy", f"++decoding.lm={good}"],
+             [f"decoding.lm={good} is given, but decoding.method=greedy uses no LM", "++decoding.method=ctc_beam_lm"])):
+        rc, err = in_process("decode", *common, *options, capfd=capfd)
+        assert rc == 2 and "Traceback" not in err, err
+        for needle in needles:
+            assert needle in err, err
+        assert not (tmp_path / "dec").exists()

@@ -25,3 +25,27 @@ def test_srun_tasks_get_torchrun_variables_from_slurm_step_variables():
     assert slurm_step_env({k: v for k, v in step.items() if k != "SLURM_STEP_ID"}) == {}  # the batch script
     assert slurm_step_env(dict(step, WORLD_SIZE="2")) == {}  # srun torchrun: torchrun's variables win
     assert first_host("node1,node2") == "node1" and first_host("localhost") == "localhost"
+
+
+def test_a_rendezvous_port_in_use_under_srun_says_so_and_what_to_set(monkeypatch):
+    import socket
+
+    import pytest
+
+    from corpus_io.errors import ConfigError
+    from corpus_io.train.distributed import init_distributed
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.setenv(name, "")  # recorded, so what the srun set-up writes is undone after the test
+        monkeypatch.delenv(name)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        for name, value in {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2",
+                            "SLURM_JOB_ID": "7", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+            monkeypatch.setenv(name, value)
+        with pytest.raises(ConfigError) as err:
+            init_distributed("cpu", timeout_s=60)
+    assert f"rank 0: port {port} on 127.0.0.1 is in use" in str(err.value)
+    assert "MASTER_PORT=N" in str(err.value)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import BIN, REPO
+from tests.conftest import BIN, REPO, hang_limit
 from tests.loader_data import make_shards
 from tests.train.conftest import run_train, torchrun_cmd
 
@@ -89,7 +89,7 @@ def test_elastic_restart_then_kill9_then_resume_trains_each_utterance_once(corpu
     try:
         # rank 0 crashes at step 3 -> torchrun restarts both ranks -> they resume from model.pt.ep0.2;
         # once the restarted job has saved step 4, kill -9 the whole job (launcher and workers)
-        deadline = time.time() + 120
+        deadline = time.time() + hang_limit(120)
         while not (out / "model.pt.ep0.4").exists():
             assert job.poll() is None, (tmp_path / "first_run.stderr").read_text()[-5000:]
             assert time.time() < deadline, "no checkpoint at step 4"
