@@ -33,11 +33,12 @@ _FIT = ("(a token list of another size changes the output layer, dataset_conf.fb
 @dataclass
 class Start:
     """Where the model starts: ``weights`` to copy into it (None: resuming output_dir/model.pt, init_param not read),
-    and the lines to log once the log is open."""
+    the record of the token list they were trained with, and the lines to log once the log is open."""
 
     source: str
     weights: dict | None
     notes: list[str] = field(default_factory=list)
+    token_list: dict | None = None
 
 
 def prepare(cfg: Any) -> Start | None:
@@ -56,7 +57,7 @@ def prepare(cfg: Any) -> Start | None:
             f"run: give another output_dir, or train_conf.resume=false to start over from it)"])
     source = str(cfg.init_param)
     state = ckpt.load_checkpoint(source, key="init_param", storage_options=cfg.dataset_conf.storage_options)
-    return Start(source, state["model"], complete_config(cfg, state, source, "init_param"))
+    return Start(source, state["model"], complete_config(cfg, state, source, "init_param"), state.get("token_list"))
 
 
 def complete_config(cfg: Any, state: dict, where: str, key: str) -> list[str]:
@@ -107,9 +108,9 @@ def feature_differences(trained: dict, conf: Any) -> list[str]:
     return out
 
 
-def load_weights(model: Any, start: Start | None, cfg: Any) -> list[str]:
-    """Copy ``start``'s weights into ``model`` (built from the completed config, not yet wrapped in DDP); raises a
-    ConfigError naming the tensors that do not fit. Returns what to log."""
+def load_weights(model: Any, start: Start | None, cfg: Any, tokenizer: Any) -> list[str]:
+    """Copy ``start``'s weights into ``model`` (built from the completed config and ``tokenizer``, not yet wrapped in
+    DDP); raises a ConfigError naming the tensors that do not fit. Returns what to log."""
     if start is None or start.weights is None:
         return start.notes if start is not None else []
     own, theirs = model.state_dict(), start.weights
@@ -137,6 +138,7 @@ def load_weights(model: Any, start: Start | None, cfg: Any) -> list[str]:
                           f"{'; '.join(problems)} {_FIT}. Set ++train_conf.ignore_init_mismatch=true to start those "
                           f"tensors from their fresh init, ++init_param_excludes to leave chosen layers out, or "
                           f"train with the checkpoint's settings; nothing was trained or written.")
+    _same_tokens(start, tokenizer, excludes)
     loaded = {name: theirs[name] for name in shared if theirs[name].shape == own[name].shape}
     model.load_state_dict(loaded, strict=False)  # the rest keeps the fresh init of build_model
     notes = start.notes + [f"init_param {start.source}: {len(loaded)} of the model's {len(own)} tensors loaded"]
@@ -149,6 +151,20 @@ def load_weights(model: Any, start: Start | None, cfg: Any) -> list[str]:
                      f"from cmvn_file {os.path.basename(str(cfg.cmvn_file))}; ++init_param_excludes='[cmvn.]' uses "
                      f"cmvn_file's")
     return notes
+
+
+def _same_tokens(start: Start, tokenizer: Any, excludes: tuple) -> None:
+    """A token list of the checkpoint's size but with other tokens (or another order) leaves every shape alone and
+    reads each output id as another token: refused, unless ``init_param_excludes`` leave output layers fresh."""
+    record, now = start.token_list, ckpt.token_list_record(tokenizer)
+    if not isinstance(record, dict) or record.get("size") != now["size"] or record.get("sha256") == now["sha256"]:
+        return  # no record (an older checkpoint), another size (a shape mismatch above), or the same list
+    if not excludes:
+        raise ConfigError(f"the token list {now['file']} has as many tokens ({now['size']}) as the one init_param "
+                          f"{start.source} was trained with ({record.get('file')}), but not the same tokens in the "
+                          f"same order, so its output layer would read every id as another token. Train with that "
+                          f"token list, or leave the output layers at their fresh init with ++init_param_excludes "
+                          f"(e.g. '[ctc.]').")
 
 
 def _few(names: list[str], n: int = 6) -> str:

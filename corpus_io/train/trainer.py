@@ -73,7 +73,7 @@ class Trainer:
         self.tokenizer = build_tokenizer(cfg.tokenizer)
         self.input_dim = feature_dim(cfg.dataset_conf)
         model = build_model(dict(cfg.model), self.input_dim, self.tokenizer.vocab_size, cfg.cmvn_file)
-        start_notes = load_weights(model, start, cfg)  # init_param: raises before anything is written
+        start_notes = load_weights(model, start, cfg, self.tokenizer)  # init_param: raises before anything is written
         self.out = Path(cfg.output_dir)
         ensure_dir(self.out, what="output_dir")
         self.log = RankLog(self.out, ctx.rank)

@@ -87,6 +87,15 @@ def test_init_param_with_a_tiny_learning_rate_saves_the_checkpoints_weights_and_
     assert ckpt.load_checkpoint(out / "model.pt")["global_step"] == 2
 
 
+def _swapped_token_list(tokens, out):
+    """The same tokens with two swapped: every shape fits, every output id would mean another token."""
+    lines = open(tokens, encoding="utf-8").read().splitlines()
+    symbols = [line.split()[0] for line in lines]
+    symbols[2], symbols[3] = symbols[3], symbols[2]
+    out.write_text("".join(f"{s} {i}\n" for i, s in enumerate(symbols)), encoding="utf-8")
+    return out
+
+
 def _funasr_state_dict(path):
     """A FunASR/ModelScope model.pt: a bare state dict of another model's tensors."""
     torch.save({"encoder.encoders.0.self_attn.linear_q.weight": torch.zeros(4, 4),
@@ -113,6 +122,9 @@ UNFIT = {
     "vocab": (lambda tmp, base, corpus: (base, [f"++tokenizer.token_list="
                                                 f"{_bigger_token_list(corpus['tokens'], tmp / 'tokens.txt')}"]),
               ConfigError, "changed shape (checkpoint -> model): ctc.weight ["),
+    "swapped_tokens": (lambda tmp, base, corpus: (
+        base, [f"++tokenizer.token_list={_swapped_token_list(corpus['tokens'], tmp / 'tokens.txt')}"]),
+        ConfigError, "but not the same tokens in the same order"),
     "unknown_exclude": (lambda tmp, base, corpus: (base, ["++init_param_excludes=[ctcc.]"]), ConfigError,
                         "init_param_excludes: 'ctcc.' is the start of no tensor name"),
 }
