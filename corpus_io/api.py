@@ -81,7 +81,16 @@ def load_config(config_or_path: Any = None, overrides: Iterable[str] = (), *, co
     raw = config.compose_raw(name, overrides, config_path=os.path.dirname(os.path.abspath(path)) if path else None)
     if values is not None:
         raw = _merged(raw, values)
+    config.keep_given_model(raw, config.override_keys(overrides) | _dotted_keys(values or {}))
     return config.validate(cmd.schema, raw, missing_ok=tuple(missing_ok))
+
+
+def _dotted_keys(values: dict, prefix: str = "") -> frozenset:
+    """``{"model": {"num_blocks": 2}}`` -> ``{"model.num_blocks"}``: the keys a dict sets, as overrides name them."""
+    keys: set = set()
+    for key, value in values.items():
+        keys |= _dotted_keys(value, f"{prefix}{key}.") if isinstance(value, dict) and value else {f"{prefix}{key}"}
+    return frozenset(keys)
 
 
 def _command(name: str) -> Any:

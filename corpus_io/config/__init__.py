@@ -18,7 +18,7 @@ rates in Hz.
 """
 
 from corpus_io.config.checks import SUGGEST_CUTOFF, check_keys, check_values, coerce_fields, require, schema
-from corpus_io.config.compose import compose, compose_raw, to_dict, to_yaml, validate
+from corpus_io.config.compose import compose, compose_raw, keep_given_model, to_dict, to_yaml, validate
 from corpus_io.config.data import (
     AddFieldConfig,
     ExploreConfig,
@@ -49,7 +49,7 @@ from corpus_io.config.dataset import (
 )
 from corpus_io.config.describe import describe, group_presets
 from corpus_io.config.fields import CONF_DIR, FAILURE_CHOICES, all_keys, in_range, opt, parse_range
-from corpus_io.config.funasr import FUNASR_KEYS, FUNASR_TOP_KEYS, OLD_FAIL, RENAMED_KEYS, FunasrKey
+from corpus_io.config.funasr import FUNASR_KEYS, FUNASR_TOP_KEYS, OLD_FAIL, RENAMED_KEYS, FunasrKey, override_keys
 from corpus_io.config.training import (
     AverageConfig,
     BenchLoaderConfig,
@@ -62,6 +62,7 @@ from corpus_io.config.training import (
     TrainConf,
     TrainConfig,
     TuneLmConfig,
+    resolve_intervals,
 )
 
 __all__ = [
@@ -73,6 +74,6 @@ __all__ = [
     "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
     "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "TuneLmConfig", "VerifyShardsConfig", "all_keys",
     "check_keys", "check_values", "coerce_fields", "compose", "compose_raw", "describe", "group_presets",
-    "in_range", "opt", "parse_range", "require", "schema", "to_dict",
-    "to_yaml", "validate",
+    "in_range", "keep_given_model", "opt", "override_keys", "parse_range", "require", "resolve_intervals", "schema",
+    "to_dict", "to_yaml", "validate",
 ]

@@ -23,8 +23,20 @@ def compose(schema: type, config_name: str, overrides: list[str], *, config_path
     """
     if "train_conf" in schema_fields(schema):
         overrides = funasr_group_overrides(list(overrides), {"model": group_presets("model")})
-    return validate(schema, compose_raw(config_name, overrides, config_path=config_path),
-                    explicit=override_keys(overrides))
+    raw = compose_raw(config_name, overrides, config_path=config_path)
+    keep_given_model(raw, override_keys(overrides))
+    return validate(schema, raw, explicit=override_keys(overrides))
+
+
+def keep_given_model(raw: dict, given: frozenset) -> None:
+    """With ``init_param`` set, the model config comes from that checkpoint (corpus_io.train.init_param): ``raw``'s
+    ``model`` keeps only the keys ``given`` names (the command line's ``model=PRESET`` or ``model.KEY=``), applied
+    over the checkpoint's; the YAML's model defaults are dropped, in place."""
+    model = raw.get("model")
+    if not raw.get("init_param") or not isinstance(model, dict) or "model" in given:
+        return
+    raw["model"] = {key: value for key, value in model.items()
+                    if any(g == f"model.{key}" or g.startswith(f"model.{key}.") for g in given)}
 
 
 def compose_raw(config_name: str, overrides: list[str], *, config_path: str | None = None) -> dict:

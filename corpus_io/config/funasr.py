@@ -76,7 +76,6 @@ FUNASR_KEYS: Dict[str, FunasrKey] = {
     "train_conf.use_fsdp": FunasrKey(note="training uses torch DDP; FSDP is not supported", honoured=_off),
     "train_conf.use_wandb": FunasrKey(note="logs go to output_dir/tensorboard", honoured=_off),
     "train_conf.freeze_param": FunasrKey(note="every parameter is trained", honoured=_off),
-    "train_conf.ignore_init_mismatch": FunasrKey(note="no FunASR init_param is loaded"),
 }
 
 #: FunASR's top-level keys of ``train.py``/``train_ds.py`` (as its finetune.sh scripts pass them), read by
@@ -86,8 +85,6 @@ FUNASR_TOP_KEYS: Dict[str, FunasrKey] = {
     "model_revision": FunasrKey(note="no model hub is read; the model is built from the model group"),
     "trust_remote_code": FunasrKey(note="no remote code is run"),
     "debug": FunasrKey(note="see train_conf.log_interval"),
-    "init_param": FunasrKey(note="training starts from the model group's random init; no FunASR checkpoint is "
-                                 "loaded (resume=true continues our own output_dir/model.pt)"),
     "freeze_param": FunasrKey(note="every parameter is trained", honoured=_off),
     "tokenizer": FunasrKey(note="the tokenizer is the tokenizer group (char, bpe or word)"),  # a class name only
     "tokenizer_conf": FunasrKey(note="the tokenizer is set by tokenizer.* (token_list: '<token> <id>' lines, "

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional
 from corpus_io.config.checks import schema
 from corpus_io.config.dataset import DatasetConf, FilterConf, TokenizerConf
 from corpus_io.config.fields import executor_address_opt, executor_opt, job_index_opt, num_jobs_opt, opt
+from corpus_io.errors import ConfigError
 
 
 @schema
@@ -36,9 +37,38 @@ class TrainConf:
     timeout_s: int = opt(600, "collective timeout", unit="seconds", range="[1, 604800]")
     dump_trained_keys: bool = opt(False, "debug: write output_dir/trained_keys.rank{R}.txt ('epoch key' per trained "
                                          "utterance, cut back to the checkpoint on resume) and unused_keys.rank{R}.txt")
+    ignore_init_mismatch: bool = opt(False, "init_param: the tensors whose shape differs from the checkpoint's (the "
+                                            "output layer of a new token list), or that it lacks, start from their "
+                                            "fresh init, named in the log; false: an error before training")
     debug_fail_at_step: int = opt(0, "debug: rank 0 raises at this global step on the first torchrun attempt "
                                      "(tests --max-restarts); 0: off", unit="steps",
                                   range="[0, 1000000000000]")
+
+
+def resolve_intervals(tc: Any) -> None:
+    """Check the step intervals of ``train_conf`` and give FunASR's ``validate_interval=-1`` its meaning.
+
+    ``log_interval`` >= 1. ``save_checkpoint_interval``: 0 (epoch ends only) or >= 1 steps.
+    ``validate_interval``: 0 (epoch ends), >= 1 steps, or -1: with every mid-epoch checkpoint, as FunASR's
+    trainer sets it (``validate_interval = save_checkpoint_interval``). FunASR's code runs
+    ``step % -1 == 0`` at every step for ``save_checkpoint_interval=-1``, which nobody means by -1, so that
+    one is an error asking for 1 or 0.
+    """
+    if tc.log_interval < 1:
+        raise ConfigError(f"train_conf.log_interval={tc.log_interval}: it is the number of steps between log "
+                          f"lines and must be at least 1, e.g. ++train_conf.log_interval=10.")
+    if tc.save_checkpoint_interval == -1:
+        raise ConfigError("train_conf.save_checkpoint_interval=-1 is ambiguous: FunASR's trainer then saves at "
+                          "every step (step % -1 == 0). Set ++train_conf.save_checkpoint_interval=0 for checkpoints "
+                          "at epoch ends only, or a number of steps (1: every step).")
+    if tc.save_checkpoint_interval < 0:
+        raise ConfigError(f"train_conf.save_checkpoint_interval={tc.save_checkpoint_interval} must be 0 (epoch ends "
+                          f"only) or a number of steps >= 1.")
+    if tc.validate_interval == -1:
+        tc.validate_interval = tc.save_checkpoint_interval
+    elif tc.validate_interval < 0:
+        raise ConfigError(f"train_conf.validate_interval={tc.validate_interval} must be 0 (epoch ends), a number of "
+                          f"steps >= 1, or -1 (with every mid-epoch checkpoint, as in FunASR).")
 
 
 @schema
@@ -80,6 +110,13 @@ class TrainConfig:
     dataset_conf: DatasetConf = opt(factory=DatasetConf)
     tokenizer: TokenizerConf = opt(factory=TokenizerConf)
     model: Dict[str, Any] = opt(help="the model, built with Hydra _target_", factory=dict, group="model")
+    init_param: Optional[str] = opt(None, "start from this corpus-io checkpoint's model weights (model.pt, "
+                                          "model.pt.ep{E}, model.pt.avg{N}, an s3:// or http(s):// URL) with a fresh "
+                                          "optimizer, scheduler and data position; its model config (and tokenizer "
+                                          "when none is given) unless model.* is set on the command line. A "
+                                          "train_conf.resume of output_dir/model.pt wins")
+    init_param_excludes: List[str] = opt(factory=list, help="parameter name prefixes not taken from init_param "
+                                                            "(left at their fresh init), e.g. '[ctc.]'")
     train_conf: TrainConf = opt(factory=TrainConf)
     optim_conf: OptimConf = opt(factory=OptimConf)
     scheduler_conf: SchedulerConf = opt(factory=SchedulerConf)

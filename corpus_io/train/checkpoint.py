@@ -64,30 +64,84 @@ def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     os.replace(tmp, dst)
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict:
+def load_checkpoint(path: str | os.PathLike, *, key: str = "checkpoint", storage_options: dict | None = None,
+                    finite: bool = True) -> dict:
+    """A corpus-io checkpoint's state, from a local path or an s3:// / http(s):// URL, loaded weights-only.
+
+    ``key``: the config key that named it (said in errors). ``finite``: refuse a model holding an inf or a nan,
+    naming the tensor (it would decode to nothing, or train from poison); reads of metrics and averaging, which
+    check the average themselves, pass False.
+    """
+    import io
+
     import torch
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"checkpoint {p} does not exist. Point checkpoint= at model.pt, model.pt.ep{{E}} "
-                          f"or model.pt.avg{{N}} in the training output_dir.")
+    from corpus_io.urls import is_remote, read_url
+
+    where = os.fspath(path)
+    remedy = "Give model.pt, model.pt.ep{E} or model.pt.avg{N} of a corpus-io training output_dir"
+    if is_remote(where):
+        source: Any = io.BytesIO(read_url(where, storage_options=storage_options))
+    elif Path(where).is_dir():
+        raise ConfigError(f"{key} {where} is a directory. {remedy}.")
+    elif not Path(where).is_file():
+        raise ConfigError(f"{key} {where} does not exist. {remedy}.")
+    else:
+        source = Path(where)
     try:
         # weights_only: tensors and plain containers only. A pickle that names any other callable is
         # refused before it runs (a shared model.pt must not be able to run code).
-        state = torch.load(p, map_location="cpu", weights_only=True)
+        state = torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         needs = _forbidden_global(str(exc))
-        raise DataError(f"checkpoint {p} was refused: it holds {needs}, not only tensors and plain containers, "
+        if needs is None:  # not a pickle torch can read at all (random bytes, another format)
+            raise DataError(f"{key} {where} is not a PyTorch checkpoint: its bytes are neither a torch.save "
+                            f"archive nor a pickle of tensors (another kind of file, or corrupt data). "
+                            f"{remedy}.") from None
+        raise DataError(f"{key} {where} was refused: it holds {needs}, not only tensors and plain containers, "
                         f"and loading it would run code it names. corpus-io loads checkpoints with "
                         f"weights_only=True; use a checkpoint written by corpus-io train/average, or re-save the "
                         f"weights of one you trust as a plain state dict (torch.save({{'model': "
                         f"model.state_dict()}}, path)).") from None
     except Exception as exc:  # a truncated or foreign file
-        raise DataError(f"checkpoint {p} cannot be read ({type(exc).__name__}: {exc}). It is not a corpus-io "
-                        f"checkpoint or it is damaged; use another one (e.g. model.pt.ep{{E}}).") from None
-    if not isinstance(state, dict) or "model" not in state:
-        raise DataError(f"checkpoint {p} has no 'model' entry; it was not written by corpus-io train.")
+        why = str(exc).split(". ")[0] or "it ends early"
+        raise DataError(f"{key} {where} cannot be read ({type(exc).__name__}: {why}). It is not a corpus-io "
+                        f"checkpoint or it is damaged (truncated, or changed since it was written); use another "
+                        f"one (e.g. model.pt.ep{{E}}).") from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise DataError(f"{key} {where} is not a corpus-io checkpoint: it has no 'model' entry ({_holds(state)}). "
+                        f"A FunASR, ModelScope or WeNet model file holds another toolkit's model, which corpus-io "
+                        f"cannot build. {remedy}.")
+    bad = nonfinite_tensor(state["model"]) if finite else None
+    if bad is not None:
+        raise DataError(f"{key} {where} holds non-finite values (inf or nan) in the tensor '{bad}': a model "
+                        f"with them decodes to nothing and trains nowhere. Use an earlier checkpoint "
+                        f"(model.pt.ep{{E}} of that run) or retrain it (see train_conf.max_nonfinite_steps).")
     return state
+
+
+def resume_path(output_dir: str | os.PathLike, resume: bool) -> Path | None:
+    """``output_dir/model.pt`` when ``train_conf.resume`` continues it (it exists), else None."""
+    latest = Path(output_dir) / "model.pt"
+    return latest if resume and latest.is_file() else None
+
+
+def _holds(state: Any) -> str:
+    """What a file that is not a corpus-io checkpoint holds, in a few words."""
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}"
+    names = [str(k) for k in list(state)[:3]]
+    if state and all(hasattr(v, "shape") for v in state.values()):
+        return f"a bare state dict of {len(state)} tensors such as {', '.join(repr(n) for n in names)}"
+    more = ", ..." if len(state) > 3 else ""
+    return f"its entries are {', '.join(repr(n) for n in names)}{more}" if names else "it is an empty dict"
+
+
+def _forbidden_global(message: str) -> str | None:
+    """The object a weights-only load refused, from torch's message (e.g. 'the global builtins.open'), or None when
+    the load failed for another reason (bytes that are no pickle)."""
+    m = re.search(r"(?:Unsupported global|GLOBAL):? (?:GLOBAL )?([\w.]+)", message)
+    return f"the global {m.group(1)}" if m else None
 
 
 def token_list_record(tokenizer: Any) -> dict:
@@ -124,12 +178,6 @@ def check_token_list(state: dict, tokenizer: Any, checkpoint: str | os.PathLike)
                         f"train (fine-tune) a model with the new one.")
 
 
-def _forbidden_global(message: str) -> str:
-    """The object a weights-only load refused, from torch's message (e.g. 'the global builtins.open')."""
-    m = re.search(r"(?:Unsupported global|GLOBAL|global):? (?:GLOBAL )?([\w.]+)", message)
-    return f"the global {m.group(1)}" if m else "objects other than tensors"
-
-
 def epoch_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
     out = {}
     for p in Path(output_dir).iterdir():
@@ -161,7 +209,7 @@ def _metrics_from_checkpoints(output_dir: str | os.PathLike, skip: int | None = 
     for epoch, ckpt in epoch_checkpoints(output_dir).items():
         if epoch == skip:
             continue
-        metrics = load_checkpoint(ckpt).get("cv_metrics") or {}
+        metrics = load_checkpoint(ckpt, finite=False).get("cv_metrics") or {}
         if metrics:
             out[epoch] = metrics
     return out
@@ -266,7 +314,7 @@ def average_checkpoints(output_dir: str | os.PathLike, num: int, metric: str = "
     last: dict = {}
     token_lists: dict[tuple, int] = {}  # (size, sha256) -> an epoch trained with that token list
     for epoch in chosen:
-        last = load_checkpoint(ckpts[epoch])
+        last = load_checkpoint(ckpts[epoch], finite=False)  # the average is checked below, naming the epochs
         _one_token_list(token_lists, last, epoch, out_dir, key)
         for k, v in last["model"].items():
             if k not in avg:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from corpus_io.errors import DataError
+
 
 def ctc_loss(log_probs: torch.Tensor, out_lengths: torch.Tensor, target: torch.Tensor,
              target_lengths: torch.Tensor) -> torch.Tensor:
@@ -140,6 +142,54 @@ def optim_step(sc: StepContext, optimizer: torch.optim.Optimizer, scheduler: Any
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm, stepped
+
+
+@dataclass
+class SkippedSteps:
+    """Optimizer steps skipped for a non-finite loss or gradient norm (icefall skips such batches too): counted in a
+    row, in the run and in the epoch (since it began or was resumed); ``limit`` in a row stop training, naming the
+    likely :attr:`causes` (of the run's ``cmvn_file`` and learning rate ``lr``). The norm is of the gradients DDP
+    averaged, so every rank counts the same at the same step (no rank is left waiting)."""
+
+    limit: int
+    cmvn_file: str | None = None
+    lr: float = 0.0
+    in_a_row: int = 0
+    total: int = 0
+    epoch: int = 0
+
+    def count(self, stepped: bool, norm: float, where: str, rank: int, keys: list[str]) -> str | None:
+        """Count one optimizer step at ``where`` (``epoch E step S``); for a skipped one, the warning to log, naming
+        ``rank``'s batch ``keys`` (which rank's batch held the bad value is not known after the all-reduce)."""
+        if stepped:
+            self.in_a_row = 0
+            return None
+        self.in_a_row += 1
+        self.total += 1
+        self.epoch += 1
+        more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+        return (f"warning: {where}: non-finite loss or gradient norm ({norm}); the step was skipped ({self.in_a_row} "
+                f"in a row, {self.total} in all); rank {rank}'s batch: keys {', '.join(keys[:5])}{more}")
+
+    @property
+    def causes(self) -> str:
+        return nonfinite_causes(self.cmvn_file, self.lr)
+
+    def check(self, where: str) -> None:
+        """A DataError once ``limit`` steps in a row were skipped."""
+        if self.in_a_row >= self.limit:
+            raise DataError(f"train: {self.in_a_row} optimizer steps in a row had a non-finite loss or gradient norm "
+                            f"(train_conf.max_nonfinite_steps={self.limit}; each was skipped), at {where}. Training "
+                            f"stopped; no checkpoint of this state was written. {self.causes}")
+
+
+def nonfinite_causes(cmvn_file: str | None, lr: float) -> str:
+    """The likely causes of a non-finite loss or model, in the order to check them."""
+    cmvn = (f"the CMVN file (cmvn_file={cmvn_file}: recompute it with compute-cmvn on the training list)"
+            if cmvn_file else "unnormalised features (no cmvn_file: compute one with compute-cmvn)")
+    return (f"Likely causes: {cmvn}, a learning rate too high for this model (optim_conf.lr={lr}: lower it, or "
+            f"lengthen scheduler_conf.warmup_steps; train_conf.grad_clip bounds each step), or bad data (an empty or "
+            f"corrupt utterance: check the list with verify-shards and dataset_conf.filter_conf).")
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):

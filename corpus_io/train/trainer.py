@@ -43,15 +43,16 @@ from corpus_io.train.distributed import (
     init_distributed,
     rank_disagreement,
 )
+from corpus_io.train.init_param import Start, load_weights, prepare
 from corpus_io.train.metrics import Board, Meter, RankLog, memory_mb
 from corpus_io.train.optim import build_optimizer, build_scheduler
-from corpus_io.train.steps import StepContext, forward_loss, micro_step, optim_step, sync_device
+from corpus_io.train.steps import SkippedSteps, StepContext, forward_loss, micro_step, optim_step, sync_device
 
 # --------------------------------------------------------------------------- trainer
 
 
 class Trainer:
-    def __init__(self, cfg: Any, ctx: DistContext) -> None:
+    def __init__(self, cfg: Any, ctx: DistContext, start: Start | None = None) -> None:
         from corpus_io.config import to_yaml
         from corpus_io.dataset import build_dataloader
         from corpus_io.pipeline.build import describe_chain, loader_chain
@@ -68,18 +69,20 @@ class Trainer:
             raise ConfigError("train_conf.use_fp16 and use_bf16 are both true; choose one.")
         if tc.use_fp16 and ctx.device.type != "cuda":
             raise ConfigError("train_conf.use_fp16 needs a CUDA device; on CPU use ++train_conf.use_bf16=true.")
-        self.out = Path(cfg.output_dir)
-        ensure_dir(self.out, what="output_dir")
-        self.log = RankLog(self.out, ctx.rank)
-        _absolute_paths(cfg.tokenizer, "token_list", "bpe_model")  # so decode finds them from any directory
-        self.config_yaml = to_yaml(cfg)
-        if ctx.is_main:
-            (self.out / "config.yaml").write_text(self.config_yaml, encoding="utf-8")
-
         torch.manual_seed(tc.seed)
         self.tokenizer = build_tokenizer(cfg.tokenizer)
         self.input_dim = feature_dim(cfg.dataset_conf)
         model = build_model(dict(cfg.model), self.input_dim, self.tokenizer.vocab_size, cfg.cmvn_file)
+        start_notes = load_weights(model, start, cfg, self.tokenizer)  # init_param: raises before anything is written
+        self.out = Path(cfg.output_dir)
+        ensure_dir(self.out, what="output_dir")
+        self.log = RankLog(self.out, ctx.rank)
+        for note in start_notes:
+            self.log(note, all_ranks=False)
+        _absolute_paths(cfg.tokenizer, "token_list", "bpe_model")  # so decode finds them from any directory
+        self.config_yaml = to_yaml(cfg)
+        if ctx.is_main:
+            (self.out / "config.yaml").write_text(self.config_yaml, encoding="utf-8")
         model.to(ctx.device)
         self.module = model
         if ctx.distributed:
@@ -111,9 +114,7 @@ class Trainer:
         self.epoch_done = False
         self.keys_file = None
         self.resumed_mid_epoch = False
-        self.nonfinite_run = 0  # optimizer steps in a row skipped for a non-finite loss or gradient norm
-        self.nonfinite_steps = 0  # all such steps of this run
-        self.epoch_nonfinite_steps = 0  # those of this epoch (since the resume), for the epoch summary
+        self.skipped = SkippedSteps(tc.max_nonfinite_steps, cfg.cmvn_file, cfg.optim_conf.lr)  # non-finite loss/norm
         self.step_keys: list[str] = []  # this rank's keys of the micro-batches of the step being accumulated
         self.log(f"world_size {ctx.world_size}, backend {ctx.backend or 'none'}, device {ctx.device}, "
                  f"model {type(self.module).__name__} {num_parameters(self.module) / 1e6:.3f}M params, "
@@ -158,7 +159,7 @@ class Trainer:
         if bad is not None:
             raise DataError(f"train: the model holds non-finite values in '{bad}' at epoch {self.epoch} step "
                             f"{self.step_in_epoch}, so {self.out / name} was not written (nor any average). "
-                            f"{_nonfinite_causes(self.cfg)}")
+                            f"{self.skipped.causes}")
         state = self._checkpoint_state(cv_metrics)
         if state is not None:
             path = self.out / name
@@ -168,8 +169,8 @@ class Trainer:
         barrier(self.ctx)
 
     def resume(self) -> None:
-        latest = self.out / "model.pt"
-        state = ckpt.load_checkpoint(latest) if (self.tc.resume and latest.is_file()) else None
+        latest = ckpt.resume_path(self.out, self.tc.resume)
+        state = ckpt.load_checkpoint(latest) if latest is not None else None
         if state is None:
             self._open_keys_file(None)
             return
@@ -311,7 +312,7 @@ class Trainer:
         tc, ctx = self.tc, self.ctx
         if self.step_in_epoch == 0:
             self.train_loader.set_epoch(self.epoch)
-        self.epoch_nonfinite_steps = 0
+        self.skipped.epoch = 0
         if self.front_end is not None:
             self.front_end.set_epoch(self.epoch)
         self.model.train()
@@ -367,27 +368,12 @@ class Trainer:
         return now
 
     def _count_nonfinite(self, stepped: bool, norm: float) -> None:
-        """A step skipped for a non-finite loss or gradient norm (icefall skips such batches too) is counted;
-        ``train_conf.max_nonfinite_steps`` of them in a row stop training. The norm is of the gradients DDP
-        averaged, so every rank decides the same at the same step (no rank is left waiting)."""
         keys, self.step_keys = self.step_keys, []
-        if stepped:
-            self.nonfinite_run = 0
-            return
-        self.nonfinite_run += 1
-        self.nonfinite_steps += 1
-        self.epoch_nonfinite_steps += 1
-        more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
-        # every rank logs its own keys: which rank's batch held the bad value is not known after the all-reduce
-        self.log(f"warning: epoch {self.epoch} step {self.step_in_epoch + 1}: non-finite loss or gradient norm "
-                 f"({norm}); the step was skipped ({self.nonfinite_run} in a row, {self.nonfinite_steps} in all); "
-                 f"rank {self.ctx.rank}'s batch: keys {', '.join(keys[:5])}{more}", all_ranks=True)
-        if self.nonfinite_run >= self.tc.max_nonfinite_steps:
-            raise DataError(f"train: {self.nonfinite_run} optimizer steps in a row had a non-finite loss or gradient "
-                            f"norm (train_conf.max_nonfinite_steps={self.tc.max_nonfinite_steps}; each was skipped), "
-                            f"at epoch {self.epoch} step {self.step_in_epoch + 1}. Training stopped; no checkpoint "
-                            f"of this state was written. "
-                            f"{_nonfinite_causes(self.cfg)}")
+        where = f"epoch {self.epoch} step {self.step_in_epoch + 1}"
+        warning = self.skipped.count(stepped, norm, where, self.ctx.rank, keys)
+        if warning is not None:
+            self.log(warning, all_ranks=True)  # every rank its own keys
+            self.skipped.check(where)
 
     def _after_step(self, meter: Meter) -> Meter:
         tc = self.tc
@@ -484,12 +470,12 @@ class Trainer:
                      f"data_wait {100 * wait / max(total, 1e-9):.1f}%; left unused when the epoch ended: {unused} "
                      f"(unused share {100 * unused_share:.1f}% of the epoch); "
                      f"loader skips/filters: {skip}"
-                     + (f"; non-finite steps skipped: {self.epoch_nonfinite_steps}" if self.epoch_nonfinite_steps
-                        else ""), all_ranks=False)
+                     + (f"; non-finite steps skipped: {self.skipped.epoch}" if self.skipped.epoch else ""),
+                     all_ranks=False)
             self.board.scalars(self.epoch, {
                 "epoch/train_loss": loss, "epoch/audio_seconds_per_second": audio / max_wall,
                 "epoch/data_wait_share": wait / max(total, 1e-9), "epoch/unused_utts": unused_utts,
-                "epoch/unused_share": unused_share, "epoch/nonfinite_steps": self.epoch_nonfinite_steps})
+                "epoch/unused_share": unused_share, "epoch/nonfinite_steps": self.skipped.epoch})
         acc = m.acc
         return {"loss": loss, "acc": acc, "utts": int(utts), "skips": skip}
 
@@ -512,15 +498,6 @@ class Trainer:
         return metrics
 
 
-def _nonfinite_causes(cfg: Any) -> str:
-    """The likely causes of a non-finite loss or model, in the order to check them."""
-    cmvn = (f"the CMVN file (cmvn_file={cfg.cmvn_file}: recompute it with compute-cmvn on the training list)"
-            if cfg.cmvn_file else "unnormalised features (no cmvn_file: compute one with compute-cmvn)")
-    return (f"Likely causes: {cmvn}, a learning rate too high for this model (optim_conf.lr={cfg.optim_conf.lr}: "
-            f"lower it, or lengthen scheduler_conf.warmup_steps; train_conf.grad_clip bounds each step), or bad data "
-            f"(an empty or corrupt utterance: check the list with verify-shards and dataset_conf.filter_conf).")
-
-
 def _absolute_paths(section: Any, *keys: str) -> None:
     """Make the local file paths under ``keys`` absolute (URLs stay as they are)."""
     from corpus_io.urls import is_command, is_remote
@@ -531,45 +508,18 @@ def _absolute_paths(section: Any, *keys: str) -> None:
             setattr(section, key, os.path.abspath(value))
 
 
-def resolve_intervals(tc: Any) -> None:
-    """Check the step intervals of ``train_conf`` and give FunASR's ``validate_interval=-1`` its meaning.
-
-    ``log_interval`` >= 1. ``save_checkpoint_interval``: 0 (epoch ends only) or >= 1 steps.
-    ``validate_interval``: 0 (epoch ends), >= 1 steps, or -1: with every mid-epoch checkpoint, as FunASR's
-    trainer sets it (``validate_interval = save_checkpoint_interval``). FunASR's code runs
-    ``step % -1 == 0`` at every step for ``save_checkpoint_interval=-1``, which nobody means by -1, so that
-    one is an error asking for 1 or 0.
-    """
-    from corpus_io.errors import ConfigError
-
-    if tc.log_interval < 1:
-        raise ConfigError(f"train_conf.log_interval={tc.log_interval}: it is the number of steps between log "
-                          f"lines and must be at least 1, e.g. ++train_conf.log_interval=10.")
-    if tc.save_checkpoint_interval == -1:
-        raise ConfigError("train_conf.save_checkpoint_interval=-1 is ambiguous: FunASR's trainer then saves at "
-                          "every step (step % -1 == 0). Set ++train_conf.save_checkpoint_interval=0 for checkpoints "
-                          "at epoch ends only, or a number of steps (1: every step).")
-    if tc.save_checkpoint_interval < 0:
-        raise ConfigError(f"train_conf.save_checkpoint_interval={tc.save_checkpoint_interval} must be 0 (epoch ends "
-                          f"only) or a number of steps >= 1.")
-    if tc.validate_interval == -1:
-        tc.validate_interval = tc.save_checkpoint_interval
-    elif tc.validate_interval < 0:
-        raise ConfigError(f"train_conf.validate_interval={tc.validate_interval} must be 0 (epoch ends), a number of "
-                          f"steps >= 1, or -1 (with every mid-epoch checkpoint, as in FunASR).")
-
-
 def train(cfg: Any) -> None:
     """``corpus-io train``: one process, or one per rank under torchrun (env://)."""
-    from corpus_io.config import require
+    from corpus_io.config import require, resolve_intervals
 
     require(cfg, "output_dir")
     refuse_remote_output(cfg.output_dir, "++output_dir", "train")
     if not cfg.dataset_conf.sources:  # a weighted mix names its own lists
         require(cfg, "train_data_set_list")
     resolve_intervals(cfg.train_conf)
+    start = prepare(cfg)  # init_param: read (or refused) before any process group or file
     ctx = init_distributed(cfg.train_conf.device, cfg.train_conf.timeout_s)
     try:
-        Trainer(cfg, ctx).run()
+        Trainer(cfg, ctx, start).run()
     finally:
         cleanup()

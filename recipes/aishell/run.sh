@@ -5,7 +5,8 @@
 #                  (download data_aishell.tgz from openslr.org/33, extract it and its wav/*.tar.gz first)
 #   1 JSONL (scp2jsonl)   2 char token list (make-tokenizer)   3 global CMVN (compute-cmvn)
 #   4 shards (pack-shards, 1000 utterances each)   5 data lists (make-datalist; --shard_prefix for S3)
-#   6 train (torchrun, $nproc processes per node on $nnodes nodes; shard mode, token batching)
+#   6 train (torchrun, $nproc processes per node on $nnodes nodes; shard mode, token batching; --init PATH
+#     fine-tunes from that checkpoint's weights)
 #   7 character 3-gram LM of the training text (make-lm; tune-lm on dev) + average + decode of test by
 #     $decode_methods (greedy CTC, CTC prefix beam + LM) + CER table
 # Usage: ./run.sh --aishell_root /data/aishell [--stage N] [--stop_stage N] [--nproc 8] [--nj 16] ...

@@ -7,7 +7,8 @@
 #   3 global CMVN (corpus-io compute-cmvn, on the raw JSONL)
 #   4 shards (corpus-io pack-shards): data/{train,dev}/shards/
 #   5 data lists (corpus-io make-datalist): shard lists for train/dev, raw lists for the test sets
-#   6 train (torchrun --nproc_per_node=$nproc --no-python corpus-io train, shard mode)
+#   6 train (torchrun --nproc_per_node=$nproc --no-python corpus-io train, shard mode; --init PATH fine-tunes
+#     from that checkpoint's weights)
 #   7 average checkpoints, an n-gram LM of the training text (corpus-io make-lm), decode by every method of
 #     --decode_methods (greedy, CTC prefix beam, beam + LM; attention rescoring with --model conformer_ctc_att),
 #     CER/WER + RTF table per method (exp dir RESULTS.md)
@@ -34,6 +35,7 @@ num_mixed_test=80
 num_utts_per_shard=200    # 16 train shards: an even share for each of the 2 readers
 num_utts_per_shard_dev=40 # small dev shards: at least one per reader (nproc x num_workers)
 train_config=conf/train.yaml
+init=                     # fine-tuning: stage 6 starts from this corpus-io checkpoint's weights (++init_param)
 max_epoch=                # empty: as in $train_config
 max_steps_per_epoch=      # empty: as in $train_config (smoke: a few steps)
 batch_type=token          # example | length | token
@@ -54,7 +56,7 @@ word_score=0.0            # per-token score of ctc_beam_lm (likewise)
 tune_lm=true              # grid-search lm_weight x word_score on the dev set (corpus-io tune-lm) before decoding
 recipe_options=(stage stop_stage nj cmd nproc data exp num_digits_train num_digits_dev num_digits_test
                 num_digits_test_newvoice num_mixed_train
-                num_mixed_test num_utts_per_shard num_utts_per_shard_dev train_config max_epoch max_steps_per_epoch
+                num_mixed_test num_utts_per_shard num_utts_per_shard_dev train_config init max_epoch max_steps_per_epoch
                 batch_type batch_size shuffle_size sort_size num_workers feats_on average_num cer_target real_epochs
                 model decode_methods beam lm_order lm_weight word_score tune_lm)
 
@@ -129,7 +131,7 @@ if stage_on 6; then
       "++output_dir=$exp" "++cmvn_file=$data/train/cmvn.json" "++tokenizer.token_list=$data/lang/tokens.txt" \
       ++dataset_conf.data_type=shard "++dataset_conf.batch_type=$batch_type" "++dataset_conf.batch_size=$batch_size" \
       "++dataset_conf.shuffle_conf.shuffle_size=$shuffle_size" "++dataset_conf.sort_conf.sort_size=$sort_size" \
-      "++dataset_conf.num_workers=$num_workers" "${extra[@]}"
+      "++dataset_conf.num_workers=$num_workers" "${extra[@]}" "${init_args[@]}"
   echo $(($(date +%s) - start)) > "$exp/train_seconds"
   log 6 "trained $(grep -c 'epoch [0-9]* done' "$exp/train.log") epochs in $(cat "$exp/train_seconds") s: checkpoints in $exp"
 fi

@@ -5,7 +5,8 @@
 #                  data/train = the --train_sets subsets, data/dev = the --dev_sets subsets
 #   1 JSONL (scp2jsonl)   2 BPE model + token list (make-tokenizer)   3 global CMVN (compute-cmvn)
 #   4 shards (pack-shards, 1000 utterances each)   5 data lists (make-datalist; --shard_prefix for S3)
-#   6 train (torchrun, $nproc processes per node on $nnodes nodes; shard mode, token batching)
+#   6 train (torchrun, $nproc processes per node on $nnodes nodes; shard mode, token batching; --init PATH
+#     fine-tunes from that checkpoint's weights)
 #   7 word 3-gram LM of the training text (make-lm; tune-lm on dev) + average + decode of the --test_sets by
 #     $decode_methods (greedy CTC, CTC prefix beam + the word LM over BPE pieces) + CER/WER table
 # Usage: ./run.sh --librispeech_root /data/LibriSpeech [--stage N] [--stop_stage N] [--nproc 8] [--nj 16] ...

@@ -15,6 +15,7 @@ exp=exp/conformer_ctc
 num_utts_per_shard=1000
 shard_prefix=             # e.g. s3://bucket/corpus: shard lists point at <prefix>/<set>/ (upload data/<set>/shards/ there)
 train_config=conf/train.yaml
+init=                     # fine-tuning: stage 6 starts from this corpus-io checkpoint's weights (++init_param)
 max_epoch=                # empty: as in $train_config
 max_steps_per_epoch=      # empty: as in $train_config
 batch_type=token          # example | length | token
@@ -31,5 +32,5 @@ lm_weight=0.3             # LM weight of ctc_beam_lm (replaced by tune-lm's best
 word_score=0.0            # score per LM unit of ctc_beam_lm (likewise)
 tune_lm=true              # grid-search lm_weight x word_score on the dev shards (corpus-io tune-lm) before decoding
 recipe_options=(stage stop_stage nj cmd nproc nnodes node_rank master_addr master_port data exp num_utts_per_shard
-                shard_prefix train_config max_epoch max_steps_per_epoch batch_type batch_size shuffle_size sort_size
+                shard_prefix train_config init max_epoch max_steps_per_epoch batch_type batch_size shuffle_size sort_size
                 num_workers average_num cmvn_max_utts decode_methods beam lm_order lm_weight word_score tune_lm)

@@ -50,7 +50,7 @@ if stage_on 6; then
       "++output_dir=$exp" "++cmvn_file=$data/train/cmvn.json" "${tokenizer_overrides[@]}" \
       ++dataset_conf.data_type=shard "++dataset_conf.batch_type=$batch_type" "++dataset_conf.batch_size=$batch_size" \
       "++dataset_conf.shuffle_conf.shuffle_size=$shuffle_size" "++dataset_conf.sort_conf.sort_size=$sort_size" \
-      "++dataset_conf.num_workers=$num_workers" "${extra[@]}"
+      "++dataset_conf.num_workers=$num_workers" "${extra[@]}" "${init_args[@]}"
   echo $(($(date +%s) - start)) > "$exp/train_seconds"
   log 6 "trained in $(cat "$exp/train_seconds") s: checkpoints in $exp"
 fi

@@ -19,6 +19,12 @@ log() {  # log STAGE MESSAGE...
   echo "$(date '+%F %T') [stage $1] ${*:2}" >&2
 }
 
+# --init PATH (fine-tuning): the training stage starts from that checkpoint's weights (model.pt, .ep{E}, .avg{N},
+# s3:// or http(s)://) with a fresh optimizer and data position; its model config and, without a token list,
+# its tokenizer. A rerun into the same --exp resumes instead (train_conf.resume wins, as in FunASR and WeNet).
+init_args=()
+if [ -n "${init:-}" ]; then init_args=("++init_param=$init"); fi
+
 stage_on() {  # stage_on N: true when stage N is in [stage, stop_stage]
   [ "$stage" -le "$1" ] && [ "$stop_stage" -ge "$1" ]
 }

@@ -48,6 +48,17 @@ def test_recipe_help_lists_stages_and_options():
     assert "0 synthesize" in result.stdout and "--stop_stage" in result.stdout and "--nproc" in result.stdout
 
 
+def test_recipe_init_option_starts_training_from_the_checkpoint_it_names(tmp_path):
+    """--init reaches train as ++init_param (common.sh's init_args, which aishell's and librispeech's stage 6 pass
+    too): a missing checkpoint stops the training stage naming it, before anything is written."""
+    base = tmp_path / "base" / "model.pt"
+    result = run_recipe("espeak", "--stage", "6", "--stop_stage", "6", "--nproc", "1", "--data",
+                        str(tmp_path / "data"), "--exp", str(tmp_path / "exp"), "--init", str(base))
+    assert result.returncode != 0
+    assert f"error: init_param {base} does not exist" in result.stderr, result.stderr[-3000:]  # ++init_param={base}
+    assert not (tmp_path / "exp").exists()
+
+
 @pytest.mark.slow
 def test_make_smoke_runs_every_stage_of_the_espeak_recipe(pipeline_commands, tmp_path):
     opts = shlex.split((RECIPES / "espeak" / "conf" / "smoke.opts").read_text())

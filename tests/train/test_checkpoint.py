@@ -134,6 +134,38 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_the_code_never_runs(tmp
     assert not marker.exists()
 
 
+def test_random_bytes_as_a_checkpoint_are_called_no_checkpoint_not_code_that_would_run(tmp_path):
+    import random
+
+    path = tmp_path / "model.pt"
+    path.write_bytes(bytes(random.Random(0).randrange(256) for _ in range(4096)))
+    with pytest.raises(DataError) as err:
+        ckpt.load_checkpoint(path)
+    message = str(err.value)
+    assert f"checkpoint {path} is not a PyTorch checkpoint" in message and "corrupt data" in message, message
+    assert "run code" not in message and "refused" not in message
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_at_load_naming_the_file_and_tensor(trained, corpus, tmp_path):
+    from corpus_io.config import DecodeConfig, compose
+    from corpus_io.train.decode import decode
+
+    state = ckpt.load_checkpoint(trained["out"] / "model.pt")
+    name = next(n for n, t in state["model"].items() if n.startswith("encoder") and t.is_floating_point())
+    state["model"][name].view(-1)[0] = float("nan")
+    bad = tmp_path / "model.pt"
+    torch.save(state, bad)
+    out = tmp_path / "dec"
+    cfg = compose(DecodeConfig, "decode", [f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
+                                           f"++checkpoint={bad}", f"++output_dir={out}"])
+    with pytest.raises(DataError) as err:  # it decoded every utterance to an empty hypothesis, exit 0
+        decode(cfg)
+    assert f"checkpoint {bad} holds non-finite values (inf or nan) in the tensor '{name}'" in str(err.value)
+    assert not out.exists()
+    # average and the metric reads still open it: the average names the epochs, the metrics need no weights
+    assert ckpt.load_checkpoint(bad, finite=False)["model"][name].isnan().any()
+
+
 def test_trainer_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
     import random
 

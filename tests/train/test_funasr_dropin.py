@@ -59,13 +59,14 @@ def test_funasr_script_lines_compose_unchanged_each_mapped_or_warned_once(name, 
     assert cfg.dataset_conf.data_type == "raw"
     if "frontend_conf.cmvn_file" in SCRIPTS[name]:
         assert cfg.cmvn_file == str(tmp_path / "model" / "am.mvn")
-    ours = {"train_data_set_list", "valid_data_set_list", "output_dir"}
+    ours = {"train_data_set_list", "valid_data_set_list", "output_dir", "init_param"}
     for arg in args:
         key = arg.lstrip("+").split("=", 1)[0]
         if key in ours or key.startswith(("optim_conf.", "train_conf.max_epoch", "train_conf.log_interval",
                                           "train_conf.resume", "train_conf.validate_interval",
                                           "train_conf.save_checkpoint_interval", "train_conf.keep_nbest_models",
                                           "train_conf.avg_nbest_model", "train_conf.avg_keep_nbest_models_type",
+                                          "train_conf.ignore_init_mismatch",
                                           "dataset_conf.batch_size", "dataset_conf.batch_type",
                                           "dataset_conf.num_workers")):
             continue  # our own keys, same names

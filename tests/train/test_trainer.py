@@ -140,9 +140,8 @@ def test_funasr_finetune_sh_overrides_train_without_an_unknown_key(corpus, tmp_p
 
 
 def test_intervals_are_range_checked_and_validate_interval_minus_one_follows_checkpoints(tmp_path):
-    from corpus_io.config import TrainConf
+    from corpus_io.config import TrainConf, resolve_intervals
     from corpus_io.errors import ConfigError
-    from corpus_io.train.trainer import resolve_intervals
 
     tc = TrainConf(validate_interval=-1, save_checkpoint_interval=500)
     resolve_intervals(tc)
