@@ -284,6 +284,8 @@ class CorpusLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next iteration of ``state['epoch']`` yields exactly what was not yet consumed."""
+        _check_is_state(state, "load_state_dict(state)", "the dict this rank's loader.state_dict() returned (with "
+                        "'epoch' and 'workers')")
         self._check_state(state, ("world_size", "num_workers", "seed", "data_lists"),
                           "One rank's state resumes the same world size, dataset_conf.num_workers, seed and "
                           "data lists (load_rank_states re-splits every rank's states over another topology)")
@@ -310,8 +312,13 @@ class CorpusLoader:
         rest of the epoch over this run's ranks x workers (corpus_io.pipeline.elastic) and returns what it
         did, for the log. Every rank computes the same re-split.
         """
+        what = "the list of every rank's loader.state_dict() of one checkpoint (each a dict with 'epoch' and 'workers')"
+        if not isinstance(states, (list, tuple)):
+            _check_is_state(states, "load_rank_states(states)", what)
         if not states:
             raise ConfigError("no loader states to resume from: the checkpoint holds none. Start the epoch afresh.")
+        for i, state in enumerate(states):
+            _check_is_state(state, f"load_rank_states(states): states[{i}]", what)
         if same_topology(states, self.world_size, self.num_workers):
             self.load_state_dict(next(s for s in states if s.get("rank") == self.rank))
             return None
@@ -345,6 +352,16 @@ class CorpusLoader:
                 raise ConfigError(f"the loader state was saved with {key}={state.get(key)}, but this run has "
                                   f"{key}={mine[key]}. {need}; restore them, or start the epoch afresh without "
                                   f"the state.")
+
+
+def _check_is_state(state: Any, call: str, want: str) -> None:
+    """A loader state that is not a dict (None for a rank that saved none, a path, a list) is a ConfigError
+    saying what to pass, not an AttributeError from deep inside."""
+    if isinstance(state, dict):
+        return
+    got = "None" if state is None else f"a {type(state).__name__} ({str(state)[:80]})"
+    raise ConfigError(f"{call} got {got}, but takes {want}. A checkpoint that holds None there has no read "
+                      f"position to resume: skip the call and start the epoch afresh.")
 
 
 def check_positions(state: SlotState, sources: list[Source], who: str) -> None:

@@ -92,6 +92,18 @@ def test_resume_with_a_different_worker_count_is_a_clear_error(shards):
         other.load_state_dict(state)
 
 
+def test_a_state_that_is_not_a_loader_state_is_a_config_error_saying_what_to_pass(shards):
+    data_list, keys, tok = shards
+    loader = build_dataloader(str(data_list), small_conf(num_workers=0), tok, train=True, rank=0, world_size=1)
+    for call, got in [("load_state_dict", None), ("load_rank_states", [None]), ("load_rank_states", None),
+                      ("load_state_dict", "loader_state.json")]:
+        with pytest.raises(ConfigError) as err:
+            getattr(loader, call)(got)
+        message = str(err.value)
+        assert f"{call}(state" in message and "state_dict()" in message and "start the epoch afresh" in message
+    assert sorted(epoch_keys(loader, 0)) == sorted(keys)  # nothing was loaded: a whole epoch
+
+
 def test_fewer_shards_than_workers_strides_without_hang(tmp_path, caplog):
     data_list, keys = make_shards(tmp_path, per_shard=24)  # one shard, 2 ranks x 2 workers
     tok = build_tokenizer(token_list(tmp_path))
