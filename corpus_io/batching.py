@@ -15,17 +15,40 @@ own cost is over the budget forms a batch of one: it is counted in ``counts`` un
 ``batch.over_budget``, never dropped.
 
 Determinism: every function here is a plain generator whose output depends only on its
-arguments and the order of its input. Nothing here draws random numbers.
+arguments and the order of its input; the only random draws are from an ``rng`` passed in.
+
+Blocks: samples marked :data:`CARRIED` (the rest of the previous epoch, read first after DDP ranks
+stopped it unevenly: corpus_io.pipeline.elastic) never share a batch with the others, so they are
+batched, and trained, first; a sample marked :data:`BLOCK_END` (the last of a sort block, when the
+batches of a block are shuffled) closes its batch.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
+import random
 from collections import Counter
 from typing import Callable, Iterable, Iterator, Sequence
 
 BATCH_TYPES = ("example", "length", "token")
 Lengths = Callable[[dict], "tuple[int, int]"]
+
+#: sample key: the sample is part of the previous epoch's rest, carried into this one and batched first
+CARRIED = "__carried__"
+#: sample key: the last sample of a sort block (its batch closes there)
+BLOCK_END = "__block_end__"
+
+
+def carried(sample: dict) -> bool:
+    return bool(sample.get(CARRIED))
+
+
+def runs(samples: Iterable[dict]) -> Iterator[Iterator[dict]]:
+    """``samples`` cut where :func:`carried` changes (lazily): a buffer never mixes the carried rest of the last
+    epoch with this epoch's samples."""
+    for _, run in itertools.groupby(samples, key=carried):
+        yield run
 
 
 def sample_lengths(sample: dict) -> tuple[int, int]:
@@ -71,7 +94,7 @@ class _Open:
         self.max_cost = 0
 
 
-def _add(open_batch: _Open, sample: dict, cost: int, budget: Budget, counts: Counter | None) -> list[dict] | None:
+def _add(open_batch: _Open, sample: object, cost: int, budget: Budget, counts: Counter | None) -> list | None:
     """Add ``sample``; return the batch it closed (the one before it) when it does not fit."""
     closed = None
     if open_batch.items and not budget.fits(max(open_batch.max_cost, cost), len(open_batch.items) + 1):
@@ -86,13 +109,24 @@ def _add(open_batch: _Open, sample: dict, cost: int, budget: Budget, counts: Cou
 
 def batch(samples: Iterable[dict], *, batch_type: str = "example", batch_size: int = 16, max_batch_size: int = 200,
           counts: Counter | None = None, lengths: Lengths = sample_lengths) -> Iterator[list[dict]]:
-    """Group consecutive samples into batches within the budget (WeNet static/dynamic batching)."""
+    """Group consecutive samples into batches within the budget (WeNet static/dynamic batching); a batch
+    also closes after a :data:`BLOCK_END` sample and where :func:`carried` changes."""
     budget = Budget(batch_type, batch_size, max_batch_size)
+    for run in runs(samples):
+        yield from _group(run, budget, counts, lambda s: budget.cost(*lengths(s)), closes=lambda s: s.get(BLOCK_END))
+
+
+def _group(items: Iterable, budget: Budget, counts: Counter | None, cost: Callable[[object], int],
+           closes: Callable[[object], object] = lambda item: False) -> Iterator[list]:
+    """Consecutive ``items`` in batches within ``budget``; a batch also closes after an item ``closes``."""
     current = _Open()
-    for sample in samples:
-        closed = _add(current, sample, budget.cost(*lengths(sample)), budget, counts)
+    for item in items:
+        closed = _add(current, item, cost(item), budget, counts)
         if closed:
             yield closed
+        if closes(item):
+            yield current.items
+            current = _Open()
     if current.items:
         yield current.items
 
@@ -115,7 +149,8 @@ def geometric_boundaries(min_cost: float, max_cost: float, num_buckets: int) -> 
 
 def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_size: int = 16,
                  max_batch_size: int = 200, num_buckets: int = 30, boundaries: Sequence[float] | None = None,
-                 warmup: int = 1000, bucket_batches: int = 4, counts: Counter | None = None,
+                 warmup: int = 1000, bucket_batches: int = 4, shuffle_batches: bool = False,
+                 rng: random.Random | None = None, counts: Counter | None = None,
                  lengths: Lengths = sample_lengths) -> Iterator[list[dict]]:
     """Duration bucketing: batches are cut from length buckets, so an utterance is batched with
     utterances of about its own length.
@@ -130,7 +165,21 @@ def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_si
     the equal-count quantiles of the first ``warmup`` samples, which are held until then and
     bucketed in arrival order. Memory: ``warmup`` samples, then ``num_buckets *
     bucket_batches`` batches at most.
+
+    ``shuffle_batches`` (with ``rng``): the batches of the final emptying leave in a random order instead of
+    bucket order, so a stream cut short (uneven DDP ranks) does not always lose its longest bucket. Samples
+    :func:`carried` from the last epoch are bucketed on their own, first (edges of their own).
     """
+    for run in runs(samples):
+        yield from _bucket_run(run, batch_type=batch_type, batch_size=batch_size, max_batch_size=max_batch_size,
+                               num_buckets=num_buckets, boundaries=boundaries, warmup=warmup,
+                               bucket_batches=bucket_batches, rng=rng if shuffle_batches else None, counts=counts,
+                               lengths=lengths)
+
+
+def _bucket_run(samples: Iterable[dict], *, batch_type: str, batch_size: int, max_batch_size: int, num_buckets: int,
+                boundaries: Sequence[float] | None, warmup: int, bucket_batches: int, rng: random.Random | None,
+                counts: Counter | None, lengths: Lengths) -> Iterator[list[dict]]:
     budget = Budget(batch_type, batch_size, max_batch_size)
     full = Budget(batch_type, batch_size * bucket_batches, max_batch_size * bucket_batches)
     bucket_cost = Budget("length" if batch_type == "example" else batch_type, 1)
@@ -142,8 +191,7 @@ def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_si
         # sorted by the bucket key (frames; frames + tokens for token): for batch_type=example the
         # budget cost is 1 per utterance, so sorting by cost would leave the bucket in arrival order
         bucket.items.sort(key=lambda item: item[2])
-        batches = list(batch(bucket.items, batch_type=batch_type, batch_size=batch_size,
-                             max_batch_size=max_batch_size, counts=counts, lengths=lambda item: (item[1], 0)))
+        batches = list(_group(bucket.items, budget, counts, lambda item: item[1]))
         bucket.items = [] if final else batches.pop()
         bucket.max_cost = max((item[1] for item in bucket.items), default=0)
         for b in batches:
@@ -174,8 +222,10 @@ def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_si
         buckets = [_Open() for _ in range(len(edges) + 1)]
     for queued in held:
         yield from place(*queued)
-    for bucket in buckets:
-        yield from cut(bucket, final=True)
+    last = [b for bucket in buckets for b in cut(bucket, final=True)]
+    if rng is not None:
+        rng.shuffle(last)
+    yield from last
 
 
 def padding_ratio(source_lens: Sequence[int]) -> float:

@@ -8,9 +8,9 @@ sample adds 1 to ``counts[reason]`` (reasons: ``decode.error``, ``decode.empty``
 
 WeNet's order (composed in corpus_io.pipeline.build.loader_chain): decode, filter_length, resample,
 speed_perturb, count_frames, tokenize, filter_tokens, fbank|mfcc (raw_features: tokens after it;
-precomputed_features instead of decode..features), spec_aug, spec_sub, spec_trim, shuffle, sort, batch
-(or bucket_batch instead of sort+batch), pad. Tokens are filtered before features, so no features are
-computed for an utterance the token filter drops.
+precomputed_features instead of decode..features), spec_aug, spec_sub, spec_trim, shuffle, sort, batch,
+shuffle_batches (train) (or bucket_batch instead of sort+batch), pad. Tokens are filtered before features, so
+no features are computed for an utterance the token filter drops.
 
 Randomness: every random stage takes its generator (``random.Random``, or a
 ``torch.Generator`` for dither) from the caller, seeded from (seed, epoch, rank, worker).
@@ -36,7 +36,7 @@ import torch
 
 from corpus_io import audio, augment, features
 from corpus_io.audio import resample_wav
-from corpus_io.batching import batch, bucket_batch, sample_lengths
+from corpus_io.batching import BLOCK_END, batch, bucket_batch, runs, sample_lengths
 from corpus_io.batching import pad as pad_batch
 from corpus_io.errors import DataError
 
@@ -417,29 +417,54 @@ def tokenize(samples: Iterable[dict], *, tokenizer: Any, counts: Counter | None 
 
 def shuffle(samples: Iterable[dict], *, shuffle_size: int = 1500, rng: random.Random,
             counts: Counter | None = None) -> Iterator[dict]:
-    """Block shuffle (WeNet): read ``shuffle_size`` samples, ``rng.shuffle`` them, emit them all."""
-    buf: list[dict] = []
-    for sample in samples:
-        buf.append(sample)
-        if len(buf) >= shuffle_size:
-            rng.shuffle(buf)
-            yield from buf
-            buf = []
-    rng.shuffle(buf)
-    yield from buf
+    """Block shuffle (WeNet): read ``shuffle_size`` samples, ``rng.shuffle`` them, emit them all. The carried
+    rest of the last epoch (corpus_io.batching.runs) is a block of its own, emitted first."""
+    for run in runs(samples):
+        buf: list[dict] = []
+        for sample in run:
+            buf.append(sample)
+            if len(buf) >= shuffle_size:
+                rng.shuffle(buf)
+                yield from buf
+                buf = []
+        rng.shuffle(buf)
+        yield from buf
 
 
-def sort(samples: Iterable[dict], *, sort_size: int = 500, counts: Counter | None = None) -> Iterator[dict]:
-    """Block sort (WeNet): read ``sort_size`` samples, emit them by ascending feature frames (stable)."""
-    buf: list[dict] = []
-    for sample in samples:
-        buf.append(sample)
-        if len(buf) >= sort_size:
-            buf.sort(key=lambda s: sample_lengths(s)[0])
-            yield from buf
-            buf = []
-    buf.sort(key=lambda s: sample_lengths(s)[0])
-    yield from buf
+def sort(samples: Iterable[dict], *, sort_size: int = 500, mark_blocks: bool = False,
+         counts: Counter | None = None) -> Iterator[dict]:
+    """Block sort (WeNet): read ``sort_size`` samples, emit them by ascending feature frames (stable). The
+    carried rest of the last epoch is a block of its own. ``mark_blocks``: the last sample of each block is
+    marked (``BLOCK_END``), so its batches can be shuffled (:func:`shuffle_batches`)."""
+    def block(buf: list[dict]) -> list[dict]:
+        buf.sort(key=lambda s: sample_lengths(s)[0])
+        if mark_blocks and buf:
+            buf[-1][BLOCK_END] = True
+        return buf
+
+    for run in runs(samples):
+        buf: list[dict] = []
+        for sample in run:
+            buf.append(sample)
+            if len(buf) >= sort_size:
+                yield from block(buf)
+                buf = []
+        yield from block(buf)
+
+
+def shuffle_batches(batches: Iterable[list[dict]], *, rng: random.Random) -> Iterator[list[dict]]:
+    """The batches of each sort block in a random order (icefall's bucketing sampler draws batches at random
+    too): sorted, a block's longest utterances would always be its last batches, and an epoch cut short (DDP
+    ranks holding unequal data stop together) would leave the same, longest, utterances untrained every time."""
+    held: list[list[dict]] = []
+    for b in batches:
+        held.append(b)
+        if b[-1].get(BLOCK_END):
+            rng.shuffle(held)
+            yield from held
+            held = []
+    rng.shuffle(held)
+    yield from held
 
 
 def pad(batches: Iterable[list[dict]], *, frame_shift: float = 0.01) -> Iterator[dict]:

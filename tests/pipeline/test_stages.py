@@ -172,6 +172,34 @@ def test_shuffle_and_sort_buffers_are_deterministic_blocks():
     assert lengths[:5] == sorted(lengths[:5]) and lengths[5:] == sorted(lengths[5:])
 
 
+def _sorted_batches(samples, seed: int) -> list[list[str]]:
+    rng = random.Random(seed)
+    blocks = stages.sort(stages.shuffle(samples, shuffle_size=1500, rng=rng), sort_size=500, mark_blocks=True)
+    batches = stages.shuffle_batches(stages.batch(blocks, batch_size=4), rng=rng)
+    return [[s["key"] for s in b] for b in batches]
+
+
+def test_the_batches_of_a_sort_block_leave_in_a_seeded_random_order_not_longest_last():
+    # 30 utterances, one sort block (WeNet's default size): sorted, the 4 longest were always the last batch
+    samples = [{"key": f"{i:02d}", "feats": torch.zeros(10 + i, 1)} for i in range(30)]
+    runs = {seed: _sorted_batches([dict(s) for s in samples], seed) for seed in range(12)}
+    assert runs[3] == _sorted_batches([dict(s) for s in samples], 3)  # seeded: the same order again
+    for batches in runs.values():
+        assert sorted(k for b in batches for k in b) == [s["key"] for s in samples]
+        assert all(b == sorted(b) and int(b[-1]) - int(b[0]) == len(b) - 1 for b in batches)  # still length-sorted
+    last = [batches[-1] for batches in runs.values()]
+    assert sum("29" in b for b in last) <= 4, last  # the longest utterance's batch is last only by chance
+
+
+def test_samples_carried_from_the_last_epoch_fill_the_first_batches_alone():
+    carried = [{"key": f"c{i}", "feats": torch.zeros(300 + i, 1), "__carried__": True} for i in range(5)]
+    own = [{"key": f"o{i:02d}", "feats": torch.zeros(10 + i, 1)} for i in range(20)]
+    for seed in range(4):
+        batches = _sorted_batches([dict(s) for s in carried + own], seed)
+        assert {k for b in batches[:2] for k in b} == {s["key"] for s in carried}  # 5 at 4 a batch: 2 batches
+        assert all(k.startswith("o") for b in batches[2:] for k in b)
+
+
 def test_chain_on_fixture_yields_contract_batches(fixture_corpus, tmp_path):
     from corpus_io.config import MakeTokenizerConfig, TokenizerConf
     from corpus_io.tokenizer import build_tokenizer, make_tokenizer
