@@ -18,9 +18,10 @@ Determinism: every function here is a plain generator whose output depends only 
 arguments and the order of its input; the only random draws are from an ``rng`` passed in.
 
 Blocks: samples marked :data:`CARRIED` (the rest of the previous epoch, read first after DDP ranks
-stopped it unevenly: corpus_io.pipeline.elastic) never share a batch with the others, so they are
-batched, and trained, first; a sample marked :data:`BLOCK_END` (the last of a sort block, when the
-batches of a block are shuffled) closes its batch.
+stopped it unevenly: corpus_io.pipeline.elastic) come first and never share a shuffle, sort or bucket
+buffer with the others, so they fill the first batches (the last of them topped up with the epoch's
+own first samples); a sample marked :data:`BLOCK_END` (the last of a sort block, when the batches of
+a block are shuffled) closes its batch.
 """
 
 from __future__ import annotations
@@ -110,10 +111,9 @@ def _add(open_batch: _Open, sample: object, cost: int, budget: Budget, counts: C
 def batch(samples: Iterable[dict], *, batch_type: str = "example", batch_size: int = 16, max_batch_size: int = 200,
           counts: Counter | None = None, lengths: Lengths = sample_lengths) -> Iterator[list[dict]]:
     """Group consecutive samples into batches within the budget (WeNet static/dynamic batching); a batch
-    also closes after a :data:`BLOCK_END` sample and where :func:`carried` changes."""
+    also closes after a :data:`BLOCK_END` sample."""
     budget = Budget(batch_type, batch_size, max_batch_size)
-    for run in runs(samples):
-        yield from _group(run, budget, counts, lambda s: budget.cost(*lengths(s)), closes=lambda s: s.get(BLOCK_END))
+    yield from _group(samples, budget, counts, lambda s: budget.cost(*lengths(s)), closes=lambda s: s.get(BLOCK_END))
 
 
 def _group(items: Iterable, budget: Budget, counts: Counter | None, cost: Callable[[object], int],

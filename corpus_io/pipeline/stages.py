@@ -36,7 +36,7 @@ import torch
 
 from corpus_io import audio, augment, features
 from corpus_io.audio import resample_wav
-from corpus_io.batching import BLOCK_END, batch, bucket_batch, runs, sample_lengths
+from corpus_io.batching import BLOCK_END, batch, bucket_batch, carried, runs, sample_lengths
 from corpus_io.batching import pad as pad_batch
 from corpus_io.errors import DataError
 
@@ -435,10 +435,11 @@ def sort(samples: Iterable[dict], *, sort_size: int = 500, mark_blocks: bool = F
          counts: Counter | None = None) -> Iterator[dict]:
     """Block sort (WeNet): read ``sort_size`` samples, emit them by ascending feature frames (stable). The
     carried rest of the last epoch is a block of its own. ``mark_blocks``: the last sample of each block is
-    marked (``BLOCK_END``), so its batches can be shuffled (:func:`shuffle_batches`)."""
+    marked (``BLOCK_END``), so its batches can be shuffled (:func:`shuffle_batches`); not a carried block's,
+    whose last batch is topped up with the next block's shortest samples."""
     def block(buf: list[dict]) -> list[dict]:
         buf.sort(key=lambda s: sample_lengths(s)[0])
-        if mark_blocks and buf:
+        if mark_blocks and buf and not carried(buf[-1]):
             buf[-1][BLOCK_END] = True
         return buf
 
@@ -455,9 +456,13 @@ def sort(samples: Iterable[dict], *, sort_size: int = 500, mark_blocks: bool = F
 def shuffle_batches(batches: Iterable[list[dict]], *, rng: random.Random) -> Iterator[list[dict]]:
     """The batches of each sort block in a random order (icefall's bucketing sampler draws batches at random
     too): sorted, a block's longest utterances would always be its last batches, and an epoch cut short (DDP
-    ranks holding unequal data stop together) would leave the same, longest, utterances untrained every time."""
+    ranks holding unequal data stop together) would leave the same, longest, utterances untrained every time.
+    A batch holding samples carried from the last epoch leaves at once (they come first)."""
     held: list[list[dict]] = []
     for b in batches:
+        if carried(b[0]):
+            yield b
+            continue
         held.append(b)
         if b[-1].get(BLOCK_END):
             rng.shuffle(held)
