@@ -18,13 +18,16 @@ epoch is that much audio (over all ranks) and the next epoch continues where it 
 Ranks hold different amounts of data, so under DDP their batch counts differ. ``uneven`` says what the
 loader does about it (one all-reduce per batch, before the batch counts as consumed):
 
-* ``stop``: every rank's epoch ends at the step where the first rank runs out; what the other ranks still
-  hold is left unused (counted as ``uneven_ranks.unused`` in ``epoch_counts()``, and logged), so a plain
-  ``for batch in loader:`` DDP loop cannot desync. What :func:`corpus_io.build_loader` gives by default;
+* ``stop``: every rank's epoch ends at the step where the first rank runs out, so a plain ``for batch in
+  loader:`` DDP loop cannot desync; what the other ranks still hold is untrained in this epoch (counted as
+  ``uneven_ranks.unused`` in ``epoch_counts()``) and carried into the next, which trains it first and leaves
+  it out of its own pass (:meth:`CorpusLoader.carry_rest`; ``uneven_ranks.carried``; one log line says both).
+  What :func:`corpus_io.build_loader` gives by default;
 * ``error``: a DataError on every rank at that step, naming this option;
 * ``allow``: no synchronisation; every rank yields all of its batches. The caller keeps the ranks together:
-  DDP's ``join()`` context manager, or :func:`corpus_io.partition.all_ranks_have_data` before each step (what
-  the trainer does, so it builds its loaders with ``allow``).
+  DDP's ``join()`` context manager, or :func:`corpus_io.partition.ranks_with_data` before each step and
+  ``carry_rest`` when some but not all ranks ran out (what the trainer does, so it builds its loaders with
+  ``allow``).
 
 There is no ``len()``: the batch count of a streaming epoch is known only at its end (filters, dynamic
 batch sizes); ``state_dict()["batches"]`` counts the batches consumed.
