@@ -15,7 +15,8 @@ own cost is over the budget forms a batch of one: it is counted in ``counts`` un
 ``batch.over_budget``, never dropped.
 
 Determinism: every function here is a plain generator whose output depends only on its
-arguments and the order of its input; the only random draws are from an ``rng`` passed in.
+arguments and the order of its input. Nothing here draws random numbers: a random order of
+batches comes from a :func:`batch_order` key passed in.
 
 Blocks: samples marked :data:`CARRIED` (the rest of the previous epoch, read first after DDP ranks
 stopped it unevenly: corpus_io.pipeline.elastic) come first and never share a shuffle, sort or bucket
@@ -27,8 +28,8 @@ a block are shuffled) closes its batch.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import itertools
-import random
 from collections import Counter
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -43,6 +44,18 @@ BLOCK_END = "__block_end__"
 
 def carried(sample: dict) -> bool:
     return bool(sample.get(CARRIED))
+
+
+def batch_order(seed: int, epoch: int, rank: int, worker: int) -> Callable[[list[dict]], bytes]:
+    """A sort key that puts batches in a seeded random order, new every epoch: a keyed hash of each batch's first
+    utterance key. Unlike the buffers' generator (seeded by the read position too), it gives the batches a resumed
+    reader rebuilds the places they had, so a resume yields the batches an uninterrupted run would have."""
+    tag = f"{seed}:{epoch}:{rank}:{worker}:".encode()
+
+    def order(batch: list[dict]) -> bytes:
+        return hashlib.blake2b(tag + str(batch[0].get("key")).encode(), digest_size=8).digest()
+
+    return order
 
 
 def runs(samples: Iterable[dict]) -> Iterator[Iterator[dict]]:
@@ -150,7 +163,7 @@ def geometric_boundaries(min_cost: float, max_cost: float, num_buckets: int) -> 
 def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_size: int = 16,
                  max_batch_size: int = 200, num_buckets: int = 30, boundaries: Sequence[float] | None = None,
                  warmup: int = 1000, bucket_batches: int = 4, shuffle_batches: bool = False,
-                 rng: random.Random | None = None, counts: Counter | None = None,
+                 batch_order: Callable[[list[dict]], bytes] | None = None, counts: Counter | None = None,
                  lengths: Lengths = sample_lengths) -> Iterator[list[dict]]:
     """Duration bucketing: batches are cut from length buckets, so an utterance is batched with
     utterances of about its own length.
@@ -166,20 +179,21 @@ def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_si
     bucketed in arrival order. Memory: ``warmup`` samples, then ``num_buckets *
     bucket_batches`` batches at most.
 
-    ``shuffle_batches`` (with ``rng``): the batches of the final emptying leave in a random order instead of
-    bucket order, so a stream cut short (uneven DDP ranks) does not always lose its longest bucket. Samples
-    :func:`carried` from the last epoch are bucketed on their own, first (edges of their own).
+    ``shuffle_batches`` (with ``batch_order``): the batches of the final emptying leave in that random order
+    instead of bucket order, so a stream cut short (uneven DDP ranks) does not always lose its longest bucket.
+    Samples :func:`carried` from the last epoch are bucketed on their own, first (edges of their own).
     """
     for run in runs(samples):
         yield from _bucket_run(run, batch_type=batch_type, batch_size=batch_size, max_batch_size=max_batch_size,
                                num_buckets=num_buckets, boundaries=boundaries, warmup=warmup,
-                               bucket_batches=bucket_batches, rng=rng if shuffle_batches else None, counts=counts,
-                               lengths=lengths)
+                               bucket_batches=bucket_batches, order=batch_order if shuffle_batches else None,
+                               counts=counts, lengths=lengths)
 
 
 def _bucket_run(samples: Iterable[dict], *, batch_type: str, batch_size: int, max_batch_size: int, num_buckets: int,
-                boundaries: Sequence[float] | None, warmup: int, bucket_batches: int, rng: random.Random | None,
-                counts: Counter | None, lengths: Lengths) -> Iterator[list[dict]]:
+                boundaries: Sequence[float] | None, warmup: int, bucket_batches: int,
+                order: Callable[[list[dict]], bytes] | None, counts: Counter | None,
+                lengths: Lengths) -> Iterator[list[dict]]:
     budget = Budget(batch_type, batch_size, max_batch_size)
     full = Budget(batch_type, batch_size * bucket_batches, max_batch_size * bucket_batches)
     bucket_cost = Budget("length" if batch_type == "example" else batch_type, 1)
@@ -223,9 +237,7 @@ def _bucket_run(samples: Iterable[dict], *, batch_type: str, batch_size: int, ma
     for queued in held:
         yield from place(*queued)
     last = [b for bucket in buckets for b in cut(bucket, final=True)]
-    if rng is not None:
-        rng.shuffle(last)
-    yield from last
+    yield from sorted(last, key=order) if order is not None else last
 
 
 def padding_ratio(source_lens: Sequence[int]) -> float:

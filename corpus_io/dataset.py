@@ -213,6 +213,7 @@ class CorpusLoader:
         self._snapshots = dict(self.dataset.start_states)
         self._epoch_counts = Counter()
         self._stopped = None
+        self._before_last = (-1, None)
         kwargs: dict[str, Any] = {"batch_size": None, "num_workers": self.num_workers,
                                   "pin_memory": bool(self.conf.pin_memory)}
         if self.num_workers > 0:
@@ -268,9 +269,12 @@ class CorpusLoader:
 
     def _report_stop(self, carry: Carry | None) -> None:
         step, have, world_size, left = self._stopped  # type: ignore[misc]
-        then = (carry.describe(self.rank) if carry is not None else "the next epoch continues the streams where this "
-                "one stopped. More, smaller shards balance the ranks better; uneven='allow' with DDP's join() trains "
-                "them all")
+        if carry is not None:
+            then = carry.describe(self.rank)
+        elif continues_streams(self.conf):
+            then = "the next epoch continues the streams where this one stopped"
+        else:
+            then = "they are not carried into the next epoch (not a training loader); uneven='allow' reads them all"
         (log.warning if left else log.info)(
             "epoch %d rank %d: %d of %d ranks ran out of batches at step %d, so every rank ends the epoch there "
             "(uneven='stop'); %d utterances of this rank are left untrained in this epoch: %s.", self.epoch,

@@ -8,7 +8,7 @@ from collections import Counter
 import torch
 
 from bench.bench_batching import compare, lognormal_corpus
-from corpus_io.batching import Budget, batch, bucket_batch, mean_padding_ratio, pad, quantile_boundaries
+from corpus_io.batching import Budget, batch, batch_order, bucket_batch, mean_padding_ratio, pad, quantile_boundaries
 
 
 def _lengths(s: dict) -> tuple[int, int]:
@@ -96,7 +96,7 @@ def test_bucketing_empties_its_buckets_in_a_seeded_random_order_and_buckets_carr
 
     def last_batch_longest(seed: int) -> bool:
         batches = list(bucket_batch(own, batch_type="example", batch_size=4, num_buckets=5, warmup=50,
-                                    shuffle_batches=True, rng=random.Random(seed), lengths=_lengths))
+                                    shuffle_batches=True, batch_order=batch_order(seed, 1, 0, 0), lengths=_lengths))
         assert sorted(s["key"] for b in batches for s in b) == sorted(s["key"] for s in own)
         return max(s["source_len"] for s in own) in [s["source_len"] for s in batches[-1]]
 
@@ -104,7 +104,7 @@ def test_bucketing_empties_its_buckets_in_a_seeded_random_order_and_buckets_carr
     assert max(s["source_len"] for s in own) in [s["source_len"] for s in plain[-1]]  # bucket order: longest last
     assert sum(last_batch_longest(seed) for seed in range(10)) <= 3
     batches = list(bucket_batch(carried + own, batch_type="example", batch_size=4, num_buckets=5, warmup=50,
-                                shuffle_batches=True, rng=random.Random(0), lengths=_lengths))
+                                shuffle_batches=True, batch_order=batch_order(0, 1, 0, 0), lengths=_lengths))
     kinds = [{s["key"][0] for s in b} for b in batches]
     first_own = kinds.index({"o"})
     assert all(k == {"c"} for k in kinds[:first_own]) and all(k == {"o"} for k in kinds[first_own:])

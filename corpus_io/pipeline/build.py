@@ -112,7 +112,7 @@ def emit(batches: Iterator[list[dict]], *, state: SlotState) -> Iterator[list[di
 
 
 #: what a fold supplies to the stages that name it: per slot and epoch, not config
-RUNTIME = ("counts", "rng", "generator", "state", "budget")
+RUNTIME = ("counts", "rng", "generator", "state", "budget", "batch_order")
 
 
 @dataclass(frozen=True)
@@ -212,6 +212,7 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool) -> list[Stag
 def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, slot: Slot, state: SlotState,
                    train: bool, counts: Counter) -> Iterator[dict]:
     """Padded batch dicts of one slot (see docs/DEVELOPING.md "The sample dict"), without bookkeeping keys."""
+    from corpus_io import batching
     from corpus_io.pipeline import stages
 
     epoch = state.epoch
@@ -240,7 +241,8 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
                if src.owners or src.track_keys else stream for stream, src in zip(streams, sources)]
     samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state)
     runtime = {"counts": counts, "rng": random.Random(tag), "generator": generator, "state": state,
-               "budget": slot_budget_seconds(conf, slot)}
+               "budget": slot_budget_seconds(conf, slot),
+               "batch_order": batching.batch_order(seed, epoch, slot.rank, slot.worker)}
     for stage in loader_chain(conf, tokenizer, train=train):
         samples = stage(samples, runtime)
     return samples

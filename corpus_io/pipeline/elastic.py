@@ -290,15 +290,17 @@ def _place(weights: list[float], loads: list[float], world_size: int, num_worker
                 out[base + worker] = mine
         return out
     held = list(loads)
+    ranks = [sum(math.ceil(t / batch) for t in held[r * num_workers:(r + 1) * num_workers]) for r in range(world_size)]
 
     def score(slot: int, add: float) -> tuple:
-        trial = held[:slot] + [held[slot] + add] + held[slot + 1:]
-        batches = [sum(math.ceil(t / batch) for t in trial[r * num_workers:(r + 1) * num_workers])
-                   for r in range(world_size)]
-        return max(batches) - min(batches), batches[slot // num_workers], trial[slot], slot
+        rank = slot // num_workers
+        mine = ranks[rank] - math.ceil(held[slot] / batch) + math.ceil((held[slot] + add) / batch)
+        others = ranks[:rank] + [mine] + ranks[rank + 1:]
+        return max(others) - min(others), mine, held[slot] + add, slot
 
     for j in sorted(range(len(weights)), key=lambda j: -weights[j]):
         slot = min(range(len(held)), key=lambda s: score(s, weights[j]))
+        ranks[slot // num_workers] = score(slot, weights[j])[1]
         held[slot] += weights[j]
         out[slot].append(j)
     return out
@@ -348,7 +350,7 @@ def _left_out(source: Source, carried: list[Piece], sizes: list[int] | None, *, 
         if p.unit in out and out[p.unit] is None:
             continue
         whole = p.after < 0 and not p.extra and not p.skip and p.stride == 0
-        out[p.unit] = None if whole else (*(out.get(p.unit) or ()), p)
+        out[p.unit] = None if whole else tuple(_merged([*(out.get(p.unit) or ()), p]))
     return out
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import io
 import random
 from collections import Counter
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -453,11 +453,13 @@ def sort(samples: Iterable[dict], *, sort_size: int = 500, mark_blocks: bool = F
         yield from block(buf)
 
 
-def shuffle_batches(batches: Iterable[list[dict]], *, rng: random.Random) -> Iterator[list[dict]]:
+def shuffle_batches(batches: Iterable[list[dict]], *,
+                    batch_order: Callable[[list[dict]], bytes]) -> Iterator[list[dict]]:
     """The batches of each sort block in a random order (icefall's bucketing sampler draws batches at random
     too): sorted, a block's longest utterances would always be its last batches, and an epoch cut short (DDP
     ranks holding unequal data stop together) would leave the same, longest, utterances untrained every time.
-    A batch holding samples carried from the last epoch leaves at once (they come first)."""
+    A batch holding samples carried from the last epoch leaves at once (they come first). The order is
+    :func:`corpus_io.batching.batch_order`'s, so a resumed reader yields the batches as an uninterrupted one."""
     held: list[list[dict]] = []
     for b in batches:
         if carried(b[0]):
@@ -465,11 +467,9 @@ def shuffle_batches(batches: Iterable[list[dict]], *, rng: random.Random) -> Ite
             continue
         held.append(b)
         if b[-1].get(BLOCK_END):
-            rng.shuffle(held)
-            yield from held
+            yield from sorted(held, key=batch_order)
             held = []
-    rng.shuffle(held)
-    yield from held
+    yield from sorted(held, key=batch_order)
 
 
 def pad(batches: Iterable[list[dict]], *, frame_shift: float = 0.01) -> Iterator[dict]:

@@ -13,6 +13,7 @@ import soundfile as sf
 import torch
 
 from corpus_io import audio
+from corpus_io.batching import batch_order
 from corpus_io.errors import DataError
 from corpus_io.pipeline import stages
 
@@ -173,9 +174,9 @@ def test_shuffle_and_sort_buffers_are_deterministic_blocks():
 
 
 def _sorted_batches(samples, seed: int) -> list[list[str]]:
-    rng = random.Random(seed)
-    blocks = stages.sort(stages.shuffle(samples, shuffle_size=1500, rng=rng), sort_size=500, mark_blocks=True)
-    batches = stages.shuffle_batches(stages.batch(blocks, batch_size=4), rng=rng)
+    blocks = stages.sort(stages.shuffle(samples, shuffle_size=1500, rng=random.Random(seed)), sort_size=500,
+                         mark_blocks=True)
+    batches = stages.shuffle_batches(stages.batch(blocks, batch_size=4), batch_order=batch_order(seed, 0, 0, 0))
     return [[s["key"] for s in b] for b in batches]
 
 
