@@ -166,7 +166,8 @@ def build_loader(config_or_path: Any = None, overrides: Iterable[str] = (), *, d
     ``uneven``: what happens when DDP ranks run out of batches at different steps. ``stop`` (the default for
     training): every rank ends the epoch at the step the first one runs out, so a plain ``for batch in loader``
     DDP loop cannot desync (what the others still held is counted in ``loader.epoch_counts()`` as
-    ``uneven_ranks.unused``); ``error``: a DataError instead; ``allow`` (the default for ``train=False``, which
+    ``uneven_ranks.unused`` and carried into the next epoch, which trains it first: ``uneven_ranks.carried``);
+    ``error``: a DataError instead; ``allow`` (the default for ``train=False``, which
     has no collectives per batch): every rank yields all of its batches, and your loop keeps the ranks together
     (DDP's ``join()``).
 

@@ -15,17 +15,54 @@ own cost is over the budget forms a batch of one: it is counted in ``counts`` un
 ``batch.over_budget``, never dropped.
 
 Determinism: every function here is a plain generator whose output depends only on its
-arguments and the order of its input. Nothing here draws random numbers.
+arguments and the order of its input. Nothing here draws random numbers: a random order of
+batches comes from a :func:`batch_order` key passed in.
+
+Blocks: samples marked :data:`CARRIED` (the rest of the previous epoch, read first after DDP ranks
+stopped it unevenly: corpus_io.pipeline.elastic) come first and never share a shuffle, sort or bucket
+buffer with the others, so they fill the first batches (the last of them topped up with the epoch's
+own first samples); a sample marked :data:`BLOCK_END` (the last of a sort block, when the batches of
+a block are shuffled) closes its batch.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
+import itertools
 from collections import Counter
 from typing import Callable, Iterable, Iterator, Sequence
 
 BATCH_TYPES = ("example", "length", "token")
 Lengths = Callable[[dict], "tuple[int, int]"]
+
+#: sample key: the sample is part of the previous epoch's rest, carried into this one and batched first
+CARRIED = "__carried__"
+#: sample key: the last sample of a sort block (its batch closes there)
+BLOCK_END = "__block_end__"
+
+
+def carried(sample: dict) -> bool:
+    return bool(sample.get(CARRIED))
+
+
+def batch_order(seed: int, epoch: int, rank: int, worker: int) -> Callable[[list[dict]], bytes]:
+    """A sort key that puts batches in a seeded random order, new every epoch: a keyed hash of each batch's first
+    utterance key. Unlike the buffers' generator (seeded by the read position too), it gives the batches a resumed
+    reader rebuilds the places they had, so a resume yields the batches an uninterrupted run would have."""
+    tag = f"{seed}:{epoch}:{rank}:{worker}:".encode()
+
+    def order(batch: list[dict]) -> bytes:
+        return hashlib.blake2b(tag + str(batch[0].get("key")).encode(), digest_size=8).digest()
+
+    return order
+
+
+def runs(samples: Iterable[dict]) -> Iterator[Iterator[dict]]:
+    """``samples`` cut where :func:`carried` changes (lazily): a buffer never mixes the carried rest of the last
+    epoch with this epoch's samples."""
+    for _, run in itertools.groupby(samples, key=carried):
+        yield run
 
 
 def sample_lengths(sample: dict) -> tuple[int, int]:
@@ -71,7 +108,7 @@ class _Open:
         self.max_cost = 0
 
 
-def _add(open_batch: _Open, sample: dict, cost: int, budget: Budget, counts: Counter | None) -> list[dict] | None:
+def _add(open_batch: _Open, sample: object, cost: int, budget: Budget, counts: Counter | None) -> list | None:
     """Add ``sample``; return the batch it closed (the one before it) when it does not fit."""
     closed = None
     if open_batch.items and not budget.fits(max(open_batch.max_cost, cost), len(open_batch.items) + 1):
@@ -86,13 +123,23 @@ def _add(open_batch: _Open, sample: dict, cost: int, budget: Budget, counts: Cou
 
 def batch(samples: Iterable[dict], *, batch_type: str = "example", batch_size: int = 16, max_batch_size: int = 200,
           counts: Counter | None = None, lengths: Lengths = sample_lengths) -> Iterator[list[dict]]:
-    """Group consecutive samples into batches within the budget (WeNet static/dynamic batching)."""
+    """Group consecutive samples into batches within the budget (WeNet static/dynamic batching); a batch
+    also closes after a :data:`BLOCK_END` sample."""
     budget = Budget(batch_type, batch_size, max_batch_size)
+    yield from _group(samples, budget, counts, lambda s: budget.cost(*lengths(s)), closes=lambda s: s.get(BLOCK_END))
+
+
+def _group(items: Iterable, budget: Budget, counts: Counter | None, cost: Callable[[object], int],
+           closes: Callable[[object], object] = lambda item: False) -> Iterator[list]:
+    """Consecutive ``items`` in batches within ``budget``; a batch also closes after an item ``closes``."""
     current = _Open()
-    for sample in samples:
-        closed = _add(current, sample, budget.cost(*lengths(sample)), budget, counts)
+    for item in items:
+        closed = _add(current, item, cost(item), budget, counts)
         if closed:
             yield closed
+        if closes(item):
+            yield current.items
+            current = _Open()
     if current.items:
         yield current.items
 
@@ -115,7 +162,8 @@ def geometric_boundaries(min_cost: float, max_cost: float, num_buckets: int) -> 
 
 def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_size: int = 16,
                  max_batch_size: int = 200, num_buckets: int = 30, boundaries: Sequence[float] | None = None,
-                 warmup: int = 1000, bucket_batches: int = 4, counts: Counter | None = None,
+                 warmup: int = 1000, bucket_batches: int = 4, shuffle_batches: bool = False,
+                 batch_order: Callable[[list[dict]], bytes] | None = None, counts: Counter | None = None,
                  lengths: Lengths = sample_lengths) -> Iterator[list[dict]]:
     """Duration bucketing: batches are cut from length buckets, so an utterance is batched with
     utterances of about its own length.
@@ -130,7 +178,22 @@ def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_si
     the equal-count quantiles of the first ``warmup`` samples, which are held until then and
     bucketed in arrival order. Memory: ``warmup`` samples, then ``num_buckets *
     bucket_batches`` batches at most.
+
+    ``shuffle_batches`` (with ``batch_order``): the batches of the final emptying leave in that random order
+    instead of bucket order, so a stream cut short (uneven DDP ranks) does not always lose its longest bucket.
+    Samples :func:`carried` from the last epoch are bucketed on their own, first (edges of their own).
     """
+    for run in runs(samples):
+        yield from _bucket_run(run, batch_type=batch_type, batch_size=batch_size, max_batch_size=max_batch_size,
+                               num_buckets=num_buckets, boundaries=boundaries, warmup=warmup,
+                               bucket_batches=bucket_batches, order=batch_order if shuffle_batches else None,
+                               counts=counts, lengths=lengths)
+
+
+def _bucket_run(samples: Iterable[dict], *, batch_type: str, batch_size: int, max_batch_size: int, num_buckets: int,
+                boundaries: Sequence[float] | None, warmup: int, bucket_batches: int,
+                order: Callable[[list[dict]], bytes] | None, counts: Counter | None,
+                lengths: Lengths) -> Iterator[list[dict]]:
     budget = Budget(batch_type, batch_size, max_batch_size)
     full = Budget(batch_type, batch_size * bucket_batches, max_batch_size * bucket_batches)
     bucket_cost = Budget("length" if batch_type == "example" else batch_type, 1)
@@ -142,8 +205,7 @@ def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_si
         # sorted by the bucket key (frames; frames + tokens for token): for batch_type=example the
         # budget cost is 1 per utterance, so sorting by cost would leave the bucket in arrival order
         bucket.items.sort(key=lambda item: item[2])
-        batches = list(batch(bucket.items, batch_type=batch_type, batch_size=batch_size,
-                             max_batch_size=max_batch_size, counts=counts, lengths=lambda item: (item[1], 0)))
+        batches = list(_group(bucket.items, budget, counts, lambda item: item[1]))
         bucket.items = [] if final else batches.pop()
         bucket.max_cost = max((item[1] for item in bucket.items), default=0)
         for b in batches:
@@ -174,8 +236,8 @@ def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_si
         buckets = [_Open() for _ in range(len(edges) + 1)]
     for queued in held:
         yield from place(*queued)
-    for bucket in buckets:
-        yield from cut(bucket, final=True)
+    last = [b for bucket in buckets for b in cut(bucket, final=True)]
+    yield from sorted(last, key=order) if order is not None else last
 
 
 def padding_ratio(source_lens: Sequence[int]) -> float:

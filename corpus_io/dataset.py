@@ -18,13 +18,16 @@ epoch is that much audio (over all ranks) and the next epoch continues where it 
 Ranks hold different amounts of data, so under DDP their batch counts differ. ``uneven`` says what the
 loader does about it (one all-reduce per batch, before the batch counts as consumed):
 
-* ``stop``: every rank's epoch ends at the step where the first rank runs out; what the other ranks still
-  hold is left unused (counted as ``uneven_ranks.unused`` in ``epoch_counts()``, and logged), so a plain
-  ``for batch in loader:`` DDP loop cannot desync. What :func:`corpus_io.build_loader` gives by default;
+* ``stop``: every rank's epoch ends at the step where the first rank runs out, so a plain ``for batch in
+  loader:`` DDP loop cannot desync; what the other ranks still hold is untrained in this epoch (counted as
+  ``uneven_ranks.unused`` in ``epoch_counts()``) and carried into the next, which trains it first and leaves
+  it out of its own pass (:meth:`CorpusLoader.carry_rest`; ``uneven_ranks.carried``; one log line says both).
+  What :func:`corpus_io.build_loader` gives by default;
 * ``error``: a DataError on every rank at that step, naming this option;
 * ``allow``: no synchronisation; every rank yields all of its batches. The caller keeps the ranks together:
-  DDP's ``join()`` context manager, or :func:`corpus_io.partition.all_ranks_have_data` before each step (what
-  the trainer does, so it builds its loaders with ``allow``).
+  DDP's ``join()`` context manager, or :func:`corpus_io.partition.ranks_with_data` before each step and
+  ``carry_rest`` when some but not all ranks ran out (what the trainer does, so it builds its loaders with
+  ``allow``).
 
 There is no ``len()``: the batch count of a streaming epoch is known only at its end (filters, dynamic
 batch sizes); ``state_dict()["batches"]`` counts the batches consumed.
@@ -45,9 +48,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from corpus_io.config import DatasetConf, check_values
 from corpus_io.errors import ConfigError, CorpusIOError, DataError
 from corpus_io.files import read_json_object
-from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info, ranks_with_data
+from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info, gather_objects, ranks_with_data
 from corpus_io.pipeline.build import build_pipeline, continues_streams, describe_chain, loader_chain, read_options
-from corpus_io.pipeline.elastic import Resplit, resplit, same_topology, utterances_left
+from corpus_io.pipeline.elastic import Carry, Resplit, carry_over, resplit, same_topology, utterances_left
 from corpus_io.pipeline.read import Source
 from corpus_io.progress import may_start_processes
 
@@ -151,6 +154,11 @@ class CorpusLoader:
         self._snapshots: dict[int, dict] = {}
         self._resume: dict[int, dict] | None = None
         self._carry: dict[int, dict] = {}
+        # after ranks stopped an epoch unevenly: the next epoch's carry and this rank's start states of it
+        self._carried: tuple[Carry, dict[int, dict]] | None = None
+        # uneven='stop' ended the epoch: (step, ranks that still had batches, world size, what this rank left)
+        self._stopped: tuple[int, int, int, int] | None = None
+        self._before_last: tuple[int, Any] = (-1, None)  # a worker and its snapshot before the last batch yielded
         self._counts: Counter = Counter()
         self._epoch_counts: Counter = Counter()
         self._batches = 0
@@ -164,7 +172,14 @@ class CorpusLoader:
         return self.dataset.rank
 
     def set_epoch(self, epoch: int) -> None:
-        """Epoch ``epoch`` (shuffle seed ``(seed, epoch)``); a loaded state for another epoch is dropped."""
+        """Epoch ``epoch`` (shuffle seed ``(seed, epoch)``); a loaded state for another epoch is dropped, and so is
+        the rest of an epoch carried into another than ``epoch``."""
+        if self._carried is not None and epoch != self._carried[0].epoch:
+            carry = self._carried[0]
+            log.warning("epoch %d starts without the %d utterances that epoch %d left untrained (ranks ran out of "
+                        "batches at different steps), which were to be trained first in epoch %d", epoch,
+                        sum(carry.per_rank), carry.epoch - 1, carry.epoch)
+            self._carried = None
         if self._resume is not None and epoch != self.epoch:
             if not all(_parsed(s).get("finished") for s in self._resume.values()):
                 log.warning("the loaded loader state is in the middle of epoch %d; epoch %d starts from its "
@@ -185,6 +200,10 @@ class CorpusLoader:
         if self._resume is not None:
             states, self._resume = self._resume, None
             return states
+        self._batches = 0
+        if self._carried is not None:  # set_epoch dropped it unless it is this epoch's
+            states, self._carried = self._carried[1], None
+            return states
         if continues_streams(self.conf) and self._carry:
             out = {w: SlotState.from_dict(_parsed(d)).next_epoch(self.epoch).to_dict() for w, d in self._carry.items()}
             self._carry = {}
@@ -196,8 +215,8 @@ class CorpusLoader:
         self.dataset.start_states = self._start_states()
         self._snapshots = dict(self.dataset.start_states)
         self._epoch_counts = Counter()
-        if not self.dataset.start_states:
-            self._batches = 0
+        self._stopped = None
+        self._before_last = (-1, None)
         kwargs: dict[str, Any] = {"batch_size": None, "num_workers": self.num_workers,
                                   "pin_memory": bool(self.conf.pin_memory)}
         if self.num_workers > 0:
@@ -219,12 +238,15 @@ class CorpusLoader:
                 continue
             if in_step and not self._every_rank_has_a_batch(True):
                 break  # the batch is not consumed: the state stays at the previous one
+            self._before_last = (worker, self._snapshots.get(worker))
             self._snapshots[worker] = snapshot
             self._batches += 1
             yield batch
         else:
             if in_step:
                 self._every_rank_has_a_batch(False)  # the step the ranks that still have batches wait in
+        if self._stopped is not None:  # every rank stopped at one step: the rest of the epoch goes first into the next
+            self._report_stop(self.carry_rest())
         if self._epoch_counts:
             log.info("epoch %d rank %d: dropped %s", self.epoch, self.rank,
                      ", ".join(f"{k} {v}" for k, v in sorted(self._epoch_counts.items())))
@@ -241,15 +263,58 @@ class CorpusLoader:
                             f"amounts of audio). Pass uneven='stop' (every rank ends the epoch at that step; the rest "
                             f"is left unused and counted) or uneven='allow' (every rank yields all its batches; keep "
                             f"the ranks together yourself, e.g. with DDP's join()) to build_loader.")
-        if mine:
-            left = self.left_in_epoch()
+        left = self.left_in_epoch() if mine else 0
+        if left:
             self._epoch_counts["uneven_ranks.unused"] += left
             self._counts["uneven_ranks.unused"] += left
-            log.warning("epoch %d rank %d: %d of %d ranks ran out of batches at step %d, so every rank ends the epoch "
-                        "there (uneven='stop'); %d utterances of this rank are left unused in this epoch. More, "
-                        "smaller shards balance the ranks better; uneven='allow' with DDP's join() trains them all.",
-                        self.epoch, self.rank, world_size - have, world_size, step, left)
+        self._stopped = (step, have, world_size, left)
         return False
+
+    def _report_stop(self, carry: Carry | None) -> None:
+        step, have, world_size, left = self._stopped  # type: ignore[misc]
+        if carry is not None:
+            then = carry.describe(self.rank)
+        elif continues_streams(self.conf):
+            then = "the next epoch continues the streams where this one stopped"
+        else:
+            then = "they are not carried into the next epoch (not a training loader); uneven='allow' reads them all"
+        (log.warning if left else log.info)(
+            "epoch %d rank %d: %d of %d ranks ran out of batches at step %d, so every rank ends the epoch there "
+            "(uneven='stop'); %d utterances of this rank are left untrained in this epoch: %s.", self.epoch,
+            self.rank, world_size - have, world_size, step, left, then)
+
+    def carry_rest(self, states: list[dict] | None = None, *, last_batch_trained: bool = True) -> Carry | None:
+        """Every rank ended this epoch at the step where one of them ran out of batches: what the ranks still
+        held is carried into the next epoch, where every rank trains it first and the epoch's own pass leaves it
+        out (corpus_io.pipeline.elastic.carry_over), so nothing stays untrained two epochs in a row.
+
+        Collective: every rank calls it at that step, and the ranks' states are gathered. The loader does it with
+        ``uneven='stop'``; a loop that keeps the ranks together itself (``uneven='allow'``, as ``train``) calls it
+        when its all-reduce says some but not all ranks have data, with ``last_batch_trained=False`` on a rank
+        that fetched a batch it did not train (it is carried too). ``states`` (every rank's ``state_dict()`` at
+        that step) computes it here instead, without communication. Counts ``uneven_ranks.carried`` (what this
+        rank trains first next epoch) and returns what it did (None: nothing to carry, or the streams continue
+        across epochs: ``epoch_hours``, weighted mixes)."""
+        if self._carried is not None:
+            return self._carried[0]
+        if not self.dataset.train or continues_streams(self.conf):
+            return None
+        if states is None:
+            mine = self.state_dict()
+            worker, before = self._before_last
+            if not last_batch_trained and worker >= 0:
+                snapshots = {**self._snapshots, worker: before}
+                mine["workers"] = {str(w): _parsed(s) for w, s in snapshots.items() if s is not None}
+            states = gather_objects(mine)
+        carry = carry_over(self.dataset.sources, self.conf, states, train=True)
+        if carry is None:
+            return None
+        base = self.rank * max(1, self.num_workers)
+        self._carried = (carry, {w: carry.states[base + w].to_dict() for w in range(max(1, self.num_workers))})
+        if carry.per_rank[self.rank]:
+            self._epoch_counts["uneven_ranks.carried"] += carry.per_rank[self.rank]
+            self._counts["uneven_ranks.carried"] += carry.per_rank[self.rank]
+        return carry
 
     def _guarded(self, batches: Any) -> Iterator[dict]:
         """The DataLoader's batches; a worker silent past ``batch_timeout`` fails this rank naming it (else a
@@ -279,14 +344,20 @@ class CorpusLoader:
                                num_workers=self.num_workers, epoch=self.epoch, train=self.dataset.train)
 
     def state_dict(self) -> dict:
-        """The read position as of the last consumed batch (JSON-able)."""
-        return {"version": STATE_VERSION, "epoch": self.epoch, "seed": self.conf.seed, "rank": self.rank,
-                "world_size": self.world_size, "num_workers": self.num_workers, "batches": self._batches,
+        """The read position as of the last consumed batch (JSON-able). After an epoch the ranks ended unevenly
+        (:meth:`carry_rest`), the start of the next epoch: its carried rest first, nothing consumed."""
+        epoch, batches, workers = self.epoch, self._batches, self._snapshots
+        if self._carried is not None:
+            epoch, batches, workers = self._carried[0].epoch, 0, self._carried[1]
+        return {"version": STATE_VERSION, "epoch": epoch, "seed": self.conf.seed, "rank": self.rank,
+                "world_size": self.world_size, "num_workers": self.num_workers, "batches": batches,
                 "data_lists": [s.data_list for s in self.dataset.sources],
-                "workers": {str(w): _parsed(s) for w, s in self._snapshots.items()}, "counts": dict(self._counts)}
+                "workers": {str(w): _parsed(s) for w, s in workers.items()}, "counts": dict(self._counts)}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next iteration of ``state['epoch']`` yields exactly what was not yet consumed."""
+        _check_is_state(state, "load_state_dict(state)", "the dict this rank's loader.state_dict() returned (with "
+                        "'epoch' and 'workers')")
         self._check_state(state, ("world_size", "num_workers", "seed", "data_lists"),
                           "One rank's state resumes the same world size, dataset_conf.num_workers, seed and "
                           "data lists (load_rank_states re-splits every rank's states over another topology)")
@@ -295,6 +366,7 @@ class CorpusLoader:
                               f"{self.rank}. Save and load one state per rank.")
         try:
             self.epoch = int(state["epoch"])
+            self._carried = None
             self._resume = {int(w): s for w, s in state.get("workers", {}).items()}
             self._batches = int(state.get("batches", 0))
             self._counts = Counter({str(k): int(v) for k, v in state.get("counts", {}).items()})
@@ -313,8 +385,13 @@ class CorpusLoader:
         rest of the epoch over this run's ranks x workers (corpus_io.pipeline.elastic) and returns what it
         did, for the log. Every rank computes the same re-split.
         """
+        what = "the list of every rank's loader.state_dict() of one checkpoint (each a dict with 'epoch' and 'workers')"
+        if not isinstance(states, (list, tuple)):
+            _check_is_state(states, "load_rank_states(states)", what)
         if not states:
             raise ConfigError("no loader states to resume from: the checkpoint holds none. Start the epoch afresh.")
+        for i, state in enumerate(states):
+            _check_is_state(state, f"load_rank_states(states): states[{i}]", what)
         if same_topology(states, self.world_size, self.num_workers):
             self.load_state_dict(next(s for s in states if s.get("rank") == self.rank))
             return None
@@ -327,6 +404,7 @@ class CorpusLoader:
         plan = resplit(self.dataset.sources, self.conf, states, world_size=self.world_size,
                        num_workers=max(1, self.num_workers), train=self.dataset.train)
         self.epoch = int(states[0]["epoch"])
+        self._carried = None
         base = self.rank * max(1, self.num_workers)
         self._resume = {w: plan.states[base + w].to_dict() for w in range(max(1, self.num_workers))}
         self._snapshots = dict(self._resume)
@@ -348,6 +426,16 @@ class CorpusLoader:
                 raise ConfigError(f"the loader state was saved with {key}={state.get(key)}, but this run has "
                                   f"{key}={mine[key]}. {need}; restore them, or start the epoch afresh without "
                                   f"the state.")
+
+
+def _check_is_state(state: Any, call: str, want: str) -> None:
+    """A loader state that is not a dict (None for a rank that saved none, a path, a list) is a ConfigError
+    saying what to pass, not an AttributeError from deep inside."""
+    if isinstance(state, dict):
+        return
+    got = "None" if state is None else f"a {type(state).__name__} ({str(state)[:80]})"
+    raise ConfigError(f"{call} got {got}, but takes {want}. A checkpoint that holds None there has no read "
+                      f"position to resume: skip the call and start the epoch afresh.")
 
 
 def check_positions(state: SlotState, sources: list[Source], who: str) -> None:

@@ -86,8 +86,9 @@ def epoch_order(n: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:
 
 
 def balance(items: Sequence[int], weights: Sequence[float], bins: int,
-            rng: random.Random | None = None) -> list[list[int]]:
-    """Split ``items`` (in their given order) into ``bins`` lists of similar total weight.
+            rng: random.Random | None = None, start: Sequence[float] | None = None) -> list[list[int]]:
+    """Split ``items`` (in their given order) into ``bins`` lists of similar total weight (``start``: what each
+    bin holds already, so the items go to the lightest bins first).
 
     Greedy longest-first first; then, with ``rng``, random moves and swaps between bins that keep the
     spread (heaviest minus lightest bin) within ``max(greedy spread, BALANCE_SLACK x mean load)``. Longest-
@@ -97,9 +98,10 @@ def balance(items: Sequence[int], weights: Sequence[float], bins: int,
     Each bin keeps its items in the order they had in ``items`` (so a shuffled list stays shuffled).
     """
     w = [float(weights[item]) for item in items]
-    loads = [0.0] * bins
+    loads = [float(x) for x in start] if start is not None else [0.0] * bins
     where = [0] * len(items)
-    heap = [(0.0, 0, j) for j in range(bins)]  # (load, count, bin): the lightest bin, then the emptiest
+    heap = [(loads[j], 0, j) for j in range(bins)]  # (load, count, bin): the lightest bin, then the emptiest
+    heapq.heapify(heap)
     for i in sorted(range(len(items)), key=lambda i: -w[i]):
         load, count, b = heapq.heappop(heap)
         loads[b] = load + w[i]
@@ -204,7 +206,9 @@ class Piece:
     A regular unit is read whole (``after`` = -1). After an elastic re-split (see
     corpus_io.pipeline.elastic) a piece is the rest of a unit the checkpointed run had opened: the
     positions after ``after`` plus ``extra`` (samples that were pending in the buffers).
-    ``pass_`` is the pass the unit belongs to (a raw chunk's lines depend on it).
+    ``pass_`` is the pass the unit belongs to (a raw chunk's lines depend on it). ``skip``: pieces
+    whose positions this one leaves out (what the last epoch left untrained and carried into this
+    one, read before it: see corpus_io.pipeline.elastic.carry_over).
     """
 
     unit: int
@@ -214,23 +218,28 @@ class Piece:
     offset: int = 0
     after: int = -1
     extra: frozenset = frozenset()
+    skip: tuple = ()
 
     def in_stride(self, position: int) -> bool:
         return self.stride == 0 or (self.ordinal + position) % self.stride == self.offset
 
     def keeps(self, position: int) -> bool:
-        return self.in_stride(position) and (position > self.after or position in self.extra)
+        return (self.in_stride(position) and (position > self.after or position in self.extra)
+                and not any(s.keeps(position) for s in self.skip))
 
     def done_after(self, position: int) -> bool:
         """Nothing at or after ``position`` is kept (stop reading the unit early)."""
         return self.after >= NO_MORE and all(e < position for e in self.extra)
 
     def to_list(self) -> list:
-        return [self.unit, self.pass_, self.ordinal, self.stride, self.offset, self.after, sorted(self.extra)]
+        out = [self.unit, self.pass_, self.ordinal, self.stride, self.offset, self.after, sorted(self.extra)]
+        return out + [[s.to_list() for s in self.skip]] if self.skip else out
 
     @classmethod
     def from_list(cls, v: Sequence) -> Piece:
-        return cls(int(v[0]), int(v[1]), int(v[2]), int(v[3]), int(v[4]), int(v[5]), frozenset(int(e) for e in v[6]))
+        skip = tuple(cls.from_list(s) for s in v[7]) if len(v) > 7 else ()  # states before skip have 7 fields
+        return cls(int(v[0]), int(v[1]), int(v[2]), int(v[3]), int(v[4]), int(v[5]), frozenset(int(e) for e in v[6]),
+                   skip)
 
 
 def pieces_of(assignment: Assignment, pass_: int) -> list[Piece]:
@@ -386,6 +395,17 @@ def all_ranks_have_data(flag: bool) -> bool:
     """
     have, world_size = ranks_with_data(flag)
     return have == world_size
+
+
+def gather_objects(obj: object) -> list:
+    """Every rank's ``obj``, in rank order (one ``all_gather_object`` under DDP; ``[obj]`` without)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def ranks_with_data(flag: bool) -> tuple[int, int]:

@@ -8,7 +8,7 @@ from collections import Counter
 import torch
 
 from bench.bench_batching import compare, lognormal_corpus
-from corpus_io.batching import Budget, batch, bucket_batch, mean_padding_ratio, pad, quantile_boundaries
+from corpus_io.batching import Budget, batch, batch_order, bucket_batch, mean_padding_ratio, pad, quantile_boundaries
 
 
 def _lengths(s: dict) -> tuple[int, int]:
@@ -87,6 +87,28 @@ def test_bucket_batch_with_given_boundaries_separates_lengths():
     batches = list(bucket_batch(samples, batch_type="length", batch_size=100000, boundaries=[100],
                                 lengths=_lengths))
     assert [[s["source_len"] for s in b] for b in batches] == [[10, 11, 12], [480, 490, 500]]
+
+
+def test_bucketing_empties_its_buckets_in_a_seeded_random_order_and_buckets_carried_samples_first():
+    rng = random.Random(4)
+    own = [{"key": f"o{i}", "source_len": rng.randint(100, 3000), "target_len": 0} for i in range(200)]
+    carried = [{"key": f"c{i}", "source_len": 3000 + i, "target_len": 0, "__carried__": True} for i in range(6)]
+
+    def last_batch_longest(seed: int) -> bool:
+        batches = list(bucket_batch(own, batch_type="example", batch_size=4, num_buckets=5, warmup=50,
+                                    shuffle_batches=True, batch_order=batch_order(seed, 1, 0, 0), lengths=_lengths))
+        assert sorted(s["key"] for b in batches for s in b) == sorted(s["key"] for s in own)
+        return max(s["source_len"] for s in own) in [s["source_len"] for s in batches[-1]]
+
+    plain = list(bucket_batch(own, batch_type="example", batch_size=4, num_buckets=5, warmup=50, lengths=_lengths))
+    assert max(s["source_len"] for s in own) in [s["source_len"] for s in plain[-1]]  # bucket order: longest last
+    assert sum(last_batch_longest(seed) for seed in range(10)) <= 3
+    batches = list(bucket_batch(carried + own, batch_type="example", batch_size=4, num_buckets=5, warmup=50,
+                                shuffle_batches=True, batch_order=batch_order(0, 1, 0, 0), lengths=_lengths))
+    kinds = [{s["key"][0] for s in b} for b in batches]
+    first_own = kinds.index({"o"})
+    assert all(k == {"c"} for k in kinds[:first_own]) and all(k == {"o"} for k in kinds[first_own:])
+    assert sum(len(b) for b in batches[:first_own]) == len(carried)
 
 
 def test_quantile_boundaries_split_counts_evenly():

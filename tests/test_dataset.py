@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import signal
+import sys
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +16,7 @@ from corpus_io.dataset import build_dataloader
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.partition import SlotState
 from corpus_io.tokenizer import build_tokenizer
-from tests.conftest import hang_limit
+from tests.conftest import REPO, hang_limit, run_bounded
 from tests.loader_data import fixture_utts, make_raw, make_shards, small_conf, token_list
 
 
@@ -91,6 +96,18 @@ def test_resume_with_a_different_worker_count_is_a_clear_error(shards):
     other = build_dataloader(str(data_list), small_conf(num_workers=1), tok, train=True, rank=0, world_size=1)
     with pytest.raises(ConfigError, match="num_workers"):
         other.load_state_dict(state)
+
+
+def test_a_state_that_is_not_a_loader_state_is_a_config_error_saying_what_to_pass(shards):
+    data_list, keys, tok = shards
+    loader = build_dataloader(str(data_list), small_conf(num_workers=0), tok, train=True, rank=0, world_size=1)
+    for call, got in [("load_state_dict", None), ("load_rank_states", [None]), ("load_rank_states", None),
+                      ("load_state_dict", "loader_state.json")]:
+        with pytest.raises(ConfigError) as err:
+            getattr(loader, call)(got)
+        message = str(err.value)
+        assert f"{call}(state" in message and "state_dict()" in message and "start the epoch afresh" in message
+    assert sorted(epoch_keys(loader, 0)) == sorted(keys)  # nothing was loaded: a whole epoch
 
 
 def test_fewer_shards_than_workers_strides_without_hang(tmp_path, caplog):
@@ -438,3 +455,107 @@ def test_what_a_rank_leaves_unused_is_counted_from_its_state_without_reading(sha
     rest = build_dataloader(str(data_list), conf, tok, train=True, rank=1, world_size=2)
     rest.load_state_dict(json.loads(json.dumps(loader.state_dict())))
     assert left == len([k for batch in rest for k in batch["keys"]]) > 0
+
+
+# --------------------------------------------------------------------------- ranks holding unequal data
+
+#: the shapes users train on (issue 29), at default settings but the batch size: (utterances, shard sizes, batch)
+UNEVEN_SHAPES = {
+    "60 utterances in shards of 7": ("fixture", 7, 4),
+    "10 real recordings in shards of 3": ("real", 3, 2),
+    "10 shards of 2 to 9 utterances for 4 readers": ("fixture", [2, 3, 4, 5, 6, 7, 8, 9, 2, 2], 4),
+}
+UNEVEN_EPOCHS = 8
+
+
+def _real_utts() -> list[tuple[str, str, str]]:
+    spec = importlib.util.spec_from_file_location("real_recordings", REPO / "recipes" / "tools" / "real_recordings.py")
+    real_recordings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real_recordings)
+    path = real_recordings.cache_dir()
+    if not real_recordings.is_complete(path):
+        pytest.fail(f"the real recordings are not fetched ({path}): run `make install` or "
+                    f"`python recipes/tools/real_recordings.py fetch` once.")
+    texts = dict(line.split(" ", 1) for line in (path / "text").read_text().splitlines())
+    return [(key, wav, texts[key]) for key, wav in (line.split(" ", 1) for line in
+                                                   (path / "wav.scp").read_text().splitlines())]
+
+
+@pytest.fixture(scope="module")
+def uneven_runs(tmp_path_factory):
+    """Each shape on 2 real gloo ranks for 8 epochs with the README's loop (tests/uneven_ranks.py), and the first
+    shape again, checkpointed after the first batch of epoch 1 (which begins with what epoch 0 left) and resumed."""
+    import soundfile as sf
+
+    root = tmp_path_factory.mktemp("uneven")
+    real = _real_utts()
+    chars = sorted({c for utts in (real, fixture_utts()) for _, _, text in utts for c in text if not c.isspace()})
+    tokens = root / "tokens.txt"
+    tokens.write_text("".join(f"{s} {i}\n" for i, s in enumerate(["<blank>", "<unk>", *chars, "<sos/eos>"])))
+    runs, shapes = [], {}
+    for n, (name, (corpus, sizes, batch)) in enumerate(UNEVEN_SHAPES.items()):
+        utts = fixture_utts(3)[:60] if corpus == "fixture" and sizes == 7 else real if corpus == "real" else \
+            fixture_utts(2)
+        data_list, keys = make_shards(root / f"shape{n}", utts=utts, **(
+            {"per_shard": sizes} if isinstance(sizes, int) else {"sizes": sizes}))
+        seconds = {key: sf.info(str(REPO / path)).duration for key, path, _ in utts}
+        shapes[name] = {"keys": keys, "batch": batch, "out": root / f"out{n}", "seconds": seconds}
+        runs.append({"data_list": str(data_list), "tokens": str(tokens), "dataset_conf": {"batch_size": batch},
+                     "epochs": UNEVEN_EPOCHS, "out": str(root / f"out{n}")})
+    first = runs[0]
+    resumed = {**first, "out": str(root / "resumed"), "epochs": 3}
+    runs += [{**resumed, "save_after": [1, 1]}, {**resumed, "resume": True}]
+    shapes["resumed"] = {**shapes[next(iter(UNEVEN_SHAPES))], "out": root / "resumed"}
+    for run in runs:
+        Path(run["out"]).mkdir(exist_ok=True)
+    (root / "spec.json").write_text(json.dumps({"world_size": 2, "runs": runs}))
+    result = run_bounded([sys.executable, str(REPO / "tests" / "uneven_ranks.py"), str(root / "spec.json")], 900)
+    assert result.returncode == 0, result.stderr[-5000:]
+    for shape in shapes.values():
+        shape["epochs"] = [[json.loads((shape["out"] / f"rank{r}.epoch{e}.json").read_text()) for r in range(2)]
+                           for e in range(len(list(shape["out"].glob("rank0.epoch*.json"))))]
+    return shapes
+
+
+def _untrained_by_epoch(shape: dict) -> list[set[str]]:
+    out = []
+    for epoch, ranks in enumerate(shape["epochs"]):
+        keys = [k for r in ranks for k in r["keys"]]
+        twice = [k for k, n in Counter(keys).items() if n > 1]
+        assert not twice, f"epoch {epoch}: {twice} trained twice"
+        out.append(set(shape["keys"]) - set(keys))
+    return out
+
+
+@pytest.mark.parametrize("name", list(UNEVEN_SHAPES))
+def test_ranks_holding_unequal_data_leave_no_utterance_untrained_two_epochs_in_a_row(uneven_runs, name):
+    shape = uneven_runs[name]
+    untrained = _untrained_by_epoch(shape)  # and each key at most once per epoch
+    assert len(untrained) == UNEVEN_EPOCHS and sum(map(len, untrained)) > 0  # the shape does leave some untrained
+    for epoch in range(1, UNEVEN_EPOCHS):
+        assert not untrained[epoch] & untrained[epoch - 1], f"epoch {epoch - 1} and {epoch}: the same untrained"
+    for epoch, ranks in enumerate(shape["epochs"]):
+        # the counts say it: what the ranks left untrained, and that it is carried into the next epoch
+        assert sum(r["counts"].get("uneven_ranks.unused", 0) for r in ranks) == len(untrained[epoch])
+        assert sum(r["counts"].get("uneven_ranks.carried", 0) for r in ranks) == len(untrained[epoch])
+        if epoch and untrained[epoch - 1]:  # carried first: among each rank's first batches (2 workers)
+            at = [i for r in ranks for i, k in enumerate(r["keys"]) if k in untrained[epoch - 1]]
+            most = max(r["counts"].get("uneven_ranks.carried", 0) for r in shape["epochs"][epoch - 1])
+            assert max(at) < 2 * shape["batch"] * math.ceil(most / shape["batch"]), (epoch, at)
+
+
+@pytest.mark.parametrize("name", list(UNEVEN_SHAPES))
+def test_what_ranks_holding_unequal_data_leave_untrained_is_not_their_longest(uneven_runs, name):
+    shape = uneven_runs[name]
+    longest = set(sorted(shape["keys"], key=lambda k: -shape["seconds"][k])[:math.ceil(len(shape["keys"]) / 10)])
+    left = [k for untrained in _untrained_by_epoch(shape) for k in untrained]
+    assert sum(k in longest for k in left) <= len(left) // 3, (sorted(longest), left)  # 10 % by chance
+
+
+def test_an_epoch_resumed_while_training_the_carried_rest_trains_it_and_each_key_once(uneven_runs):
+    shape = uneven_runs["resumed"]
+    untrained = _untrained_by_epoch(shape)  # epoch 1: before and after the resume; each key at most once
+    assert len(untrained) == 3 and untrained[0], "epoch 0 left nothing: epoch 1 carries nothing"
+    assert not untrained[1] & untrained[0] and not untrained[2] & untrained[1]
+    first = uneven_runs[next(iter(UNEVEN_SHAPES))]["epochs"][0]
+    assert shape["epochs"][0] == first  # the same run up to the checkpoint

@@ -6,7 +6,7 @@
        (feats_on=model: ... -> speed perturb -> frame count -> filter -> drop empty -> tokenize -> token
        filter; features and augmentation run batched on the model's device, corpus_io.train.frontend)
     -> [enter: resume bookkeeping, epoch_hours budget]
-    -> shuffle buffer -> sort buffer | bucketing -> batch
+    -> shuffle buffer -> sort buffer | bucketing -> batch -> shuffle the batches of a sort block (train)
     -> [emit: resume bookkeeping] -> pad
 
 :func:`loader_chain` turns a :class:`DatasetConf` into a list of named :class:`Stage` values (printable:
@@ -112,7 +112,7 @@ def emit(batches: Iterator[list[dict]], *, state: SlotState) -> Iterator[list[di
 
 
 #: what a fold supplies to the stages that name it: per slot and epoch, not config
-RUNTIME = ("counts", "rng", "generator", "state", "budget")
+RUNTIME = ("counts", "rng", "generator", "state", "budget", "batch_order")
 
 
 @dataclass(frozen=True)
@@ -191,12 +191,18 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool) -> list[Stag
     if train and conf.shuffle:
         chain.append(Stage("shuffle", stages.shuffle, conf.shuffle_conf))
     batch_args = {"batch_type": conf.batch_type, "batch_size": conf.batch_size, "max_batch_size": conf.max_batch_size}
+    # train: batches leave a sort block (or the buckets' final emptying) in a random order, so an epoch cut short
+    # by uneven ranks does not always leave the longest utterances untrained
+    shuffled = train and conf.shuffle
     if conf.bucketing:
-        chain.append(Stage("bucket_batch", batching.bucket_batch, args={**batch_args, "num_buckets": conf.num_buckets}))
+        chain.append(Stage("bucket_batch", batching.bucket_batch,
+                           args={**batch_args, "num_buckets": conf.num_buckets, "shuffle_batches": shuffled}))
     else:
         if conf.sort:
-            chain.append(Stage("sort", stages.sort, conf.sort_conf))
+            chain.append(Stage("sort", stages.sort, conf.sort_conf, args={"mark_blocks": shuffled}))
         chain.append(Stage("batch", batching.batch, args=batch_args))
+        if conf.sort and shuffled:
+            chain.append(Stage("shuffle_batches", stages.shuffle_batches))
     # feats_type=raw: a "frame" is one sample, so audio_seconds counts samples / rate, not 10 ms frames
     shift = 1.0 / conf.resample_conf.resample_rate if conf.feats_type == "raw" else 0.01
     chain += [Stage("emit", emit), Stage("pad", stages.pad, args={"frame_shift": shift})]
@@ -206,6 +212,7 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool) -> list[Stag
 def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, slot: Slot, state: SlotState,
                    train: bool, counts: Counter) -> Iterator[dict]:
     """Padded batch dicts of one slot (see docs/DEVELOPING.md "The sample dict"), without bookkeeping keys."""
+    from corpus_io import batching
     from corpus_io.pipeline import stages
 
     epoch = state.epoch
@@ -234,7 +241,8 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
                if src.owners or src.track_keys else stream for stream, src in zip(streams, sources)]
     samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state)
     runtime = {"counts": counts, "rng": random.Random(tag), "generator": generator, "state": state,
-               "budget": slot_budget_seconds(conf, slot)}
+               "budget": slot_budget_seconds(conf, slot),
+               "batch_order": batching.batch_order(seed, epoch, slot.rank, slot.worker)}
     for stage in loader_chain(conf, tokenizer, train=train):
         samples = stage(samples, runtime)
     return samples

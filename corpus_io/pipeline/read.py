@@ -20,8 +20,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
+from corpus_io.batching import CARRIED
 from corpus_io.errors import DataError, redact
 from corpus_io.partition import PASS_STRIDE, Assignment, Piece, Slot, SlotState, assign, pieces_of, unit_weights
 from corpus_io.rawlist import CHUNK_LINES, RawList, chunk_sizes, permuted_lines
@@ -284,11 +285,19 @@ def pieces_of_pass(src: int, source: Source, slot: Slot, state: SlotState, *, se
     return pieces_of(_units_of_pass(source, slot, seed=seed, pass_=pass_, shuffle=shuffle), pass_)
 
 
+def chunk_lines(source: Source, unit: int, pass_: int, *, seed: int, shuffle: bool) -> Any:
+    """The entries (line indices) of raw chunk ``unit`` in ``pass_``, by position (int64 array)."""
+    return permuted_lines(source.num_units, unit * CHUNK_LINES, min(source.num_units, (unit + 1) * CHUNK_LINES),
+                          seed=seed, epoch=pass_, shuffle=shuffle)
+
+
 def read_piece(source: Source, piece: Piece, opts: ReadOptions, counts: Counter, *, seed: int, shuffle: bool,
-               done: Callable[[int], bool]) -> Iterator[tuple[int, dict]]:
+               done: Callable[[int], bool], carried: bool = False) -> Iterator[tuple[int, dict]]:
     """``(position, sample)`` for the positions ``piece`` keeps, in order. Positions the checkpointed run
     already had (outside the piece, or ``done``) are skipped before decoding (a raw entry is not even read)
-    and count as ``resume.reread``; a piece of pending samples only stops after its last one."""
+    and count as ``resume.reread``; a piece of pending samples only stops after its last one. Positions a
+    ``carried`` piece (the last epoch's rest) passes over, or that this one leaves out because they were
+    carried (``skip``), are not re-reads of a resume: they are not counted."""
     def wanted(pos: int) -> bool | None:
         if not piece.in_stride(pos):
             return False
@@ -296,14 +305,12 @@ def read_piece(source: Source, piece: Piece, opts: ReadOptions, counts: Counter,
             return True
         if piece.done_after(pos):
             return None  # nothing more to keep in this unit
-        counts["resume.reread"] += 1
+        if not carried and not any(s.keeps(pos) for s in piece.skip):
+            counts["resume.reread"] += 1
         return False
 
     if source.data_type == "raw":
-        unit = piece.unit
-        chunk = permuted_lines(source.num_units, unit * CHUNK_LINES, min(source.num_units, (unit + 1) * CHUNK_LINES),
-                               seed=seed, epoch=piece.pass_, shuffle=shuffle)
-        for pos, line in enumerate(chunk):
+        for pos, line in enumerate(chunk_lines(source, piece.unit, piece.pass_, seed=seed, shuffle=shuffle)):
             want = wanted(pos)
             if want is None:
                 return
@@ -346,9 +353,13 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
             uid = pass_ * PASS_STRIDE + ordinal
             if start is not None and uid < start:
                 continue
+            # a piece of an earlier pass in this pass's plan: the last epoch's rest, carried (batched first)
+            carried = not infinite and piece.pass_ < pass_
             for pos, sample in read_piece(source, piece, opts, counts, seed=seed, shuffle=shuffle,
-                                          done=partial(_done, state, src, uid)):
+                                          done=partial(_done, state, src, uid), carried=carried):
                 sample["__sid__"] = (src, uid, pos)
+                if carried:
+                    sample[CARRIED] = True
                 yield sample
         if not infinite:
             return

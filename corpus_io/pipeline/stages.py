@@ -8,9 +8,9 @@ sample adds 1 to ``counts[reason]`` (reasons: ``decode.error``, ``decode.empty``
 
 WeNet's order (composed in corpus_io.pipeline.build.loader_chain): decode, filter_length, resample,
 speed_perturb, count_frames, tokenize, filter_tokens, fbank|mfcc (raw_features: tokens after it;
-precomputed_features instead of decode..features), spec_aug, spec_sub, spec_trim, shuffle, sort, batch
-(or bucket_batch instead of sort+batch), pad. Tokens are filtered before features, so no features are
-computed for an utterance the token filter drops.
+precomputed_features instead of decode..features), spec_aug, spec_sub, spec_trim, shuffle, sort, batch,
+shuffle_batches (train) (or bucket_batch instead of sort+batch), pad. Tokens are filtered before features, so
+no features are computed for an utterance the token filter drops.
 
 Randomness: every random stage takes its generator (``random.Random``, or a
 ``torch.Generator`` for dither) from the caller, seeded from (seed, epoch, rank, worker).
@@ -29,14 +29,14 @@ from __future__ import annotations
 import io
 import random
 from collections import Counter
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from corpus_io import audio, augment, features
 from corpus_io.audio import resample_wav
-from corpus_io.batching import batch, bucket_batch, sample_lengths
+from corpus_io.batching import BLOCK_END, batch, bucket_batch, carried, runs, sample_lengths
 from corpus_io.batching import pad as pad_batch
 from corpus_io.errors import DataError
 
@@ -417,29 +417,59 @@ def tokenize(samples: Iterable[dict], *, tokenizer: Any, counts: Counter | None 
 
 def shuffle(samples: Iterable[dict], *, shuffle_size: int = 1500, rng: random.Random,
             counts: Counter | None = None) -> Iterator[dict]:
-    """Block shuffle (WeNet): read ``shuffle_size`` samples, ``rng.shuffle`` them, emit them all."""
-    buf: list[dict] = []
-    for sample in samples:
-        buf.append(sample)
-        if len(buf) >= shuffle_size:
-            rng.shuffle(buf)
-            yield from buf
-            buf = []
-    rng.shuffle(buf)
-    yield from buf
+    """Block shuffle (WeNet): read ``shuffle_size`` samples, ``rng.shuffle`` them, emit them all. The carried
+    rest of the last epoch (corpus_io.batching.runs) is a block of its own, emitted first."""
+    for run in runs(samples):
+        buf: list[dict] = []
+        for sample in run:
+            buf.append(sample)
+            if len(buf) >= shuffle_size:
+                rng.shuffle(buf)
+                yield from buf
+                buf = []
+        rng.shuffle(buf)
+        yield from buf
 
 
-def sort(samples: Iterable[dict], *, sort_size: int = 500, counts: Counter | None = None) -> Iterator[dict]:
-    """Block sort (WeNet): read ``sort_size`` samples, emit them by ascending feature frames (stable)."""
-    buf: list[dict] = []
-    for sample in samples:
-        buf.append(sample)
-        if len(buf) >= sort_size:
-            buf.sort(key=lambda s: sample_lengths(s)[0])
-            yield from buf
-            buf = []
-    buf.sort(key=lambda s: sample_lengths(s)[0])
-    yield from buf
+def sort(samples: Iterable[dict], *, sort_size: int = 500, mark_blocks: bool = False,
+         counts: Counter | None = None) -> Iterator[dict]:
+    """Block sort (WeNet): read ``sort_size`` samples, emit them by ascending feature frames (stable). The
+    carried rest of the last epoch is a block of its own. ``mark_blocks``: the last sample of each block is
+    marked (``BLOCK_END``), so its batches can be shuffled (:func:`shuffle_batches`); not a carried block's,
+    whose last batch is topped up with the next block's shortest samples."""
+    def block(buf: list[dict]) -> list[dict]:
+        buf.sort(key=lambda s: sample_lengths(s)[0])
+        if mark_blocks and buf and not carried(buf[-1]):
+            buf[-1][BLOCK_END] = True
+        return buf
+
+    for run in runs(samples):
+        buf: list[dict] = []
+        for sample in run:
+            buf.append(sample)
+            if len(buf) >= sort_size:
+                yield from block(buf)
+                buf = []
+        yield from block(buf)
+
+
+def shuffle_batches(batches: Iterable[list[dict]], *,
+                    batch_order: Callable[[list[dict]], bytes]) -> Iterator[list[dict]]:
+    """The batches of each sort block in a random order (icefall's bucketing sampler draws batches at random
+    too): sorted, a block's longest utterances would always be its last batches, and an epoch cut short (DDP
+    ranks holding unequal data stop together) would leave the same, longest, utterances untrained every time.
+    A batch holding samples carried from the last epoch leaves at once (they come first). The order is
+    :func:`corpus_io.batching.batch_order`'s, so a resumed reader yields the batches as an uninterrupted one."""
+    held: list[list[dict]] = []
+    for b in batches:
+        if carried(b[0]):
+            yield b
+            continue
+        held.append(b)
+        if b[-1].get(BLOCK_END):
+            yield from sorted(held, key=batch_order)
+            held = []
+    yield from sorted(held, key=batch_order)
 
 
 def pad(batches: Iterable[list[dict]], *, frame_shift: float = 0.01) -> Iterator[dict]:

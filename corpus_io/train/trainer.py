@@ -8,7 +8,8 @@ Guarantees:
 
 * **No hang at epoch end.** Before every micro-batch all ranks all-reduce a "have data" flag; when
   any rank runs out, every rank leaves the epoch at the same step. The ranks that still had data
-  count (and drain) what they leave unused, and rank 0 logs it per rank.
+  count (and drain) what they leave unused, and rank 0 logs it per rank; that rest of the epoch is
+  carried into the next, which trains it first (``CorpusLoader.carry_rest``).
 * **Exact resume.** Every checkpoint holds the model, optimizer, scheduler, AMP scaler, each rank's
   RNG state and each rank's loader ``state_dict`` (gathered with ``all_gather_object``); rank 0
   writes it atomically. ``resume=true`` restores all of it, so an interrupted epoch continues at
@@ -32,7 +33,7 @@ import torch
 
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.files import ensure_dir, refuse_remote_output
-from corpus_io.partition import all_ranks_have_data
+from corpus_io.partition import ranks_with_data
 from corpus_io.train import checkpoint as ckpt
 from corpus_io.train.distributed import (
     DistContext,
@@ -183,6 +184,9 @@ class Trainer:
         self.epoch_done = bool(state["epoch_done"])
         if self.epoch_done:
             self.epoch, self.step_in_epoch, self.epoch_done = self.epoch + 1, 0, False
+            if int(state["loader_states"][0]["epoch"]) == self.epoch:  # the rest of the last epoch, carried into this
+                self.train_loader.set_epoch(self.epoch)
+                self.train_loader.load_rank_states(state["loader_states"])
         else:
             self.step_in_epoch = int(state["step_in_epoch"])
             self.train_loader.set_epoch(self.epoch)
@@ -323,7 +327,10 @@ class Trainer:
         batches = self._batches()
         tick = time.perf_counter()
         for batch, data_load in batches:
-            if not all_ranks_have_data(batch is not None):
+            have, world_size = ranks_with_data(batch is not None)
+            if have < world_size:
+                if have:  # another rank ran out first: every rank carries the rest into the next epoch
+                    self.train_loader.carry_rest(last_batch_trained=batch is None)
                 if batch is not None:
                     unused_batches, unused_utts = self._drain(batch, batches)
                 break
@@ -463,6 +470,8 @@ class Trainer:
             if stop_reason == "data":
                 ran_out = any(r["unused_utts"] for r in per_rank)
                 stop_reason = "another rank ran out of data" if ran_out else "end of data"
+            if counts.get("uneven_ranks.carried"):
+                unused += f", carried into epoch {self.epoch + 1}, which trains them first"
             self.log(f"epoch {self.epoch} done ({stop_reason})"
                      f": {self.step_in_epoch} steps, {int(utts)} utts trained{since} on {self.ctx.world_size} ranks "
                      f"({', '.join(str(r['utts']) for r in per_rank)} per rank), train loss {loss:.3f}, "

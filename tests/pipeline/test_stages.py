@@ -13,6 +13,7 @@ import soundfile as sf
 import torch
 
 from corpus_io import audio
+from corpus_io.batching import batch_order
 from corpus_io.errors import DataError
 from corpus_io.pipeline import stages
 
@@ -170,6 +171,34 @@ def test_shuffle_and_sort_buffers_are_deterministic_blocks():
     assert sorted(a[:4]) == ["0", "1", "2", "3"] and sorted(a) == sorted(s["key"] for s in samples)
     lengths = [s["feats"].shape[0] for s in stages.sort(samples, sort_size=5)]
     assert lengths[:5] == sorted(lengths[:5]) and lengths[5:] == sorted(lengths[5:])
+
+
+def _sorted_batches(samples, seed: int) -> list[list[str]]:
+    blocks = stages.sort(stages.shuffle(samples, shuffle_size=1500, rng=random.Random(seed)), sort_size=500,
+                         mark_blocks=True)
+    batches = stages.shuffle_batches(stages.batch(blocks, batch_size=4), batch_order=batch_order(seed, 0, 0, 0))
+    return [[s["key"] for s in b] for b in batches]
+
+
+def test_the_batches_of_a_sort_block_leave_in_a_seeded_random_order_not_longest_last():
+    # 30 utterances, one sort block (WeNet's default size): sorted, the 4 longest were always the last batch
+    samples = [{"key": f"{i:02d}", "feats": torch.zeros(10 + i, 1)} for i in range(30)]
+    runs = {seed: _sorted_batches([dict(s) for s in samples], seed) for seed in range(12)}
+    assert runs[3] == _sorted_batches([dict(s) for s in samples], 3)  # seeded: the same order again
+    for batches in runs.values():
+        assert sorted(k for b in batches for k in b) == [s["key"] for s in samples]
+        assert all(b == sorted(b) and int(b[-1]) - int(b[0]) == len(b) - 1 for b in batches)  # still length-sorted
+    last = [batches[-1] for batches in runs.values()]
+    assert sum("29" in b for b in last) <= 4, last  # the longest utterance's batch is last only by chance
+
+
+def test_samples_carried_from_the_last_epoch_fill_the_first_batches_topped_up_with_the_shortest():
+    carried = [{"key": f"c{i}", "feats": torch.zeros(300 + i, 1), "__carried__": True} for i in range(5)]
+    own = [{"key": f"o{i:02d}", "feats": torch.zeros(10 + i, 1)} for i in range(20)]
+    for seed in range(4):
+        batches = _sorted_batches([dict(s) for s in carried + own], seed)
+        assert batches[0] == ["c0", "c1", "c2", "c3"] and batches[1] == ["c4", "o00", "o01", "o02"]
+        assert all(k.startswith("o") for b in batches[2:] for k in b)
 
 
 def test_chain_on_fixture_yields_contract_batches(fixture_corpus, tmp_path):

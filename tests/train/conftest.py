@@ -55,4 +55,4 @@ def trained(corpus, tmp_path_factory) -> dict:
                        "++optim_conf.lr=0.002")
     result = run_train(cmd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return {"out": out, "result": result}
+    return {"out": out, "result": result, "cmd": cmd}

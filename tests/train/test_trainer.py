@@ -47,6 +47,12 @@ def test_two_ranks_uneven_shards_end_every_epoch_together_and_loss_decreases(tra
     assert max(trained_keys.values()) == 1 and max(unused.values(), default=1) == 1
     reported = sum(int(n) for d in done for n in re.findall(r"(\d+) utts", d[2]))
     assert reported == sum(unused.values())
+    # what an epoch left is carried into the next and trained there: never untrained two epochs in a row
+    left = [{k for (e, k) in unused if e == epoch} for epoch in ("0", "1", "2")]
+    assert any(left) and all(f"carried into epoch {int(d[0]) + 1}" in d[2] for d in done if left[int(d[0])])
+    for epoch in (1, 2):
+        assert left[epoch - 1] <= {k for (e, k) in trained_keys if e == str(epoch)}
+        assert not left[epoch - 1] & left[epoch]
     losses = epoch_losses(log)
     assert losses[-1] < losses[0], losses
     # FunASR-style log line with timings, data wait, throughput and memory
@@ -62,6 +68,26 @@ def test_two_ranks_uneven_shards_end_every_epoch_together_and_loss_decreases(tra
     assert latest["epoch"] == 2 and latest["epoch_done"] and len(latest["loader_states"]) == 2
     assert [s["rank"] for s in latest["loader_states"]] == [0, 1]
     assert set(latest["cv_metrics"]) >= {"loss", "acc"} and "train_data_set_list" in latest["config"]
+
+
+def test_a_run_resumed_at_an_epoch_boundary_trains_what_the_last_epoch_carried_first(trained, tmp_path):
+    import shutil
+
+    out = tmp_path / "exp"
+    shutil.copytree(trained["out"], out)
+    carried = {k for (e, k) in keys_by_epoch(out, "unused_keys") if e == "2"}
+    assert carried, "epoch 2 left nothing to carry into epoch 3"
+    cmd = [a.replace(str(trained["out"]), str(out)) for a in trained["cmd"] if "train_conf.max_epoch" not in a]
+    result = run_train([*cmd, "++train_conf.max_epoch=4"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    epoch3 = []
+    for rank in range(2):  # one reader per rank (num_workers=0): its carried share comes first
+        mine = [k for e, k in (line.split(" ", 1) for line in (out / f"trained_keys.rank{rank}.txt").read_text(
+            encoding="utf-8").splitlines()) if e == "3"]
+        at = [i for i, k in enumerate(mine) if k in carried]
+        assert at == list(range(len(at))), (rank, at)
+        epoch3 += mine
+    assert carried <= set(epoch3) and len(epoch3) == len(set(epoch3))
 
 
 def kill9_job(job: subprocess.Popen) -> None:
