@@ -55,7 +55,7 @@ bench-smoke: install
 
 # Regenerate the committed fixture corpus (espeak-ng + sox).
 fixture: install
-	$(BIN)/python -m corpus_io.synth fixture tests/fixtures/corpus
+	$(BIN)/python -m corpus_io.tables.synth fixture tests/fixtures/corpus
 
 clean:
 	rm -rf exp bench/out .pytest_cache

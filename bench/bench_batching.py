@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from bench.common import sized
-from corpus_io.batching import batch, bucket_batch, mean_padding_ratio
 from corpus_io.config import DatasetConf
+from corpus_io.loader.batching import batch, bucket_batch, mean_padding_ratio
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "corpus"
 UTTERANCES = sized(20000, 2000)
@@ -30,7 +30,7 @@ def fit_fixture() -> tuple[float, float, float]:
     """(mu, sigma) of log seconds and tokens per second of the fixture corpus."""
     import soundfile as sf
 
-    from corpus_io.manifest import target_len
+    from corpus_io.tables.manifest import target_len
 
     texts = dict(line.split(" ", 1) for line in (FIXTURE / "text").read_text(encoding="utf-8").splitlines())
     logs, seconds, tokens = [], 0.0, 0

@@ -65,7 +65,7 @@ def _tokenizer(root: Path, jsonl: Path):
 def _load(data_list: Path, tokenizer, **conf_kw) -> tuple[float, float, int]:
     """(wall seconds, audio seconds, batches) of one training epoch."""
     from corpus_io.config import DatasetConf
-    from corpus_io.dataset import build_dataloader
+    from corpus_io.loader.dataset import build_dataloader
 
     conf = DatasetConf(num_workers=NUM_WORKERS, batch_size=BATCH_SIZE, **conf_kw)
     drop_cache(p for p in data_list.parent.iterdir() if p.is_file())

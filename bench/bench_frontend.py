@@ -9,9 +9,9 @@ audio_format=keep; ``bench.bench_loader.prepare``) under bench/out/frontend16k.
   ``feats_on=model`` (waveforms shipped, int16) vs loader-side fbank 80 vs IO only (``feats_type=raw``,
   the same read + decode + batch without features). Ratios are of utterances per second (the same
   utterances in every run); audio-s/s is printed from the sample counts.
-* Front end on CPU: ``corpus_io.features.batch_fbank`` on padded batches of 16 (cut from the
+* Front end on CPU: ``corpus_io.audio.features.batch_fbank`` on padded batches of 16 (cut from the
   length-sorted utterances, as the sort buffer does) vs torchaudio's per-utterance Kaldi fbank
-  (``corpus_io.features.fbank``) on the same waveforms, both with ``torch.set_num_threads(T)`` for
+  (``corpus_io.audio.features.fbank``) on the same waveforms, both with ``torch.set_num_threads(T)`` for
   T = 1 and 2, best of 5 alternated passes. Rates in audio-seconds per second.
 * With a CUDA device: batch_fbank throughput on batches of 32 real-speech rows of 10-20 s. Without
   one (the development machine) it says so; the code path is the same device-agnostic one.
@@ -43,7 +43,7 @@ def loader_child(spec: dict) -> dict:
     import torch
 
     from corpus_io.config import DatasetConf
-    from corpus_io.dataset import build_dataloader
+    from corpus_io.loader.dataset import build_dataloader
 
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -71,7 +71,8 @@ def compute_child(spec: dict) -> dict:
     """batch_fbank on padded batches of 16 vs torchaudio per utterance, on the same waveforms, T threads."""
     import torch
 
-    from corpus_io import audio, features
+    from corpus_io.audio import features
+    from corpus_io.audio import io as audio
     from corpus_io.shards.reader import read_shard
 
     torch.set_num_threads(spec["threads"])
@@ -115,7 +116,8 @@ def gpu_child(spec: dict) -> dict:
     """batch_fbank on CUDA: real utterances joined into 10-20 s rows, batches of 32, 20 timed batches."""
     import torch
 
-    from corpus_io import audio, features
+    from corpus_io.audio import features
+    from corpus_io.audio import io as audio
     from corpus_io.shards.reader import read_shard
 
     if not torch.cuda.is_available():

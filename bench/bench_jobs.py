@@ -86,7 +86,7 @@ def _pack(jsonl: Path, n: int) -> dict:
 
 def simulate(root: str, parts: int, keys: int) -> None:
     """``parts`` pack-shards part records of one run (one stand-in shard each), as jobs write them."""
-    from corpus_io.jobs import Job, Part, Place, fingerprint, write_part
+    from corpus_io.jobs.parts import Job, Part, Place, fingerprint, write_part
 
     out = Path(root)
     shutil.rmtree(out, ignore_errors=True)

@@ -9,7 +9,7 @@ corpus-io shard mode: ``wds.WebDataset(urls).shuffle(1500).decode(soundfile hand
 
 * IO only: read + decode (+ resample to 16 kHz where needed), batch of 16, padded.
 * End to end: decode + fbank 80 + shuffle + sort + batch + pad (WebDataset: shuffle, no sort).
-* fbank-only limit: the same fbank function (corpus_io.features.fbank) on 16 kHz
+* fbank-only limit: the same fbank function (corpus_io.audio.features.fbank) on 16 kHz
   waveforms already in memory, in the same number of processes (forked, so no copy is timed).
 * Every DataLoader (corpus-io shard and raw, WebDataset) prefetches ``BENCH_LOADER_PREFETCH`` (16)
   batches per worker (see PREFETCH below).
@@ -139,7 +139,7 @@ def child(spec: dict) -> dict:
         batches = webdataset_batches(spec["list"], nw, feats, spec.get("decoder", "soundfile"))
     else:
         from corpus_io.config import DatasetConf
-        from corpus_io.dataset import build_dataloader
+        from corpus_io.loader.dataset import build_dataloader
 
         conf = DatasetConf(data_type=mode, num_workers=nw, feats_type="fbank" if feats else "raw", batch_size=16,
                            prefetch=spec.get("prefetch", PREFETCH), bucketing=spec.get("bucketing", False))
@@ -180,15 +180,15 @@ def _fast_audio(data: bytes):
     """The same handler on corpus-io's decoder (16-bit PCM WAV fast path, soundfile otherwise)."""
     import torch
 
-    from corpus_io import audio
+    from corpus_io.audio import io as audio
 
     wave, rate = audio.decode_bytes(data)
     return torch.from_numpy(audio.to_mono(wave)).unsqueeze(0), rate
 
 
 def _features(sample: dict, feats: bool) -> dict:
-    from corpus_io.audio import resample_wav
-    from corpus_io.features import fbank as fbank_features
+    from corpus_io.audio.features import fbank as fbank_features
+    from corpus_io.audio.io import resample_wav
 
     wav, rate = sample["wav"] if "wav" in sample else sample["flac"]
     wav = resample_wav(wav, rate, 16000)
@@ -197,7 +197,7 @@ def _features(sample: dict, feats: bool) -> dict:
 
 
 def _collate(samples: list) -> dict:
-    from corpus_io.batching import pad
+    from corpus_io.loader.batching import pad
 
     return pad(samples, frame_shift=0.01 if samples and samples[0]["feats"].shape[1] > 1 else 1 / 16000)
 
@@ -227,7 +227,7 @@ _WAVES: list = []
 def _fbank_share(share: tuple[int, int]) -> tuple[int, float]:
     import torch
 
-    from corpus_io.features import fbank as fbank_features
+    from corpus_io.audio.features import fbank as fbank_features
 
     torch.set_num_threads(1)
     frames = 0
@@ -248,8 +248,8 @@ def fbank_limit(spec: dict) -> dict:
 
     import torch
 
-    from corpus_io import audio
-    from corpus_io.audio import resample_wav
+    from corpus_io.audio import io as audio
+    from corpus_io.audio.io import resample_wav
     from corpus_io.shards.reader import read_shard
 
     for url in open(spec["list"]).read().split():
@@ -272,7 +272,7 @@ def fbank_limit(spec: dict) -> dict:
 def raw_workers_child(path: str, workers: int, batches: int) -> dict:
     """The training loader over a raw list with ``workers`` DataLoader workers, for ``batches`` batches."""
     from corpus_io.config import DatasetConf
-    from corpus_io.dataset import build_dataloader
+    from corpus_io.loader.dataset import build_dataloader
 
     conf = DatasetConf(data_type="raw", num_workers=workers, batch_size=16, prefetch=2)
     conf.shuffle_conf.shuffle_size, conf.sort_conf.sort_size = RAW_BUFFERS
@@ -303,7 +303,7 @@ def _real_raw_list(path: Path, lines: int) -> None:
 def raw_rss_child(path: str) -> dict:
     import psutil
 
-    from corpus_io.rawlist import RawList, permuted_lines
+    from corpus_io.loader.rawlist import RawList, permuted_lines
 
     t = time.perf_counter()
     lst = RawList(path)

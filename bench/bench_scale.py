@@ -42,7 +42,7 @@ def tiny_utterances(root: Path) -> list[tuple[str, bytes, bytes]]:
     """4 short real espeak utterances (8 kHz wav, their first 0.5 s): (key, transcript, wav bytes)."""
     import soundfile as sf
 
-    from corpus_io import synth
+    from corpus_io.tables import synth
 
     kaldi = root / "tiny"
     if not (kaldi / "wav.scp").exists():
@@ -100,8 +100,8 @@ def local_corpus(root: Path, utterances: list) -> tuple[Path, Path]:
 
 def plan_one_rank(data_list: Path, world: int) -> tuple[float, float, int]:
     """(seconds to read list + index, seconds to plan one worker's shards, Python peak bytes) for the last rank."""
-    from corpus_io.partition import Slot, SlotState, _split_ranks
-    from corpus_io.pipeline.read import Source, pieces_of_pass
+    from corpus_io.loader.partition import Slot, SlotState, _split_ranks
+    from corpus_io.loader.read import Source, pieces_of_pass
 
     _split_ranks.cache_clear()
     tracemalloc.start()
@@ -122,8 +122,8 @@ def simulated_states(data_list: Path, world: int) -> list[dict]:
     import random
 
     from corpus_io.config import DatasetConf
-    from corpus_io.partition import Slot, SlotState
-    from corpus_io.pipeline.read import Source, pieces_of_pass
+    from corpus_io.loader.partition import Slot, SlotState
+    from corpus_io.loader.read import Source, pieces_of_pass
 
     seed = DatasetConf().seed
     source = Source.open(str(data_list), "shard")
@@ -150,7 +150,7 @@ def simulated_states(data_list: Path, world: int) -> list[dict]:
 def restore_and_first_batch(data_list: Path, states: list[dict], world: int) -> tuple[float, float, str]:
     """(seconds to load every rank's state, seconds to the first batch after it) on rank 0 of ``world``."""
     from corpus_io.config import DatasetConf
-    from corpus_io.dataset import build_dataloader
+    from corpus_io.loader.dataset import build_dataloader
 
     conf = DatasetConf(num_workers=WORKERS)
     # buffers of one batch: the first batch then measures the restore and the read path, not the filling of a
@@ -168,7 +168,7 @@ COLD = """
 import sys, time
 t0 = time.perf_counter()
 from corpus_io.config import DatasetConf
-from corpus_io.dataset import build_dataloader
+from corpus_io.loader.dataset import build_dataloader
 conf = DatasetConf(num_workers=4, storage_options={"anon": True, "client_kwargs": {"endpoint_url": sys.argv[2]}})
 if sys.argv[3] != "default":  # buffers of one batch: what the first batch costs besides filling them
     conf.shuffle_conf.shuffle_size = conf.sort_conf.sort_size = conf.batch_size

@@ -11,7 +11,7 @@ import os
 import time
 
 from bench.common import BIN, OUT, drop_cache, mb, real_corpus, run_measured, sized
-from corpus_io.progress import parallel_imap, resolve_num_workers
+from corpus_io.storage.progress import parallel_imap, resolve_num_workers
 
 BIG = sized(1_000_000, 2000)  # lines of the big wav.scp (peak RSS)
 STARTUPS = sized(5, 1)  # --help runs per command (the best counts)

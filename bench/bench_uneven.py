@@ -27,7 +27,7 @@ def child(data_list: str, tokens: str, out: str) -> None:
     import torch.distributed as dist
 
     import corpus_io
-    from corpus_io.partition import ranks_with_data
+    from corpus_io.loader.partition import ranks_with_data
 
     dist.init_process_group("gloo")
     conf = {"train_data_set_list": data_list, "tokenizer": {"token_list": tokens},

@@ -51,7 +51,7 @@ def real_corpus(num_files: int = 20000, *, base_utts: int = 400, sample_rates: t
     same texts and voices. Copies are real files (not links), so every read is a distinct file.
     Cached under OUT (bench/out/, or BENCH_OUT). Smoke mode: at most 48 files of 24 base utterances.
     """
-    from corpus_io import synth
+    from corpus_io.tables import synth
 
     num_files, base_utts = sized(num_files, min(num_files, 48)), sized(base_utts, min(base_utts, 24))
 

@@ -1,7 +1,7 @@
 """The plumbing of the CLI: a Typer app built from the command table, ``--help`` key tables, and
 error reporting (one paragraph, no traceback, for anything the user can fix).
 
-The table itself is :data:`cli.commands.COMMANDS`; :mod:`cli.main` builds the app from it.
+The table itself is :data:`corpus_io.commands.COMMANDS`; :mod:`cli.main` builds the app from it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from corpus_io.errors import CorpusIOError
 from corpus_io.extras import missing_extra_message
 
 if TYPE_CHECKING:
-    from cli.commands import Command
+    from corpus_io.commands import Command
 
 _CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
 
@@ -100,7 +100,7 @@ def _invoker(cmd: Command) -> Callable[..., None]:
         def job() -> None:
             cfg = compose(cmd.schema, config_name_opt or config_name, list(ctx.args), config_path=config_path)
             if getattr(cfg, "executor", "local") == "dask":  # submit all num_jobs jobs, then merge (executors.py)
-                _target("corpus_io.executors:run_on_dask")(cmd.name, list(ctx.args), cfg)
+                _target("corpus_io.jobs.executors:run_on_dask")(cmd.name, list(ctx.args), cfg)
                 return
             _target(cmd.run)(cfg)  # imported after the config is checked: a config error costs no torch import
 

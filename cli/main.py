@@ -1,4 +1,4 @@
-"""``corpus-io``: the Typer app built from the command table (:data:`cli.commands.COMMANDS`), and the
+"""``corpus-io``: the Typer app built from the command table (:data:`corpus_io.commands.COMMANDS`), and the
 standalone console scripts (``pack-shards``, ``make-datalist``; see ``[project.scripts]``).
 
 Typer workaround: an app holding a single command runs it as the root command, with no name and a
@@ -12,7 +12,7 @@ import sys
 from typing import Callable
 
 from cli._app import build_app
-from cli.commands import COMMANDS
+from corpus_io.commands import COMMANDS
 
 app = build_app(COMMANDS)
 

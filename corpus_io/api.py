@@ -6,7 +6,7 @@ torch-free, and only the functions that need torch (the loader, CMVN) import it 
 * configs: :func:`load_config` composes a command's config from a dict, a YAML file and/or Hydra overrides,
   with the same checks and messages as the CLI; the schemas (``TrainConfig``, ``DatasetConf``, ...) check
   their types when built in Python too;
-* the loader ``train`` uses: :func:`build_loader` (a :class:`corpus_io.dataset.CorpusLoader`: ``set_epoch``,
+* the loader ``train`` uses: :func:`build_loader` (a :class:`corpus_io.loader.dataset.CorpusLoader`: ``set_epoch``,
   ``state_dict``/``load_state_dict``, ``counts``; every DDP rank gets the same number of batches per epoch
   unless ``uneven='allow'``), :func:`build_tokenizer`, :func:`load_cmvn` / :class:`Cmvn`, and
   :func:`build_front_end` (features on the model's device with ``feats_on=model``);
@@ -27,8 +27,8 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from cli.commands import COMMANDS
 from corpus_io import config
+from corpus_io.commands import COMMANDS
 from corpus_io.config import DatasetConf, TokenizerConf, TrainConfig
 from corpus_io.errors import ConfigError, DataError
 
@@ -177,7 +177,7 @@ def build_loader(config_or_path: Any = None, overrides: Iterable[str] = (), *, d
     rank's states and also resumes on another world size or worker count). There is no ``len()``: a streaming
     epoch's batch count is known only at its end.
     """
-    from corpus_io.dataset import build_dataloader, check_uneven
+    from corpus_io.loader.dataset import build_dataloader, check_uneven
     from corpus_io.train.cmvn import eval_dataset_conf
 
     if uneven is not None:
@@ -282,7 +282,7 @@ def read_manifest(path: str | os.PathLike) -> Iterator[dict]:
     dicts with FunASR names (``key``, ``source``, ``target``, ...; ``start``/``end`` in seconds for a segment;
     ``where``: file:line), streamed after one pass that refuses a repeated key; a bad line is a DataError
     naming file:line."""
-    from corpus_io.inputs import iter_records
+    from corpus_io.tables.inputs import iter_records
 
     yield from iter_records(str(path))
 
@@ -290,8 +290,8 @@ def read_manifest(path: str | os.PathLike) -> Iterator[dict]:
 def write_manifest(path: str | os.PathLike, records: Iterable[Mapping]) -> int:
     """Write ``records`` as a JSONL (one object per line, UTF-8), atomically (a temp name renamed when
     complete); returns the number of lines. Each record needs ``key`` and ``source`` (or WeNet's ``wav``)."""
-    from corpus_io.files import atomic_write
-    from corpus_io.manifest import canonical
+    from corpus_io.storage.files import atomic_write
+    from corpus_io.tables.manifest import canonical
 
     n = 0
     with atomic_write(path) as f:

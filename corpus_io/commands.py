@@ -23,13 +23,13 @@ class Command:
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("prepare", config.PrepareConfig, "corpus_io.corpora:prepare",
+    Command("prepare", config.PrepareConfig, "corpus_io.tables.corpora:prepare",
             "Prepare a corpus from its distributed layout (AISHELL-1, LibriSpeech) into sorted Kaldi dirs "
             "<output_dir>/<split>/{wav.scp,text,utt2spk,spk2utt}. Audio without a transcript is counted and "
             "left out."),
-    Command("scp2jsonl", config.Scp2JsonlConfig, "corpus_io.manifest:scp2jsonl",
+    Command("scp2jsonl", config.Scp2JsonlConfig, "corpus_io.tables.manifest:scp2jsonl",
             "Join Kaldi tables (wav.scp, text, ...) into a FunASR JSONL. Audio lengths come from file headers."),
-    Command("jsonl2scp", config.Jsonl2ScpConfig, "corpus_io.exports:jsonl2scp",
+    Command("jsonl2scp", config.Jsonl2ScpConfig, "corpus_io.tables.exports:jsonl2scp",
             "Split a JSONL back into Kaldi tables, one per field."),
     Command("pack-shards", config.PackShardsConfig, "corpus_io.shards.pack:pack_shards",
             "Pack a jsonl, a WeNet raw list or a Kaldi dir into WeNet/WebDataset tar shards with data.list "
@@ -44,7 +44,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("verify-shards", config.VerifyShardsConfig, "corpus_io.shards.verify:verify_shards",
             "Check every shard of a data.list: sha256 and size against index.jsonl, member grouping, counts, "
             "audio decoding and UTF-8 transcripts. Exits non-zero naming the shard and member."),
-    Command("merge-jobs", config.MergeJobsConfig, "corpus_io.jobs:merge_jobs",
+    Command("merge-jobs", config.MergeJobsConfig, "corpus_io.jobs.parts:merge_jobs",
             "Join the parts that ++num_jobs=N ++job_index=1..N runs of pack-shards, scp2jsonl, compute-cmvn, "
             "add-field or verify-shards wrote into exactly what one job writes (data.list + index.jsonl, the "
             "jsonl, the CMVN file, the report). Refuses, changing nothing, a missing, stale or duplicated part."),
@@ -58,13 +58,13 @@ COMMANDS: tuple[Command, ...] = (
             "s3://), waveform, spectrogram, dataset view, decode errors marked. Prints its URL."),
     Command("make-tokenizer", config.MakeTokenizerConfig, "corpus_io.tokenizer:make_tokenizer",
             "Build a token list (char/word) or train a sentencepiece model (bpe) from Kaldi text or JSONL."),
-    Command("bench-loader", config.BenchLoaderConfig, "corpus_io.dataset:bench_loader",
+    Command("bench-loader", config.BenchLoaderConfig, "corpus_io.loader.dataset:bench_loader",
             "Iterate the training loader exactly as train builds it: utterances/s, audio-seconds/s, padding, "
             "drop counts; dump keys per rank and epoch; save or resume the loader state."),
     Command("compute-cmvn", config.ComputeCmvnConfig, "corpus_io.train.cmvn:compute_cmvn",
             "Global CMVN (mean, istd) over the feature frames of a training list, as JSON for train's "
             "cmvn_file."),
-    Command("train", config.TrainConfig, "cli.commands:train",
+    Command("train", config.TrainConfig, "corpus_io.commands:train",
             "Train a CTC model (Conformer by default) from a shard or raw list; one process or under torchrun: "
             "torchrun --nproc_per_node=N --no-python corpus-io train ++train_data_set_list=... "
             "++output_dir=..."),

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import refuse_overwriting_inputs, refuse_remote_output
+from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
 
 SPEAKER_FIELDS = ("speaker", "spk", "speaker_id")
 
@@ -80,8 +80,9 @@ def _add(stats: CorpusStats, duration: float | None, text: str, speaker: str | N
 
 
 def _iter_raw(path: str) -> Iterator[tuple[float | None, str, str | None]]:
-    from corpus_io import audio, inputs
-    from corpus_io.rawlist import RawList
+    from corpus_io.audio import io as audio
+    from corpus_io.loader.rawlist import RawList
+    from corpus_io.tables import inputs
 
     if os.path.isdir(path) or path.endswith(".gz") or inputs.detect(path) == "lhotse-recordings+supervisions":
         records: Iterator[dict] = inputs.iter_records(path, skip=lambda _: None)  # read in one stream
@@ -106,7 +107,7 @@ def _iter_raw(path: str) -> Iterator[tuple[float | None, str, str | None]]:
 
 def collect(list_path: str, data_type: str = "shard", *, storage_options: dict | None = None) -> CorpusStats:
     """Per-utterance durations, text lengths, speakers and per-shard totals of a data list."""
-    from corpus_io.progress import progress
+    from corpus_io.storage.progress import progress
 
     stats = CorpusStats(str(list_path), data_type)
     if data_type == "raw":
@@ -222,7 +223,7 @@ def plot(stats: CorpusStats, path: str | os.PathLike, *, bins: int = 30) -> Path
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    from corpus_io.files import atomic_write
+    from corpus_io.storage.files import atomic_write
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     ax.hist(stats.durations or [0.0], bins=max(1, bins), color="#4878a8", edgecolor="white")
@@ -242,7 +243,7 @@ def default_output(list_path: str) -> Path:
     (a data directory may be read-only, shared or remote, and a command's outputs go where the user runs it)."""
     from urllib.parse import urlsplit
 
-    from corpus_io.urls import is_remote
+    from corpus_io.storage.urls import is_remote
 
     name = Path(urlsplit(list_path).path if is_remote(list_path) else os.path.abspath(list_path)).stem
     return Path.cwd() / f"{name or 'stats'}.stats.png"
@@ -250,7 +251,7 @@ def default_output(list_path: str) -> Path:
 
 def run_stats(cfg: Any) -> CorpusStats:
     """``corpus-io stats`` for a validated :class:`corpus_io.config.StatsConfig`."""
-    from corpus_io.urls import is_remote
+    from corpus_io.storage.urls import is_remote
 
     if cfg.bins <= 0:
         raise ConfigError(f"bins must be positive, got {cfg.bins}.")

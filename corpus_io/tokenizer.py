@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Iterator
 
 from corpus_io.config import MakeTokenizerConfig, TokenizerConf, require
 from corpus_io.errors import ConfigError, CorpusIOError, DataError
-from corpus_io.files import atomic_write, refuse_overwriting_inputs, refuse_remote_output, temp_name
+from corpus_io.storage.files import atomic_write, refuse_overwriting_inputs, refuse_remote_output, temp_name
 
 SOS_EOS = "<sos/eos>"
 
@@ -244,13 +244,13 @@ def build_tokenizer(conf: TokenizerConf) -> Tokenizer:
 
 def iter_texts(path: str) -> Iterator[str]:
     """Transcripts of a Kaldi ``text`` file, a JSONL (``target`` or ``txt``) or any input of
-    :mod:`corpus_io.inputs` (a Kaldi dir, a NeMo or Lhotse manifest), streamed.
+    :mod:`corpus_io.tables.inputs` (a Kaldi dir, a NeMo or Lhotse manifest), streamed.
 
     Strict like scp2jsonl: a Kaldi line with a key but no transcript, a duplicate key (both lines
     named, checked by 8-byte key hashes once the file is read) and a file without any utterance are
     :class:`DataError`; these surface when the iteration reaches them.
     """
-    from corpus_io import inputs, kaldi, manifest
+    from corpus_io.tables import inputs, kaldi, manifest
 
     hashes = array("q")
     count = 0
@@ -314,7 +314,7 @@ def _bpe_remedy(message: str) -> str:
 
 def make_tokenizer(cfg: MakeTokenizerConfig) -> dict:
     """Write the token list (and for bpe the sentencepiece model); return a summary dict."""
-    from corpus_io.progress import progress
+    from corpus_io.storage.progress import progress
 
     require(cfg, "input", "output")
     conf = cfg.tokenizer

@@ -1,5 +1,5 @@
 """A plain DDP training loop written only against corpus_io's documented API (no corpus_io.train, no
-corpus_io.dataset): ``for batch in loader:``, a checkpoint every 2 steps holding the model, the optimizer and
+corpus_io.loader.dataset): ``for batch in loader:``, a checkpoint every 2 steps holding the model, the optimizer and
 every rank's loader state, and resume from it. tests/test_api.py runs it under torchrun, kills it mid-epoch
 (``--crash-at-step``: rank 0 SIGKILLs itself), runs it again, and checks the keys each rank trained.
 

@@ -90,7 +90,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def test_every_failure_key_of_every_command_says_fail_or_skip():
-    from cli.commands import COMMANDS
+    from corpus_io.commands import COMMANDS
 
     for cmd in COMMANDS:
         for key, _, _ in config.describe(cmd.schema):
@@ -207,7 +207,7 @@ def test_a_single_value_for_a_list_key_says_to_give_a_list():
 
 
 def _commands() -> dict[str, type]:
-    from cli.commands import SCHEMAS
+    from corpus_io.commands import SCHEMAS
 
     return SCHEMAS
 

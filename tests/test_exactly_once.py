@@ -2,7 +2,7 @@
 an utterance twice silently, in shard and raw mode, with and without an index; verify-shards exits non-zero.
 
 Without an index that records keys, local tars are scanned by their headers at loader start and raw lists by their
-lines; remote shards are checked by each reader as it reads (tests/test_remote.py has the remote case)."""
+lines; remote shards are checked by each reader as it reads (tests/storage/test_remote.py has the remote case)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 
-from corpus_io.dataset import build_dataloader
 from corpus_io.errors import DataError
+from corpus_io.loader.dataset import build_dataloader
 from corpus_io.shards.index import index_entry_problems, repeated_shard, shard_identity
 from tests.conftest import assert_user_error, run_cli
 from tests.loader_data import fixture_utts, make_raw, make_shards, small_conf

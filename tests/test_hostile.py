@@ -27,7 +27,7 @@ WAV = str(REPO / "tests/fixtures/corpus/wav/spk0-utt000.wav")  # 3.162 s
 def corpus_io(*args: str, capfd) -> tuple[int, str]:
     """``corpus-io ARGS`` in this process: (exit code, stderr)."""
     from cli._app import _target, run_with_errors
-    from cli.commands import COMMANDS
+    from corpus_io.commands import COMMANDS
     from corpus_io.config import compose
 
     cmd = next(c for c in COMMANDS if c.name == args[0])

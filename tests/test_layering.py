@@ -1,7 +1,8 @@
 """The package layering: a module imports only from its own unit or from units in lower layers.
 
 The order is written down in docs/DEVELOPING.md ("Layers"); this test is the copy that runs. A unit is
-a top-level module of corpus_io (``corpus_io.audio``), a subpackage (``corpus_io.shards``), or ``cli``.
+a top-level module of corpus_io (``corpus_io.keys``), a package (a wing as ``corpus_io.storage``, or
+``corpus_io.shards``), or ``cli``.
 Imports are read with ``ast`` (function-level imports included), so a lazy import cannot hide a circle.
 """
 
@@ -15,25 +16,22 @@ from tests.conftest import REPO
 # Lowest first. Units in one layer are siblings: they may not import each other.
 LAYERS: list[tuple[str, ...]] = [
     ("corpus_io", "corpus_io.errors", "corpus_io.extras"),
-    ("corpus_io.files", "corpus_io.progress", "corpus_io.config"),
-    ("corpus_io.kaldi", "corpus_io.urls", "corpus_io.partition", "corpus_io.batching", "corpus_io.augment",
-     "corpus_io.features"),
-    ("corpus_io.audio", "corpus_io.objects", "corpus_io.jobs"),
-    ("corpus_io.manifest", "corpus_io.synth", "corpus_io.corpora", "corpus_io.executors"),
-    ("corpus_io.inputs",),
-    ("corpus_io.tokenizer", "corpus_io.shards", "corpus_io.exports"),
-    ("corpus_io.rawlist",),
-    ("corpus_io.pipeline", "corpus_io.stats"),
-    ("corpus_io.dataset", "corpus_io.decoding"),
+    ("corpus_io.storage", "corpus_io.config", "corpus_io.keys"),
+    ("corpus_io.audio", "corpus_io.jobs"),
+    ("corpus_io.tables",),
+    ("corpus_io.tokenizer", "corpus_io.shards"),
+    ("corpus_io.loader",),
+    ("corpus_io.stats", "corpus_io.decoding"),
     ("corpus_io.train",),
     ("corpus_io.explore",),
-    ("cli",),
+    ("corpus_io.commands",),
     ("corpus_io.api",),
+    ("cli",),
 ]
 #: the package __init__ is the lazy face of the API: its __getattr__ (only) imports corpus_io.api on first use
 FACADE = ("corpus_io", "corpus_io.api")
 LAYER_OF = {unit: depth for depth, layer in enumerate(LAYERS) for unit in layer}
-SUBPACKAGES = ("config", "shards", "pipeline", "decoding", "train", "explore")
+SUBPACKAGES = tuple(sorted(p.parent.name for p in (REPO / "corpus_io").glob("*/__init__.py")))
 
 
 def unit_of(module: str) -> str:
@@ -53,7 +51,7 @@ def imported_modules(tree: ast.AST) -> list[tuple[str, int]]:
             package_like = node.module in ("corpus_io", "cli") or (
                 node.module.startswith("corpus_io.") and node.module.split(".")[1] in SUBPACKAGES
                 and node.module.count(".") == 1)
-            if package_like:  # `from corpus_io import audio` imports corpus_io.audio
+            if package_like:  # `from corpus_io import audio` imports corpus_io.audio.io
                 found += [(node.module if alias.name.startswith("_") else f"{node.module}.{alias.name}", node.lineno)
                           for alias in node.names]
             else:
@@ -86,10 +84,10 @@ def test_no_module_imports_from_its_own_layer_or_above():
 
 
 def test_layering_check_catches_a_lower_module_importing_a_higher_one():
-    tree = ast.parse("def f():\n    from corpus_io.pipeline import stages\nfrom corpus_io import dataset\n")
+    tree = ast.parse("def f():\n    from corpus_io.loader import stages\nfrom corpus_io.storage import files\n")
     targets = {unit_of(name) for name, _ in imported_modules(tree)}
-    assert targets == {"corpus_io.pipeline", "corpus_io.dataset"}
-    assert LAYER_OF["corpus_io.shards"] < LAYER_OF["corpus_io.pipeline"] < LAYER_OF["cli"]
+    assert targets == {"corpus_io.loader", "corpus_io.storage"}
+    assert LAYER_OF["corpus_io.storage"] < LAYER_OF["corpus_io.shards"] < LAYER_OF["corpus_io.loader"] < LAYER_OF["cli"]
 
 
 def test_the_documented_layers_match_the_checked_ones():
@@ -153,3 +151,17 @@ def test_the_package_reaches_the_api_only_lazily_inside_getattr():
     getattr_fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "__getattr__")
     assert not top_level, top_level
     assert [name for name, _ in imported_modules(getattr_fn)] == ["corpus_io.api"]
+
+
+def test_the_wings_follow_the_data_flow():
+    """storage, then audio and jobs, tables, shards, the loader, train: each wing a layer above the last, and the
+    command line the thin top (nothing in corpus_io imports cli; the command table is corpus_io.commands)."""
+    flow = [LAYER_OF[f"corpus_io.{wing}"] for wing in ("storage", "audio", "tables", "shards", "loader", "train")]
+    assert flow == sorted(set(flow)), flow
+    assert LAYER_OF["corpus_io.storage"] < LAYER_OF["corpus_io.jobs"] < LAYER_OF["corpus_io.tables"]
+    assert LAYER_OF["corpus_io.commands"] < LAYER_OF["corpus_io.api"] < LAYER_OF["cli"] == len(LAYERS) - 1
+
+
+def test_at_most_eight_modules_stay_at_the_top_of_the_package():
+    top = sorted(p.name for p in (REPO / "corpus_io").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 8, f"{top}: move what belongs to a wing into it (docs/DEVELOPING.md, Wings)"

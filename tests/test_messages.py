@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.commands import COMMANDS, SCHEMAS
+from corpus_io.commands import COMMANDS, SCHEMAS
 from corpus_io.config import all_keys
 from corpus_io.config.fields import nested_schema, schema_fields
-from corpus_io.jobs import JOB_COMMANDS
+from corpus_io.jobs.parts import JOB_COMMANDS
 from tests.conftest import REPO, assert_user_error, run_cli
+from tests.storage.test_remote import _StallServer
 from tests.test_layering import source_modules
-from tests.test_remote import _StallServer
 
 # Which commands can print a message is read from the source: a walk from each command's function (and the CLI's
 # dispatch, and the schema classes whose help texts its --help prints) through every name the code mentions
@@ -37,7 +37,8 @@ SUGGESTION = re.compile(r"\+\+([A-Za-z_][\w.\[\]]*)")
 #: code a command enters only when its config says so (the condition is in the caller): node -> (test of the
 #: command's top-level schema fields, where the condition is)
 GUARDED: dict[str, tuple] = {
-    "corpus_io.executors:run_on_dask": (lambda fields: "executor" in fields, "cli/_app.py: cfg.executor == 'dask'"),
+    "corpus_io.jobs.executors:run_on_dask": (lambda fields: "executor" in fields,
+                                             "cli/_app.py: cfg.executor == 'dask'"),
     "corpus_io.config.funasr:_funasr_dataset": (lambda fields: {"train_conf", "model"} <= set(fields),
                                                 "config/funasr.py apply_funasr_keys: train.py's top level"),
     "corpus_io.config.funasr:_funasr_top_keys": (lambda fields: {"train_conf", "model"} <= set(fields),
@@ -62,24 +63,26 @@ _RERUN = "merge-jobs tells how to run (again) the jobs of the command whose part
 #: value), or the command it addresses where the message cannot name it: (node, key) -> (commands, why)
 SITE_RULES: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     **{(node, key): (tuple(JOB_COMMANDS), _RERUN) for key in ("num_jobs", "job_index")
-       for node in ("corpus_io.jobs:find_place", "corpus_io.jobs:load_parts")},
+       for node in ("corpus_io.jobs.parts:find_place", "corpus_io.jobs.parts:load_parts")},
     ("corpus_io.shards.pack:_refuse_absent_objects", "num_jobs"): (("pack-shards",), _RERUN),
     ("corpus_io.shards.pack:_refuse_absent_objects", "job_index"): (("pack-shards",), _RERUN),
     ("corpus_io.shards.verify:_report", "input"): (
         ("verify-shards",), "merge-jobs reports the joined verification as one verify-shards run does, to its user"),
-    ("cli.commands:COMMANDS", "num_jobs"): (tuple(JOB_COMMANDS), "merge-jobs' help: the keys of the jobs it joins"),
-    ("cli.commands:COMMANDS", "job_index"): (tuple(JOB_COMMANDS), "merge-jobs' help: the keys of the jobs it joins"),
-    ("corpus_io.objects:_failed", "storage_options"): (
+    ("corpus_io.commands:COMMANDS", "num_jobs"): (tuple(JOB_COMMANDS),
+                                                  "merge-jobs' help: the keys of the jobs it joins"),
+    ("corpus_io.commands:COMMANDS", "job_index"): (tuple(JOB_COMMANDS),
+                                                   "merge-jobs' help: the keys of the jobs it joins"),
+    ("corpus_io.storage.objects:_failed", "storage_options"): (
         ("pack-shards",), "only pack-shards writes s3:// objects (the other commands refuse a URL output); KNOWN GAP, "
                           "reported: merge-jobs of an s3:// output is told it too, but has no storage_options "
                           "(environment credentials only; jobs.py is being edited elsewhere)"),
-    ("corpus_io.jobs:find_place", "what"): (
+    ("corpus_io.jobs.parts:find_place", "what"): (
         ("merge-jobs",), "executors.run_on_dask merges with what=<the tag its jobs write>: only merge-jobs can "
                          "meet the parts of several commands"),
-    ("corpus_io.rawlist:RawList", "dataset_conf.data_type"): (
+    ("corpus_io.loader.rawlist:RawList", "dataset_conf.data_type"): (
         LOADER,
         "stats and explore refuse a missing input before (stats.run_stats, explore.catalog)"),
-    ("corpus_io.rawlist:jsonl_paths_of", "dataset_conf.data_type"): (
+    ("corpus_io.loader.rawlist:jsonl_paths_of", "dataset_conf.data_type"): (
         LOADER,
         "KNOWN WRONG, reported: explore, which has no data_type key, is told ++dataset_conf.data_type=shard for a "
         "raw list naming a shard (rawlist.py is being edited elsewhere); remove this entry with the fix"),
@@ -87,7 +90,7 @@ SITE_RULES: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
 #: modules no command runs (what they print reaches no command's user), and why
 NO_COMMAND = {
     "corpus_io.api": "the Python API: its callers pass Python arguments",
-    "corpus_io.synth": "speech for tests, demos and benches",
+    "corpus_io.tables.synth": "speech for tests, demos and benches",
 }
 _NAME = "|".join(sorted((re.escape(c.name) for c in COMMANDS), key=len, reverse=True)) + "|the loader"
 #: ``make-datalist: ++a ++key``, ``pack-shards or make-datalist with ++key``, ``scp2jsonl ++key``
@@ -192,7 +195,7 @@ class Code:
 
     def edges(self, node: tuple[str, str]) -> frozenset[tuple[tuple[str, str], str | None]]:
         """``(node, command)`` pairs: ``command`` is None, or the only command that takes the edge (the row of a
-        table keyed by command names, as jobs.JOB_COMMANDS, or of cli.commands.COMMANDS)."""
+        table keyed by command names, as jobs.JOB_COMMANDS, or of corpus_io.commands.COMMANDS)."""
         if node not in self._edges:
             self._edges[node] = self._find_edges(node)
         return self._edges[node]
@@ -228,7 +231,7 @@ class Code:
             return self._reach[command]
         schema = SCHEMAS[command]
         run = next(c.run for c in COMMANDS if c.name == command)
-        roots = [run, "cli._app:build_app", "cli.commands:COMMANDS", *ROOTS.get(command, ())]
+        roots = [run, "cli._app:build_app", "corpus_io.commands:COMMANDS", *ROOTS.get(command, ())]
         todo = [tuple(r.split(":")) for r in roots] + [(s.__module__, s.__name__) for s in _schemas(schema)]
         fields = schema_fields(schema)
         seen: set[tuple[str, str]] = set()
@@ -264,7 +267,7 @@ class Code:
 
 def _tagged(stmts: list[ast.stmt]):
     """``(ast node, command)`` for every node under ``stmts``: ``command`` is None, or the command whose row of a
-    table keyed by command names holds it (jobs.JOB_COMMANDS, a ``Command("name", ...)`` of cli.commands)."""
+    table keyed by command names holds it (jobs.JOB_COMMANDS, a ``Command("name", ...)`` of corpus_io.commands)."""
     todo = [(s, None) for s in stmts]
     while todo:
         n, tag = todo.pop()
@@ -328,14 +331,15 @@ def test_the_walk_finds_who_prints_what():
     """The walk itself, on messages whose printers are known."""
     code = _code()
     # the original bug: a message only scp2jsonl prints, suggesting a key only the loader's commands take
-    assert {c.name for c in COMMANDS if ("corpus_io.manifest", "scp2jsonl") in code.reach(c.name)} == {"scp2jsonl"}
+    assert {c.name for c in COMMANDS if ("corpus_io.tables.manifest",
+                                         "scp2jsonl") in code.reach(c.name)} == {"scp2jsonl"}
     assert not _accepted_by("scp2jsonl", "dataset_conf.read_timeout")
     assert _accepted_by("train", "dataset_conf.read_timeout")
     assert _accepted_by("scp2jsonl", "storage_options.read_timeout")  # an entry of a dict-valued key
-    urls = {c.name for c in COMMANDS if ("corpus_io.urls", "open_url") in code.reach(c.name)}
+    urls = {c.name for c in COMMANDS if ("corpus_io.storage.urls", "open_url") in code.reach(c.name)}
     assert {"scp2jsonl", "pack-shards", "train", "verify-shards"} <= urls
     assert ("corpus_io.train.cmvn", "load_cmvn") in code.reach("train")  # through conf/model's _target_
-    assert ("corpus_io.executors", "run_on_dask") not in code.reach("train")  # GUARDED: train has no executor
+    assert ("corpus_io.jobs.executors", "run_on_dask") not in code.reach("train")  # GUARDED: train has no executor
     assert ("corpus_io.shards.pack", "merge_parts") in code.reach("merge-jobs")  # ROOTS
     assert ("corpus_io.shards.pack", "merge_parts") not in code.reach("scp2jsonl")  # JOB_COMMANDS: its own row
     text = "x: corpus-io make-lm ++unit=token and the tokenizer (++tokenizer.token_list=a). Or ++input=b"
@@ -366,7 +370,7 @@ def test_a_stalled_server_names_the_timeout_key_of_the_command_that_stalled(tmp_
 
 
 def test_a_missing_wav_in_a_raw_list_names_the_list_line_and_key(tmp_path):
-    from corpus_io.rawlist import RawList
+    from corpus_io.loader.rawlist import RawList
 
     raw = tmp_path / "raw.list"
     good = json.dumps({"key": "a", "wav": str(REPO / "tests/fixtures/corpus/wav/spk0-utt000.wav"), "txt": "x"})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from corpus_io.errors import ConfigError
-from corpus_io.files import refuse_overwriting_inputs
+from corpus_io.storage.files import refuse_overwriting_inputs
 from tests.conftest import FIXTURE, assert_user_error, run_cli
 from tests.loader_data import make_shards
 
@@ -120,7 +120,7 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(command, tmp_p
 def run_in_process(args: list[str]) -> str:
     """The command's message, run as the CLI runs it (composed config, then its function), in this process."""
     from cli._app import _target
-    from cli.commands import COMMANDS as TABLE
+    from corpus_io.commands import COMMANDS as TABLE
     from corpus_io.config import compose
 
     cmd = next(c for c in TABLE if c.name == args[0])

@@ -12,7 +12,7 @@ import typing
 
 import pytest
 
-from cli.commands import COMMANDS
+from corpus_io.commands import COMMANDS
 from corpus_io.config import DatasetConf, check_values, parse_range
 from corpus_io.config.fields import nested_schema
 from corpus_io.errors import CorpusIOError
@@ -212,8 +212,8 @@ def test_the_loader_runs_at_each_end_of_every_dataset_conf_range(loader_inputs, 
     naming the key, before anything is read."""
     import torch
 
-    from corpus_io.dataset import build_dataloader
     from corpus_io.errors import ConfigError
+    from corpus_io.loader.dataset import build_dataloader
     from corpus_io.tokenizer import build_tokenizer
 
     lists, tokens = loader_inputs

@@ -70,7 +70,7 @@ def all_formats(real_dir, tmp_path_factory) -> dict:
 
 def test_every_format_gives_the_features_of_the_16khz_original(all_formats):
     from corpus_io.config import TokenizerConf
-    from corpus_io.dataset import build_dataloader
+    from corpus_io.loader.dataset import build_dataloader
     from corpus_io.tokenizer import build_tokenizer
     from tests.loader_data import small_conf
 

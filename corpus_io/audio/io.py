@@ -13,13 +13,14 @@ import functools
 import io
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from corpus_io import kaldi, urls
 from corpus_io.errors import DataError
+from corpus_io.storage import urls
 
 HEAD_BYTES = 64 * 1024  # enough for any WAV/FLAC header with the usual LIST/metadata chunks
 AUDIO_EXTENSIONS = ("wav", "flac", "ogg", "opus", "mp3", "sph", "aiff", "aif", "m4a")
@@ -77,6 +78,11 @@ def extension_of(source: str) -> str:
 TAR_MEMBER_SEP = ".tar//"  # ``<path>.tar//<member>``: a member of a local uncompressed tar (a NeMo tarred dataset)
 
 
+def is_ark_offset(value: str) -> bool:
+    """``foo.ark:1234`` (a kaldiio byte offset into an ark)."""
+    return bool(re.search(r"\.ark:\d+$", value))
+
+
 def split_tar_member(source: str) -> tuple[str, str] | None:
     """``(tar path, member name)`` of a ``<path>.tar//<member>`` source, else None (a plain file wins)."""
     if TAR_MEMBER_SEP not in source or urls.is_remote(source) or urls.is_command(source):
@@ -128,7 +134,7 @@ def _info_from_fileobj(f: Any, where: str) -> AudioInfo:
 
 def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None = None) -> AudioInfo:
     """Sample rate and length of ``source`` from its header (a path, URL, ark offset, tar member or pipe)."""
-    if kaldi.is_ark_offset(source):
+    if is_ark_offset(source):
         rate, samples = _load_ark_wav(source)
         return AudioInfo(rate, samples.shape[0], 1 if samples.ndim == 1 else samples.shape[1], "wav")
     if urls.is_command(source):
@@ -182,7 +188,7 @@ def read_source_bytes(source: str, *, allow_pipe: bool = False, storage_options:
                       max_bytes: int = MAX_SOURCE_BYTES) -> bytes:
     """The stored bytes of an audio source, unchanged (used by ``audio_format=keep``); at most
     ``max_bytes`` bytes are read: a longer source (an endless pipe, a huge file) is a DataError."""
-    if kaldi.is_ark_offset(source):
+    if is_ark_offset(source):
         rate, samples = _load_ark_wav(source)
         return encode(samples.astype(np.float32) / 32768.0 if samples.dtype == np.int16 else samples, rate, "wav")
     member = split_tar_member(source)

@@ -49,7 +49,7 @@ def opt(default: Any = dataclasses.MISSING, help: str = "", *, unit: str = "", c
 
 
 def num_jobs_opt() -> Any:
-    """``num_jobs`` of a command that runs as jobs (corpus_io.jobs): an int, or ``auto``."""
+    """``num_jobs`` of a command that runs as jobs (corpus_io.jobs.parts): an int, or ``auto``."""
     return opt(1, "split the work into this many jobs (Kaldi's JOB=1:$nj); each writes a part, merge-jobs joins "
                   "them; auto: the size of the Slurm/SGE/PBS/LSF job array", unit="jobs")
 

@@ -109,7 +109,7 @@ def _discounts(counts: Counter) -> tuple[float, float, float]:
 
 
 def write_arpa(path: str | Path, probs: list[dict], backoffs: list[dict]) -> None:
-    from corpus_io.files import atomic_write
+    from corpus_io.storage.files import atomic_write
 
     order = len(probs)
     entries = [dict(p) for p in probs]
@@ -141,7 +141,7 @@ class Arpa:
     """
 
     def __init__(self, path: str | Path) -> None:
-        from corpus_io.files import iter_raw_lines
+        from corpus_io.storage.files import iter_raw_lines
 
         self.path = str(path)
         self.prob: dict[tuple, float] = {}
@@ -311,8 +311,8 @@ def lm_units(text: str, tokenizer: Any, unit: str) -> list[str]:
 def make_lm(cfg: Any) -> dict:
     """``corpus-io make-lm``: estimate and write the ARPA; print its size and training-text perplexity."""
     from corpus_io.config import require
-    from corpus_io.files import refuse_overwriting_inputs, refuse_remote_output
-    from corpus_io.progress import progress
+    from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
+    from corpus_io.storage.progress import progress
     from corpus_io.tokenizer import Tokenizer, build_tokenizer, char_split
 
     require(cfg, "input", "output")

@@ -79,7 +79,7 @@ class Catalog:
 
 def detect(input_path: str) -> tuple[str, str]:
     """``(kind, list path)``: ``shard`` (a data.list), ``raw`` (JSONL) or ``kaldi`` (a directory)."""
-    from corpus_io.urls import is_remote
+    from corpus_io.storage.urls import is_remote
 
     if is_remote(input_path):
         return "shard", input_path
@@ -107,7 +107,7 @@ def detect(input_path: str) -> tuple[str, str]:
 
 def default_cache_dir(input_path: str) -> Path:
     """``<input dir>/.explore/<input name>/`` when writable, else under ``~/.cache/corpus-io/explore``."""
-    from corpus_io.urls import is_remote
+    from corpus_io.storage.urls import is_remote
 
     digest = hashlib.sha256(input_path.encode()).hexdigest()[:16]
     if not is_remote(input_path):
@@ -128,7 +128,7 @@ def _extra(meta: dict) -> str | None:
 
 
 def open_shard(url: str, storage_options: dict | None):
-    from corpus_io.urls import is_remote, local_path, open_url
+    from corpus_io.storage.urls import is_remote, local_path, open_url
 
     if is_remote(url):
         return open_url(url, storage_options=storage_options, seekable=True, block_size=1 << 20)
@@ -199,7 +199,7 @@ def scan_shard(url: str, shard_id: int, *, storage_options: dict | None = None) 
 
 def _probe_missing(rows: list[dict], url: str, storage_options: dict | None, gz: bool) -> None:
     """Duration and rate from the audio header of members whose ``.json`` lacks them (foreign tars)."""
-    from corpus_io.audio import header_info
+    from corpus_io.audio.io import header_info
 
     todo = [r for r in rows if (r["duration"] is None or r["sample_rate"] is None) and r["audio_size"]]
     if not todo or gz:
@@ -215,7 +215,7 @@ def _probe_missing(rows: list[dict], url: str, storage_options: dict | None, gz:
 
 
 def _shard_stamp(url: str, entry: dict | None) -> list:
-    from corpus_io.urls import is_remote, local_path
+    from corpus_io.storage.urls import is_remote, local_path
 
     if not is_remote(url):
         return file_stamp(local_path(url))
@@ -233,7 +233,7 @@ def _index_keys(list_path: str, storage_options: dict | None) -> dict[str, list[
 
 def _iter_shard_rows(list_path: str, shards: list[Shard], todo: set[int],
                      storage_options: dict | None) -> Iterator[dict]:
-    from corpus_io.progress import progress
+    from corpus_io.storage.progress import progress
 
     keys_of: dict[str, list[str]] | None = None
     for i in progress(sorted(todo), desc="catalog", unit="shard"):
@@ -255,8 +255,8 @@ def _iter_shard_rows(list_path: str, shards: list[Shard], todo: set[int],
 
 
 def _iter_raw_rows(path: str) -> Iterator[dict]:
-    from corpus_io.progress import progress
-    from corpus_io.rawlist import RawList
+    from corpus_io.loader.rawlist import RawList
+    from corpus_io.storage.progress import progress
 
     lst = RawList(path)
     for i in progress(range(len(lst)), desc="catalog", unit="utt"):
@@ -264,8 +264,8 @@ def _iter_raw_rows(path: str) -> Iterator[dict]:
 
 
 def _iter_kaldi_rows(path: str) -> Iterator[dict]:
-    from corpus_io.kaldi import KeyedTable, iter_segments, iter_table
-    from corpus_io.progress import progress
+    from corpus_io.storage.progress import progress
+    from corpus_io.tables.kaldi import KeyedTable, iter_segments, iter_table
 
     d = Path(path)
     if not (d / "text").is_file():
@@ -285,8 +285,8 @@ def _iter_kaldi_rows(path: str) -> Iterator[dict]:
 
 def _source_row(rec: dict, i: int) -> dict:
     """A catalog row of a raw/Kaldi utterance: audio stays at its source (header probed, never decoded)."""
-    from corpus_io import audio
-    from corpus_io.urls import is_command, is_remote
+    from corpus_io.audio import io as audio
+    from corpus_io.storage.urls import is_command, is_remote
 
     source = None if rec.get("source") is None else str(rec["source"])
     if source and not is_remote(source) and not is_command(source) and os.path.exists(source):
@@ -329,7 +329,7 @@ def _write_rows(rows: Iterator[dict], path: Path) -> int:
 
 def build_base(input_path: str, cache_dir: Path, *, storage_options: dict | None = None) -> tuple[str, list[Shard]]:
     """Bring ``cache_dir/base.parquet`` up to date with the input; returns ``(kind, shards)``."""
-    from corpus_io.files import temp_name
+    from corpus_io.storage.files import temp_name
 
     kind, list_path = detect(input_path)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -431,7 +431,7 @@ def build_table(cache: Path, results: list[Path]) -> Path:
     """``cache/table.parquet``: ``base.parquet`` joined with decode results (``run-*.parquet``, in order) plus the
     derived columns and sort ranks, and ``vocab.json``; kept when neither input changed."""
     from corpus_io.explore.results import RESULT_COLUMNS
-    from corpus_io.files import temp_name
+    from corpus_io.storage.files import temp_name
 
     table = cache / "table.parquet"
     want = {"version": CATALOG_VERSION, "base": file_stamp(str(cache / "base.parquet")),
@@ -484,8 +484,8 @@ def _write_page_rows(con: Any, table: Path, cache: Path, runs: int) -> None:
     them (see :mod:`corpus_io.explore.query`)."""
     import numpy as np
 
-    from corpus_io.files import temp_name
-    from corpus_io.rawlist import build_offsets
+    from corpus_io.loader.rawlist import build_offsets
+    from corpus_io.storage.files import temp_name
 
     rows, idx = cache / "rows.jsonl", cache / "rows.idx"
     tmp_rows, tmp_idx = temp_name(rows), temp_name(idx)

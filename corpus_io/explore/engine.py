@@ -46,7 +46,7 @@ def read_stamp(path: Path) -> dict | None:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    from corpus_io.files import atomic_write
+    from corpus_io.storage.files import atomic_write
 
     with atomic_write(path) as f:
         json.dump(obj, f, ensure_ascii=False)

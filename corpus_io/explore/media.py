@@ -30,7 +30,7 @@ class Audio:
 
     def __init__(self, catalog: Any, row: dict):
         from corpus_io.explore.engine import file_stamp
-        from corpus_io.urls import is_remote, local_path
+        from corpus_io.storage.urls import is_remote, local_path
 
         self.catalog, self.row = catalog, row
         self.format = row.get("audio_format") or "wav"
@@ -58,7 +58,7 @@ class Audio:
                 self.format = "wav"
                 self.size = len(self._data)
             else:
-                from corpus_io.audio import read_source_bytes
+                from corpus_io.audio.io import read_source_bytes
 
                 try:  # raw sources are whole files of one utterance: small enough to read once
                     self._data = read_source_bytes(self.url, storage_options=catalog.storage_options)
@@ -71,7 +71,7 @@ class Audio:
         return CONTENT_TYPES.get(self.format, "application/octet-stream")
 
     def _segment(self) -> bytes:
-        from corpus_io.audio import decode_bytes, encode, read_source_bytes, segment_samples, to_mono
+        from corpus_io.audio.io import decode_bytes, encode, read_source_bytes, segment_samples, to_mono
 
         try:
             data = read_source_bytes(self.url, storage_options=self.catalog.storage_options)
@@ -108,7 +108,7 @@ class Audio:
         return data
 
     def samples(self) -> tuple[np.ndarray, int]:
-        from corpus_io.audio import decode_bytes, to_mono
+        from corpus_io.audio.io import decode_bytes, to_mono
 
         wave, rate = decode_bytes(self.read(), where=f"{self.url} {self.row.get('member') or ''}".strip())
         return to_mono(wave).astype(np.float32), rate

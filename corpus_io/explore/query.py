@@ -291,7 +291,7 @@ def missing_tokens(token_list: str, vocab: dict) -> list[list]:
     A token list is WeNet's ``units.txt`` (``token id`` per line) or one token per line. A list of mostly
     single characters (a char tokenizer's) is checked against the corpus alphabet; any other (words) against
     its vocabulary (the top words the catalog keeps)."""
-    from corpus_io.files import iter_raw_lines
+    from corpus_io.storage.files import iter_raw_lines
 
     tokens = set()
     for _, raw in iter_raw_lines(token_list, what="token list"):

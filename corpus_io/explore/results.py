@@ -36,7 +36,7 @@ def check_hyps(decode_dir: str) -> Path:
     """The ``text`` of ``decode_dir``, refused (a DataError naming both ``file:line``) when it repeats a key, as the
     catalog refuses a Kaldi dir's ``text`` that does: joined to the catalog, a repeated key would show its
     utterance twice and count it twice in every total."""
-    from corpus_io.kaldi import check_unique_keys
+    from corpus_io.tables.kaldi import check_unique_keys
 
     path = hyp_file(decode_dir)
     try:
@@ -61,8 +61,8 @@ def score(ref: str, hyp: str) -> dict:
 def build_results(decode_dir: str, cache_dir: Path) -> Path:
     """``run-<digest>.parquet`` (key + :data:`RESULT_COLUMNS`) for ``decode_dir``, rebuilt when stale."""
     from corpus_io.explore.engine import connect, file_stamp, read_stamp, sql_str, write_json
-    from corpus_io.files import temp_name
-    from corpus_io.kaldi import iter_table
+    from corpus_io.storage.files import temp_name
+    from corpus_io.tables.kaldi import iter_table
 
     hyps = hyp_file(decode_dir)
     digest = hashlib.sha256(str(Path(decode_dir).resolve()).encode()).hexdigest()[:12]

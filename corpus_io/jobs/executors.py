@@ -1,7 +1,7 @@
-"""Executors: the N jobs of a command (corpus_io.jobs) submitted to an engine, then merged.
+"""Executors: the N jobs of a command (corpus_io.jobs.parts) submitted to an engine, then merged.
 
 ``++executor=dask ++executor_address=tcp://host:port`` (the ``[dask]`` extra): every job is
-:func:`corpus_io.jobs.run_job` submitted to an existing Dask cluster with ``pure=False`` (equal
+:func:`corpus_io.jobs.parts.run_job` submitted to an existing Dask cluster with ``pure=False`` (equal
 arguments are never deduplicated). A job is idempotent and commits atomically (its outputs, then its
 part record), so a task the scheduler reruns after a worker died ends with the same bytes. When all
 N are done, ``merge-jobs`` joins the parts here, as one job would have written them.
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from corpus_io.errors import ConfigError
-from corpus_io.jobs import merge_jobs, run_job
+from corpus_io.jobs.parts import merge_jobs, run_job
 
 # the option that names P (what merge-jobs joins) for each command that runs as jobs
 MERGE_PATH = {"pack-shards": "output_dir", "scp2jsonl": "jsonl_file_out", "compute-cmvn": "output",

@@ -42,21 +42,21 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write, file_sha256, inputs_digest, is_object_url, state_dir
-from corpus_io.progress import Summary
+from corpus_io.storage.files import atomic_write, file_sha256, inputs_digest, is_object_url, state_dir
+from corpus_io.storage.progress import Summary
 
 RECORD_FORMAT = 1
 MAX_JOBS = 10_000_000
 
-# the commands that run as jobs: the function that runs one job (the CLI's, see cli/commands.py) and the
+# the commands that run as jobs: the function that runs one job (the CLI's, see corpus_io/commands.py) and the
 # one that joins the parts (called by merge_jobs with the place and the checked parts), the one that names
 # the keys a part holds (in its record's data), which no two parts may share, and the one that checks the
 # command's fields of a record (``check(part)`` raises :class:`RecordProblem`) before the merge trusts any
 JOB_COMMANDS: dict[str, tuple[str, str, str, str, str]] = {  # command -> (schema, run, merge, keys, check)
     "pack-shards": ("PackShardsConfig", "corpus_io.shards.pack:pack_shards", "corpus_io.shards.pack:merge_parts",
                     "corpus_io.shards.pack:part_keys", "corpus_io.shards.pack:check_part"),
-    "scp2jsonl": ("Scp2JsonlConfig", "corpus_io.manifest:scp2jsonl", "corpus_io.manifest:merge_parts",
-                  "corpus_io.manifest:part_keys", "corpus_io.manifest:check_part"),
+    "scp2jsonl": ("Scp2JsonlConfig", "corpus_io.tables.manifest:scp2jsonl", "corpus_io.tables.manifest:merge_parts",
+                  "corpus_io.tables.manifest:part_keys", "corpus_io.tables.manifest:check_part"),
     "compute-cmvn": ("ComputeCmvnConfig", "corpus_io.train.cmvn:compute_cmvn", "corpus_io.train.cmvn:merge_parts",
                      "", "corpus_io.train.cmvn:check_part"),
     "add-field": ("AddFieldConfig", "corpus_io.shards.add_field:add_field", "corpus_io.shards.add_field:merge_parts",
@@ -520,7 +520,7 @@ def completed_part(place: Place, job: Job, fp: str) -> Part | None:
 
 def find_place(path: str, tag: str | None = None) -> Place:
     """The place of P's parts (the tag found beside P when not given); an ``s3://`` P's parts are in its local
-    state dir (:func:`corpus_io.files.state_dir`)."""
+    state dir (:func:`corpus_io.storage.files.state_dir`)."""
     p = state_dir(path) if is_object_url(path) else Path(path)
     if p.is_dir():
         candidates = {m.group(1) for e in os.scandir(p)
@@ -609,7 +609,7 @@ def _refuse_repeated_keys(parts: list[Part], keys_of: Callable[[dict], Iterable[
     """A key held by two parts (or twice by one) is a refusal naming both parts (a second pass, only then)."""
     import numpy as np
 
-    from corpus_io.kaldi import duplicate_hashes
+    from corpus_io.keys import duplicate_hashes
 
     wanted = duplicate_hashes(np.frombuffer(hashes, dtype=np.int64), in_place=True)  # order is not needed
     if not wanted:

@@ -1,1 +1,13 @@
-"""The loader pipeline: reading (read.py), stages (stages.py) and their composition (build.py)."""
+"""The streaming loader, whole: from a data.list to padded batches.
+
+``read`` reads the lists, opens shards or raw lines (retries, the weighted mix of sources), ``partition``
+assigns them to ranks, workers and epochs and keeps the resumable slot state, ``stages`` are the sample
+stages (decode, resample, filter, features, tokenize, ...), ``batching`` builds and pads batches, ``build``
+chains the stages from a config, ``rawlist`` reads a raw list by byte offsets, ``elastic`` re-splits a
+checkpointed epoch over another world size, and ``dataset`` is the IterableDataset, the resumable
+DataLoader wrapper (``CorpusLoader``) and ``bench-loader``.
+
+May import: ``corpus_io.storage``, ``corpus_io.audio``, ``corpus_io.jobs``, ``corpus_io.tables``,
+``corpus_io.shards``, ``corpus_io.tokenizer``, ``corpus_io.config``, ``corpus_io.keys``,
+``corpus_io.errors``; never train, decoding or anything above.
+"""

@@ -19,7 +19,7 @@ arguments and the order of its input. Nothing here draws random numbers: a rando
 batches comes from a :func:`batch_order` key passed in.
 
 Blocks: samples marked :data:`CARRIED` (the rest of the previous epoch, read first after DDP ranks
-stopped it unevenly: corpus_io.pipeline.elastic) come first and never share a shuffle, sort or bucket
+stopped it unevenly: corpus_io.loader.elastic) come first and never share a shuffle, sort or bucket
 buffer with the others, so they fill the first batches (the last of them topped up with the epoch's
 own first samples); a sample marked :data:`BLOCK_END` (the last of a sort block, when the batches of
 a block are shuffled) closes its batch.

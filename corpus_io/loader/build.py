@@ -1,6 +1,6 @@
 """The one place that composes the loader chain, in WeNet's order, as a value.
 
-    list shuffle -> partition -> open -> tar group | raw read      (corpus_io.pipeline.read)
+    list shuffle -> partition -> open -> tar group | raw read      (corpus_io.loader.read)
     -> decode -> filter -> resample -> speed perturb -> frame count -> tokenize -> token filter
     -> features -> augmentation
        (feats_on=model: ... -> speed perturb -> frame count -> filter -> drop empty -> tokenize -> token
@@ -12,10 +12,10 @@
 :func:`loader_chain` turns a :class:`DatasetConf` into a list of named :class:`Stage` values (printable:
 ``bench-loader`` and ``train`` log it at start); :func:`build_pipeline` folds it over the read samples
 of one slot. A stage takes its config block whole: every key of the block that its function names is
-passed (tests/pipeline/test_build.py checks that every key of a block reaches some stage). Tokens are
+passed (tests/loader/test_build.py checks that every key of a block reaches some stage). Tokens are
 counted and filtered before features, so no features are computed for an utterance the token filter
 drops (WeNet's order). Augmentation and speed perturbation run only in train mode; cv/test reads the
-list unshuffled, split across ranks. The two bookkeeping taps keep :class:`~corpus_io.partition.SlotState`
+list unshuffled, split across ranks. The two bookkeeping taps keep :class:`~corpus_io.loader.partition.SlotState`
 up to date so every padded batch carries the worker's exact read position (``__state__``) and its
 filter/skip count deltas (``__counts__``).
 """
@@ -31,15 +31,15 @@ from typing import Any, Callable, Iterator, Mapping
 
 from corpus_io.config import DatasetConf
 from corpus_io.errors import ConfigError
-from corpus_io.partition import Slot, SlotState
-from corpus_io.pipeline.read import ReadOptions, Source, iter_source, mix
+from corpus_io.loader.partition import Slot, SlotState
+from corpus_io.loader.read import ReadOptions, Source, iter_source, mix
 
 
 def read_options(conf: DatasetConf) -> ReadOptions:
     if not conf.read_timeout > 0:
         raise ConfigError(f"dataset_conf.read_timeout={conf.read_timeout}: the longest wait for a remote read must "
                           f"be > 0 seconds (default 30), e.g. ++dataset_conf.read_timeout=60.")
-    from corpus_io.urls import TIMEOUT_KEY_OPTION
+    from corpus_io.storage.urls import TIMEOUT_KEY_OPTION
 
     storage_options = {**(conf.storage_options or {}), "read_timeout": float(conf.read_timeout),
                        "pipe_timeout": float(conf.pipe_timeout), TIMEOUT_KEY_OPTION: "dataset_conf.read_timeout"}
@@ -67,7 +67,7 @@ def sample_seconds(sample: dict) -> float:
 def continues_streams(conf: DatasetConf) -> bool:
     """Epochs continue the streams where the last one stopped instead of starting a new pass: with
     ``epoch_hours``, and with a weighted mix of ``sources`` (its epoch ends when one source finishes a
-    pass: see :func:`corpus_io.pipeline.read.mix`)."""
+    pass: see :func:`corpus_io.loader.read.mix`)."""
     return bool(conf.epoch_hours) or len(conf.sources) > 1
 
 
@@ -154,8 +154,7 @@ def describe_chain(chain: list[Stage]) -> str:
 
 def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool) -> list[Stage]:
     """The stages after reading, in order, for ``conf`` (see the module docstring)."""
-    from corpus_io import batching
-    from corpus_io.pipeline import stages
+    from corpus_io.loader import batching, stages
 
     chain: list[Stage] = []
     f = conf.filter_conf
@@ -212,8 +211,7 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool) -> list[Stag
 def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, slot: Slot, state: SlotState,
                    train: bool, counts: Counter) -> Iterator[dict]:
     """Padded batch dicts of one slot (see docs/DEVELOPING.md "The sample dict"), without bookkeeping keys."""
-    from corpus_io import batching
-    from corpus_io.pipeline import stages
+    from corpus_io.loader import batching, stages
 
     epoch = state.epoch
     seed = conf.seed

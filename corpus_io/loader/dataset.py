@@ -8,7 +8,7 @@ no augmentation, still split across ranks). ``CorpusLoader``:
 * ``__iter__`` yields padded batch dicts (``keys``, ``feats``, ``feats_lengths``, ``target``,
   ``target_lengths``, ``audio_seconds``, ``padding_ratio``);
 * ``state_dict()`` / ``load_state_dict()``: the exact read position of every worker as of the
-  last batch the caller *consumed* (see corpus_io.partition). A resumed epoch yields exactly the
+  last batch the caller *consumed* (see corpus_io.loader.partition). A resumed epoch yields exactly the
   utterances the interrupted one had not yet delivered;
 * ``counts()``: filter/skip counts aggregated over workers (also logged at each epoch end).
 
@@ -25,7 +25,7 @@ loader does about it (one all-reduce per batch, before the batch counts as consu
   What :func:`corpus_io.build_loader` gives by default;
 * ``error``: a DataError on every rank at that step, naming this option;
 * ``allow``: no synchronisation; every rank yields all of its batches. The caller keeps the ranks together:
-  DDP's ``join()`` context manager, or :func:`corpus_io.partition.ranks_with_data` before each step and
+  DDP's ``join()`` context manager, or :func:`corpus_io.loader.partition.ranks_with_data` before each step and
   ``carry_rest`` when some but not all ranks ran out (what the trainer does, so it builds its loaders with
   ``allow``).
 
@@ -47,12 +47,12 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from corpus_io.config import DatasetConf, check_values
 from corpus_io.errors import ConfigError, CorpusIOError, DataError
-from corpus_io.files import read_json_object
-from corpus_io.partition import Slot, SlotState, all_ranks_have_data, dist_info, gather_objects, ranks_with_data
-from corpus_io.pipeline.build import build_pipeline, continues_streams, describe_chain, loader_chain, read_options
-from corpus_io.pipeline.elastic import Carry, Resplit, carry_over, resplit, same_topology, utterances_left
-from corpus_io.pipeline.read import Source
-from corpus_io.progress import may_start_processes
+from corpus_io.loader.build import build_pipeline, continues_streams, describe_chain, loader_chain, read_options
+from corpus_io.loader.elastic import Carry, Resplit, carry_over, resplit, same_topology, utterances_left
+from corpus_io.loader.partition import Slot, SlotState, all_ranks_have_data, dist_info, gather_objects, ranks_with_data
+from corpus_io.loader.read import Source
+from corpus_io.storage.files import read_json_object
+from corpus_io.storage.progress import may_start_processes
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def check_uneven(uneven: str) -> None:
 
 
 class CorpusDataset(IterableDataset):
-    """Batches of one rank; each DataLoader worker reads its own slot (see corpus_io.partition)."""
+    """Batches of one rank; each DataLoader worker reads its own slot (see corpus_io.loader.partition)."""
 
     def __init__(self, sources: list[Source], conf: DatasetConf, tokenizer: Any, *, train: bool, rank: int,
                  world_size: int):
@@ -286,7 +286,7 @@ class CorpusLoader:
     def carry_rest(self, states: list[dict] | None = None, *, last_batch_trained: bool = True) -> Carry | None:
         """Every rank ended this epoch at the step where one of them ran out of batches: what the ranks still
         held is carried into the next epoch, where every rank trains it first and the epoch's own pass leaves it
-        out (corpus_io.pipeline.elastic.carry_over), so nothing stays untrained two epochs in a row.
+        out (corpus_io.loader.elastic.carry_over), so nothing stays untrained two epochs in a row.
 
         Collective: every rank calls it at that step, and the ranks' states are gathered. The loader does it with
         ``uneven='stop'``; a loop that keeps the ranks together itself (``uneven='allow'``, as ``train``) calls it
@@ -382,7 +382,7 @@ class CorpusLoader:
         """Resume from every rank's ``state_dict()`` of one checkpoint, on any world size and worker count.
 
         The same topology loads this rank's own state (the exact resume above); another one re-splits the
-        rest of the epoch over this run's ranks x workers (corpus_io.pipeline.elastic) and returns what it
+        rest of the epoch over this run's ranks x workers (corpus_io.loader.elastic) and returns what it
         did, for the log. Every rank computes the same re-split.
         """
         what = "the list of every rank's loader.state_dict() of one checkpoint (each a dict with 'epoch' and 'workers')"
@@ -441,8 +441,8 @@ def _check_is_state(state: Any, call: str, want: str) -> None:
 def check_positions(state: SlotState, sources: list[Source], who: str) -> None:
     """A read position of a loader state that cannot be one of these lists' (a source, unit or position past
     their ends, a negative count or time) is a DataError: resumed, it would silently skip or repeat data."""
-    from corpus_io.partition import PASS_STRIDE
-    from corpus_io.rawlist import CHUNK_LINES
+    from corpus_io.loader.partition import PASS_STRIDE
+    from corpus_io.loader.rawlist import CHUNK_LINES
 
     def bad(why: str) -> DataError:
         return DataError(f"the loader state's read position of {who} is impossible for "
@@ -555,7 +555,7 @@ def bench_loader(cfg: Any) -> dict:
     from pathlib import Path
 
     from corpus_io.config import require
-    from corpus_io.files import atomic_write, refuse_remote_output
+    from corpus_io.storage.files import atomic_write, refuse_remote_output
 
     if not cfg.dataset_conf.sources:
         require(cfg, "data_list")

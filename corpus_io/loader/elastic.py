@@ -1,8 +1,8 @@
 """Elastic resume: the rest of a checkpointed epoch, re-split over another world size or worker count.
 
-A checkpoint holds one :class:`~corpus_io.partition.SlotState` per reader (rank x worker) of the run
+A checkpoint holds one :class:`~corpus_io.loader.partition.SlotState` per reader (rank x worker) of the run
 that wrote it. From those and the deterministic regular assignment, :func:`resplit` lists what each
-old reader had left, per source, as :class:`~corpus_io.partition.Piece` s:
+old reader had left, per source, as :class:`~corpus_io.loader.partition.Piece` s:
 
 * the units it had not started (whole);
 * the rest of the unit its cursor was in (positions after the cursor);
@@ -36,10 +36,10 @@ import numpy as np
 
 from corpus_io.config import DatasetConf
 from corpus_io.errors import ConfigError
-from corpus_io.partition import NO_MORE, PASS_STRIDE, Piece, Slot, SlotState, balance, unit_weights
-from corpus_io.pipeline.build import continues_streams, first_pass, marks_pass_end, source_seed
-from corpus_io.pipeline.read import Source, chunk_lines, pieces_of_pass
-from corpus_io.rawlist import chunk_sizes
+from corpus_io.loader.build import continues_streams, first_pass, marks_pass_end, source_seed
+from corpus_io.loader.partition import NO_MORE, PASS_STRIDE, Piece, Slot, SlotState, balance, unit_weights
+from corpus_io.loader.rawlist import chunk_sizes
+from corpus_io.loader.read import Source, chunk_lines, pieces_of_pass
 
 
 @dataclass
@@ -185,7 +185,7 @@ def resplit(sources: list[Source], conf: DatasetConf, rank_states: list[dict], *
         if source.data_type == "shard" and source.durations and all(source.durations):
             result.hours += sum(left) / 3600
         taken = sum(st.taken.get(i, 0) for st in olds)
-        # the same split as an epoch's (corpus_io.partition.assign), on what is left: ranks, then workers
+        # the same split as an epoch's (corpus_io.loader.partition.assign), on what is left: ranks, then workers
         items = list(range(len(rest)))
         for rank, of_rank in enumerate(balance(items, left, world_size)):
             for worker, mine in enumerate(balance(of_rank, left, num_workers)):
@@ -227,7 +227,7 @@ def carry_over(sources: list[Source], conf: DatasetConf, rank_states: list[dict]
     buffers: the pieces of :func:`resplit`) is read first in the next epoch, on every rank, balanced so that
     each rank's total (carried plus its regular share) is even; each reader's regular share of the next pass
     leaves those utterances out. So each key is read at most once per epoch, and what one epoch leaves
-    untrained is trained early in the next (its samples are batched apart, first: corpus_io.batching.CARRIED).
+    untrained is trained early in the next (its samples are batched apart, first: corpus_io.loader.batching.CARRIED).
     None when nothing is left, or when the streams continue across epochs anyway (``epoch_hours``, mixes).
     """
     if continues_streams(conf):

@@ -204,11 +204,11 @@ class Piece:
     """What a slot reads of one unit: the unit, its stride filter, and which positions.
 
     A regular unit is read whole (``after`` = -1). After an elastic re-split (see
-    corpus_io.pipeline.elastic) a piece is the rest of a unit the checkpointed run had opened: the
+    corpus_io.loader.elastic) a piece is the rest of a unit the checkpointed run had opened: the
     positions after ``after`` plus ``extra`` (samples that were pending in the buffers).
     ``pass_`` is the pass the unit belongs to (a raw chunk's lines depend on it). ``skip``: pieces
     whose positions this one leaves out (what the last epoch left untrained and carried into this
-    one, read before it: see corpus_io.pipeline.elastic.carry_over).
+    one, read before it: see corpus_io.loader.elastic.carry_over).
     """
 
     unit: int

@@ -1,7 +1,7 @@
 """Raw mode: a JSONL list of utterances, indexed by line offsets (never held as Python objects).
 
 A line is WeNet's ``{"key", "wav", "txt"[, "start", "end"]}``, FunASR's ``{"key", "source",
-"target", ...}``, a NeMo manifest line or a Lhotse cut (:func:`corpus_io.inputs.record_of_line`).
+"target", ...}``, a NeMo manifest line or a Lhotse cut (:func:`corpus_io.tables.inputs.record_of_line`).
 :class:`RawList` keeps one int64 byte offset per non-blank line in a numpy array,
 cached next to the list as ``<list>.idx`` (a ``.npy`` file, memory-mapped; rebuilt when the list's
 size or mtime changes, or kept in memory when the directory is read-only). A 10M-line list costs
@@ -19,13 +19,13 @@ import os
 
 import numpy as np
 
-from corpus_io import audio
+from corpus_io.audio import io as audio
 from corpus_io.errors import DataError
-from corpus_io.files import atomic_write, parse_json_object
-from corpus_io.inputs import Skip, detect, record_of_line
 from corpus_io.shards.format import SHARD_SUFFIXES
+from corpus_io.storage.files import atomic_write, parse_json_object
+from corpus_io.tables.inputs import Skip, detect, record_of_line
 
-#: lines per resumable unit in raw mode (see corpus_io.partition)
+#: lines per resumable unit in raw mode (see corpus_io.loader.partition)
 CHUNK_LINES = 1000
 _IDX_VERSION = 1
 
@@ -102,7 +102,7 @@ def _as_jsonl(path: str, owner: object) -> str:
     import tempfile
     import weakref
 
-    from corpus_io.inputs import iter_records
+    from corpus_io.tables.inputs import iter_records
 
     def refuse(rec: Skip) -> None:
         raise DataError(f"{rec.where}: {rec.what}. Fix the input, or write a raw list with "

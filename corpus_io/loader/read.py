@@ -1,6 +1,6 @@
 """The reading end of the pipeline: one slot's units of each source, opened, read and mixed.
 
-Every sample leaves here with ``__sid__ = (source, unit, position)`` (see corpus_io.partition):
+Every sample leaves here with ``__sid__ = (source, unit, position)`` (see corpus_io.loader.partition):
 ``unit`` is ``pass * PASS_STRIDE + ordinal`` in the slot's unit list of that pass and ``position``
 is the utterance's index inside the shard (or raw chunk). Resumed readers start at
 ``state.start_unit(src)`` and drop samples ``state.already_done`` says were emitted, before any
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterator
 
-from corpus_io.batching import CARRIED
 from corpus_io.errors import DataError, redact
-from corpus_io.partition import PASS_STRIDE, Assignment, Piece, Slot, SlotState, assign, pieces_of, unit_weights
-from corpus_io.rawlist import CHUNK_LINES, RawList, chunk_sizes, permuted_lines
+from corpus_io.loader.batching import CARRIED
+from corpus_io.loader.partition import PASS_STRIDE, Assignment, Piece, Slot, SlotState, assign, pieces_of, unit_weights
+from corpus_io.loader.rawlist import CHUNK_LINES, RawList, chunk_sizes, permuted_lines
 
 log = logging.getLogger(__name__)
 _NO_INDEX_WARNED: set[str] = set()
@@ -150,7 +150,7 @@ class Source:
 
 
 def _local_tar(url: str) -> bool:
-    from corpus_io.urls import is_command, is_remote
+    from corpus_io.storage.urls import is_command, is_remote
 
     return url.endswith(".tar") and not is_remote(url) and not is_command(url) and not url.startswith("file://")
 
@@ -247,7 +247,7 @@ def _why(exc: BaseException, opts: ReadOptions) -> str:
         return str(exc).rstrip(".")
     why = f"{type(exc).__name__}: {exc}".rstrip(": ") or type(exc).__name__
     if "timeout" in type(exc).__name__.lower():  # s3fs/botocore's own timeouts: name the bound that set them
-        from corpus_io.urls import read_timeout, timeout_key
+        from corpus_io.storage.urls import read_timeout, timeout_key
 
         why += f" (the bound is {timeout_key(opts.storage_options)}={read_timeout(opts.storage_options):g} s)"
     return why

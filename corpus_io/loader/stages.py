@@ -6,7 +6,7 @@ sample adds 1 to ``counts[reason]`` (reasons: ``decode.error``, ``decode.empty``
 ``filter.ratio_too_low``, ``filter.ratio_too_high``, ``features.error``, ``features.shorter_than_window``);
 ``batch.over_budget`` counts (never drops) an utterance batched alone because it is over budget.
 
-WeNet's order (composed in corpus_io.pipeline.build.loader_chain): decode, filter_length, resample,
+WeNet's order (composed in corpus_io.loader.build.loader_chain): decode, filter_length, resample,
 speed_perturb, count_frames, tokenize, filter_tokens, fbank|mfcc (raw_features: tokens after it;
 precomputed_features instead of decode..features), spec_aug, spec_sub, spec_trim, shuffle, sort, batch,
 shuffle_batches (train) (or bucket_batch instead of sort+batch), pad. Tokens are filtered before features, so
@@ -34,11 +34,12 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from corpus_io import audio, augment, features
-from corpus_io.audio import resample_wav
-from corpus_io.batching import BLOCK_END, batch, bucket_batch, carried, runs, sample_lengths
-from corpus_io.batching import pad as pad_batch
+from corpus_io.audio import augment, features
+from corpus_io.audio import io as audio
+from corpus_io.audio.io import resample_wav
 from corpus_io.errors import DataError
+from corpus_io.loader.batching import BLOCK_END, batch, bucket_batch, carried, runs, sample_lengths
+from corpus_io.loader.batching import pad as pad_batch
 
 __all__ = [
     "decode", "filter_length", "resample", "resample_wav", "speed_perturb", "fbank", "mfcc", "waveform_frames",
@@ -256,7 +257,7 @@ def _with_feats(samples: Iterable[dict], compute: Any, counts: Counter | None) -
 def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: float = 25.0, frame_shift: float = 10.0,
           dither: float = 0.0, generator: torch.Generator | None = None,
           counts: Counter | None = None) -> Iterator[dict]:
-    """Kaldi fbank (:func:`corpus_io.features.fbank`) of ``wav`` as WeNet computes it: ``feats``
+    """Kaldi fbank (:func:`corpus_io.audio.features.fbank`) of ``wav`` as WeNet computes it: ``feats``
     (num_frames, num_mel_bins), num_frames = 1 + (n - frame_length_samples) // shift_samples."""
     def compute(sample: dict) -> torch.Tensor:
         return features.fbank(sample["wav"], sample["sample_rate"], num_mel_bins=num_mel_bins,
@@ -268,7 +269,7 @@ def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: floa
 def mfcc(samples: Iterable[dict], *, num_mel_bins: int = 40, num_ceps: int = 40, frame_length: float = 25.0,
          frame_shift: float = 10.0, dither: float = 0.0, high_freq: float = -200.0, low_freq: float = 20.0,
          generator: torch.Generator | None = None, counts: Counter | None = None) -> Iterator[dict]:
-    """Kaldi MFCC (:func:`corpus_io.features.mfcc`) of ``wav``: ``feats`` (num_frames, num_ceps)."""
+    """Kaldi MFCC (:func:`corpus_io.audio.features.mfcc`) of ``wav``: ``feats`` (num_frames, num_ceps)."""
     def compute(sample: dict) -> torch.Tensor:
         return features.mfcc(sample["wav"], sample["sample_rate"], num_mel_bins=num_mel_bins, num_ceps=num_ceps,
                              frame_length=frame_length, frame_shift=frame_shift, dither=dither,
@@ -418,7 +419,7 @@ def tokenize(samples: Iterable[dict], *, tokenizer: Any, counts: Counter | None 
 def shuffle(samples: Iterable[dict], *, shuffle_size: int = 1500, rng: random.Random,
             counts: Counter | None = None) -> Iterator[dict]:
     """Block shuffle (WeNet): read ``shuffle_size`` samples, ``rng.shuffle`` them, emit them all. The carried
-    rest of the last epoch (corpus_io.batching.runs) is a block of its own, emitted first."""
+    rest of the last epoch (corpus_io.loader.batching.runs) is a block of its own, emitted first."""
     for run in runs(samples):
         buf: list[dict] = []
         for sample in run:
@@ -459,7 +460,7 @@ def shuffle_batches(batches: Iterable[list[dict]], *,
     too): sorted, a block's longest utterances would always be its last batches, and an epoch cut short (DDP
     ranks holding unequal data stop together) would leave the same, longest, utterances untrained every time.
     A batch holding samples carried from the last epoch leaves at once (they come first). The order is
-    :func:`corpus_io.batching.batch_order`'s, so a resumed reader yields the batches as an uninterrupted one."""
+    :func:`corpus_io.loader.batching.batch_order`'s, so a resumed reader yields the batches as an uninterrupted one."""
     held: list[list[dict]] = []
     for b in batches:
         if carried(b[0]):
@@ -473,6 +474,6 @@ def shuffle_batches(batches: Iterable[list[dict]], *,
 
 
 def pad(batches: Iterable[list[dict]], *, frame_shift: float = 0.01) -> Iterator[dict]:
-    """Each batch (list of samples) -> the padded batch dict (:func:`corpus_io.batching.pad`)."""
+    """Each batch (list of samples) -> the padded batch dict (:func:`corpus_io.loader.batching.pad`)."""
     for samples in batches:
         yield pad_batch(samples, frame_shift=frame_shift)

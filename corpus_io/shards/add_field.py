@@ -1,9 +1,9 @@
 """``add-field``: write companion field files next to packed shards without rewriting them.
 
-One worker process per shard (:func:`corpus_io.progress.parallel_imap`; the feats.scp reader or jsonl
+One worker process per shard (:func:`corpus_io.storage.progress.parallel_imap`; the feats.scp reader or jsonl
 values reach the workers through its ``initializer``) writes ``shard-NNNNNN.<field>.tar`` (fbank/mfcc or
 feats.scp matrices as ``.npy``) or ``.<field>.jsonl.gz``, plus the ``meta`` companion, with the crash-safe
-output protocol of :mod:`corpus_io.files` (hash while writing, sidecar, resume check); the index records
+output protocol of :mod:`corpus_io.storage.files` (hash while writing, sidecar, resume check); the index records
 each shard's fields. The format and its readers are :mod:`corpus_io.shards.fields`.
 """
 
@@ -18,18 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corpus_io import jobs
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import (
-    HashingWriter,
-    atomic_write,
-    completed_output,
-    inputs_digest,
-    remove_temp_files,
-    sidecar_path,
-    write_sidecar,
-)
-from corpus_io.progress import WorkerState
+from corpus_io.jobs import parts as jobs
 from corpus_io.shards.fields import (
     META,
     MISSING_EXT,
@@ -42,6 +32,16 @@ from corpus_io.shards.fields import (
 )
 from corpus_io.shards.format import safe_member_name, shard_stem
 from corpus_io.shards.index import write_index
+from corpus_io.storage.files import (
+    HashingWriter,
+    atomic_write,
+    completed_output,
+    inputs_digest,
+    remove_temp_files,
+    sidecar_path,
+    write_sidecar,
+)
+from corpus_io.storage.progress import WorkerState
 
 # --------------------------------------------------------------------------- writing
 
@@ -124,11 +124,12 @@ def _npy_bytes(array: Any) -> bytes:
 
 def _feature_fn(task: FieldTask) -> Any:
     """``sample -> np.ndarray``: decode, resample and fbank|mfcc with the loader's own functions
-    (corpus_io.audio, corpus_io.features), so the field equals what the loader would compute."""
+    (corpus_io.audio.io, corpus_io.audio.features), so the field equals what the loader would compute."""
     import numpy as np
     import torch
 
-    from corpus_io import audio, features
+    from corpus_io.audio import features
+    from corpus_io.audio import io as audio
 
     o = task.options
 
@@ -158,7 +159,7 @@ def _feature_fn(task: FieldTask) -> Any:
 
 def add_field_to_shard(task: FieldTask) -> FieldResult:
     """Write the field file (and the meta companion when missing) of one shard; resumable."""
-    from corpus_io.urls import local_path
+    from corpus_io.storage.urls import local_path
 
     kind = "tar" if task.mode in ("fbank", "mfcc", "scp") else "jsonl.gz"
     fpath = Path(local_path(companion_url(task.url, task.field, kind)))
@@ -300,9 +301,9 @@ def _load_jsonl_values(path: str, name: str) -> dict[str, Any]:
 
 def add_field(cfg: Any) -> Any:
     """``corpus-io add-field`` for a validated :class:`corpus_io.config.AddFieldConfig`; returns the Summary."""
-    from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
     from corpus_io.shards.index import index_path_for, load_index, read_datalist
-    from corpus_io.urls import is_command, is_remote
+    from corpus_io.storage.progress import Summary, parallel_imap, progress, resolve_num_workers
+    from corpus_io.storage.urls import is_command, is_remote
 
     check_field_name(cfg.field)
     if cfg.from_scp and cfg.from_jsonl:
@@ -388,7 +389,7 @@ def add_field(cfg: Any) -> Any:
 def _write_part(place: jobs.Place, job: jobs.Job, fp: str, span: list, total: int, results: dict[str, dict],
                 summary: Any) -> None:
     """A job's record: its companion files (outputs) and their stats by shard (what the merge indexes)."""
-    from corpus_io.urls import local_path
+    from corpus_io.storage.urls import local_path
 
     outputs = []
     for url, stats in results.items():
@@ -406,7 +407,7 @@ def part_keys(data: dict) -> list[str]:
 
 def check_part(part: jobs.Part) -> None:
     """merge-jobs: an add-field record's companion files per shard (a file name beside the shard, its size and
-    sha256, as many as its outputs) (:class:`corpus_io.jobs.RecordProblem` on the first field that cannot be
+    sha256, as many as its outputs) (:class:`corpus_io.jobs.parts.RecordProblem` on the first field that cannot be
     trusted)."""
     files = 0
     for url, stats in jobs.of_type(part.data.get("results"), "data.results", dict, "a JSON object").items():
@@ -445,7 +446,7 @@ def merge_parts(place: jobs.Place, parts: list[jobs.Part]) -> Any:
 
 def _clean_temp_files(urls: list[str]) -> None:
     """Remove the temp companion files and sidecars (``.<shard>.<field>.<kind>.json``) of a killed run."""
-    from corpus_io.urls import local_path
+    from corpus_io.storage.urls import local_path
 
     stems: dict[str, set[str]] = {}
     for url in urls:
@@ -463,7 +464,7 @@ def _clean_temp_files(urls: list[str]) -> None:
 
 
 def _shard_digest(url: str, entry: dict | None) -> str:
-    from corpus_io.urls import local_path
+    from corpus_io.storage.urls import local_path
 
     if entry and entry.get("sha256"):
         return str(entry["sha256"])

@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write, refuse_overwriting_inputs, refuse_remote_output
-from corpus_io.progress import Summary
 from corpus_io.shards.format import SHARD_SUFFIXES
 from corpus_io.shards.index import (
     describe_repeats,
@@ -39,7 +37,9 @@ from corpus_io.shards.index import (
     read_datalist,
     write_list_and_index,
 )
-from corpus_io.urls import is_command, is_remote
+from corpus_io.storage.files import atomic_write, refuse_overwriting_inputs, refuse_remote_output
+from corpus_io.storage.progress import Summary
+from corpus_io.storage.urls import is_command, is_remote
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
@@ -185,7 +185,7 @@ def make_shard_list(inputs: list[str], output: str, prefix: str | None = None) -
 def _segment_length(info: Any, start: float, end: float | None, where: str, rec: dict) -> tuple[int, int]:
     """``(num_samples, sample_rate)`` of segment [start, end] s (end None or < 0: to the end) of a recording
     described by ``info`` (an AudioInfo); a segment outside it is a DataError naming the line."""
-    from corpus_io import audio
+    from corpus_io.audio import io as audio
 
     try:
         first, last = audio.segment_samples(float(start), -1.0 if end is None else float(end), info.sample_rate,
@@ -198,7 +198,7 @@ def _segment_length(info: Any, start: float, end: float | None, where: str, rec:
 
 def _probe(rec: dict, where: str) -> Any:
     """The header of ``rec``'s recording; make-datalist runs no commands, so a command entry is refused."""
-    from corpus_io import audio
+    from corpus_io.audio import io as audio
 
     source = str(rec["source"])
     if is_command(source):
@@ -217,11 +217,11 @@ def _probe(rec: dict, where: str) -> Any:
 
 def make_raw_list(inputs: list[str], output: str) -> Summary:
     """WeNet raw lines ``{key, wav, txt, duration, source_len[, start, end]}`` from inputs of any kind of
-    :mod:`corpus_io.inputs` (FunASR/WeNet jsonl, Kaldi dir, NeMo, Lhotse); a line without transcript is skipped
+    :mod:`corpus_io.tables.inputs` (FunASR/WeNet jsonl, Kaldi dir, NeMo, Lhotse); a line without transcript is skipped
     and counted."""
-    from corpus_io import audio
-    from corpus_io.inputs import Skipped, iter_records, raise_if_duplicate_keys
-    from corpus_io.kaldi import key_hash
+    from corpus_io.audio import io as audio
+    from corpus_io.keys import key_hash
+    from corpus_io.tables.inputs import Skipped, iter_records, raise_if_duplicate_keys
 
     summary = Summary()
     probed: dict[str, Any] = {}  # the last recording probed for segments

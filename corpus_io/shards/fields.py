@@ -27,11 +27,11 @@ import zlib
 from typing import Any, Iterator
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import (
-    parse_json_object,
-)
 from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, shard_stem, split_member
 from corpus_io.shards.reader import DEFAULT_MAX_MEMBER_BYTES
+from corpus_io.storage.files import (
+    parse_json_object,
+)
 
 META = "meta"
 MISSING_EXT = "missing"
@@ -62,13 +62,13 @@ def meta_url(shard_url: str) -> str:
 
 
 def _exists(url: str, storage_options: dict | None) -> bool:
-    from corpus_io.urls import is_remote, local_path
+    from corpus_io.storage.urls import is_remote, local_path
 
     if not is_remote(url):
         return os.path.isfile(local_path(url))
     import fsspec
 
-    from corpus_io.urls import _storage_options
+    from corpus_io.storage.urls import _storage_options
 
     fs, path = fsspec.core.url_to_fs(url, **_storage_options(url, storage_options))
     try:
@@ -114,7 +114,7 @@ def iter_json_objects(lines: Any, where: str, hint: str) -> Iterator[tuple[int, 
 
 
 def _iter_jsonl_gz(url: str, storage_options: dict | None) -> Iterator[dict]:
-    from corpus_io.urls import open_url
+    from corpus_io.storage.urls import open_url
 
     with open_url(url, storage_options=storage_options) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
         try:
@@ -135,7 +135,7 @@ def iter_main_without_audio(url: str, *, storage_options: dict | None = None, al
     buffered whole), so their bytes still cross the network. The meta companion avoids that.
     """
     from corpus_io.shards.reader import group_samples, iter_tar_members
-    from corpus_io.urls import open_url
+    from corpus_io.storage.urls import open_url
 
     f = open_url(url, storage_options=storage_options, allow_pipe=allow_pipe)
     try:
@@ -156,7 +156,7 @@ def _without_payloads(sample: dict) -> dict:
 def _iter_tar_field(url: str, name: str, storage_options: dict | None,
                     max_member_bytes: int) -> Iterator[tuple[str, Any]]:
     from corpus_io.shards.reader import iter_tar_members
-    from corpus_io.urls import open_url
+    from corpus_io.storage.urls import open_url
 
     with open_url(url, storage_options=storage_options) as f:
         for member, data in iter_tar_members(f, url=url, max_member_bytes=max_member_bytes):

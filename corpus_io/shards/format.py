@@ -13,7 +13,7 @@ import re
 import unicodedata
 from urllib.parse import unquote
 
-from corpus_io.audio import AUDIO_EXTENSIONS
+from corpus_io.audio.io import AUDIO_EXTENSIONS
 from corpus_io.errors import DataError
 
 AUDIO_EXTS: frozenset[str] = frozenset(AUDIO_EXTENSIONS)

@@ -26,7 +26,7 @@ from typing import IO, Any, Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
 from corpus_io.errors import DataError
-from corpus_io.files import atomic_write, parse_json_object
+from corpus_io.storage.files import atomic_write, parse_json_object
 
 INDEX_FIELDS = ("path", "num_utts", "duration", "min_duration", "max_duration", "bytes", "sha256", "keys")
 
@@ -34,7 +34,7 @@ INDEX_FIELDS = ("path", "num_utts", "duration", "min_duration", "max_duration", 
 def index_path_for(list_path: str | os.PathLike) -> Path | str:
     """The ``index.jsonl`` sidecar of a data.list (see the module docstring for the naming rule): a Path for a
     local list, a URL (str) for a remote one."""
-    from corpus_io.urls import beside, is_remote
+    from corpus_io.storage.urls import beside, is_remote
 
     text = os.fspath(list_path)
     if is_remote(text):
@@ -48,14 +48,14 @@ def index_path_for(list_path: str | os.PathLike) -> Path | str:
 
 def list_and_sidecar(name: str, list_path: str | os.PathLike) -> list[tuple[str, str]]:
     """``(name, path)`` of a data.list and of its index sidecar: the files a reader of the list reads, for
-    :func:`corpus_io.files.refuse_overwriting_inputs`."""
+    :func:`corpus_io.storage.files.refuse_overwriting_inputs`."""
     return [(name, str(list_path)), (f"the index sidecar of {name}", str(index_path_for(list_path)))]
 
 
 def read_datalist(path: str | os.PathLike, *, storage_options: dict | None = None) -> list[str]:
     """Entries of a data.list (local path or URL, read with ``storage_options``), stripped, blank lines
     skipped."""
-    from corpus_io.urls import is_remote, open_url
+    from corpus_io.storage.urls import is_remote, open_url
 
     path = str(path)
     if not is_remote(path) and os.path.isdir(path):
@@ -189,7 +189,7 @@ def find_repeated_keys(shard_keys: Callable[[], Iterable[tuple[str, list[str]]]]
     this process), 30x cheaper than a stable one at 36M keys."""
     import numpy as np
 
-    from corpus_io.kaldi import duplicate_hashes
+    from corpus_io.keys import duplicate_hashes
 
     hashes = array("q")
     for _, keys in shard_keys():
@@ -295,7 +295,7 @@ def _index_dir(index_path: str | os.PathLike) -> str:
 
 def _open_index(path: Path | str, storage_options: dict | None) -> IO[bytes] | None:
     """The index file opened for reading (a URL with the list's ``storage_options``), or None when absent."""
-    from corpus_io.urls import open_if_exists
+    from corpus_io.storage.urls import open_if_exists
 
     if isinstance(path, Path):
         return open(path, "rb") if path.is_file() else None
@@ -328,7 +328,7 @@ def read_index_file(path: Path | str, *, keys: bool = False, lazy: bool = False,
 
     ``path``: a local Path, or a URL (str, read with ``storage_options``) as :func:`index_path_for` gives it.
     ``keys``: keep each entry's ``keys`` list; ``lazy``: an iterator of the entries instead of a dict."""
-    from corpus_io.urls import is_remote
+    from corpus_io.storage.urls import is_remote
 
     path = path if isinstance(path, Path) or is_remote(path) else Path(path)
     f = _open_index(path, storage_options)
@@ -359,7 +359,7 @@ def _without_keys(raw: bytes) -> bytes:
 
 
 def _iter_index_file(path: Path | str, f: IO[bytes], keys: bool) -> Iterator[dict]:
-    from corpus_io.urls import beside
+    from corpus_io.storage.urls import beside
 
     local = isinstance(path, Path)
     index_dir = _index_dir(path) if local else ""

@@ -1,4 +1,4 @@
-"""``pack-shards``: any input of :mod:`corpus_io.inputs` (FunASR, WeNet, Kaldi, NeMo, Lhotse) -> tar shards.
+"""``pack-shards``: any input of :mod:`corpus_io.tables.inputs` (FunASR, WeNet, Kaldi, NeMo, Lhotse) -> tar shards.
 
 Design (memory is bounded, independent of corpus size):
 
@@ -9,14 +9,14 @@ Design (memory is bounded, independent of corpus size):
   of offsets instead of the records.
 * It then streams the records in (shuffled) order and hands out whole shards,
   ``(shard index, its records)``, to worker processes through the bounded
-  :func:`corpus_io.progress.parallel_imap` (at most ``4 * num_workers`` shards in flight).
+  :func:`corpus_io.storage.progress.parallel_imap` (at most ``4 * num_workers`` shards in flight).
 * A worker writes its shard to a temp name (hashing while writing), renames it, then writes
   a small hidden sidecar ``.<shard>.json`` with its stats and a digest of its inputs.
 * On a rerun, a shard whose sidecar digest matches and whose size and sha256 match is kept
   as is; anything else is rewritten. ``data.list`` and ``index.jsonl`` are written atomically
   at the very end from the sidecars, so no list line ever names a partial shard, and the
   output after ``kill -9`` + rerun is byte-identical to an uninterrupted run.
-* ``output_dir=s3://bucket/prefix`` (:mod:`corpus_io.objects`): each shard is made complete locally,
+* ``output_dir=s3://bucket/prefix`` (:mod:`corpus_io.storage.objects`): each shard is made complete locally,
   sent as one object (with its sha256 and digest as metadata) and deleted locally; the sidecars stay
   in the local state dir, a rerun keeps the objects whose size and metadata match, and the list and
   index (naming the s3:// URLs) are sent last. Nothing else is written to the bucket.
@@ -36,24 +36,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from corpus_io import audio, kaldi, objects
+from corpus_io.audio import io as audio
 from corpus_io.config import check_values
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import (
-    atomic_write,
-    completed_output,
-    ensure_dir,
-    file_sha256,
-    inputs_digest,
-    is_object_url,
-    refuse_overwriting_inputs,
-    remove_temp_files,
-    sidecar_path,
-    state_dir,
-    write_sidecar,
-)
-from corpus_io.inputs import Input, Skip, open_input
-from corpus_io.jobs import (
+from corpus_io.jobs.parts import (
     Job,
     Part,
     Place,
@@ -72,10 +58,26 @@ from corpus_io.jobs import (
     whole,
     write_part,
 )
-from corpus_io.progress import Summary, parallel_imap, progress, resolve_num_workers
 from corpus_io.shards import format as fmt
 from corpus_io.shards.index import index_entry_problems, index_path_for, read_index_file, write_list_and_index
 from corpus_io.shards.writer import ShardWriter
+from corpus_io.storage import objects
+from corpus_io.storage.files import (
+    atomic_write,
+    completed_output,
+    ensure_dir,
+    file_sha256,
+    inputs_digest,
+    is_object_url,
+    refuse_overwriting_inputs,
+    remove_temp_files,
+    sidecar_path,
+    state_dir,
+    write_sidecar,
+)
+from corpus_io.storage.progress import Summary, parallel_imap, progress, resolve_num_workers
+from corpus_io.tables import kaldi
+from corpus_io.tables.inputs import Input, Skip, open_input
 
 # FunASR/WeNet fields that become members or computed metadata instead of being copied to the .json.
 _CORE_FIELDS = {"key", "source", "target", "source_len", "target_len", "start", "end"}
@@ -561,7 +563,7 @@ def _plan(inp: Input, cfg: Any, total: int, keeps: list[Callable[[dict], bool] |
 def pack_shards(cfg: Any) -> Summary:
     """Run pack-shards for a validated :class:`corpus_io.config.PackShardsConfig`; returns the summary.
 
-    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs): it writes the shards of its contiguous
+    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs.parts): it writes the shards of its contiguous
     range of global shard numbers and a part record, no data.list; ``merge-jobs ++path=<output_dir>``
     writes the list and index a one-job run writes."""
     check_values(cfg)  # num_utts_per_shard, resample, ...: their ranges, also for configs built in Python
@@ -717,7 +719,8 @@ def part_keys(data: dict) -> Iterator[str]:
 
 
 def check_part(part: Part) -> None:
-    """merge-jobs: the pack-shards fields of a record, before any is trusted (:class:`corpus_io.jobs.RecordProblem`
+    """merge-jobs: the pack-shards fields of a record, before any is trusted
+    (:class:`corpus_io.jobs.parts.RecordProblem`
     on the first that cannot be): each group's directory and shard entries (paths inside the output, the values
     :func:`corpus_io.shards.index.index_entry_problems` checks, the size and sha256 its outputs record), and counts
     that agree (utterances with the summary, shards with the outputs and the span)."""

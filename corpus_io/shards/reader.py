@@ -22,7 +22,7 @@ import os
 import zlib
 from typing import IO, Callable, Iterable, Iterator
 
-from corpus_io.audio import MAX_SOURCE_BYTES
+from corpus_io.audio.io import MAX_SOURCE_BYTES
 from corpus_io.errors import DataError
 from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, split_member
 
@@ -360,7 +360,7 @@ def group_samples(members: Iterable[tuple[str, bytes]], *, url: str) -> Iterator
 def read_shard(url: str, *, storage_options: dict | None = None,
                max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES, allow_pipe: bool = False) -> Iterator[dict]:
     """Samples of the shard at ``url`` (local path, file://, http(s)://, s3://, or pipe: when allowed)."""
-    from corpus_io.urls import open_url
+    from corpus_io.storage.urls import open_url
 
     f = open_url(url, storage_options=storage_options, allow_pipe=allow_pipe)
     try:

@@ -17,10 +17,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Iterator
 
-from corpus_io import jobs
 from corpus_io.errors import DataError, redact
-from corpus_io.files import atomic_write
-from corpus_io.progress import parallel_imap, progress, resolve_num_workers
+from corpus_io.jobs import parts as jobs
 from corpus_io.shards.format import legacy_member_name, safe_member_name, split_member
 from corpus_io.shards.index import (
     find_repeated_keys,
@@ -32,6 +30,8 @@ from corpus_io.shards.index import (
     shard_identity,
 )
 from corpus_io.shards.reader import DEFAULT_MAX_MEMBER_BYTES, group_samples, iter_tar_members
+from corpus_io.storage.files import atomic_write
+from corpus_io.storage.progress import parallel_imap, progress, resolve_num_workers
 
 
 class HashingReader:
@@ -81,8 +81,8 @@ def _named_members(members: Iterator[tuple[str, bytes]], names: dict[str, list[s
 
 def verify_one(task: VerifyTask) -> VerifyResult:
     """Check one shard; never raises for a data problem (they go into ``problems``)."""
-    from corpus_io import audio
-    from corpus_io.urls import open_url
+    from corpus_io.audio import io as audio
+    from corpus_io.storage.urls import open_url
 
     result = VerifyResult(task.url)
     problems = result.problems
@@ -151,7 +151,7 @@ def verify_one(task: VerifyTask) -> VerifyResult:
 def _duration(sample: dict) -> float | None:
     """Seconds of a sample's audio from its header (soundfile when the header parser does not know it), or
     the ``duration`` its ``.json`` records for a features sample; None when neither says."""
-    from corpus_io import audio
+    from corpus_io.audio import io as audio
 
     data = sample.get("audio")
     if data is None:
@@ -212,7 +212,7 @@ def _distinct_entries(entries: list[str]) -> tuple[list[str], list[tuple[int, in
 def verify_shards(cfg: Any) -> list[VerifyResult]:
     """Verify every shard of ``cfg.input``; print a report; raise DataError (exit 2) on any problem.
 
-    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs): it verifies its range of the list's
+    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs.parts): it verifies its range of the list's
     shards and writes a part record; ``merge-jobs ++path=<input>`` prints (and writes to ``report``) the
     one-job report, the check of keys repeated across shards included."""
     job = jobs.job_of(cfg)
@@ -259,7 +259,7 @@ def _print_failures(bad: list[VerifyResult], out: list[str] | None = None) -> No
 
 def check_part(part: jobs.Part) -> None:
     """merge-jobs: a verify-shards record's results, one per shard of its span, each a :class:`VerifyResult`
-    (:class:`corpus_io.jobs.RecordProblem` on the first field that cannot be trusted)."""
+    (:class:`corpus_io.jobs.parts.RecordProblem` on the first field that cannot be trusted)."""
     results = jobs.of_type(part.data.get("results"), "data.results", list, "a list")
     lo, hi = part.span
     if len(results) != hi - lo:

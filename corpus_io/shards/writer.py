@@ -20,8 +20,8 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
-from corpus_io.files import UnnamedFile
 from corpus_io.shards import format as fmt
+from corpus_io.storage.files import UnnamedFile
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tarfile pads the archive to a multiple of this; so do we

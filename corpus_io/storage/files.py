@@ -364,14 +364,15 @@ def _same_file(a: str, a_real: str, a_inode: tuple[int, int] | None,
         return " (a hard link: the same inode)"
     return None
 # --------------------------------------------------------------------------- outputs on object storage
-# (corpus_io.objects writes them; their hidden state lives in a local state dir, found here so that any
+# (corpus_io.storage.objects writes them; their hidden state lives in a local state dir, found here so that any
 # module, merge-jobs included, can map an s3:// output to it)
 
 OBJECT_SCHEMES = ("s3://",)
 
 
 def is_object_url(path: str | os.PathLike) -> bool:
-    """An output on object storage (``s3://``), written by :func:`corpus_io.objects.put_object`, not a local path."""
+    """An output on object storage (``s3://``), written by :func:`corpus_io.storage.objects.put_object`, not a local
+    path."""
     return str(path).startswith(OBJECT_SCHEMES)
 
 

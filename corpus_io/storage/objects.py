@@ -1,6 +1,6 @@
 """Outputs on object storage (``s3://bucket/prefix``): whole objects only, each described by its metadata.
 
-An object store has no rename, so the temp-name-then-rename protocol of :mod:`corpus_io.files` becomes:
+An object store has no rename, so the temp-name-then-rename protocol of :mod:`corpus_io.storage.files` becomes:
 an output is made complete on local disk first, then sent in **one** request that creates the object
 whole (:func:`put_object`: a single PUT, or a multipart upload, which S3 makes visible only when it
 completes). No reader ever sees a final name half-written, and an upload killed midway leaves nothing
@@ -13,7 +13,7 @@ local **state directory** instead (:func:`state_dir`: ``$CORPUS_IO_STATE_DIR/s3/
 default under ``~/.cache/corpus-io/state``), so nothing but the shards, ``data.list``, ``index.jsonl`` and,
 for jobs, their part records is written to the bucket: a job sends its record after its shards, and
 ``merge-jobs`` fetches the records from the bucket, so jobs on machines that share no disk merge anywhere.
-Reads and writes use the readers' ``storage_options`` and AWS environment (:func:`corpus_io.urls.filesystem`).
+Reads and writes use the readers' ``storage_options`` and AWS environment (:func:`corpus_io.storage.urls.filesystem`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 
 from corpus_io.errors import DataError
-from corpus_io.files import is_object_url, state_dir  # noqa: F401 - re-exported: where an output lives
-from corpus_io.urls import filesystem
+from corpus_io.storage.files import is_object_url, state_dir  # noqa: F401 - re-exported: where an output lives
+from corpus_io.storage.urls import filesystem
 
 SHA256_KEY = "sha256"  # user metadata (S3 lowercases the keys; x-amz-meta-sha256 on the wire)
 DIGEST_KEY = "corpus-io-digest"

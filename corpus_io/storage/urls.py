@@ -74,7 +74,7 @@ class URLNotFoundError(DataError):
 
 class RemoteNotFoundError(DataError):
     """A remote URL could not be opened. HTTP servers under load answer 5xx and fsspec reports those as
-    "not found" too, so loaders retry this one (``corpus_io.pipeline.read`` does)."""
+    "not found" too, so loaders retry this one (``corpus_io.loader.read`` does)."""
 
     transient = True
 

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from corpus_io import kaldi
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write, refuse_remote_output
-from corpus_io.progress import progress
+from corpus_io.storage.files import atomic_write, refuse_remote_output
+from corpus_io.storage.progress import progress
+from corpus_io.tables import kaldi
 
 AISHELL_TRANSCRIPT = "transcript/aishell_transcript_v0.8.txt"
 AISHELL_SPLITS = ("train", "dev", "test")

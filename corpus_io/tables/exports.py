@@ -1,11 +1,11 @@
 """Manifests out: ``jsonl2scp ++output_format=nemo|lhotse`` writes a NeMo manifest or a Lhotse CutSet.
 
-The input is any of :mod:`corpus_io.inputs` (so this also converts a Kaldi dir or a Lhotse pair to NeMo, or a
+The input is any of :mod:`corpus_io.tables.inputs` (so this also converts a Kaldi dir or a Lhotse pair to NeMo, or a
 NeMo manifest to a CutSet). Written, one line per utterance, streamed:
 
 * **NeMo** (``manifest_out``, e.g. ``train_manifest.json``): ``audio_filepath``, ``duration`` (seconds),
   ``text``, ``offset`` (segments only; NeMo cuts ``[offset, offset + duration]``), plus ``key`` when the key
-  differs from what :func:`corpus_io.inputs.nemo_key` would derive, and ``speaker``/``lang`` when known (the
+  differs from what :func:`corpus_io.tables.inputs.nemo_key` would derive, and ``speaker``/``lang`` when known (the
   fields NeMo's manifest parser reads: ``nemo.collections.common.parts.preprocessing.manifest``).
 * **Lhotse** (``manifest_out`` ending ``.jsonl`` or ``.jsonl.gz``): a CutSet of ``MonoCut`` (``MultiCut`` of
   every channel for a multi-channel file, which corpus-io mixes down), each with its recording (probed from
@@ -25,11 +25,12 @@ import os
 import re
 from typing import IO, Any, Callable
 
-from corpus_io import audio, inputs
+from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write
-from corpus_io.progress import Summary
-from corpus_io.urls import is_command
+from corpus_io.storage.files import atomic_write
+from corpus_io.storage.progress import Summary
+from corpus_io.storage.urls import is_command
+from corpus_io.tables import inputs
 
 FORMATS = ("kaldi", "nemo", "lhotse")
 
@@ -169,10 +170,10 @@ def export(cfg: Any) -> Summary:
 
 
 def jsonl2scp(cfg: Any) -> Any:
-    """``jsonl2scp``: Kaldi tables (``output_format=kaldi``, :func:`corpus_io.manifest.jsonl2scp`), or a NeMo
+    """``jsonl2scp``: Kaldi tables (``output_format=kaldi``, :func:`corpus_io.tables.manifest.jsonl2scp`), or a NeMo
     manifest / Lhotse CutSet (:func:`export`)."""
     if cfg.output_format == "kaldi":
-        from corpus_io.manifest import jsonl2scp as to_tables
+        from corpus_io.tables.manifest import jsonl2scp as to_tables
 
         return to_tables(cfg)
     return export(cfg)

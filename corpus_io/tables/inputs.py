@@ -2,7 +2,7 @@
 
 ``pack-shards``, ``make-datalist``, ``make-tokenizer``, ``stats``, the raw loader and (through the loader)
 ``compute-cmvn`` read their ``++input`` here, as canonical records (FunASR names, see
-:func:`corpus_io.manifest.canonical`: ``key``, ``source``, ``target``, optional ``start``/``end`` in seconds,
+:func:`corpus_io.tables.manifest.canonical`: ``key``, ``source``, ``target``, optional ``start``/``end`` in seconds,
 ``speaker`` and any extra fields):
 
 * a **FunASR jsonl** (``key``, ``source``, ``target``, ...) and a **WeNet raw list** (``key``, ``wav``, ``txt``);
@@ -44,10 +44,11 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from corpus_io import audio, kaldi
+from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import UTF8_BOM, bounded_lines, parse_json_object
-from corpus_io.manifest import canonical
+from corpus_io.storage.files import UTF8_BOM, bounded_lines, parse_json_object
+from corpus_io.tables import kaldi
+from corpus_io.tables.manifest import canonical
 
 KINDS = ("funasr", "wenet", "nemo", "lhotse-cuts", "lhotse-recordings+supervisions", "kaldi")
 CUT_TYPES = ("MonoCut", "MultiCut", "MixedCut", "PaddingCut")

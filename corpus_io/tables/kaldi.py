@@ -13,7 +13,6 @@ per line (a sorted array of key hashes and file offsets), not a dict of strings.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from array import array
@@ -23,7 +22,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from corpus_io.errors import DataError
-from corpus_io.files import UTF8_BOM, atomic_write, bounded_lines, iter_raw_lines
+from corpus_io.keys import duplicate_hashes, first_repeat, key_hash
+from corpus_io.storage.files import UTF8_BOM, atomic_write, bounded_lines, iter_raw_lines
 
 _SEP = re.compile(rb"[ \t]+")
 #: what ends a table key, for the reader (``_SEP``, and the line's end) and the writer alike: a key holding
@@ -83,36 +83,6 @@ def iter_table(path: str | os.PathLike, *, allow_empty_value: bool = False) -> I
             raise DataError(f"{path}:{lineno}: key '{key}' has no value. Each line must be "
                             f"'<key> <value>'; remove the line or fill in the value.")
         yield TableLine(key, value, path, lineno)
-
-
-def key_hash(key: str) -> int:
-    """A stable 64-bit hash of a key (signed, to fit numpy int64)."""
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
-
-
-def duplicate_hashes(hashes: Any, most: int | None = 8, *, in_place: bool = False) -> set[int]:
-    """The :func:`key_hash` values that occur more than once (at most ``most`` of them, None: all); empty if none.
-    ``in_place``: sort ``hashes`` (a writable int64 array) itself instead of a copy (8 bytes per key less)."""
-    h = np.asarray(hashes, dtype=np.int64)
-    if in_place:
-        h.sort()
-    else:
-        h = np.sort(h)
-    return {int(x) for x in np.unique(h[1:][h[1:] == h[:-1]])[:most]}
-
-
-def first_repeat(keyed: Iterable[tuple[str, str]], wanted: set[int]) -> tuple[str, str, str] | None:
-    """``(key, first where, second where)`` of the first key seen twice among ``(key, where)`` pairs, looking
-    only at keys whose hash is in ``wanted`` (from :func:`duplicate_hashes`); None when the equal hashes
-    were a 64-bit collision of different keys."""
-    first: dict[str, str] = {}
-    for key, where in keyed:
-        if key_hash(key) not in wanted:
-            continue
-        if key in first:
-            return key, first[key], where
-        first[key] = where
-    return None
 
 
 def raise_if_duplicates(path: str, hashes: Any, hint: str = "") -> None:
@@ -281,11 +251,6 @@ def iter_segments(path: str | os.PathLike) -> Iterator[Segment]:
 def is_pipe(value: str) -> bool:
     """A Kaldi pipe entry: a command whose stdout is the audio, ending with '|'."""
     return value.rstrip().endswith("|")
-
-
-def is_ark_offset(value: str) -> bool:
-    """``foo.ark:1234`` (a kaldiio byte offset into an ark)."""
-    return bool(re.search(r"\.ark:\d+$", value))
 
 
 def table_line(key: str, value: str, separator: str = " ", *, where: str, field: str = "value") -> str:

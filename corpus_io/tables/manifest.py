@@ -15,10 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from corpus_io import audio, files, jobs, kaldi, urls
+from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write, iter_raw_lines, parse_json_object
-from corpus_io.progress import Summary, WorkerState, parallel_imap, progress, resolve_num_workers
+from corpus_io.jobs import parts as jobs
+from corpus_io.storage import files, urls
+from corpus_io.storage.files import atomic_write, iter_raw_lines, parse_json_object
+from corpus_io.storage.progress import Summary, WorkerState, parallel_imap, progress, resolve_num_workers
+from corpus_io.tables import kaldi
 
 WENET_TO_FUNASR = {"wav": "source", "txt": "target"}
 
@@ -227,7 +230,7 @@ def _first_lines(items: Iterable[tuple[str, Any]], repeated: set[int], dropped: 
 def scp2jsonl(cfg: Any) -> Summary:
     """Join Kaldi tables into a FunASR JSONL by header probing; returns the job summary.
 
-    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs): it probes its range of the driving
+    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs.parts): it probes its range of the driving
     table's lines (split_scp.pl's even split) into ``<jsonl_file_out>.scp2jsonl.part-J-of-N`` plus a part
     record; ``merge-jobs ++path=<jsonl_file_out>`` concatenates the parts into the one-job jsonl."""
     _check_lists(cfg)
@@ -402,7 +405,7 @@ def part_keys(data: dict) -> list[str]:
 
 def check_part(part: jobs.Part) -> None:
     """merge-jobs: a scp2jsonl record's keys (strings, as many as the lines it kept) and its one jsonl slice
-    (:class:`corpus_io.jobs.RecordProblem` on the first field that cannot be trusted)."""
+    (:class:`corpus_io.jobs.parts.RecordProblem` on the first field that cannot be trusted)."""
     keys = jobs.of_type(part.data.get("keys"), "data.keys", list, "a list")
     for i, key in enumerate(keys):
         if not isinstance(key, str) or not key:

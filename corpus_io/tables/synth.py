@@ -1,8 +1,8 @@
 """Real speech for tests, demos and benchmarks, synthesized locally with espeak-ng and sox.
 
-Nothing is downloaded. ``python -m corpus_io.synth fixture DIR`` rebuilds the committed
-fixture corpus; ``python -m corpus_io.synth digits DIR --num N`` makes a digits corpus
-for the demo recipe; ``python -m corpus_io.synth replicate`` multiplies a corpus for benchmarks.
+Nothing is downloaded. ``python -m corpus_io.tables.synth fixture DIR`` rebuilds the committed
+fixture corpus; ``python -m corpus_io.tables.synth digits DIR --num N`` makes a digits corpus
+for the demo recipe; ``python -m corpus_io.tables.synth replicate`` multiplies a corpus for benchmarks.
 Every command runs espeak-ng and sox with argument lists, never through a shell.
 """
 
@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from corpus_io.progress import parallel_imap, progress, resolve_num_workers
+from corpus_io.storage.progress import parallel_imap, progress, resolve_num_workers
 
 DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 # (espeak voice variant, words per minute): each pair is one "speaker".
@@ -251,7 +251,7 @@ def make_librispeech_lookalike(root: str | os.PathLike, *,
 def replicate(src_dir: str | os.PathLike, out_dir: str | os.PathLike, copies: int) -> Path:
     """Multiply a Kaldi dir ``copies`` times (hard links when possible) for benchmarks at scale."""
     src, out = Path(src_dir), Path(out_dir).resolve()
-    from corpus_io import kaldi
+    from corpus_io.tables import kaldi
 
     wavs = [(line.key, line.value) for line in kaldi.iter_table(src / "wav.scp")]
     texts = {line.key: line.value for line in kaldi.iter_table(src / "text")}
@@ -273,7 +273,7 @@ def replicate(src_dir: str | os.PathLike, out_dir: str | os.PathLike, copies: in
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m corpus_io.synth", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m corpus_io.tables.synth", description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
     p = sub.add_parser("fixture", help="the committed test corpus")
     p.add_argument("out_dir")

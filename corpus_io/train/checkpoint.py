@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import atomic_write, read_json_object, temp_name
+from corpus_io.storage.files import atomic_write, read_json_object, temp_name
 
 if TYPE_CHECKING:
     import torch
@@ -76,7 +76,7 @@ def load_checkpoint(path: str | os.PathLike, *, key: str = "checkpoint", storage
 
     import torch
 
-    from corpus_io.urls import is_remote, read_url
+    from corpus_io.storage.urls import is_remote, read_url
 
     where = os.fspath(path)
     remedy = "Give model.pt, model.pt.ep{E} or model.pt.avg{N} of a corpus-io training output_dir"

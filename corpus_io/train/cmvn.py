@@ -221,15 +221,15 @@ class ExactStats:
 
 def _list_lines(path: str) -> list[str]:
     """The entries of a local data list (shard paths or raw JSON lines), as written."""
-    from corpus_io.files import iter_raw_lines
+    from corpus_io.storage.files import iter_raw_lines
 
     return [raw.decode("utf-8").rstrip("\r\n") for _, raw in iter_raw_lines(path, what="data_list") if raw.strip()]
 
 
 def _job_list(data_list: str, lines: list[str], directory: str) -> str:
     """A data list of this job's entries (with their index entries, for a shard list) in ``directory``."""
-    from corpus_io.files import atomic_write
     from corpus_io.shards.index import load_index, write_list_and_index
+    from corpus_io.storage.files import atomic_write
 
     sub = str(Path(directory) / "data.list")
     index = None if lines and lines[0].lstrip().startswith("{") else load_index(data_list, keys=True)
@@ -244,15 +244,15 @@ def _job_list(data_list: str, lines: list[str], directory: str) -> str:
 def compute_cmvn(cfg: Any) -> dict:
     """Accumulate sum(x), sum(x^2) over every valid frame of ``cfg.data_list``; write ``cfg.output``.
 
-    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs): it accumulates its range of the list's
+    With ``++num_jobs=N`` (N > 1) this is one job (corpus_io.jobs.parts): it accumulates its range of the list's
     entries (shards, or raw lines) and records the exact sums in a part record; ``merge-jobs ++path=<output>``
     adds them and writes the file a one-job run writes, byte for byte (the sums are exact: see ExactStats)."""
     import tempfile
 
-    from corpus_io import jobs
     from corpus_io.config import require
-    from corpus_io.files import refuse_overwriting_inputs, refuse_remote_output
-    from corpus_io.progress import Summary
+    from corpus_io.jobs import parts as jobs
+    from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
+    from corpus_io.storage.progress import Summary
 
     require(cfg, "data_list", "output")
     refuse_remote_output(cfg.output, "++output", "compute-cmvn")  # before torch is imported or anything read
@@ -297,9 +297,10 @@ def _conf_dict(conf: Any) -> Any:
 
 def check_part(part: Any) -> None:
     """merge-jobs: a compute-cmvn record's exact sums (integers as strings, one per feature dimension, x^2 >= 0), its
-    frame and utterance counts, the loader's counts and the output format (:class:`corpus_io.jobs.RecordProblem` on
+    frame and utterance counts, the loader's counts and the output format (:class:`corpus_io.jobs.parts.RecordProblem`
+    on
     the first field that cannot be trusted)."""
-    from corpus_io import jobs
+    from corpus_io.jobs import parts as jobs
 
     data = part.data
     sums = {}
@@ -342,8 +343,8 @@ def merge_parts(place: Any, parts: list) -> dict:
 def _accumulate(data_list: str, cfg: Any) -> tuple[ExactStats, dict]:
     import torch
 
-    from corpus_io.dataset import build_dataloader
-    from corpus_io.progress import progress
+    from corpus_io.loader.dataset import build_dataloader
+    from corpus_io.storage.progress import progress
     from corpus_io.train.frontend import build_front_end, model_inputs
 
     conf = eval_dataset_conf(cfg.dataset_conf)
@@ -360,8 +361,8 @@ def _accumulate(data_list: str, cfg: Any) -> tuple[ExactStats, dict]:
 
 
 def _finish(output: str, output_format: str, stats: ExactStats, counts: dict) -> dict:
-    from corpus_io.files import atomic_write
-    from corpus_io.progress import Summary
+    from corpus_io.storage.files import atomic_write
+    from corpus_io.storage.progress import Summary
 
     if not stats.frames:
         stats_to_json([], [], 0)
@@ -386,7 +387,7 @@ def write_kaldi_stats(path: str, obj: dict) -> None:
     import kaldiio
     import numpy as np
 
-    from corpus_io.files import atomic_write
+    from corpus_io.storage.files import atomic_write
 
     stats = np.zeros((2, obj["dim"] + 1), dtype=np.float64)
     stats[0, :-1], stats[1, :-1], stats[0, -1] = obj["mean_stat"], obj["var_stat"], obj["frame_num"]

@@ -70,8 +70,8 @@ def decode(cfg: Any) -> dict:
     hypotheses), ``nbest`` (key, rank, score, text), ``ref`` and ``cer.txt`` / ``wer.txt`` to output_dir."""
     refuse_overwrites(cfg)  # first: before torch is imported or anything is read
     from corpus_io.config import require
-    from corpus_io.dataset import build_dataloader
     from corpus_io.decoding.search import NEEDS_ENCODER, Search, check_options
+    from corpus_io.loader.dataset import build_dataloader
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     check_options(cfg.decoding)
@@ -137,7 +137,7 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
     """The model over every batch of ``loader`` (with progress), timed."""
     import torch
 
-    from corpus_io.progress import progress
+    from corpus_io.storage.progress import progress
     from corpus_io.train.frontend import build_front_end, model_inputs
     from corpus_io.train.steps import sync_device
 
@@ -215,7 +215,7 @@ def score(run: DecodeRun, tokenizer: Any) -> Any:
 
 def write_results(out: Path, run: DecodeRun, tokenizer: Any, method: str, nbest: int = 1000) -> dict:
     """``text``, ``nbest``, ``ref``, ``cer.txt``/``wer.txt`` (the report: method, RTF, scores, confusions)."""
-    from corpus_io.files import atomic_write, ensure_dir
+    from corpus_io.storage.files import atomic_write, ensure_dir
 
     ensure_dir(out, what="output_dir")
     keys = sorted(run.nbest)
@@ -262,7 +262,7 @@ def refuse_overwrites(cfg: Any) -> None:
     import os
 
     from corpus_io.config import require
-    from corpus_io.files import refuse_overwriting_inputs, refuse_remote_output
+    from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
     from corpus_io.train.cmvn import loader_inputs
 
     require(cfg, "data_list", "checkpoint", "output_dir")

@@ -2,8 +2,8 @@
 
 The loader ships ``wav`` (B, N), ``wav_lengths`` and ``feats_lengths`` (the frames Kaldi makes from
 each row: what its filters and batch budgets counted). Train, cv, decode and compute-cmvn call
-:func:`model_inputs`, which runs :func:`corpus_io.features.batch_fbank` (or ``batch_mfcc``) on the
-model's device, then in train mode spec_aug / spec_sub / spec_trim (:mod:`corpus_io.augment`), and
+:func:`model_inputs`, which runs :func:`corpus_io.audio.features.batch_fbank` (or ``batch_mfcc``) on the
+model's device, then in train mode spec_aug / spec_sub / spec_trim (:mod:`corpus_io.audio.augment`), and
 hands ``(feats, feats_lengths)`` to the model (which applies CMVN). With ``feats_on=loader`` the batch
 already carries ``feats`` and passes through unchanged.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from corpus_io import augment, features
+from corpus_io.audio import augment, features
 from corpus_io.errors import ConfigError
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from corpus_io.files import ensure_dir
+from corpus_io.storage.files import ensure_dir
 
 TIMES = ("data_load", "forward_time", "backward_time", "optim_time", "total_time")
 

@@ -15,7 +15,7 @@ Guarantees:
   writes it atomically. ``resume=true`` restores all of it, so an interrupted epoch continues at
   the batch after the checkpoint on every rank (``torchrun --max-restarts`` restarts the same way).
   Resumed on another world size or worker count, the rest of the epoch is re-split over the new
-  ranks x workers (corpus_io.pipeline.elastic), and every rank logs what it took over.
+  ranks x workers (corpus_io.loader.elastic), and every rank logs what it took over.
 * **Gradient accumulation.** ``accum_grad`` micro-batches per optimizer step, under DDP ``no_sync``
   on all but the last; the loss of each micro-batch is divided by ``accum_grad``.
 """
@@ -32,8 +32,8 @@ from typing import Any, Iterator
 import torch
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.files import ensure_dir, refuse_remote_output
-from corpus_io.partition import ranks_with_data
+from corpus_io.loader.partition import ranks_with_data
+from corpus_io.storage.files import ensure_dir, refuse_remote_output
 from corpus_io.train import checkpoint as ckpt
 from corpus_io.train.distributed import (
     DistContext,
@@ -55,8 +55,8 @@ from corpus_io.train.steps import SkippedSteps, StepContext, forward_loss, micro
 class Trainer:
     def __init__(self, cfg: Any, ctx: DistContext, start: Start | None = None) -> None:
         from corpus_io.config import to_yaml
-        from corpus_io.dataset import build_dataloader
-        from corpus_io.pipeline.build import describe_chain, loader_chain
+        from corpus_io.loader.build import describe_chain, loader_chain
+        from corpus_io.loader.dataset import build_dataloader
         from corpus_io.tokenizer import build_tokenizer
         from corpus_io.train.cmvn import eval_dataset_conf
         from corpus_io.train.frontend import build_front_end
@@ -191,7 +191,7 @@ class Trainer:
             self.step_in_epoch = int(state["step_in_epoch"])
             self.train_loader.set_epoch(self.epoch)
             # any world size and worker count: the same topology loads this rank's own state, another one
-            # re-splits the rest of the epoch over this run's ranks x workers (corpus_io.pipeline.elastic)
+            # re-splits the rest of the epoch over this run's ranks x workers (corpus_io.loader.elastic)
             plan = self.train_loader.load_rank_states(state["loader_states"])
             if plan is None:
                 ckpt.set_rng_state(state["rng_states"][self.ctx.rank], self.ctx.device)
@@ -509,7 +509,7 @@ class Trainer:
 
 def _absolute_paths(section: Any, *keys: str) -> None:
     """Make the local file paths under ``keys`` absolute (URLs stay as they are)."""
-    from corpus_io.urls import is_command, is_remote
+    from corpus_io.storage.urls import is_command, is_remote
 
     for key in keys:
         value = getattr(section, key, None)

@@ -12,9 +12,9 @@ from typing import Any
 
 def tune_lm(cfg: Any) -> dict:
     from corpus_io.config import require
-    from corpus_io.dataset import build_dataloader
     from corpus_io.decoding.search import Search, check_options
-    from corpus_io.files import atomic_write, ensure_dir, refuse_overwriting_inputs, refuse_remote_output
+    from corpus_io.loader.dataset import build_dataloader
+    from corpus_io.storage.files import atomic_write, ensure_dir, refuse_overwriting_inputs, refuse_remote_output
     from corpus_io.train.cmvn import loader_inputs
     from corpus_io.train.decode import (
         decode_dataset_conf,

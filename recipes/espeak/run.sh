@@ -70,13 +70,13 @@ num_mel_bins=$(train_config_value dataset_conf.fbank_conf.num_mel_bins)
 if stage_on 0; then
   log 0 "synthesizing with espeak-ng ($nj processes)"
   local_dir=$data/local
-  python -m corpus_io.synth digits "$local_dir/digits_train" --num "$num_digits_train" --seed 1
-  python -m corpus_io.synth digits "$local_dir/digits_dev" --num "$num_digits_dev" --seed 2
-  python -m corpus_io.synth digits "$local_dir/test_digits" --num "$num_digits_test" --seed 3
-  python -m corpus_io.synth digits "$local_dir/test_digits_newvoice" --num "$num_digits_test_newvoice" --seed 6 \
+  python -m corpus_io.tables.synth digits "$local_dir/digits_train" --num "$num_digits_train" --seed 1
+  python -m corpus_io.tables.synth digits "$local_dir/digits_dev" --num "$num_digits_dev" --seed 2
+  python -m corpus_io.tables.synth digits "$local_dir/test_digits" --num "$num_digits_test" --seed 3
+  python -m corpus_io.tables.synth digits "$local_dir/test_digits_newvoice" --num "$num_digits_test_newvoice" --seed 6 \
     --held-out-voices
-  python -m corpus_io.synth mixed "$local_dir/mixed_train" --num "$num_mixed_train" --seed 4
-  python -m corpus_io.synth mixed "$local_dir/test_mixed" --num "$num_mixed_test" --seed 5
+  python -m corpus_io.tables.synth mixed "$local_dir/mixed_train" --num "$num_mixed_train" --seed 4
+  python -m corpus_io.tables.synth mixed "$local_dir/test_mixed" --num "$num_mixed_test" --seed 5
   # train = digits + mixed; dev = digits (keys differ: spkNN-... vs mixNN-...)
   combine_data_dirs "$data/train" "$local_dir/digits_train" "$local_dir/mixed_train"
   combine_data_dirs "$data/dev" "$local_dir/digits_dev"

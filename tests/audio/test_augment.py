@@ -1,4 +1,4 @@
-"""Augmentation on a padded batch (corpus_io.augment) equals the loader's per-utterance stages, draw for draw,
+"""Augmentation on a padded batch (corpus_io.audio.augment) equals the loader's per-utterance stages, draw for draw,
 and never touches padding."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import random
 
 import torch
 
-from corpus_io import augment, features
-from corpus_io.batching import pad
-from corpus_io.pipeline import stages
-from tests.test_features import loader_waveforms
+from corpus_io.audio import augment, features
+from corpus_io.loader import stages
+from corpus_io.loader.batching import pad
+from tests.audio.test_features import loader_waveforms
 
 CONFS = {"spec_aug": {"num_t_mask": 2, "num_f_mask": 2, "max_t": 30, "max_f": 8},
          "spec_sub": {"max_t": 20, "num_t_sub": 3}, "spec_trim": {"max_t": 40}}

@@ -1,4 +1,4 @@
-"""Batched Kaldi features (corpus_io.features) against torchaudio's per-utterance ones, on real speech.
+"""Batched Kaldi features (corpus_io.audio.features) against torchaudio's per-utterance ones, on real speech.
 
 The waveforms come from the committed espeak corpus (8, 16 and 44.1 kHz, wav and flac) through the
 loader's own decode and resample stages, plus cuts of it just below, at and above one and two
@@ -16,9 +16,9 @@ import soundfile as sf
 import torch
 from torchaudio.compliance import kaldi
 
-from corpus_io import features
-from corpus_io.batching import pad
-from corpus_io.pipeline import stages
+from corpus_io.audio import features
+from corpus_io.loader import stages
+from corpus_io.loader.batching import pad
 from tests.loader_data import FIXTURE, fixture_utts
 
 # (source file, first sample, samples at the source rate) -> after resampling to 16 kHz: around 1 and 2 frames

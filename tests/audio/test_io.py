@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from corpus_io import audio
+from corpus_io.audio import io as audio
 from corpus_io.errors import DataError
 from tests.conftest import assert_user_error, run_cli
 
@@ -172,3 +172,8 @@ def test_an_endless_command_source_is_cut_at_the_named_byte_bound():
     with pytest.raises(DataError, match=r"longer than 1048576 bytes \(the per-source read bound"):
         audio.read_source_bytes("pipe:cat /dev/zero", allow_pipe=True, max_bytes=1 << 20)
     assert audio.MAX_SOURCE_BYTES == 256 * 1024 * 1024
+
+
+def test_ark_offset_sources_are_recognised():
+    assert audio.is_ark_offset("data/feats.ark:1234")
+    assert not audio.is_ark_offset("a.wav")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from cli.commands import COMMANDS
+from corpus_io.commands import COMMANDS
 from tests.conftest import REPO, run_cli
 
 

@@ -1,4 +1,4 @@
-"""corpus_io.jobs: N and J (Kaldi's JOB=1:$nj, and `auto` from Slurm/SGE/PBS/LSF arrays), slices, run_job."""
+"""corpus_io.jobs.parts: N and J (Kaldi's JOB=1:$nj, and `auto` from Slurm/SGE/PBS/LSF arrays), slices, run_job."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from corpus_io.errors import ConfigError
-from corpus_io.jobs import JOB_COMMANDS, Job, resolve_job
+from corpus_io.jobs.parts import JOB_COMMANDS, Job, resolve_job
 
 
 @pytest.mark.parametrize("env, job", [
@@ -116,11 +116,11 @@ def test_spans_cover_every_unit_once_in_order_also_with_more_jobs_than_units():
 
 
 def test_every_job_command_runs_the_function_its_cli_row_runs():
-    from cli.commands import COMMANDS
+    from corpus_io.commands import COMMANDS
 
     runs = {c.name: c.run for c in COMMANDS}
     assert {name: run for name, (_, run, *_) in JOB_COMMANDS.items()} == {name: runs[name] for name in JOB_COMMANDS}
-    assert runs["merge-jobs"] == "corpus_io.jobs:merge_jobs"
+    assert runs["merge-jobs"] == "corpus_io.jobs.parts:merge_jobs"
 
 
 # --------------------------------------------------------------------------- scp2jsonl as jobs
@@ -128,7 +128,7 @@ def test_every_job_command_runs_the_function_its_cli_row_runs():
 
 def scp2jsonl_job(out: Path, n: int, j: int, tables: list[Path], **kw) -> None:
     from corpus_io.config import Scp2JsonlConfig
-    from corpus_io.manifest import scp2jsonl
+    from corpus_io.tables.manifest import scp2jsonl
 
     scp2jsonl(Scp2JsonlConfig(scp_file_list=[str(t) for t in tables], jsonl_file_out=str(out), num_workers=1,
                               num_jobs=n, job_index=j, **kw))
@@ -137,7 +137,7 @@ def scp2jsonl_job(out: Path, n: int, j: int, tables: list[Path], **kw) -> None:
 @pytest.mark.parametrize("segments", [False, True], ids=["wav.scp", "segments"])
 def test_scp2jsonl_n_jobs_merge_to_the_bytes_of_one_job(tmp_path, fixture_corpus, segments):
     from corpus_io.config import MergeJobsConfig
-    from corpus_io.jobs import merge_jobs
+    from corpus_io.jobs.parts import merge_jobs
 
     d = fixture_corpus / "segments_dir" if segments else fixture_corpus
     kw = {"segments": str(d / "segments")} if segments else {}
@@ -159,7 +159,7 @@ def test_scp2jsonl_n_jobs_merge_to_the_bytes_of_one_job(tmp_path, fixture_corpus
 def test_scp2jsonl_rerun_job_is_skipped_and_a_missing_part_is_refused(tmp_path, fixture_corpus):
     from corpus_io.config import MergeJobsConfig
     from corpus_io.errors import DataError
-    from corpus_io.jobs import merge_jobs
+    from corpus_io.jobs.parts import merge_jobs
 
     tables = [fixture_corpus / "wav.scp", fixture_corpus / "text"]
     out = tmp_path / "o.jsonl"
@@ -175,7 +175,7 @@ def test_scp2jsonl_rerun_job_is_skipped_and_a_missing_part_is_refused(tmp_path, 
 
 
 def test_run_job_composes_the_cli_config_and_runs_that_one_job(tmp_path, fixture_corpus):
-    from corpus_io.jobs import run_job
+    from corpus_io.jobs.parts import run_job
 
     out = tmp_path / "o.jsonl"
     overrides = [f"++scp_file_list=[{fixture_corpus / 'wav.scp'},{fixture_corpus / 'text'}]",
@@ -208,8 +208,8 @@ def test_a_command_with_auto_writes_the_slice_of_its_array_task(tmp_path, fixtur
 def test_merge_refuses_a_record_whose_output_path_leaves_its_directory_and_writes_nothing(tmp_path, fixture_corpus):
     from corpus_io.config import MergeJobsConfig
     from corpus_io.errors import DataError
-    from corpus_io.files import file_sha256
-    from corpus_io.jobs import merge_jobs
+    from corpus_io.jobs.parts import merge_jobs
+    from corpus_io.storage.files import file_sha256
 
     tables = [fixture_corpus / "wav.scp", fixture_corpus / "text"]
     work = tmp_path / "work"

@@ -8,7 +8,15 @@ from collections import Counter
 import torch
 
 from bench.bench_batching import compare, lognormal_corpus
-from corpus_io.batching import Budget, batch, batch_order, bucket_batch, mean_padding_ratio, pad, quantile_boundaries
+from corpus_io.loader.batching import (
+    Budget,
+    batch,
+    batch_order,
+    bucket_batch,
+    mean_padding_ratio,
+    pad,
+    quantile_boundaries,
+)
 
 
 def _lengths(s: dict) -> tuple[int, int]:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from corpus_io.config import BenchLoaderConfig, compose
-from corpus_io.dataset import bench_loader
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.loader.dataset import bench_loader
 from tests.conftest import BIN, REPO, assert_user_error, free_port, hang_limit, run_bounded, run_cli
 from tests.loader_data import env_no_threads, fixture_utts, make_shards, token_list
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from corpus_io.config import DatasetConf
-from corpus_io.pipeline.build import RUNTIME, Stage, describe_chain, loader_chain
+from corpus_io.loader.build import RUNTIME, Stage, describe_chain, loader_chain
 from corpus_io.tokenizer import build_tokenizer
 from tests.loader_data import fixture_utts, small_conf, token_list
 
@@ -122,7 +122,7 @@ def test_the_chain_prints_one_named_stage_per_line_with_the_config_it_runs_with(
 
 
 def test_a_shard_list_without_an_index_is_warned_once(tmp_path, capfd):
-    from corpus_io.pipeline.read import Source
+    from corpus_io.loader.read import Source
     from tests.loader_data import make_shards
 
     data_list, _ = make_shards(tmp_path / "s", per_shard=12, index=False)

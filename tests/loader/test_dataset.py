@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from corpus_io.dataset import build_dataloader
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.partition import SlotState
+from corpus_io.loader.dataset import build_dataloader
+from corpus_io.loader.partition import SlotState
 from corpus_io.tokenizer import build_tokenizer
 from tests.conftest import REPO, hang_limit, run_bounded
 from tests.loader_data import fixture_utts, make_raw, make_shards, small_conf, token_list

@@ -1,5 +1,5 @@
 """The rest of an epoch that DDP ranks ended together (one ran out of batches first), carried into the next
-epoch (corpus_io.pipeline.elastic.carry_over, through CorpusLoader.carry_rest): ranks are real loaders built for
+epoch (corpus_io.loader.elastic.carry_over, through CorpusLoader.carry_rest): ranks are real loaders built for
 their rank, run one after the other in this process, each stopped at the step the shortest rank ran out."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from corpus_io.dataset import build_dataloader
-from corpus_io.partition import NO_MORE, Piece, SlotState
+from corpus_io.loader.dataset import build_dataloader
+from corpus_io.loader.partition import NO_MORE, Piece, SlotState
 from corpus_io.tokenizer import build_tokenizer
 from tests.loader_data import fixture_utts, make_raw, make_shards, small_conf, token_list
 

@@ -6,7 +6,7 @@ import itertools
 import json
 import logging
 
-from corpus_io.partition import Slot, SlotState, all_ranks_have_data, assign, balance, epoch_order, unit_weights
+from corpus_io.loader.partition import Slot, SlotState, all_ranks_have_data, assign, balance, epoch_order, unit_weights
 
 
 def slots(world_size: int, num_workers: int):
@@ -94,7 +94,7 @@ def test_all_ranks_have_data_under_torchrun_is_false_when_any_rank_ran_out(tmp_p
     script = tmp_path / "stop_together.py"
     script.write_text(
         "import torch.distributed as dist\n"
-        "from corpus_io.partition import all_ranks_have_data\n"
+        "from corpus_io.loader.partition import all_ranks_have_data\n"
         "dist.init_process_group('gloo')\n"
         "r = dist.get_rank()\n"
         "import sys\n"
@@ -130,7 +130,7 @@ def test_a_state_with_a_thousand_buffered_samples_packs_small_and_round_trips_ex
     import json
     import random
 
-    from corpus_io.partition import SlotState
+    from corpus_io.loader.partition import SlotState
 
     rng = random.Random(1)
     state = SlotState(epoch=2, cursor={0: (7, 1200)}, taken={0: 15000}, seconds=4321.5)

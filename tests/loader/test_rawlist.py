@@ -9,9 +9,9 @@ import numpy as np
 import psutil
 import pytest
 
-from corpus_io.dataset import build_dataloader
 from corpus_io.errors import DataError
-from corpus_io.rawlist import RawList
+from corpus_io.loader.dataset import build_dataloader
+from corpus_io.loader.rawlist import RawList
 from corpus_io.tokenizer import build_tokenizer
 from tests.loader_data import FIXTURE, REPO, make_raw, small_conf, token_list
 
@@ -95,7 +95,7 @@ def test_a_list_of_jsonl_paths_reads_as_their_concatenation_and_names_each_files
 
 
 def test_the_line_permutation_is_computed_chunk_by_chunk_without_holding_it():
-    from corpus_io.rawlist import permuted_lines
+    from corpus_io.loader.rawlist import permuted_lines
 
     for n in (1, 2, 5, 1000, 12_345):
         whole = permuted_lines(n, 0, n, seed=7, epoch=1, shuffle=True)

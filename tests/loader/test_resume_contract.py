@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from corpus_io.config import SourceConf
-from corpus_io.dataset import build_dataloader
+from corpus_io.loader.dataset import build_dataloader
 from corpus_io.tokenizer import build_tokenizer
 from tests.loader_data import fixture_utts, make_raw, make_shards, small_conf, token_list
 

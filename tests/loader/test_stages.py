@@ -12,10 +12,10 @@ import pytest
 import soundfile as sf
 import torch
 
-from corpus_io import audio
-from corpus_io.batching import batch_order
+from corpus_io.audio import io as audio
 from corpus_io.errors import DataError
-from corpus_io.pipeline import stages
+from corpus_io.loader import stages
+from corpus_io.loader.batching import batch_order
 
 
 def _read(fixture_corpus, limit: int | None = None) -> list[dict]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_io import synth
+from corpus_io.tables import synth
 from tests.conftest import REPO, free_port, hang_limit, load_scale, run_bounded, run_cli
 
 RECIPES = REPO / "recipes"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_io.kaldi import iter_table
+from corpus_io.tables.kaldi import iter_table
 from tests.conftest import FIXTURE, REPO
 
 

@@ -15,8 +15,8 @@ import pytest
 import webdataset as wds
 
 from corpus_io.config import AddFieldConfig, DatasetConf, PackShardsConfig
-from corpus_io.dataset import build_dataloader
 from corpus_io.errors import DataError
+from corpus_io.loader.dataset import build_dataloader
 from corpus_io.shards.add_field import add_field
 from corpus_io.shards.fields import open_shard_fields
 from corpus_io.shards.index import load_index, read_datalist

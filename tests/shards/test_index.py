@@ -11,7 +11,7 @@ import pytest
 
 from corpus_io.config import VerifyShardsConfig
 from corpus_io.errors import DataError
-from corpus_io.pipeline.read import Source
+from corpus_io.loader.read import Source
 from corpus_io.shards.index import index_path_for, load_index, write_list_and_index
 from corpus_io.shards.verify import verify_shards
 from tests.conftest import run_cli
@@ -110,7 +110,7 @@ def no_aws_env(monkeypatch, tmp_path):
 
 
 def test_credentials_only_in_storage_options_read_the_list_and_its_index(on_s3, seaweed, no_aws_env, tmp_path):
-    from corpus_io.dataset import build_dataloader
+    from corpus_io.loader.dataset import build_dataloader
     from corpus_io.tokenizer import build_tokenizer
     from tests.loader_data import small_conf, token_list
 

@@ -15,10 +15,10 @@ import soundfile as sf
 
 from corpus_io.config import PackShardsConfig
 from corpus_io.errors import DataError
-from corpus_io.kaldi import iter_table
 from corpus_io.shards.index import load_index, read_datalist
 from corpus_io.shards.pack import pack_shards
 from corpus_io.shards.reader import read_shard
+from corpus_io.tables.kaldi import iter_table
 from tests.conftest import BIN, FIXTURE, REPO, assert_user_error, hang_limit, run_cli
 from tests.shards.conftest import fixture_records, write_jsonl
 

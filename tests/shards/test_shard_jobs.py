@@ -14,7 +14,7 @@ import pytest
 
 from corpus_io.config import MergeJobsConfig, PackShardsConfig
 from corpus_io.errors import DataError
-from corpus_io.jobs import Job, merge_jobs
+from corpus_io.jobs.parts import Job, merge_jobs
 from corpus_io.shards.pack import pack_shards
 from tests.conftest import BIN, REPO, hang_limit, run_cli
 from tests.shards.conftest import fixture_records, write_jsonl

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from corpus_io.dataset import build_dataloader
 from corpus_io.errors import DataError
+from corpus_io.loader.dataset import build_dataloader
 from corpus_io.shards.reader import read_shard
 from corpus_io.tokenizer import build_tokenizer
 from tests.conftest import run_bounded, run_cli
 from tests.loader_data import fixture_utts, small_conf, token_list
-from tests.test_remote import FlakyHandler
+from tests.storage.test_remote import FlakyHandler
 
 
 def make_wenet_targz(out: Path, *, copies: int = 2, per_shard: int = 4, suffix: str = ".tar.gz") -> tuple[Path, list]:

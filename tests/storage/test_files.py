@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from corpus_io.errors import DataError
-from corpus_io.files import (
+from corpus_io.storage.files import (
     HashingWriter,
     UnnamedFile,
     atomic_write,
@@ -113,7 +113,7 @@ def test_an_output_is_reused_only_with_its_sidecar_and_the_same_inputs_and_bytes
 
 
 def test_a_table_that_never_ends_a_line_is_refused_at_the_named_line_bound(tmp_path):
-    from corpus_io.files import bounded_lines
+    from corpus_io.storage.files import bounded_lines
 
     (tmp_path / "text").write_text("utt1 hello\n")
     result = run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[/dev/zero,{tmp_path / 'text'}]",

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from corpus_io.errors import DataError, WorkerDied
-from corpus_io.progress import Summary, WorkerState, default_start_method, parallel_imap
+from corpus_io.storage.progress import Summary, WorkerState, default_start_method, parallel_imap
 
 
 def _square(x: int) -> int:
@@ -71,10 +71,10 @@ def test_summary_line_counts_skips_by_reason():
 
 
 def test_a_log_file_gets_a_line_per_tenth_of_the_job_not_per_update(capsys, monkeypatch):
-    from corpus_io.progress import progress
+    from corpus_io.storage.progress import progress
 
     monkeypatch.delenv("CORPUS_IO_NO_PROGRESS", raising=False)  # stderr here is captured: not a terminal
-    monkeypatch.setattr("corpus_io.progress.MIN_GAP_S", 0.0)  # as if every item took a second
+    monkeypatch.setattr("corpus_io.storage.progress.MIN_GAP_S", 0.0)  # as if every item took a second
     assert list(progress(range(1000), total=1000, desc="job", unit="utt")) == list(range(1000))
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 10, lines  # 10 %, 20 %, ... 90 %, then the closing line at 100 %
@@ -84,7 +84,7 @@ def test_a_log_file_gets_a_line_per_tenth_of_the_job_not_per_update(capsys, monk
 
 
 def test_a_sub_second_job_prints_no_progress_lines(capsys, monkeypatch):
-    from corpus_io.progress import progress
+    from corpus_io.storage.progress import progress
 
     monkeypatch.delenv("CORPUS_IO_NO_PROGRESS", raising=False)
     assert list(progress(range(10), total=10, desc="ten lines")) == list(range(10))
@@ -92,7 +92,7 @@ def test_a_sub_second_job_prints_no_progress_lines(capsys, monkeypatch):
 
 
 def test_no_progress_env_silences_progress(capsys, monkeypatch):
-    from corpus_io.progress import progress
+    from corpus_io.storage.progress import progress
 
     monkeypatch.setenv("CORPUS_IO_NO_PROGRESS", "1")
     assert sum(progress(range(100), total=100, desc="job")) == sum(range(100))

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from corpus_io.dataset import build_dataloader
 from corpus_io.errors import DataError
+from corpus_io.loader.dataset import build_dataloader
 from corpus_io.tokenizer import build_tokenizer
 from tests.loader_data import make_shards, small_conf, token_list
 
@@ -248,7 +248,7 @@ def test_http_5xx_is_retried_and_never_called_missing(tmp_path, shard_dir, http_
 
 
 def test_a_stalled_header_probe_fails_naming_the_url_and_the_bound():
-    from corpus_io import audio
+    from corpus_io.audio import io as audio
 
     server = _StallServer(body=False)
     url = f"{server.base}/a.wav"

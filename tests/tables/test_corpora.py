@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
-from corpus_io import corpora, synth
 from corpus_io.errors import DataError
+from corpus_io.tables import corpora, synth
 from tests.conftest import assert_user_error, run_cli
 
 

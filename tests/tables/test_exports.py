@@ -1,5 +1,6 @@
-"""NeMo and Lhotse manifests written by ``jsonl2scp ++output_format=nemo|lhotse`` (corpus_io.exports) name their audio
-so that each reader finds it from wherever it runs: corpus-io's own reader (corpus_io.inputs), Lhotse itself, and
+"""NeMo and Lhotse manifests written by ``jsonl2scp ++output_format=nemo|lhotse`` (corpus_io.tables.exports) name their
+audio
+so that each reader finds it from wherever it runs: corpus-io's own reader (corpus_io.tables.inputs), Lhotse itself, and
 NeMo's path rule."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 import soundfile as sf
 
 from corpus_io import api
-from corpus_io.inputs import iter_records
+from corpus_io.tables.inputs import iter_records
 from tests.loader_data import fixture_utts
 
 UTTS = fixture_utts()[:3]  # (key, path, text): real wav/flac

@@ -1,4 +1,4 @@
-"""One set of inputs everywhere: FunASR, WeNet, Kaldi dir, NeMo and Lhotse manifests (corpus_io.inputs),
+"""One set of inputs everywhere: FunASR, WeNet, Kaldi dir, NeMo and Lhotse manifests (corpus_io.tables.inputs),
 read by pack-shards, make-datalist, make-tokenizer, stats and the raw loader; NeMo/Lhotse written back by
 jsonl2scp ++output_format. Lhotse round trips use the real ``lhotse`` package (a [dev] dependency)."""
 
@@ -18,10 +18,10 @@ import lhotse  # noqa: F401 - a [dev] dependency: a broken install fails these t
 import pytest
 import soundfile as sf
 
-from corpus_io.dataset import build_dataloader
 from corpus_io.errors import DataError
-from corpus_io.inputs import detect, iter_records, nemo_key, open_input
-from corpus_io.rawlist import RawList
+from corpus_io.loader.dataset import build_dataloader
+from corpus_io.loader.rawlist import RawList
+from corpus_io.tables.inputs import detect, iter_records, nemo_key, open_input
 from tests.conftest import assert_user_error, run_cli
 from tests.loader_data import fixture_utts, small_conf, token_list
 
@@ -313,7 +313,7 @@ def test_a_cut_with_several_supervisions_in_turn_is_one_utterance_with_their_tex
 
 
 def test_the_raw_loader_trains_on_a_nemo_manifest_as_it_is(tmp_path):
-    from corpus_io.dataset import build_dataloader
+    from corpus_io.loader.dataset import build_dataloader
     from corpus_io.tokenizer import build_tokenizer
     from tests.loader_data import small_conf
 
@@ -422,7 +422,8 @@ def _lhotse_lines(tmp_path: Path, case: str) -> Path:
                                      "lies outside its recording"]),
 ])
 def test_a_lhotse_cut_or_supervision_outside_its_recording_is_refused_as_a_kaldi_segment_is(tmp_path, case, needles):
-    """Checked where every reader takes them (corpus_io.inputs), as Kaldi segments are: 0 <= start < end, inside the
+    """Checked where every reader takes them (corpus_io.tables.inputs), as Kaldi segments are: 0 <= start < end, inside
+    the
     recording; a cut's supervisions are of its recording. make-datalist then writes nothing."""
     from corpus_io.api import make_datalist
 

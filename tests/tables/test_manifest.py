@@ -295,7 +295,7 @@ def _edge_lengths(rate: int) -> list[int]:
 
 
 def test_source_len_equals_funasr_rule_at_every_rate_on_edge_lengths(tmp_path, fixture_corpus):
-    from corpus_io import audio
+    from corpus_io.audio import io as audio
 
     speech, rate = sf.read(next(p for p in sorted((fixture_corpus / "wav").iterdir()) if p.suffix == ".wav"),
                            dtype="float32")
@@ -378,7 +378,7 @@ def test_unreadable_audio_error_names_ten_keys_and_the_count(tmp_path, fixture_c
 
 
 def test_a_non_numeric_source_len_or_start_names_the_line_and_key_and_numeric_strings_are_numbers(tmp_path):
-    from corpus_io.manifest import canonical
+    from corpus_io.tables.manifest import canonical
 
     assert canonical({"key": 1, "source": "a.wav", "source_len": "120", "start": "1.5"}) == \
         {"key": "1", "source": "a.wav", "source_len": 120, "start": 1.5}

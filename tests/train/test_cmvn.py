@@ -104,7 +104,7 @@ def test_an_unreadable_or_mismatched_cmvn_file_names_the_file_and_the_formats(st
 @pytest.mark.parametrize("kind, output_format", [("raw", "json"), ("shard", "kaldi")])
 def test_compute_cmvn_n_jobs_merge_to_the_bytes_of_one_job(corpus, tmp_path, kind, output_format):
     from corpus_io.config import ComputeCmvnConfig, DatasetConf, MergeJobsConfig
-    from corpus_io.jobs import merge_jobs
+    from corpus_io.jobs.parts import merge_jobs
     from corpus_io.train.cmvn import compute_cmvn
 
     data_list = corpus["raw"] if kind == "raw" else corpus["shards"]  # 24 lines, or 3 shards (N=7: empty jobs)

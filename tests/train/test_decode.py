@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from corpus_io.config import ComputeCmvnConfig, SourceConf
-from corpus_io.dataset import build_dataloader
+from corpus_io.loader.dataset import build_dataloader
 from corpus_io.train.cmvn import compute_cmvn, eval_dataset_conf
 from corpus_io.train.scoring import Scorer
 from tests.conftest import assert_user_error, run_cli

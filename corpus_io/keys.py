@@ -1,0 +1,43 @@
+"""Keys by hash: a stable 64-bit hash per key (8 bytes of memory each) and the repeated ones among them.
+
+How tables, inputs, shards and jobs find a duplicate key without holding the keys: collect
+:func:`key_hash` values in an int64 array, ask :func:`duplicate_hashes`, and re-read only the keys whose
+hash repeats (:func:`first_repeat`) to name both places. Below every wing that checks keys (tables, jobs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Iterable
+
+import numpy as np
+
+
+def key_hash(key: str) -> int:
+    """A stable 64-bit hash of a key (signed, to fit numpy int64)."""
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+
+
+def duplicate_hashes(hashes: Any, most: int | None = 8, *, in_place: bool = False) -> set[int]:
+    """The :func:`key_hash` values that occur more than once (at most ``most`` of them, None: all); empty if none.
+    ``in_place``: sort ``hashes`` (a writable int64 array) itself instead of a copy (8 bytes per key less)."""
+    h = np.asarray(hashes, dtype=np.int64)
+    if in_place:
+        h.sort()
+    else:
+        h = np.sort(h)
+    return {int(x) for x in np.unique(h[1:][h[1:] == h[:-1]])[:most]}
+
+
+def first_repeat(keyed: Iterable[tuple[str, str]], wanted: set[int]) -> tuple[str, str, str] | None:
+    """``(key, first where, second where)`` of the first key seen twice among ``(key, where)`` pairs, looking
+    only at keys whose hash is in ``wanted`` (from :func:`duplicate_hashes`); None when the equal hashes
+    were a 64-bit collision of different keys."""
+    first: dict[str, str] = {}
+    for key, where in keyed:
+        if key_hash(key) not in wanted:
+            continue
+        if key in first:
+            return key, first[key], where
+        first[key] = where
+    return None
