@@ -36,15 +36,24 @@ def remove_temp_files(directory: str | os.PathLike, is_ours: Callable[[str], boo
 _TEMP = re.compile(r"\.(.+)\.tmp-\d+")
 
 
+def refuse_non_directory(path: str | os.PathLike, *, what: str = "output directory") -> None:
+    """A :class:`DataError` if ``path`` exists as something :func:`ensure_dir` cannot use (a file, a symbolic link
+    that leads nowhere); nothing is created, so a command can check its output early, before slow set-up."""
+    p = Path(path)
+    if os.path.islink(p) and not os.path.exists(p):
+        raise DataError(f"{what} {p} is a symbolic link that leads nowhere (to itself, a loop, or a missing "
+                        f"target: {os.readlink(p)}). Point it at a directory or give another path.")
+    if os.path.exists(p) and not os.path.isdir(p):
+        raise DataError(f"{what} {p} is a file, not a directory. Give a directory path.")
+
+
 def ensure_dir(path: str | os.PathLike, *, what: str = "output directory") -> Path:
     """``mkdir -p path``; a file in the way or a path that cannot be made is a :class:`DataError`."""
     p = Path(path)
     try:
         p.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        if os.path.islink(p) and not os.path.exists(p):
-            raise DataError(f"{what} {p} is a symbolic link that leads nowhere (to itself, a loop, or a missing "
-                            f"target: {os.readlink(p)}). Point it at a directory or give another path.") from None
+        refuse_non_directory(p, what=what)
         raise DataError(f"{what} {p} is a file, not a directory. Give a directory path.") from None
     except OSError as exc:
         raise DataError(f"cannot create {what} {p}: {exc.strerror}. Check the path and its permissions.") from None

@@ -33,7 +33,7 @@ import torch
 
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.loader.partition import ranks_with_data
-from corpus_io.storage.files import ensure_dir, refuse_remote_output
+from corpus_io.storage.files import ensure_dir, refuse_non_directory, refuse_remote_output
 from corpus_io.train import checkpoint as ckpt
 from corpus_io.train.distributed import (
     DistContext,
@@ -523,6 +523,7 @@ def train(cfg: Any) -> None:
 
     require(cfg, "output_dir")
     refuse_remote_output(cfg.output_dir, "++output_dir", "train")
+    refuse_non_directory(cfg.output_dir, what="output_dir")  # before the tokenizer, model and init_param are read
     if not cfg.dataset_conf.sources:  # a weighted mix names its own lists
         require(cfg, "train_data_set_list")
     resolve_intervals(cfg.train_conf)
