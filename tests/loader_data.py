@@ -101,3 +101,31 @@ def small_conf(**overrides) -> DatasetConf:
 
 def env_no_threads() -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+def make_shar(out: Path, *, utts: list | None = None, windows: int = 16, shard_size: int = 8,
+              fmt: str = "flac") -> tuple[Path, dict[str, str]]:
+    """A Lhotse Shar written by Lhotse itself (``CutSet.to_shar``, audio ``fmt``: flac, wav or original) from the
+    fixture recordings: one cut per recording, then ``windows`` cuts that are windows of them (id ``w<i>-<key>``,
+    0.2 s in, 1 s long, the recording's text); returns (the Shar directory, key -> text)."""
+    from lhotse import CutSet, Recording, SupervisionSegment
+
+    utts = utts if utts is not None else fixture_utts()
+    cuts, texts = [], {}
+    for key, path, text in utts:
+        rec = Recording.from_file(path, recording_id=key)
+        cut = rec.to_cut()
+        cut.supervisions = [SupervisionSegment(id=key, recording_id=key, start=0.0, duration=rec.duration, text=text,
+                                               speaker=key.split("-")[0], language="zh" if "spk0" in key else "en")]
+        cut.custom = {"corpus": "fixture"}
+        cuts.append(cut)
+        texts[key] = text
+    for i in range(windows):
+        base = cuts[i % len(cuts)]
+        window = base.truncate(offset=0.2, duration=1.0)
+        window.id = f"w{i}-{base.id}"
+        cuts.append(window)
+        texts[window.id] = texts[base.id]
+    out.mkdir(parents=True, exist_ok=True)
+    CutSet.from_cuts(cuts).to_shar(str(out), fields={"recording": fmt}, shard_size=shard_size)
+    return out, texts

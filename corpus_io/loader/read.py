@@ -199,8 +199,11 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: i
     utterances it loses (those at or after the break that ``kept`` says this reader would keep).
     """
     from corpus_io.shards.reader import read_shard
+    from corpus_io.tables.shar import is_shar_cuts, read_shar_shard
 
-    if opts.fields:  # dataset_conf.fields: only these, companion files in lockstep (corpus_io.shards.fields)
+    if is_shar_cuts(url):  # a Lhotse Shar shard: its cuts file, the recording tar beside it
+        read_shard = partial(read_shar_shard, counts=counts)  # type: ignore[assignment]
+    elif opts.fields:  # dataset_conf.fields: only these, companion files in lockstep (corpus_io.shards.fields)
         from corpus_io.shards.fields import open_shard_fields
 
         read_shard = partial(open_shard_fields, fields=opts.fields)  # type: ignore[assignment]

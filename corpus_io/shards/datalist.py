@@ -8,7 +8,10 @@ Shard inputs, each one of:
   their zero padding); local results must exist;
 * a glob ``shards/*.tar`` (sorted);
 * a ``.tar``, ``.tar.gz`` or ``.tgz`` path or URL;
-* a list file (any other file): its entries, and its sidecar when present.
+* a list file (any other file): its entries, and its sidecar when present;
+* a Lhotse Shar: its directory (local, or an ``s3://``/``http(s)://`` prefix ending in ``/``), a cuts file
+  ``cuts.000000.jsonl.gz`` or a glob of them: one entry per shard (its cuts file), indexed from the cuts' durations
+  (no audio is read).
 
 Several inputs are merged in order; a shard named twice is an error naming both sources.
 ``prefix`` rewrites each entry to ``prefix + <path relative to the deepest directory common to
@@ -100,12 +103,35 @@ def _tar_entries(paths: list[str]) -> Iterator[tuple[str, dict | None]]:
 
 def _list_entries(path: str) -> Iterator[tuple[str, dict | None]]:
     index = load_index(path, keys=True)  # a list at a URL has its index beside it too (AWS environment)
+    from corpus_io.tables import shar
+
     for entry in read_datalist(path):  # a raw list / jsonl given here is caught there
-        yield entry, (index or {}).get(entry)
+        found = (index or {}).get(entry)
+        if found is None and shar.is_shar_cuts(entry):  # a Shar shard indexes itself from its cuts
+            found = {k: v for k, v in shar.index_entry(entry).items() if k != "path"}
+        yield entry, found
+
+
+def _shar_entries(cuts: list[str]) -> Iterator[tuple[str, dict]]:
+    """Lhotse Shar shards (their cuts files) with the index entry their cuts give (no audio is read)."""
+    from corpus_io.tables import shar
+
+    for url in cuts:
+        url = url if is_remote(url) else os.path.abspath(url)
+        entry = shar.index_entry(url)
+        yield url, {k: v for k, v in entry.items() if k != "path"}
 
 
 def expand_input(item: str) -> Iterator[tuple[str, dict | None]]:
     """``(shard entry, index entry or None)`` for one input of make-datalist shard mode."""
+    from corpus_io.tables import shar
+
+    if shar.is_shar_cuts(item) and "{" not in item and not glob.has_magic(item):
+        yield from _shar_entries([item])
+        return
+    if shar.is_shar_dir(item):
+        yield from _shar_entries(shar.shar_shards(item))
+        return
     if "{" in item:
         expanded = expand_braces(item)
         if is_remote(item):
@@ -135,7 +161,7 @@ def expand_input(item: str) -> Iterator[tuple[str, dict | None]]:
         matches = sorted(glob.glob(item))
         if not matches:
             raise DataError(f"the glob '{item}' matches no file. Check the pattern (quote it in the shell).")
-        yield from _tar_entries(matches)
+        yield from _shar_entries(matches) if all(map(shar.is_shar_cuts, matches)) else _tar_entries(matches)
         return
     if not os.path.isfile(item):
         raise DataError(f"input {item} does not exist. Pass a directory, glob, brace pattern, .tar or list file.")

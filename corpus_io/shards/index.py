@@ -1,6 +1,7 @@
 """Shard lists (``data.list``) and their ``index.jsonl`` sidecar.
 
-A shard ``data.list`` is WeNet's: one shard path or URL per line, nothing else. Its index
+A shard ``data.list`` is WeNet's: one shard path or URL per line, nothing else (a Lhotse Shar shard is named by
+its cuts file, ``.../cuts.000000.jsonl.gz``: :mod:`corpus_io.tables.shar`). Its index
 sidecar holds one JSON object per shard, keyed by the entry exactly as written in the list:
 ``path``, ``num_utts``, ``duration`` (seconds, total), ``min_duration``/``max_duration``
 (seconds), ``bytes`` (file size) and ``sha256`` (hex of the whole file).
@@ -75,7 +76,9 @@ def read_datalist(path: str | os.PathLike, *, storage_options: dict | None = Non
         raise DataError(f"{path} holds JSON lines (a raw list or a FunASR jsonl), not shard paths. Read it as a raw "
                         f"list (the loader: ++dataset_conf.data_type=raw; make-datalist and stats: ++data_type=raw), "
                         f"or pack it into shards with pack-shards first.")
-    jsonl = next((e for e in entries if e.endswith((".jsonl", ".json", ".jsonl.gz"))), None)
+    from corpus_io.tables.shar import is_shar_cuts
+
+    jsonl = next((e for e in entries if e.endswith((".jsonl", ".json", ".jsonl.gz")) and not is_shar_cuts(e)), None)
     if jsonl is not None:
         raise DataError(f"{path} lists JSONL files ('{jsonl}'), as FunASR's multi-file data list does, not shards. "
                         f"Read it as a raw list (the loader: ++dataset_conf.data_type=raw; stats: ++data_type=raw), "

@@ -14,6 +14,8 @@
   it). A relative ``audio_filepath`` is taken from the manifest's directory when the file is there (NeMo's
   rule), else from the current directory. In a tarred NeMo dataset (lines with ``shard_id``) it is the member
   of ``audio_<shard_id>.tar`` beside the manifest (NeMo's layout), read as the source ``<tar>//<member>``;
+* a **Lhotse Shar** (a directory of ``cuts.NNNNNN.jsonl.gz`` + ``recording.NNNNNN.tar``, or one cuts file): one
+  utterance per cut, read as a CutSet's, its audio the member of the tar beside it (:mod:`corpus_io.tables.shar`);
 * a **Lhotse manifest**, jsonl or jsonl.gz: a **CutSet** (one utterance per ``MonoCut``: its span of the
   recording, the texts of its supervisions joined in time order) or a **RecordingSet + SupervisionSet**
   (one utterance per supervision; give either file or their directory: the other file is found by
@@ -50,7 +52,7 @@ from corpus_io.storage.files import UTF8_BOM, bounded_lines, parse_json_object
 from corpus_io.tables import kaldi
 from corpus_io.tables.manifest import canonical
 
-KINDS = ("funasr", "wenet", "nemo", "lhotse-cuts", "lhotse-recordings+supervisions", "kaldi")
+KINDS = ("funasr", "wenet", "nemo", "lhotse-cuts", "lhotse-recordings+supervisions", "lhotse-shar", "kaldi")
 CUT_TYPES = ("MonoCut", "MultiCut", "MixedCut", "PaddingCut")
 _SAME_TIME = 1e-3  # seconds: supervisions closer than this do not overlap; a cut this close to its recording is whole
 
@@ -622,6 +624,10 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> Input:
 
 def detect(path: str) -> str:
     """The kind of input ``path`` is (one of :data:`KINDS`), by its content; a DataError says what is accepted."""
+    from corpus_io.tables import shar
+
+    if shar.shar_input_shards(path) is not None:  # a Shar directory or cuts file (a remote one: a ConfigError)
+        return "lhotse-shar"
     p = Path(path)
     if p.is_dir():
         if any((p / name).is_file() for name in ("wav.scp", "feats.scp", "text", "segments")):
@@ -651,6 +657,10 @@ def open_input(path: str | os.PathLike, *, feats: bool = False) -> Input:
         return _kaldi_input(Path(path), feats=feats)
     if kind == "lhotse-recordings+supervisions":
         return _lhotse_pair_input(path)
+    if kind == "lhotse-shar":
+        from corpus_io.tables import shar
+
+        return shar.open_shar_input(path, shar.shar_input_shards(path) or [])
     return _line_input(path, kind)
 
 

@@ -1,0 +1,504 @@
+"""Lhotse Shar in and out: ``cuts.NNNNNN.jsonl.gz`` + ``recording.NNNNNN.tar`` shards.
+
+Lhotse's ``SharWriter`` (``CutSet.to_shar``) writes, per shard, the cuts (one JSON line each, ``start`` 0: the tar
+holds each cut's own audio) and a tar of pairs ``<cut id>.<fmt>`` + ``<cut id>.json`` (the recording manifest) in
+the cuts' order; ``<fmt>`` is ``wav``, ``flac``, ``mp3``, ``opus`` or ``original`` (the source's container under
+that literal name), so the container is sniffed from the bytes, never taken from the name. A cut without
+recording has the pair ``<id>.nodata`` + ``<id>.nometa``.
+
+* :func:`shar_shards` finds the shards of a Shar directory (local or a URL listing) or of a list of cuts URLs;
+  each cuts file's tar is the file beside it named ``recording.NNNNNN.tar``.
+* :func:`read_shar_shard`: the loader's samples of one shard, the cuts and the tar streamed side by side (local,
+  ``s3://``, ``http(s)://``; nothing extracted to disk); positions count the samples given.
+* :func:`index_entry`: a shard's ``index.jsonl`` entry from its cuts alone (durations, keys; no audio read).
+* :func:`open_shar_input`: a local Shar as an input of :mod:`corpus_io.tables.inputs` (pack-shards,
+  make-datalist raw, stats, read_manifest): records whose ``source`` is ``<recording tar>//<member>``.
+* :func:`write_shar`: records -> a Shar directory that ``CutSet.from_shar`` reads, the audio bytes copied.
+
+A cut is read as :mod:`corpus_io.tables.inputs` reads a Lhotse cut (its span, its supervisions' texts joined);
+its ``custom`` fields with plain values become record fields (sample ``meta``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+import tarfile
+import tempfile
+import weakref
+from array import array
+from bisect import bisect_right
+from collections import Counter
+from typing import Any, Iterable, Iterator
+
+from corpus_io.audio import io as audio
+from corpus_io.errors import ConfigError, DataError
+from corpus_io.storage import urls
+from corpus_io.storage.files import atomic_write, ensure_dir
+
+CUTS_NAME = re.compile(r"^cuts(\.\d+)?\.jsonl(\.gz)?$")
+_NO_DATA = (".nodata", ".nometa")
+_FIX = ("Write the Shar again with Lhotse (cuts.to_shar(out_dir, fields={'recording': 'flac'})) or re-copy it "
+        "whole.")
+_PLAIN = (str, int, float, bool)
+TAR_MTIME = 0  # fixed header fields: the same input gives the same bytes (Lhotse's own tars say 0 too)
+
+
+def is_shar_cuts(url: str) -> bool:
+    """Whether ``url`` names the cuts file of a Shar shard (``cuts.000000.jsonl.gz``, ``cuts.jsonl``, ...)."""
+    return bool(CUTS_NAME.match(url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]))
+
+
+def recording_of(cuts_url: str) -> str:
+    """The recording tar of a Shar shard, named from its cuts file (``cuts.000003.jsonl.gz`` ->
+    ``recording.000003.tar`` beside it)."""
+    name = cuts_url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    middle = CUTS_NAME.match(name).group(1) or ""  # type: ignore[union-attr]
+    return urls.beside(cuts_url, f"recording{middle}.tar")
+
+
+def _listing(path: str, storage_options: dict | None) -> list[str]:
+    """The file names in a local directory or under a URL prefix."""
+    if not urls.is_remote(path):
+        return sorted(os.listdir(path))
+    fs, inner = urls.filesystem(path, storage_options)
+    try:
+        return sorted(str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(inner, detail=False))
+    except (FileNotFoundError, NotImplementedError) as exc:
+        raise DataError(f"cannot list {path} ({type(exc).__name__}: {exc}). Give the Shar's cuts files instead "
+                        f"(a list file with one cuts.NNNNNN.jsonl.gz URL per line).") from None
+
+
+def is_shar_dir(path: str, storage_options: dict | None = None) -> bool:
+    """Whether ``path`` is a directory (local, or an object-store prefix) holding Shar cuts files."""
+    if urls.is_remote(path):
+        if not path.endswith("/"):
+            return False
+        try:
+            return any(CUTS_NAME.match(n) for n in _listing(path, storage_options))
+        except DataError:
+            return False
+    return os.path.isdir(path) and any(CUTS_NAME.match(n) for n in os.listdir(path))
+
+
+def shar_shards(path: str, storage_options: dict | None = None) -> list[str]:
+    """The cuts files of the Shar at ``path`` (a directory or URL prefix ending in ``/``), in shard order; a
+    cuts file without its ``recording`` tar beside it (in a listing) is a DataError naming both."""
+    names = _listing(path, storage_options)
+    base = path if path.endswith("/") else path + "/"
+    cuts = [base + n for n in names if CUTS_NAME.match(n)]
+    if not cuts:
+        raise DataError(f"{path} holds no Lhotse Shar cuts files (cuts.NNNNNN.jsonl.gz).")
+    present = set(names)
+    for c in cuts:
+        tar = recording_of(c).rsplit("/", 1)[-1]
+        if tar not in present:
+            others = sorted(n for n in names if not CUTS_NAME.match(n))
+            raise DataError(f"{c} has no recording tar beside it ({tar} is not in {path}; it holds "
+                            f"{others[:6] or 'nothing else'}). corpus-io reads a Shar written with the audio: "
+                            f"{_FIX}")
+    return cuts
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _cut_lines(cuts_url: str, storage_options: dict | None, allow_pipe: bool = False) -> Iterator[tuple[int, dict]]:
+    """``(line number, cut)`` of a cuts file (gzip or plain jsonl), streamed."""
+    from corpus_io.storage.files import bounded_lines, parse_json_object
+
+    f = urls.open_url(cuts_url, storage_options=storage_options, allow_pipe=allow_pipe)
+    try:
+        gz = gzip.GzipFile(fileobj=f, mode="rb") if cuts_url.split("?", 1)[0].endswith(".gz") else f
+        try:
+            for lineno, raw in bounded_lines(gz, cuts_url):
+                if raw.strip():
+                    yield lineno, parse_json_object(raw, f"{cuts_url}:{lineno}",
+                                                    "A Shar cuts file holds one Lhotse cut per line.")
+        except (EOFError, gzip.BadGzipFile, OSError) as exc:
+            if isinstance(exc, OSError) and not isinstance(exc, gzip.BadGzipFile):
+                raise
+            raise DataError(f"{cuts_url}: damaged or truncated gzip ({type(exc).__name__}: {exc}). {_FIX}") from None
+    finally:
+        f.close()
+
+
+def _tar_pairs(tar_url: str, storage_options: dict | None, max_member_bytes: int,
+               allow_pipe: bool = False) -> Iterator[tuple[str, bytes | None]]:
+    """``(data member name, data or None for a .nodata placeholder)`` of a Shar tar, streamed strictly forward;
+    the ``.json`` after each data member is read past (the cut holds the same recording)."""
+    f = urls.open_url(tar_url, storage_options=storage_options, allow_pipe=allow_pipe)
+    last = "(none: the first member)"
+    try:
+        with tarfile.open(fileobj=f, mode="r|*") as tar:
+            pending: tuple[str, bytes | None] | None = None
+            for info in tar:
+                if not info.isfile():
+                    continue
+                if info.size > max_member_bytes:
+                    raise DataError(f"{tar_url}: member '{info.name}' is {info.size} bytes, over the cap "
+                                    f"max_member_bytes={max_member_bytes}; raise the cap if it is legitimate.")
+                if pending is None:
+                    if info.name.endswith((".json", ".nometa")):
+                        raise DataError(f"{tar_url}: member '{info.name}' after '{last}' is a manifest where the "
+                                        f"data of the next cut belongs (data, then its .json). {_FIX}")
+                    data = None if info.name.endswith(".nodata") else tar.extractfile(info).read()  # type: ignore
+                    pending = (info.name, data)
+                else:
+                    yield pending
+                    pending = None
+                last = info.name
+            if pending is not None:
+                raise DataError(f"{tar_url}: the last member '{last}' has no .json after it (a Shar tar holds pairs "
+                                f"of data + manifest). {_FIX}")
+    except tarfile.TarError as exc:
+        raise DataError(f"{tar_url}: truncated or damaged tar after member '{last}' ({exc}). {_FIX}") from None
+    except EOFError:
+        raise DataError(f"{tar_url}: truncated tar: it ends inside the member after '{last}'. {_FIX}") from None
+    finally:
+        f.close()
+
+
+def _stem(member: str) -> str:
+    """The cut id of a Shar member name (``<cut id>.<ext>``; ids may hold dots and slashes)."""
+    return member.rsplit(".", 1)[0] if "." in member.rsplit("/", 1)[-1] else member
+
+
+def cut_record(obj: dict, where: str) -> dict | Any:
+    """The canonical record of one Shar cut (no ``source`` yet), or an ``inputs.Skip``: the rules of a Lhotse cut
+    (span inside its recording, supervisions joined, no overlap, no mixed cut), its plain ``custom`` fields kept."""
+    from corpus_io.tables.inputs import Skip, _join_texts, _lhotse_span, _utterance
+
+    key = str(obj.get("id", ""))
+    kind = obj.get("type", "MonoCut")
+    if kind not in ("MonoCut", "MultiCut"):
+        raise DataError(f"{where}: cut '{key}' is a {kind}; a Shar holds the audio of mono cuts. {_FIX}")
+    recording = obj.get("recording")
+    if not isinstance(recording, dict):
+        return Skip("no recording", where, key, "the cut has no 'recording' (written without audio?)")
+    start, duration = _lhotse_span(obj, recording, where, key, "cut")
+    sups = obj.get("supervisions") or []
+    if not sups:
+        return Skip("no supervision", where, key, "'supervisions' is empty: the transcript is a supervision's 'text'")
+    text, speaker, language = _join_texts(sups, where, key)
+    whole = start < 1e-3 and abs(duration - float(recording.get("duration", -1))) < 1e-3
+    rec = _utterance(key, "", start, duration, whole, text, speaker, language, where)
+    for name, value in (obj.get("custom") or {}).items():
+        if isinstance(value, _PLAIN) and name not in rec:
+            rec[name] = value
+    return rec
+
+
+def _sample(rec: dict, data: bytes, member: str, url: str, pos: int) -> dict:
+    fmt = audio_format(data, member)
+    meta = {k: v for k, v in rec.items() if k not in ("key", "source", "target", "start", "end", "where")}
+    meta["key"] = rec["key"]
+    sample = {"key": rec["key"], "audio": data, "audio_format": fmt, "txt": rec["target"], "meta": meta}
+    if "start" in rec:
+        sample["start"], sample["end"] = rec["start"], rec["end"]
+    sample["__url__"], sample["__pos__"] = url, pos
+    return sample
+
+
+def audio_format(data: bytes, member: str) -> str:
+    """The container of a Shar audio member, sniffed (Lhotse may name it ``.original``)."""
+    ext = member.rsplit(".", 1)[-1].lower()
+    sniffed = audio.sniff_format(data)
+    if sniffed:
+        return sniffed
+    if ext in audio.AUDIO_EXTENSIONS:
+        return ext
+    raise DataError(f"member '{member}' is not audio corpus-io can read (wav/flac/ogg/opus/mp3). {_FIX}")
+
+
+def read_shar_shard(url: str, *, storage_options: dict | None = None, max_member_bytes: int = audio.MAX_SOURCE_BYTES,
+                    allow_pipe: bool = False, counts: Counter | None = None) -> Iterator[dict]:
+    """The loader's samples of the Shar shard whose cuts file is ``url`` (docs/DEVELOPING.md "The sample dict"),
+    the cuts and ``recording`` tar streamed side by side. A cut without supervision or recording is passed over
+    (counted in ``counts`` by its reason) and takes no position, as :func:`index_entry` counts; a tar member that
+    is not its cut's, or a tar shorter or longer than the cuts, is a DataError naming both files."""
+    tar_url = recording_of(url)
+    pairs = _tar_pairs(tar_url, storage_options, max_member_bytes, allow_pipe)
+    pos = 0
+    last = "(none: the first)"
+    for lineno, obj in _cut_lines(url, storage_options, allow_pipe):
+        where = f"{url}:{lineno}"
+        key = str(obj.get("id", ""))
+        pair = next(pairs, None)
+        if pair is None:
+            raise DataError(f"{where}: cut '{key}' has no recording: {tar_url} ends after the member of cut "
+                            f"'{last}'. The tar is truncated or belongs to other cuts; {_FIX}")
+        member, data = pair
+        if _stem(member) != key:
+            raise DataError(f"{where}: cut '{key}' is paired with tar member '{member}' of {tar_url}: the tar's "
+                            f"members are out of the cuts' order (or of other cuts). {_FIX}")
+        last = key
+        rec = cut_record(obj, where)
+        if data is None and isinstance(rec, dict):
+            rec = _skip(where, key, "no recording", f"{tar_url} holds a .nodata placeholder for it")
+        if not isinstance(rec, dict):
+            if counts is not None:
+                counts[f"shar cuts with {rec.reason}"] += 1
+            continue
+        yield _sample(rec, data, member, url, pos)  # type: ignore[arg-type]
+        pos += 1
+    extra = next(pairs, None)
+    if extra is not None:
+        raise DataError(f"{tar_url} holds member '{extra[0]}' after the last cut of {url} ('{last}'): the tar has "
+                        f"more recordings than the cuts file has cuts. {_FIX}")
+
+
+def _skip(where: str, key: str, reason: str, detail: str) -> Any:
+    from corpus_io.tables.inputs import Skip
+
+    return Skip(reason, where, key, detail)
+
+
+def index_entry(url: str, *, storage_options: dict | None = None) -> dict:
+    """The ``index.jsonl`` entry of one Shar shard, from its cuts alone (no audio read): ``path`` (the cuts
+    URL), ``num_utts`` (cuts that give a sample), ``duration`` / ``min_duration`` / ``max_duration`` (s)
+    and ``keys``."""
+    durations: list[float] = []
+    keys: list[str] = []
+    for lineno, obj in _cut_lines(url, storage_options):
+        rec = cut_record(obj, f"{url}:{lineno}")
+        if isinstance(rec, dict):
+            keys.append(rec["key"])
+            durations.append(float(rec["duration"]))
+    return {"path": url, "num_utts": len(keys), "duration": round(sum(durations), 3),
+            "min_duration": round(min(durations), 3) if durations else 0.0,
+            "max_duration": round(max(durations), 3) if durations else 0.0, "keys": keys}
+
+
+# --------------------------------------------------------------------------- a local Shar as an input
+
+
+def shar_input_shards(path: str) -> list[str] | None:
+    """The cuts files of a local Shar input (a directory, a cuts file, or a list file of cuts paths), or None
+    when ``path`` is none of these. A remote one is a ConfigError: it is read where it streams, by the loader."""
+    if urls.is_remote(path):
+        if is_shar_cuts(path) or path.endswith("/"):
+            raise ConfigError(f"{path}: a Shar on object storage or a web server is read directly by the loader: "
+                              f"list it with make-datalist ++data_type=shard ++input={path} and train on that "
+                              f"list. pack-shards and the other commands that read it as an input need a local "
+                              f"copy.")
+        return None
+    if os.path.isdir(path):
+        first = next((os.path.join(path, n) for n in sorted(os.listdir(path)) if CUTS_NAME.match(n)), None)
+        return shar_shards(path) if first is not None and _holds_shar_cuts(first) else None
+    if is_shar_cuts(path) and os.path.isfile(path) and _holds_shar_cuts(path):
+        return [path]
+    return None
+
+
+def _holds_shar_cuts(cuts: str) -> bool:
+    """Whether the first cut of ``cuts`` has its audio in a Shar tar (a ``shar`` source): a CutSet that is merely
+    named ``cuts.jsonl.gz`` (as Lhotse recipes name them) is read as a CutSet."""
+    try:
+        for _, obj in _cut_lines(cuts, None):
+            sources = (obj.get("recording") or {}).get("sources") or [{}]
+            return sources[0].get("type") == "shar"
+    except DataError:
+        return False
+    return False
+
+
+def _member_names(tar: str, cuts: str) -> list[str]:
+    """The data members of a local Shar tar, in order, from its headers only (payloads are seeked over)."""
+    if not os.path.isfile(tar):
+        raise DataError(f"{cuts} has no recording tar beside it ({tar} does not exist). {_FIX}")
+    names: list[str] = []
+    last = "(none: the first member)"
+    try:
+        with tarfile.open(tar, "r:") as t:
+            members = [m for m in t if m.isfile()]
+    except (tarfile.TarError, EOFError) as exc:
+        raise DataError(f"{tar}: truncated or damaged tar ({exc}). {_FIX}") from None
+    size = os.path.getsize(tar)
+    for i, m in enumerate(members):
+        if m.offset_data + m.size > size:
+            raise DataError(f"{tar}: truncated tar: member '{m.name}' needs {m.size} bytes but the file ends "
+                            f"first; the last complete member is '{last}'. {_FIX}")
+        if i % 2 == 0:
+            names.append(m.name)
+        last = m.name
+    if len(members) % 2:
+        raise DataError(f"{tar}: the last member '{last}' has no .json after it (a Shar tar holds pairs of data + "
+                        f"manifest). {_FIX}")
+    return names
+
+
+def open_shar_input(path: str, cuts_files: list[str]) -> Any:
+    """A local Shar as an :class:`corpus_io.tables.inputs.Input`: the cuts of every shard, decompressed once into
+    a temporary driver file (deleted with the input), each line paired with its tar member by the tar headers
+    (a cut without its member, or members out of order, is a DataError here, before any record is read)."""
+    from corpus_io.tables.inputs import Input, _json_of, _unlink
+
+    firsts = array("q")  # the driver line number of each shard's first cut
+    sources: list[tuple[str, str, list[str]]] = []  # (cuts file, tar, data members)
+    fd, driver = tempfile.mkstemp(prefix="corpus-io-shar-", suffix=".jsonl")
+    lineno = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            for cuts in cuts_files:
+                tar = recording_of(cuts)
+                members = _member_names(tar, cuts)
+                firsts.append(lineno + 1)
+                sources.append((cuts, tar, members))
+                n = 0
+                for file_line, obj in _cut_lines(cuts, None):
+                    key = str(obj.get("id", ""))
+                    if n >= len(members):
+                        raise DataError(f"{cuts}:{file_line}: cut '{key}' has no recording: {tar} holds "
+                                        f"{len(members)} members for more cuts. {_FIX}")
+                    if _stem(members[n]) != key:
+                        raise DataError(f"{cuts}:{file_line}: cut '{key}' is paired with tar member '{members[n]}' "
+                                        f"of {tar}: the tar's members are out of the cuts' order (or of other "
+                                        f"cuts). {_FIX}")
+                    out.write(json.dumps({"n": n, "line": file_line, "cut": obj}, ensure_ascii=False) + "\n")
+                    n += 1
+                    lineno += 1
+                if n < len(members):
+                    raise DataError(f"{tar} holds member '{members[n]}' after the last cut of {cuts}: the tar has "
+                                    f"more recordings than the cuts file has cuts. {_FIX}")
+    except BaseException:
+        _unlink(driver)
+        raise
+
+    def locate(raw: bytes, driver_line: int) -> tuple[dict, str, str, str] | None:
+        obj = _json_of(raw, f"{driver}:{driver_line}")
+        if obj is None:
+            return None
+        cuts, tar, members = sources[bisect_right(firsts, driver_line) - 1]
+        return obj["cut"], f"{cuts}:{obj['line']}", tar, members[obj["n"]]
+
+    def record(raw: bytes, driver_line: int) -> Any:
+        found = locate(raw, driver_line)
+        if found is None:
+            return None
+        cut, where, tar, member = found
+        if member.endswith(".nodata"):
+            return _skip(where, str(cut.get("id", "")), "no recording", f"{tar} holds a .nodata placeholder for it")
+        rec = cut_record(cut, where)
+        if isinstance(rec, dict):
+            rec["source"] = f"{tar}//{member}"
+            rec["where"] = where
+        return rec
+
+    def key_of(raw: bytes, driver_line: int) -> str | None:
+        found = locate(raw, driver_line)
+        return None if found is None else str(found[0].get("id", ""))
+
+    files = [f for c, t, _ in sources for f in (c, t)]
+    inp = Input(driver, key_of, record, f"Lhotse Shar {path}", "lhotse-shar", name=path, files=files)
+    weakref.finalize(inp, _unlink, driver)
+    return inp
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), TAR_MTIME, 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _mono_bytes(rec: dict, data: bytes, where: str) -> tuple[bytes, str, int, int]:
+    """``(bytes, format, sample rate, samples)`` of a record's audio as one mono cut: the stored bytes when they
+    are the whole recording in mono, else its span (or mix-down) encoded as FLAC."""
+    info = audio.header_info(data, len(data))
+    if info is None:
+        import soundfile as sf
+
+        try:
+            i = sf.info(io.BytesIO(data))
+        except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+            raise DataError(f"{where}: key '{rec['key']}': not a readable audio file ({exc}).") from None
+        info = audio.AudioInfo(int(i.samplerate), int(i.frames), int(i.channels), "")
+    fmt = audio.sniff_format(data)
+    if "start" not in rec and info.channels == 1 and fmt is not None:
+        return data, fmt, info.sample_rate, info.num_samples
+    first, last = 0, None
+    if "start" in rec:
+        first, last = audio.segment_samples(float(rec["start"]), float(rec.get("end", -1)), info.sample_rate,
+                                            info.num_samples)
+    wave, rate = audio.decode_bytes(data, where=where, start=first, stop=last)
+    wave = audio.to_mono(wave)
+    return audio.encode(wave, rate, "flac"), "flac", rate, int(wave.shape[0])
+
+
+def _cut_json(rec: dict, rate: int, num_samples: int) -> tuple[dict, dict]:
+    """``(cut, recording manifest)`` of one record, as Lhotse's SharWriter writes them."""
+    key = rec["key"]
+    duration = num_samples / rate
+    recording = {"id": key, "sources": [{"type": "shar", "channels": [0], "source": ""}], "sampling_rate": rate,
+                 "num_samples": num_samples, "duration": duration, "channel_ids": [0]}
+    sup: dict[str, Any] = {"id": key, "recording_id": key, "start": 0, "duration": duration, "channel": 0,
+                           "text": rec.get("target", "")}
+    for name in ("speaker", "language"):
+        if rec.get(name) is not None:
+            sup[name] = str(rec[name])
+    custom = {k: v for k, v in rec.items() if k not in _NOT_CUSTOM and isinstance(v, _PLAIN)}
+    cut: dict[str, Any] = {"id": key, "start": 0, "duration": duration, "channel": 0, "supervisions": [sup],
+                           "recording": recording}
+    if custom:
+        cut["custom"] = custom
+    cut["type"] = "MonoCut"
+    return cut, recording
+
+
+_NOT_CUSTOM = {"key", "source", "target", "start", "end", "where", "speaker", "language", "duration", "source_len",
+               "target_len", "sample_rate", "num_samples"}
+
+
+def write_shar(records: Iterable[dict], output_dir: str, *, shard_size: int = 1000, first_shard: int = 0,
+               storage_options: dict | None = None, allow_pipe: bool = False) -> list[dict]:
+    """Write canonical records as a Lhotse Shar in ``output_dir``: ``cuts.NNNNNN.jsonl.gz`` + ``recording.NNNNNN.tar``
+    per ``shard_size`` records, numbered from ``first_shard``. The audio bytes are copied (a whole mono recording),
+    or its span (a segment) / mono mix-down encoded as FLAC; each file is written under a temporary name and
+    renamed, with fixed header fields (gzip mtime 0), so the same records give the same bytes. Returns one
+    :func:`index_entry`-like dict per shard (``path``: the cuts file, ``num_utts``, ``duration``)."""
+    if urls.is_remote(output_dir):
+        raise ConfigError(f"++output_dir={output_dir}: the Shar export writes a local directory; copy it after.")
+    ensure_dir(output_dir)
+    written: list[dict] = []
+    batch: list[dict] = []
+
+    def flush() -> None:
+        if batch:
+            written.append(_write_shard(batch, output_dir, first_shard + len(written), storage_options, allow_pipe))
+            batch.clear()
+
+    for rec in records:
+        batch.append(rec)
+        if len(batch) >= shard_size:
+            flush()
+    flush()
+    return written
+
+
+def _write_shard(records: list[dict], output_dir: str, index: int, storage_options: dict | None,
+                 allow_pipe: bool) -> dict:
+    cuts_path = os.path.join(output_dir, f"cuts.{index:06d}.jsonl.gz")
+    tar_path = os.path.join(output_dir, f"recording.{index:06d}.tar")
+    total = 0.0
+    keys = []
+    with atomic_write(tar_path, "wb") as tar_file, atomic_write(cuts_path, "wb") as cuts_file:
+        with tarfile.open(fileobj=tar_file, mode="w", format=tarfile.PAX_FORMAT) as tar, \
+                gzip.GzipFile(filename="", fileobj=cuts_file, mode="wb", mtime=0) as gz:
+            for rec in records:
+                where = rec.get("where", rec["key"])
+                data = audio.read_source_bytes(str(rec["source"]), allow_pipe=allow_pipe,
+                                               storage_options=storage_options)
+                data, fmt, rate, n = _mono_bytes(rec, data, where)
+                cut, recording = _cut_json(rec, rate, n)
+                _tar_member(tar, f"{rec['key']}.{fmt}", data)
+                _tar_member(tar, f"{rec['key']}.json", json.dumps(recording).encode("utf-8") + b"\n")
+                gz.write(json.dumps(cut, ensure_ascii=False).encode("utf-8") + b"\n")
+                total += cut["duration"]
+                keys.append(rec["key"])
+    return {"path": cuts_path, "num_utts": len(keys), "duration": round(total, 3)}
