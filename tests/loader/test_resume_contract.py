@@ -19,7 +19,7 @@ import pytest
 from corpus_io.config import SourceConf
 from corpus_io.loader.dataset import build_dataloader
 from corpus_io.tokenizer import build_tokenizer
-from tests.loader_data import fixture_utts, make_raw, make_shards, small_conf, token_list
+from tests.loader_data import fixture_utts, make_raw, make_shar, make_shards, small_conf, token_list
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +164,19 @@ def test_a_resplit_says_what_it_moved_and_rereads_only_the_open_shards(data):
     rest = [k for batch in loader for k in batch["keys"]]
     assert sorted(first + rest) == sorted(data["keys"])
     assert loader.counts().get("resume.reread", 0) <= len(first)  # only positions of the open shards
+
+
+@pytest.fixture(scope="module")
+def shar_data(data, tmp_path_factory):
+    """The contract's data with a Lhotse Shar (written by Lhotse: 24 cuts + 16 windows in 7 shards) as the list."""
+    from corpus_io.shards.datalist import make_shard_list
+
+    root = tmp_path_factory.mktemp("shar")
+    shar_dir, texts = make_shar(root / "shar", shard_size=6)
+    make_shard_list([str(shar_dir)], str(root / "data.list"))
+    return dict(data, shard=str(root / "data.list"), keys=sorted(texts))
+
+
+@pytest.mark.parametrize("topology", ["W2N2-W1N0", "W4-2-3"])
+def test_a_lhotse_shar_list_resumes_on_any_topology_exactly_as_tar_shards_do(shar_data, topology):
+    test_consumed_before_and_after_any_topology_change_is_one_epoch_exactly(shar_data, CONFIGS[0], topology, "early")
