@@ -69,19 +69,6 @@ def segment_samples(start: float, end: float, sample_rate: int, total: int) -> t
     return first, last
 
 
-def sniff_format(data: bytes) -> str | None:
-    """Container of audio bytes from their magic number: wav, flac, ogg, mp3 or None."""
-    if data[:4] in (b"RIFF", b"RIFX") and data[8:12] == b"WAVE":
-        return "wav"
-    if data[:4] == b"fLaC":
-        return "flac"
-    if data[:4] == b"OggS":
-        return "opus" if b"OpusHead" in data[:64] else "ogg"
-    if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and (data[1] & 0xE0) == 0xE0):
-        return "mp3"
-    return None
-
-
 def extension_of(source: str) -> str:
     """Lowercase extension of a path or URL (no dot), '' when it has none."""
     tail = source.split("?", 1)[0].rsplit("/", 1)[-1]
@@ -307,6 +294,19 @@ def is_pcm16(data: bytes | memoryview) -> bool:
     if bytes(data[:4]) == b"fLaC" and len(data) >= 42 and data[4] & 0x7F == 0:
         return ((int.from_bytes(data[18:26], "big") >> 36) & 0x1F) + 1 == 16
     return False
+
+
+def sniff_audio_format(data: bytes) -> str | None:
+    """Container of audio bytes from their magic number: wav, flac, ogg, mp3 or None."""
+    if data[:4] in (b"RIFF", b"RIFX") and data[8:12] == b"WAVE":
+        return "wav"
+    if data[:4] == b"fLaC":
+        return "flac"
+    if data[:4] == b"OggS":
+        return "opus" if b"OpusHead" in data[:64] else "ogg"
+    if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and (data[1] & 0xE0) == 0xE0):
+        return "mp3"
+    return None
 
 
 def header_info(head: bytes, total_size: int) -> AudioInfo | None:

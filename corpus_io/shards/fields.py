@@ -238,5 +238,10 @@ def _has_meta(url: str, entry: dict | None, storage_options: dict | None) -> boo
 
 
 def iter_shard_metadata(url: str, *, storage_options: dict | None = None) -> Iterator[dict]:
-    """``{key, txt, meta}`` of every utterance of a shard, without reading audio (for stats, add-field)."""
+    """``{key, txt, meta}`` of every utterance of a shard, without reading audio (for stats, add-field); a Lhotse
+    Shar shard's from its cuts file."""
+    from corpus_io.tables import shar
+
+    if shar.is_shar_cuts(url):
+        return shar.cut_metadata(url, storage_options=storage_options)
     return open_shard_fields(url, ["txt", "meta"], storage_options=storage_options)

@@ -13,8 +13,7 @@ import re
 import unicodedata
 from urllib.parse import unquote
 
-from corpus_io.audio.io import AUDIO_EXTENSIONS
-from corpus_io.audio.io import sniff_format as sniff_audio_format  # noqa: F401 - its home is the audio wing
+from corpus_io.audio.io import AUDIO_EXTENSIONS, sniff_audio_format  # noqa: F401 - the shard format's sniffing
 from corpus_io.errors import DataError
 
 AUDIO_EXTS: frozenset[str] = frozenset(AUDIO_EXTENSIONS)

@@ -192,11 +192,16 @@ def cut_record(obj: dict, where: str) -> dict | Any:
     return rec
 
 
-def _sample(rec: dict, data: bytes, member: str, url: str, pos: int) -> dict:
-    fmt = audio_format(data, member)
+def _meta(rec: dict) -> dict:
+    """A sample's ``meta`` (as a packed shard's ``.json``): the record's fields but its source and text."""
     meta = {k: v for k, v in rec.items() if k not in ("key", "source", "target", "start", "end", "where")}
     meta["key"] = rec["key"]
-    sample = {"key": rec["key"], "audio": data, "audio_format": fmt, "txt": rec["target"], "meta": meta}
+    return meta
+
+
+def _sample(rec: dict, data: bytes, member: str, url: str, pos: int) -> dict:
+    fmt = audio_format(data, member)
+    sample = {"key": rec["key"], "audio": data, "audio_format": fmt, "txt": rec["target"], "meta": _meta(rec)}
     if "start" in rec:
         sample["start"], sample["end"] = rec["start"], rec["end"]
     sample["__url__"], sample["__pos__"] = url, pos
@@ -206,7 +211,7 @@ def _sample(rec: dict, data: bytes, member: str, url: str, pos: int) -> dict:
 def audio_format(data: bytes, member: str) -> str:
     """The container of a Shar audio member, sniffed (Lhotse may name it ``.original``)."""
     ext = member.rsplit(".", 1)[-1].lower()
-    sniffed = audio.sniff_format(data)
+    sniffed = audio.sniff_audio_format(data)
     if sniffed:
         return sniffed
     if ext in audio.AUDIO_EXTENSIONS:
@@ -257,17 +262,29 @@ def _skip(where: str, key: str, reason: str, detail: str) -> Any:
     return Skip(reason, where, key, detail)
 
 
+def _records(url: str, storage_options: dict | None) -> Iterator[dict]:
+    """The records of a Shar shard's cuts that give a sample (no ``source``), from the cuts alone."""
+    for lineno, obj in _cut_lines(url, storage_options):
+        rec = cut_record(obj, f"{url}:{lineno}")
+        if isinstance(rec, dict):
+            yield rec
+
+
+def cut_metadata(url: str, *, storage_options: dict | None = None) -> Iterator[dict]:
+    """``{key, txt, meta, __url__, __pos__}`` of every sample of a Shar shard, from its cuts alone (stats)."""
+    for pos, rec in enumerate(_records(url, storage_options)):
+        yield {"key": rec["key"], "txt": rec["target"], "meta": _meta(rec), "__url__": url, "__pos__": pos}
+
+
 def index_entry(url: str, *, storage_options: dict | None = None) -> dict:
     """The ``index.jsonl`` entry of one Shar shard, from its cuts alone (no audio read): ``path`` (the cuts
     URL), ``num_utts`` (cuts that give a sample), ``duration`` / ``min_duration`` / ``max_duration`` (s)
     and ``keys``."""
     durations: list[float] = []
     keys: list[str] = []
-    for lineno, obj in _cut_lines(url, storage_options):
-        rec = cut_record(obj, f"{url}:{lineno}")
-        if isinstance(rec, dict):
-            keys.append(rec["key"])
-            durations.append(float(rec["duration"]))
+    for rec in _records(url, storage_options):
+        keys.append(rec["key"])
+        durations.append(float(rec["duration"]))
     return {"path": url, "num_utts": len(keys), "duration": round(sum(durations), 3),
             "min_duration": round(min(durations), 3) if durations else 0.0,
             "max_duration": round(max(durations), 3) if durations else 0.0, "keys": keys}
@@ -407,98 +424,110 @@ def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def _mono_bytes(rec: dict, data: bytes, where: str) -> tuple[bytes, str, int, int]:
-    """``(bytes, format, sample rate, samples)`` of a record's audio as one mono cut: the stored bytes when they
-    are the whole recording in mono, else its span (or mix-down) encoded as FLAC."""
+def _mono(item: dict) -> tuple[bytes, str, int]:
+    """``(bytes, format, samples)`` of an item's audio as one mono cut: the bytes as they are, unless the file has
+    several channels (mixed down, as corpus-io reads them, and encoded as FLAC: a Shar cut takes one channel)."""
+    data = item["audio"]
     info = audio.header_info(data, len(data))
-    if info is None:
+    channels = info.channels if info is not None else None
+    if channels is None:
         import soundfile as sf
 
         try:
-            i = sf.info(io.BytesIO(data))
+            channels = int(sf.info(io.BytesIO(data)).channels)
         except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
-            raise DataError(f"{where}: key '{rec['key']}': not a readable audio file ({exc}).") from None
-        info = audio.AudioInfo(int(i.samplerate), int(i.frames), int(i.channels), "")
-    fmt = audio.sniff_format(data)
-    if "start" not in rec and info.channels == 1 and fmt is not None:
-        return data, fmt, info.sample_rate, info.num_samples
-    first, last = 0, None
-    if "start" in rec:
-        first, last = audio.segment_samples(float(rec["start"]), float(rec.get("end", -1)), info.sample_rate,
-                                            info.num_samples)
-    wave, rate = audio.decode_bytes(data, where=where, start=first, stop=last)
+            raise DataError(f"key '{item['key']}': not a readable audio file ({exc}).") from None
+    if channels == 1:
+        return data, item["audio_format"], int(item["num_samples"])
+    wave, rate = audio.decode_bytes(data, where=f"key '{item['key']}'")
     wave = audio.to_mono(wave)
-    return audio.encode(wave, rate, "flac"), "flac", rate, int(wave.shape[0])
+    return audio.encode(wave, rate, "flac"), "flac", int(wave.shape[0])
 
 
-def _cut_json(rec: dict, rate: int, num_samples: int) -> tuple[dict, dict]:
-    """``(cut, recording manifest)`` of one record, as Lhotse's SharWriter writes them."""
-    key = rec["key"]
+def _cut_json(item: dict, num_samples: int) -> tuple[dict, dict]:
+    """``(cut, recording manifest)`` of one item, as Lhotse's SharWriter writes them (``start`` 0, one channel)."""
+    key, rate = item["key"], int(item["sample_rate"])
     duration = num_samples / rate
     recording = {"id": key, "sources": [{"type": "shar", "channels": [0], "source": ""}], "sampling_rate": rate,
                  "num_samples": num_samples, "duration": duration, "channel_ids": [0]}
+    fields = dict(item.get("fields") or {})
     sup: dict[str, Any] = {"id": key, "recording_id": key, "start": 0, "duration": duration, "channel": 0,
-                           "text": rec.get("target", "")}
-    for name in ("speaker", "language"):
-        if rec.get(name) is not None:
-            sup[name] = str(rec[name])
-    custom = {k: v for k, v in rec.items() if k not in _NOT_CUSTOM and isinstance(v, _PLAIN)}
+                           "text": item["text"]}
+    if item.get("speaker") is not None:
+        sup["speaker"] = str(item["speaker"])
+    if isinstance(fields.get("language"), str):
+        sup["language"] = fields.pop("language")
     cut: dict[str, Any] = {"id": key, "start": 0, "duration": duration, "channel": 0, "supervisions": [sup],
                            "recording": recording}
-    if custom:
-        cut["custom"] = custom
+    if fields:
+        cut["custom"] = fields
     cut["type"] = "MonoCut"
     return cut, recording
 
 
-_NOT_CUSTOM = {"key", "source", "target", "start", "end", "where", "speaker", "language", "duration", "source_len",
-               "target_len", "sample_rate", "num_samples"}
-
-
-def write_shar(records: Iterable[dict], output_dir: str, *, shard_size: int = 1000, first_shard: int = 0,
-               storage_options: dict | None = None, allow_pipe: bool = False) -> list[dict]:
-    """Write canonical records as a Lhotse Shar in ``output_dir``: ``cuts.NNNNNN.jsonl.gz`` + ``recording.NNNNNN.tar``
-    per ``shard_size`` records, numbered from ``first_shard``. The audio bytes are copied (a whole mono recording),
-    or its span (a segment) / mono mix-down encoded as FLAC; each file is written under a temporary name and
-    renamed, with fixed header fields (gzip mtime 0), so the same records give the same bytes. Returns one
-    :func:`index_entry`-like dict per shard (``path``: the cuts file, ``num_utts``, ``duration``)."""
-    if urls.is_remote(output_dir):
-        raise ConfigError(f"++output_dir={output_dir}: the Shar export writes a local directory; copy it after.")
-    ensure_dir(output_dir)
-    written: list[dict] = []
-    batch: list[dict] = []
-
-    def flush() -> None:
-        if batch:
-            written.append(_write_shard(batch, output_dir, first_shard + len(written), storage_options, allow_pipe))
-            batch.clear()
-
-    for rec in records:
-        batch.append(rec)
-        if len(batch) >= shard_size:
-            flush()
-    flush()
-    return written
-
-
-def _write_shard(records: list[dict], output_dir: str, index: int, storage_options: dict | None,
-                 allow_pipe: bool) -> dict:
-    cuts_path = os.path.join(output_dir, f"cuts.{index:06d}.jsonl.gz")
-    tar_path = os.path.join(output_dir, f"recording.{index:06d}.tar")
-    total = 0.0
-    keys = []
-    with atomic_write(tar_path, "wb") as tar_file, atomic_write(cuts_path, "wb") as cuts_file:
+def write_shar_group(items: list[dict], output_dir: str, index: int, num_files: int, *, split: str = "") -> list[str]:
+    """Shard ``index`` of a Lhotse Shar in ``output_dir``: ``cuts.NNNNNN.jsonl.gz`` + ``recording.NNNNNN.tar``
+    (the writer of ``corpus-io export ++format=lhotse-shar``: the contract and the items are in
+    ``corpus_io/shards/export.py``; ``num_files`` and ``split`` are not part of Shar names: a Shar directory is one
+    split). The audio bytes are copied as they are (a multi-channel file is mixed down to FLAC); fixed header fields
+    (tar mtime 0, gzip mtime 0 and no name), so the same items give the same bytes; each file is written under a
+    temporary name and renamed. Returns the two file names."""
+    del num_files, split
+    names = [f"recording.{index:06d}.tar", f"cuts.{index:06d}.jsonl.gz"]
+    with atomic_write(os.path.join(output_dir, names[0]), "wb") as tar_file, \
+            atomic_write(os.path.join(output_dir, names[1]), "wb") as cuts_file:
         with tarfile.open(fileobj=tar_file, mode="w", format=tarfile.PAX_FORMAT) as tar, \
                 gzip.GzipFile(filename="", fileobj=cuts_file, mode="wb", mtime=0) as gz:
-            for rec in records:
-                where = rec.get("where", rec["key"])
-                data = audio.read_source_bytes(str(rec["source"]), allow_pipe=allow_pipe,
-                                               storage_options=storage_options)
-                data, fmt, rate, n = _mono_bytes(rec, data, where)
-                cut, recording = _cut_json(rec, rate, n)
-                _tar_member(tar, f"{rec['key']}.{fmt}", data)
-                _tar_member(tar, f"{rec['key']}.json", json.dumps(recording).encode("utf-8") + b"\n")
+            for item in items:
+                data, fmt, n = _mono(item)
+                cut, recording = _cut_json(item, n)
+                _tar_member(tar, f"{item['key']}.{fmt}", data)
+                _tar_member(tar, f"{item['key']}.json", json.dumps(recording).encode("utf-8") + b"\n")
                 gz.write(json.dumps(cut, ensure_ascii=False).encode("utf-8") + b"\n")
-                total += cut["duration"]
-                keys.append(rec["key"])
-    return {"path": cuts_path, "num_utts": len(keys), "duration": round(total, 3)}
+    return names
+
+
+_NOT_FIELDS = {"key", "source", "target", "start", "end", "where", "speaker", "duration", "source_len", "target_len",
+               "sample_rate", "num_samples"}
+
+
+def shar_item(rec: dict, *, storage_options: dict | None = None, allow_pipe: bool = False) -> dict:
+    """The :func:`write_shar_group` item of a canonical record: its stored bytes, or its span (a segment) encoded
+    as FLAC."""
+    where = rec.get("where", rec["key"])
+    data = audio.read_source_bytes(str(rec["source"]), allow_pipe=allow_pipe, storage_options=storage_options)
+    fmt = audio.sniff_audio_format(data)
+    info = audio.header_info(data, len(data))
+    if "start" in rec or fmt is None or info is None:
+        wave, rate = audio.decode_bytes(data, where=where)
+        first, last = 0, None
+        if "start" in rec:
+            first, last = audio.segment_samples(float(rec["start"]), float(rec.get("end", -1)), rate, wave.shape[0])
+        wave = audio.to_mono(wave[first:last])
+        data, fmt, rate, n = audio.encode(wave, rate, "flac"), "flac", rate, int(wave.shape[0])
+    else:
+        rate, n = info.sample_rate, info.num_samples
+    fields = {k: v for k, v in rec.items() if k not in _NOT_FIELDS and isinstance(v, _PLAIN)}
+    return {"key": rec["key"], "audio": data, "audio_format": fmt, "text": str(rec.get("target", "")),
+            "sample_rate": rate, "num_samples": n, "duration": n / rate, "speaker": rec.get("speaker"),
+            "fields": fields}
+
+
+def write_shar(records: Iterable[dict], output_dir: str, *, shard_size: int = 1000,
+               storage_options: dict | None = None, allow_pipe: bool = False) -> list[str]:
+    """Canonical records (:func:`corpus_io.tables.inputs.iter_records`) as a Lhotse Shar in ``output_dir``,
+    ``shard_size`` per shard (:func:`write_shar_group`); returns the file names written. The ``export`` command does
+    the same as jobs, resumable; this is the one-process form for the API and tests."""
+    if urls.is_remote(output_dir):
+        raise ConfigError(f"{output_dir}: the Shar writer writes a local directory; copy it after.")
+    ensure_dir(output_dir)
+    names: list[str] = []
+    batch: list[dict] = []
+    for rec in records:
+        batch.append(shar_item(rec, storage_options=storage_options, allow_pipe=allow_pipe))
+        if len(batch) == shard_size:
+            names += write_shar_group(batch, output_dir, len(names) // 2, 0)
+            batch = []
+    if batch:
+        names += write_shar_group(batch, output_dir, len(names) // 2, 0)
+    return names
