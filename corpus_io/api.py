@@ -278,9 +278,9 @@ def load_cmvn(path: str | os.PathLike, dim: int | None = None) -> Cmvn:
 
 def read_manifest(path: str | os.PathLike) -> Iterator[dict]:
     """The utterances of any input the commands read (a FunASR JSONL, a WeNet raw list, a Kaldi dir with
-    ``segments``, a NeMo manifest, a Lhotse CutSet or RecordingSet + SupervisionSet; detected by content) as
-    dicts with FunASR names (``key``, ``source``, ``target``, ...; ``start``/``end`` in seconds for a segment;
-    ``where``: file:line), streamed after one pass that refuses a repeated key; a bad line is a DataError
+    ``segments``, a NeMo manifest, a Lhotse CutSet or RecordingSet + SupervisionSet, a local Lhotse Shar; detected
+    by content) as dicts with FunASR names (``key``, ``source``, ``target``, ...; ``start``/``end`` in seconds for a
+    segment; ``where``: file:line), streamed after one pass that refuses a repeated key; a bad line is a DataError
     naming file:line."""
     from corpus_io.tables.inputs import iter_records
 

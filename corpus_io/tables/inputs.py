@@ -40,37 +40,19 @@ import shutil
 import tempfile
 import weakref
 from array import array
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.storage.files import UTF8_BOM, bounded_lines, parse_json_object
 from corpus_io.tables import kaldi
+from corpus_io.tables.cuts import _SAME_TIME, Skip, _join_texts, _lhotse_span, _number, _utterance
 from corpus_io.tables.manifest import canonical
 
 KINDS = ("funasr", "wenet", "nemo", "lhotse-cuts", "lhotse-recordings+supervisions", "lhotse-shar", "kaldi")
 CUT_TYPES = ("MonoCut", "MultiCut", "MixedCut", "PaddingCut")
-_SAME_TIME = 1e-3  # seconds: supervisions closer than this do not overlap; a cut this close to its recording is whole
-
-
-@dataclass(frozen=True)
-class Skip:
-    """An input line that yields no record: why (the skip reason counted in the summary), where, which key, and
-    what the line holds that made it so (``detail``: the field, for messages)."""
-
-    reason: str
-    where: str
-    key: str
-    detail: str = ""
-
-    @property
-    def what(self) -> str:
-        """``key 'K': <reason> (<detail>)``: what happened to the line, for a message after its ``where``."""
-        return f"key '{self.key}': {self.reason}" + (f" ({self.detail})" if self.detail else "")
 
 
 class Skipped:
@@ -132,15 +114,6 @@ def nemo_key(audio_filepath: str, offset: float | None = None) -> str:
     return stem
 
 
-def _number(obj: dict, name: str, where: str, key: str) -> float | None:
-    value = obj.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise DataError(f"{where}: key '{key}': {name} is {value!r}, not a number of seconds. Fix the line.")
-    return float(value)
-
-
 def _nemo_record(obj: dict, where: str, base: str) -> dict | Skip:
     path = obj.get("audio_filepath", obj.get("audio_filename"))
     if not isinstance(path, str) or not path:
@@ -176,26 +149,6 @@ def _nemo_record(obj: dict, where: str, base: str) -> dict | Skip:
     return canonical(rec, where)
 
 
-def _lhotse_span(obj: dict, recording: dict, where: str, key: str, what: str) -> tuple[float, float]:
-    """``(start, duration)`` s of a cut (or a supervision of a RecordingSet), checked as a Kaldi segment is: finite,
-    ``0 <= start < start + duration``, inside the recording (up to ``audio.MAX_OVERSHOOT`` past its end, clipped
-    when read), whose ``sampling_rate`` and ``num_samples`` a Lhotse recording holds."""
-    start = _number(obj, "start", where, key) or 0.0
-    duration = _number(obj, "duration", where, key)
-    if duration is None:
-        raise DataError(f"{where}: {what} '{key}' has no duration. A Lhotse {what} needs start and duration.")
-    rate, total = recording.get("sampling_rate"), recording.get("num_samples")
-    if not (isinstance(rate, int) and rate > 0 and isinstance(total, int) and total >= 0):
-        rate, total = 1000, 1 << 62  # a recording of unknown length: only 0 <= start < end is checked
-    try:
-        audio.segment_samples(start, start + duration, rate, total)
-    except DataError as exc:
-        raise DataError(f"{where}: {what} '{key}' (start {start:g} s, duration {duration:g} s) of recording "
-                        f"'{recording.get('id', '?')}': {exc} Fix the {what} in Lhotse (or drop it) and save the "
-                        f"manifest again.") from None
-    return start, duration
-
-
 def _lhotse_source(recording: dict, channel: Any, where: str, key: str) -> str:
     """The audio of one channel of a Lhotse recording, or a DataError saying why corpus-io cannot take it."""
     rid = recording.get("id", "?")
@@ -227,32 +180,6 @@ def _lhotse_source(recording: dict, channel: Any, where: str, key: str) -> str:
         return value.rstrip() + " |"  # run only with ++allow_pipe=true, like a Kaldi pipe
     raise DataError(f"{where}: key '{key}': recording '{rid}' has a '{kind}' source; corpus-io reads file, url "
                     f"and command sources. Save the audio to files first (e.g. cuts.save_audios in Lhotse).")
-
-
-def _join_texts(supervisions: list[dict], where: str, key: str) -> tuple[str, str | None, str | None]:
-    """``(text, speaker, language)`` of a cut's supervisions, joined in time order; overlap is refused."""
-    sups = sorted(supervisions, key=lambda s: (float(s.get("start", 0.0)), str(s.get("id", ""))))
-    for before, after in zip(sups, sups[1:]):
-        if float(after.get("start", 0.0)) < float(before["start"]) + float(before.get("duration", 0.0)) - _SAME_TIME:
-            raise DataError(f"{where}: key '{key}': supervisions '{before.get('id')}' and '{after.get('id')}' overlap; "
-                            f"one utterance holds one transcript. Split the cut per supervision in Lhotse "
-                            f"(cuts.trim_to_supervisions(keep_overlapping=False)) and save that CutSet.")
-    text = " ".join(str(s.get("text") or "").strip() for s in sups).strip()
-    speakers = {s.get("speaker") for s in sups}
-    languages = {s.get("language") for s in sups}
-    return (text, speakers.pop() if len(speakers) == 1 else None, languages.pop() if len(languages) == 1 else None)
-
-
-def _utterance(key: str, source: str, start: float, duration: float, whole: bool, text: str,
-               speaker: str | None, language: str | None, where: str) -> dict:
-    rec: dict[str, Any] = {"key": key, "source": source, "target": text, "duration": round(duration, 6)}
-    if not whole:
-        rec["start"], rec["end"] = start, start + duration
-    if speaker is not None:
-        rec["speaker"] = speaker
-    if language is not None:
-        rec["language"] = language
-    return canonical(rec, where)
 
 
 def _lhotse_cut_record(obj: dict, where: str, base: str = "") -> dict | Skip:
@@ -622,6 +549,25 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> Input:
     return Input(path, key_of, record_of, f"Kaldi dir {data_dir}", "kaldi", files=files)
 
 
+def _shar_input(path: str) -> Input:
+    """A local Lhotse Shar: its cuts, paired with their tar members (:class:`corpus_io.tables.shar.SharDriver`)."""
+    from corpus_io.tables import shar
+
+    driver = shar.SharDriver(shar.shar_input_shards(path) or [])
+
+    def record(raw: bytes, lineno: int) -> dict | Skip | None:
+        obj = _json_of(raw, f"{driver.path}:{lineno}")
+        return None if obj is None else driver.record(obj, lineno)
+
+    def key_of(raw: bytes, lineno: int) -> str | None:
+        obj = _json_of(raw, f"{driver.path}:{lineno}")
+        return None if obj is None else driver.key(obj)
+
+    inp = Input(driver.path, key_of, record, f"Lhotse Shar {path}", "lhotse-shar", name=path, files=driver.files)
+    weakref.finalize(inp, _unlink, driver.path)
+    return inp
+
+
 def detect(path: str) -> str:
     """The kind of input ``path`` is (one of :data:`KINDS`), by its content; a DataError says what is accepted."""
     from corpus_io.tables import shar
@@ -658,9 +604,7 @@ def open_input(path: str | os.PathLike, *, feats: bool = False) -> Input:
     if kind == "lhotse-recordings+supervisions":
         return _lhotse_pair_input(path)
     if kind == "lhotse-shar":
-        from corpus_io.tables import shar
-
-        return shar.open_shar_input(path, shar.shar_input_shards(path) or [])
+        return _shar_input(path)
     return _line_input(path, kind)
 
 

@@ -11,7 +11,7 @@ recording has the pair ``<id>.nodata`` + ``<id>.nometa``.
 * :func:`read_shar_shard`: the loader's samples of one shard, the cuts and the tar streamed side by side (local,
   ``s3://``, ``http(s)://``; nothing extracted to disk); positions count the samples given.
 * :func:`index_entry`: a shard's ``index.jsonl`` entry from its cuts alone (durations, keys; no audio read).
-* :func:`open_shar_input`: a local Shar as an input of :mod:`corpus_io.tables.inputs` (pack-shards,
+* :class:`SharDriver`: a local Shar as an input of :mod:`corpus_io.tables.inputs` (pack-shards,
   make-datalist raw, stats, read_manifest): records whose ``source`` is ``<recording tar>//<member>``.
 * :func:`write_shar`: records -> a Shar directory that ``CutSet.from_shar`` reads, the audio bytes copied.
 
@@ -28,7 +28,6 @@ import os
 import re
 import tarfile
 import tempfile
-import weakref
 from array import array
 from bisect import bisect_right
 from collections import Counter
@@ -38,6 +37,7 @@ from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.storage import urls
 from corpus_io.storage.files import atomic_write, ensure_dir
+from corpus_io.tables.cuts import Skip, _join_texts, _lhotse_span, _utterance
 
 CUTS_NAME = re.compile(r"^cuts(\.\d+)?\.jsonl(\.gz)?$")
 _NO_DATA = (".nodata", ".nometa")
@@ -167,11 +167,9 @@ def _stem(member: str) -> str:
     return member.rsplit(".", 1)[0] if "." in member.rsplit("/", 1)[-1] else member
 
 
-def cut_record(obj: dict, where: str) -> dict | Any:
+def cut_record(obj: dict, where: str) -> dict | Skip:
     """The canonical record of one Shar cut (no ``source`` yet), or an ``inputs.Skip``: the rules of a Lhotse cut
     (span inside its recording, supervisions joined, no overlap, no mixed cut), its plain ``custom`` fields kept."""
-    from corpus_io.tables.inputs import Skip, _join_texts, _lhotse_span, _utterance
-
     key = str(obj.get("id", ""))
     kind = obj.get("type", "MonoCut")
     if kind not in ("MonoCut", "MultiCut"):
@@ -256,9 +254,7 @@ def read_shar_shard(url: str, *, storage_options: dict | None = None, max_member
                         f"more recordings than the cuts file has cuts. {_FIX}")
 
 
-def _skip(where: str, key: str, reason: str, detail: str) -> Any:
-    from corpus_io.tables.inputs import Skip
-
+def _skip(where: str, key: str, reason: str, detail: str) -> Skip:
     return Skip(reason, where, key, detail)
 
 
@@ -348,55 +344,55 @@ def _member_names(tar: str, cuts: str) -> list[str]:
     return names
 
 
-def open_shar_input(path: str, cuts_files: list[str]) -> Any:
-    """A local Shar as an :class:`corpus_io.tables.inputs.Input`: the cuts of every shard, decompressed once into
-    a temporary driver file (deleted with the input), each line paired with its tar member by the tar headers
-    (a cut without its member, or members out of order, is a DataError here, before any record is read)."""
-    from corpus_io.tables.inputs import Input, _json_of, _unlink
+class SharDriver:
+    """The cuts of a local Shar's shards, decompressed once into a temporary driver file (``path``; the input that
+    reads it deletes it), one line per cut (``{n, line, cut}``), each paired with its tar member by the tar headers:
+    a cut without its member, or members out of order, is a DataError here, before any record is read."""
 
-    firsts = array("q")  # the driver line number of each shard's first cut
-    sources: list[tuple[str, str, list[str]]] = []  # (cuts file, tar, data members)
-    fd, driver = tempfile.mkstemp(prefix="corpus-io-shar-", suffix=".jsonl")
-    lineno = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            for cuts in cuts_files:
-                tar = recording_of(cuts)
-                members = _member_names(tar, cuts)
-                firsts.append(lineno + 1)
-                sources.append((cuts, tar, members))
-                n = 0
-                for file_line, obj in _cut_lines(cuts, None):
-                    key = str(obj.get("id", ""))
-                    if n >= len(members):
-                        raise DataError(f"{cuts}:{file_line}: cut '{key}' has no recording: {tar} holds "
-                                        f"{len(members)} members for more cuts. {_FIX}")
-                    if _stem(members[n]) != key:
-                        raise DataError(f"{cuts}:{file_line}: cut '{key}' is paired with tar member '{members[n]}' "
-                                        f"of {tar}: the tar's members are out of the cuts' order (or of other "
-                                        f"cuts). {_FIX}")
-                    out.write(json.dumps({"n": n, "line": file_line, "cut": obj}, ensure_ascii=False) + "\n")
-                    n += 1
-                    lineno += 1
-                if n < len(members):
-                    raise DataError(f"{tar} holds member '{members[n]}' after the last cut of {cuts}: the tar has "
-                                    f"more recordings than the cuts file has cuts. {_FIX}")
-    except BaseException:
-        _unlink(driver)
-        raise
+    def __init__(self, cuts_files: list[str]):
+        self.firsts = array("q")  # the driver line number of each shard's first cut
+        self.sources: list[tuple[str, str, list[str]]] = []  # (cuts file, tar, data members)
+        fd, self.path = tempfile.mkstemp(prefix="corpus-io-shar-", suffix=".jsonl")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                lineno = 0
+                for cuts in cuts_files:
+                    self.firsts.append(lineno + 1)
+                    lineno += self._pair(cuts, out)
+        except BaseException:
+            os.unlink(self.path)
+            raise
+        self.files = [f for c, t, _ in self.sources for f in (c, t)]
 
-    def locate(raw: bytes, driver_line: int) -> tuple[dict, str, str, str] | None:
-        obj = _json_of(raw, f"{driver}:{driver_line}")
-        if obj is None:
-            return None
-        cuts, tar, members = sources[bisect_right(firsts, driver_line) - 1]
-        return obj["cut"], f"{cuts}:{obj['line']}", tar, members[obj["n"]]
+    def _pair(self, cuts: str, out: Any) -> int:
+        tar = recording_of(cuts)
+        members = _member_names(tar, cuts)
+        self.sources.append((cuts, tar, members))
+        n = 0
+        for file_line, obj in _cut_lines(cuts, None):
+            key = str(obj.get("id", ""))
+            if n >= len(members):
+                raise DataError(f"{cuts}:{file_line}: cut '{key}' has no recording: {tar} holds {len(members)} "
+                                f"members for more cuts. {_FIX}")
+            if _stem(members[n]) != key:
+                raise DataError(f"{cuts}:{file_line}: cut '{key}' is paired with tar member '{members[n]}' of {tar}: "
+                                f"the tar's members are out of the cuts' order (or of other cuts). {_FIX}")
+            out.write(json.dumps({"n": n, "line": file_line, "cut": obj}, ensure_ascii=False) + "\n")
+            n += 1
+        if n < len(members):
+            raise DataError(f"{tar} holds member '{members[n]}' after the last cut of {cuts}: the tar has more "
+                            f"recordings than the cuts file has cuts. {_FIX}")
+        return n
 
-    def record(raw: bytes, driver_line: int) -> Any:
-        found = locate(raw, driver_line)
-        if found is None:
-            return None
-        cut, where, tar, member = found
+    @staticmethod
+    def key(obj: dict) -> str:
+        """The key of a driver line's cut."""
+        return str(obj["cut"].get("id", ""))
+
+    def record(self, obj: dict, driver_line: int) -> dict | Skip:
+        """The record of a driver line: the cut's, sourced ``<recording tar>//<member>``."""
+        cuts, tar, members = self.sources[bisect_right(self.firsts, driver_line) - 1]
+        cut, where, member = obj["cut"], f"{cuts}:{obj['line']}", members[obj["n"]]
         if member.endswith(".nodata"):
             return _skip(where, str(cut.get("id", "")), "no recording", f"{tar} holds a .nodata placeholder for it")
         rec = cut_record(cut, where)
@@ -404,15 +400,6 @@ def open_shar_input(path: str, cuts_files: list[str]) -> Any:
             rec["source"] = f"{tar}//{member}"
             rec["where"] = where
         return rec
-
-    def key_of(raw: bytes, driver_line: int) -> str | None:
-        found = locate(raw, driver_line)
-        return None if found is None else str(found[0].get("id", ""))
-
-    files = [f for c, t, _ in sources for f in (c, t)]
-    inp = Input(driver, key_of, record, f"Lhotse Shar {path}", "lhotse-shar", name=path, files=files)
-    weakref.finalize(inp, _unlink, driver)
-    return inp
 
 
 # --------------------------------------------------------------------------- writing
