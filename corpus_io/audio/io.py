@@ -143,8 +143,7 @@ def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None
         return AudioInfo(rate, wave.shape[0], 1 if wave.ndim == 1 else wave.shape[1], "wav")
     member = split_tar_member(source)
     if member is not None:
-        data = _read_tar_member(source, *member, MAX_SOURCE_BYTES)
-        return header_info(data[:HEAD_BYTES], len(data)) or _info_from_fileobj(io.BytesIO(data), source)
+        return probe_bytes(_read_tar_member(source, *member, MAX_SOURCE_BYTES), source)
     if urls.is_remote(source):
         with urls.open_url(source, storage_options=storage_options, block_size=HEAD_BYTES, seekable=True) as f:
             size = getattr(f, "size", None)
@@ -164,6 +163,12 @@ def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None
         raise DataError(f"cannot read {source}: {exc.strerror}.") from None
     # WAV and FLAC headers are parsed here (~10 us); anything else, or anything odd, goes to soundfile.
     return info if info is not None else _info_from_fileobj(path, source)
+
+
+def probe_bytes(data: bytes, where: str = "<bytes>") -> AudioInfo:
+    """Sample rate and length of audio held in memory (a tar member, a parquet cell), from its header; nothing is
+    decoded (WAV and FLAC headers are parsed here, anything else by soundfile)."""
+    return header_info(data[:HEAD_BYTES], len(data)) or _info_from_fileobj(io.BytesIO(data), where)
 
 
 def _load_ark_wav(source: str) -> tuple[int, np.ndarray]:
@@ -294,6 +299,19 @@ def is_pcm16(data: bytes | memoryview) -> bool:
     if bytes(data[:4]) == b"fLaC" and len(data) >= 42 and data[4] & 0x7F == 0:
         return ((int.from_bytes(data[18:26], "big") >> 36) & 0x1F) + 1 == 16
     return False
+
+
+def sniff_audio_format(data: bytes) -> str | None:
+    """Container of audio bytes from their magic number: wav, flac, ogg, mp3 or None."""
+    if data[:4] in (b"RIFF", b"RIFX") and data[8:12] == b"WAVE":
+        return "wav"
+    if data[:4] == b"fLaC":
+        return "flac"
+    if data[:4] == b"OggS":
+        return "opus" if b"OpusHead" in data[:64] else "ogg"
+    if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and (data[1] & 0xE0) == 0xE0):
+        return "mp3"
+    return None
 
 
 def header_info(head: bytes, total_size: int) -> AudioInfo | None:

@@ -204,6 +204,8 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: i
         from corpus_io.shards.fields import open_shard_fields
 
         read_shard = partial(open_shard_fields, fields=opts.fields)  # type: ignore[assignment]
+    if url.partition("#")[0].endswith(".parquet"):  # a Hugging Face parquet file: row groups as blocks
+        from corpus_io.tables.parquet import read_samples as read_shard  # type: ignore[assignment]  # noqa: F811
     delivered = 0
     attempt = 0
     delay = opts.retry_backoff

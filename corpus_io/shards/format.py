@@ -13,7 +13,7 @@ import re
 import unicodedata
 from urllib.parse import unquote
 
-from corpus_io.audio.io import AUDIO_EXTENSIONS
+from corpus_io.audio.io import AUDIO_EXTENSIONS, sniff_audio_format  # noqa: F401 - the shard format's sniffing
 from corpus_io.errors import DataError
 
 AUDIO_EXTS: frozenset[str] = frozenset(AUDIO_EXTENSIONS)
@@ -107,14 +107,3 @@ def split_member(name: str) -> tuple[str, str]:
     return head, rest.lower() if dot else ""
 
 
-def sniff_audio_format(data: bytes) -> str | None:
-    """Container of audio bytes from their magic number: wav, flac, ogg, mp3 or None."""
-    if data[:4] in (b"RIFF", b"RIFX") and data[8:12] == b"WAVE":
-        return "wav"
-    if data[:4] == b"fLaC":
-        return "flac"
-    if data[:4] == b"OggS":
-        return "opus" if b"OpusHead" in data[:64] else "ogg"
-    if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and (data[1] & 0xE0) == 0xE0):
-        return "mp3"
-    return None

@@ -78,9 +78,11 @@ from corpus_io.storage.files import (
 from corpus_io.storage.progress import Summary, parallel_imap, progress, resolve_num_workers
 from corpus_io.tables import kaldi
 from corpus_io.tables.inputs import Input, Skip, open_input
+from corpus_io.tables.parquet import INLINE
 
-# FunASR/WeNet fields that become members or computed metadata instead of being copied to the .json.
-_CORE_FIELDS = {"key", "source", "target", "source_len", "target_len", "start", "end"}
+# FunASR/WeNet fields that become members or computed metadata instead of being copied to the .json
+# (INLINE: a parquet row's audio bytes, which become the audio member).
+_CORE_FIELDS = {"key", "source", "target", "source_len", "target_len", "start", "end", INLINE}
 FORMAT_VERSION = 1  # part of every shard digest: bump when member bytes change for the same input
 
 
@@ -141,8 +143,10 @@ class ShardStat:
 
 
 def _digest(task: ShardTask) -> str:
+    # a parquet row's bytes enter as their size: its source (file and row) names them, as a path names a file's
     return inputs_digest([task.options.digest_part(), Path(task.path).name,
-                          [{k: v for k, v in r.items() if k != "where"} for r in task.records]])
+                          [{k: len(v) if k == INLINE else v for k, v in r.items() if k != "where"}
+                           for r in task.records]])
 
 
 def _resume(task: ShardTask, digest: str) -> ShardStat | None:
@@ -193,7 +197,8 @@ def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[st
     """``(extension, bytes, metadata)`` of the audio member of one record."""
     source = str(record["source"])
     try:
-        data = _source_bytes(source, opts.allow_pipe, json.dumps(opts.storage_options, sort_keys=True))
+        data = record.get(INLINE) or _source_bytes(source, opts.allow_pipe,
+                                                   json.dumps(opts.storage_options, sort_keys=True))
     except OSError as exc:
         raise DataError(f"cannot read audio {source}: {exc}") from None
     ext = audio.extension_of(source)
@@ -340,6 +345,9 @@ def _source_len(record: dict, opts: PackOptions) -> int:
         return int(record["source_len"])
     if opts.feats:
         return int(np.asarray(kaldi.read_feats(str(record["source"]))).shape[0])
+    if INLINE in record:
+        info = audio.probe_bytes(record[INLINE], str(record["source"]))
+        return audio.frames_10ms(info.num_samples, info.sample_rate)
     info = _probe_cached(str(record["source"]), opts.allow_pipe, json.dumps(opts.storage_options, sort_keys=True))
     num_samples = info.num_samples
     if "start" in record:  # a segment: counted exactly as the packed shard's meta will count it
@@ -575,7 +583,7 @@ def pack_shards(cfg: Any) -> Summary:
         raise ConfigError("++feats=true stores feature matrices; audio_format/resample do not apply.")
     opts = PackOptions(cfg.audio_format, cfg.resample, feats, cfg.on_error, cfg.allow_pipe,
                        {**(cfg.storage_options or {}), "pipe_timeout": float(cfg.pipe_timeout)}, cfg.compression)
-    inp = open_input(cfg.input, feats=feats)
+    inp = open_input(cfg.input, feats=feats, columns=dict(cfg.columns or {}), storage_options=opts.storage_options)
     total = inp.scan(check_keys=job.single or inp.may_skip)
     if total == 0:
         raise DataError(f"{inp.describe} holds no utterances, so there is nothing to pack (nothing was written). "
