@@ -1,4 +1,4 @@
-"""Schemas of the data-preparation family: scp2jsonl, jsonl2scp, prepare, pack-shards, make-datalist,
+"""Schemas of the data-preparation family: scp2jsonl, jsonl2scp, prepare, pack-shards, make-datalist, export,
 verify-shards, make-tokenizer, add-field and stats (none of them imports torch)."""
 
 from __future__ import annotations
@@ -111,6 +111,32 @@ class MakeDatalistConfig:
     columns: Dict[str, str] = opt(help=COLUMNS_HELP + "; shard mode writes it into each parquet file's list line",
                                   factory=dict)
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote parquet inputs", factory=dict)
+
+
+@schema
+class ExportConfig:
+    format: str = opt("???", "hf-parquet: Hugging Face parquet (data/<split>-NNNNN-of-NNNNN.parquet, an Audio "
+                             "column); lhotse-shar: a Lhotse Shar directory", choices=("hf-parquet", "lhotse-shar"))
+    input: str = opt("???", "any input pack-shards reads (jsonl, Kaldi dir, NeMo, Lhotse, parquet)")
+    output_dir: str = opt("???", "where the files go")
+    split: str = opt("train", "the split named in the output files (hf-parquet: train-00000-of-00004.parquet)")
+    num_utts_per_file: int = opt(1000, "utterances per output file (hf-parquet) or shard (lhotse-shar)",
+                                 range="[1, 10000000]")
+    audio_format: str = opt("keep", "keep: the stored bytes, copied; wav/flac: re-encode",
+                            choices=("keep", "wav", "flac"))
+    resample: Optional[int] = opt(None, "re-encode at this rate (null: keep the rate)", unit="Hz",
+                                  range="[1000, 384000]")
+    columns: Dict[str, str] = opt(help=COLUMNS_HELP, factory=dict)
+    num_workers: int = opt(0, "writing processes (0: all cores)", range="[0, 1024]")
+    on_error: str = opt("fail", "unreadable audio or a missing transcript: fail, or skip and count",
+                        choices=FAILURE_CHOICES)
+    allow_pipe: bool = opt(False, "allow Kaldi pipe entries in wav.scp (run without a shell)")
+    pipe_timeout: float = opt(300.0, PIPE_TIMEOUT_HELP, unit="seconds", range="(0, 604800]")
+    storage_options: Dict[str, Any] = opt(help="fsspec options for remote inputs", factory=dict)
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
+    executor: str = executor_opt()
+    executor_address: str = executor_address_opt()
 
 
 @schema

@@ -534,3 +534,21 @@ def write_hf_parquet(rows: list[dict], path: str, *, row_group_size: int = 100) 
     with atomic_write(path, "wb", encoding=None, newline=None) as f:
         pq.write_table(table, f, row_group_size=row_group_size, compression="snappy", use_dictionary=False,
                        write_statistics=True)
+
+
+def write_hf_group(items: list[dict], output_dir: str, index: int, num_files: int, *, split: str) -> list[str]:
+    """The ``hf-parquet`` writer of ``corpus-io export`` (contract: :mod:`corpus_io.shards.export`): group ``index``
+    as ``data/<split>-<index:05d>-of-<num_files:05d>.parquet``, HF's Hub layout; the audio bytes as given, its
+    ``path`` ``<key>.<format>``; ``speaker`` and the items' fields as columns."""
+    name = f"data/{split}-{index:05d}-of-{num_files:05d}.parquet"
+    rows = []
+    for item in items:
+        row = {"id": item["key"], "audio": {"bytes": item["audio"], "path": f"{item['key']}.{item['audio_format']}"},
+               "text": item["text"]}
+        if item.get("speaker") is not None:
+            row["speaker"] = item["speaker"]
+        for field, value in item.get("fields", {}).items():
+            row.setdefault(field, value)
+        rows.append(row)
+    write_hf_parquet(rows, os.path.join(output_dir, name))
+    return [name]
