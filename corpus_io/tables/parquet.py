@@ -112,7 +112,8 @@ def open_file(url: str, storage_options: dict | None = None) -> Any:
 
     source: Any = url
     if urls.is_remote(url):
-        source = urls.open_url(url, storage_options=storage_options, seekable=True, block_size=1 << 20)
+        # no read-ahead: pyarrow asks for the footer and the column chunks it needs, each one ranged read
+        source = urls.open_url(url, storage_options=storage_options, seekable=True, cache_type="none")
     else:
         urls.check_regular_file(urls.local_path(url))
         source = urls.local_path(url)
