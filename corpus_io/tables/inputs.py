@@ -660,7 +660,7 @@ def open_input(path: str | os.PathLike, *, feats: bool = False, columns: dict | 
     if kind == "hf-parquet":
         from corpus_io.tables.parquet import ParquetInput
 
-        return ParquetInput(path, columns, storage_options)  # type: ignore[return-value]  # Input's interface
+        return ParquetInput(path, columns, storage_options, skip=Skip)  # type: ignore[return-value]  # Input's
     if kind == "kaldi":
         return _kaldi_input(Path(path), feats=feats)
     if kind == "lhotse-recordings+supervisions":

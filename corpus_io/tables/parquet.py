@@ -50,6 +50,8 @@ AUDIO_NAMES = ("audio", "speech", "wav")
 TEXT_NAMES = ("text", "sentence", "transcription", "normalized_text", "transcript", "raw_text")
 KEY_NAMES = ("id", "key", "utt_id", "segment_id", "audio_id")
 SPEAKER_NAMES = ("speaker_id", "speaker", "client_id")
+# how a message names the columns option: the loader reads what make-datalist put in the list line
+_NAME_IT = "make-datalist, pack-shards or export with "
 _SPLIT = re.compile(r"(.+?)-\d{5}-of-\d{5}\.parquet$")
 
 
@@ -92,7 +94,7 @@ def parquet_files(spec: str, storage_options: dict | None = None) -> list[str]:
             rel = [os.path.relpath(f, spec) for f in found]
             raise DataError(f"{spec} holds the parquet files of {len(splits)} splits ({', '.join(splits)}); one "
                             f"input is one split. Give the split's files as a glob, e.g. "
-                            f"++input='{os.path.join(spec, os.path.dirname(rel[0]), splits[0])}-*.parquet'.")
+                            f"'{os.path.join(spec, os.path.dirname(rel[0]), splits[0])}-*.parquet'.")
     elif glob.has_magic(spec):
         found = sorted(glob.glob(spec, recursive=True))
     else:
@@ -158,13 +160,13 @@ def resolve_columns(schema: Any, columns: dict | None, where: str) -> Columns:
     given = {k: v for k, v in dict(columns or {}).items() if v not in (None, "")}
     unknown = sorted(set(given) - set(ROLES))
     if unknown:
-        raise ConfigError(f"++columns.{unknown[0]} is not a column role; the roles are {', '.join(ROLES)} "
-                          f"(e.g. ++columns.text=sentence).")
+        raise ConfigError(f"columns.{unknown[0]} is not a column role; the roles are {', '.join(ROLES)} "
+                          f"(e.g. columns.text=sentence).")
     names = list(schema.names)
     listing = ", ".join(f"{f.name} ({f.type})" for f in schema)
     for role, name in given.items():
         if name not in names:
-            raise DataError(f"{where} has no column '{name}' (++columns.{role}); its columns: {listing}.")
+            raise DataError(f"{where} has no column '{name}' (columns.{role}); its columns: {listing}.")
 
     def pick(role: str, candidates: tuple, required: bool) -> str | None:
         if role in given:
@@ -176,7 +178,8 @@ def resolve_columns(schema: Any, columns: dict | None, where: str) -> Columns:
             found = structs[0] if len(structs) == 1 else None
         if found is None and required:
             raise DataError(f"{where}: cannot tell which column holds the {role} (looked for "
-                            f"{', '.join(candidates)}); its columns: {listing}. Name it: ++columns.{role}=<column>.")
+                            f"{', '.join(candidates)}); its columns: {listing}. Name it: "
+                            f"{_NAME_IT}columns.{role}=<column>.")
         return found
 
     col_audio = pick("audio", AUDIO_NAMES, True)
@@ -187,7 +190,7 @@ def resolve_columns(schema: Any, columns: dict | None, where: str) -> Columns:
                                                   or kind.get_field_index("array") >= 0)):
         raise DataError(f"{where}: column '{col_audio}' ({kind}) is not audio: corpus-io reads a struct "
                         f"{{bytes, path}} (HF's Audio) or {{array, sampling_rate}}; its columns: {listing}. Name the "
-                        f"audio column: ++columns.audio=<column>.")
+                        f"audio column: {_NAME_IT}columns.audio=<column>.")
     used = {col_audio, col_text, col_key, col_speaker}
     extra = tuple(f.name for f in schema if f.name not in used and _scalar(f))
     return Columns(col_audio, col_text, col_key, col_speaker, extra)
@@ -325,7 +328,9 @@ class ParquetInput:
     ``records(shuffle, seed, start)`` (row group by row group; ``shuffle``: the row groups of all files in a seeded
     order, each group's rows permuted: memory stays one row group)."""
 
-    def __init__(self, spec: str, columns: dict | None = None, storage_options: dict | None = None):
+    def __init__(self, spec: str, columns: dict | None = None, storage_options: dict | None = None, *,
+                 skip: type = tuple):
+        self.skip = skip  # the type of a row left out: inputs.Skip(reason, where, key, detail) (given: no circle)
         self.spec = str(spec)
         self.urls = parquet_files(self.spec, storage_options)
         self.columns = dict(columns or {})
@@ -353,7 +358,7 @@ class ParquetInput:
             if repeat:
                 key, first, second = repeat
                 raise DataError(f"duplicate key '{key}' in {self.spec}: at {first} and {second}. Keys must be "
-                                f"unique; name the key column (++columns.key=<column>) if another column holds "
+                                f"unique; name the key column ({_NAME_IT}columns.key=<column>) if another column holds "
                                 f"unique ids.")
         return len(hashes)
 
@@ -371,8 +376,6 @@ class ParquetInput:
     def records(self, shuffle: bool = False, seed: int = 0, start: int = 0) -> Iterator[Any]:
         """Records (and :class:`corpus_io.tables.inputs.Skip` for a null text or audio) from the ``start``-th row
         on (in the order of ``shuffle``)."""
-        from corpus_io.tables.inputs import Skip
-
         seen = 0
         for url, g in self._order(shuffle, seed):
             reader = self.reader(url)
@@ -391,7 +394,7 @@ class ParquetInput:
                 seen += 1
                 if seen <= start:
                     continue
-                yield _record(row, url, Skip)
+                yield _record(row, url, self.skip)
 
     def close(self) -> None:
         self._readers.clear()
@@ -422,12 +425,12 @@ def _sample(row: Row, url: str, entry: str, pos: int) -> dict:
     where = f"{url} row {row.index}"
     if row.text is None:
         raise DataError(f"{where}: key '{row.key}': its text is null. Fill it or drop the row (pack-shards "
-                        f"++on_error=skip drops and counts such rows).")
+                        f"on_error=skip drops and counts such rows).")
     data = row.data
     if data is None:
         if not row.path:
             raise DataError(f"{where}: key '{row.key}': its audio is null. Drop the row (pack-shards "
-                            f"++on_error=skip drops and counts such rows).")
+                            f"on_error=skip drops and counts such rows).")
         data = audio.read_source_bytes(row.path)
     ext = audio.sniff_audio_format(data)
     if ext is None:

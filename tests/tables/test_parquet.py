@@ -79,7 +79,7 @@ def test_columns_are_found_by_their_common_names_or_named_and_else_listed(hf, tm
     odd = _rewrite(src, tmp_path / "odd" / "a.parquet", lambda t: t.rename_columns(["uid", "speech_data", "words",
                                                                                   "who"]))
     with pytest.raises(DataError, match=r"cannot tell which column holds the text .* its columns: uid \(string\), "
-                                        r"speech_data .*words \(string\).*\+\+columns\.text=<column>"):
+                                        r"speech_data .*words \(string\).*export with columns\.text=<column>"):
         list(iter_records(str(odd)))
     named = list(iter_records(str(odd), columns={"text": "words", "key": "uid"}))
     assert [(r["key"], r["target"]) for r in named] == [(k, t) for k, (_, t) in list(utts.items())[:20]]
@@ -162,7 +162,7 @@ def test_a_key_repeated_across_files_is_refused_naming_both_rows(hf, tmp_path):
     shutil.copy(src, twice / "train-00000-of-00002.parquet")
     shutil.copy(src, twice / "train-00001-of-00002.parquet")
     with pytest.raises(DataError, match=r"duplicate key 'c0-spk\d-utt\d+' .*00000-of-00002.parquet row (\d+) and "
-                                        r"\S*00001-of-00002.parquet row \1\. .*\+\+columns.key"):
+                                        r"\S*00001-of-00002.parquet row \1\. .*with columns.key"):
         open_input(str(twice)).scan()
 
 
