@@ -455,6 +455,15 @@ def read_samples(entry: str, *, storage_options: dict | None = None, max_member_
         yield _sample(row, url, entry, row.index)
 
 
+def iter_metadata(entry: str, *, storage_options: dict | None = None) -> Iterator[dict]:
+    """``{key, txt, meta}`` of each row of a listed parquet file (``stats``), ``meta`` with ``duration`` (seconds)
+    from the audio header (nothing decoded)."""
+    for sample in read_samples(entry, storage_options=storage_options):
+        info = audio.probe_bytes(sample["audio"], f"{sample['__url__']} row {sample['__pos__']}")
+        sample["meta"]["duration"] = info.num_samples / info.sample_rate if info.sample_rate else 0.0
+        yield {"key": sample["key"], "txt": sample["txt"], "meta": sample["meta"]}
+
+
 def index_entry(entry: str, storage_options: dict | None = None) -> dict:
     """The index entry of a parquet file (the data.list line ``entry``): ``num_utts``, durations from the audio
     headers (nothing decoded), ``bytes`` (the file's size) and ``keys``. A row without text or audio is a

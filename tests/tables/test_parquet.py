@@ -258,3 +258,21 @@ def test_a_parquet_file_over_http_is_read_by_ranges_not_whole(hf, http_dir):
     assert keys_read < src.stat().st_size / 4  # keys and texts only: the audio column is not fetched
     assert [(r["key"], r["source_bytes"], r["target"]) for r in inp.records()] == \
         [(k, b, t) for k, (b, t) in list(utts.items())[:20]]
+
+
+def test_stats_and_the_api_read_parquet_as_an_input_and_as_a_listed_shard(hf, tmp_path):
+    import soundfile as sf
+
+    from corpus_io import api
+    from corpus_io.stats import collect
+
+    data, utts = hf
+    hours = sum(sf.info(__import__("io").BytesIO(b)).duration for b, _ in utts.values())
+    raw = collect(str(data), "raw")
+    assert len(raw.durations) == 40 and raw.no_duration == 0 and sum(raw.durations) == pytest.approx(hours, abs=1e-3)
+    assert set(raw.speakers) == {"spk0", "spk1", "spk2", "spk3"}
+    out = tmp_path / "data.list"
+    make_datalist(MakeDatalistConfig(data_type="shard", input=[str(data)], output=str(out)))
+    listed = collect(str(out), "shard")
+    assert sorted(listed.durations) == pytest.approx(sorted(raw.durations), abs=1e-3) and len(listed.units) == 2
+    assert {r["key"]: (r["source_bytes"], r["target"]) for r in api.read_manifest(data)} == utts
