@@ -27,6 +27,7 @@ N = sized(8000, 48)  # utterances
 ROUNDS = sized(2, 1)
 PER_FILE = sized(1000, 16)
 WORKERS = sized((1, 2), (1,))
+PER_SHARD = sized(200, 8)  # pack-shards' shards: the N/4 file makes more than the 4 shards in flight per worker
 
 
 def _prepare() -> dict:
@@ -58,13 +59,13 @@ def _prepare() -> dict:
 # --------------------------------------------------------------------------- children
 
 
-def pack_child(input_: str, out_dir: str) -> None:
+def pack_child(input_: str, out_dir: str, per_shard: int) -> None:
     """One pack-shards run (1 worker) in this process; prints its seconds."""
     from corpus_io.config import PackShardsConfig
     from corpus_io.shards.pack import pack_shards
 
     start = time.perf_counter()
-    pack_shards(PackShardsConfig(input=input_, output_dir=out_dir, num_utts_per_shard=PER_FILE, num_workers=1))
+    pack_shards(PackShardsConfig(input=input_, output_dir=out_dir, num_utts_per_shard=per_shard, num_workers=1))
     print(json.dumps({"seconds": time.perf_counter() - start}), flush=True)
 
 
@@ -127,7 +128,7 @@ def main() -> None:
         for name, src in (("wav", paths["jsonl"]), ("whole", paths["whole"] / "data"),
                           ("quarter", paths["quarter"] / "data")):
             shutil.rmtree(out, ignore_errors=True)
-            res, peak = run_child("bench.bench_parquet", "--pack", str(src), str(out))
+            res, peak = run_child("bench.bench_parquet", "--pack", str(src), str(out), str(PER_SHARD))
             best[f"pack-{name}"] = min(best.get(f"pack-{name}", float("inf")), res["seconds"])
             rss[name] = max(rss.get(name, 0), peak)
         parquet_files = sorted(str(p) for p in (paths["files"] / "data").glob("*.parquet"))
@@ -140,7 +141,8 @@ def main() -> None:
                 key = f"read-{name}-{workers}"
                 best[key] = min(best.get(key, float("inf")), res["seconds"])
     shutil.rmtree(out, ignore_errors=True)
-    print(f"parquet on {N} real utterances ({PER_FILE} per file / shard), best of {ROUNDS}:")
+    print(f"parquet on {N} real utterances ({PER_FILE} per parquet file / tar shard read, {PER_SHARD} per shard "
+          f"packed), best of {ROUNDS}:")
     wav, pq = best["pack-wav"], best["pack-whole"]
     print(f"  pack-shards, 1 worker: from wav files {wav:.2f} s, from parquet {pq:.2f} s -> parquet "
           f"{wav / pq:.2f}x the speed of wav files")
@@ -157,8 +159,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--pack":
-        pack_child(sys.argv[2], sys.argv[3])
+    if len(sys.argv) == 5 and sys.argv[1] == "--pack":
+        pack_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif len(sys.argv) == 5 and sys.argv[1] == "--read":
         source = sys.argv[3]
         read_child(sys.argv[2], json.loads(source) if source.startswith("[") else source, int(sys.argv[4]))

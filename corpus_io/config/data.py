@@ -115,7 +115,7 @@ class MakeDatalistConfig:
 
 @schema
 class ExportConfig:
-    format: str = opt("???", "hf-parquet: Hugging Face parquet (data/<split>-NNNNN-of-NNNNN.parquet, an Audio "
+    format: str = opt("hf-parquet", "hf-parquet: Hugging Face parquet (data/<split>-NNNNN-of-NNNNN.parquet, an Audio "
                              "column); lhotse-shar: a Lhotse Shar directory", choices=("hf-parquet", "lhotse-shar"))
     input: str = opt("???", "any input pack-shards reads (jsonl, Kaldi dir, NeMo, Lhotse, parquet)")
     output_dir: str = opt("???", "where the files go")

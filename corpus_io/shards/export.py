@@ -190,7 +190,8 @@ def export(cfg: Any) -> Summary:
     job = job_of(cfg)
     opts = PackOptions(cfg.audio_format, cfg.resample, False, cfg.on_error, cfg.allow_pipe,
                        {**(cfg.storage_options or {}), "pipe_timeout": float(cfg.pipe_timeout)})
-    inp = open_input(cfg.input, columns=dict(cfg.columns or {}), storage_options=opts.storage_options)
+    inp = open_input(cfg.input, columns=dict(cfg.columns or {}), storage_options=cfg.storage_options,
+                     inline=False)  # a parquet row's audio is read by the worker that writes it
     total = inp.scan(check_keys=True)
     if total == 0:
         raise DataError(f"{inp.describe} holds no utterances, so there is nothing to export (nothing was written). "

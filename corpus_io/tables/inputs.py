@@ -649,9 +649,11 @@ def detect(path: str) -> str:
 
 
 def open_input(path: str | os.PathLike, *, feats: bool = False, columns: dict | None = None,
-               storage_options: dict | None = None) -> Input:
+               storage_options: dict | None = None, inline: bool = True) -> Input:
     """The :class:`Input` of any kind (a file or a Kaldi/Lhotse directory, parquet files), detected by content;
-    ``columns`` and ``storage_options``: a parquet input's column roles and remote options."""
+    ``columns`` and ``storage_options``: a parquet input's column roles and remote options; ``inline=False``: its
+    records name each row's audio (``source``, :func:`corpus_io.tables.parquet.read_audio`) instead of holding it,
+    so that whoever writes the audio (pack-shards' workers) reads it."""
     path = str(path)
     kind = detect(path)
     if feats and kind != "kaldi":
@@ -660,7 +662,8 @@ def open_input(path: str | os.PathLike, *, feats: bool = False, columns: dict | 
     if kind == "hf-parquet":
         from corpus_io.tables.parquet import ParquetInput
 
-        return ParquetInput(path, columns, storage_options, skip=Skip)  # type: ignore[return-value]  # Input's
+        return ParquetInput(path, columns, storage_options, skip=Skip,  # type: ignore[return-value]  # Input's
+                            inline=inline)
     if kind == "kaldi":
         return _kaldi_input(Path(path), feats=feats)
     if kind == "lhotse-recordings+supervisions":

@@ -142,9 +142,6 @@ class Columns:
     speaker: str | None = None
     extra: tuple = ()
 
-    def read(self) -> list[str]:
-        return [c for c in dict.fromkeys([self.audio, self.text, self.key, self.speaker, *self.extra]) if c]
-
 
 def _scalar(field: Any) -> bool:
     import pyarrow.types as t
@@ -194,6 +191,31 @@ def resolve_columns(schema: Any, columns: dict | None, where: str) -> Columns:
     used = {col_audio, col_text, col_key, col_speaker}
     extra = tuple(f.name for f in schema if f.name not in used and _scalar(f))
     return Columns(col_audio, col_text, col_key, col_speaker, extra)
+
+
+def locator(url: str, columns: dict | None, row: int) -> str:
+    """The source of one row's audio, ``<file>#[<columns>&]row=<N>`` (read by :func:`read_audio`)."""
+    return with_columns(url, {**dict(columns or {}), "row": str(row)})
+
+
+def is_locator(source: str) -> bool:
+    url, sep, fragment = source.partition("#")
+    return bool(sep) and url.endswith(".parquet") and "row=" in fragment
+
+
+_READERS: dict[tuple, ParquetFileReader] = {}
+
+
+def read_audio(source: str, storage_options: dict | None = None) -> bytes:
+    """The audio bytes a :func:`locator` names, read a row group at a time (this process keeps the last file's
+    reader and its last row group: a shard's rows come in runs of one group)."""
+    url, columns = split_entry(source)
+    row = int(columns.pop("row"))
+    key = (url, tuple(sorted(columns.items())), json.dumps(storage_options or {}, sort_keys=True))
+    if key not in _READERS:
+        _READERS.clear()
+        _READERS[key] = ParquetFileReader(url, columns, storage_options)
+    return _READERS[key].audio_of_row(row)
 
 
 def split_entry(entry: str) -> tuple[str, dict]:
@@ -259,8 +281,8 @@ def _key_of(cols: Columns, key: Any, path: Any, url: str, index: int) -> str:
 
 
 class ParquetFileReader:
-    """Row groups of one file, read with the columns they need (``keys_only``: key, audio path and text; never
-    the audio bytes)."""
+    """Row groups of one file, read with the columns they need (``audio=False``: every column but the audio bytes,
+    whose path is kept)."""
 
     def __init__(self, url: str, columns: dict | None = None, storage_options: dict | None = None):
         self.url = url
@@ -269,15 +291,18 @@ class ParquetFileReader:
         meta = self.file.metadata
         self.sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self.num_rows = int(sum(self.sizes))
+        self.starts = [int(x) for x in np.cumsum([0, *self.sizes[:-1]])] if self.sizes else [0]  # first row of each
+        self._cached: tuple[int, list] = (-1, [])  # audio_of_row: (row group, its audio cells)
 
-    def _group(self, i: int, keys_only: bool) -> Any:
+    def _group(self, i: int, audio_bytes: bool, only_audio: bool = False) -> Any:
         import pyarrow as pa
 
         cols = self.cols
-        wanted = [c for c in (cols.key, cols.text, cols.speaker) if c] + (
-            [f"{cols.audio}.path"] if keys_only and self._has_path() else [] if keys_only else [cols.audio])
-        if not keys_only:
-            wanted += list(cols.extra)
+        wanted = [] if only_audio else [c for c in (cols.key, cols.text, cols.speaker, *cols.extra) if c]
+        if audio_bytes:
+            wanted.append(cols.audio)
+        elif self._has_path():  # a key may be the audio path's stem: the path, never the bytes
+            wanted.append(f"{cols.audio}.path")
         try:
             return self.file.read_row_group(i, columns=list(dict.fromkeys(wanted)))
         except (pa.ArrowException, OSError) as exc:
@@ -287,29 +312,26 @@ class ParquetFileReader:
     def _has_path(self) -> bool:
         return self.file.schema_arrow.field(self.cols.audio).type.get_field_index("path") >= 0
 
-    def rows(self, *, keys_only: bool = False, start: int = 0, order: Callable[[int, int], Any] | None = None
+    def rows(self, *, audio: bool = True, start: int = 0, order: Callable[[int, int], Any] | None = None
              ) -> Iterator[Row]:
-        """Rows from row ``start`` on, a row group at a time; ``order(group, n)``: the order of a group's rows
-        (a permutation), else file order."""
+        """Rows from row ``start`` on, a row group at a time (``audio=False``: without the audio bytes);
+        ``order(group, n)``: the order of a group's rows (a permutation), else file order."""
         first = 0
         for g, size in enumerate(self.sizes):
             if first + size <= start:
                 first += size
                 continue
-            table = self._group(g, keys_only)
+            table = self._group(g, audio)
             cols = self.cols
             column = {name: table.column(name).to_pylist() for name in table.column_names}
-            audio_col = column.get(cols.audio)
+            audio_col = column.get(cols.audio)  # audio=False: the paths only (or nothing)
             positions = range(size) if order is None else order(g, size)
             for j in positions:
                 index = first + int(j)
                 if index < start:
                     continue
                 where = f"{self.url} row {index}"
-                if audio_col is not None:
-                    data, path = _audio_of(audio_col[j], where)
-                else:
-                    data, path = None, (column[cols.audio][j] or {}).get("path") if cols.audio in column else None
+                data, path = _audio_of(audio_col[j], where) if audio_col is not None else (None, None)
                 key = _key_of(cols, column[cols.key][j] if cols.key else None, path, self.url, index)
                 fields = {name: column[name][j] for name in cols.extra if name in column
                           and column[name][j] is not None}
@@ -317,6 +339,26 @@ class ParquetFileReader:
                     fields["speaker"] = str(column[cols.speaker][j])
                 yield Row(index, key, column[cols.text][j], data, path, fields)
             first += size
+
+    def audio_of_row(self, index: int) -> bytes:
+        """The audio bytes of row ``index`` (a worker's read: the row group's audio column, kept for the next
+        rows of the group)."""
+        import bisect
+
+        g = bisect.bisect_right(self.starts, index) - 1
+        first = self.starts[g] if 0 <= index < self.num_rows else -1
+        if first < 0:
+            raise DataError(f"{self.url} has {self.num_rows} rows, no row {index}; the file changed since it was "
+                            f"listed. Run the command again.")
+        if self._cached[0] != g:
+            cells = self._group(g, True, only_audio=True).column(self.cols.audio).to_pylist()
+            self._cached = (g, cells)
+        data, path = _audio_of(self._cached[1][index - first], f"{self.url} row {index}")
+        if data is None and path:  # not embedded: the file it names
+            data = audio.read_source_bytes(path)
+        if data is None:
+            raise DataError("its audio is null")  # the caller names the row and key
+        return data
 
 
 # --------------------------------------------------------------------------- records (tables.inputs)
@@ -329,8 +371,9 @@ class ParquetInput:
     order, each group's rows permuted: memory stays one row group)."""
 
     def __init__(self, spec: str, columns: dict | None = None, storage_options: dict | None = None, *,
-                 skip: type = tuple):
+                 skip: type = tuple, inline: bool = True):
         self.skip = skip  # the type of a row left out: inputs.Skip(reason, where, key, detail) (given: no circle)
+        self.inline = inline  # records hold the audio bytes; else a locator that read_audio reads (pack's workers)
         self.spec = str(spec)
         self.urls = parquet_files(self.spec, storage_options)
         self.columns = dict(columns or {})
@@ -364,7 +407,7 @@ class ParquetInput:
 
     def keys(self) -> Iterator[tuple[str, str]]:
         for url in self.urls:
-            for row in self.reader(url).rows(keys_only=True):
+            for row in self.reader(url).rows(audio=False):
                 yield row.key, f"{url} row {row.index}"
 
     def _order(self, shuffle: bool, seed: int) -> list[tuple[str, int]]:
@@ -388,26 +431,30 @@ class ParquetInput:
             if shuffle:  # a group's rows permuted by (seed, file, group): the same order wherever it is read
                 rng = np.random.default_rng([seed, self.urls.index(url), g])
                 order = lambda _g, n, rng=rng: rng.permutation(n)  # noqa: E731
-            rows = reader.rows(start=first, order=order)
+            rows = reader.rows(start=first, order=order, audio=self.inline)
             for _ in range(size):
                 row = next(rows)
                 seen += 1
                 if seen <= start:
                     continue
-                yield _record(row, url, self.skip)
+                yield _record(row, url, self.skip, None if self.inline else self.columns)
 
     def close(self) -> None:
         self._readers.clear()
 
 
-def _record(row: Row, url: str, skip_type: type) -> Any:
+def _record(row: Row, url: str, skip_type: type, lazy: dict | None = None) -> Any:
+    """The record of a row; ``lazy`` (the column mapping): its audio not read here but named by a locator
+    (:func:`read_audio`), and a null audio found by the reader (an unreadable-audio error or skip)."""
     where = f"{url} row {row.index}"
     if row.text is None:
         return skip_type("missing transcript", where, row.key, "its text is null")
-    if row.data is None and not row.path:
+    if lazy is None and row.data is None and not row.path:
         return skip_type("no audio", where, row.key, "its audio is null")
     rec: dict[str, Any] = {"key": row.key}
-    if row.data is not None:
+    if lazy is not None:
+        rec["source"] = locator(url, lazy, row.index)
+    elif row.data is not None:
         rec["source"], rec[INLINE] = f"{url}#row={row.index}", row.data
     else:  # not embedded: the file the path names
         rec["source"] = row.path
@@ -480,12 +527,11 @@ def index_entry(entry: str, storage_options: dict | None = None) -> dict:
             raise DataError(f"{where}: key '{row.key}': {str(exc).rstrip('.')}. Fix or drop the row.") from None
         durations.append(info.num_samples / info.sample_rate if info.sample_rate else 0.0)
         keys.append(row.key)
-    size = reader.file.metadata.serialized_size  # fallback when the size cannot be asked
-    try:
-        size = os.path.getsize(urls.local_path(url)) if not urls.is_remote(url) else \
-            urls.filesystem(url, storage_options)[0].size(urls.filesystem(url, storage_options)[1])
-    except OSError:
-        pass
+    if urls.is_remote(url):
+        fs, path = urls.filesystem(url, storage_options)
+        size = fs.size(path)
+    else:
+        size = os.path.getsize(urls.local_path(url))
     return {"path": entry, "num_utts": len(keys), "duration": round(float(sum(durations)), 3),
             "min_duration": round(min(durations, default=0.0), 3),
             "max_duration": round(max(durations, default=0.0), 3), "bytes": int(size), "keys": keys}

@@ -120,20 +120,27 @@ def test_malformed_parquet_gets_a_clear_error_or_a_counted_skip(hf, tmp_path):
                                         r"text \(string\), speaker_id"):
         open_input(str(no_audio)).scan()
 
-    def null_audio_and_text(t):
+    def null_audio(t, text_too=False):
         audio = t.column("audio").to_pylist()
         text = t.column("text").to_pylist()
-        audio[3], text[5] = None, None
+        audio[3] = None
+        if text_too:
+            text[5] = None
         return t.set_column(1, "audio", pa.array(audio, t.schema.field("audio").type)).set_column(
             2, "text", pa.array(text, pa.string()))
 
-    holes = _rewrite(src, tmp_path / "holes" / "a.parquet", null_audio_and_text)
     keys = list(utts)
-    with pytest.raises(DataError, match=rf"a.parquet row 3: key '{keys[3]}': no audio .*on_error=skip"):
-        pack_shards(PackShardsConfig(input=str(holes), output_dir=str(tmp_path / "o1"), num_workers=1))
-    summary = pack_shards(PackShardsConfig(input=str(holes), output_dir=str(tmp_path / "o2"), num_workers=1,
+    no_audio = _rewrite(src, tmp_path / "hole" / "a.parquet", null_audio)
+    with pytest.raises(DataError, match=rf"a.parquet row 3: key '{keys[3]}': .*its audio is null.*on_error=skip"):
+        pack_shards(PackShardsConfig(input=str(no_audio), output_dir=str(tmp_path / "o1"), num_workers=1))
+    with pytest.raises(DataError, match=rf"a.parquet row 3: key '{keys[3]}': no audio \(its audio is null\)"):
+        list(iter_records(str(no_audio)))  # records that hold the audio (the API, stats) find it in the input
+    holes = _rewrite(src, tmp_path / "holes" / "a.parquet", lambda t: null_audio(t, text_too=True))
+    with pytest.raises(DataError, match=rf"a.parquet row 5: key '{keys[5]}': missing transcript .*on_error=skip"):
+        pack_shards(PackShardsConfig(input=str(holes), output_dir=str(tmp_path / "o2"), num_workers=1))
+    summary = pack_shards(PackShardsConfig(input=str(holes), output_dir=str(tmp_path / "o3"), num_workers=1,
                                            on_error="skip"))
-    assert summary.kept == 18 and summary.skipped == {"no audio": 1, "missing transcript": 1}
+    assert summary.kept == 18 and summary.skipped == {"unreadable audio": 1, "missing transcript": 1}
 
     def not_audio(t):
         audio = t.column("audio").to_pylist()
@@ -142,8 +149,8 @@ def test_malformed_parquet_gets_a_clear_error_or_a_counted_skip(hf, tmp_path):
 
     junk = _rewrite(src, tmp_path / "junk" / "a.parquet", not_audio)
     with pytest.raises(DataError, match=rf"a.parquet row 2: key '{keys[2]}': .*not a known audio format"):
-        pack_shards(PackShardsConfig(input=str(junk), output_dir=str(tmp_path / "o3"), num_workers=1))
-    summary = pack_shards(PackShardsConfig(input=str(junk), output_dir=str(tmp_path / "o4"), num_workers=1,
+        pack_shards(PackShardsConfig(input=str(junk), output_dir=str(tmp_path / "o4"), num_workers=1))
+    summary = pack_shards(PackShardsConfig(input=str(junk), output_dir=str(tmp_path / "o5"), num_workers=1,
                                            on_error="skip"))
     assert summary.kept == 19 and summary.skipped == {"unreadable audio": 1}
 
@@ -276,3 +283,34 @@ def test_stats_and_the_api_read_parquet_as_an_input_and_as_a_listed_shard(hf, tm
     listed = collect(str(out), "shard")
     assert sorted(listed.durations) == pytest.approx(sorted(raw.durations), abs=1e-3) and len(listed.units) == 2
     assert {r["key"]: (r["source_bytes"], r["target"]) for r in api.read_manifest(data)} == utts
+
+
+@pytest.mark.network
+def test_parquet_files_on_s3_are_listed_by_a_glob_indexed_and_read_by_ranges(hf, seaweed, tmp_path):
+    import uuid
+
+    data, utts = hf
+    endpoint, fs = seaweed
+    prefix = f"corpus/{uuid.uuid4().hex[:12]}/data"
+    for p in sorted(data.glob("*.parquet")):
+        fs.put_file(str(p), f"{prefix}/{p.name}")
+    options = {"anon": True, "client_kwargs": {"endpoint_url": endpoint}}
+    pattern = f"s3://{prefix}/train-*.parquet"
+    got = {r["key"]: (r["source_bytes"], r["target"])
+           for r in open_input(pattern, storage_options=options).records()}
+    assert got == utts
+    out = tmp_path / "data.list"
+    make_datalist(MakeDatalistConfig(data_type="shard", input=[pattern], output=str(out), storage_options=options))
+    entries = read_datalist(out)
+    assert entries == [f"s3://{prefix}/train-0000{i}-of-00002.parquet" for i in range(2)]
+    assert load_index(out, keys=True)[entries[1]]["keys"] == list(utts)[20:]
+    samples = [s for e in entries for s in parquet.read_samples(e, storage_options=options)]
+    assert {s["key"]: (s["audio"], s["txt"]) for s in samples} == utts
+
+
+def test_records_for_a_packer_name_each_rows_audio_which_its_reader_reads_a_row_group_at_a_time(hf):
+    data, utts = hf
+    records = list(open_input(str(data), inline=False).records())
+    assert not any("source_bytes" in r for r in records)  # the tasks pack-shards keeps in flight hold no audio
+    assert records[21]["source"] == f"{sorted(data.glob('*.parquet'))[1]}#row=1"
+    assert {r["key"]: (parquet.read_audio(r["source"]), r["target"]) for r in records} == utts
