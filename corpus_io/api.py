@@ -276,15 +276,16 @@ def load_cmvn(path: str | os.PathLike, dim: int | None = None) -> Cmvn:
 # --------------------------------------------------------------------------- manifests and shards
 
 
-def read_manifest(path: str | os.PathLike) -> Iterator[dict]:
+def read_manifest(path: str | os.PathLike, *, columns: dict | None = None) -> Iterator[dict]:
     """The utterances of any input the commands read (a FunASR JSONL, a WeNet raw list, a Kaldi dir with
-    ``segments``, a NeMo manifest, a Lhotse CutSet or RecordingSet + SupervisionSet, a local Lhotse Shar; detected
-    by content) as dicts with FunASR names (``key``, ``source``, ``target``, ...; ``start``/``end`` in seconds for a
-    segment; ``where``: file:line), streamed after one pass that refuses a repeated key; a bad line is a DataError
-    naming file:line."""
+    ``segments``, a NeMo manifest, a Lhotse CutSet or RecordingSet + SupervisionSet, a local Lhotse Shar, Hugging
+    Face parquet files; detected by content) as dicts with FunASR names (``key``, ``source``, ``target``, ...;
+    ``start``/``end`` in seconds for a segment; ``where``: file:line; a parquet row's audio bytes in
+    ``source_bytes``, its columns mapped by ``columns``, e.g. ``{"text": "sentence"}``), streamed after one pass that
+    refuses a repeated key; a bad line is a DataError naming file:line."""
     from corpus_io.tables.inputs import iter_records
 
-    yield from iter_records(str(path))
+    yield from iter_records(str(path), columns=columns)
 
 
 def write_manifest(path: str | os.PathLike, records: Iterable[Mapping]) -> int:

@@ -37,6 +37,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("make-datalist", config.MakeDatalistConfig, "corpus_io.shards.datalist:make_datalist",
             "Write a WeNet data.list: raw (utterance lines from a jsonl) or shard (tar URLs from dirs, globs, "
             "brace patterns or lists, merged, with an optional prefix rewrite and the index sidecar)."),
+    Command("export", config.ExportConfig, "corpus_io.shards.export:export",
+            "Write any input as Hugging Face parquet (++format=hf-parquet: an Audio column datasets reads) or a "
+            "Lhotse Shar directory (++format=lhotse-shar); audio bytes copied, not re-encoded. Parallel, "
+            "resumable, deterministic; ++num_jobs and merge-jobs as pack-shards."),
     Command("add-field", config.AddFieldConfig, "corpus_io.shards.add_field:add_field",
             "Add a field to packed shards without rewriting them: shard-NNNNNN.<field>.tar (fbank/mfcc "
             "computed with the loader's dataset_conf, or ++from_scp=feats.scp) or .<field>.jsonl.gz "

@@ -18,6 +18,7 @@ EXTRA_OF_MODULE = {
     "matplotlib": ("plots", "the stats PNG histogram"),
     "duckdb": ("explore", "corpus-io explore (its catalog engine)"),
     "distributed": ("dask", "executor=dask"),
+    "pyarrow": ("parquet", "Hugging Face parquet inputs, training on them and export ++format=hf-parquet"),
 }
 
 # fsspec reports a missing backend in its own words, without the module name

@@ -84,7 +84,8 @@ def _iter_raw(path: str) -> Iterator[tuple[float | None, str, str | None]]:
     from corpus_io.loader.rawlist import RawList
     from corpus_io.tables import inputs
 
-    if os.path.isdir(path) or path.endswith(".gz") or inputs.detect(path) == "lhotse-recordings+supervisions":
+    if os.path.isdir(path) or path.endswith(".gz") or inputs.detect(path) in ("lhotse-recordings+supervisions",
+                                                                               "hf-parquet"):
         records: Iterator[dict] = inputs.iter_records(path, skip=lambda _: None)  # read in one stream
     else:
         # no .idx offset cache beside the list: stats writes nothing beside the data (8 bytes an utterance in
@@ -94,8 +95,9 @@ def _iter_raw(path: str) -> Iterator[tuple[float | None, str, str | None]]:
     for rec in records:
         dur = meta_duration(rec)
         if dur is None:
-            try:
-                info = audio.probe(str(rec["source"]))  # header only
+            try:  # header only (a parquet row's bytes are in the record)
+                info = audio.probe_bytes(rec["source_bytes"]) if "source_bytes" in rec else \
+                    audio.probe(str(rec["source"]))
                 dur = info.num_samples / info.sample_rate if info.sample_rate else None
             except DataError:
                 dur = None

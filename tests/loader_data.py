@@ -129,3 +129,27 @@ def make_shar(out: Path, *, utts: list | None = None, windows: int = 16, shard_s
     out.mkdir(parents=True, exist_ok=True)
     CutSet.from_cuts(cuts).to_shar(str(out), fields={"recording": fmt}, shard_size=shard_size)
     return out, texts
+
+
+def make_hf_parquet(out: Path, *, num_utts: int = 40, num_files: int = 2, row_group: int = 8,
+                    split: str = "train", columns: dict | None = None) -> tuple[Path, dict[str, tuple[bytes, str]]]:
+    """The fixture utterances (repeated under new keys up to ``num_utts``) written by Hugging Face ``datasets`` as
+    its Hub layout ``out/data/<split>-0000i-of-0000n.parquet``: ``id``, ``audio`` (``Audio``: the files' bytes and
+    names), ``text``, ``speaker_id``; ``columns`` renames them (e.g. ``{"text": "sentence"}``). Returns (the data
+    dir, ``{key: (audio bytes, text)}``)."""
+    import datasets
+
+    utts = fixture_utts(-(-num_utts // 24))[:num_utts]
+    rows = {"id": [k for k, _, _ in utts],
+            "audio": [{"bytes": Path(p).read_bytes(), "path": Path(p).name} for _, p, _ in utts],
+            "text": [t for _, _, t in utts], "speaker_id": [k.split("-utt")[0].split("-")[-1] for k, _, _ in utts]}
+    # cast, not encoded: datasets encodes Audio values with torchcodec, and these are stored bytes already
+    ds = datasets.Dataset.from_dict(rows).cast_column("audio", datasets.Audio())
+    if columns:
+        ds = ds.rename_columns(columns)
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    for i in range(num_files):
+        ds.shard(num_files, i, contiguous=True).to_parquet(
+            str(data / f"{split}-{i:05d}-of-{num_files:05d}.parquet"), batch_size=row_group)
+    return data, {k: (Path(p).read_bytes(), t) for k, p, t in utts}

@@ -143,8 +143,7 @@ def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None
         return AudioInfo(rate, wave.shape[0], 1 if wave.ndim == 1 else wave.shape[1], "wav")
     member = split_tar_member(source)
     if member is not None:
-        data = _read_tar_member(source, *member, MAX_SOURCE_BYTES)
-        return header_info(data[:HEAD_BYTES], len(data)) or _info_from_fileobj(io.BytesIO(data), source)
+        return probe_bytes(_read_tar_member(source, *member, MAX_SOURCE_BYTES), source)
     if urls.is_remote(source):
         with urls.open_url(source, storage_options=storage_options, block_size=HEAD_BYTES, seekable=True) as f:
             size = getattr(f, "size", None)
@@ -164,6 +163,12 @@ def probe(source: str, *, allow_pipe: bool = False, storage_options: dict | None
         raise DataError(f"cannot read {source}: {exc.strerror}.") from None
     # WAV and FLAC headers are parsed here (~10 us); anything else, or anything odd, goes to soundfile.
     return info if info is not None else _info_from_fileobj(path, source)
+
+
+def probe_bytes(data: bytes, where: str = "<bytes>") -> AudioInfo:
+    """Sample rate and length of audio held in memory (a tar member, a parquet cell), from its header; nothing is
+    decoded (WAV and FLAC headers are parsed here, anything else by soundfile)."""
+    return header_info(data[:HEAD_BYTES], len(data)) or _info_from_fileobj(io.BytesIO(data), where)
 
 
 def _load_ark_wav(source: str) -> tuple[int, np.ndarray]:

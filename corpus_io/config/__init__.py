@@ -22,6 +22,7 @@ from corpus_io.config.compose import compose, compose_raw, keep_given_model, to_
 from corpus_io.config.data import (
     AddFieldConfig,
     ExploreConfig,
+    ExportConfig,
     Jsonl2ScpConfig,
     MakeDatalistConfig,
     MakeTokenizerConfig,
@@ -67,7 +68,8 @@ from corpus_io.config.training import (
 
 __all__ = [
     "AddFieldConfig", "AverageConfig", "BenchLoaderConfig", "CONF_DIR", "ComputeCmvnConfig", "DatasetConf",
-    "DecodeConfig", "DecodingConf", "ExploreConfig", "FAILURE_CHOICES", "FUNASR_KEYS", "FUNASR_TOP_KEYS",
+    "DecodeConfig", "DecodingConf", "ExploreConfig", "ExportConfig", "FAILURE_CHOICES", "FUNASR_KEYS",
+    "FUNASR_TOP_KEYS",
     "FbankConf", "FilterConf", "FunasrKey", "Jsonl2ScpConfig", "MakeDatalistConfig", "MakeLmConfig",
     "MakeTokenizerConfig", "MergeJobsConfig", "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig",
     "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig",

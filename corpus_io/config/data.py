@@ -1,4 +1,4 @@
-"""Schemas of the data-preparation family: scp2jsonl, jsonl2scp, prepare, pack-shards, make-datalist,
+"""Schemas of the data-preparation family: scp2jsonl, jsonl2scp, prepare, pack-shards, make-datalist, export,
 verify-shards, make-tokenizer, add-field and stats (none of them imports torch)."""
 
 from __future__ import annotations
@@ -65,9 +65,14 @@ class PrepareConfig:
     remove_spaces: bool = opt(True, "aishell: drop the transcript's word spaces (WeNet/ESPnet); false keeps them")
 
 
+COLUMNS_HELP = ("parquet input: the column of each role (audio, text, key, speaker), e.g. ++columns.text=sentence "
+                "(default: found by the common names)")
+
+
 @schema
 class PackShardsConfig:
-    input: str = opt("???", "train.jsonl (FunASR), a WeNet raw data.list, or a Kaldi data dir")
+    input: str = opt("???", "train.jsonl (FunASR), a WeNet raw data.list, a Kaldi data dir, NeMo/Lhotse manifests "
+                            "or Hugging Face parquet (a file, a directory or a glob)")
     output_dir: str = opt("???", "where shards, data.list and index.jsonl go")
     num_utts_per_shard: int = opt(1000, "utterances per shard", range="[1, 10000000]")
     num_workers: int = opt(0, "packing processes (0: all cores)", range="[0, 1024]")
@@ -83,6 +88,7 @@ class PackShardsConfig:
                                    "uncompressed audio; slower to pack and read, and readers cannot seek past audio)",
                            choices=("none", "gzip"))
     feats: bool = opt(False, "features mode: pack a Kaldi dir's feats.scp (kaldiio) as <key>.npy, no audio")
+    columns: Dict[str, str] = opt(help=COLUMNS_HELP, factory=dict)
     on_error: str = opt("fail", "unreadable audio or a missing transcript: fail, or skip and count",
                         choices=FAILURE_CHOICES)
     allow_pipe: bool = opt(False, "allow Kaldi pipe entries in wav.scp (run without a shell)")
@@ -102,6 +108,36 @@ class MakeDatalistConfig:
                      factory=list)
     output: str = opt("???", "the data.list to write")
     prefix: Optional[str] = opt(None, "rewrite each shard's directory to this prefix, e.g. s3://bucket/corpus/")
+    columns: Dict[str, str] = opt(help=COLUMNS_HELP + "; shard mode writes it into each parquet file's list line",
+                                  factory=dict)
+    storage_options: Dict[str, Any] = opt(help="fsspec options for remote parquet inputs", factory=dict)
+
+
+@schema
+class ExportConfig:
+    format: str = opt("hf-parquet", "hf-parquet: Hugging Face parquet (data/<split>-NNNNN-of-NNNNN.parquet, an Audio "
+                             "column); lhotse-shar: a Lhotse Shar directory", choices=("hf-parquet", "lhotse-shar"))
+    input: str = opt("???", "any input pack-shards reads (jsonl, Kaldi dir, NeMo, Lhotse, parquet)")
+    output_dir: str = opt("???", "where the files go")
+    split: str = opt("train", "the split named in the output (hf-parquet: data/train-00000-of-00004.parquet; "
+                                "lhotse-shar: the Shar directory <output_dir>/train)")
+    num_utts_per_file: int = opt(1000, "utterances per output file (hf-parquet) or shard (lhotse-shar)",
+                                 range="[1, 10000000]")
+    audio_format: str = opt("keep", "keep: the stored bytes, copied; wav/flac: re-encode",
+                            choices=("keep", "wav", "flac"))
+    resample: Optional[int] = opt(None, "re-encode at this rate (null: keep the rate)", unit="Hz",
+                                  range="[1000, 384000]")
+    columns: Dict[str, str] = opt(help=COLUMNS_HELP, factory=dict)
+    num_workers: int = opt(0, "writing processes (0: all cores)", range="[0, 1024]")
+    on_error: str = opt("fail", "unreadable audio or a missing transcript: fail, or skip and count",
+                        choices=FAILURE_CHOICES)
+    allow_pipe: bool = opt(False, "allow Kaldi pipe entries in wav.scp (run without a shell)")
+    pipe_timeout: float = opt(300.0, PIPE_TIMEOUT_HELP, unit="seconds", range="(0, 604800]")
+    storage_options: Dict[str, Any] = opt(help="fsspec options for remote inputs", factory=dict)
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
+    executor: str = executor_opt()
+    executor_address: str = executor_address_opt()
 
 
 @schema

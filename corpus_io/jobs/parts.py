@@ -61,6 +61,8 @@ JOB_COMMANDS: dict[str, tuple[str, str, str, str, str]] = {  # command -> (schem
                      "", "corpus_io.train.cmvn:check_part"),
     "add-field": ("AddFieldConfig", "corpus_io.shards.add_field:add_field", "corpus_io.shards.add_field:merge_parts",
                   "corpus_io.shards.add_field:part_keys", "corpus_io.shards.add_field:check_part"),
+    "export": ("ExportConfig", "corpus_io.shards.export:export", "corpus_io.shards.export:merge_parts",
+               "corpus_io.shards.export:part_keys", "corpus_io.shards.export:check_part"),
     "verify-shards": ("VerifyShardsConfig", "corpus_io.shards.verify:verify_shards",
                       "corpus_io.shards.verify:merge_parts", "", "corpus_io.shards.verify:check_part"),
 }

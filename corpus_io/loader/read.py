@@ -203,6 +203,8 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: i
 
     if is_shar_cuts(url):  # a Lhotse Shar shard: its cuts file, the recording tar beside it
         read_shard = partial(read_shar_shard, counts=counts)  # type: ignore[assignment]
+    elif url.partition("#")[0].endswith(".parquet"):  # a Hugging Face parquet file: row groups as blocks
+        from corpus_io.tables.parquet import read_samples as read_shard  # type: ignore[assignment]  # noqa: F811
     elif opts.fields:  # dataset_conf.fields: only these, companion files in lockstep (corpus_io.shards.fields)
         from corpus_io.shards.fields import open_shard_fields
 

@@ -122,10 +122,27 @@ def _shar_entries(cuts: list[str]) -> Iterator[tuple[str, dict]]:
         yield url, {k: v for k, v in entry.items() if k != "path"}
 
 
-def expand_input(item: str) -> Iterator[tuple[str, dict | None]]:
-    """``(shard entry, index entry or None)`` for one input of make-datalist shard mode."""
-    from corpus_io.tables import shar
+def _parquet_entries(item: str, columns: dict | None, storage_options: dict | None
+                     ) -> Iterator[tuple[str, dict | None]]:
+    """Each parquet file of ``item`` as one shard, its index entry from one pass over its rows (no audio decoded);
+    a column mapping given travels in the list line (:func:`corpus_io.tables.parquet.with_columns`)."""
+    from corpus_io.tables import parquet
 
+    for url in parquet.parquet_files(item, storage_options):
+        entry = parquet.with_columns(url if is_remote(url) else os.path.abspath(url), columns)
+        yield entry, parquet.index_entry(entry, storage_options)
+
+
+def expand_input(item: str, columns: dict | None = None, storage_options: dict | None = None
+                 ) -> Iterator[tuple[str, dict | None]]:
+    """``(shard entry, index entry or None)`` for one input of make-datalist shard mode (parquet files: each one
+    a shard, read with ``columns`` and ``storage_options``)."""
+    from corpus_io.tables import shar
+    from corpus_io.tables.parquet import is_parquet
+
+    if is_parquet(item):
+        yield from _parquet_entries(item, columns, storage_options)
+        return
     if shar.is_shar_cuts(item) and "{" not in item and not glob.has_magic(item):
         yield from _shar_entries([item])
         return
@@ -174,11 +191,12 @@ def _common_dir(entries: list[str]) -> str:
     return common[:common.rfind("/") + 1]
 
 
-def make_shard_list(inputs: list[str], output: str, prefix: str | None = None) -> int:
+def make_shard_list(inputs: list[str], output: str, prefix: str | None = None, *, columns: dict | None = None,
+                    storage_options: dict | None = None) -> int:
     """Merge shard inputs into ``output`` (+ sidecar when every entry has an index); returns the count."""
     entries: list[tuple[str, dict | None, str]] = []
     for item in inputs:
-        entries.extend((e, idx, item) for e, idx in expand_input(str(item)))
+        entries.extend((e, idx, item) for e, idx in expand_input(str(item), columns, storage_options))
     if not entries:
         raise DataError(f"no shards found in {inputs}.")
     if prefix:
@@ -259,6 +277,11 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
             # duplicates: checked below across every input, from 8-byte key hashes
             for rec in iter_records(path, skip=skipped, check_duplicates=False):
                 where = rec.pop("where")
+                if "source_bytes" in rec:  # tables.parquet.INLINE: a row's audio lives in the parquet file
+                    raise ConfigError(f"{where}: a raw list names audio files, and the audio of {path} is held "
+                                      f"in its parquet rows. List the parquet files as shards (make-datalist "
+                                      f"++data_type=shard ++input={path}) to train on them directly, or pack them "
+                                      f"(pack-shards ++input={path}).")
                 hashes.append(key_hash(rec["key"]))
                 if rec.get("target") is None:
                     raise DataError(f"{where}: key '{rec['key']}' has no transcript ('target' or 'txt').")
@@ -335,4 +358,5 @@ def make_datalist(cfg: Any) -> None:
     if cfg.data_type == "raw":
         make_raw_list(inputs, cfg.output)
     else:
-        make_shard_list(inputs, cfg.output, cfg.prefix)
+        make_shard_list(inputs, cfg.output, cfg.prefix, columns=dict(cfg.columns or {}),
+                        storage_options=dict(cfg.storage_options or {}))

@@ -76,11 +76,13 @@ from corpus_io.storage.files import (
     write_sidecar,
 )
 from corpus_io.storage.progress import Summary, parallel_imap, progress, resolve_num_workers
-from corpus_io.tables import kaldi
+from corpus_io.tables import kaldi, parquet
 from corpus_io.tables.inputs import Input, Skip, open_input
+from corpus_io.tables.parquet import INLINE
 
-# FunASR/WeNet fields that become members or computed metadata instead of being copied to the .json.
-_CORE_FIELDS = {"key", "source", "target", "source_len", "target_len", "start", "end"}
+# FunASR/WeNet fields that become members or computed metadata instead of being copied to the .json
+# (INLINE: a parquet row's audio bytes, which become the audio member).
+_CORE_FIELDS = {"key", "source", "target", "source_len", "target_len", "start", "end", INLINE}
 FORMAT_VERSION = 1  # part of every shard digest: bump when member bytes change for the same input
 
 
@@ -141,8 +143,10 @@ class ShardStat:
 
 
 def _digest(task: ShardTask) -> str:
+    # a parquet row's bytes enter as their size: its source (file and row) names them, as a path names a file's
     return inputs_digest([task.options.digest_part(), Path(task.path).name,
-                          [{k: v for k, v in r.items() if k != "where"} for r in task.records]])
+                          [{k: len(v) if k == INLINE else v for k, v in r.items() if k != "where"}
+                           for r in task.records]])
 
 
 def _resume(task: ShardTask, digest: str) -> ShardStat | None:
@@ -193,7 +197,7 @@ def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[st
     """``(extension, bytes, metadata)`` of the audio member of one record."""
     source = str(record["source"])
     try:
-        data = _source_bytes(source, opts.allow_pipe, json.dumps(opts.storage_options, sort_keys=True))
+        data = _record_bytes(record, opts)
     except OSError as exc:
         raise DataError(f"cannot read audio {source}: {exc}") from None
     ext = audio.extension_of(source)
@@ -244,6 +248,17 @@ def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[st
         raise DataError(f"{source} holds no samples")
     return out_ext, out, {"duration": n / rate, "sample_rate": rate, "num_samples": n,
                           "source_len": audio.frames_10ms(n, rate)}
+
+
+def _record_bytes(record: dict, opts: PackOptions) -> bytes:
+    """The stored audio of a record: held in it (a parquet row read by the input), a parquet row read here (a
+    row group at a time, :func:`corpus_io.tables.parquet.read_audio`), or the file, URL or command it names."""
+    source = str(record["source"])
+    if INLINE in record:
+        return record[INLINE]
+    if parquet.is_locator(source):
+        return parquet.read_audio(source, {k: v for k, v in opts.storage_options.items() if k != "pipe_timeout"})
+    return _source_bytes(source, opts.allow_pipe, json.dumps(opts.storage_options, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=1)
@@ -340,6 +355,9 @@ def _source_len(record: dict, opts: PackOptions) -> int:
         return int(record["source_len"])
     if opts.feats:
         return int(np.asarray(kaldi.read_feats(str(record["source"]))).shape[0])
+    if INLINE in record or parquet.is_locator(str(record["source"])):
+        info = audio.probe_bytes(_record_bytes(record, opts), str(record["source"]))
+        return audio.frames_10ms(info.num_samples, info.sample_rate)
     info = _probe_cached(str(record["source"]), opts.allow_pipe, json.dumps(opts.storage_options, sort_keys=True))
     num_samples = info.num_samples
     if "start" in record:  # a segment: counted exactly as the packed shard's meta will count it
@@ -575,7 +593,9 @@ def pack_shards(cfg: Any) -> Summary:
         raise ConfigError("++feats=true stores feature matrices; audio_format/resample do not apply.")
     opts = PackOptions(cfg.audio_format, cfg.resample, feats, cfg.on_error, cfg.allow_pipe,
                        {**(cfg.storage_options or {}), "pipe_timeout": float(cfg.pipe_timeout)}, cfg.compression)
-    inp = open_input(cfg.input, feats=feats)
+    # a parquet row's audio is read by the worker that writes it (the tasks in flight hold no audio)
+    inp = open_input(cfg.input, feats=feats, columns=dict(cfg.columns or {}), storage_options=cfg.storage_options,
+                     inline=False)
     total = inp.scan(check_keys=job.single or inp.may_skip)
     if total == 0:
         raise DataError(f"{inp.describe} holds no utterances, so there is nothing to pack (nothing was written). "

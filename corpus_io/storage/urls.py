@@ -409,10 +409,12 @@ def check_regular_file(path: str) -> None:
 
 
 def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
-             block_size: int = 1 << 20, seekable: bool = False) -> IO[bytes]:
+             block_size: int = 1 << 20, seekable: bool = False, cache_type: str | None = None) -> IO[bytes]:
     """Open ``url`` for sequential binary reading (no whole-file download, no seek required).
 
-    ``seekable=True`` (header probes): a remote file that can seek, through fsspec's ranged reads.
+    ``seekable=True`` (header probes): a remote file that can seek, through fsspec's ranged reads; ``cache_type``:
+    fsspec's cache of such a file (``"none"``: each read is one range request, for a reader such as parquet's that
+    asks for exactly the ranges it needs).
     """
     if is_command(url):
         if not allow_pipe:
@@ -428,7 +430,7 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
     if is_remote(url):
         try:
             fs, path = filesystem(url, storage_options)
-            return fs.open(path, "rb", block_size=block_size)
+            return fs.open(path, "rb", block_size=block_size, **({"cache_type": cache_type} if cache_type else {}))
         except FileNotFoundError as exc:
             cause = exc.__cause__ if url.startswith(("http://", "https://")) else None
             if cause is not None and "timeout" in type(cause).__name__.lower():

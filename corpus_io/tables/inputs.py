@@ -19,7 +19,10 @@
 * a **Lhotse manifest**, jsonl or jsonl.gz: a **CutSet** (one utterance per ``MonoCut``: its span of the
   recording, the texts of its supervisions joined in time order) or a **RecordingSet + SupervisionSet**
   (one utterance per supervision; give either file or their directory: the other file is found by
-  swapping ``recordings``/``supervisions`` in the name, as Lhotse recipes name them).
+  swapping ``recordings``/``supervisions`` in the name, as Lhotse recipes name them);
+* **Hugging Face parquet** (a ``.parquet`` file, a directory or glob of them, local or a URL): rows with an audio
+  struct and a text column (:mod:`corpus_io.tables.parquet`; ``columns`` maps the roles), whose records carry the
+  audio bytes in ``source_bytes``.
 
 A multi-channel file is mixed down to mono as everywhere in corpus-io, so a MultiCut of all its channels is
 read. Refused with a clear message (no silent guess): a cut or supervision outside its recording (checked as a
@@ -51,7 +54,8 @@ from corpus_io.tables import kaldi
 from corpus_io.tables.cuts import _SAME_TIME, Skip, _join_texts, _lhotse_span, _number, _utterance
 from corpus_io.tables.manifest import canonical
 
-KINDS = ("funasr", "wenet", "nemo", "lhotse-cuts", "lhotse-recordings+supervisions", "lhotse-shar", "kaldi")
+KINDS = ("funasr", "wenet", "nemo", "lhotse-cuts", "lhotse-recordings+supervisions", "lhotse-shar", "kaldi",
+         "hf-parquet")
 CUT_TYPES = ("MonoCut", "MultiCut", "MixedCut", "PaddingCut")
 
 
@@ -570,8 +574,10 @@ def _shar_input(path: str) -> Input:
 
 def detect(path: str) -> str:
     """The kind of input ``path`` is (one of :data:`KINDS`), by its content; a DataError says what is accepted."""
-    from corpus_io.tables import shar
+    from corpus_io.tables import parquet, shar
 
+    if parquet.is_parquet(path):
+        return parquet.KIND
     if shar.shar_input_shards(path) is not None:  # a Shar directory or cuts file (a remote one: a ConfigError)
         return "lhotse-shar"
     p = Path(path)
@@ -584,7 +590,8 @@ def detect(path: str) -> str:
                         f"Lhotse *recordings* + *supervisions* manifests.")
     if not p.is_file():
         raise DataError(f"input {path} does not exist. Pass a FunASR jsonl (scp2jsonl), a WeNet raw data.list, a "
-                        f"Kaldi data dir, a NeMo manifest or a Lhotse manifest (.jsonl / .jsonl.gz).")
+                        f"Kaldi data dir, a NeMo manifest, a Lhotse manifest (.jsonl / .jsonl.gz) or Hugging Face "
+                        f".parquet files.")
     obj = _first_object(str(p))
     if obj is None:  # empty, or not JSON: read as a jsonl, whose reader names the empty file or the bad line
         return "funasr"
@@ -592,13 +599,22 @@ def detect(path: str) -> str:
     return "lhotse-recordings+supervisions" if kind in ("lhotse-recording", "lhotse-supervision") else kind
 
 
-def open_input(path: str | os.PathLike, *, feats: bool = False) -> Input:
-    """The :class:`Input` of any of the five kinds (a file or a Kaldi/Lhotse directory), detected by content."""
+def open_input(path: str | os.PathLike, *, feats: bool = False, columns: dict | None = None,
+               storage_options: dict | None = None, inline: bool = True) -> Input:
+    """The :class:`Input` of any kind (a file or a Kaldi/Lhotse directory, parquet files), detected by content;
+    ``columns`` and ``storage_options``: a parquet input's column roles and remote options; ``inline=False``: its
+    records name each row's audio (``source``, :func:`corpus_io.tables.parquet.read_audio`) instead of holding it,
+    so that whoever writes the audio (pack-shards' workers) reads it."""
     path = str(path)
     kind = detect(path)
     if feats and kind != "kaldi":
         raise ConfigError(f"pack-shards ++feats=true needs a Kaldi data dir with feats.scp + text; {path} is a "
                           f"{kind} input.")
+    if kind == "hf-parquet":
+        from corpus_io.tables.parquet import ParquetInput
+
+        return ParquetInput(path, columns, storage_options, skip=Skip,  # type: ignore[return-value]  # Input's
+                            inline=inline)
     if kind == "kaldi":
         return _kaldi_input(Path(path), feats=feats)
     if kind == "lhotse-recordings+supervisions":
@@ -609,11 +625,12 @@ def open_input(path: str | os.PathLike, *, feats: bool = False) -> Input:
 
 
 def iter_records(path: str | os.PathLike, *, skip: Callable[[Skip], None] | None = None,
-                 check_duplicates: bool = True) -> Iterator[dict]:
+                 check_duplicates: bool = True, columns: dict | None = None) -> Iterator[dict]:
     """Stream the canonical records of any input, in file order. ``check_duplicates``: a first pass refuses a
     repeated key before any record is yielded (8 bytes per utterance). A line that yields no record goes to
-    ``skip`` (count it), or without one is a DataError naming it."""
-    inp = open_input(path)
+    ``skip`` (count it), or without one is a DataError naming it. A parquet input's records carry their audio
+    bytes (``source_bytes``)."""
+    inp = open_input(path, columns=columns)
     if check_duplicates:
         inp.scan(offsets=False)
     for rec in inp.records():

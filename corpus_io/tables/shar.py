@@ -453,14 +453,17 @@ def _cut_json(item: dict, num_samples: int) -> tuple[dict, dict]:
 
 
 def write_shar_group(items: list[dict], output_dir: str, index: int, num_files: int, *, split: str = "") -> list[str]:
-    """Shard ``index`` of a Lhotse Shar in ``output_dir``: ``cuts.NNNNNN.jsonl.gz`` + ``recording.NNNNNN.tar``
-    (the writer of ``corpus-io export ++format=lhotse-shar``: the contract and the items are in
-    ``corpus_io/shards/export.py``; ``num_files`` and ``split`` are not part of Shar names: a Shar directory is one
-    split). The audio bytes are copied as they are (a multi-channel file is mixed down to FLAC); fixed header fields
+    """Shard ``index`` of a Lhotse Shar: ``cuts.NNNNNN.jsonl.gz`` + ``recording.NNNNNN.tar`` in
+    ``output_dir/<split>`` (in ``output_dir`` when ``split`` is empty). The writer of ``corpus-io export
+    ++format=lhotse-shar`` (the contract and the items are in ``corpus_io/shards/export.py``): a Shar directory is
+    one split, and ``CutSet.from_shar(in_dir=...)`` takes every file in it as a field, so export's own records
+    (``.export-*.json``, part records) stay one level up, in ``output_dir``. The audio bytes are copied as they are (a multi-channel file is mixed down to FLAC); fixed header fields
     (tar mtime 0, gzip mtime 0 and no name), so the same items give the same bytes; each file is written under a
-    temporary name and renamed. Returns the two file names."""
-    del num_files, split
-    names = [f"recording.{index:06d}.tar", f"cuts.{index:06d}.jsonl.gz"]
+    temporary name and renamed. Returns the two file names (relative to ``output_dir``)."""
+    del num_files
+    names = [os.path.join(split, f"recording.{index:06d}.tar"), os.path.join(split, f"cuts.{index:06d}.jsonl.gz")]
+    if split:
+        ensure_dir(os.path.join(output_dir, split))
     with atomic_write(os.path.join(output_dir, names[0]), "wb") as tar_file, \
             atomic_write(os.path.join(output_dir, names[1]), "wb") as cuts_file:
         with tarfile.open(fileobj=tar_file, mode="w", format=tarfile.PAX_FORMAT) as tar, \
