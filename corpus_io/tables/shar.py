@@ -457,7 +457,8 @@ def write_shar_group(items: list[dict], output_dir: str, index: int, num_files: 
     ``output_dir/<split>`` (in ``output_dir`` when ``split`` is empty). The writer of ``corpus-io export
     ++format=lhotse-shar`` (the contract and the items are in ``corpus_io/shards/export.py``): a Shar directory is
     one split, and ``CutSet.from_shar(in_dir=...)`` takes every file in it as a field, so export's own records
-    (``.export-*.json``, part records) stay one level up, in ``output_dir``. The audio bytes are copied as they are (a multi-channel file is mixed down to FLAC); fixed header fields
+    (``.export-*.json``, part records) stay one level up, in ``output_dir``.
+    The audio bytes are copied as they are (a multi-channel file is mixed down to FLAC); fixed header fields
     (tar mtime 0, gzip mtime 0 and no name), so the same items give the same bytes; each file is written under a
     temporary name and renamed. Returns the two file names (relative to ``output_dir``)."""
     del num_files
