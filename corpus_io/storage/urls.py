@@ -413,6 +413,7 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
     """Open ``url`` for sequential binary reading (no whole-file download, no seek required).
 
     ``seekable=True`` (header probes): a remote file that can seek, through fsspec's ranged reads.
+    ``block_size``: the read buffer in bytes (0: a local file unbuffered, a raw ``FileIO``).
     """
     if is_command(url):
         if not allow_pipe:
