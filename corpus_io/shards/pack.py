@@ -99,6 +99,11 @@ class PackOptions:
     storage_options: dict = field(default_factory=dict)
     compression: str = "none"  # none | gzip (.tar.gz)
 
+    @functools.cached_property
+    def storage_options_json(self) -> str:
+        """``storage_options`` as the key of the per-source caches (made once, not per utterance)."""
+        return json.dumps(self.storage_options, sort_keys=True)
+
     def digest_part(self) -> list:
         # compression only when set, so the digests of plain shards packed before it existed still match
         return [FORMAT_VERSION, self.audio_format, self.resample, self.feats] + \
@@ -193,7 +198,7 @@ def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[st
     """``(extension, bytes, metadata)`` of the audio member of one record."""
     source = str(record["source"])
     try:
-        data = _source_bytes(source, opts.allow_pipe, json.dumps(opts.storage_options, sort_keys=True))
+        data = _source_bytes(source, opts.allow_pipe, opts.storage_options_json)
     except OSError as exc:
         raise DataError(f"cannot read audio {source}: {exc}") from None
     ext = audio.extension_of(source)
@@ -340,7 +345,7 @@ def _source_len(record: dict, opts: PackOptions) -> int:
         return int(record["source_len"])
     if opts.feats:
         return int(np.asarray(kaldi.read_feats(str(record["source"]))).shape[0])
-    info = _probe_cached(str(record["source"]), opts.allow_pipe, json.dumps(opts.storage_options, sort_keys=True))
+    info = _probe_cached(str(record["source"]), opts.allow_pipe, opts.storage_options_json)
     num_samples = info.num_samples
     if "start" in record:  # a segment: counted exactly as the packed shard's meta will count it
         first, last = audio.segment_samples(float(record["start"]), float(record["end"]), info.sample_rate,
