@@ -7,6 +7,12 @@ Targets (issue 3), measured side by side in one run on >= 20k real espeak uttera
 * pack at 2 workers >= 1.7x pack at 1 worker;
 * peak RSS flat as the corpus grows (5k vs 20k utterances).
 
+Each run also reports its CPU seconds (the process and its workers, user + system) and those of its main
+thread: on a shared machine the wall times say how much of the cores a run got, the CPU seconds what it
+needed. One worker runs on its main thread with sha256 on a second thread, so on 2 free cores it takes about
+its main thread's CPU seconds, and 2 workers at least half their CPU seconds: the 2-worker ratio is at most
+about ``2 * main thread CPU(1 worker) / CPU(2 workers)``, which the bench prints next to the ratio.
+
 Each run is a fresh subprocess (``python -m bench.bench_pack --child ...``) that reports its own
 wall time and peak RSS: ``max(ru_maxrss(self), ru_maxrss(children))``, the largest single process
 of the tree (main or a worker). The page cache is warmed first so every run reads from memory;
@@ -77,7 +83,7 @@ def plain_tarfile(jsonl: str, out_dir: str) -> None:
 
 
 def child(mode: str, jsonl: str, out_dir: str, workers: int) -> None:
-    start = time.perf_counter()
+    start, cpu, main_cpu = time.perf_counter(), os.times(), time.thread_time()
     if mode == "tarfile":
         plain_tarfile(jsonl, out_dir)
     else:
@@ -86,11 +92,14 @@ def child(mode: str, jsonl: str, out_dir: str, workers: int) -> None:
 
         pack_shards(PackShardsConfig(input=jsonl, output_dir=out_dir, num_utts_per_shard=PER_SHARD,
                                      num_workers=workers))
-    seconds = time.perf_counter() - start
+    seconds, main_cpu = time.perf_counter() - start, time.thread_time() - main_cpu
+    now = os.times()
+    cpu_s = sum(getattr(now, f) - getattr(cpu, f) for f in ("user", "system", "children_user", "children_system"))
     size = sum(p.stat().st_size for p in Path(out_dir).glob("*.tar"))
     rss_kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                  resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    print(json.dumps({"seconds": seconds, "bytes": size, "rss_mb": rss_kb / 1024}), flush=True)
+    print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "main_cpu_s": main_cpu, "bytes": size,
+                      "rss_mb": rss_kb / 1024}), flush=True)
 
 
 def _run(mode: str, jsonl: Path, workers: int) -> dict:
@@ -121,8 +130,8 @@ def main() -> None:
     for _ in range(ROUNDS):
         for name, mode, workers in (("tarfile", "tarfile", 1), ("pack1", "pack", 1), ("pack2", "pack", 2)):
             r = _run(mode, big, workers)
-            print(f"  {name:8s} {r['seconds']:7.2f} s  {r['bytes'] / 1e9:.3f} GB  peak RSS {r['rss_mb']:.0f} MB",
-                  flush=True)
+            print(f"  {name:8s} {r['seconds']:7.2f} s  {r['cpu_s']:6.2f} CPU-s  {r['bytes'] / 1e9:.3f} GB  peak RSS "
+                  f"{r['rss_mb']:.0f} MB  load {os.getloadavg()[0]:.1f}", flush=True)
             if name not in best or r["seconds"] < best[name]["seconds"]:
                 best[name] = r
     rss_small = _run("pack", small, 2)["rss_mb"]
@@ -131,8 +140,11 @@ def main() -> None:
     print(f"pack-shards on {n} real utterances ({best['pack1']['bytes'] / 1e9:.2f} GB of shards, keep format, "
           f"{PER_SHARD} utts/shard), best of {ROUNDS}:")
     print(f"  plain tarfile writer : {t:.2f} s ({n / t:.0f} utt/s)")
-    print(f"  pack 1 worker        : {p1:.2f} s ({n / p1:.0f} utt/s)  -> {t / p1:.2f}x tarfile (target >= 0.9x)")
-    print(f"  pack 2 workers       : {p2:.2f} s ({n / p2:.0f} utt/s)  -> {p1 / p2:.2f}x 1 worker (target >= 1.7x)")
+    c1, m1, c2 = best["pack1"]["cpu_s"], best["pack1"]["main_cpu_s"], best["pack2"]["cpu_s"]
+    print(f"  pack 1 worker        : {p1:.2f} s ({n / p1:.0f} utt/s)  -> {t / p1:.2f}x tarfile (target >= 0.9x); "
+          f"{c1:.2f} CPU-s, {m1:.2f} on the main thread")
+    print(f"  pack 2 workers       : {p2:.2f} s ({n / p2:.0f} utt/s)  -> {p1 / p2:.2f}x 1 worker (target >= 1.7x); "
+          f"{c2:.2f} CPU-s: on 2 free cores at most ~{2 * m1 / c2:.2f}x")
     print(f"  peak RSS (largest process), 2 workers: {min(SIZES)} utts {rss_small:.0f} MB, {max(SIZES)} utts "
           f"{rss_big:.0f} MB -> {rss_big / rss_small:.2f}x for {max(SIZES) / min(SIZES):.0f}x the corpus "
           f"(target: flat)")

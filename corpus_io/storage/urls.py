@@ -415,6 +415,7 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
     ``seekable=True`` (header probes): a remote file that can seek, through fsspec's ranged reads; ``cache_type``:
     fsspec's cache of such a file (``"none"``: each read is one range request, for a reader such as parquet's that
     asks for exactly the ranges it needs).
+    ``block_size``: the read buffer in bytes (0: a local file unbuffered, a raw ``FileIO``).
     """
     if is_command(url):
         if not allow_pipe:

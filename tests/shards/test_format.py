@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 
+import numpy as np
 import pytest
 
 from corpus_io.errors import DataError
@@ -63,3 +65,28 @@ def test_writer_removes_temp_file_on_error(tmp_path):
         w.add("k.txt", b"x")
         raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_writer_bytes_and_sha256_do_not_depend_on_how_writes_are_batched(tmp_path, monkeypatch):
+    # more pieces than one writev takes and more bytes than one batch, plus a buffer the caller reuses
+    rng = np.random.default_rng(0)
+    members = [(f"k{i}.{'wav' if i % 3 else 'txt'}", rng.bytes(int(rng.integers(0, 40000)) if i % 3 else i))
+               for i in range(1200)]
+    reused = bytearray(b"first")
+
+    def write(name: str) -> bytes:
+        with ShardWriter(tmp_path / name) as w:
+            for member, data in members:
+                w.add(member, data)
+            w.add("reused.txt", reused)
+            reused[:] = b"later"  # after add: the shard keeps what was added
+        data = (tmp_path / name).read_bytes()
+        assert (w.bytes, w.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+        reused[:] = b"first"
+        return data
+
+    batched = write("batched.tar")
+    monkeypatch.setattr(ShardWriter, "WRITE_BATCH", 1)  # every member written at once
+    assert write("each.tar") == batched
+    with tarfile.open(fileobj=io.BytesIO(batched)) as tf:
+        assert [(i.name, tf.extractfile(i).read()) for i in tf.getmembers()] == members + [("reused.txt", b"first")]
