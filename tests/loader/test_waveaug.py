@@ -169,3 +169,21 @@ def test_a_noise_pool_from_shards_holds_its_budget_in_the_same_memory_whatever_t
         tracemalloc.stop()
         assert sum(s.size for s in segments) == 4 * 16000
     assert peaks[1] < 1.5 * peaks[0], peaks  # ten times the corpus, the same memory
+
+
+def test_bench_loader_dumps_the_same_waveforms_from_the_device_path_as_from_the_loader_path(data, tmp_path):
+    from corpus_io.config import BenchLoaderConfig
+    from corpus_io.loader.dataset import bench_loader
+
+    dumps = {}
+    for feats_on in ("loader", "model"):
+        cfg = BenchLoaderConfig(data_list=data["speech"], dump_audio_dir=str(tmp_path / feats_on))
+        cfg.dataset_conf = small_conf(num_workers=0, feats_on=feats_on, add_noise=True, add_reverb=True,
+                                      volume_perturb=True)
+        cfg.dataset_conf.add_noise_conf.noise_list = data["white"]
+        cfg.dataset_conf.add_reverb_conf.rir_list = data["rir"]
+        bench_loader(cfg)
+        dumps[feats_on] = {p.stem: sf.read(p, dtype="float32")[0] for p in (tmp_path / feats_on).glob("*.wav")}
+    assert sorted(dumps["model"]) == sorted(dumps["loader"]) == sorted(data["keys"])
+    for key, y in dumps["loader"].items():
+        assert np.abs(dumps["model"][key] - y).max() < 1e-4, key
