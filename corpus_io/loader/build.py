@@ -191,7 +191,8 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool, dump_audio_d
             chain.append(Stage("filter_length", stages.filter_length, f))
         chain.append(Stage("resample", stages.resample, conf.resample_conf))
         if train and conf.speed_perturb:
-            chain.append(Stage("speed_perturb", stages.speed_perturb, conf.speed_perturb_conf))
+            chain.append(Stage("speed_perturb", stages.speed_perturb, conf.speed_perturb_conf,
+                               args={"seed": conf.seed}))
         chain += waveform_augmentation(conf, train=train, dump_audio_dir=dump_audio_dir)
         frames = conf.fbank_conf if conf.feats_type == "fbank" else conf.mfcc_conf
         if on_model:  # waveforms to the device front end; the length filter counts its exact frames

@@ -1,9 +1,10 @@
 """Waveform augmentation stages (reverberation, noise, volume) and the pools of noise and impulse responses
 they draw from. The math is :mod:`corpus_io.audio.mix`; this module draws what each utterance gets.
 
-Draws: every utterance draws from its own ``random.Random(f"{seed}:{epoch}:{key}:<what>")``, never from a
-reader's generator, so an utterance gets the same reverberation, noise and gain in the same epoch whatever
-rank, worker or batch it lands in, also after a resume on another world size, and other ones the next epoch.
+Draws: every utterance draws from its own ``random.Random(f"{seed}:{epoch}:{key}:<what>")``
+(:func:`corpus_io.loader.stages.draws`, as speed_perturb does), never from a reader's generator, so an
+utterance gets the same reverberation, noise and gain in the same epoch whatever rank, worker or batch it
+lands in, also after a resume on another world size, and other ones the next epoch.
 
 Pools (the streaming buffer): each loader worker holds, per list and epoch, up to ``buffer_seconds`` of
 audio: a window of consecutive entries (shards, or lines of a record list) read sequentially from an entry
@@ -35,15 +36,11 @@ from corpus_io.audio import io as audio
 from corpus_io.audio import mix
 from corpus_io.errors import DataError
 from corpus_io.loader.read import ReadOptions, read_shard_unit
+from corpus_io.loader.stages import draws
 
 log = logging.getLogger(__name__)
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
-
-
-def draws(seed: int, epoch: int, key: str, what: str) -> random.Random:
-    """The generator of one utterance's ``what`` draws in ``epoch`` (position-independent)."""
-    return random.Random(f"{seed}:{epoch}:{key}:{what}")
 
 
 def _first_entry(path: str) -> str:

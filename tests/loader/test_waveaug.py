@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from corpus_io.config import DatasetConf
 from corpus_io.loader.build import describe_chain, loader_chain
 from corpus_io.loader.dataset import build_dataloader
 from corpus_io.loader.read import ReadOptions
@@ -37,16 +38,22 @@ def data(tmp_path_factory):
             "rir_samples": sf.read(root / "rirs" / "rir" / "rir00000.wav", dtype="float32")[0]}
 
 
-def dump(data, out: Path, *, epoch: int = 0, num_workers: int = 0, rank: int = 0, world_size: int = 1,
-         **conf) -> dict[str, np.ndarray]:
-    """Run one epoch with ``conf`` set on a small dataset_conf; each utterance's dumped waveform by key."""
-    c = small_conf(num_workers=num_workers)
+def conf_of(**conf) -> DatasetConf:
+    """A small dataset_conf with ``conf`` set (``a__b=v`` sets ``a.b``)."""
+    c = small_conf()
     for dotted, value in conf.items():
         obj = c
         *path, last = dotted.split("__")
         for name in path:
             obj = getattr(obj, name)
         setattr(obj, last, value)
+    return c
+
+
+def dump(data, out: Path, *, epoch: int = 0, num_workers: int = 0, rank: int = 0, world_size: int = 1,
+         **conf) -> dict[str, np.ndarray]:
+    """Run one epoch with ``conf`` set on a small dataset_conf; each utterance's dumped waveform by key."""
+    c = conf_of(num_workers=num_workers, **conf)
     loader = build_dataloader(data["speech"], c, None, train=True, rank=rank, world_size=world_size)
     loader.dataset.dump_audio_dir = str(out)
     loader.set_epoch(epoch)
@@ -114,13 +121,12 @@ def test_the_same_seed_and_epoch_dump_identical_bytes_and_another_epoch_other_dr
     assert len(differ) == len(names)
 
 
-def test_an_interrupted_epoch_resumed_on_another_world_size_reproduces_the_rest(data, tmp_path):
+def test_an_interrupted_epoch_resumed_on_another_world_size_reproduces_the_rest_speed_perturbed_too(data,
+                                                                                                 tmp_path):
     conf = {**noisy(data["white"]), "add_reverb": True, "add_reverb_conf__rir_list": data["rir"],
-            "add_reverb_conf__prob": 0.5, "volume_perturb": True}
+            "add_reverb_conf__prob": 0.5, "volume_perturb": True, "speed_perturb": True}
     whole = dump(data, tmp_path / "whole", epoch=2, **conf)
-    c = small_conf(num_workers=0, add_noise=True, add_reverb=True, volume_perturb=True)
-    c.add_noise_conf.noise_list, c.add_noise_conf.snr_db = data["white"], [5.0, 10.0]
-    c.add_reverb_conf.rir_list, c.add_reverb_conf.prob = data["rir"], 0.5
+    c = conf_of(num_workers=0, **conf)
     first = build_dataloader(data["speech"], c, None, train=True, rank=0, world_size=1)
     first.set_epoch(2)
     seen = []
