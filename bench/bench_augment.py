@@ -13,6 +13,9 @@ pool streams shards); impulse responses: 8 rooms simulated with pyroomacoustics 
   CPU) vs everything in the workers.
 * Noise memory: the peak RSS of a noise-only run whose noise list is 1 shard vs the whole corpus's shards
   (the pool holds ``buffer_seconds`` whatever the list's size, read sequentially from a window of it).
+
+Smoke (``--smoke``): 16 utterances (2 shards), 1 room, no DataLoader worker, the modes none/all/all-on-model
+and the two memory runs all in one child process (one torch import): every code path, seconds in all.
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ import os
 import sys
 import time
 
-from bench.common import OUT, mb, real_corpus, run_child, sized
+from bench.common import OUT, SMOKE, mb, real_corpus, run_child, sized
 
-N = sized(int(os.environ.get("BENCH_AUGMENT_N", 2000)), 48)
+N = sized(int(os.environ.get("BENCH_AUGMENT_N", 2000)), 16)  # smoke: 2 shards of 8 copies of 8 utterances
 ROUNDS = sized(int(os.environ.get("BENCH_AUGMENT_ROUNDS", 2)), 1)
-WORKERS = sized((1, 2), (2,))
+WORKERS = sized((1, 2), (0,))
 MODES = sized(("none", "reverb", "noise", "volume", "all", "all-on-model"), ("none", "all", "all-on-model"))
 
 
@@ -58,8 +61,17 @@ def loader_child(spec: dict) -> dict:
     return {"seconds": seconds, "wall": time.perf_counter() - start}
 
 
-def measure(spec: dict) -> tuple[dict, int]:
-    return run_child("bench.bench_augment", json.dumps(spec))
+def measure(specs: list[dict]) -> list[tuple[dict, int]]:
+    """``(loader_child's result, peak RSS)`` of each spec: each in its own process (independent rates and
+    peaks); in smoke mode all in one (torch is imported once: the figures measure nothing there anyway)."""
+    if SMOKE:
+        outs, peak = run_child("bench.bench_augment", json.dumps(specs))
+        return [(out, peak) for out in outs]
+    results = []
+    for spec in specs:
+        (out,), peak = run_child("bench.bench_augment", json.dumps([spec]))
+        results.append((out, peak))
+    return results
 
 
 def main() -> None:
@@ -67,7 +79,7 @@ def main() -> None:
 
     here = OUT / "augment"
     here.mkdir(parents=True, exist_ok=True)
-    corpus = real_corpus(N, sample_rates=(16000, 16000), formats=("wav", "wav"))
+    corpus = real_corpus(N, base_utts=sized(400, 8), sample_rates=(16000, 16000), formats=("wav", "wav"))
     shards, _ = prepare(corpus, here)
     rirs = here / "rirs" / "wav.scp"
     if not rirs.exists():
@@ -77,17 +89,17 @@ def main() -> None:
         spec = importlib.util.spec_from_file_location("make_rirs", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        module.make_rirs(here / "rirs", num=8, seed=0)
+        module.make_rirs(here / "rirs", num=sized(8, 1), seed=0)
     one_shard = here / "noise1.list"
     one_shard.write_text(shards.read_text().split()[0] + "\n")
     base = {"list": str(shards), "rirs": str(rirs), "noise": str(shards)}
+    runs = [(mode, workers) for _ in range(ROUNDS) for workers in WORKERS for mode in MODES]
+    memory = [("1 shard", one_shard), (f"{len(shards.read_text().split())} shards", shards)]
+    results = measure([{**base, "mode": mode, "workers": workers} for mode, workers in runs]
+                      + [{**base, "noise": str(noise), "mode": "noise", "workers": WORKERS[0]} for _, noise in memory])
     best: dict[tuple, float] = {}
-    for _ in range(ROUNDS):
-        for workers in WORKERS:
-            for mode in MODES:
-                out, _ = measure({**base, "mode": mode, "workers": workers})
-                rate = out["seconds"] / out["wall"]
-                best[(mode, workers)] = max(best.get((mode, workers), 0.0), rate)
+    for (mode, workers), (out, _) in zip(runs, results):
+        best[(mode, workers)] = max(best.get((mode, workers), 0.0), out["seconds"] / out["wall"])
     print(f"{N} utterances, fbank 80 in the loader, train mode; audio-seconds per second (best of {ROUNDS}):")
     for workers in WORKERS:
         none = best[("none", workers)]
@@ -95,17 +107,13 @@ def main() -> None:
         print(f"  {workers} worker(s): {row}")
         print(f"    device path (feats_on=model, applied on the CPU here) vs loader path, all three: "
               f"{best[('all-on-model', workers)] / best[('all', workers)]:.2f}x")
-    if len(MODES) < 6:  # smoke: the memory runs measure nothing on a 6-shard corpus
-        return
-    peaks = {}
-    for name, noise in (("1 shard", one_shard), (f"{len(shards.read_text().split())} shards", shards)):
-        _, peaks[name] = measure({**base, "noise": str(noise), "mode": "noise", "workers": 1})
+    peaks = {name: peak for (name, _), (_, peak) in zip(memory, results[len(runs):])}
     print("noise pool memory (peak RSS of a noise-only run, 60 s pool): "
           + ", ".join(f"noise list of {k}: {mb(v)}" for k, v in peaks.items()))
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1:
-        print(json.dumps(loader_child(json.loads(sys.argv[1]))))
+        print(json.dumps([loader_child(spec) for spec in json.loads(sys.argv[1])]))
     else:
         main()
