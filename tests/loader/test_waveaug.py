@@ -5,8 +5,10 @@ dump (``dump_audio_dir``), the clean one from a run without augmentation."""
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
 import json
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -193,3 +195,77 @@ def test_bench_loader_dumps_the_same_waveforms_from_the_device_path_as_from_the_
     assert sorted(dumps["model"]) == sorted(dumps["loader"]) == sorted(data["keys"])
     for key, y in dumps["loader"].items():
         assert np.abs(dumps["model"][key] - y).max() < 1e-4, key
+
+
+class _RangeServer(http.server.BaseHTTPRequestHandler):
+    """Serves ``root`` with Range support (a random-access reader would use it); logs each request as
+    ``{"path", "method", "range", "start", "sent"}`` (``sent``: body bytes the socket took)."""
+
+    root: Path
+    requests: list[dict]
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._serve(body=False)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._serve(body=True)
+
+    def _serve(self, *, body: bool) -> None:
+        path = self.root / self.path.lstrip("/")
+        entry = {"path": self.path.lstrip("/"), "method": self.command, "range": self.headers.get("Range"),
+                 "start": 0, "sent": 0}
+        self.requests.append(entry)
+        if not path.is_file():
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        start, end = 0, len(data)
+        if entry["range"]:
+            first, _, last = entry["range"].removeprefix("bytes=").partition("-")
+            start, end = int(first), min(len(data), int(last) + 1 if last else len(data))
+            entry["start"] = start
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        else:
+            self.send_response(200)
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Length", str(end - start))
+        self.end_headers()
+        if not body:
+            return
+        try:
+            for i in range(start, end, 1 << 16):
+                self.wfile.write(data[i:min(end, i + (1 << 16))])
+                entry["sent"] += min(end, i + (1 << 16)) - i
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+def test_noise_shards_over_http_are_each_read_once_per_pass_from_their_start_and_in_list_order(data, tmp_path):
+    www = tmp_path / "www"
+    shards = [Path(u).name for u in Path(_noise_shards(www, 5)).read_text().split()]
+    handler = type("Logged", (_RangeServer,), {"root": www, "requests": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        (www / "http.list").write_text("".join(f"{base}/{name}\n" for name in shards))
+        c = conf_of(num_workers=0, **noisy(f"{base}/http.list", add_noise_conf__buffer_seconds=3600.0))
+        for epoch in (0, 1):  # a pass each: the pool of each epoch reads the whole list (the budget holds it)
+            handler.requests.clear()
+            loader = build_dataloader(data["speech"], c, None, train=True, rank=0, world_size=1)
+            loader.set_epoch(epoch)
+            assert sum(len(b["keys"]) for b in loader) == len(data["keys"])
+            got = [r for r in handler.requests if r["path"] in shards]
+            names = [r["path"] for r in got]
+            assert sorted(names) == sorted(shards), handler.requests  # each shard requested once
+            first = shards.index(names[0])
+            assert names == shards[first:] + shards[:first]  # in list order from the window's entry, wrapping
+            assert not [r for r in handler.requests if r["method"] != "GET" or r["range"]], handler.requests
+            assert all(r["sent"] == (www / r["path"]).stat().st_size for r in got)  # each streamed to its end
+    finally:
+        server.shutdown()
+        server.server_close()
