@@ -355,6 +355,13 @@ def encode(wave: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+def dump_name(key: str) -> str:
+    """The file name of an utterance's dumped waveform (bench-loader ``++dump_audio_dir``, served by explore):
+    ``<key>.wav`` with ``/`` and ``\\`` as ``_``; an empty key, ``.`` or ``..`` gets a leading ``_``."""
+    name = key.replace("/", "_").replace("\\", "_")
+    return f"_{name}.wav" if name in ("", ".", "..") else f"{name}.wav"
+
+
 def encode_float_wav(wave: np.ndarray, sample_rate: int) -> bytes:
     """Mono 32-bit float WAV bytes, the same bytes for the same samples (libsndfile's float files carry a
     PEAK chunk with the time of writing)."""

@@ -253,15 +253,12 @@ def dump_audio(samples: Iterable[dict], *, dump_audio_dir: str, counts: Counter 
 
 
 def write_dump(directory: str, key: str, wav: torch.Tensor, sample_rate: int) -> None:
-    """``<directory>/<key>.wav``, 32-bit float (the samples exactly as the features see them), written to a
-    temporary name and renamed; a key that is not a plain file name is written with ``/`` replaced by ``_``."""
+    """``<directory>/<key>.wav`` (:func:`corpus_io.audio.io.dump_name`), 32-bit float (the samples exactly as
+    the features see them), written to a temporary name and renamed."""
     from pathlib import Path
 
     from corpus_io.storage.files import atomic_write
 
-    name = key.replace("/", "_").replace("\\", "_")
-    if name in ("", ".", ".."):
-        name = f"_{name}"
     data = audio.encode_float_wav(mix.as_float(wav.reshape(-1)).numpy(), sample_rate)
-    with atomic_write(Path(directory) / f"{name}.wav", mode="wb") as f:
+    with atomic_write(Path(directory) / audio.dump_name(key), mode="wb") as f:
         f.write(data)
