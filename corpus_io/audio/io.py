@@ -14,6 +14,7 @@ import io
 import math
 import os
 import re
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -380,6 +381,22 @@ def encode(wave: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, wave, sample_rate, format=fmt.upper(), subtype="PCM_16")
     return buf.getvalue()
+
+
+def dump_name(key: str) -> str:
+    """The file name of an utterance's dumped waveform (bench-loader ``++dump_audio_dir``, served by explore):
+    ``<key>.wav`` with ``/`` and ``\\`` as ``_``; an empty key, ``.`` or ``..`` gets a leading ``_``."""
+    name = key.replace("/", "_").replace("\\", "_")
+    return f"_{name}.wav" if name in ("", ".", "..") else f"{name}.wav"
+
+
+def encode_float_wav(wave: np.ndarray, sample_rate: int) -> bytes:
+    """Mono 32-bit float WAV bytes, the same bytes for the same samples (libsndfile's float files carry a
+    PEAK chunk with the time of writing)."""
+    data = np.ascontiguousarray(wave, dtype="<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, 1, sample_rate, sample_rate * 4, 4, 32)
+    return (b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE" + b"fmt "
+            + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data)
 
 
 _RESAMPLERS: dict[tuple, Any] = {}

@@ -34,10 +34,13 @@ from corpus_io.config.data import (
     VerifyShardsConfig,
 )
 from corpus_io.config.dataset import (
+    AddNoiseConf,
+    AddReverbConf,
     DatasetConf,
     FbankConf,
     FilterConf,
     MfccConf,
+    NoiseSetConf,
     ResampleConf,
     ShuffleConf,
     SortConf,
@@ -47,6 +50,7 @@ from corpus_io.config.dataset import (
     SpecTrimConf,
     SpeedPerturbConf,
     TokenizerConf,
+    VolumePerturbConf,
 )
 from corpus_io.config.describe import describe, group_presets
 from corpus_io.config.fields import CONF_DIR, FAILURE_CHOICES, all_keys, in_range, opt, parse_range
@@ -74,6 +78,7 @@ __all__ = [
     "MakeTokenizerConfig", "MergeJobsConfig", "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig",
     "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig",
     "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
+    "AddNoiseConf", "AddReverbConf", "NoiseSetConf", "VolumePerturbConf",
     "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "TuneLmConfig", "VerifyShardsConfig", "all_keys",
     "check_keys", "check_values", "coerce_fields", "compose", "compose_raw", "describe", "group_presets",
     "in_range", "keep_given_model", "opt", "override_keys", "parse_range", "require", "resolve_intervals", "schema",

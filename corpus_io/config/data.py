@@ -204,6 +204,8 @@ class ExploreConfig:
     compare_dir: Optional[str] = opt(None, "a second decode output_dir, shown side by side (better/worse)")
     token_list: Optional[str] = opt(None, "token list (units.txt): the dataset view lists corpus tokens it lacks")
     cache_dir: Optional[str] = opt(None, "where the catalog is cached (null: <input dir>/.explore/)")
+    dump_audio_dir: Optional[str] = opt(None, "a bench-loader ++dump_audio_dir (local): a row whose key it holds "
+                                              "plays, draws and shows its <key>.wav, the waveform after augmentation")
     host: str = opt("127.0.0.1", "address to listen on (another address exposes the corpus to that network)")
     port: int = opt(8000, "TCP port (0: any free port)", range="[0, 65535]")
     storage_options: Dict[str, Any] = opt(help="fsspec options for remote shards", factory=dict)

@@ -39,6 +39,46 @@ class SpeedPerturbConf:
 
 
 @schema
+class NoiseSetConf:
+    noise_list: str = opt("???", "a noise list: any input the commands read (wav.scp, Kaldi dir, JSONL, Lhotse, "
+                                 "or a shard data.list), local or remote")
+    weight: float = opt(1.0, "relative share of utterances that draw their noise from this set", range="[0, inf)")
+    snr_db: Optional[List[float]] = opt(None, "[low, high] SNR of this set (null: add_noise_conf.snr_db)",
+                                        unit="dB", range="[-50, 100]")
+
+
+@schema
+class AddNoiseConf:
+    noise_list: Optional[str] = opt(None, "a noise list: any input the commands read (wav.scp, Kaldi dir, JSONL, "
+                                          "Lhotse, or a shard data.list), local or remote; or use sets")
+    snr_db: List[float] = opt(help="[low, high]: the SNR of each noisy utterance is drawn uniformly in it, measured on "
+                                   "the speech's active samples", factory=lambda: [5.0, 20.0], unit="dB",
+                              range="[-50, 100]", min_items=2)
+    prob: float = opt(1.0, "share of utterances that get noise", range="[0, 1]")
+    sets: List[NoiseSetConf] = opt(help="several noise sets drawn by weight (e.g. MUSAN music/noise/babble): "
+                                        "[{noise_list, weight, snr_db}]", factory=list)
+    buffer_seconds: float = opt(300.0, "noise each loader worker holds per set and epoch: a window of the list read "
+                                       "sequentially, chosen by (seed, epoch); utterances draw from it",
+                                unit="seconds", range="(0, 86400]")
+
+
+@schema
+class AddReverbConf:
+    rir_list: Optional[str] = opt(None, "a list of room impulse responses: any input the commands read (wav.scp, "
+                                        "Kaldi dir, JSONL, or a shard data.list)")
+    prob: float = opt(0.5, "share of utterances that get reverberation", range="[0, 1]")
+    buffer_seconds: float = opt(60.0, "impulse responses each loader worker holds per epoch (a window of the list "
+                                      "chosen by (seed, epoch))", unit="seconds", range="(0, 86400]")
+
+
+@schema
+class VolumePerturbConf:
+    gain_db: List[float] = opt(help="[low, high]: a gain drawn uniformly per utterance (a peak above full scale is "
+                                    "scaled down)", factory=lambda: [-6.0, 6.0], unit="dB", range="[-60, 60]",
+                               min_items=2)
+
+
+@schema
 class FbankConf:
     num_mel_bins: int = opt(80, "mel filterbank channels (Kaldi needs at least 4)", range="[4, 512]")
     frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
@@ -104,6 +144,14 @@ class DatasetConf:
     resample_conf: ResampleConf = opt(factory=ResampleConf)
     speed_perturb: bool = opt(False, "apply speed perturbation (train only)")
     speed_perturb_conf: SpeedPerturbConf = opt(factory=SpeedPerturbConf)
+    add_reverb: bool = opt(False, "convolve with a room impulse response drawn by (seed, epoch, key) (train only; "
+                                  "after speed_perturb)")
+    add_reverb_conf: AddReverbConf = opt(factory=AddReverbConf)
+    add_noise: bool = opt(False, "mix in noise drawn by (seed, epoch, key) at a drawn SNR (train only; after "
+                                 "add_reverb)")
+    add_noise_conf: AddNoiseConf = opt(factory=AddNoiseConf)
+    volume_perturb: bool = opt(False, "scale by a gain drawn by (seed, epoch, key) (train only; after add_noise)")
+    volume_perturb_conf: VolumePerturbConf = opt(factory=VolumePerturbConf)
     feats_type: str = opt("fbank", "features computed by the loader",
                           choices=("fbank", "mfcc", "raw", "precomputed"))
     feats_on: str = opt("loader", "where fbank/mfcc and spec_aug/sub/trim run: loader (DataLoader workers, per "
@@ -157,6 +205,7 @@ class DatasetConf:
 
     def check_together(self, prefix: str) -> None:
         """Limits that join two keys (Kaldi's mfcc asserts them; the range of each key alone cannot)."""
+        self._check_waveform_augmentation(prefix)
         if self.feats_type != "mfcc":
             return
         m, nyquist = self.mfcc_conf, self.resample_conf.resample_rate / 2
@@ -170,6 +219,32 @@ class DatasetConf:
                               f"[{m.low_freq}, {high}] Hz, but at {prefix}resample_conf.resample_rate="
                               f"{self.resample_conf.resample_rate} it must lie inside (0, {nyquist}] and not be empty. "
                               f"Change ++{prefix}mfcc_conf.low_freq / ++{prefix}mfcc_conf.high_freq.")
+
+    def _check_waveform_augmentation(self, prefix: str) -> None:
+        ranges = [(f"{prefix}volume_perturb_conf.gain_db", self.volume_perturb_conf.gain_db),
+                  (f"{prefix}add_noise_conf.snr_db", self.add_noise_conf.snr_db)]
+        ranges += [(f"{prefix}add_noise_conf.sets[{i}].snr_db", s.snr_db)
+                   for i, s in enumerate(self.add_noise_conf.sets) if s.snr_db is not None]
+        for name, pair in ranges:
+            if len(pair) != 2 or pair[0] > pair[1]:
+                raise ConfigError(f"{name}={list(pair)} must be [low, high] with low <= high, e.g. ++{name}=[5,20].")
+        if self.feats_type in ("raw", "precomputed") and (self.add_noise or self.add_reverb or self.volume_perturb):
+            raise ConfigError(f"{prefix}add_noise, add_reverb and volume_perturb change the waveform before features, "
+                              f"but {prefix}feats_type={self.feats_type} has none to change; use fbank or mfcc, or "
+                              f"turn them off.")
+        if self.add_noise:
+            conf = self.add_noise_conf
+            if bool(conf.noise_list) == bool(conf.sets):
+                raise ConfigError(f"{prefix}add_noise=true needs the noise: ++{prefix}add_noise_conf.noise_list=LIST "
+                                  f"(a wav.scp, Kaldi dir, JSONL or shard data.list) or add_noise_conf.sets="
+                                  f"[{{noise_list, weight}}], not both.")
+            if conf.sets and not sum(s.weight for s in conf.sets) > 0:
+                raise ConfigError(f"{prefix}add_noise_conf.sets: every weight is 0, so no set can be drawn; give one "
+                                  f"a weight > 0.")
+        if self.add_reverb and not self.add_reverb_conf.rir_list:
+            raise ConfigError(f"{prefix}add_reverb=true needs ++{prefix}add_reverb_conf.rir_list=LIST (a wav.scp, "
+                              f"Kaldi dir, JSONL or shard data.list of impulse responses; recipes/tools/make_rirs.py "
+                              f"simulates a set).")
 
 
 # --------------------------------------------------------------------------- tokenizer

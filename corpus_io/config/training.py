@@ -94,6 +94,8 @@ class BenchLoaderConfig:
     epochs: int = opt(1, "epochs to iterate", range="[1, 1000000]")
     max_batches: int = opt(0, "stop each epoch after this many batches (0: all)", range="[0, 1000000000000]")
     dump_keys: Optional[str] = opt(None, "write DIR/keys.rank{R}.epoch{E}.txt in consumption order")
+    dump_audio_dir: Optional[str] = opt(None, "write each utterance's final waveform (after reverb/noise/volume, "
+                                              "before features) as DIR/<key>.wav (32-bit float)")
     save_state_after: int = opt(0, "save the loader state after this many batches and exit", unit="batches",
                                 range="[0, 1000000000000]")
     state_file: Optional[str] = opt(None, "where to save, or resume from, the loader state")

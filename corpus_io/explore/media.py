@@ -26,15 +26,20 @@ class MediaError(DataError):
 
 
 class Audio:
-    """The stored audio bytes of one row: ``size`` and ``read(start, length)``."""
+    """The stored audio bytes of one row: ``size`` and ``read(start, length)``; with ``dump_dir``, the row's
+    dumped waveform ``<dump_dir>/<key>.wav`` (bench-loader ``++dump_audio_dir``) when there is one
+    (``dumped``)."""
 
-    def __init__(self, catalog: Any, row: dict):
+    def __init__(self, catalog: Any, row: dict, *, dump_dir: str | None = None):
         from corpus_io.explore.engine import file_stamp
         from corpus_io.storage.urls import is_remote, local_path
 
         self.catalog, self.row = catalog, row
         self.format = row.get("audio_format") or "wav"
         self._data: bytes | None = None
+        self.dumped = False
+        if dump_dir and self._dumped(dump_dir):
+            return
         if row.get("error"):
             raise MediaError(row["error"])
         if catalog.kind == "shard":
@@ -65,6 +70,25 @@ class Audio:
                 except DataError as exc:
                     raise MediaError(str(exc)) from None
                 self.size = len(self._data)
+
+    def _dumped(self, dump_dir: str) -> bool:
+        """Read the row's dumped ``<key>.wav`` if ``dump_dir`` holds one (the name from the catalog's key, never
+        from the request)."""
+        import os
+
+        from corpus_io.audio.io import dump_name
+
+        path = os.path.join(dump_dir, dump_name(str(self.row.get("key", ""))))
+        try:
+            if not os.path.isfile(path):  # none for this key (and never a FIFO or a device)
+                return False
+            with open(path, "rb") as f:
+                self._data = f.read()
+        except (OSError, ValueError):  # unreadable (ValueError: a key holding NUL)
+            return False
+        self.url, self.offset, self.gz, self.format, self.size, self.dumped = path, 0, False, "wav", len(self._data), \
+            True
+        return True
 
     @property
     def content_type(self) -> str:

@@ -62,11 +62,12 @@ class Explorer:
     """The catalog's table as a DuckDB view, plus the answers the HTTP API serves."""
 
     def __init__(self, catalog: Catalog, *, token_list: str | None = None, memory_limit: str = "512MB",
-                 threads: int | None = None):
+                 threads: int | None = None, dump_audio_dir: str | None = None):
         import duckdb
 
         self.catalog = catalog
         self.token_list = token_list
+        self.dump_audio_dir = dump_audio_dir  # bench-loader's <key>.wav files, served instead of the stored audio
         self._con = duckdb.connect()
         self._con.execute(f"SET memory_limit='{memory_limit}'")
         self._con.execute(f"SET temp_directory={sql_str(catalog.cache_dir / '.duckdb-tmp')}")

@@ -8,7 +8,9 @@ Routes (GET only; anything else is 404/405):
 * ``/api/rows?page=&size=&sort=&desc=&<filters>``: one page of the table (size at most 1000);
 * ``/api/hist?column=&bins=&<filters>``: a histogram of a numeric column;
 * ``/api/row/<row_id>``: one utterance, with the ref/hyp diff when decode results are joined;
-* ``/api/audio/<row_id>``: its stored audio bytes, with HTTP Range (206) so the player can seek;
+* ``/api/audio/<row_id>``: its stored audio bytes, with HTTP Range (206) so the player can seek (with
+  ``++dump_audio_dir``: the row's dumped ``<key>.wav`` when the directory holds one, for this route and the
+  pictures; the row says ``audio_dumped``);
 * ``/api/waveform/<row_id>?width=`` and ``/api/spectrogram/<row_id>.png``: pictures of it.
 
 Bad parameters are 400, an unknown row or path 404, an unsatisfiable range 416; a row whose shard is
@@ -156,14 +158,18 @@ class Handler(BaseHTTPRequestHandler):
 
     def _row(self, row: dict, params: dict) -> None:
         try:
-            audio = Audio(self.explorer.catalog, row)
-            row["audio_bytes"], row["content_type"] = audio.size, audio.content_type
+            audio = self._media(row)
+            row["audio_bytes"], row["content_type"], row["audio_dumped"] = audio.size, audio.content_type, \
+                audio.dumped
         except MediaError as exc:
             row["audio_error"] = str(exc)
         self._json(row)
 
+    def _media(self, row: dict) -> Audio:
+        return Audio(self.explorer.catalog, row, dump_dir=self.explorer.dump_audio_dir)
+
     def _audio(self, row: dict, params: dict) -> None:
-        audio = Audio(self.explorer.catalog, row)
+        audio = self._media(row)
         headers = {"Accept-Ranges": "bytes", "Cache-Control": "no-cache"}
         requested = self.headers.get("Range")
         if not requested:
@@ -180,11 +186,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _waveform(self, row: dict, params: dict) -> None:
         width = int_param(params, "width", 800, 1, MAX_WAVEFORM_WIDTH)
-        wave, rate = Audio(self.explorer.catalog, row).samples()
+        wave, rate = self._media(row).samples()
         self._json({"sample_rate": rate, "num_samples": len(wave), "peaks": peaks(wave, width)})
 
     def _spectrogram(self, row: dict, params: dict) -> None:
-        wave, rate = Audio(self.explorer.catalog, row).samples()
+        wave, rate = self._media(row).samples()
         self._send(200, spectrogram_png(wave, rate), "image/png")
 
 
@@ -220,15 +226,21 @@ def make_server(explorer: Explorer | None, host: str = "127.0.0.1", port: int = 
 
 def explore(cfg: Any) -> None:
     """``corpus-io explore`` for a validated :class:`corpus_io.config.ExploreConfig`."""
+    import os
+
+    from corpus_io.errors import ConfigError
     from corpus_io.explore.catalog import build
 
+    if cfg.dump_audio_dir and not os.path.isdir(cfg.dump_audio_dir):
+        raise ConfigError(f"dump_audio_dir={cfg.dump_audio_dir} is not a directory on this machine; give the "
+                          f"directory that bench-loader ++dump_audio_dir=DIR wrote (its <key>.wav files).")
     # listen first: an address it cannot use fails before minutes of catalog building (requests wait in the backlog)
     server = make_server(None, cfg.host, cfg.port)
     try:
         storage_options = dict(cfg.storage_options or {}) or None
         catalog = build(cfg.input, cache_dir=cfg.cache_dir, storage_options=storage_options,
                         decode_dirs=[d for d in (cfg.decode_dir, cfg.compare_dir) if d])
-        explorer = Explorer(catalog, token_list=cfg.token_list)
+        explorer = Explorer(catalog, token_list=cfg.token_list, dump_audio_dir=cfg.dump_audio_dir)
         server.RequestHandlerClass.explorer = explorer
         host, port = server.server_address[:2]
         shown = f"[{host}]" if ":" in str(host) else host

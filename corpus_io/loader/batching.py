@@ -260,7 +260,8 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
     Waveform samples (``wav`` + ``frames``, feats_on=model) give ``wav`` (B, N) zero padded (int16
     when every row is int16, else float32 in [-1, 1]), ``wav_lengths`` (B,) samples, ``sample_rate``
     (Hz), ``feats_lengths`` = the frames the front end will compute, and ``audio_seconds`` from the
-    samples; no ``feats``.
+    samples; no ``feats``; ``augment`` (a list: each row's drawn reverberation/noise/gain or None) when the
+    loader drew waveform augmentation for the device.
     """
     import torch
 
@@ -290,6 +291,8 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
         rate = int(samples[0]["sample_rate"])
         feats_lengths = torch.tensor([int(s["frames"]) for s in samples], dtype=torch.int64)
         batch.update(wav=padded, wav_lengths=row_lengths, sample_rate=rate, feats_lengths=feats_lengths)
+        if any("augment" in s for s in samples):  # drawn in the loader, applied by the device front end
+            batch["augment"] = [s.get("augment") for s in samples]
         seconds = float(row_lengths.sum()) / rate
     else:
         feats_lengths = row_lengths

@@ -1,8 +1,8 @@
 """The one place that composes the loader chain, in WeNet's order, as a value.
 
     list shuffle -> partition -> open -> tar group | raw read      (corpus_io.loader.read)
-    -> decode -> filter -> resample -> speed perturb -> frame count -> tokenize -> token filter
-    -> features -> augmentation
+    -> decode -> filter -> resample -> speed perturb -> reverb -> noise -> volume -> frame count -> tokenize
+    -> token filter -> features -> augmentation
        (feats_on=model: ... -> speed perturb -> frame count -> filter -> drop empty -> tokenize -> token
        filter; features and augmentation run batched on the model's device, corpus_io.train.frontend)
     -> [enter: resume bookkeeping, epoch_hours budget]
@@ -112,7 +112,7 @@ def emit(batches: Iterator[list[dict]], *, state: SlotState) -> Iterator[list[di
 
 
 #: what a fold supplies to the stages that name it: per slot and epoch, not config
-RUNTIME = ("counts", "rng", "generator", "state", "budget", "batch_order")
+RUNTIME = ("counts", "rng", "generator", "state", "budget", "batch_order", "epoch")
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ class Stage:
         return self.fn(samples, **self.config_kwargs(), **{k: v for k, v in runtime.items() if k in params})
 
     def __str__(self) -> str:
-        shown = ", ".join(f"{k}={v!r}" for k, v in self.config_kwargs().items() if k != "tokenizer")
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.config_kwargs().items() if k not in ("tokenizer", "opts"))
         return f"{self.name}({shown})"
 
 
@@ -152,7 +152,27 @@ def describe_chain(chain: list[Stage]) -> str:
     return "\n".join(f"  {i:2d}. {stage}" for i, stage in enumerate(chain, 1))
 
 
-def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool) -> list[Stage]:
+def waveform_augmentation(conf: DatasetConf, *, train: bool, dump_audio_dir: str | None = None) -> list[Stage]:
+    """reverb -> noise -> volume (train only; with feats_on=model drawn here, applied on the device), then the
+    waveforms written to ``dump_audio_dir`` (bench-loader) when given."""
+    from corpus_io.loader import waveaug
+
+    chain: list[Stage] = []
+    if train:
+        common = {"seed": conf.seed, "on_model": conf.feats_on == "model"}
+        reads = {**common, "sample_rate": conf.resample_conf.resample_rate, "opts": read_options(conf)}
+        if conf.add_reverb:
+            chain.append(Stage("add_reverb", waveaug.add_reverb, conf.add_reverb_conf, args=reads))
+        if conf.add_noise:
+            chain.append(Stage("add_noise", waveaug.add_noise, conf.add_noise_conf, args=reads))
+        if conf.volume_perturb:
+            chain.append(Stage("volume_perturb", waveaug.volume_perturb, conf.volume_perturb_conf, args=common))
+    if dump_audio_dir and conf.feats_on == "loader":  # feats_on=model: bench-loader writes them after the device's
+        chain.append(Stage("dump_audio", waveaug.dump_audio, args={"dump_audio_dir": dump_audio_dir}))
+    return chain
+
+
+def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool, dump_audio_dir: str | None = None) -> list[Stage]:
     """The stages after reading, in order, for ``conf`` (see the module docstring)."""
     from corpus_io.loader import batching, stages
 
@@ -171,7 +191,9 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool) -> list[Stag
             chain.append(Stage("filter_length", stages.filter_length, f))
         chain.append(Stage("resample", stages.resample, conf.resample_conf))
         if train and conf.speed_perturb:
-            chain.append(Stage("speed_perturb", stages.speed_perturb, conf.speed_perturb_conf))
+            chain.append(Stage("speed_perturb", stages.speed_perturb, conf.speed_perturb_conf,
+                               args={"seed": conf.seed}))
+        chain += waveform_augmentation(conf, train=train, dump_audio_dir=dump_audio_dir)
         frames = conf.fbank_conf if conf.feats_type == "fbank" else conf.mfcc_conf
         if on_model:  # waveforms to the device front end; the length filter counts its exact frames
             chain += [Stage("waveform_frames", stages.waveform_frames, frames),
@@ -209,7 +231,7 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool) -> list[Stag
 
 
 def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, slot: Slot, state: SlotState,
-                   train: bool, counts: Counter) -> Iterator[dict]:
+                   train: bool, counts: Counter, dump_audio_dir: str | None = None) -> Iterator[dict]:
     """Padded batch dicts of one slot (see docs/DEVELOPING.md "The sample dict"), without bookkeeping keys."""
     from corpus_io.loader import batching, stages
 
@@ -240,7 +262,7 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
     samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state)
     runtime = {"counts": counts, "rng": random.Random(tag), "generator": generator, "state": state,
                "budget": slot_budget_seconds(conf, slot),
-               "batch_order": batching.batch_order(seed, epoch, slot.rank, slot.worker)}
-    for stage in loader_chain(conf, tokenizer, train=train):
+               "batch_order": batching.batch_order(seed, epoch, slot.rank, slot.worker), "epoch": epoch}
+    for stage in loader_chain(conf, tokenizer, train=train, dump_audio_dir=dump_audio_dir):
         samples = stage(samples, runtime)
     return samples

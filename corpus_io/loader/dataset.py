@@ -84,6 +84,7 @@ class CorpusDataset(IterableDataset):
         self.world_size = world_size
         self.epoch = 0
         self.start_states: dict[int, dict] = {}
+        self.dump_audio_dir: str | None = None  # bench-loader ++dump_audio_dir: each final waveform as <key>.wav
 
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
@@ -112,7 +113,7 @@ class CorpusDataset(IterableDataset):
         try:
             if not state.finished:
                 batches = build_pipeline(self.sources, self.conf, self.tokenizer, slot=slot, state=state,
-                                         train=self.train, counts=counts)
+                                         train=self.train, counts=counts, dump_audio_dir=self.dump_audio_dir)
                 if info is None:  # in the training process: one thread for the data work, all for the model
                     batches = _one_thread(batches)
                 for batch in batches:
@@ -542,6 +543,19 @@ def _init_distributed() -> tuple[int, int]:
     return dist_info()
 
 
+def _dump_waveforms(directory: str, batch: dict, *, train: bool) -> None:
+    """Each row of a waveform batch after the augmentation the loader drew for it (what
+    corpus_io.train.frontend applies on the device, :func:`corpus_io.audio.mix.apply_plans`) as ``<key>.wav``."""
+    from corpus_io.audio import mix
+    from corpus_io.loader.waveaug import write_dump
+
+    wav, lengths, rate = mix.as_float(batch["wav"]), batch["wav_lengths"], int(batch["sample_rate"])
+    if train and batch.get("augment"):
+        wav = mix.apply_plans(wav, lengths, batch["augment"], rate)
+    for key, row, n in zip(batch["keys"], wav, lengths.tolist()):
+        write_dump(directory, key, row[:n], rate)
+
+
 def bench_loader(cfg: Any) -> dict:
     """Iterate the training loader as ``train`` builds it; print throughput, padding and drop counts.
 
@@ -561,6 +575,7 @@ def bench_loader(cfg: Any) -> dict:
         require(cfg, "data_list")
     check_values(cfg)
     refuse_remote_output(cfg.dump_keys, "++dump_keys", "bench-loader")
+    refuse_remote_output(cfg.dump_audio_dir, "++dump_audio_dir", "bench-loader")
     refuse_remote_output(cfg.state_file, "++state_file", "bench-loader")
     if cfg.save_state_after and not cfg.state_file:
         raise ConfigError("save_state_after needs state_file: ++state_file=loader_state.json")
@@ -587,8 +602,10 @@ def bench_loader(cfg: Any) -> dict:
     data_list = None if cfg.data_list in ("???", "") else cfg.data_list
     loader = build_dataloader(data_list, cfg.dataset_conf, tokenizer, train=cfg.train, rank=rank,
                               world_size=world_size)
+    loader.dataset.dump_audio_dir = cfg.dump_audio_dir
     if rank == 0:
-        print("loader chain:\n" + describe_chain(loader_chain(cfg.dataset_conf, tokenizer, train=cfg.train)),
+        print("loader chain:\n" + describe_chain(loader_chain(cfg.dataset_conf, tokenizer, train=cfg.train,
+                                                             dump_audio_dir=cfg.dump_audio_dir)),
               file=sys.stderr, flush=True)
     resumed_epoch = None
     if saved_states:
@@ -623,6 +640,8 @@ def bench_loader(cfg: Any) -> dict:
             real += float(lengths.sum())
             if keys_file is not None:
                 keys_file.write("".join(k + "\n" for k in batch["keys"]))
+            if cfg.dump_audio_dir and "wav" in batch:  # feats_on=model: the waveforms as the front end mixes them
+                _dump_waveforms(cfg.dump_audio_dir, batch, train=cfg.train)
             if cfg.save_state_after and consumed >= cfg.save_state_after:
                 if keys_file is not None:
                     keys_file.flush()

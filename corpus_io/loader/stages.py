@@ -13,7 +13,9 @@ shuffle_batches (train) (or bucket_batch instead of sort+batch), pad. Tokens are
 no features are computed for an utterance the token filter drops.
 
 Randomness: every random stage takes its generator (``random.Random``, or a
-``torch.Generator`` for dither) from the caller, seeded from (seed, epoch, rank, worker).
+``torch.Generator`` for dither) from the caller, seeded from (seed, epoch, rank, worker), except
+the waveform's (speed_perturb here, reverb/noise/volume in corpus_io.loader.waveaug): each utterance
+draws from its own generator (:func:`draws`, by seed, epoch and key).
 A stage draws a fixed number of values per sample in input order, so replaying the same
 input with a generator in the same state reproduces the same output.
 
@@ -42,7 +44,7 @@ from corpus_io.loader.batching import BLOCK_END, batch, bucket_batch, carried, r
 from corpus_io.loader.batching import pad as pad_batch
 
 __all__ = [
-    "decode", "filter_length", "resample", "resample_wav", "speed_perturb", "fbank", "mfcc", "waveform_frames",
+    "decode", "filter_length", "resample", "resample_wav", "draws", "speed_perturb", "fbank", "mfcc", "waveform_frames",
     "drop_empty", "raw_features", "precomputed_features", "spec_aug", "spec_sub", "spec_trim", "tokenize",
     "filter_tokens", "shuffle", "sort", "batch", "bucket_batch", "pad", "num_frames",
 ]
@@ -220,16 +222,23 @@ def resample(samples: Iterable[dict], *, resample_rate: int = 16000, counts: Cou
         yield sample
 
 
-def speed_perturb(samples: Iterable[dict], *, speeds: Sequence[float] = (0.9, 1.0, 1.1), rng: random.Random,
+def draws(seed: int, epoch: int, key: str, what: str) -> random.Random:
+    """The generator of one utterance's ``what`` draws in ``epoch``: the same whatever rank, worker, batch or
+    read position the utterance lands in (what makes a resume on another world size reproduce its audio)."""
+    return random.Random(f"{seed}:{epoch}:{key}:{what}")
+
+
+def speed_perturb(samples: Iterable[dict], *, speeds: Sequence[float] = (0.9, 1.0, 1.1), seed: int, epoch: int,
                   counts: Counter | None = None) -> Iterator[dict]:
-    """Change speed (and pitch, like sox ``speed``) by a factor drawn per utterance from ``speeds``.
+    """Change speed (and pitch, like sox ``speed``) by a factor drawn per utterance from ``speeds``, by
+    ``(seed, epoch, key)`` (:func:`draws`).
 
     The waveform is read as if sampled at ``round(rate * speed)`` and resampled to ``rate``:
-    length becomes about n / speed. One ``rng.choice`` per sample.
+    length becomes about n / speed.
     """
     speeds = list(speeds)
     for sample in samples:
-        speed = rng.choice(speeds)
+        speed = draws(seed, epoch, sample["key"], "speed").choice(speeds)
         if speed != 1.0:
             rate = sample["sample_rate"]
             sample["wav"] = audio.resample_wav(sample["wav"], int(round(rate * speed)), rate)

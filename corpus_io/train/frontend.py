@@ -4,8 +4,10 @@ The loader ships ``wav`` (B, N), ``wav_lengths`` and ``feats_lengths`` (the fram
 each row: what its filters and batch budgets counted). Train, cv, decode and compute-cmvn call
 :func:`model_inputs`, which runs :func:`corpus_io.audio.features.batch_fbank` (or ``batch_mfcc``) on the
 model's device, then in train mode spec_aug / spec_sub / spec_trim (:mod:`corpus_io.audio.augment`), and
-hands ``(feats, feats_lengths)`` to the model (which applies CMVN). With ``feats_on=loader`` the batch
-already carries ``feats`` and passes through unchanged.
+hands ``(feats, feats_lengths)`` to the model (which applies CMVN). Before features, in train mode, the
+waveform augmentation the loader drew (``augment``: impulse response, noise samples, SNR, gain) runs batched
+there (:func:`corpus_io.audio.mix.apply_plans`, the function the loader path applies per utterance). With
+``feats_on=loader`` the batch already carries ``feats`` and passes through unchanged.
 
 Randomness: each utterance draws its augmentation (and its dither seed) from
 ``random.Random(f"{seed}:{epoch}:{key}")`` with ``dataset_conf.seed``: the same utterance in the same
@@ -20,7 +22,7 @@ from typing import Any
 
 import torch
 
-from corpus_io.audio import augment, features
+from corpus_io.audio import augment, features, mix
 from corpus_io.errors import ConfigError
 
 
@@ -46,6 +48,8 @@ class FrontEnd:
         """``(feats (B, T, D), feats_lengths (B,))`` on the device from a (CPU) waveform batch."""
         wav = batch["wav"].to(self.device, non_blocking=True)
         lengths = batch["wav_lengths"].to(self.device, non_blocking=True)
+        if train and batch.get("augment"):  # reverb, noise, volume as the loader drew them (audio.mix)
+            wav = mix.apply_plans(mix.as_float(wav), lengths, batch["augment"], int(batch["sample_rate"]))
         rngs = None
         if train and (self.augment or self.dither):
             rngs = [random.Random(f"{self.conf.seed}:{self.epoch}:{key}") for key in batch["keys"]]

@@ -12,6 +12,9 @@
 #   7 average checkpoints, an n-gram LM of the training text (corpus-io make-lm), decode by every method of
 #     --decode_methods (greedy, CTC prefix beam, beam + LM; attention rescoring with --model conformer_ctc_att),
 #     CER/WER + RTF table per method (exp dir RESULTS.md)
+#   --noise true: stage 0 also synthesizes $data/noise (competing espeak speech, sentences of its own seed),
+#     stages 1/4/5 pack it as shards, and stage 6 trains with it mixed in on the fly
+#     (++dataset_conf.add_noise, at --noise_snr dB; the loader streams the noise shards)
 #   8 real recordings (10 LibriVox + CMU utterances, recipes/tools/real_recordings.py): a model of their
 #     own overfits them (trained and decoded on the same set: a check that real audio flows, not a score),
 #     CER appended to RESULTS.md next to the synthetic sets
@@ -32,6 +35,7 @@ num_digits_test=200       # held out: the CER check is on this set
 num_digits_test_newvoice=100  # held-out digit strings by 4 voices (other accents) absent from training: reported
 num_mixed_train=800       # Chinese / English / code-switched sentences
 num_mixed_test=80
+num_noise=200             # --noise true: utterances of competing speech (babble noise), packed as shards
 num_utts_per_shard=200    # 16 train shards: an even share for each of the 2 readers
 num_utts_per_shard_dev=40 # small dev shards: at least one per reader (nproc x num_workers)
 train_config=conf/train.yaml
@@ -44,6 +48,8 @@ shuffle_size=1000
 sort_size=200
 num_workers=1             # DataLoader workers per training process
 feats_on=                 # empty: as in $train_config (loader); model: fbank + SpecAugment batched in the trainer
+noise=false               # true: train with noise (see --noise above); off by default
+noise_snr="[5,20]"        # --noise true: [low, high] dB, each noisy utterance's SNR is drawn in it
 average_num=3             # checkpoints averaged for decoding
 cer_target=10             # digits test %CER the demo must reach (checked at stage 7, 0 = no check)
 real_epochs=120           # stage 8: epochs over the 10 real utterances (one batch each)
@@ -56,8 +62,9 @@ word_score=0.0            # per-token score of ctc_beam_lm (likewise)
 tune_lm=true              # grid-search lm_weight x word_score on the dev set (corpus-io tune-lm) before decoding
 recipe_options=(stage stop_stage nj cmd nproc data exp num_digits_train num_digits_dev num_digits_test
                 num_digits_test_newvoice num_mixed_train
-                num_mixed_test num_utts_per_shard num_utts_per_shard_dev train_config init max_epoch max_steps_per_epoch
-                batch_type batch_size shuffle_size sort_size num_workers feats_on average_num cer_target real_epochs
+                num_mixed_test num_noise num_utts_per_shard num_utts_per_shard_dev train_config init max_epoch
+                max_steps_per_epoch batch_type batch_size shuffle_size sort_size num_workers feats_on noise noise_snr
+                average_num cer_target real_epochs
                 model decode_methods beam lm_order lm_weight word_score tune_lm)
 
 cd "$(dirname "$0")"
@@ -66,6 +73,11 @@ repo=$(cd ../.. && pwd)
 . ../tools/common.sh
 
 num_mel_bins=$(train_config_value dataset_conf.fbank_conf.num_mel_bins)
+case "$noise" in
+  true) noise_dirs=("$data/noise") ;;
+  false) noise_dirs=() ;;
+  *) echo "$0: --noise must be true or false, not '$noise'" >&2; exit 2 ;;
+esac
 
 if stage_on 0; then
   log 0 "synthesizing with espeak-ng ($nj processes)"
@@ -83,11 +95,15 @@ if stage_on 0; then
   combine_data_dirs "$data/test_digits" "$local_dir/test_digits"
   combine_data_dirs "$data/test_digits_newvoice" "$local_dir/test_digits_newvoice"
   combine_data_dirs "$data/test_mixed" "$local_dir/test_mixed"
-  for x in train dev test_digits test_digits_newvoice test_mixed; do log 0 "made $data/$x: $(wc -l < "$data/$x/wav.scp") utterances"; done
+  if [ "$noise" = true ]; then  # the noise: other sentences (seed 7), mixed into train utterances by stage 6
+    python -m corpus_io.tables.synth mixed "$local_dir/noise" --num "$num_noise" --seed 7
+    combine_data_dirs "$data/noise" "$local_dir/noise"
+  fi
+  for x in train dev test_digits test_digits_newvoice test_mixed "${noise_dirs[@]##*/}"; do log 0 "made $data/$x: $(wc -l < "$data/$x/wav.scp") utterances"; done
 fi
 
 if stage_on 1; then
-  make_jsonl 1 "$data"/{train,dev,test_digits,test_digits_newvoice,test_mixed}
+  make_jsonl 1 "$data"/{train,dev,test_digits,test_digits_newvoice,test_mixed} "${noise_dirs[@]}"
 fi
 
 if stage_on 2; then
@@ -103,10 +119,11 @@ fi
 if stage_on 4; then
   make_shards 4 "$num_utts_per_shard" true "$data/train"
   make_shards 4 "$num_utts_per_shard_dev" false "$data/dev"
+  [ "$noise" = false ] || make_shards 4 "$num_utts_per_shard_dev" true "${noise_dirs[@]}"
 fi
 
 if stage_on 5; then
-  make_shard_lists 5 "$data"/{train,dev}
+  make_shard_lists 5 "$data"/{train,dev} "${noise_dirs[@]}"
   make_raw_lists 5 "$data"/{test_digits,test_digits_newvoice,test_mixed}
 fi
 
@@ -117,6 +134,15 @@ if stage_on 6; then
   [ -n "$max_epoch" ] && extra+=("++train_conf.max_epoch=$max_epoch")
   [ -n "$max_steps_per_epoch" ] && extra+=("++train_conf.max_steps_per_epoch=$max_steps_per_epoch")
   [ -n "$feats_on" ] && extra+=("++dataset_conf.feats_on=$feats_on")
+  if [ "$noise" = true ]; then
+    if [ ! -s "$data/noise/shard.list" ]; then
+      echo "$0: --noise true trains with $data/noise/shard.list, which does not exist: make it with" \
+        "--noise true --stage 0 --stop_stage 5 (stages 0, 1, 4 and 5 synthesize and pack the noise)" >&2
+      exit 2
+    fi
+    extra+=(++dataset_conf.add_noise=true "++dataset_conf.add_noise_conf.noise_list=$data/noise/shard.list"
+            "++dataset_conf.add_noise_conf.snr_db=$noise_snr")
+  fi
   case "$model" in
     "") ;;
     conformer_ctc_att)  # the recipe's encoder with a Transformer decoder (conf/model/conformer_ctc_att.yaml's keys)

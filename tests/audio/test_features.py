@@ -7,7 +7,6 @@ frames, so the batch holds utterances of 40+ different lengths.
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 
 import numpy as np
@@ -138,6 +137,6 @@ def test_waveform_frames_ships_16_bit_sources_as_int16_and_resampled_ones_as_flo
     wave, _ = sf.read(FIXTURE / "wav" / "spk1-utt001.flac", dtype="int16")
     assert flac["wav"].dtype == torch.int16 and np.array_equal(flac["wav"][0].numpy(), wave)
     raw = [{"key": "d", "audio": (FIXTURE / "wav" / "spk1-utt001.flac").read_bytes()}]
-    perturbed = stages.speed_perturb(stages.decode(raw), speeds=[1.1], rng=random.Random(0))
+    perturbed = stages.speed_perturb(stages.decode(raw), speeds=[1.1], seed=0, epoch=0)
     (fast,) = stages.waveform_frames(perturbed)
     assert fast["wav"].dtype == torch.float32

@@ -133,6 +133,42 @@ def test_audio_is_the_member_bytes_with_range_support_for_wav_and_flac(served):
     assert seen == {"wav", "flac"}
 
 
+def test_a_key_bench_loader_dumped_plays_its_dumped_waveform_and_the_others_their_stored_audio(served, tmp_path):
+    import numpy as np
+    import soundfile as sf
+    import torch
+
+    from corpus_io.config import ExploreConfig
+    from corpus_io.errors import ConfigError
+    from corpus_io.explore.server import explore
+    from corpus_io.loader.waveaug import write_dump
+
+    rows = json.loads(get(served.base + "/api/rows?size=2")[2])["rows"]
+    dumped, stored = rows
+    wave = torch.from_numpy(np.random.default_rng(0).uniform(-0.5, 0.5, (1, 12345)).astype(np.float32))
+    write_dump(str(tmp_path), dumped["key"], wave, 16000)  # as bench-loader ++dump_audio_dir writes it
+    want = (tmp_path / f"{dumped['key']}.wav").read_bytes()
+    s = Served(served.explorer.catalog, dump_audio_dir=str(tmp_path))
+    try:
+        status, headers, data = get(f"{s.base}/api/audio/{dumped['row_id']}")
+        assert status == 200 and data == want and headers["Content-Type"] == "audio/wav"
+        status, _, data = get(f"{s.base}/api/audio/{dumped['row_id']}", {"Range": "bytes=100-199"})
+        assert status == 206 and data == want[100:200]
+        row = json.loads(get(f"{s.base}/api/row/{dumped['row_id']}")[2])
+        assert row["audio_dumped"] is True and row["audio_bytes"] == len(want)
+        waveform = json.loads(get(f"{s.base}/api/waveform/{dumped['row_id']}?width=10")[2])
+        assert (waveform["num_samples"], waveform["sample_rate"]) == (12345, 16000)
+        assert np.array_equal(sf.read(tmp_path / f"{dumped['key']}.wav", dtype="float32")[0], wave[0].numpy())
+        row = json.loads(get(f"{s.base}/api/row/{stored['row_id']}")[2])
+        assert row["audio_dumped"] is False
+        assert get(f"{s.base}/api/audio/{stored['row_id']}")[2] == member_bytes(row["shard"], row["member"])
+    finally:
+        s.close()
+    with pytest.raises(ConfigError, match="dump_audio_dir=.*nope is not a directory.*bench-loader"):
+        explore(ExploreConfig(input=str(Path(row["shard"]).parent / "data.list"), port=0,
+                              dump_audio_dir=str(tmp_path / "nope")))
+
+
 def test_dataset_view_has_word_accuracy_per_vocabulary_word(served):
     info = json.loads(get(served.base + "/api/info")[2])
     assert info["utterances"] == 24 and len(info["runs"]) == 2 and len(info["shards"]) == 3

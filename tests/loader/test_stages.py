@@ -101,8 +101,8 @@ def test_resample_with_cached_kernel_equals_torchaudio_resample(fixture_corpus):
 def test_speed_perturb_is_seeded_and_changes_length_by_speed(fixture_corpus):
     def run(seed: int) -> list[int]:
         decoded = stages.resample(stages.decode(_read(fixture_corpus, 6)), resample_rate=16000)
-        return [s["wav"].shape[1] for s in stages.speed_perturb(decoded, speeds=[0.9, 1.0, 1.1],
-                                                                 rng=random.Random(seed))]
+        return [s["wav"].shape[1] for s in stages.speed_perturb(decoded, speeds=[0.9, 1.0, 1.1], seed=seed,
+                                                                 epoch=0)]
 
     plain = [s["wav"].shape[1] for s in stages.resample(stages.decode(_read(fixture_corpus, 6)), resample_rate=16000)]
     first = run(3)

@@ -59,6 +59,18 @@ def test_recipe_init_option_starts_training_from_the_checkpoint_it_names(tmp_pat
     assert not (tmp_path / "exp").exists()
 
 
+def test_recipe_noise_option_is_off_by_default_and_names_the_stages_that_make_its_noise(tmp_path):
+    assert "--noise                  false" in run_recipe("espeak", "--help").stdout
+    result = run_recipe("espeak", "--stage", "6", "--stop_stage", "6", "--noise", "true", "--data",
+                        str(tmp_path / "data"), "--exp", str(tmp_path / "exp"))
+    assert result.returncode == 2
+    assert f"--noise true trains with {tmp_path / 'data' / 'noise' / 'shard.list'}, which does not exist" in \
+        result.stderr and "--noise true --stage 0 --stop_stage 5" in result.stderr, result.stderr
+    assert not (tmp_path / "exp").exists()
+    result = run_recipe("espeak", "--stop_stage", "0", "--noise", "yes")
+    assert result.returncode == 2 and "--noise must be true or false, not 'yes'" in result.stderr
+
+
 @pytest.mark.slow
 def test_make_smoke_runs_every_stage_of_the_espeak_recipe(pipeline_commands, tmp_path):
     opts = shlex.split((RECIPES / "espeak" / "conf" / "smoke.opts").read_text())
@@ -81,6 +93,9 @@ def test_make_smoke_runs_every_stage_of_the_espeak_recipe(pipeline_commands, tmp
     assert re.search(r"^\| test_mixed \| ctc_beam_lm \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$",
                      table, re.M), table
     assert (exp / "lm_3gram.arpa").is_file() and (exp / "decode_test_mixed.ctc_beam_lm" / "nbest").is_file()
+    # --noise true (smoke.opts): the noise set packed as shards and mixed into training by the loader
+    assert (data / "noise" / "shard.list").read_text().count(".tar") >= 1
+    assert f"add_noise(noise_list='{data / 'noise' / 'shard.list'}'" in (exp / "train.log").read_text()
     speakers = {line.split()[1] for line in (data / "test_digits_newvoice" / "utt2spk").read_text().splitlines()}
     trained = {line.split()[1] for line in (data / "train" / "utt2spk").read_text().splitlines()}
     assert speakers and not speakers & trained

@@ -136,3 +136,40 @@ def test_device_augmentation_is_per_utterance_and_reproducible_from_the_seed(cut
 def test_model_mode_needs_fbank_or_mfcc(cut_shards):
     with pytest.raises(ConfigError, match="feats_on=model.*feats_type=raw"):
         build_dataloader(cut_shards[0], small_conf(feats_on="model", feats_type="raw"), None, train=False)
+
+
+@pytest.fixture(scope="module")
+def noise_and_rir(tmp_path_factory):
+    """White noise (16-bit, 0.5 s: it loops) and a decaying impulse response with a 5 ms delay, as lists."""
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("waveaug")
+    rng = np.random.default_rng(1)
+    sf.write(root / "noise.wav", (rng.standard_normal(8000) * 0.05).astype("float32"), 16000, subtype="PCM_16")
+    rir = np.zeros(2000, dtype="float32")
+    rir[80] = 1.0
+    rir[81:] = rng.standard_normal(1919) * np.exp(-np.arange(1919) / 300) * 0.3
+    sf.write(root / "rir.wav", rir, 16000, subtype="FLOAT")
+    (root / "noise.scp").write_text(f"n {root / 'noise.wav'}\n")
+    (root / "rir.scp").write_text(f"r {root / 'rir.wav'}\n")
+    return str(root / "noise.scp"), str(root / "rir.scp")
+
+
+def test_reverb_noise_and_volume_on_the_device_equal_the_loader_path_on_the_same_draws(cut_shards, noise_and_rir):
+    data_list, _ = cut_shards
+    confs = []
+    for feats_on in ("loader", "model"):
+        conf = small_conf(feats_on=feats_on, shuffle=False, num_workers=0, batch_size=6, add_noise=True,
+                          add_reverb=True, volume_perturb=True)
+        conf.add_noise_conf.noise_list, conf.add_reverb_conf.rir_list = noise_and_rir
+        conf.add_noise_conf.snr_db = [0.0, 10.0]
+        confs.append(conf)
+    clean, _, _ = features_by_key(data_list, small_conf(shuffle=False, num_workers=0, batch_size=6), train=True)
+    on_loader, _, _ = features_by_key(data_list, confs[0], train=True, epoch=3)
+    on_model, _, batches = features_by_key(data_list, confs[1], train=True, epoch=3)
+    assert all(b.get("augment") for b in batches)  # the loader drew, the front end applied
+    assert sorted(on_model) == sorted(on_loader) == sorted(clean)
+    for key, feats in on_loader.items():
+        assert on_model[key].shape == feats.shape, key
+        assert (on_model[key] - feats).abs().max() < 2e-3, key
+        assert (feats - clean[key]).abs().max() > 0.5, key  # augmented: not the clean features

@@ -118,7 +118,8 @@ async function openRow(id) {
   }
   $("row-diff").innerHTML = runBlock("Reference vs hypothesis", r, "", r.diff) + runBlock("Run 2", r, "2", r.diff2);
   const meta = { duration: fmt(r.duration, 3) + " s", sample_rate: r.sample_rate, speaker: r.speaker, characters: r.chars,
-    words: r.words, "chars/s": fmt(r.cps, 2), "rows with this text": r.text_count, format: r.audio_format, ...r.extra };
+    words: r.words, "chars/s": fmt(r.cps, 2), "rows with this text": r.text_count, format: r.audio_format,
+    playing: r.audio_dumped ? "the dumped waveform (++dump_audio_dir: after augmentation)" : undefined, ...r.extra };
   $("row-meta").innerHTML = Object.entries(meta).filter(([, v]) => v !== null && v !== undefined && v !== "")
     .map(([k, v]) => `<tr><th>${esc(k)}</th><td>${esc(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("");
 }

@@ -1,0 +1,264 @@
+"""Waveform augmentation stages (reverberation, noise, volume) and the pools of noise and impulse responses
+they draw from. The math is :mod:`corpus_io.audio.mix`; this module draws what each utterance gets.
+
+Draws: every utterance draws from its own ``random.Random(f"{seed}:{epoch}:{key}:<what>")``
+(:func:`corpus_io.loader.stages.draws`, as speed_perturb does), never from a reader's generator, so an
+utterance gets the same reverberation, noise and gain in the same epoch whatever rank, worker or batch it
+lands in, also after a resume on another world size, and other ones the next epoch.
+
+Pools (the streaming buffer): each loader worker holds, per list and epoch, up to ``buffer_seconds`` of
+audio: a window of consecutive entries (shards, or lines of a record list) read sequentially from an entry
+chosen by ``(seed, epoch, list)``, wrapping round at the list's end; a segment longer than what is left of
+the budget is cut. An utterance draws a segment of that window and an offset in it (noise loops from the
+offset). The window depends on ``(seed, epoch)`` only, not on the read position: that is what makes a
+draw reproducible across resumes and world sizes. The price: every worker reads the same window (not a
+share of the list), ``buffer_seconds`` per worker and epoch, and one epoch's variety is the window's;
+successive epochs move the window over the whole list. Memory is ``buffer_seconds`` of samples (int16 for
+16-bit sources) whatever the list's size; shards are read as streams (no seek, no random read), a record
+list's entries are opened in list order.
+
+With ``feats_on=model`` the stages only draw: each sample carries ``augment`` (the impulse response, the
+noise samples cut to the utterance, the SNR and the gain), and the device front end applies it batched
+(:func:`corpus_io.audio.mix.apply_plans`, the loader path's function too).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from corpus_io.audio import io as audio
+from corpus_io.audio import mix
+from corpus_io.errors import DataError
+from corpus_io.loader.read import ReadOptions, read_shard_unit
+from corpus_io.loader.stages import draws
+
+log = logging.getLogger(__name__)
+
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+def _first_entry(path: str) -> str:
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                return line.strip()
+    return ""
+
+
+def is_shard_list(path: str) -> bool:
+    """A data.list of tar shards (local or remote list), as opposed to a record input."""
+    from corpus_io.storage.urls import is_remote
+
+    if is_remote(path):
+        return True  # record inputs are read locally; a remote list is a shard data.list
+    import os
+
+    if os.path.isdir(path) or not os.path.exists(path):
+        return False
+    return _first_entry(path).split()[0].endswith(SHARD_SUFFIXES) if _first_entry(path) else False
+
+
+def _is_wav_scp(path: str) -> bool:
+    """A bare Kaldi ``<key> <source>`` table (ESPnet's noise_scp / rir_scp), or a directory holding only one."""
+    import os
+
+    if os.path.isdir(path):
+        return os.path.isfile(os.path.join(path, "wav.scp")) and not os.path.isfile(os.path.join(path, "text"))
+    first = _first_entry(path)
+    return bool(first) and not first.startswith(("{", "[")) and len(first.split(None, 1)) == 2
+
+
+class _Entries:
+    """The entries of one list, by index: ``count`` and ``read(start)`` (samples in list order from entry
+    ``start``, wrapping round once)."""
+
+    def __init__(self, path: str, opts: ReadOptions, counts: Counter | None) -> None:
+        import os
+
+        self.path, self.opts, self.counts = path, opts, counts if counts is not None else Counter()
+        self.kind = "shard" if is_shard_list(path) else "scp" if _is_wav_scp(path) else "records"
+        if self.kind == "shard":
+            from corpus_io.shards.index import read_datalist
+
+            self.urls = read_datalist(path, storage_options=opts.storage_options)
+            self.count = len(self.urls)
+        elif self.kind == "scp":
+            from corpus_io.tables.kaldi import iter_table
+
+            self.table = os.path.join(path, "wav.scp") if os.path.isdir(path) else path
+            self.count = sum(1 for _ in iter_table(self.table))
+        else:
+            from corpus_io.loader.rawlist import RawList
+
+            self.raw = RawList(path)
+            self.count = len(self.raw)
+
+    def read(self, start: int) -> Iterator[dict]:
+        """Samples (``key``, ``audio`` bytes, ``__url__``) from entry ``start`` on, each entry once."""
+        order = [*range(start, self.count), *range(start)]
+        if self.kind == "shard":
+            for i in order:
+                yield from read_shard_unit(self.urls[i], self.opts, self.counts)
+        elif self.kind == "scp":
+            from corpus_io.tables.kaldi import iter_table
+
+            for part in (range(start, self.count), range(start)):
+                for i, line in enumerate(iter_table(self.table)):
+                    if i >= part.stop:
+                        break
+                    if i >= part.start:
+                        yield self._source(line.key, line.value, f"{line.path}:{line.lineno}")
+        else:
+            from corpus_io.loader.read import read_raw_entry
+
+            for i in order:
+                sample = read_raw_entry(self.raw, i, self.opts, self.counts)
+                if sample is not None:
+                    yield sample
+
+    def _source(self, key: str, source: str, where: str) -> dict:
+        try:
+            data = audio.read_source_bytes(source, allow_pipe=self.opts.allow_pipe,
+                                           storage_options=self.opts.storage_options)
+        except DataError as exc:
+            raise DataError(f"{where}: key '{key}': {exc}") from None
+        return {"key": key, "audio": data, "audio_format": audio.extension_of(source) or "wav", "__url__": where}
+
+
+class Pool:
+    """Up to ``seconds`` of the audio of one list at ``sample_rate`` Hz: the window of ``(seed, epoch)``
+    (module docstring). Filled on first use; ``segments`` are 1-D int16 (16-bit sources) or float32 arrays."""
+
+    def __init__(self, path: str, *, seconds: float, sample_rate: int, opts: ReadOptions, what: str,
+                 counts: Counter | None = None) -> None:
+        self.path, self.seconds, self.rate, self.opts, self.what = path, seconds, sample_rate, opts, what
+        self.counts = counts
+        self.segments: list[np.ndarray] = []
+        self.epoch: tuple[int, int] | None = None
+
+    def for_epoch(self, seed: int, epoch: int) -> list[np.ndarray]:
+        if self.epoch != (seed, epoch):
+            self.segments = self._fill(seed, epoch)
+            self.epoch = (seed, epoch)
+        return self.segments
+
+    def _fill(self, seed: int, epoch: int) -> list[np.ndarray]:
+        from corpus_io.loader import stages
+
+        entries = _Entries(self.path, self.opts, self.counts)
+        if entries.count == 0:
+            raise DataError(f"the {self.what} list {self.path} holds no entries; give a list with at least one "
+                            f"recording.")
+        start = random.Random(f"{seed}:{epoch}:{self.path}:window").randrange(entries.count)
+        budget = max(1, int(self.seconds * self.rate))
+        segments: list[np.ndarray] = []
+        held = 0
+        for sample in stages.decode(entries.read(start), on_error=self.opts.on_error, counts=self.counts):
+            wav, rate = sample["wav"], int(sample["sample_rate"])
+            pcm16 = sample["pcm16"]
+            if rate != self.rate:
+                wav, pcm16 = audio.resample_wav(wav, rate, self.rate), False
+            samples = wav.reshape(-1).numpy()[:budget - held]
+            if samples.size == 0:
+                continue
+            segments.append(np.round(samples * 32768.0).astype(np.int16) if pcm16 else samples.copy())
+            held += samples.size
+            if held >= budget:
+                break
+        if not segments:
+            raise DataError(f"the {self.what} list {self.path}: no entry could be decoded (window from entry "
+                            f"{start + 1}); check the list.")
+        log.debug("%s pool of epoch %d: %d segments, %.1f s from entry %d of %s", self.what, epoch, len(segments),
+                  held / self.rate, start + 1, self.path)
+        return segments
+
+
+def _pick(rng: random.Random, segments: Sequence[np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(segments[rng.randrange(len(segments))])
+
+
+def _apply(sample: dict, plan: dict, on_model: bool) -> dict:
+    """Apply ``plan`` to ``wav`` now (loader path), or add it to the sample's ``augment`` for the device."""
+    if on_model:
+        sample.setdefault("augment", {}).update(plan)
+        return sample
+    wav = sample["wav"]
+    lengths = torch.tensor([wav.shape[1]])
+    sample["wav"] = mix.apply_plans(wav.float(), lengths, [plan], int(sample["sample_rate"]))
+    sample["pcm16"] = False
+    return sample
+
+
+def add_reverb(samples: Iterable[dict], *, rir_list: str | None, prob: float = 0.5, buffer_seconds: float = 60.0,
+               seed: int, epoch: int, sample_rate: int, opts: ReadOptions, on_model: bool = False,
+               counts: Counter | None = None) -> Iterator[dict]:
+    """With probability ``prob`` per utterance, convolve ``wav`` with an impulse response drawn from the pool
+    of ``rir_list`` (:func:`corpus_io.audio.mix.reverberate`: aligned to its direct path, same energy)."""
+    pool = Pool(str(rir_list), seconds=buffer_seconds, sample_rate=sample_rate, opts=opts, what="impulse response",
+                counts=counts)
+    for sample in samples:
+        rng = draws(seed, epoch, sample["key"], "reverb")
+        if rng.random() < prob:
+            sample = _apply(sample, {"rir": _pick(rng, pool.for_epoch(seed, epoch))}, on_model)
+        yield sample
+
+
+def add_noise(samples: Iterable[dict], *, noise_list: str | None, snr_db: Sequence[float] = (5.0, 20.0),
+              prob: float = 1.0, sets: Sequence[Any] = (), buffer_seconds: float = 300.0, seed: int, epoch: int,
+              sample_rate: int, opts: ReadOptions, on_model: bool = False,
+              counts: Counter | None = None) -> Iterator[dict]:
+    """With probability ``prob`` per utterance, add noise at an SNR drawn in ``snr_db`` (dB, on the speech's
+    active samples): a set drawn by weight (``sets``, else ``noise_list``), a segment of its pool and an offset
+    in it; a segment shorter than the utterance loops (:func:`corpus_io.audio.mix.add_noise`)."""
+    choices = [(s.noise_list, float(s.weight), list(s.snr_db) if s.snr_db is not None else list(snr_db))
+               for s in sets] or [(noise_list, 1.0, list(snr_db))]
+    pools = [Pool(str(path), seconds=buffer_seconds, sample_rate=sample_rate, opts=opts, what="noise", counts=counts)
+             for path, _, _ in choices]
+    weights = [w for _, w, _ in choices]
+    for sample in samples:
+        rng = draws(seed, epoch, sample["key"], "noise")
+        if rng.random() < prob:
+            which = rng.choices(range(len(choices)), weights)[0] if len(choices) > 1 else 0
+            low, high = choices[which][2]
+            snr = rng.uniform(low, high)
+            segment = _pick(rng, pools[which].for_epoch(seed, epoch))
+            offset = rng.randrange(segment.shape[0])
+            noise = mix.looped(segment, offset, sample["wav"].shape[1])
+            sample = _apply(sample, {"noise": noise, "snr_db": snr}, on_model)
+        yield sample
+
+
+def volume_perturb(samples: Iterable[dict], *, gain_db: Sequence[float] = (-6.0, 6.0), seed: int, epoch: int,
+                   on_model: bool = False, counts: Counter | None = None) -> Iterator[dict]:
+    """Scale ``wav`` by a gain drawn uniformly in ``gain_db`` (dB) per utterance (a peak above full scale is
+    scaled down: :func:`corpus_io.audio.mix.apply_gain`)."""
+    low, high = gain_db
+    for sample in samples:
+        gain = draws(seed, epoch, sample["key"], "volume").uniform(low, high)
+        yield _apply(sample, {"gain_db": gain}, on_model)
+
+
+def dump_audio(samples: Iterable[dict], *, dump_audio_dir: str, counts: Counter | None = None) -> Iterator[dict]:
+    """Write each utterance's waveform as it stands (after augmentation, before features) to
+    ``<dump_audio_dir>/<key>.wav`` (:func:`write_dump`)."""
+    for sample in samples:
+        write_dump(dump_audio_dir, sample["key"], sample["wav"], int(sample["sample_rate"]))
+        yield sample
+
+
+def write_dump(directory: str, key: str, wav: torch.Tensor, sample_rate: int) -> None:
+    """``<directory>/<key>.wav`` (:func:`corpus_io.audio.io.dump_name`), 32-bit float (the samples exactly as
+    the features see them), written to a temporary name and renamed."""
+    from pathlib import Path
+
+    from corpus_io.storage.files import atomic_write
+
+    data = audio.encode_float_wav(mix.as_float(wav.reshape(-1)).numpy(), sample_rate)
+    with atomic_write(Path(directory) / audio.dump_name(key), mode="wb") as f:
+        f.write(data)

@@ -1,0 +1,271 @@
+"""Reverberation, noise and volume in the loader (corpus_io.loader.waveaug): the issue's acceptance on the real
+fixture recordings as speech, synthetic white noise and real speech as babble noise, a simulated impulse
+response (pyroomacoustics, recipes/tools/make_rirs.py). Each utterance's final waveform is read back from the
+dump (``dump_audio_dir``), the clean one from a run without augmentation."""
+
+from __future__ import annotations
+
+import http.server
+import importlib.util
+import json
+import threading
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from corpus_io.config import DatasetConf
+from corpus_io.loader.build import describe_chain, loader_chain
+from corpus_io.loader.dataset import build_dataloader
+from corpus_io.loader.read import ReadOptions
+from corpus_io.loader.waveaug import Pool
+from tests.loader_data import REPO, fixture_utts, make_shards, small_conf
+
+_spec = importlib.util.spec_from_file_location("make_rirs", REPO / "recipes" / "tools" / "make_rirs.py")
+make_rirs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_rirs)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("waveaug")
+    speech, keys = make_shards(root / "speech", per_shard=6)
+    rng = np.random.default_rng(0)
+    sf.write(root / "white.wav", (rng.standard_normal(16000) * 0.05).astype(np.float32), 16000, subtype="PCM_16")
+    (root / "white.scp").write_text(f"white {root / 'white.wav'}\n")
+    rir_scp = make_rirs.make_rirs(root / "rirs", num=1, seed=3)
+    return {"root": root, "speech": str(speech), "keys": keys, "white": str(root / "white.scp"), "rir": str(rir_scp),
+            "rir_samples": sf.read(root / "rirs" / "rir" / "rir00000.wav", dtype="float32")[0]}
+
+
+def conf_of(**conf) -> DatasetConf:
+    """A small dataset_conf with ``conf`` set (``a__b=v`` sets ``a.b``)."""
+    c = small_conf()
+    for dotted, value in conf.items():
+        obj = c
+        *path, last = dotted.split("__")
+        for name in path:
+            obj = getattr(obj, name)
+        setattr(obj, last, value)
+    return c
+
+
+def dump(data, out: Path, *, epoch: int = 0, num_workers: int = 0, rank: int = 0, world_size: int = 1,
+         **conf) -> dict[str, np.ndarray]:
+    """Run one epoch with ``conf`` set on a small dataset_conf; each utterance's dumped waveform by key."""
+    c = conf_of(num_workers=num_workers, **conf)
+    loader = build_dataloader(data["speech"], c, None, train=True, rank=rank, world_size=world_size)
+    loader.dataset.dump_audio_dir = str(out)
+    loader.set_epoch(epoch)
+    for _ in loader:
+        pass
+    return {p.stem: sf.read(p, dtype="float32")[0] for p in sorted(out.glob("*.wav"))}
+
+
+def noisy(white: str, **more) -> dict:
+    return {"add_noise": True, "add_noise_conf__noise_list": white, "add_noise_conf__snr_db": [5.0, 10.0],
+            "add_noise_conf__prob": 1.0, **more}
+
+
+def active(clean: np.ndarray, rate: int = 16000) -> np.ndarray:
+    """The test's own reading of "active samples": 20 ms frames above 1 % of the mean frame power."""
+    frame = rate // 50
+    n = -(-clean.size // frame) * frame
+    power = (np.pad(clean, (0, n - clean.size)) ** 2).reshape(-1, frame).mean(axis=1)
+    return np.repeat(power > 0.01 * power.mean(), frame)[:clean.size]
+
+
+@pytest.fixture(scope="module")
+def clean(data, tmp_path_factory):
+    return dump(data, tmp_path_factory.mktemp("clean"))
+
+
+def test_every_noisy_utterance_is_within_the_drawn_snr_range_against_its_clean_source(data, clean, tmp_path):
+    mixed = dump(data, tmp_path, **noisy(data["white"]))
+    assert sorted(mixed) == sorted(data["keys"]) == sorted(clean)
+    for key, y in mixed.items():
+        x = clean[key]
+        scale = float(y @ x) / float(x @ x)  # the peak guard may have scaled the whole mix down
+        residual = y - scale * x
+        mask = active(x)
+        snr = 10 * np.log10(np.sum((scale * x[mask]) ** 2) / np.sum(residual[mask] ** 2))
+        assert 4.0 <= snr <= 11.0, (key, snr)
+        assert np.abs(y).max() <= 32767 / 32768 + 1e-6
+
+
+def test_one_impulse_response_gives_the_clean_signal_convolved_with_it_aligned_to_its_direct_path(data, clean,
+                                                                                                   tmp_path):
+    wet = dump(data, tmp_path, add_reverb=True, add_reverb_conf__rir_list=data["rir"], add_reverb_conf__prob=1.0)
+    rir = data["rir_samples"]
+    lag = int(np.argmax(np.abs(rir)))
+    assert lag > 10  # the simulated response has a delay before its direct path: alignment is tested
+    for key, y in wet.items():
+        x = clean[key]
+        expected = np.convolve(x, rir)[lag:lag + x.size]
+        assert y.size == x.size
+        assert np.corrcoef(y, expected)[0, 1] > 0.98, key
+        mask = active(x)
+        assert np.mean(y[active(y)] ** 2) == pytest.approx(np.mean(x[mask] ** 2), rel=0.05)  # the dry energy
+
+
+def test_the_same_seed_and_epoch_dump_identical_bytes_and_another_epoch_other_draws(data, tmp_path):
+    conf = {**noisy(data["white"]), "add_reverb": True, "add_reverb_conf__rir_list": data["rir"],
+            "volume_perturb": True}
+    dump(data, tmp_path / "a", **conf)
+    dump(data, tmp_path / "b", num_workers=2, **conf)  # other workers, other batches: the same draws
+    dump(data, tmp_path / "e1", epoch=1, **conf)
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names and names == sorted(p.name for p in (tmp_path / "b").iterdir())
+    assert all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes() for n in names)
+    differ = [n for n in names if (tmp_path / "a" / n).read_bytes() != (tmp_path / "e1" / n).read_bytes()]
+    assert len(differ) == len(names)
+
+
+def test_an_interrupted_epoch_resumed_on_another_world_size_reproduces_the_rest_speed_perturbed_too(data,
+                                                                                                 tmp_path):
+    conf = {**noisy(data["white"]), "add_reverb": True, "add_reverb_conf__rir_list": data["rir"],
+            "add_reverb_conf__prob": 0.5, "volume_perturb": True, "speed_perturb": True}
+    whole = dump(data, tmp_path / "whole", epoch=2, **conf)
+    c = conf_of(num_workers=0, **conf)
+    first = build_dataloader(data["speech"], c, None, train=True, rank=0, world_size=1)
+    first.set_epoch(2)
+    seen = []
+    for i, batch in enumerate(first):
+        seen += batch["keys"]
+        if i == 1:
+            state = json.loads(json.dumps(first.state_dict()))
+            break
+    rest: list[str] = []
+    for rank in range(2):  # the rest on two ranks
+        loader = build_dataloader(data["speech"], c, None, train=True, rank=rank, world_size=2)
+        loader.load_rank_states([state])
+        loader.dataset.dump_audio_dir = str(tmp_path / "rest")
+        for batch in loader:
+            rest += batch["keys"]
+    assert seen and rest and sorted(seen + rest) == sorted(whole)
+    for key in rest:
+        assert (tmp_path / "rest" / f"{key}.wav").read_bytes() == (tmp_path / "whole" / f"{key}.wav").read_bytes()
+
+
+def test_the_chain_log_shows_speed_reverb_noise_volume_then_features_in_that_order(data):
+    c = small_conf(speed_perturb=True, add_noise=True, add_reverb=True, volume_perturb=True, spec_aug=True)
+    c.add_noise_conf.noise_list, c.add_reverb_conf.rir_list = data["white"], data["rir"]
+    log = describe_chain(loader_chain(c, None, train=True))
+    order = [log.index(f" {name}(") for name in ("speed_perturb", "add_reverb", "add_noise", "volume_perturb",
+                                                  "fbank", "spec_aug")]
+    assert order == sorted(order)
+    assert "add_noise" not in describe_chain(loader_chain(c, None, train=False))  # cv: no augmentation
+
+
+def _noise_shards(root: Path, shards: int) -> str:
+    """``shards`` shards of the real fixture recordings, used as babble noise."""
+    utts = fixture_utts(-(-shards * 4 // 24))
+    return str(make_shards(root, utts=utts[:shards * 4], per_shard=4)[0])
+
+
+def test_a_noise_pool_from_shards_holds_its_budget_in_the_same_memory_whatever_the_corpus_size(tmp_path):
+    opts = ReadOptions(storage_options={})
+    peaks = []
+    for shards in (3, 30):
+        lst = _noise_shards(tmp_path / f"n{shards}", shards)
+        tracemalloc.start()
+        pool = Pool(lst, seconds=4.0, sample_rate=16000, opts=opts, what="noise")
+        segments = pool.for_epoch(777, 0)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert sum(s.size for s in segments) == 4 * 16000
+    assert peaks[1] < 1.5 * peaks[0], peaks  # ten times the corpus, the same memory
+
+
+def test_bench_loader_dumps_the_same_waveforms_from_the_device_path_as_from_the_loader_path(data, tmp_path):
+    from corpus_io.config import BenchLoaderConfig
+    from corpus_io.loader.dataset import bench_loader
+
+    dumps = {}
+    for feats_on in ("loader", "model"):
+        cfg = BenchLoaderConfig(data_list=data["speech"], dump_audio_dir=str(tmp_path / feats_on))
+        cfg.dataset_conf = small_conf(num_workers=0, feats_on=feats_on, add_noise=True, add_reverb=True,
+                                      volume_perturb=True)
+        cfg.dataset_conf.add_noise_conf.noise_list = data["white"]
+        cfg.dataset_conf.add_reverb_conf.rir_list = data["rir"]
+        bench_loader(cfg)
+        dumps[feats_on] = {p.stem: sf.read(p, dtype="float32")[0] for p in (tmp_path / feats_on).glob("*.wav")}
+    assert sorted(dumps["model"]) == sorted(dumps["loader"]) == sorted(data["keys"])
+    for key, y in dumps["loader"].items():
+        assert np.abs(dumps["model"][key] - y).max() < 1e-4, key
+
+
+class _RangeServer(http.server.BaseHTTPRequestHandler):
+    """Serves ``root`` with Range support (a random-access reader would use it); logs each request as
+    ``{"path", "method", "range", "start", "sent"}`` (``sent``: body bytes the socket took)."""
+
+    root: Path
+    requests: list[dict]
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._serve(body=False)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._serve(body=True)
+
+    def _serve(self, *, body: bool) -> None:
+        path = self.root / self.path.lstrip("/")
+        entry = {"path": self.path.lstrip("/"), "method": self.command, "range": self.headers.get("Range"),
+                 "start": 0, "sent": 0}
+        self.requests.append(entry)
+        if not path.is_file():
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        start, end = 0, len(data)
+        if entry["range"]:
+            first, _, last = entry["range"].removeprefix("bytes=").partition("-")
+            start, end = int(first), min(len(data), int(last) + 1 if last else len(data))
+            entry["start"] = start
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        else:
+            self.send_response(200)
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Length", str(end - start))
+        self.end_headers()
+        if not body:
+            return
+        try:
+            for i in range(start, end, 1 << 16):
+                self.wfile.write(data[i:min(end, i + (1 << 16))])
+                entry["sent"] += min(end, i + (1 << 16)) - i
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+def test_noise_shards_over_http_are_each_read_once_per_pass_from_their_start_and_in_list_order(data, tmp_path):
+    www = tmp_path / "www"
+    shards = [Path(u).name for u in Path(_noise_shards(www, 5)).read_text().split()]
+    handler = type("Logged", (_RangeServer,), {"root": www, "requests": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        (www / "http.list").write_text("".join(f"{base}/{name}\n" for name in shards))
+        c = conf_of(num_workers=0, **noisy(f"{base}/http.list", add_noise_conf__buffer_seconds=3600.0))
+        for epoch in (0, 1):  # a pass each: the pool of each epoch reads the whole list (the budget holds it)
+            handler.requests.clear()
+            loader = build_dataloader(data["speech"], c, None, train=True, rank=0, world_size=1)
+            loader.set_epoch(epoch)
+            assert sum(len(b["keys"]) for b in loader) == len(data["keys"])
+            got = [r for r in handler.requests if r["path"] in shards]
+            names = [r["path"] for r in got]
+            assert sorted(names) == sorted(shards), handler.requests  # each shard requested once
+            first = shards.index(names[0])
+            assert names == shards[first:] + shards[:first]  # in list order from the window's entry, wrapping
+            assert not [r for r in handler.requests if r["method"] != "GET" or r["range"]], handler.requests
+            assert all(r["sent"] == (www / r["path"]).stat().st_size for r in got)  # each streamed to its end
+    finally:
+        server.shutdown()
+        server.server_close()
