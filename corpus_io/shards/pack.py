@@ -202,11 +202,7 @@ def _audio_members(record: dict, opts: PackOptions) -> tuple[str, bytes, dict[st
     """``(extension, bytes, metadata)`` of the audio member of one record."""
     source = str(record["source"])
     try:
-<<<<<<< HEAD
         data = _record_bytes(record, opts)
-=======
-        data = _source_bytes(source, opts.allow_pipe, opts.storage_options_json)
->>>>>>> pack-speed
     except OSError as exc:
         raise DataError(f"cannot read audio {source}: {exc}") from None
     ext = audio.extension_of(source)
@@ -267,7 +263,7 @@ def _record_bytes(record: dict, opts: PackOptions) -> bytes:
         return record[INLINE]
     if parquet.is_locator(source):
         return parquet.read_audio(source, {k: v for k, v in opts.storage_options.items() if k != "pipe_timeout"})
-    return _source_bytes(source, opts.allow_pipe, json.dumps(opts.storage_options, sort_keys=True))
+    return _source_bytes(source, opts.allow_pipe, opts.storage_options_json)
 
 
 @functools.lru_cache(maxsize=1)
@@ -364,14 +360,10 @@ def _source_len(record: dict, opts: PackOptions) -> int:
         return int(record["source_len"])
     if opts.feats:
         return int(np.asarray(kaldi.read_feats(str(record["source"]))).shape[0])
-<<<<<<< HEAD
     if INLINE in record or parquet.is_locator(str(record["source"])):
         info = audio.probe_bytes(_record_bytes(record, opts), str(record["source"]))
         return audio.frames_10ms(info.num_samples, info.sample_rate)
-    info = _probe_cached(str(record["source"]), opts.allow_pipe, json.dumps(opts.storage_options, sort_keys=True))
-=======
     info = _probe_cached(str(record["source"]), opts.allow_pipe, opts.storage_options_json)
->>>>>>> pack-speed
     num_samples = info.num_samples
     if "start" in record:  # a segment: counted exactly as the packed shard's meta will count it
         first, last = audio.segment_samples(float(record["start"]), float(record["end"]), info.sample_rate,
