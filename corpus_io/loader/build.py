@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from corpus_io.config import DatasetConf
 from corpus_io.errors import ConfigError
+from corpus_io.loader import profile
 from corpus_io.loader.partition import Slot, SlotState
 from corpus_io.loader.read import ReadOptions, Source, iter_source, mix
 
@@ -238,9 +239,14 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
                                          on_error=conf.on_error, counts=counts)
                if src.owners or src.track_keys else stream for stream, src in zip(streams, sources)]
     samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state)
+    prof = profile.current()  # CORPUS_IO_LOADER_PROFILE: every stage timed (corpus_io.loader.profile)
+    if prof is not None:
+        samples = prof.stage(samples, "tar parse")
     runtime = {"counts": counts, "rng": random.Random(tag), "generator": generator, "state": state,
                "budget": slot_budget_seconds(conf, slot),
                "batch_order": batching.batch_order(seed, epoch, slot.rank, slot.worker)}
     for stage in loader_chain(conf, tokenizer, train=train):
         samples = stage(samples, runtime)
+        if prof is not None:
+            samples = prof.stage(samples, stage.name)
     return samples
