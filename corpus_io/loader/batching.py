@@ -273,12 +273,18 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
             rows = [r.float() / 32768.0 if r.dtype == torch.int16 else r for r in rows]
     else:
         rows = [s["feats"] for s in samples]
+    # feats of int16 samples (feats_type=raw after an int16 decode) are k / 32768: scaled as they are written
+    pcm = not waveform and rows[0].dtype == torch.int16
+    if pcm and any(r.dtype != torch.int16 for r in rows):
+        rows, pcm = [r.float() * (1.0 / 32768.0) if r.dtype == torch.int16 else r for r in rows], False
     tokens = [s.get("tokens") or [] for s in samples]
-    shared = _shared_batch(rows, tokens)
+    shared = _shared_batch(rows, tokens, pcm=pcm)
     if shared is not None:
         padded, row_lengths, target, target_lengths = shared
     else:
         row_lengths = torch.tensor([f.shape[0] for f in rows], dtype=torch.int64)
+        if pcm:
+            rows = [r.float() * (1.0 / 32768.0) for r in rows]
         padded = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0.0)
         target_lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int64)
         target = torch.full((len(samples), int(target_lengths.max())), -1, dtype=torch.int64)
@@ -300,7 +306,7 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
     return batch
 
 
-def _shared_batch(feats: list, tokens: list) -> tuple | None:
+def _shared_batch(feats: list, tokens: list, *, pcm: bool = False) -> tuple | None:
     """In a DataLoader worker: the four batch tensors as views of one shared-memory block.
 
     A worker hands every tensor of a batch to the main process through shared memory; letting
@@ -308,7 +314,8 @@ def _shared_batch(feats: list, tokens: list) -> tuple | None:
     batch of 16 at 80-dim fbank, as much as the fbank of one utterance). Writing the padded
     values straight into one segment (what DataLoader's own collate does for its stacks) saves the
     copies and three of the four segments. Same values, shapes and dtypes as the plain path;
-    None outside a worker or for mixed feature dtypes/dims (the plain path then).
+    None outside a worker or for mixed feature dtypes/dims (the plain path then). ``pcm``: the rows are int16
+    samples, written as float32 ``k / 32768`` (the conversion and the copy in one pass).
     """
     import torch
     from torch.utils.data import get_worker_info
@@ -324,13 +331,17 @@ def _shared_batch(feats: list, tokens: list) -> tuple | None:
     row = 1
     for d in first.shape[1:]:
         row *= int(d)
-    item = first.element_size()
+    dtype = torch.float32 if pcm else first.dtype
+    item = dtype.itemsize
     feats_bytes = (n * width * row * item + 7) // 8 * 8
     units = max(len(t) for t in tokens)
     storage = torch.UntypedStorage._new_shared(feats_bytes + 8 * (2 * n + n * units))
-    padded = torch.empty(0, dtype=first.dtype).set_(storage, 0, (n, width, *first.shape[1:]))
+    padded = torch.empty(0, dtype=dtype).set_(storage, 0, (n, width, *first.shape[1:]))
     for i, f in enumerate(feats):
-        padded[i, :lengths[i]] = f
+        if pcm:
+            torch.mul(f, 1.0 / 32768.0, out=padded[i, :lengths[i]])
+        else:
+            padded[i, :lengths[i]] = f
         if lengths[i] < width:
             padded[i, lengths[i]:] = 0
     ints = torch.empty(0, dtype=torch.int64).set_(storage, feats_bytes // 8, (2 * n + n * units,))

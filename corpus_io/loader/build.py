@@ -112,8 +112,9 @@ def emit(batches: Iterator[list[dict]], *, state: SlotState) -> Iterator[list[di
         yield batch
 
 
-#: what a fold supplies to the stages that name it: per slot and epoch, not config
-RUNTIME = ("counts", "rng", "generator", "state", "budget", "batch_order")
+#: what a fold supplies to the stages that name it: per slot and epoch, not config (int16: see int16_decode;
+#: batched: see reads_ahead)
+RUNTIME = ("counts", "rng", "generator", "state", "budget", "batch_order", "int16", "batched")
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,28 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool) -> list[Stag
     return chain
 
 
+#: stages that take the int16 waveforms of ``decode(int16=True)`` (they convert where they need floats)
+TAKES_INT16 = frozenset({"filter_length", "resample", "speed_perturb", "count_frames", "tokenize", "filter_tokens",
+                         "fbank", "mfcc", "waveform_frames", "drop_empty", "raw_features", "spec_aug", "spec_sub",
+                         "spec_trim"})
+
+
+def reads_ahead(conf: DatasetConf) -> bool:
+    """May a stage before the buffers read ahead (batched features take a window of samples)? Not for streams
+    that continue across epochs (``epoch_hours``, a weighted mix): their readers mark a pass's end in the slot
+    state when they reach it, so every sample read must enter the buffers before the next is read."""
+    return not continues_streams(conf)
+
+
+def int16_decode(chain: list[Stage]) -> bool:
+    """Can ``decode`` give 16-bit PCM as stored (no float conversion)? When every stage between it and the
+    buffers takes it; a stage not known to (a new one) keeps the float waveforms."""
+    names = [s.name for s in chain]
+    if "decode" not in names or "enter" not in names:
+        return False
+    return all(n in TAKES_INT16 for n in names[names.index("decode") + 1:names.index("enter")])
+
+
 def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, slot: Slot, state: SlotState,
                    train: bool, counts: Counter) -> Iterator[dict]:
     """Padded batch dicts of one slot (see docs/DEVELOPING.md "The sample dict"), without bookkeeping keys."""
@@ -245,7 +268,9 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
     runtime = {"counts": counts, "rng": random.Random(tag), "generator": generator, "state": state,
                "budget": slot_budget_seconds(conf, slot),
                "batch_order": batching.batch_order(seed, epoch, slot.rank, slot.worker)}
-    for stage in loader_chain(conf, tokenizer, train=train):
+    chain = loader_chain(conf, tokenizer, train=train)
+    runtime["int16"], runtime["batched"] = int16_decode(chain), reads_ahead(conf)
+    for stage in chain:
         samples = stage(samples, runtime)
         if prof is not None:
             samples = prof.stage(samples, stage.name)
