@@ -274,9 +274,10 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
     else:
         rows = [s["feats"] for s in samples]
     # feats of int16 samples (feats_type=raw after an int16 decode) are k / 32768: scaled as they are written
-    pcm = not waveform and rows[0].dtype == torch.int16
-    if pcm and any(r.dtype != torch.int16 for r in rows):
-        rows, pcm = [r.float() * (1.0 / 32768.0) if r.dtype == torch.int16 else r for r in rows], False
+    int16 = [r.dtype == torch.int16 for r in rows] if not waveform else [False]
+    pcm = all(int16)
+    if any(int16) and not pcm:  # int16 rows join float rows at their scale
+        rows = [r.float() * (1.0 / 32768.0) if r.dtype == torch.int16 else r for r in rows]
     tokens = [s.get("tokens") or [] for s in samples]
     shared = _shared_batch(rows, tokens, pcm=pcm)
     if shared is not None:
