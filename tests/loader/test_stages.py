@@ -256,18 +256,10 @@ def test_audio_shorter_than_one_analysis_window_is_dropped_and_counted_not_a_tra
 
 def _real_recordings() -> list[dict]:
     """The fetched real recordings (recipes/tools/real_recordings.py), read as the loader reads a raw list."""
-    import importlib.util
+    from tests.loader.test_dataset import _real_utts
 
-    from tests.conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("real_recordings", REPO / "recipes" / "tools" / "real_recordings.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    path = module.cache_dir()
-    if not module.is_complete(path):
-        pytest.fail(f"the real recordings are not fetched ({path}): run `make install` or "
-                    f"`python recipes/tools/real_recordings.py fetch` once.")
-    return _read(path)
+    return [{"key": key, "audio": open(path, "rb").read(), "audio_format": path.rsplit(".", 1)[1], "txt": text}
+            for key, path, text in _real_utts()]
 
 
 @pytest.mark.parametrize("corpus, int16, kinds", [("espeak", False, ("fbank", "mfcc")), ("espeak", True, ("fbank",)),
