@@ -98,7 +98,7 @@ def decode(samples: Iterable[dict], *, on_error: str = "fail", int16: bool = Fal
     raises :class:`DataError` naming the key and ``__url__``, or with ``on_error='skip'`` is
     counted as ``decode.error`` and skipped.
 
-    ``int16`` (the chain's stages all take it: :func:`corpus_io.loader.build.loader_chain`): a mono 16-bit PCM
+    ``int16`` (the chain's stages all take it: :func:`corpus_io.loader.build.int16_decode`): a mono 16-bit PCM
     WAV gives its samples as they are stored, an int16 ``wav`` standing for ``wav / 32768`` (no float
     conversion here; the stage that needs floats converts, padding writes them into the batch at once).
     """
