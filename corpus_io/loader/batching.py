@@ -274,12 +274,19 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
             rows = [r.float() / 32768.0 if r.dtype == torch.int16 else r for r in rows]
     else:
         rows = [s["feats"] for s in samples]
+    # feats of int16 samples (feats_type=raw after an int16 decode) are k / 32768: scaled as they are written
+    int16 = [r.dtype == torch.int16 for r in rows] if not waveform else [False]
+    pcm = all(int16)
+    if any(int16) and not pcm:  # int16 rows join float rows at their scale
+        rows = [r.float() * (1.0 / 32768.0) if r.dtype == torch.int16 else r for r in rows]
     tokens = [s.get("tokens") or [] for s in samples]
-    shared = _shared_batch(rows, tokens)
+    shared = _shared_batch(rows, tokens, pcm=pcm)
     if shared is not None:
         padded, row_lengths, target, target_lengths = shared
     else:
         row_lengths = torch.tensor([f.shape[0] for f in rows], dtype=torch.int64)
+        if pcm:
+            rows = [r.float() * (1.0 / 32768.0) for r in rows]
         padded = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0.0)
         target_lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int64)
         target = torch.full((len(samples), int(target_lengths.max())), -1, dtype=torch.int64)
@@ -303,7 +310,7 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
     return batch
 
 
-def _shared_batch(feats: list, tokens: list) -> tuple | None:
+def _shared_batch(feats: list, tokens: list, *, pcm: bool = False) -> tuple | None:
     """In a DataLoader worker: the four batch tensors as views of one shared-memory block.
 
     A worker hands every tensor of a batch to the main process through shared memory; letting
@@ -311,7 +318,8 @@ def _shared_batch(feats: list, tokens: list) -> tuple | None:
     batch of 16 at 80-dim fbank, as much as the fbank of one utterance). Writing the padded
     values straight into one segment (what DataLoader's own collate does for its stacks) saves the
     copies and three of the four segments. Same values, shapes and dtypes as the plain path;
-    None outside a worker or for mixed feature dtypes/dims (the plain path then).
+    None outside a worker or for mixed feature dtypes/dims (the plain path then). ``pcm``: the rows are int16
+    samples, written as float32 ``k / 32768`` (cast in the copy, then scaled in one pass over the batch).
     """
     import torch
     from torch.utils.data import get_worker_info
@@ -327,15 +335,18 @@ def _shared_batch(feats: list, tokens: list) -> tuple | None:
     row = 1
     for d in first.shape[1:]:
         row *= int(d)
-    item = first.element_size()
+    dtype = torch.float32 if pcm else first.dtype
+    item = dtype.itemsize
     feats_bytes = (n * width * row * item + 7) // 8 * 8
     units = max(len(t) for t in tokens)
     storage = torch.UntypedStorage._new_shared(feats_bytes + 8 * (2 * n + n * units))
-    padded = torch.empty(0, dtype=first.dtype).set_(storage, 0, (n, width, *first.shape[1:]))
+    padded = torch.empty(0, dtype=dtype).set_(storage, 0, (n, width, *first.shape[1:]))
     for i, f in enumerate(feats):
-        padded[i, :lengths[i]] = f
+        padded[i, :lengths[i]] = f  # int16 rows: cast in the copy
         if lengths[i] < width:
             padded[i, lengths[i]:] = 0
+    if pcm:  # one pass over the batch (faster than a scaling copy per row), exact: a power of two
+        padded.mul_(1.0 / 32768.0)
     ints = torch.empty(0, dtype=torch.int64).set_(storage, feats_bytes // 8, (2 * n + n * units,))
     feats_lengths, target_lengths = ints[:n], ints[n:2 * n]
     target = ints[2 * n:].view(n, units)

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from corpus_io.config import DatasetConf
 from corpus_io.errors import ConfigError
+from corpus_io.loader import profile
 from corpus_io.loader.partition import Slot, SlotState
 from corpus_io.loader.read import ReadOptions, Source, iter_source, mix
 
@@ -111,8 +112,9 @@ def emit(batches: Iterator[list[dict]], *, state: SlotState) -> Iterator[list[di
         yield batch
 
 
-#: what a fold supplies to the stages that name it: per slot and epoch, not config
-RUNTIME = ("counts", "rng", "generator", "state", "budget", "batch_order", "epoch")
+#: what a fold supplies to the stages that name it: per slot and epoch, not config (int16: see int16_decode;
+#: batched: see reads_ahead)
+RUNTIME = ("counts", "rng", "generator", "state", "budget", "batch_order", "epoch", "int16", "batched")
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,28 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool, dump_audio_d
     return chain
 
 
+#: stages that take the int16 waveforms of ``decode(int16=True)`` (they convert where they need floats)
+TAKES_INT16 = frozenset({"filter_length", "resample", "speed_perturb", "count_frames", "tokenize", "filter_tokens",
+                         "fbank", "mfcc", "waveform_frames", "drop_empty", "raw_features", "spec_aug", "spec_sub",
+                         "spec_trim"})
+
+
+def reads_ahead(conf: DatasetConf) -> bool:
+    """May a stage before the buffers read ahead (batched features take a window of samples)? Not for streams
+    that continue across epochs (``epoch_hours``, a weighted mix): their readers mark a pass's end in the slot
+    state when they reach it, so every sample read must enter the buffers before the next is read."""
+    return not continues_streams(conf)
+
+
+def int16_decode(chain: list[Stage]) -> bool:
+    """Can ``decode`` give 16-bit PCM as stored (no float conversion)? When every stage between it and the
+    buffers takes it; a stage not known to (a new one) keeps the float waveforms."""
+    names = [s.name for s in chain]
+    if "decode" not in names or "enter" not in names:
+        return False
+    return all(n in TAKES_INT16 for n in names[names.index("decode") + 1:names.index("enter")])
+
+
 def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, slot: Slot, state: SlotState,
                    train: bool, counts: Counter, dump_audio_dir: str | None = None) -> Iterator[dict]:
     """Padded batch dicts of one slot (see docs/DEVELOPING.md "The sample dict"), without bookkeeping keys."""
@@ -260,9 +284,16 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
                                          on_error=conf.on_error, counts=counts)
                if src.owners or src.track_keys else stream for stream, src in zip(streams, sources)]
     samples = streams[0] if len(streams) == 1 else mix(streams, [s.weight for s in sources], state)
+    prof = profile.current()  # CORPUS_IO_LOADER_PROFILE: every stage timed (corpus_io.loader.profile)
+    if prof is not None:
+        samples = prof.stage(samples, "tar parse")
     runtime = {"counts": counts, "rng": random.Random(tag), "generator": generator, "state": state,
                "budget": slot_budget_seconds(conf, slot),
                "batch_order": batching.batch_order(seed, epoch, slot.rank, slot.worker), "epoch": epoch}
-    for stage in loader_chain(conf, tokenizer, train=train, dump_audio_dir=dump_audio_dir):
+    chain = loader_chain(conf, tokenizer, train=train, dump_audio_dir=dump_audio_dir)
+    runtime["int16"], runtime["batched"] = int16_decode(chain), reads_ahead(conf)
+    for stage in chain:
         samples = stage(samples, runtime)
+        if prof is not None:
+            samples = prof.stage(samples, stage.name)
     return samples

@@ -39,6 +39,7 @@ import json
 import logging
 import pickle
 import sys
+import time
 from collections import Counter
 from typing import Any, Iterator
 
@@ -47,6 +48,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from corpus_io.config import DatasetConf, check_values
 from corpus_io.errors import ConfigError, CorpusIOError, DataError
+from corpus_io.loader import profile
 from corpus_io.loader.build import build_pipeline, continues_streams, describe_chain, loader_chain, read_options
 from corpus_io.loader.elastic import Carry, Resplit, carry_over, resplit, same_topology, utterances_left
 from corpus_io.loader.partition import Slot, SlotState, all_ranks_have_data, dist_info, gather_objects, ranks_with_data
@@ -97,8 +99,10 @@ class CorpusDataset(IterableDataset):
         state.epoch = self.epoch
         counts: Counter = Counter()
         sent: Counter = Counter()
+        prof = profile.start()  # None unless CORPUS_IO_LOADER_PROFILE is set
 
         def bookkeeping(final: bool = False) -> dict:
+            t = time.perf_counter() if prof is not None else 0.0
             delta = counts - sent
             sent.update(delta)
             # pickled bytes: DataLoader passes bytes through as is (a nested list of ~2000 pending ids would
@@ -107,8 +111,12 @@ class CorpusDataset(IterableDataset):
             # asked for (see _parsed)
             snapshot = (state.epoch, state.cursor, state.pending, state.taken, state.seconds, state.finished,
                         state.plans)
-            return {"__worker__": worker, "__state__": pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL),
-                    "__counts__": json.dumps(delta) if delta else "{}", "__final__": final}
+            out = {"__worker__": worker, "__state__": pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL),
+                   "__counts__": json.dumps(delta) if delta else "{}", "__final__": final}
+            if prof is not None:
+                prof.add("state", time.perf_counter() - t)
+                out["__profile__"] = json.dumps(prof.totals(rest="hand-over"))
+            return out
 
         try:
             if not state.finished:
@@ -123,6 +131,19 @@ class CorpusDataset(IterableDataset):
             yield bookkeeping(final=True)
         except CorpusIOError as exc:  # re-raised in the main process with its own message
             yield {"__worker__": worker, "__error__": (type(exc).__name__, str(exc))}
+
+
+def _timed_hand_over(batches: Iterator[dict], prof: profile.Profile) -> Iterator[dict]:
+    """``batches`` with the wait for each (DataLoader's unpickling included) added to ``hand-over``; ``prof.handed``
+    is when the last one arrived (the unpacking after it is timed from there)."""
+    while True:
+        t = time.perf_counter()
+        batch = next(batches, None)
+        prof.handed = time.perf_counter()
+        prof.add("hand-over", prof.handed - t)
+        if batch is None:
+            return
+        yield batch
 
 
 def _one_thread(batches: Iterator[dict]) -> Iterator[dict]:
@@ -225,8 +246,15 @@ class CorpusLoader:
         if self.num_workers > 0 and self.conf.batch_timeout > 0:
             kwargs["timeout"] = float(self.conf.batch_timeout)
         in_step = self.uneven != "allow" and self.world_size > 1
-        for batch in self._guarded(iter(DataLoader(self.dataset, **kwargs))):
+        batches = self._guarded(iter(DataLoader(self.dataset, **kwargs)))
+        prof = profile.Profile() if profile.enabled() else None  # the main process's side
+        if prof is not None:
+            self._profiles = {"main": prof}
+            batches = _timed_hand_over(batches, prof)
+        for batch in batches:
             worker = int(batch.pop("__worker__"))
+            if prof is not None and "__profile__" in batch:
+                self._profiles[worker] = json.loads(batch.pop("__profile__"))
             if "__error__" in batch:
                 name, message = batch["__error__"]
                 raise (ConfigError if name == "ConfigError" else DataError)(message)
@@ -242,6 +270,8 @@ class CorpusLoader:
             self._before_last = (worker, self._snapshots.get(worker))
             self._snapshots[worker] = snapshot
             self._batches += 1
+            if prof is not None:
+                prof.add("unpacking", time.perf_counter() - prof.handed)
             yield batch
         else:
             if in_step:
@@ -251,6 +281,15 @@ class CorpusLoader:
         if self._epoch_counts:
             log.info("epoch %d rank %d: dropped %s", self.epoch, self.rank,
                      ", ".join(f"{k} {v}" for k, v in sorted(self._epoch_counts.items())))
+
+    def profile(self) -> dict:
+        """The last iteration's profile (``CORPUS_IO_LOADER_PROFILE=1``, see corpus_io.loader.profile):
+        ``{"main": seconds per category, "workers": {worker: seconds per category}}``; empty when off."""
+        profiles = dict(getattr(self, "_profiles", {}))
+        main = profiles.pop("main", None)
+        if main is None:
+            return {}
+        return {"main": main.totals(rest="consumer"), "workers": profiles}
 
     def _every_rank_has_a_batch(self, mine: bool) -> bool:
         """One all-reduce per step (``uneven`` stop/error): True while every rank has a batch for it."""

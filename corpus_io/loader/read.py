@@ -23,6 +23,7 @@ from functools import partial
 from typing import Any, Callable, Iterator
 
 from corpus_io.errors import DataError, redact
+from corpus_io.loader import profile
 from corpus_io.loader.batching import CARRIED
 from corpus_io.loader.partition import PASS_STRIDE, Assignment, Piece, Slot, SlotState, assign, pieces_of, unit_weights
 from corpus_io.loader.rawlist import CHUNK_LINES, RawList, chunk_sizes, permuted_lines
@@ -209,6 +210,8 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: i
         from corpus_io.shards.fields import open_shard_fields
 
         read_shard = partial(open_shard_fields, fields=opts.fields)  # type: ignore[assignment]
+    elif profile.current() is not None:  # CORPUS_IO_LOADER_PROFILE: time the file reads
+        read_shard = partial(read_shard, wrap=profile.current().reader)  # type: ignore[union-attr]
     delivered = 0
     attempt = 0
     delay = opts.retry_backoff
@@ -259,6 +262,8 @@ def _why(exc: BaseException, opts: ReadOptions) -> str:
 
 
 def read_raw_entry(lst: RawList, i: int, opts: ReadOptions, counts: Counter) -> dict | None:
+    prof = profile.current()
+    t = time.perf_counter() if prof is not None else 0.0
     try:
         return lst.sample(i, storage_options=opts.storage_options, allow_pipe=opts.allow_pipe)
     except DataError as exc:
@@ -267,6 +272,9 @@ def read_raw_entry(lst: RawList, i: int, opts: ReadOptions, counts: Counter) -> 
             counts["unreadable utterances"] += 1
             return None
         raise
+    finally:
+        if prof is not None:
+            prof.add("read", time.perf_counter() - t)
 
 
 def _units_of_pass(source: Source, slot: Slot, *, seed: int, pass_: int, shuffle: bool) -> Assignment:

@@ -46,7 +46,7 @@ from corpus_io.loader.batching import pad as pad_batch
 __all__ = [
     "decode", "filter_length", "resample", "resample_wav", "draws", "speed_perturb", "fbank", "mfcc", "waveform_frames",
     "drop_empty", "raw_features", "precomputed_features", "spec_aug", "spec_sub", "spec_trim", "tokenize",
-    "filter_tokens", "shuffle", "sort", "batch", "bucket_batch", "pad", "num_frames",
+    "filter_tokens", "shuffle", "sort", "batch", "bucket_batch", "pad", "num_frames", "as_float",
 ]
 
 
@@ -91,27 +91,54 @@ def num_frames(sample: dict) -> float:
 # --------------------------------------------------------------------------- decode
 
 
-def decode(samples: Iterable[dict], *, on_error: str = "fail", counts: Counter | None = None) -> Iterator[dict]:
+def decode(samples: Iterable[dict], *, on_error: str = "fail", int16: bool = False,
+           counts: Counter | None = None) -> Iterator[dict]:
     """``audio`` bytes -> ``wav`` (1, num_samples) float32 mono and ``sample_rate``.
 
     Raw segments: ``start``/``end`` seconds (``end < 0``: to the end) cut the recording
     without decoding the rest. Stereo is averaged to mono. A member that cannot be decoded
     raises :class:`DataError` naming the key and ``__url__``, or with ``on_error='skip'`` is
     counted as ``decode.error`` and skipped.
+
+    ``int16`` (the chain's stages all take it: :func:`corpus_io.loader.build.int16_decode`): a mono 16-bit PCM
+    WAV gives its samples as they are stored, an int16 ``wav`` standing for ``wav / 32768`` (no float
+    conversion here; the stage that needs floats converts, padding writes them into the batch at once).
     """
     hint = "Re-pack or remove this utterance, or set dataset_conf.on_error=skip to skip and count such members."
-    for sample, (rate, wave) in _guarded(samples, _decode_one, on_error, counts, "decode", hint):
+    one = _decode_int16 if int16 else _decode_one
+    for sample, (rate, wave) in _guarded(samples, one, on_error, counts, "decode", hint):
         data = sample.pop("audio", None)
-        sample["wav"] = torch.from_numpy(np.ascontiguousarray(audio.to_mono(wave), dtype=np.float32)).unsqueeze(0)
         sample["sample_rate"] = rate
-        # the samples are exactly k / 32768 (mono 16-bit source): waveform_frames ships them as int16
-        sample["pcm16"] = wave.ndim == 1 and audio.is_pcm16(data)
+        if wave.dtype == np.int16:
+            sample["wav"] = torch.from_numpy(wave).unsqueeze(0)
+            sample["pcm16"] = True
+        else:
+            sample["wav"] = torch.from_numpy(np.ascontiguousarray(audio.to_mono(wave), dtype=np.float32)).unsqueeze(0)
+            # the samples are exactly k / 32768 (mono 16-bit source): waveform_frames ships them as int16
+            sample["pcm16"] = wave.ndim == 1 and audio.is_pcm16(data)
         yield sample
 
 
 def _decode_one(sample: dict) -> tuple[int, np.ndarray]:
     wave, rate = _decode_bytes(sample)
     return rate, wave
+
+
+def _decode_int16(sample: dict) -> tuple[int, np.ndarray]:
+    """A whole mono 16-bit PCM WAV as its stored samples (native int16, owned: a read-only view of the member
+    would make a read-only tensor); anything else as :func:`_decode_one` decodes it."""
+    data = sample.get("audio")
+    if isinstance(data, (bytes, bytearray, memoryview)) and "start" not in sample and "end" not in sample:
+        layout = audio.wav_layout(data)
+        if layout is not None and layout.bits == 16 and not layout.is_float and layout.channels == 1:
+            pcm = np.frombuffer(data, dtype="<i2", count=layout.num_frames, offset=layout.data_offset)
+            return layout.sample_rate, pcm.astype(np.int16)  # a copy, in native byte order
+    return _decode_one(sample)
+
+
+def as_float(wav: torch.Tensor) -> torch.Tensor:
+    """A ``wav`` as float32 in [-1, 1]: int16 samples (:func:`decode` with ``int16``) are ``k / 32768``."""
+    return wav.float() * (1.0 / 32768.0) if wav.dtype == torch.int16 else wav
 
 
 def _decode_bytes(sample: dict) -> tuple[np.ndarray, int]:
@@ -216,7 +243,7 @@ def resample(samples: Iterable[dict], *, resample_rate: int = 16000, counts: Cou
     for sample in samples:
         rate = sample["sample_rate"]
         if rate != resample_rate:
-            sample["wav"] = audio.resample_wav(sample["wav"], rate, resample_rate)
+            sample["wav"] = audio.resample_wav(as_float(sample["wav"]), rate, resample_rate)
             sample["sample_rate"] = resample_rate
             sample["pcm16"] = False
         yield sample
@@ -241,7 +268,7 @@ def speed_perturb(samples: Iterable[dict], *, speeds: Sequence[float] = (0.9, 1.
         speed = draws(seed, epoch, sample["key"], "speed").choice(speeds)
         if speed != 1.0:
             rate = sample["sample_rate"]
-            sample["wav"] = audio.resample_wav(sample["wav"], int(round(rate * speed)), rate)
+            sample["wav"] = audio.resample_wav(as_float(sample["wav"]), int(round(rate * speed)), rate)
             sample["pcm16"] = False
         yield sample
 
@@ -263,13 +290,73 @@ def _with_feats(samples: Iterable[dict], compute: Any, counts: Counter | None) -
         yield sample
 
 
+#: utterances whose features are computed together: sorted by length and cut into batches of FEATURE_BATCH
+FEATURE_WINDOW = 64
+FEATURE_BATCH = 16
+
+
+def _batched_feats(samples: Iterable[dict], compute: Callable[[torch.Tensor, torch.Tensor, int], tuple],
+                   frame_length: float, frame_shift: float, counts: Counter | None) -> Iterator[dict]:
+    """What :func:`_with_feats` gives, in the same order, with ``feats`` computed in batches: each window of
+    :data:`FEATURE_WINDOW` utterances is sorted by length and cut into batches of :data:`FEATURE_BATCH` (little
+    padding), ``compute(wav (B, N), lengths (B,), sample_rate)`` gives ``(feats (B, T, D), frames (B,))`` and each
+    utterance gets its rows (a view). One batched call costs much less than FEATURE_BATCH per-utterance ones."""
+    window: list[dict] = []
+    for sample in samples:
+        window.append(sample)
+        if len(window) >= FEATURE_WINDOW:
+            yield from _window_feats(window, compute, frame_length, frame_shift, counts)
+            window = []
+    yield from _window_feats(window, compute, frame_length, frame_shift, counts)
+
+
+def _window_feats(window: list[dict], compute: Callable, frame_length: float, frame_shift: float,
+                  counts: Counter | None) -> Iterator[dict]:
+    feats: list[torch.Tensor | None] = [None] * len(window)
+    # no frame below one window (Kaldi): such an utterance is dropped below, as _with_feats drops it
+    kept = [i for i, s in enumerate(window)
+            if features.num_frames(s["wav"].shape[-1], s["sample_rate"], frame_length, frame_shift)]
+    kept.sort(key=lambda i: (window[i]["sample_rate"], window[i]["wav"].shape[-1]))
+    while kept:
+        rate = window[kept[0]]["sample_rate"]
+        group = [i for i in kept[:FEATURE_BATCH] if window[i]["sample_rate"] == rate]
+        kept = kept[len(group):]
+        rows = [window[i]["wav"].reshape(-1) for i in group]
+        if len({r.dtype for r in rows}) > 1:  # int16 rows (k / 32768) join float rows at their scale
+            rows = [as_float(r) for r in rows]
+        lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)
+        out, frames = compute(torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths, rate)
+        for j, i in enumerate(group):
+            feats[i] = out[j, :int(frames[j])]
+    for sample, computed in zip(window, feats):
+        if computed is None:
+            _count(counts, "features.shorter_than_window")
+            continue
+        sample.pop("wav", None)
+        sample.pop("frames", None)
+        sample["feats"] = computed
+        yield sample
+
+
 def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: float = 25.0, frame_shift: float = 10.0,
-          dither: float = 0.0, generator: torch.Generator | None = None,
+          dither: float = 0.0, generator: torch.Generator | None = None, batched: bool = True,
           counts: Counter | None = None) -> Iterator[dict]:
     """Kaldi fbank (:func:`corpus_io.audio.features.fbank`) of ``wav`` as WeNet computes it: ``feats``
-    (num_frames, num_mel_bins), num_frames = 1 + (n - frame_length_samples) // shift_samples."""
+    (num_frames, num_mel_bins), num_frames = 1 + (n - frame_length_samples) // shift_samples.
+
+    Without dither and with ``batched`` the features are computed in batches (:func:`_batched_feats`, equal to
+    the per-utterance ones within 1e-3), which reads :data:`FEATURE_WINDOW` utterances ahead; else per utterance
+    (dither: the noise drawn from ``generator`` in order). ``batched=False`` where the reader's state must follow
+    each sample into the buffers (:func:`corpus_io.loader.build.reads_ahead`)."""
+    if not dither and batched:
+        def batched(wav: torch.Tensor, lengths: torch.Tensor, rate: int) -> tuple:
+            return features.batch_fbank(wav, lengths, rate, num_mel_bins=num_mel_bins, frame_length=frame_length,
+                                        frame_shift=frame_shift)
+
+        return _batched_feats(samples, batched, frame_length, frame_shift, counts)
+
     def compute(sample: dict) -> torch.Tensor:
-        return features.fbank(sample["wav"], sample["sample_rate"], num_mel_bins=num_mel_bins,
+        return features.fbank(as_float(sample["wav"]), sample["sample_rate"], num_mel_bins=num_mel_bins,
                               frame_length=frame_length, frame_shift=frame_shift, dither=dither, generator=generator)
 
     return _with_feats(samples, compute, counts)
@@ -277,11 +364,21 @@ def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: floa
 
 def mfcc(samples: Iterable[dict], *, num_mel_bins: int = 40, num_ceps: int = 40, frame_length: float = 25.0,
          frame_shift: float = 10.0, dither: float = 0.0, high_freq: float = -200.0, low_freq: float = 20.0,
-         generator: torch.Generator | None = None, counts: Counter | None = None) -> Iterator[dict]:
-    """Kaldi MFCC (:func:`corpus_io.audio.features.mfcc`) of ``wav``: ``feats`` (num_frames, num_ceps)."""
+         generator: torch.Generator | None = None, batched: bool = True,
+         counts: Counter | None = None) -> Iterator[dict]:
+    """Kaldi MFCC (:func:`corpus_io.audio.features.mfcc`) of ``wav``: ``feats`` (num_frames, num_ceps); batched
+    without dither, like :func:`fbank`."""
+    if not dither and batched:
+        def batched(wav: torch.Tensor, lengths: torch.Tensor, rate: int) -> tuple:
+            return features.batch_mfcc(wav, lengths, rate, num_mel_bins=num_mel_bins, num_ceps=num_ceps,
+                                       frame_length=frame_length, frame_shift=frame_shift, high_freq=high_freq,
+                                       low_freq=low_freq)
+
+        return _batched_feats(samples, batched, frame_length, frame_shift, counts)
+
     def compute(sample: dict) -> torch.Tensor:
-        return features.mfcc(sample["wav"], sample["sample_rate"], num_mel_bins=num_mel_bins, num_ceps=num_ceps,
-                             frame_length=frame_length, frame_shift=frame_shift, dither=dither,
+        return features.mfcc(as_float(sample["wav"]), sample["sample_rate"], num_mel_bins=num_mel_bins,
+                             num_ceps=num_ceps, frame_length=frame_length, frame_shift=frame_shift, dither=dither,
                              high_freq=high_freq, low_freq=low_freq, generator=generator)
 
     return _with_feats(samples, compute, counts)
@@ -305,7 +402,7 @@ def waveform_frames(samples: Iterable[dict], *, frame_length: float = 25.0, fram
     (``pcm16``: mono 16-bit PCM, not resampled or perturbed) travels as int16, half the bytes, exactly;
     any other stays float32 in [-1, 1]."""
     for sample in count_frames(samples, frame_length=frame_length, frame_shift=frame_shift):
-        if sample.pop("pcm16", False):  # k / 32768 exactly: the int16 conversion loses nothing
+        if sample.pop("pcm16", False) and sample["wav"].dtype != torch.int16:  # k / 32768 exactly: lossless
             scaled = sample["wav"].numpy() * np.float32(features.INT16_SCALE)
             sample["wav"] = torch.from_numpy(scaled.astype(np.int16))
         yield sample
@@ -321,7 +418,8 @@ def drop_empty(samples: Iterable[dict], *, counts: Counter | None = None) -> Ite
 
 
 def raw_features(samples: Iterable[dict], *, counts: Counter | None = None) -> Iterator[dict]:
-    """The waveform itself as ``feats`` (num_samples, 1), in [-1, 1]: frames are samples here."""
+    """The waveform itself as ``feats`` (num_samples, 1), in [-1, 1]: frames are samples here (int16 samples of
+    :func:`decode` stay so until padding writes them into the batch as ``k / 32768``)."""
     return _with_feats(samples, lambda sample: sample["wav"].reshape(-1, 1), counts)
 
 

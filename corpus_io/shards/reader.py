@@ -358,12 +358,15 @@ def group_samples(members: Iterable[tuple[str, bytes]], *, url: str) -> Iterator
 
 
 def read_shard(url: str, *, storage_options: dict | None = None,
-               max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES, allow_pipe: bool = False) -> Iterator[dict]:
-    """Samples of the shard at ``url`` (local path, file://, http(s)://, s3://, or pipe: when allowed)."""
+               max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES, allow_pipe: bool = False,
+               wrap: Callable[[IO[bytes]], IO[bytes]] | None = None) -> Iterator[dict]:
+    """Samples of the shard at ``url`` (local path, file://, http(s)://, s3://, or pipe: when allowed).
+    ``wrap``: applied to the opened stream (the loader's profile times its reads)."""
     from corpus_io.storage.urls import open_url
 
     f = open_url(url, storage_options=storage_options, allow_pipe=allow_pipe)
     try:
-        yield from group_samples(iter_tar_members(f, url=url, max_member_bytes=max_member_bytes), url=url)
+        stream = f if wrap is None else wrap(f)
+        yield from group_samples(iter_tar_members(stream, url=url, max_member_bytes=max_member_bytes), url=url)
     finally:
         f.close()

@@ -559,3 +559,29 @@ def test_an_epoch_resumed_while_training_the_carried_rest_trains_it_and_each_key
     assert not untrained[1] & untrained[0] and not untrained[2] & untrained[1]
     first = uneven_runs[next(iter(UNEVEN_SHAPES))]["epochs"][0]
     assert shape["epochs"][0] == first  # the same run up to the checkpoint
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_raw_waveform_batches_hold_exactly_the_decoded_float_samples(shards, num_workers):
+    """16-bit PCM travels as int16 from decode to pad (build.int16_decode); the batch holds k / 32768 as float32,
+    bit for bit what soundfile decodes, in the worker's shared batch and in the main process alike."""
+    import soundfile as sf
+    import torch
+
+    from corpus_io.loader.build import int16_decode, loader_chain
+
+    data_list, _, _ = shards
+    conf = small_conf(feats_type="raw", num_workers=num_workers)
+    assert int16_decode(loader_chain(conf, None, train=True))
+    paths = {key: path for key, path, _ in fixture_utts(copies=2)}
+    loader = build_dataloader(str(data_list), conf, None, train=True, rank=0, world_size=1)
+    seen = 0
+    for batch in loader:
+        assert batch["feats"].dtype == torch.float32
+        for key, row, n in zip(batch["keys"], batch["feats"], batch["feats_lengths"].tolist()):
+            wave, rate = sf.read(paths[key], dtype="float32")
+            if rate != 16000 or wave.ndim != 1 or sf.info(paths[key]).subtype != "PCM_16":
+                continue  # resampled or not 16-bit: not the int16 path
+            assert torch.equal(row[:n, 0], torch.from_numpy(wave)) and not row[n:].any(), key
+            seen += 1
+    assert seen >= 4

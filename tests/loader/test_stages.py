@@ -252,3 +252,36 @@ def test_audio_shorter_than_one_analysis_window_is_dropped_and_counted_not_a_tra
         kept = list(stage(decoded, counts=counts))
         assert [s["key"] for s in kept] == ["s2"] and kept[0]["feats"].shape[0] == 1
         assert counts["features.shorter_than_window"] == len(decoded) - 1
+
+
+def _real_recordings() -> list[dict]:
+    """The fetched real recordings (recipes/tools/real_recordings.py), read as the loader reads a raw list."""
+    from tests.loader.test_dataset import _real_utts
+
+    return [{"key": key, "audio": open(path, "rb").read(), "audio_format": path.rsplit(".", 1)[1], "txt": text}
+            for key, path, text in _real_utts()]
+
+
+@pytest.mark.parametrize("corpus, int16, kinds", [("espeak", False, ("fbank", "mfcc")), ("espeak", True, ("fbank",)),
+                                                   ("real recordings", True, ("fbank",))])
+def test_fbank_and_mfcc_stages_compute_in_batches_what_per_utterance_features_give(fixture_corpus, corpus, int16,
+                                                                                   kinds):
+    """The loader's features come from the batched functions (a window sorted by length, batches of 16), equal to
+    torchaudio's per-utterance ones within 1e-3, in the input order, for float and int16 (16-bit PCM) waveforms."""
+    from corpus_io.audio import features
+
+    read = _read(fixture_corpus) if corpus == "espeak" else _real_recordings()
+    decoded = list(stages.resample(stages.decode(read, int16=int16), resample_rate=16000))
+    assert any(s["wav"].dtype == torch.int16 for s in decoded) == int16
+    options = {"fbank": (features.fbank, {"num_mel_bins": 80}),
+               "mfcc": (features.mfcc, {"num_mel_bins": 40, "num_ceps": 13})}
+    for name in kinds:
+        per_utterance, kwargs = options[name]
+        out = list(getattr(stages, name)([dict(s) for s in decoded], **kwargs))
+        assert [s["key"] for s in out] == [s["key"] for s in decoded]
+        for sample, source in zip(out, decoded):
+            reference = per_utterance(stages.as_float(source["wav"]), 16000, **kwargs)
+            assert sample["feats"].shape == reference.shape and "wav" not in sample
+            assert (sample["feats"] - reference).abs().max() < 1e-3, (name, sample["key"])
+        batches = {s["feats"].untyped_storage().data_ptr() for s in out}
+        assert len(batches) <= -(-len(out) // stages.FEATURE_BATCH)  # one tensor per batch, not per utterance
