@@ -103,6 +103,8 @@ def read_child(mode: str, source: str, workers: int) -> None:
     if mode == "datasets":  # imports are not reading
         import datasets  # noqa: F401
     else:
+        import pyarrow.parquet  # noqa: F401  (a loader worker imports it once per run)
+
         import corpus_io.loader.read  # noqa: F401
     start = time.perf_counter()
     shares = [(source, w, workers) for w in range(workers)]

@@ -15,7 +15,9 @@ the string columns (a sort by ``text`` is a sort by ``text_rank``: 10M strings s
 milliseconds). Rows go to the engine through a temporary JSONL file, so memory stays flat while scanning.
 
 Tar members are located with :mod:`tarfile` reading headers only (payloads are seeked past; a remote
-shard is read with ranged reads), so the server can later serve an audio member by byte range.
+shard is read with ranged reads), so the server can later serve an audio member by byte range. A list's
+Hugging Face parquet file gives a row per parquet row (its audio named by the row's locator) and a Lhotse Shar
+shard a row per cut (its audio a member of the recording tar).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Catalog:
 def detect(input_path: str) -> tuple[str, str]:
     """``(kind, list path)``: ``shard`` (a data.list), ``raw`` (JSONL) or ``kaldi`` (a directory)."""
     from corpus_io.storage.urls import is_remote
+    from corpus_io.tables.shar import is_shar_cuts
 
     if is_remote(input_path):
         return "shard", input_path
@@ -100,7 +103,8 @@ def detect(input_path: str) -> tuple[str, str]:
             if raw.strip():
                 head = raw.strip()
                 break
-    if head.startswith(b"{") or head.endswith((b".jsonl", b".json")):
+    shar = is_shar_cuts(head.decode("utf-8", "replace"))  # a Shar's plain cuts.jsonl is a shard line
+    if head.startswith(b"{") or (head.endswith((b".jsonl", b".json")) and not shar):
         return "raw", str(p)
     return "shard", str(p)
 
@@ -135,11 +139,29 @@ def open_shard(url: str, storage_options: dict | None):
     return open(local_path(url), "rb")
 
 
+def local_stamp(url: str) -> list:
+    """Size and mtime of a local shard's files: a tar, a parquet entry's file (its column mapping dropped), or a
+    Shar shard's cuts and recording tar."""
+    from corpus_io.storage.urls import local_path
+    from corpus_io.tables import parquet, shar
+
+    if shar.is_shar_cuts(url):
+        return file_stamp(local_path(url)) + file_stamp(local_path(shar.recording_of(url)))
+    return file_stamp(local_path(parquet.split_entry(url)[0]))
+
+
 def scan_shard(url: str, shard_id: int, *, storage_options: dict | None = None) -> tuple[list[dict], bool]:
     """Catalog rows of one shard from its tar headers, ``.txt`` and ``.json`` members (audio is not read),
-    and whether the shard is gzip-compressed (then offsets are in the decompressed stream)."""
+    and whether the shard is gzip-compressed (then offsets are in the decompressed stream). A parquet file or a
+    Lhotse Shar shard listed as a shard is read as the loader reads it (:func:`_scan_parquet`,
+    :func:`_scan_shar`)."""
     from corpus_io.shards.format import AUDIO_EXTS, key_from_member_name, split_member
+    from corpus_io.tables import parquet, shar
 
+    if shar.is_shar_cuts(url):
+        return _scan_shar(url, shard_id, storage_options), False
+    if parquet.split_entry(url)[0].endswith(".parquet"):
+        return _scan_parquet(url, shard_id, storage_options), False
     rows: list[dict] = []
     with open_shard(url, storage_options) as f:
         gz = f.read(2) == b"\x1f\x8b"
@@ -198,27 +220,78 @@ def scan_shard(url: str, shard_id: int, *, storage_options: dict | None = None) 
 
 
 def _probe_missing(rows: list[dict], url: str, storage_options: dict | None, gz: bool) -> None:
-    """Duration and rate from the audio header of members whose ``.json`` lacks them (foreign tars)."""
-    from corpus_io.audio.io import header_info
+    """Duration and rate from the audio header of members whose ``.json`` lacks them (foreign tars), and the
+    container of members whose name does not say it (a Shar's ``.original``)."""
+    from corpus_io.audio.io import header_info, sniff_audio_format
 
-    todo = [r for r in rows if (r["duration"] is None or r["sample_rate"] is None) and r["audio_size"]]
+    todo = [r for r in rows if (r["duration"] is None or r["sample_rate"] is None or r["audio_format"] is None)
+            and r["audio_size"]]
     if not todo or gz:
         return
     with open_shard(url, storage_options) as f:
         for r in todo:
             f.seek(r["audio_offset"])
-            info = header_info(f.read(min(r["audio_size"], 1 << 16)), r["audio_size"])
+            head = f.read(min(r["audio_size"], 1 << 16))
+            r["audio_format"] = r["audio_format"] or sniff_audio_format(head)
+            info = header_info(head, r["audio_size"])
             if info is not None and info.sample_rate:
                 r["sample_rate"] = r["sample_rate"] or info.sample_rate
                 if r["duration"] is None:
                     r["duration"] = info.num_samples / info.sample_rate
 
 
+def _scan_parquet(entry: str, shard_id: int, storage_options: dict | None) -> list[dict]:
+    """Catalog rows of a listed parquet file (its data.list line ``entry``): duration and rate from each audio
+    cell's header, the audio named by its row's locator (``source``, read by :func:`corpus_io.tables.parquet.
+    read_audio`: parquet pages are compressed, so a cell has no byte range in the file)."""
+    from corpus_io.audio.io import probe_bytes, sniff_audio_format
+    from corpus_io.tables import parquet
+
+    url, columns = parquet.split_entry(entry)
+    rows = []
+    for row in parquet.ParquetFileReader(url, columns, storage_options).rows():
+        fields = dict(row.fields)
+        out = {"shard_id": shard_id, "pos": row.index, "key": row.key,
+               "source": parquet.locator(url, columns, row.index), "text": "" if row.text is None else str(row.text),
+               "speaker": _speaker(fields), "extra": _extra(fields), "duration": None, "sample_rate": None}
+        if row.data is None and not row.path:
+            out["error"] = f"{url} row {row.index}: its audio is null"
+        elif row.data is not None:  # else not embedded: its path is read when played
+            out["audio_size"], out["audio_format"] = len(row.data), sniff_audio_format(row.data)
+            try:
+                info = probe_bytes(row.data, f"{url} row {row.index}")
+                out["sample_rate"], out["duration"] = info.sample_rate, info.num_samples / info.sample_rate
+            except DataError as exc:
+                out["error"] = str(exc)
+        rows.append(out)
+    return rows
+
+
+def _scan_shar(url: str, shard_id: int, storage_options: dict | None) -> list[dict]:
+    """Catalog rows of a Shar shard (``url``: its cuts file): the cuts' keys, texts and fields, each audio the byte
+    range of its member in the recording tar (``source``), located from the tar's headers."""
+    from corpus_io.audio.io import AUDIO_EXTENSIONS
+    from corpus_io.tables import shar
+
+    tar_url = shar.recording_of(url)
+    rows = []
+    for pos, (rec, member, info) in enumerate(shar.locate_shar_shard(url, storage_options=storage_options)):
+        ext = member.rsplit(".", 1)[-1].lower()
+        fields = {k: v for k, v in rec.items() if k != "where"}
+        rows.append({"shard_id": shard_id, "pos": pos, "key": rec["key"], "member": member,
+                     "audio_offset": info.offset_data, "audio_size": info.size,
+                     "audio_format": ext if ext in AUDIO_EXTENSIONS else None, "source": tar_url,
+                     "duration": _duration(fields), "sample_rate": None, "text": rec["target"],
+                     "speaker": _speaker(fields), "extra": _extra(fields)})
+    _probe_missing(rows, tar_url, storage_options, False)
+    return rows
+
+
 def _shard_stamp(url: str, entry: dict | None) -> list:
-    from corpus_io.storage.urls import is_remote, local_path
+    from corpus_io.storage.urls import is_remote
 
     if not is_remote(url):
-        return file_stamp(local_path(url))
+        return local_stamp(url)
     if entry is not None and (entry.get("sha256") or entry.get("bytes")):
         return [entry.get("bytes"), entry.get("sha256")]
     return ["remote"]

@@ -1,7 +1,8 @@
 """Audio for the explorer: a catalog row's bytes (by byte range, straight from its tar member), its
 waveform peaks and its log-mel spectrogram as a PNG.
 
-Only what the catalog names is ever opened: a row's shard URL and member offset/size, or its source path.
+Only what the catalog names is ever opened: a row's shard URL (a Shar's recording tar) and member offset/size, a
+parquet row's locator (its row group's audio column is read), or its source path.
 Nothing from the request reaches a path. A shard that changed since the catalog was built (another size or
 mtime) or cannot be opened gives :class:`MediaError` with a sentence for the row, not a server crash.
 """
@@ -31,8 +32,10 @@ class Audio:
     (``dumped``)."""
 
     def __init__(self, catalog: Any, row: dict, *, dump_dir: str | None = None):
-        from corpus_io.explore.engine import file_stamp
-        from corpus_io.storage.urls import is_remote, local_path
+        from corpus_io.audio import io as audio_io
+        from corpus_io.explore.catalog import local_stamp
+        from corpus_io.storage.urls import is_remote
+        from corpus_io.tables.parquet import is_locator, read_audio
 
         self.catalog, self.row = catalog, row
         self.format = row.get("audio_format") or "wav"
@@ -44,15 +47,24 @@ class Audio:
             raise MediaError(row["error"])
         if catalog.kind == "shard":
             shard = catalog.shards[row["shard_id"]]
-            if row.get("audio_offset") is None:
+            row_of = row.get("source") if is_locator(row.get("source") or "") else None  # a parquet row
+            if row.get("audio_offset") is None and row_of is None:
                 raise MediaError(f"shard {shard.url}: utterance '{row['key']}' has no audio member (features "
                                  f"shards hold .npy, not audio).")
-            if not is_remote(shard.url) and file_stamp(local_path(shard.url)) != shard.stamp:
-                what = "is missing" if file_stamp(local_path(shard.url)) == ["missing"] else \
-                    "changed since the catalog was built"
+            if not is_remote(shard.url) and local_stamp(shard.url) != shard.stamp:
+                what = "is missing" if "missing" in local_stamp(shard.url) else "changed since the catalog was built"
                 raise MediaError(f"shard {shard.url} {what}; restart corpus-io explore to rebuild the catalog "
                                  f"(only the changed shards are rescanned).")
-            self.url, self.offset, self.size, self.gz = shard.url, int(row["audio_offset"]), \
+            if row_of is not None:  # compressed pages: the row group's audio column is read
+                try:
+                    self._data = read_audio(row_of, catalog.storage_options)
+                except DataError as exc:
+                    raise MediaError(f"{shard.url}: utterance '{row['key']}': {exc}") from None
+                self.url, self.offset, self.gz, self.size = row_of, 0, False, len(self._data)
+                self.format = audio_io.sniff_audio_format(self._data) or self.format
+                return
+            # a Shar's audio is in the recording tar beside its cuts (source); a tar shard's in the shard
+            self.url, self.offset, self.size, self.gz = row.get("source") or shard.url, int(row["audio_offset"]), \
                 int(row["audio_size"]), shard.gz
         else:
             if not row.get("source"):

@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 from corpus_io.audio import io as audio
-from corpus_io.errors import DataError
+from corpus_io.errors import ConfigError, DataError
 from corpus_io.shards.format import SHARD_SUFFIXES
 from corpus_io.storage.files import atomic_write, parse_json_object
 from corpus_io.tables.inputs import Skip, detect, record_of_line
@@ -62,6 +62,18 @@ def _first_line(path: str) -> str:
     return ""
 
 
+def _refuse_parquet(path: str, what: str) -> None:
+    """Hugging Face parquet given to the raw loader: its audio is held in its rows, which the shard loader reads."""
+    from corpus_io.tables.parquet import is_parquet
+
+    if is_parquet(path):
+        raise ConfigError(f"{what} is Hugging Face parquet, whose audio is held in its rows; the raw loader "
+                          f"(dataset_conf.data_type=raw) reads lists that name audio files. List the parquet files "
+                          f"as shards (make-datalist ++data_type=shard ++input=<the parquet files' directory or "
+                          f"glob>) and train on that list with dataset_conf.data_type=shard, or pack them "
+                          f"(pack-shards).")
+
+
 def jsonl_paths_of(path: str) -> list[str] | None:
     """The JSONL files a FunASR multi-file list names (one path per line), or None when ``path`` is itself a
     JSONL (its first line is a JSON object). A missing file is a DataError naming the list line."""
@@ -75,6 +87,7 @@ def jsonl_paths_of(path: str) -> list[str] | None:
             entry = line.strip()
             if not entry:
                 continue
+            _refuse_parquet(entry, f"{path}:{lineno}: '{entry}'")
             if entry.endswith(SHARD_SUFFIXES):
                 raise DataError(f"{path}:{lineno}: '{entry}' is a shard, but the list is read as a raw list. For a "
                                 f"list of shards set ++dataset_conf.data_type=shard (stats: ++data_type=shard).")
@@ -144,6 +157,7 @@ class RawList:
             raise DataError(f"raw data list {self.path} does not exist. Give a FunASR/WeNet/NeMo jsonl, a Lhotse "
                             f"manifest or a Kaldi data dir (++dataset_conf.data_type=raw), or a shard list "
                             f"(data_type=shard).")
+        _refuse_parquet(self.path, self.path)
         # the file read by offsets: the list itself, or the one-pass jsonl of a Kaldi dir, a .gz or a Lhotse pair
         self.lines = lines or (_as_jsonl(self.path, self) if _needs_conversion(self.path) else self.path)
         self.files = jsonl_paths_of(self.lines) or [self.lines]

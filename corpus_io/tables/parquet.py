@@ -255,6 +255,21 @@ def _audio_of(value: Any, where: str) -> tuple[bytes | None, str | None]:
     return None, path
 
 
+def _audio_cells(column: Any) -> Callable[[int, str], tuple[bytes | None, str | None]]:
+    """``cell(j, where)``: :func:`_audio_of` of row ``j`` of a row group's audio column. A ``{bytes, path}`` column
+    (HF's ``Audio``) is taken as two lists, its binary child straight to ``bytes``, with no dict per row."""
+    kind = column.type
+    names = [kind.field(i).name for i in range(kind.num_fields)]
+    if "array" in names:  # decoded samples: encoded per row
+        cells = column.to_pylist()
+        return lambda j, where: _audio_of(cells[j], where)
+    struct = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    flat = dict(zip(names, struct.flatten()))  # flatten: a null struct's children read as null
+    blobs = flat["bytes"].to_pylist() if "bytes" in flat else [None] * len(struct)
+    paths = flat["path"].to_pylist() if "path" in flat else [None] * len(struct)
+    return lambda j, where: (blobs[j], paths[j] or None)
+
+
 def _stem(path: str) -> str:
     return "_".join(os.path.splitext(os.path.basename(path.rstrip("/")))[0].split())
 
@@ -292,7 +307,7 @@ class ParquetFileReader:
         self.sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self.num_rows = int(sum(self.sizes))
         self.starts = [int(x) for x in np.cumsum([0, *self.sizes[:-1]])] if self.sizes else [0]  # first row of each
-        self._cached: tuple[int, list] = (-1, [])  # audio_of_row: (row group, its audio cells)
+        self._cached: tuple[int, Callable] = (-1, _audio_of)  # audio_of_row: (row group, its audio cells)
 
     def _group(self, i: int, audio_bytes: bool, only_audio: bool = False) -> Any:
         import pyarrow as pa
@@ -304,7 +319,8 @@ class ParquetFileReader:
         elif self._has_path():  # a key may be the audio path's stem: the path, never the bytes
             wanted.append(f"{cols.audio}.path")
         try:
-            return self.file.read_row_group(i, columns=list(dict.fromkeys(wanted)))
+            # one thread: the loader's and pack-shards' worker processes are the parallelism (no pool per worker)
+            return self.file.read_row_group(i, columns=list(dict.fromkeys(wanted)), use_threads=False)
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{self.url}: row group {i} cannot be read ({exc}); the file is damaged or truncated. "
                             f"Fetch it again.") from None
@@ -323,15 +339,15 @@ class ParquetFileReader:
                 continue
             table = self._group(g, audio)
             cols = self.cols
-            column = {name: table.column(name).to_pylist() for name in table.column_names}
-            audio_col = column.get(cols.audio)  # audio=False: the paths only (or nothing)
+            column = {name: table.column(name).to_pylist() for name in table.column_names if name != cols.audio}
+            # audio=False: the paths only (or nothing)
+            cells = _audio_cells(table.column(cols.audio)) if cols.audio in table.column_names else None
             positions = range(size) if order is None else order(g, size)
             for j in positions:
                 index = first + int(j)
                 if index < start:
                     continue
-                where = f"{self.url} row {index}"
-                data, path = _audio_of(audio_col[j], where) if audio_col is not None else (None, None)
+                data, path = cells(int(j), f"{self.url} row {index}") if cells is not None else (None, None)
                 key = _key_of(cols, column[cols.key][j] if cols.key else None, path, self.url, index)
                 fields = {name: column[name][j] for name in cols.extra if name in column
                           and column[name][j] is not None}
@@ -351,9 +367,8 @@ class ParquetFileReader:
             raise DataError(f"{self.url} has {self.num_rows} rows, no row {index}; the file changed since it was "
                             f"listed. Run the command again.")
         if self._cached[0] != g:
-            cells = self._group(g, True, only_audio=True).column(self.cols.audio).to_pylist()
-            self._cached = (g, cells)
-        data, path = _audio_of(self._cached[1][index - first], f"{self.url} row {index}")
+            self._cached = (g, _audio_cells(self._group(g, True, only_audio=True).column(self.cols.audio)))
+        data, path = self._cached[1](index - first, f"{self.url} row {index}")
         if data is None and path:  # not embedded: the file it names
             data = audio.read_source_bytes(path)
         if data is None:

@@ -127,9 +127,10 @@ def _cut_lines(cuts_url: str, storage_options: dict | None, allow_pipe: bool = F
 
 
 def _tar_pairs(tar_url: str, storage_options: dict | None, max_member_bytes: int,
-               allow_pipe: bool = False) -> Iterator[tuple[str, bytes | None]]:
+               allow_pipe: bool = False, headers_only: bool = False) -> Iterator[tuple[str, Any]]:
     """``(data member name, data or None for a .nodata placeholder)`` of a Shar tar, streamed strictly forward;
-    the ``.json`` after each data member is read past (the cut holds the same recording)."""
+    the ``.json`` after each data member is read past (the cut holds the same recording). ``headers_only``: the
+    member's ``TarInfo`` (its byte range) in place of its data."""
     f = urls.open_url(tar_url, storage_options=storage_options, allow_pipe=allow_pipe)
     last = "(none: the first member)"
     try:
@@ -145,7 +146,8 @@ def _tar_pairs(tar_url: str, storage_options: dict | None, max_member_bytes: int
                     if info.name.endswith((".json", ".nometa")):
                         raise DataError(f"{tar_url}: member '{info.name}' after '{last}' is a manifest where the "
                                         f"data of the next cut belongs (data, then its .json). {_FIX}")
-                    data = None if info.name.endswith(".nodata") else tar.extractfile(info).read()  # type: ignore
+                    data = None if info.name.endswith(".nodata") else \
+                        info if headers_only else tar.extractfile(info).read()  # type: ignore[union-attr]
                     pending = (info.name, data)
                 else:
                     yield pending
@@ -223,9 +225,23 @@ def read_shar_shard(url: str, *, storage_options: dict | None = None, max_member
     the cuts and ``recording`` tar streamed side by side. A cut without supervision or recording is passed over
     (counted in ``counts`` by its reason) and takes no position, as :func:`index_entry` counts; a tar member that
     is not its cut's, or a tar shorter or longer than the cuts, is a DataError naming both files."""
+    for pos, (rec, member, data) in enumerate(_paired(url, storage_options, max_member_bytes, allow_pipe, counts)):
+        yield _sample(rec, data, member, url, pos)
+
+
+def locate_shar_shard(url: str, *, storage_options: dict | None = None) -> Iterator[tuple[dict, str, Any]]:
+    """``(record, member name, TarInfo)`` of each sample of a Shar shard, in position order, from the cuts and the
+    tar's headers (no audio read): the explorer serves a sample's audio by the member's byte range in
+    :func:`recording_of` ``(url)``."""
+    yield from _paired(url, storage_options, audio.MAX_SOURCE_BYTES, False, None, headers_only=True)
+
+
+def _paired(url: str, storage_options: dict | None, max_member_bytes: int, allow_pipe: bool, counts: Counter | None,
+            headers_only: bool = False) -> Iterator[tuple[dict, str, Any]]:
+    """``(record, member, data or TarInfo)`` of each cut of a Shar shard that gives a sample (the others counted in
+    ``counts``), its tar member checked to be the cut's."""
     tar_url = recording_of(url)
-    pairs = _tar_pairs(tar_url, storage_options, max_member_bytes, allow_pipe)
-    pos = 0
+    pairs = _tar_pairs(tar_url, storage_options, max_member_bytes, allow_pipe, headers_only)
     last = "(none: the first)"
     for lineno, obj in _cut_lines(url, storage_options, allow_pipe):
         where = f"{url}:{lineno}"
@@ -246,8 +262,7 @@ def read_shar_shard(url: str, *, storage_options: dict | None = None, max_member
             if counts is not None:
                 counts[f"shar cuts with {rec.reason}"] += 1
             continue
-        yield _sample(rec, data, member, url, pos)  # type: ignore[arg-type]
-        pos += 1
+        yield rec, member, data
     extra = next(pairs, None)
     if extra is not None:
         raise DataError(f"{tar_url} holds member '{extra[0]}' after the last cut of {url} ('{last}'): the tar has "

@@ -121,3 +121,19 @@ def test_raw_list_over_two_ranks_and_two_workers_reads_every_line_once_per_epoch
         assert sorted(got[0] + got[1]) == sorted(keys) and got[0] and got[1]
         orders.append(got)
     assert orders[0] != orders[1]
+
+
+def test_parquet_given_to_the_raw_loader_is_refused_pointing_to_a_shard_list(tmp_path):
+    """A parquet file, a directory of them or a list naming them, read as a raw list: one paragraph saying the audio
+    is in the rows and how to list them as shards (no UnicodeDecodeError from reading parquet as text)."""
+    from corpus_io.errors import ConfigError
+    from tests.loader_data import make_hf_parquet
+
+    data, _ = make_hf_parquet(tmp_path / "hf", num_utts=4, num_files=1)
+    file = next(data.glob("*.parquet"))
+    listed = tmp_path / "files.list"
+    listed.write_text(f"{file}\n")
+    for given, named in ((file, str(file)), (data, str(data)), (listed, f"{listed}:1: '{file}'")):
+        with pytest.raises(ConfigError, match=rf"^{named} is Hugging Face parquet, .*make-datalist "
+                                              rf"\+\+data_type=shard .*dataset_conf.data_type=shard"):
+            RawList(given, cache=False)

@@ -19,7 +19,7 @@ import pytest
 from corpus_io.config import SourceConf
 from corpus_io.loader.dataset import build_dataloader
 from corpus_io.tokenizer import build_tokenizer
-from tests.loader_data import fixture_utts, make_raw, make_shar, make_shards, small_conf, token_list
+from tests.loader_data import fixture_utts, make_hf_parquet, make_raw, make_shar, make_shards, small_conf, token_list
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +180,31 @@ def shar_data(data, tmp_path_factory):
 @pytest.mark.parametrize("topology", ["W2N2-W1N0", "W4-2-3"])
 def test_a_lhotse_shar_list_resumes_on_any_topology_exactly_as_tar_shards_do(shar_data, topology):
     test_consumed_before_and_after_any_topology_change_is_one_epoch_exactly(shar_data, CONFIGS[0], topology, "early")
+
+
+@pytest.fixture(scope="module")
+def parquet_data(data, tmp_path_factory):
+    """The contract's data with Hugging Face parquet (written by ``datasets``: the same 48 keys in 5 uneven files of
+    row groups of 4) as the list."""
+    from corpus_io.shards.datalist import make_shard_list
+
+    root = tmp_path_factory.mktemp("parquet")
+    files, utts = make_hf_parquet(root / "hf", num_utts=48, num_files=5, row_group=4)
+    make_shard_list([str(files)], str(root / "data.list"))
+    assert sorted(utts) == sorted(data["keys"])
+    return dict(data, shard=str(root / "data.list"))
+
+
+@pytest.mark.parametrize("topology", ["W2N2-W1N0", "W4-2-3"])
+def test_a_parquet_list_resumes_on_any_topology_exactly_as_tar_shards_do(parquet_data, topology):
+    test_consumed_before_and_after_any_topology_change_is_one_epoch_exactly(parquet_data, CONFIGS[0], topology, "early")
+
+
+@pytest.mark.parametrize("kind", ["parquet", "shar"])
+@pytest.mark.parametrize("config", [next(c for c in CONFIGS if c.mix),
+                                    Config("epoch_hours", {"epoch_hours": 30 / 3600})], ids=lambda c: c.name)
+def test_weighted_sources_and_epoch_hours_over_parquet_and_shar_lists_resume_exactly(request, kind, config):
+    """``sources`` (the parquet or Shar list at weight 3 beside tar shards) and ``epoch_hours`` (30 s: under the
+    Shar's 72 s of audio, so an epoch never wraps) read and resume as on tar shards."""
+    data = request.getfixturevalue(f"{kind}_data")
+    test_consumed_before_and_after_any_topology_change_is_one_epoch_exactly(data, config, "W2N2-W1N0", "early")
