@@ -27,11 +27,12 @@ FRAME_S = 0.04
 UTTERANCES = sized(32, 4)
 LM_SENTENCES = sized(2000, 100)
 HOTWORDS = sized(100, 10)
+FRAMES = sized((150, 251), (20, 41))  # output frames per utterance: [low, high)
 
 
 def outputs(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(150, 251, (UTTERANCES,), generator=g)
+    lengths = torch.randint(*FRAMES, (UTTERANCES,), generator=g)
     logits = torch.randn(UTTERANCES, int(lengths.max()), vocab, generator=g) * 4
     logits[:, :, 0] += 3  # blank-heavy, as a trained CTC model
     return torch.log_softmax(logits, dim=-1), lengths

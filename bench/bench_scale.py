@@ -32,7 +32,7 @@ from bench.common import OUT, mb, seaweed_server, sized
 
 SHARDS = sized(7500, 40)
 UTTS_PER_SHARD = 2000
-WORKERS = 4
+WORKERS = sized(4, 2)  # DataLoader workers per rank
 WORLDS = sized((8, 64, 512), (2, 4, 8))
 HOURS = 10_000
 PENDING = 1000  # samples pending per worker: half a 1500 shuffle block and half a 500 sort block
@@ -169,7 +169,8 @@ import sys, time
 t0 = time.perf_counter()
 from corpus_io.config import DatasetConf
 from corpus_io.loader.dataset import build_dataloader
-conf = DatasetConf(num_workers=4, storage_options={"anon": True, "client_kwargs": {"endpoint_url": sys.argv[2]}})
+conf = DatasetConf(num_workers=int(sys.argv[4]),
+                   storage_options={"anon": True, "client_kwargs": {"endpoint_url": sys.argv[2]}})
 if sys.argv[3] != "default":  # buffers of one batch: what the first batch costs besides filling them
     conf.shuffle_conf.shuffle_size = conf.sort_conf.sort_size = conf.batch_size
 t1 = time.perf_counter()
@@ -193,8 +194,8 @@ def s3_cold_first_batch(root: Path, utterances: list) -> tuple[float, dict]:
         runs = {}
         for buffers in sized(("default", "one batch"), ("one batch",)):  # a fresh process each
             t0 = time.perf_counter()
-            out = subprocess.run([sys.executable, "-c", COLD, str(data_list), endpoint, buffers], capture_output=True,
-                                 text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+            out = subprocess.run([sys.executable, "-c", COLD, str(data_list), endpoint, buffers, str(WORKERS)],
+                                 capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
             wall = time.perf_counter() - t0
             if out.returncode != 0:
                 raise RuntimeError(out.stderr[-3000:])

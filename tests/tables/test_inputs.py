@@ -59,13 +59,13 @@ def shard_members(shard_dir: Path) -> dict[str, dict]:
 
 
 def test_a_cutset_written_by_lhotse_and_a_nemo_manifest_pack_to_shards_and_train(tmp_path):
+    import corpus_io
     from tests.train.conftest import run_train, torchrun_cmd
 
     cuts_path, cuts = lhotse_cuts(tmp_path)
     assert detect(str(cuts_path)) == "lhotse-cuts"
-    result = run_cli("corpus-io", "pack-shards", f"++input={cuts_path}", f"++output_dir={tmp_path}/shards",
-                     "++num_utts_per_shard=4", "++num_workers=1")
-    assert result.returncode == 0, result.stderr
+    # pack-shards and make-datalist in-process (the API runs the commands' code): the promise is the inputs
+    corpus_io.pack_shards(cuts_path, tmp_path / "shards", num_utts_per_shard=4, num_workers=1)
     members = shard_members(tmp_path / "shards")
     assert sorted(members) == sorted(c.id for c in cuts)
     for cut in cuts:
@@ -75,17 +75,13 @@ def test_a_cutset_written_by_lhotse_and_a_nemo_manifest_pack_to_shards_and_train
     nemo = tmp_path / "nemo.json"
     nemo.write_text("".join(json.dumps({"audio_filepath": path, "duration": sf.info(path).duration, "text": text})
                             + "\n" for _, path, text in fixture_utts()[6:12]))
-    result = run_cli("corpus-io", "pack-shards", f"++input={nemo}", f"++output_dir={tmp_path}/nemo_shards",
-                     "++num_utts_per_shard=4", "++num_workers=1")
-    assert result.returncode == 0, result.stderr
+    corpus_io.pack_shards(nemo, tmp_path / "nemo_shards", num_utts_per_shard=4, num_workers=1)
     merged = tmp_path / "train.list"
-    result = run_cli("corpus-io", "make-datalist", "++data_type=shard",
-                     f"++input=[{tmp_path}/shards,{tmp_path}/nemo_shards]", f"++output={merged}")
-    assert result.returncode == 0, result.stderr
+    corpus_io.make_datalist([str(tmp_path / "shards"), str(tmp_path / "nemo_shards")], merged, data_type="shard")
     tokens = token_list(tmp_path).token_list
     cmd = torchrun_cmd(tmp_path / "exp", {"shards": merged, "tokens": tokens},
                        "++train_conf.max_epoch=1", "++model.num_blocks=1", "++dataset_conf.batch_size=4", nproc=1)
-    trained = run_train(cmd)
+    trained = run_train(cmd[cmd.index("--no-python") + 1:])  # corpus-io train as one process: no launcher
     assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
     assert list((tmp_path / "exp").glob("*.pt")), "training wrote no checkpoint"
     assert "12 utts" in trained.stdout + trained.stderr  # both corpora were trained on
@@ -208,11 +204,12 @@ def test_a_multichannel_cut_of_every_channel_is_read_mixed_down(tmp_path):
 
 def test_make_tokenizer_stats_and_the_raw_loader_read_the_other_kinds(tmp_path, fixture_corpus):
     # make-tokenizer: a Kaldi data dir (it used to say "Is a directory") and a Lhotse CutSet
+    import corpus_io
+
     cuts_path, cuts = lhotse_cuts(tmp_path)
-    for given in (fixture_corpus, cuts_path):
+    for given in (fixture_corpus, cuts_path):  # in-process: the API runs the command's code
         out = tmp_path / f"tokens-{Path(given).name}.txt"
-        result = run_cli("corpus-io", "make-tokenizer", f"++input={given}", f"++output={out}")
-        assert result.returncode == 0, result.stderr
+        corpus_io.make_tokenizer(given, out)
         assert "<blank>" in out.read_text()
     # stats, raw: the gzipped CutSet and a Kaldi dir
     for given, count in ((cuts_path, len(cuts)), (fixture_corpus, 24)):
@@ -328,12 +325,12 @@ def test_the_raw_loader_trains_on_a_nemo_manifest_as_it_is(tmp_path):
 
 
 def test_compute_cmvn_reads_a_nemo_manifest_and_a_kaldi_dir(tmp_path, fixture_corpus):
+    import corpus_io
+
     frames, before = {}, sorted(os.listdir(fixture_corpus))
     for name, manifest in (("nemo", nemo_manifest(tmp_path)), ("kaldi", fixture_corpus)):
-        out = tmp_path / f"{name}.cmvn.json"
-        result = run_cli("corpus-io", "compute-cmvn", f"++data_list={manifest}", f"++output={out}",
-                         "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=2")
-        assert result.returncode == 0, result.stderr
+        out = tmp_path / f"{name}.cmvn.json"  # in-process (the API runs the command's code): the promise is the input
+        corpus_io.compute_cmvn(manifest, out, dataset_conf={"data_type": "raw", "num_workers": 2})
         frames[name] = json.loads(out.read_text())["frame_num"]
     assert frames["nemo"] > 0 and frames["kaldi"] > 0
     assert sorted(os.listdir(fixture_corpus)) == before  # nothing written beside the Kaldi dir

@@ -101,7 +101,7 @@ def test_decode_that_reads_nothing_fails_and_a_repeated_key_is_scored_once_with_
 
 
 def test_decode_scores_the_transcript_not_token_ids_and_counts_out_of_vocabulary_reference_tokens(
-        trained, tmp_path):
+        trained, tmp_path, capfd):
     from corpus_io.train.scoring import Scorer, char_units, normalize
     from tests.loader_data import fixture_utts, make_shards
 
@@ -117,9 +117,9 @@ def test_decode_scores_the_transcript_not_token_ids_and_counts_out_of_vocabulary
     cer_lines = []
     for name, data_list, data_type in (("raw", raw, "raw"), ("shard", shards, "shard")):
         out = tmp_path / name
-        result = run_cli("corpus-io", "decode", f"++data_list={data_list}", f"++dataset_conf.data_type={data_type}",
-                         f"++checkpoint={ckpt}", f"++output_dir={out}", "++dataset_conf.num_workers=0")
-        assert result.returncode == 0, result.stderr[-3000:]
+        rc, err = in_process("decode", f"++data_list={data_list}", f"++dataset_conf.data_type={data_type}",
+                             f"++checkpoint={ckpt}", f"++output_dir={out}", "++dataset_conf.num_workers=0", capfd=capfd)
+        assert rc == 0, err[-3000:]
         report = (out / "cer.txt").read_text(encoding="utf-8")
         cer = re.search(r"^%CER .*$", report, re.M).group(0)
         assert f" / {true_ref}," in cer  # 鑫 and KKK count as 4 reference characters, not as <unk> (5 each)
@@ -180,15 +180,15 @@ def test_prefix_beam_on_a_trained_model_is_greedy_at_beam_one_and_never_below_gr
     assert checked == 48
 
 
-def test_decode_by_prefix_beam_writes_a_sorted_nbest_and_reports_method_and_rtf(trained, corpus, tmp_path):
+def test_decode_by_prefix_beam_writes_a_sorted_nbest_and_reports_method_and_rtf(trained, corpus, tmp_path, capfd):
     ckpt = trained["out"] / "model.pt.avg2"
     texts = {}
-    for method in ("greedy", "ctc_prefix_beam"):
+    for method in ("greedy", "ctc_prefix_beam"):  # in-process: the report and n-best, not the CLI, are the promise
         out = tmp_path / method
-        result = run_cli("corpus-io", "decode", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
-                         f"++checkpoint={ckpt}", f"++output_dir={out}", "++dataset_conf.num_workers=0",
-                         f"++decoding.method={method}", "++decoding.beam=4", "++decoding.nbest=3")
-        assert result.returncode == 0, result.stderr[-3000:]
+        rc, err = in_process("decode", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
+                             f"++checkpoint={ckpt}", f"++output_dir={out}", "++dataset_conf.num_workers=0",
+                             f"++decoding.method={method}", "++decoding.beam=4", "++decoding.nbest=3", capfd=capfd)
+        assert rc == 0, err[-3000:]
         report = (out / "cer.txt").read_text(encoding="utf-8")
         assert f"decoding: method={method}" in report
         assert re.search(r"^RTF \d+\.\d+ \(wall .* model \d+\.\d+, search \d+\.\d+\)", report, re.M)
@@ -234,23 +234,24 @@ def test_make_lm_tune_lm_and_decode_with_the_lm_and_hotwords_from_the_command_li
                      r"\d+\.\d+%$", report, re.M)
 
 
-def test_a_conformer_ctc_att_model_trains_and_decodes_by_all_four_methods(corpus, trained, tmp_path):
+def test_a_conformer_ctc_att_model_trains_and_decodes_by_all_four_methods(corpus, trained, tmp_path, capfd):
     exp = tmp_path / "att"
     cmd = torchrun_cmd(exp, corpus, "model=conformer_ctc_att", "++train_conf.max_epoch=1", "++optim_conf.lr=0.002",
                        "++train_conf.max_steps_per_epoch=4", "++train_conf.avg_nbest_model=0", nproc=1)
     result = run_train(cmd[cmd.index("--no-python") + 1:])
     assert result.returncode == 0, result.stderr[-3000:]
     lm = tmp_path / "lm.arpa"
-    assert run_cli("corpus-io", "make-lm", f"++input={corpus['raw']}", f"++output={lm}",
-                   f"++tokenizer.token_list={corpus['tokens']}").returncode == 0
+    rc, err = in_process("make-lm", f"++input={corpus['raw']}", f"++output={lm}",
+                         f"++tokenizer.token_list={corpus['tokens']}", capfd=capfd)
+    assert rc == 0, err[-3000:]
     common = [f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=0",
               "++decoding.beam=4"]
-    for method in ("greedy", "ctc_prefix_beam", "ctc_beam_lm", "attention_rescoring"):
+    for method in ("greedy", "ctc_prefix_beam", "ctc_beam_lm", "attention_rescoring"):  # in-process: the methods
         out = tmp_path / method
         uses_lm = [f"++decoding.lm={lm}"] if method == "ctc_beam_lm" else []  # the others refuse one
-        result = run_cli("corpus-io", "decode", *common, f"++checkpoint={exp / 'model.pt'}", f"++output_dir={out}",
-                         f"++decoding.method={method}", *uses_lm)
-        assert result.returncode == 0, result.stderr[-3000:]
+        rc, err = in_process("decode", *common, f"++checkpoint={exp / 'model.pt'}", f"++output_dir={out}",
+                             f"++decoding.method={method}", *uses_lm, capfd=capfd)
+        assert rc == 0, err[-3000:]
         assert len((out / "text").read_text(encoding="utf-8").splitlines()) == 24
         assert f"decoding: method={method}" in (out / "cer.txt").read_text(encoding="utf-8")
     # a CTC-only checkpoint still decodes, and says why it cannot rescore
