@@ -35,9 +35,13 @@ def wheel(tmp_path_factory) -> Path:
 def core_venv(wheel, tmp_path_factory) -> Path:
     """A fresh venv with the wheel and its core dependencies only (no extras)."""
     root = tmp_path_factory.mktemp("core-venv")
-    venv.create(root, with_pip=True)
-    result = run_bounded([str(root / "bin" / "pip"), "install", "--quiet", str(wheel)], 600)
+    venv.create(root, with_pip=False)  # this interpreter's pip installs into it (pip --python): no ensurepip
+    # no PYTHONPATH: one naming a source tree (its corpus_io.egg-info) makes pip skip the wheel as installed
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    result = run_bounded([sys.executable, "-m", "pip", "--python", str(root / "bin" / "python"), "install", "--quiet",
+                          str(wheel)], 600, env=clean)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert (root / "bin" / "corpus-io").is_file(), result.stdout[-3000:]
     return root / "bin"
 
 

@@ -21,6 +21,7 @@ from corpus_io.shards.reader import read_shard
 from corpus_io.tables.kaldi import iter_table
 from tests.conftest import BIN, FIXTURE, REPO, assert_user_error, hang_limit, run_cli
 from tests.shards.conftest import fixture_records, write_jsonl
+from tests.test_hostile import corpus_io as in_process
 
 
 def _cfg(input_: Path | str, out: Path, **kw) -> PackShardsConfig:
@@ -110,22 +111,30 @@ def test_duplicate_key_names_both_lines(tmp_path):
     assert not (tmp_path / "o" / "data.list").exists()
 
 
-def test_bad_inputs_exit_2_with_one_paragraph(tmp_path):
+def _cli_in_process(capfd, *args: str) -> subprocess.CompletedProcess:
+    """``corpus-io ARGS`` through the CLI's error handling (compose, run_with_errors, its exit code) in this
+    process: a user error's paragraph and exit status without a process start per case."""
+    code, err = in_process(*args, capfd=capfd)
+    return subprocess.CompletedProcess(args, code, "", err)
+
+
+def test_bad_inputs_exit_2_with_one_paragraph(tmp_path, capfd):
     r = run_cli("corpus-io", "pack-shards", f"++input={tmp_path / 'nope.jsonl'}", f"++output_dir={tmp_path}")
     assert_user_error(r, "nope.jsonl does not exist")
     assert r.returncode == 2
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"key": "a", "source": "/no/such.wav", "target": "x"}\n')
-    r = run_cli("corpus-io", "pack-shards", f"++input={bad}", f"++output_dir={tmp_path / 'o'}")
+    r = _cli_in_process(capfd, "pack-shards", f"++input={bad}", f"++output_dir={tmp_path / 'o'}")
     assert_user_error(r, f"{bad}:1", "key 'a'", "/no/such.wav", "on_error=skip")
-    r = run_cli("corpus-io", "pack-shards", f"++input={bad}", f"++output_dir={tmp_path / 'o'}", "++on_error=skip")
+    assert r.returncode == 2
+    r = _cli_in_process(capfd, "pack-shards", f"++input={bad}", f"++output_dir={tmp_path / 'o'}", "++on_error=skip")
     assert_user_error(r, "unreadable audio: 1", "produced nothing")  # skipping everything is no success
     notjson = tmp_path / "x.jsonl"
     notjson.write_text("{oops\n")
-    assert_user_error(run_cli("corpus-io", "pack-shards", f"++input={notjson}", f"++output_dir={tmp_path}"),
+    assert_user_error(_cli_in_process(capfd, "pack-shards", f"++input={notjson}", f"++output_dir={tmp_path}"),
                       f"{notjson}:1")
-    assert_user_error(run_cli("corpus-io", "pack-shards", f"++input={bad}", f"++output_dir={tmp_path}",
-                              "++audio_format=mp4"), "audio_format")
+    assert_user_error(_cli_in_process(capfd, "pack-shards", f"++input={bad}", f"++output_dir={tmp_path}",
+                                      "++audio_format=mp4"), "audio_format")
 
 
 def test_kaldi_dir_with_utt2spk_and_wenet_raw_list_give_the_same_samples(tmp_path):
@@ -195,9 +204,9 @@ def _resume_input(tmp_path: Path) -> Path:
 
 def test_kill_9_then_rerun_is_byte_identical_to_an_uninterrupted_run(tmp_path):
     jsonl = _resume_input(tmp_path)
-    args = [f"++input={jsonl}", "++num_utts_per_shard=6", "++num_workers=2", "++audio_format=flac"]
-    ref = run_cli("corpus-io", "pack-shards", *args, f"++output_dir={tmp_path / 'ref'}")
-    assert ref.returncode == 0, ref.stderr
+    common = dict(input=str(jsonl), num_utts_per_shard=6, num_workers=2, audio_format="flac")
+    args = [f"++{k}={v}" for k, v in common.items()]
+    pack_shards(PackShardsConfig(output_dir=str(tmp_path / "ref"), **common))  # in-process: only the kill needs one
     out = tmp_path / "out"
     env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1")
     proc = subprocess.Popen([str(BIN / "corpus-io"), "pack-shards", *args, f"++output_dir={out}"], cwd=REPO, env=env,
@@ -209,9 +218,7 @@ def test_kill_9_then_rerun_is_byte_identical_to_an_uninterrupted_run(tmp_path):
     proc.wait()
     assert not (out / "data.list").exists(), "the run finished before it was killed; the test proved nothing"
     done_before = len(list(out.glob(".shard-*.tar.json")))
-    rerun = run_cli("corpus-io", "pack-shards", *args, f"++output_dir={out}")
-    assert rerun.returncode == 0, rerun.stderr
-    resumed = int(rerun.stderr.split("resumed ")[1].split(";")[0])
+    resumed = pack_shards(PackShardsConfig(output_dir=str(out), **common)).extra["resumed"]  # the rerun
     assert resumed >= done_before - 4 > 0  # only the shards in flight at the kill may be redone
     assert _tree_bytes(out) == _tree_bytes(tmp_path / "ref")
     strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "path"}  # noqa: E731
