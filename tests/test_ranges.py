@@ -74,6 +74,11 @@ def test_every_numeric_and_number_list_key_declares_a_range():
     assert not missing, "numeric keys without a range (opt(range=...)): " + ", ".join(missing)
 
 
+def _given(f: dataclasses.Field, value, is_list: bool):
+    """``value`` as the key takes it: a list key gets as many items as its ``min_items`` ([low, high]: both)."""
+    return [value] * max(1, f.metadata.get("min_items", 0)) if is_list else value
+
+
 def _set(obj, key: str, value) -> None:
     *parents, leaf = key.split(".")
     for part in parents:
@@ -99,11 +104,11 @@ def test_each_range_takes_its_ends_and_refuses_one_step_outside_naming_the_key(c
     inside, outside = _ends(f, is_int)
     for value in inside:
         obj, rel, prefix = _instance(schema, key)
-        _set(obj, rel, [value] if is_list else value)
+        _set(obj, rel, _given(f, value, is_list))
         check_values(obj, prefix)
     for value in outside:
         obj, rel, prefix = _instance(schema, key)
-        _set(obj, rel, [value] if is_list else value)
+        _set(obj, rel, _given(f, value, is_list))
         with pytest.raises(CorpusIOError) as err:
             check_values(obj, prefix)
         message = str(err.value)
@@ -183,8 +188,8 @@ def _loader_cases() -> list[tuple[str, object, bool]]:
         for i, value in enumerate(inside):
             if i == 1 and rel.rsplit(".", 1)[-1] in NOT_RUN_AT_MAX:
                 continue
-            cases.append((rel, [value] if is_list else value, True))
-        cases += [(rel, [value] if is_list else value, False) for value in outside]
+            cases.append((rel, _given(f, value, is_list), True))
+        cases += [(rel, _given(f, value, is_list), False) for value in outside]
     return cases
 
 
