@@ -6,14 +6,18 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from corpus_io.config.checks import schema
-from corpus_io.config.dataset import PIPE_TIMEOUT_HELP, DatasetConf, TokenizerConf
+from corpus_io.config.dataset import DatasetConf, TokenizerConf
 from corpus_io.config.fields import (
     FAILURE_CHOICES,
+    allow_pipe_opt,
     executor_address_opt,
     executor_opt,
     job_index_opt,
     num_jobs_opt,
+    on_error_opt,
     opt,
+    pipe_timeout_opt,
+    storage_options_opt,
 )
 
 
@@ -25,15 +29,14 @@ class Scp2JsonlConfig:
     jsonl_file_out: str = opt("???", "output JSONL (written to a temp name, then renamed)")
     segments: Optional[str] = opt(None, "Kaldi segments file: utterances are cut from wav.scp recordings")
     num_workers: int = opt(0, "header-probe processes (0: all cores)", range="[0, 1024]")
-    on_error: str = opt("fail", "a key missing from a table, or unreadable audio: fail, or skip and count",
-                        choices=FAILURE_CHOICES)
+    on_error: str = on_error_opt("a key missing from a table, or unreadable audio: fail, or skip and count")
     on_empty_text: str = opt("fail", "an utterance whose transcript (or other text field) is empty: fail, or "
                                      "drop and count it", choices=FAILURE_CHOICES)
     on_duplicate: str = opt("fail", "a key repeated in a table: fail, or keep its first line and drop and count "
                                     "the others", choices=FAILURE_CHOICES)
-    allow_pipe: bool = opt(False, "allow Kaldi pipe entries like 'sox a.flac -t wav - |' (run without a shell)")
-    pipe_timeout: float = opt(300.0, PIPE_TIMEOUT_HELP, unit="seconds", range="(0, 604800]")
-    storage_options: Dict[str, Any] = opt(help="fsspec options for http(s)/s3 sources", factory=dict)
+    allow_pipe: bool = allow_pipe_opt("allow Kaldi pipe entries like 'sox a.flac -t wav - |' (run without a shell)")
+    pipe_timeout: float = pipe_timeout_opt()
+    storage_options: Dict[str, Any] = storage_options_opt("http(s)/s3 sources")
     num_jobs: Any = num_jobs_opt()
     job_index: Any = job_index_opt()
     executor: str = executor_opt()
@@ -65,6 +68,9 @@ class PrepareConfig:
     remove_spaces: bool = opt(True, "aishell: drop the transcript's word spaces (WeNet/ESPnet); false keeps them")
 
 
+# pack-shards' input keys that export shares (export reads any input pack-shards reads)
+INPUT_ERRORS_HELP = "unreadable audio or a missing transcript: fail, or skip and count"
+WAV_SCP_PIPE_HELP = "allow Kaldi pipe entries in wav.scp (run without a shell)"
 COLUMNS_HELP = ("parquet input: the column of each role (audio, text, key, speaker), e.g. ++columns.text=sentence "
                 "(default: found by the common names)")
 
@@ -89,11 +95,10 @@ class PackShardsConfig:
                            choices=("none", "gzip"))
     feats: bool = opt(False, "features mode: pack a Kaldi dir's feats.scp (kaldiio) as <key>.npy, no audio")
     columns: Dict[str, str] = opt(help=COLUMNS_HELP, factory=dict)
-    on_error: str = opt("fail", "unreadable audio or a missing transcript: fail, or skip and count",
-                        choices=FAILURE_CHOICES)
-    allow_pipe: bool = opt(False, "allow Kaldi pipe entries in wav.scp (run without a shell)")
-    pipe_timeout: float = opt(300.0, PIPE_TIMEOUT_HELP, unit="seconds", range="(0, 604800]")
-    storage_options: Dict[str, Any] = opt(help="fsspec options for remote sources", factory=dict)
+    on_error: str = on_error_opt(INPUT_ERRORS_HELP)
+    allow_pipe: bool = allow_pipe_opt(WAV_SCP_PIPE_HELP)
+    pipe_timeout: float = pipe_timeout_opt()
+    storage_options: Dict[str, Any] = storage_options_opt("remote sources")
     num_jobs: Any = num_jobs_opt()
     job_index: Any = job_index_opt()
     executor: str = executor_opt()
@@ -110,7 +115,7 @@ class MakeDatalistConfig:
     prefix: Optional[str] = opt(None, "rewrite each shard's directory to this prefix, e.g. s3://bucket/corpus/")
     columns: Dict[str, str] = opt(help=COLUMNS_HELP + "; shard mode writes it into each parquet file's list line",
                                   factory=dict)
-    storage_options: Dict[str, Any] = opt(help="fsspec options for remote parquet inputs", factory=dict)
+    storage_options: Dict[str, Any] = storage_options_opt("remote parquet inputs")
 
 
 @schema
@@ -129,11 +134,10 @@ class ExportConfig:
                                   range="[1000, 384000]")
     columns: Dict[str, str] = opt(help=COLUMNS_HELP, factory=dict)
     num_workers: int = opt(0, "writing processes (0: all cores)", range="[0, 1024]")
-    on_error: str = opt("fail", "unreadable audio or a missing transcript: fail, or skip and count",
-                        choices=FAILURE_CHOICES)
-    allow_pipe: bool = opt(False, "allow Kaldi pipe entries in wav.scp (run without a shell)")
-    pipe_timeout: float = opt(300.0, PIPE_TIMEOUT_HELP, unit="seconds", range="(0, 604800]")
-    storage_options: Dict[str, Any] = opt(help="fsspec options for remote inputs", factory=dict)
+    on_error: str = on_error_opt(INPUT_ERRORS_HELP)
+    allow_pipe: bool = allow_pipe_opt(WAV_SCP_PIPE_HELP)
+    pipe_timeout: float = pipe_timeout_opt()
+    storage_options: Dict[str, Any] = storage_options_opt("remote inputs")
     num_jobs: Any = num_jobs_opt()
     job_index: Any = job_index_opt()
     executor: str = executor_opt()
@@ -145,7 +149,7 @@ class VerifyShardsConfig:
     input: str = opt("???", "a shard data.list (its index.jsonl sidecar is used when present)")
     num_workers: int = opt(0, "checking processes (0: all cores)", range="[0, 1024]")
     decode_audio: bool = opt(True, "decode every audio member")
-    storage_options: Dict[str, Any] = opt(help="fsspec options for remote shards", factory=dict)
+    storage_options: Dict[str, Any] = storage_options_opt("remote shards")
     report: Optional[str] = opt(None, "also write the report (the lines printed) to this file")
     num_jobs: Any = num_jobs_opt()
     job_index: Any = job_index_opt()
@@ -184,8 +188,8 @@ class MergeJobsConfig:
                                     "add-field-fbank)")
     check: str = opt("size", "how the parts' outputs are checked before merging: size (fast), or sha256 (reads "
                              "every output)", choices=("size", "sha256"))
-    storage_options: Dict[str, Any] = opt(help="fsspec options for an s3:// path (endpoint_url, key, secret), as the "
-                                               "jobs' storage_options; else the AWS environment", factory=dict)
+    storage_options: Dict[str, Any] = storage_options_opt("an s3:// path (endpoint_url, key, secret), as the jobs' "
+                                                          "storage_options; else the AWS environment")
 
 
 @schema
@@ -208,4 +212,4 @@ class ExploreConfig:
                                               "plays, draws and shows its <key>.wav, the waveform after augmentation")
     host: str = opt("127.0.0.1", "address to listen on (another address exposes the corpus to that network)")
     port: int = opt(8000, "TCP port (0: any free port)", range="[0, 65535]")
-    storage_options: Dict[str, Any] = opt(help="fsspec options for remote shards", factory=dict)
+    storage_options: Dict[str, Any] = storage_options_opt("remote shards")

@@ -6,11 +6,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from corpus_io.config.checks import schema
-from corpus_io.config.fields import FAILURE_CHOICES, opt
+from corpus_io.config.fields import allow_pipe_opt, on_error_opt, opt, pipe_timeout_opt, storage_options_opt
 from corpus_io.errors import ConfigError
-
-PIPE_TIMEOUT_HELP = ("longest run of one command entry (a Kaldi 'cmd |' or a pipe:CMD); past it its processes are "
-                     "killed and the entry fails (on_error)")
 
 
 @schema
@@ -185,8 +182,7 @@ class DatasetConf:
                                        "fails naming the rank and worker (0: wait forever)", unit="seconds",
                                range="[0, 604800]")
     pin_memory: bool = opt(False, "pin batches in page-locked memory (GPU)")
-    on_error: str = opt("fail", "a corrupt shard/member or an unreachable URL: fail, or skip and count it",
-                        choices=FAILURE_CHOICES)
+    on_error: str = on_error_opt("a corrupt shard/member or an unreachable URL: fail, or skip and count it")
     retries: int = opt(3, "attempts to open a remote URL before on_error applies", range="[0, 100]")
     retry_backoff: float = opt(0.5, "first wait between retries, doubled each time", unit="seconds", range="[0, 600]")
     read_timeout: float = opt(30.0, "longest wait for a connection or the next byte of a remote read, per "
@@ -194,10 +190,9 @@ class DatasetConf:
                               range="(0, 86400]")
     max_member_bytes: int = opt(256 * 1024 * 1024, "a tar member larger than this is rejected", unit="bytes",
                                 range="[1, 17179869184]")
-    storage_options: Dict[str, Any] = opt(help="fsspec options for remote URLs (e.g. endpoint_url, key, secret)",
-                                          factory=dict)
-    allow_pipe: bool = opt(False, "allow pipe:CMD URLs in lists (runs CMD without a shell)")
-    pipe_timeout: float = opt(300.0, PIPE_TIMEOUT_HELP, unit="seconds", range="(0, 604800]")
+    storage_options: Dict[str, Any] = storage_options_opt("remote URLs (e.g. endpoint_url, key, secret)")
+    allow_pipe: bool = allow_pipe_opt("allow pipe:CMD URLs in lists (runs CMD without a shell)")
+    pipe_timeout: float = pipe_timeout_opt()
     sources: List[SourceConf] = opt(help="mix several lists by weight: [{data_list, weight, data_type}]",
                                     factory=list)
     epoch_hours: Optional[float] = opt(None, "define an epoch as this much audio instead of one pass", unit="hours",

@@ -69,6 +69,27 @@ def executor_address_opt() -> Any:
     return opt("", "the Dask scheduler for ++executor=dask, e.g. tcp://10.0.0.5:8786")
 
 
+def on_error_opt(help: str) -> Any:
+    """``on_error`` of a command that reads data (fail or skip); ``help`` says which failures it covers."""
+    return opt("fail", help, choices=FAILURE_CHOICES)
+
+
+def allow_pipe_opt(help: str) -> Any:
+    """``allow_pipe``: off, so no command entry runs unless asked; ``help`` names the entries it allows."""
+    return opt(False, help)
+
+
+def pipe_timeout_opt() -> Any:
+    """``pipe_timeout`` of a command that may run command entries (``allow_pipe``), in seconds."""
+    return opt(300.0, "longest run of one command entry (a Kaldi 'cmd |' or a pipe:CMD); past it its processes "
+                      "are killed and the entry fails (on_error)", unit="seconds", range="(0, 604800]")
+
+
+def storage_options_opt(what: str) -> Any:
+    """``storage_options``, empty by default: the fsspec options for ``what`` (e.g. "remote shards")."""
+    return opt(help=f"fsspec options for {what}", factory=dict)
+
+
 def parse_range(spec: str) -> tuple[float, bool, float, bool]:
     """``"[1, 64]"`` -> ``(1, True, 64, True)``: (low, low included, high, high included)."""
     text = spec.strip()
