@@ -8,6 +8,7 @@ import json
 import os
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import soundfile as sf
 
@@ -97,6 +98,36 @@ def small_conf(**overrides) -> DatasetConf:
     for key, value in overrides.items():
         setattr(conf, key, value)
     return conf
+
+
+def epoch_keys(loader, epoch: int | None = None) -> list[str]:
+    """Every key a loader yields, in order; ``epoch``: set it first (None: the loader's own, e.g. a resumed one's)."""
+    if epoch is not None:
+        loader.set_epoch(epoch)
+    return [k for batch in loader for k in batch["keys"]]
+
+
+def read_then_checkpoint(loader, epoch: int, batches: int) -> tuple[list[str], dict]:
+    """Read the first ``batches`` batches of ``epoch`` and stop there: (their keys, the loader's state after them,
+    through the JSON round trip a checkpoint file makes)."""
+    loader.set_epoch(epoch)
+    keys: list[str] = []
+    read = 0
+    for batch in loader:
+        keys += batch["keys"]
+        read += 1
+        if read == batches:
+            return keys, json.loads(json.dumps(loader.state_dict()))
+    raise AssertionError(f"epoch {epoch} ended after {read} batches, before the checkpoint after batch {batches}")
+
+
+def interrupted_epoch(make_loader, epoch: int, batches: int) -> tuple[list[str], list[str], Any]:
+    """``epoch`` read by a loader from ``make_loader()`` up to a checkpoint after ``batches`` batches, and the rest by
+    a fresh one that loads it: (the keys before, the keys after, the resumed loader, for its counts)."""
+    first, state = read_then_checkpoint(make_loader(), epoch, batches)
+    resumed = make_loader()
+    resumed.load_state_dict(state)
+    return first, epoch_keys(resumed), resumed
 
 
 def env_no_threads() -> dict:

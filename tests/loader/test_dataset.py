@@ -17,7 +17,16 @@ from corpus_io.loader.dataset import build_dataloader
 from corpus_io.loader.partition import SlotState
 from corpus_io.tokenizer import build_tokenizer
 from tests.conftest import REPO, hang_limit, run_bounded
-from tests.loader_data import fixture_utts, make_raw, make_shards, small_conf, token_list
+from tests.loader_data import (
+    epoch_keys,
+    fixture_utts,
+    interrupted_epoch,
+    make_raw,
+    make_shards,
+    read_then_checkpoint,
+    small_conf,
+    token_list,
+)
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +34,6 @@ def shards(tmp_path_factory):
     out = tmp_path_factory.mktemp("shards")
     data_list, keys = make_shards(out, copies=2, per_shard=2)  # 48 utterances in 24 shards
     return data_list, keys, build_tokenizer(token_list(out))
-
-
-def epoch_keys(loader, epoch: int) -> list[str]:
-    loader.set_epoch(epoch)
-    return [k for batch in loader for k in batch["keys"]]
 
 
 def test_batch_dict_has_the_documented_keys_and_shapes(shards):
@@ -68,17 +72,8 @@ def test_cv_mode_splits_across_ranks_without_shuffling(shards):
 def test_resume_is_exact_and_rereads_only_the_open_shards(shards, bucketing):
     data_list, keys, tok = shards
     conf = small_conf(bucketing=bucketing, num_buckets=3)
-    loader = build_dataloader(str(data_list), conf, tok, train=True, rank=0, world_size=1)
-    loader.set_epoch(1)
-    first = []
-    for i, batch in enumerate(loader):
-        first += batch["keys"]
-        if i == 5:
-            state = json.loads(json.dumps(loader.state_dict()))  # JSON round trip, as a checkpoint does
-            break
-    resumed = build_dataloader(str(data_list), conf, tok, train=True, rank=0, world_size=1)
-    resumed.load_state_dict(state)
-    rest = [k for batch in resumed for k in batch["keys"]]
+    first, rest, resumed = interrupted_epoch(
+        lambda: build_dataloader(str(data_list), conf, tok, train=True, rank=0, world_size=1), epoch=1, batches=6)
     assert len(first) + len(rest) == len(keys)
     assert sorted(first + rest) == sorted(keys)  # none twice, none missing
     # bounded re-read: only units still open at the checkpoint are read again, never more than the epoch so far
@@ -162,16 +157,10 @@ def test_mixing_interleaves_by_weight_and_resumes(tmp_path):
     # the epoch ends when b (48 utterances / weight 3 = 16 per weight, less than a's 24) has been read once
     assert sorted(got) == sorted(keys_a[:16] + keys_b)
     assert sum(k in set(keys_b) for k in got[:16]) == 12  # 3:1 by weight
-    first, state = [], None
-    loader.set_epoch(0)
-    for i, batch in enumerate(loader):
-        first += batch["keys"]
-        if i == 3:
-            state = loader.state_dict()
-            break
+    first, state = read_then_checkpoint(loader, epoch=0, batches=4)
     resumed = build_dataloader(None, conf, tok, train=True, rank=0, world_size=1)
     resumed.load_state_dict(state)
-    rest = [k for batch in resumed for k in batch["keys"]]
+    rest = epoch_keys(resumed)
     assert sorted(first + rest) == sorted(keys_a[:16] + keys_b)
 
 

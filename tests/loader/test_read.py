@@ -4,8 +4,6 @@ mid-epoch resume, broken files skipped and counted or named)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from corpus_io.config import MakeDatalistConfig
@@ -13,7 +11,7 @@ from corpus_io.errors import DataError
 from corpus_io.loader.dataset import build_dataloader
 from corpus_io.shards.datalist import make_datalist
 from corpus_io.tokenizer import build_tokenizer
-from tests.loader_data import make_hf_parquet, small_conf, token_list
+from tests.loader_data import interrupted_epoch, make_hf_parquet, small_conf, token_list
 
 
 @pytest.fixture(scope="module")
@@ -43,17 +41,9 @@ def test_ranks_and_workers_read_each_parquet_row_once_per_epoch_with_its_text(pa
 
 def test_a_parquet_list_resumes_mid_epoch_exactly(parquet_list):
     data_list, utts, tok = parquet_list
-    loader = build_dataloader(str(data_list), small_conf(), tok, train=True, rank=0, world_size=1)
-    loader.set_epoch(1)
-    first = []
-    for i, batch in enumerate(loader):
-        first += batch["keys"]
-        if i == 3:
-            state = json.loads(json.dumps(loader.state_dict()))  # JSON round trip, as a checkpoint does
-            break
-    resumed = build_dataloader(str(data_list), small_conf(), tok, train=True, rank=0, world_size=1)
-    resumed.load_state_dict(state)
-    rest = [k for batch in resumed for k in batch["keys"]]
+    first, rest, resumed = interrupted_epoch(
+        lambda: build_dataloader(str(data_list), small_conf(), tok, train=True, rank=0, world_size=1),
+        epoch=1, batches=4)
     assert len(first) + len(rest) == len(utts) and sorted(first + rest) == sorted(utts)  # none twice or lost
     assert resumed.counts().get("resume.reread", 0) <= len(first)  # only the files still open are read again
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.server
 import importlib.util
-import json
 import threading
 import tracemalloc
 from pathlib import Path
@@ -21,7 +20,7 @@ from corpus_io.loader.build import describe_chain, loader_chain
 from corpus_io.loader.dataset import build_dataloader
 from corpus_io.loader.read import ReadOptions
 from corpus_io.loader.waveaug import Pool
-from tests.loader_data import REPO, fixture_utts, make_shards, small_conf
+from tests.loader_data import REPO, fixture_utts, make_shards, read_then_checkpoint, small_conf
 
 _spec = importlib.util.spec_from_file_location("make_rirs", REPO / "recipes" / "tools" / "make_rirs.py")
 make_rirs = importlib.util.module_from_spec(_spec)
@@ -130,13 +129,7 @@ def test_an_interrupted_epoch_resumed_on_another_world_size_reproduces_the_rest_
     whole = dump(data, tmp_path / "whole", epoch=2, **conf)
     c = conf_of(num_workers=0, **conf)
     first = build_dataloader(data["speech"], c, None, train=True, rank=0, world_size=1)
-    first.set_epoch(2)
-    seen = []
-    for i, batch in enumerate(first):
-        seen += batch["keys"]
-        if i == 1:
-            state = json.loads(json.dumps(first.state_dict()))
-            break
+    seen, state = read_then_checkpoint(first, epoch=2, batches=2)
     rest: list[str] = []
     for rank in range(2):  # the rest on two ranks
         loader = build_dataloader(data["speech"], c, None, train=True, rank=rank, world_size=2)

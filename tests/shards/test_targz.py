@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import gzip
-import json
 import shutil
 import threading
 from http.server import ThreadingHTTPServer
@@ -18,7 +17,7 @@ from corpus_io.loader.dataset import build_dataloader
 from corpus_io.shards.reader import read_shard
 from corpus_io.tokenizer import build_tokenizer
 from tests.conftest import run_bounded, run_cli
-from tests.loader_data import fixture_utts, small_conf, token_list
+from tests.loader_data import epoch_keys, fixture_utts, interrupted_epoch, small_conf, token_list
 from tests.storage.test_remote import FlakyHandler
 
 
@@ -51,11 +50,6 @@ def targz(tmp_path_factory):
     return data_list, keys, build_tokenizer(token_list(out))
 
 
-def epoch_keys(loader, epoch: int) -> list[str]:
-    loader.set_epoch(epoch)
-    return [k for batch in loader for k in batch["keys"]]
-
-
 def test_gzip_magic_not_the_name_decides_and_the_samples_equal_wenets_members(targz, tmp_path):
     data_list, keys, _ = targz
     first = data_list.read_text().split()[0]
@@ -80,17 +74,9 @@ def test_wenet_targz_shards_give_every_key_exactly_once_across_ranks_and_workers
 
 def test_targz_resume_is_exact(targz):
     data_list, keys, tok = targz
-    loader = build_dataloader(str(data_list), small_conf(), tok, train=True, rank=0, world_size=1)
-    loader.set_epoch(1)
-    first = []
-    for i, batch in enumerate(loader):
-        first += batch["keys"]
-        if i == 4:
-            state = json.loads(json.dumps(loader.state_dict()))
-            break
-    resumed = build_dataloader(str(data_list), small_conf(), tok, train=True, rank=0, world_size=1)
-    resumed.load_state_dict(state)
-    rest = [k for batch in resumed for k in batch["keys"]]
+    first, rest, _ = interrupted_epoch(
+        lambda: build_dataloader(str(data_list), small_conf(), tok, train=True, rank=0, world_size=1),
+        epoch=1, batches=5)
     assert sorted(first + rest) == sorted(keys) and len(first) + len(rest) == len(keys)
 
 
