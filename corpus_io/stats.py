@@ -2,7 +2,7 @@
 
 Shard lists: per utterance ``duration`` (``.json`` member, or ``source_len``/``num_frames`` / 100),
 transcript length and ``speaker``, read from the ``.meta.jsonl.gz`` companion when it exists, else
-from the main tar with audio payloads skipped (:func:`corpus_io.shards.fields.iter_shard_metadata`).
+from the main tar with audio payloads skipped (:func:`corpus_io.shards.kinds.iter_shard_metadata`).
 Raw lists: ``duration``/``source_len`` of the line, else the audio header (never decoded).
 
 Output: a table on stdout (totals, duration / text-length histograms, speakers, per-shard balance)
@@ -116,8 +116,8 @@ def collect(list_path: str, data_type: str = "shard", *, storage_options: dict |
         for dur, text, spk in progress(_iter_raw(str(list_path)), desc="stats", unit="utt"):
             _add(stats, dur, text, spk)
         return stats
-    from corpus_io.shards.fields import iter_shard_metadata
     from corpus_io.shards.index import load_index, read_datalist
+    from corpus_io.shards.kinds import iter_shard_metadata
 
     urls = read_datalist(list_path, storage_options=storage_options)
     index = load_index(list_path, storage_options=storage_options)

@@ -199,19 +199,10 @@ def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: i
     ``expected``: the shard's utterance count from the index; a skipped shard then also counts the
     utterances it loses (those at or after the break that ``kept`` says this reader would keep).
     """
-    from corpus_io.shards.reader import read_shard
-    from corpus_io.tables.shar import is_shar_cuts, read_shar_shard
+    from corpus_io.shards.kinds import sample_reader
 
-    if is_shar_cuts(url):  # a Lhotse Shar shard: its cuts file, the recording tar beside it
-        read_shard = partial(read_shar_shard, counts=counts)  # type: ignore[assignment]
-    elif url.partition("#")[0].endswith(".parquet"):  # a Hugging Face parquet file: row groups as blocks
-        from corpus_io.tables.parquet import read_samples as read_shard  # type: ignore[assignment]  # noqa: F811
-    elif opts.fields:  # dataset_conf.fields: only these, companion files in lockstep (corpus_io.shards.fields)
-        from corpus_io.shards.fields import open_shard_fields
-
-        read_shard = partial(open_shard_fields, fields=opts.fields)  # type: ignore[assignment]
-    elif profile.current() is not None:  # CORPUS_IO_LOADER_PROFILE: time the file reads
-        read_shard = partial(read_shard, wrap=profile.current().reader)  # type: ignore[union-attr]
+    prof = profile.current()  # CORPUS_IO_LOADER_PROFILE: time a tar's file reads
+    read_shard = sample_reader(url, fields=opts.fields, counts=counts, wrap=prof.reader if prof is not None else None)
     delivered = 0
     attempt = 0
     delay = opts.retry_backoff

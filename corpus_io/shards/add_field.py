@@ -26,12 +26,12 @@ from corpus_io.shards.fields import (
     check_field_name,
     companion_url,
     iter_json_objects,
-    iter_shard_metadata,
     meta_url,
     open_shard_fields,
 )
 from corpus_io.shards.format import safe_member_name, shard_stem
 from corpus_io.shards.index import write_index
+from corpus_io.shards.kinds import iter_shard_metadata
 from corpus_io.storage.files import (
     HashingWriter,
     atomic_write,

@@ -236,17 +236,3 @@ def _has_meta(url: str, entry: dict | None, storage_options: dict | None) -> boo
         return True
     return _exists(meta_url(url), storage_options)
 
-
-def iter_shard_metadata(url: str, *, storage_options: dict | None = None) -> Iterator[dict]:
-    """``{key, txt, meta}`` of every utterance of a shard, without reading audio (for stats, add-field); a Lhotse
-    Shar shard's from its cuts file; a listed parquet file's rows carry their audio, so its ``meta`` gets
-    ``duration`` from each row's audio header."""
-    from corpus_io.tables import shar
-
-    if shar.is_shar_cuts(url):
-        return shar.cut_metadata(url, storage_options=storage_options)
-    if url.partition("#")[0].endswith(".parquet"):
-        from corpus_io.tables.parquet import iter_metadata
-
-        return iter_metadata(url, storage_options=storage_options)
-    return open_shard_fields(url, ["txt", "meta"], storage_options=storage_options)

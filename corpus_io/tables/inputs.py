@@ -572,19 +572,37 @@ def _shar_input(path: str) -> Input:
     return inp
 
 
+def _listed_once(path: str) -> tuple[Iterator[tuple[str, list[str], list[str]]] | None, list[str] | None]:
+    """A local directory's ``os.walk`` whose first step (the directory itself) is listed already, and that
+    listing's sorted names, so that each check of :func:`detect` reads the one listing; ``(None, None)`` for
+    anything else, or a directory that cannot be listed (the check that lists it again then says why)."""
+    from itertools import chain
+
+    from corpus_io.storage.urls import is_remote
+
+    if is_remote(path) or not os.path.isdir(path):
+        return None, None
+    walk = os.walk(path)
+    top = next(walk, None)
+    if top is None:
+        return None, None
+    return chain([top], walk), sorted(top[1] + top[2])
+
+
 def detect(path: str) -> str:
     """The kind of input ``path`` is (one of :data:`KINDS`), by its content; a DataError says what is accepted."""
     from corpus_io.tables import parquet, shar
 
-    if parquet.is_parquet(path):
+    tree, names = _listed_once(path)
+    if parquet.is_parquet(path, tree):
         return parquet.KIND
-    if shar.shar_input_shards(path) is not None:  # a Shar directory or cuts file (a remote one: a ConfigError)
+    if shar.shar_input_shards(path, names) is not None:  # a Shar directory or cuts file (a remote one: a ConfigError)
         return "lhotse-shar"
     p = Path(path)
     if p.is_dir():
         if any((p / name).is_file() for name in ("wav.scp", "feats.scp", "text", "segments")):
             return "kaldi"
-        if any("supervisions" in m.name for m in p.iterdir()):
+        if any("supervisions" in name for name in (names if names is not None else os.listdir(path))):
             return "lhotse-recordings+supervisions"
         raise DataError(f"{path} is a directory but neither a Kaldi data dir (wav.scp + text) nor a directory of "
                         f"Lhotse *recordings* + *supervisions* manifests.")

@@ -33,7 +33,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import parse_qsl, urlencode
 
 import numpy as np
@@ -58,15 +58,18 @@ _SPLIT = re.compile(r"(.+?)-\d{5}-of-\d{5}\.parquet$")
 # --------------------------------------------------------------------------- files
 
 
-def is_parquet(path: str) -> bool:
+def is_parquet(path: str, tree: Iterable[tuple[str, list[str], list[str]]] | None = None) -> bool:
     """Whether ``path`` names parquet input: a ``.parquet`` file or glob (also a URL), or a local directory
-    holding ``.parquet`` files (recursively)."""
+    holding ``.parquet`` files (recursively). ``tree``: the ``os.walk(path)`` of that directory when the caller
+    has listed it already (input detection lists it once)."""
     base = split_entry(str(path))[0]
     if base.endswith(".parquet"):
         return True
-    if urls.is_remote(base) or not os.path.isdir(base):
-        return False
-    return any(f.endswith(".parquet") for _, _, files in os.walk(base) for f in files)
+    if tree is None:
+        if urls.is_remote(base) or not os.path.isdir(base):
+            return False
+        tree = os.walk(base)
+    return any(f.endswith(".parquet") for _, _, files in tree for f in files)
 
 
 def split_of(url: str) -> str:

@@ -84,10 +84,11 @@ def is_shar_dir(path: str, storage_options: dict | None = None) -> bool:
     return os.path.isdir(path) and any(CUTS_NAME.match(n) for n in os.listdir(path))
 
 
-def shar_shards(path: str, storage_options: dict | None = None) -> list[str]:
+def shar_shards(path: str, storage_options: dict | None = None, *, names: list[str] | None = None) -> list[str]:
     """The cuts files of the Shar at ``path`` (a directory or URL prefix ending in ``/``), in shard order; a
-    cuts file without its ``recording`` tar beside it (in a listing) is a DataError naming both."""
-    names = _listing(path, storage_options)
+    cuts file without its ``recording`` tar beside it (in a listing) is a DataError naming both. ``names``: the
+    sorted listing of ``path`` when the caller has one."""
+    names = _listing(path, storage_options) if names is None else names
     base = path if path.endswith("/") else path + "/"
     cuts = [base + n for n in names if CUTS_NAME.match(n)]
     if not cuts:
@@ -304,9 +305,10 @@ def index_entry(url: str, *, storage_options: dict | None = None) -> dict:
 # --------------------------------------------------------------------------- a local Shar as an input
 
 
-def shar_input_shards(path: str) -> list[str] | None:
+def shar_input_shards(path: str, names: list[str] | None = None) -> list[str] | None:
     """The cuts files of a local Shar input (a directory, a cuts file, or a list file of cuts paths), or None
-    when ``path`` is none of these. A remote one is a ConfigError: it is read where it streams, by the loader."""
+    when ``path`` is none of these. A remote one is a ConfigError: it is read where it streams, by the loader.
+    ``names``: the sorted listing of the directory ``path`` when the caller has one (it is then not listed)."""
     if urls.is_remote(path):
         if is_shar_cuts(path) or path.endswith("/"):
             raise ConfigError(f"{path}: a Shar on object storage or a web server is read directly by the loader: "
@@ -315,8 +317,9 @@ def shar_input_shards(path: str) -> list[str] | None:
                               f"copy.")
         return None
     if os.path.isdir(path):
-        first = next((os.path.join(path, n) for n in sorted(os.listdir(path)) if CUTS_NAME.match(n)), None)
-        return shar_shards(path) if first is not None and _holds_shar_cuts(first) else None
+        names = sorted(os.listdir(path)) if names is None else names
+        first = next((os.path.join(path, n) for n in names if CUTS_NAME.match(n)), None)
+        return shar_shards(path, names=names) if first is not None and _holds_shar_cuts(first) else None
     if is_shar_cuts(path) and os.path.isfile(path) and _holds_shar_cuts(path):
         return [path]
     return None

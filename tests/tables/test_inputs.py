@@ -154,6 +154,28 @@ def test_nemo_key_rule():
     assert nemo_key("x.wav", 0.0) == "x"
 
 
+@pytest.mark.parametrize("kind, files", [
+    ("lhotse-shar", ["cuts.000000.jsonl.gz", "recording.000000.tar"]),
+    ("kaldi", ["wav.scp", "text", "split2/wav.scp"]),
+    ("lhotse-recordings+supervisions", ["recordings.jsonl.gz", "supervisions.jsonl.gz"]),
+])
+def test_detect_lists_a_local_directory_once_for_all_its_checks(tmp_path, monkeypatch, kind, files):
+    # parquet, Shar, Kaldi and Lhotse-pair checks share one listing (a directory on a network filesystem is slow)
+    d = tmp_path / "input"
+    for name in files:
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_bytes(b"")
+    cut = {"id": "c", "recording": {"id": "r", "sources": [{"type": "shar", "channels": [0], "source": ""}]}}
+    if kind == "lhotse-shar":  # a cut whose audio is in the Shar tar: what tells a Shar from a plain CutSet
+        (d / files[0]).write_bytes(gzip.compress(json.dumps(cut).encode() + b"\n"))
+    listed: list[str] = []
+    for name in ("scandir", "listdir"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda p=".", real=real: listed.append(os.path.abspath(p)) or real(p))
+    assert detect(str(d)) == kind
+    assert listed.count(str(d)) == 1, listed
+
+
 @pytest.mark.parametrize("case, needles", [
     ("multichannel", ["channel(s) 1 of the 2-channel recording", "Split the channels"]),
     ("overlap", ["overlap", "trim_to_supervisions"]),
