@@ -281,8 +281,9 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
         rows = [r.float() * (1.0 / 32768.0) if r.dtype == torch.int16 else r for r in rows]
     tokens = [s.get("tokens") or [] for s in samples]
     shared = _shared_batch(rows, tokens, pcm=pcm)
+    seq = 0
     if shared is not None:
-        padded, row_lengths, target, target_lengths = shared
+        padded, row_lengths, target, target_lengths, seq = shared
     else:
         row_lengths = torch.tensor([f.shape[0] for f in rows], dtype=torch.int64)
         if pcm:
@@ -307,6 +308,8 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
         seconds = float(feats_lengths.sum()) * frame_shift
     batch.update(target=target, target_lengths=target_lengths, audio_seconds=seconds,
                  padding_ratio=padding_ratio(feats_lengths.tolist()))
+    if seq:  # written into the worker's arena: the hand-over sends descriptors (corpus_io.loader.handover)
+        batch["__seq__"] = seq
     return batch
 
 
@@ -320,9 +323,13 @@ def _shared_batch(feats: list, tokens: list, *, pcm: bool = False) -> tuple | No
     copies and three of the four segments. Same values, shapes and dtypes as the plain path;
     None outside a worker or for mixed feature dtypes/dims (the plain path then). ``pcm``: the rows are int16
     samples, written as float32 ``k / 32768`` (cast in the copy, then scaled in one pass over the batch).
+    The block is a region of the worker's arena where it has one (:mod:`corpus_io.loader.handover`); the last
+    item is its sequence number there (0: a segment of its own).
     """
     import torch
     from torch.utils.data import get_worker_info
+
+    from corpus_io.loader import handover
 
     if get_worker_info() is None:
         return None
@@ -339,15 +346,15 @@ def _shared_batch(feats: list, tokens: list, *, pcm: bool = False) -> tuple | No
     item = dtype.itemsize
     feats_bytes = (n * width * row * item + 7) // 8 * 8
     units = max(len(t) for t in tokens)
-    storage = torch.UntypedStorage._new_shared(feats_bytes + 8 * (2 * n + n * units))
-    padded = torch.empty(0, dtype=dtype).set_(storage, 0, (n, width, *first.shape[1:]))
+    storage, at, seq = handover.storage_for(feats_bytes + 8 * (2 * n + n * units))
+    padded = torch.empty(0, dtype=dtype).set_(storage, at // item, (n, width, *first.shape[1:]))
     for i, f in enumerate(feats):
         padded[i, :lengths[i]] = f  # int16 rows: cast in the copy
         if lengths[i] < width:
             padded[i, lengths[i]:] = 0
     if pcm:  # one pass over the batch (faster than a scaling copy per row), exact: a power of two
         padded.mul_(1.0 / 32768.0)
-    ints = torch.empty(0, dtype=torch.int64).set_(storage, feats_bytes // 8, (2 * n + n * units,))
+    ints = torch.empty(0, dtype=torch.int64).set_(storage, (at + feats_bytes) // 8, (2 * n + n * units,))
     feats_lengths, target_lengths = ints[:n], ints[n:2 * n]
     target = ints[2 * n:].view(n, units)
     feats_lengths.copy_(torch.tensor(lengths, dtype=torch.int64))
@@ -356,7 +363,7 @@ def _shared_batch(feats: list, tokens: list, *, pcm: bool = False) -> tuple | No
     for i, t in enumerate(tokens):
         if t:
             target[i, :len(t)] = torch.as_tensor(t, dtype=torch.int64)
-    return padded, feats_lengths, target, target_lengths
+    return padded, feats_lengths, target, target_lengths, seq
 
 
 def mean_padding_ratio(batches: Iterable[list[dict]], lengths: Lengths = sample_lengths) -> float:

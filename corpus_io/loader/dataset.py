@@ -48,7 +48,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from corpus_io.config import DatasetConf, check_values
 from corpus_io.errors import ConfigError, CorpusIOError, DataError
-from corpus_io.loader import profile
+from corpus_io.loader import handover, profile
 from corpus_io.loader.build import build_pipeline, continues_streams, describe_chain, loader_chain, read_options
 from corpus_io.loader.elastic import Carry, Resplit, carry_over, resplit, same_topology, utterances_left
 from corpus_io.loader.partition import Slot, SlotState, all_ranks_have_data, dist_info, gather_objects, ranks_with_data
@@ -93,6 +93,8 @@ class CorpusDataset(IterableDataset):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:  # N workers share the cores; without workers this is the training process
             torch.set_num_threads(1)
+            if not self.conf.pin_memory:  # batches through this worker's arena (DataLoader pins only tensors)
+                handover.enable(self.conf.prefetch)
         slot = Slot(self.rank, self.world_size, worker, num_workers)
         start = self.start_states.get(worker)
         state = SlotState.from_dict(start) if start else SlotState(epoch=self.epoch)
@@ -126,11 +128,17 @@ class CorpusDataset(IterableDataset):
                     batches = _one_thread(batches)
                 for batch in batches:
                     batch.update(bookkeeping())
-                    yield batch
+                    yield handover.pack(batch)
             state.finished = True
             yield bookkeeping(final=True)
         except CorpusIOError as exc:  # re-raised in the main process with its own message
             yield {"__worker__": worker, "__error__": (type(exc).__name__, str(exc))}
+
+
+def _as_is(batch: dict) -> dict:
+    """The DataLoader's collate_fn: a padded batch is already tensors (DataLoader's default would walk every key
+    and transcript list of each batch again)."""
+    return batch
 
 
 def _timed_hand_over(batches: Iterator[dict], prof: profile.Profile) -> Iterator[dict]:
@@ -239,7 +247,7 @@ class CorpusLoader:
         self._epoch_counts = Counter()
         self._stopped = None
         self._before_last = (-1, None)
-        kwargs: dict[str, Any] = {"batch_size": None, "num_workers": self.num_workers,
+        kwargs: dict[str, Any] = {"batch_size": None, "num_workers": self.num_workers, "collate_fn": _as_is,
                                   "pin_memory": bool(self.conf.pin_memory)}
         if self.num_workers > 0:
             kwargs["prefetch_factor"] = max(1, int(self.conf.prefetch))
@@ -247,6 +255,7 @@ class CorpusLoader:
             kwargs["timeout"] = float(self.conf.batch_timeout)
         in_step = self.uneven != "allow" and self.world_size > 1
         batches = self._guarded(iter(DataLoader(self.dataset, **kwargs)))
+        receiver = handover.Receiver()
         prof = profile.Profile() if profile.enabled() else None  # the main process's side
         if prof is not None:
             self._profiles = {"main": prof}
@@ -258,6 +267,7 @@ class CorpusLoader:
             if "__error__" in batch:
                 name, message = batch["__error__"]
                 raise (ConfigError if name == "ConfigError" else DataError)(message)
+            batch = receiver.unpack(batch, worker)
             snapshot = batch.pop("__state__")
             delta = json.loads(batch.pop("__counts__"))
             self._counts.update(delta)
