@@ -195,12 +195,12 @@ def iter_tar_members(fileobj: IO[bytes], *, url: str, max_member_bytes: int = DE
                             f"tar end-of-archive marker; {what_to_do()}")
         if block.count(0) == _BLOCK:
             return  # end-of-archive: the rest is zero padding
-        if not _checksum_ok(block) and last == first:
-            what = ("is gzip-compressed, but what is inside is not a tar" if compressed else
-                    "is neither a tar nor a gzip-compressed tar (its first block is not a tar header)")
-            raise DataError(f"{url} {what}. A shard must be a tar (pack-shards) or a WeNet-style .tar.gz "
-                            f"(tar czf); check that the data list names shards.")
         if not _checksum_ok(block):
+            if last == first:
+                what = ("is gzip-compressed, but what is inside is not a tar" if compressed else
+                        "is neither a tar nor a gzip-compressed tar (its first block is not a tar header)")
+                raise DataError(f"{url} {what}. A shard must be a tar (pack-shards) or a WeNet-style .tar.gz "
+                                f"(tar czf); check that the data list names shards.")
             raise DataError(f"{url}: corrupt tar header after member '{last}' (bad checksum); {what_to_do()}")
         name_field = block[0:100].split(b"\0", 1)[0]
         if block[257:262] == b"ustar" and block[345] != 0:
