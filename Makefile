@@ -3,7 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-PYTEST_ARGS ?=
+# Three pytest-xdist workers on any machine, 2 cores included: most of the long tests wait on ranks, servers and
+# daemons rather than compute (tests/conftest.py SERIAL_GROUPS keeps those that must not overlap on one worker).
+# PYTEST_ARGS="tests/x.py" runs serially; "-n 3 --dist loadgroup tests/x.py" in parallel.
+PYTEST_ARGS ?= -n 3 --dist loadgroup
 
 .PHONY: install system-packages real-recordings test demo smoke lint bench bench-smoke fixture clean
 

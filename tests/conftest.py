@@ -3,13 +3,17 @@ test runs with the repo root as its working directory."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,28 @@ BIN = Path(sys.executable).parent
 def _cwd_repo_root(monkeypatch):
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("CORPUS_IO_NO_PROGRESS", "1")
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], dict]) -> dict:
+    """What ``build(dir)`` returns (a JSON dict), ``dir`` built once per test session. Under pytest-xdist the
+    first worker that asks builds it in the session's base dir (shared by its workers) holding a lock the others
+    wait on, then they read its result: a session fixture costs once, and its paths are the same on every worker
+    (a checkpoint names its token list). Serially: ``build(tmp_path_factory.mktemp(name))``."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build(tmp_path_factory.mktemp(name))
+    base = tmp_path_factory.getbasetemp().parent
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when this worker dies
+        done = base / f"{name}.json"
+        if done.is_file():
+            return json.loads(done.read_text())
+        out = base / name
+        shutil.rmtree(out, ignore_errors=True)  # what a worker whose build failed left
+        out.mkdir()
+        value = build(out)
+        done.with_suffix(".tmp").write_text(json.dumps(value))
+        done.with_suffix(".tmp").rename(done)
+        return value
 
 
 @pytest.fixture
@@ -61,6 +87,26 @@ def hang_limit(seconds: float) -> float:
 
 def pytest_configure(config) -> None:
     load_scale()  # a bad $CORPUS_IO_TEST_HANG_SCALE stops the session before any test
+
+
+# make test runs the suite on several pytest-xdist workers (--dist loadgroup); tests of one group run on one
+# worker, one after another, as in a serial run. The users of these fixtures form a group (fixture -> group):
+SERIAL_GROUPS = {
+    "slurm": "slurm",  # a Slurm cluster (munged, slurmctld, slurmd on one node) per module, never two at once
+    "wheel": "build-in-tree",  # python -m build writes build/ and corpus_io.egg-info into the checkout
+    # costly module fixtures, built once rather than once per worker that runs one of their tests
+    "uneven_runs": "uneven_runs",  # tests/loader/test_dataset.py: 2 ranks x 8 epochs x 4 shapes (90 s)
+    "stats": "cmvn_stats",  # tests/train/test_cmvn.py: two compute-cmvn processes
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        groups = [group for fixture, group in SERIAL_GROUPS.items() if fixture in names]
+        if groups and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(groups[0]))
 
 
 def pytest_report_header(config) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import bench_names
-from tests.conftest import REPO, run_bounded
+from tests.conftest import REPO, SERIAL_GROUPS, run_bounded
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,12 @@ def bench_out(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("bench-out")
 
 
-@pytest.mark.parametrize("name", [n.removeprefix("bench_") for n in bench_names()])
+# bench_install builds the wheel in the checkout, as tests/test_packaging.py's wheel fixture does: never both at once
+BUILD_IN_TREE = pytest.mark.xdist_group(SERIAL_GROUPS["wheel"])
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=BUILD_IN_TREE) if n == "install" else n
+                                  for n in (n.removeprefix("bench_") for n in bench_names())])
 def test_every_bench_runs_to_the_end_in_smoke_mode(name, bench_out):
     env = dict(os.environ, OMP_NUM_THREADS="1", CORPUS_IO_NO_PROGRESS="1", BENCH_OUT=str(bench_out))
     result = run_bounded([sys.executable, "-m", "bench", "--smoke", name], 300, env=env)
