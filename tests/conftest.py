@@ -3,6 +3,7 @@ test runs with the repo root as its working directory."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -37,8 +38,7 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], dict]) -> di
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return build(tmp_path_factory.mktemp(name))
     base = tmp_path_factory.getbasetemp().parent
-    with open(base / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when this worker dies
+    with one_at_a_time(tmp_path_factory, name):
         done = base / f"{name}.json"
         if done.is_file():
             return json.loads(done.read_text())
@@ -89,24 +89,23 @@ def pytest_configure(config) -> None:
     load_scale()  # a bad $CORPUS_IO_TEST_HANG_SCALE stops the session before any test
 
 
-# make test runs the suite on several pytest-xdist workers (--dist loadgroup); tests of one group run on one
-# worker, one after another, as in a serial run. The users of these fixtures form a group (fixture -> group):
-SERIAL_GROUPS = {
-    "slurm": "slurm",  # a Slurm cluster (munged, slurmctld, slurmd on one node) per module, never two at once
-    "wheel": "build-in-tree",  # python -m build writes build/ and corpus_io.egg-info into the checkout
-    # costly module fixtures, built once rather than once per worker that runs one of their tests
-    "uneven_runs": "uneven_runs",  # tests/loader/test_dataset.py: 2 ranks x 8 epochs x 4 shapes (90 s)
-    "stats": "cmvn_stats",  # tests/train/test_cmvn.py: two compute-cmvn processes
-}
+@contextlib.contextmanager
+def one_at_a_time(tmp_path_factory, name: str):
+    """Hold the session's lock ``name`` (fcntl, in the base dir the pytest-xdist workers of make test share):
+    what a test starts or writes that is one per machine (a Slurm cluster, python -m build in the checkout)
+    waits for the other worker's to end, as in a serial run. (xdist_group cannot say it: pytest-xdist 3.8's
+    --dist loadgroup does not group on pytest 9.)"""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    with open(tmp_path_factory.getbasetemp().parent / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when this worker dies
+        yield
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items) -> None:
-    for item in items:
-        names = getattr(item, "fixturenames", ())
-        groups = [group for fixture, group in SERIAL_GROUPS.items() if fixture in names]
-        if groups and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(groups[0]))
+    if "PYTEST_XDIST_WORKER" in os.environ:  # workers take tests in this order: the long ones first, not last
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_report_header(config) -> str:
@@ -203,9 +202,10 @@ def slurm(tmp_path_factory):
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
-    yield cluster
-    cluster.stop()
+    with one_at_a_time(tmp_path_factory, "slurm"):  # one cluster (munged, slurmctld, slurmd) at a time
+        cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+        yield cluster
+        cluster.stop()
 
 
 def _free_pair() -> int:
