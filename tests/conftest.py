@@ -3,13 +3,18 @@ test runs with the repo root as its working directory."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +28,27 @@ BIN = Path(sys.executable).parent
 def _cwd_repo_root(monkeypatch):
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("CORPUS_IO_NO_PROGRESS", "1")
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], dict]) -> dict:
+    """What ``build(dir)`` returns (a JSON dict), ``dir`` built once per test session. Under pytest-xdist the
+    first worker that asks builds it in the session's base dir (shared by its workers) holding a lock the others
+    wait on, then they read its result: a session fixture costs once, and its paths are the same on every worker
+    (a checkpoint names its token list). Serially: ``build(tmp_path_factory.mktemp(name))``."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build(tmp_path_factory.mktemp(name))
+    base = tmp_path_factory.getbasetemp().parent
+    with one_at_a_time(tmp_path_factory, name):
+        done = base / f"{name}.json"
+        if done.is_file():
+            return json.loads(done.read_text())
+        out = base / name
+        shutil.rmtree(out, ignore_errors=True)  # what a worker whose build failed left
+        out.mkdir()
+        value = build(out)
+        done.with_suffix(".tmp").write_text(json.dumps(value))
+        done.with_suffix(".tmp").rename(done)
+        return value
 
 
 @pytest.fixture
@@ -61,6 +87,25 @@ def hang_limit(seconds: float) -> float:
 
 def pytest_configure(config) -> None:
     load_scale()  # a bad $CORPUS_IO_TEST_HANG_SCALE stops the session before any test
+
+
+@contextlib.contextmanager
+def one_at_a_time(tmp_path_factory, name: str):
+    """Hold the session's lock ``name`` (fcntl, in the base dir the pytest-xdist workers of make test share):
+    what a test starts or writes that is one per machine (a Slurm cluster, python -m build in the checkout)
+    waits for the other worker's to end, as in a serial run. (xdist_group cannot say it: pytest-xdist 3.8's
+    --dist loadgroup does not group on pytest 9.)"""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    with open(tmp_path_factory.getbasetemp().parent / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when this worker dies
+        yield
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if "PYTEST_XDIST_WORKER" in os.environ:  # workers take tests in this order: the long ones first, not last
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_report_header(config) -> str:
@@ -157,9 +202,10 @@ def slurm(tmp_path_factory):
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
-    yield cluster
-    cluster.stop()
+    with one_at_a_time(tmp_path_factory, "slurm"):  # one cluster (munged, slurmctld, slurmd) at a time
+        cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+        yield cluster
+        cluster.stop()
 
 
 def _free_pair() -> int:

@@ -3,6 +3,7 @@ real corpus, one round: ``python -m bench --smoke``), so a format change that br
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import bench_names
-from tests.conftest import REPO, run_bounded
+from tests.conftest import REPO, one_at_a_time, run_bounded
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +23,12 @@ def bench_out(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("name", [n.removeprefix("bench_") for n in bench_names()])
-def test_every_bench_runs_to_the_end_in_smoke_mode(name, bench_out):
+@pytest.mark.slow
+def test_every_bench_runs_to_the_end_in_smoke_mode(name, bench_out, tmp_path_factory):
     env = dict(os.environ, OMP_NUM_THREADS="1", CORPUS_IO_NO_PROGRESS="1", BENCH_OUT=str(bench_out))
-    result = run_bounded([sys.executable, "-m", "bench", "--smoke", name], 300, env=env)
+    # bench_install runs python -m build in the checkout, as tests/test_packaging.py's wheel fixture does
+    with one_at_a_time(tmp_path_factory, "build-in-tree") if name == "install" else contextlib.nullcontext():
+        result = run_bounded([sys.executable, "-m", "bench", "--smoke", name], 300, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "smoke mode: figures are not measurements" in result.stdout
     assert f"===== bench_{name} done in" in result.stdout

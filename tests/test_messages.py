@@ -313,6 +313,7 @@ def _wrong_suggestions(code: Code) -> tuple[list[str], set]:
     return wrong, used
 
 
+@pytest.mark.slow
 def test_every_suggested_key_is_a_key_of_each_command_that_can_print_it():
     wrong, used = _wrong_suggestions(_code())
     assert not wrong, "messages suggest keys a command that prints them does not accept:\n" + "\n".join(wrong)

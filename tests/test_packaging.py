@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from tests.conftest import FIXTURE, REPO, run_bounded
+from tests.conftest import FIXTURE, REPO, one_at_a_time, run_bounded
 
 # FunASR's console scripts (its setup.py): installing corpus-io must not replace any of them
 FUNASR_SCRIPTS = {"funasr", "funasr-hydra", "funasr-server", "funasr-train", "funasr-train-ds", "funasr-export",
@@ -25,7 +25,8 @@ FUNASR_SCRIPTS = {"funasr", "funasr-hydra", "funasr-server", "funasr-train", "fu
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    result = run_bounded([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(REPO)], 600)
+    with one_at_a_time(tmp_path_factory, "build-in-tree"):  # it writes build/ and *.egg-info in the checkout
+        result = run_bounded([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(REPO)], 600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (whl,) = out.glob("corpus_io-*.whl")
     return whl

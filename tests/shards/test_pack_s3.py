@@ -75,6 +75,7 @@ def test_pack_to_s3_writes_only_shards_list_and_index_naming_s3_urls(bucket_pref
     assert objects_under(fs, prefix) == got
 
 
+@pytest.mark.slow
 def test_kill_9_mid_pack_to_s3_lists_no_partial_object_and_rerun_gives_the_same_objects(s3_env, tmp_path):
     prefix, fs, env = s3_env
     records = [dict(r, key=f"c{c:02d}-{r['key']}") for c in range(5) for r in fixture_records()]
@@ -124,6 +125,7 @@ def test_jobs_into_s3_merge_to_the_objects_of_one_job(s3_env, tmp_path):
         index_without_paths((tmp_path / "one" / "index.jsonl").read_text())
 
 
+@pytest.mark.slow
 def test_merge_into_s3_refuses_a_shard_object_deleted_after_its_job_and_a_rerun_sends_it_again(s3_env, tmp_path):
     prefix, fs, env = s3_env
     jsonl = write_jsonl(tmp_path / "train.jsonl", fixture_records())
@@ -143,6 +145,7 @@ def test_merge_into_s3_refuses_a_shard_object_deleted_after_its_job_and_a_rerun_
     assert after == dict(before, **{k: after[k] for k in ("data.list", "index.jsonl")})
 
 
+@pytest.mark.slow
 def test_jobs_on_machines_that_share_no_disk_merge_on_a_third_to_the_objects_of_one_job(s3_env, seaweed, tmp_path,
                                                                                          monkeypatch):
     """Each job and the merge get their own state dir (CORPUS_IO_STATE_DIR), as on nodes without a shared disk:

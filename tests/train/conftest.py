@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_bounded
+from tests.conftest import built_once, run_bounded
 from tests.loader_data import make_raw, make_shards, token_list
 
 BIN = Path(sys.executable).parent
@@ -37,22 +37,30 @@ def run_train(cmd: list[str], timeout: float = 150,
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> dict:
     """48 real utterances in 3 shards of 16 (uneven over 2 ranks), a raw list of 24, a char token list."""
-    root = tmp_path_factory.mktemp("train_corpus")
-    shards, keys = make_shards(root / "shards", copies=2, per_shard=16)
-    raw, raw_keys = make_raw(root / "raw")
-    tokens = token_list(root).token_list
-    return {"root": root, "shards": shards, "keys": keys, "raw": raw, "raw_keys": raw_keys, "tokens": tokens}
+    def build(root: Path) -> dict:
+        shards, keys = make_shards(root / "shards", copies=2, per_shard=16)
+        raw, raw_keys = make_raw(root / "raw")
+        return {"root": str(root), "shards": str(shards), "keys": keys, "raw": str(raw), "raw_keys": raw_keys,
+                "tokens": token_list(root).token_list}
+
+    built = built_once(tmp_path_factory, "train_corpus", build)
+    return {**built, **{k: Path(built[k]) for k in ("root", "shards", "raw")}}
 
 
 @pytest.fixture(scope="session")
 def trained(corpus, tmp_path_factory) -> dict:
     """One 2-rank gloo training run (3 epochs, cv set, per-step checkpoints) shared by several tests."""
-    out = tmp_path_factory.mktemp("trained") / "exp"
-    cmd = torchrun_cmd(out, corpus, f"++valid_data_set_list={corpus['shards']}",
-                       "++train_conf.max_epoch=3", "++train_conf.accum_grad=2", "++dataset_conf.batch_size=3",
-                       "++train_conf.keep_nbest_models=2", "++train_conf.avg_nbest_model=2",
-                       "++train_conf.save_checkpoint_interval=2", "++train_conf.dump_trained_keys=true",
-                       "++optim_conf.lr=0.002")
-    result = run_train(cmd)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return {"out": out, "result": result, "cmd": cmd}
+    def build(root: Path) -> dict:
+        out = root / "exp"
+        cmd = torchrun_cmd(out, corpus, f"++valid_data_set_list={corpus['shards']}",
+                           "++train_conf.max_epoch=3", "++train_conf.accum_grad=2", "++dataset_conf.batch_size=3",
+                           "++train_conf.keep_nbest_models=2", "++train_conf.avg_nbest_model=2",
+                           "++train_conf.save_checkpoint_interval=2", "++train_conf.dump_trained_keys=true",
+                           "++optim_conf.lr=0.002")
+        result = run_train(cmd)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+        return {"out": str(out), "cmd": cmd, "stdout": result.stdout, "stderr": result.stderr}
+
+    built = built_once(tmp_path_factory, "trained", build)
+    result = subprocess.CompletedProcess(built["cmd"], 0, built["stdout"], built["stderr"])
+    return {"out": Path(built["out"]), "result": result, "cmd": built["cmd"]}

@@ -234,6 +234,7 @@ def test_make_lm_tune_lm_and_decode_with_the_lm_and_hotwords_from_the_command_li
                      r"\d+\.\d+%$", report, re.M)
 
 
+@pytest.mark.slow
 def test_a_conformer_ctc_att_model_trains_and_decodes_by_all_four_methods(corpus, trained, tmp_path, capfd):
     exp = tmp_path / "att"
     cmd = torchrun_cmd(exp, corpus, "model=conformer_ctc_att", "++train_conf.max_epoch=1", "++optim_conf.lr=0.002",

@@ -70,6 +70,7 @@ def test_two_ranks_uneven_shards_end_every_epoch_together_and_loss_decreases(tra
     assert set(latest["cv_metrics"]) >= {"loss", "acc"} and "train_data_set_list" in latest["config"]
 
 
+@pytest.mark.slow
 def test_a_run_resumed_at_an_epoch_boundary_trains_what_the_last_epoch_carried_first(trained, tmp_path):
     import shutil
 
@@ -101,6 +102,7 @@ def kill9_job(job: subprocess.Popen) -> None:
     psutil.wait_procs(procs, timeout=30)
 
 
+@pytest.mark.slow
 def test_elastic_restart_then_kill9_then_resume_trains_each_utterance_once(corpus, tmp_path):
     out = tmp_path / "exp"
     shards, keys = make_shards(tmp_path / "shards", copies=4, per_shard=32)  # 96 utts, 3 uneven shards
@@ -186,6 +188,7 @@ def test_intervals_are_range_checked_and_validate_interval_minus_one_follows_che
     assert "train_conf.log_interval=0" in result.stderr
 
 
+@pytest.mark.slow
 def test_four_ranks_uneven_shards_split_differently_each_epoch_so_every_key_is_trained(tmp_path):
     from tests.loader_data import fixture_utts, token_list
 
@@ -233,6 +236,7 @@ def test_train_on_weighted_sources_without_train_data_set_list(corpus, tmp_path)
     assert "epoch 0 done" in (out / "train.log").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_two_ranks_train_cv_and_decode_with_features_on_the_model_device_and_loss_decreases(corpus, tmp_path):
     from tests.conftest import run_cli
 
@@ -272,6 +276,7 @@ def test_a_run_that_trained_nothing_fails_on_every_rank_and_writes_no_model_even
     assert not list(out.glob("model.pt*")), sorted(p.name for p in out.iterdir())
 
 
+@pytest.mark.slow
 def test_world_size_changes_mid_epoch_2_1_2_and_every_key_is_trained_once(corpus, tmp_path):
     """Crash a 2-process run mid-epoch, resume it on 1 process, crash that mid-epoch, finish on 2 again."""
     out = tmp_path / "exp"
