@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Three pytest-xdist workers on any machine, 2 cores included: many long tests wait on ranks, servers and daemons
-# rather than compute (tests/conftest.py one_at_a_time keeps what is one per machine to one worker at a time).
-# PYTEST_ARGS="tests/x.py" runs serially; "-n 3 tests/x.py" in parallel.
-PYTEST_ARGS ?= -n 3
+# Serial by default: on 2 cores the suite is CPU-bound (~48 CPU-minutes), so 3 pytest-xdist workers gained ~15% in
+# one run; with more cores, PYTEST_ARGS="-n 4" (tests/conftest.py one_at_a_time keeps what is one per machine, Slurm
+# and the in-tree build, to one worker at a time). PYTEST_ARGS="tests/x.py" runs one file.
+PYTEST_ARGS ?=
 
 .PHONY: install system-packages real-recordings test demo smoke lint bench bench-smoke fixture clean
 
