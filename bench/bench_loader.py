@@ -93,7 +93,10 @@ def subset_list(data_list: Path, raw: Path, n: int) -> tuple[Path, Path]:
     here = raw.parent
     sub = here / f"{data_list.parent.name}{n}.list"
     sub.write_text("".join(u + "\n" for u in urls[:max(1, n // PER_SHARD)]))
-    index = load_index(data_list)  # entries keyed by path as the list writes it (the file stores 'file')
+    # entries keyed by path as the list writes it (the file stores 'file'), with their keys: an index without them
+    # makes every loader start scan the shards' tar headers for repeated keys (~1 s here), which users' lists
+    # (pack-shards, make-datalist) never do
+    index = load_index(data_list, keys=True)
     if index:
         write_index(index_path_for(sub), [index[u] for u in urls[:max(1, n // PER_SHARD)] if u in index])
     rsub = here / f"raw{n}.list"

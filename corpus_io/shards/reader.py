@@ -184,8 +184,9 @@ def iter_tar_members(fileobj: IO[bytes], *, url: str, max_member_bytes: int = DE
     first = last = "(none: the first header)"
     long_name: str | None = None
     pax: dict[str, str] = {}
+    carry: bytes | None = None  # the next header, read together with the padding before it
     while True:
-        block = _read_exact(fileobj, _BLOCK)
+        block, carry = (_read_exact(fileobj, _BLOCK) if carry is None else carry), None
         if len(block) < _BLOCK:
             if last == first:
                 what = "a gzip file whose content is" if compressed else "a stream of"
@@ -233,8 +234,11 @@ def iter_tar_members(fileobj: IO[bytes], *, url: str, max_member_bytes: int = DE
             raise DataError(f"{url}: truncated shard: member '{name}' needs {size} bytes but the stream "
                             f"ends after {len(data)}; the last complete member is '{last}'; {what_to_do()}")
         pad = -size % _BLOCK
-        if pad and len(_read_exact(fileobj, pad)) < pad:
-            raise DataError(f"{url}: truncated shard inside the padding of member '{name}'; {what_to_do()}")
+        if pad:  # one read for the padding and the next header
+            tail = _read_exact(fileobj, pad + _BLOCK)
+            if len(tail) < pad:
+                raise DataError(f"{url}: truncated shard inside the padding of member '{name}'; {what_to_do()}")
+            carry = tail[pad:]
         if typeflag in _REGULAR:
             last = name
             yield name, data
