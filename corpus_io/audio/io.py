@@ -16,7 +16,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -227,12 +227,15 @@ def read_source_bytes(source: str, *, allow_pipe: bool = False, storage_options:
     return data
 
 
+_RIFF_HEAD = struct.Struct("<4sI4s")  # "RIFF", size, "WAVE"
+_CHUNK_HEAD = struct.Struct("<4sI")  # chunk id, size in bytes
+_FMT = struct.Struct("<HHIIHH")  # format tag, channels, rate (Hz), bytes per second, block align, bits per sample
 _GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"  # KSDATAFORMAT_SUBTYPE_* tail
 
 
-@dataclass(frozen=True)
-class WavLayout:
-    """Where the samples of a little-endian WAV are: rate (Hz), channels, bits, offset (bytes), frames."""
+class WavLayout(NamedTuple):
+    """Where the samples of a little-endian WAV are: rate (Hz), channels, bits, offset (bytes), frames (a tuple:
+    parsed once per utterance by the loader, where a frozen dataclass costs more than the parse)."""
 
     sample_rate: int
     channels: int
@@ -252,21 +255,19 @@ def wav_layout(data: bytes | memoryview, total_size: int | None = None) -> WavLa
     ``fmt `` and ``data`` (LIST, fact, odd-sized ones with their pad byte) are skipped.
     """
     n = len(data)
-    if n < 44 or data[0:4] != b"RIFF" or data[8:12] != b"WAVE":
+    if n < 44:
+        return None
+    riff, _, wave = _RIFF_HEAD.unpack_from(data, 0)
+    if riff != b"RIFF" or wave != b"WAVE":
         return None
     pos, fmt = 12, None
     while pos + 8 <= n:
-        cid = bytes(data[pos:pos + 4])
-        size = int.from_bytes(data[pos + 4:pos + 8], "little")
+        cid, size = _CHUNK_HEAD.unpack_from(data, pos)
         body = pos + 8
         if cid == b"fmt ":
             if size < 16 or body + 16 > n:
                 return None
-            tag, channels, rate = (int.from_bytes(data[body:body + 2], "little"),
-                                   int.from_bytes(data[body + 2:body + 4], "little"),
-                                   int.from_bytes(data[body + 4:body + 8], "little"))
-            align = int.from_bytes(data[body + 12:body + 14], "little")
-            bits = int.from_bytes(data[body + 14:body + 16], "little")
+            tag, channels, rate, _, align, bits = _FMT.unpack_from(data, body)
             if tag == 0xFFFE:  # WAVE_FORMAT_EXTENSIBLE: the sub-format GUID says PCM (1) or float (3)
                 if size < 40 or body + 40 > n or bytes(data[body + 26:body + 40]) != _GUID_TAIL:
                     return None

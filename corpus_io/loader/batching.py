@@ -348,12 +348,18 @@ def _shared_batch(feats: list, tokens: list, *, pcm: bool = False) -> tuple | No
     units = max(len(t) for t in tokens)
     storage, at, seq = handover.storage_for(feats_bytes + 8 * (2 * n + n * units))
     padded = torch.empty(0, dtype=dtype).set_(storage, at // item, (n, width, *first.shape[1:]))
-    for i, f in enumerate(feats):
-        padded[i, :lengths[i]] = f  # int16 rows: cast in the copy
-        if lengths[i] < width:
-            padded[i, lengths[i]:] = 0
-    if pcm:  # one pass over the batch (faster than a scaling copy per row), exact: a power of two
-        padded.mul_(1.0 / 32768.0)
+    if pcm:  # int16 rows cast and scaled in one pass each, in numpy (a quarter cheaper than torch's indexing)
+        import numpy as np
+
+        out, scale = padded.numpy(), np.float32(1.0 / 32768.0)  # exact: a power of two
+        for i, f in enumerate(feats):
+            np.multiply(f.numpy(), scale, out=out[i, :lengths[i]])
+            out[i, lengths[i]:] = 0
+    else:
+        for i, f in enumerate(feats):
+            padded[i, :lengths[i]] = f
+            if lengths[i] < width:
+                padded[i, lengths[i]:] = 0
     ints = torch.empty(0, dtype=torch.int64).set_(storage, (at + feats_bytes) // 8, (2 * n + n * units,))
     feats_lengths, target_lengths = ints[:n], ints[n:2 * n]
     target = ints[2 * n:].view(n, units)

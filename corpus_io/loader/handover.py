@@ -18,6 +18,7 @@ Units: bytes.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections import deque
 from typing import Any
@@ -145,15 +146,14 @@ class Receiver:
             return batch
         seq = batch.pop(REGION_KEY)
         data, table = self.arenas[worker]
-        first = min(offset for offset, _, _ in views.values())
-        last = max(offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                   for offset, dtype, shape in views.values())
+        spans = [(key, offset, np.dtype(dtype), shape, math.prod(shape) * np.dtype(dtype).itemsize)
+                 for key, (offset, dtype, shape) in views.items()]
+        first = min(offset for _, offset, _, _, _ in spans)
+        last = max(offset + size for _, offset, _, _, size in spans)
         # an array over a memoryview: views of it keep it as their base (numpy collapses a chain of ndarray views
         # to the array owning the memory, which would be the whole arena), so it dies with the last tensor below
         region = np.frombuffer(memoryview(data)[first:last], dtype=np.uint8)
         weakref.finalize(region, _release, table, seq)
-        for key, (offset, dtype, shape) in views.items():
-            count = int(np.prod(shape, dtype=np.int64))
-            array = region[offset - first:offset - first + count * np.dtype(dtype).itemsize].view(dtype)
-            batch[key] = torch.from_numpy(array.reshape(shape))
+        for key, offset, dtype, shape, size in spans:
+            batch[key] = torch.from_numpy(region[offset - first:offset - first + size].view(dtype).reshape(shape))
         return batch

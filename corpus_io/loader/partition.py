@@ -225,7 +225,7 @@ class Piece:
 
     def keeps(self, position: int) -> bool:
         return (self.in_stride(position) and (position > self.after or position in self.extra)
-                and not any(s.keeps(position) for s in self.skip))
+                and not (self.skip and any(s.keeps(position) for s in self.skip)))
 
     def done_after(self, position: int) -> bool:
         """Nothing at or after ``position`` is kept (stop reading the unit early)."""

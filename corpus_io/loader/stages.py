@@ -110,7 +110,7 @@ def decode(samples: Iterable[dict], *, on_error: str = "fail", int16: bool = Fal
         data = sample.pop("audio", None)
         sample["sample_rate"] = rate
         if wave.dtype == np.int16:
-            sample["wav"] = torch.from_numpy(wave).unsqueeze(0)
+            sample["wav"] = torch.from_numpy(wave[None])  # (1, num_samples): one torch call, not two
             sample["pcm16"] = True
         else:
             sample["wav"] = torch.from_numpy(np.ascontiguousarray(audio.to_mono(wave), dtype=np.float32)).unsqueeze(0)

@@ -34,11 +34,12 @@ def shard_kind(url: str) -> str:
 
 
 def sample_reader(url: str, *, fields: tuple | list = (), counts: Counter | None = None,
-                  wrap: Callable[[IO[bytes]], IO[bytes]] | None = None) -> SampleReader:
+                  wrap: Callable[[IO[bytes]], IO[bytes]] | None = None, views: bool = False) -> SampleReader:
     """The reader of ``url``'s samples. For a tar: ``fields`` (dataset_conf.fields) reads only those, companions
     in lockstep (:func:`corpus_io.shards.fields.open_shard_fields`); else ``wrap`` is applied to the opened
-    stream (the loader's profile). A Shar shard counts the cuts it passes over in ``counts``; a parquet file
-    reads its rows whole (``fields`` and ``wrap`` do not apply to either)."""
+    stream (the loader's profile) and ``views`` gives its members as memoryviews of the read buffer (a reader
+    that copies what it keeps: the loader's decode). A Shar shard counts the cuts it passes over in ``counts``; a
+    parquet file reads its rows whole (``fields``, ``wrap`` and ``views`` do not apply to either)."""
     kind = shard_kind(url)
     if kind == SHAR:
         from corpus_io.tables.shar import read_shar_shard
@@ -54,7 +55,7 @@ def sample_reader(url: str, *, fields: tuple | list = (), counts: Counter | None
         return partial(open_shard_fields, fields=tuple(fields))
     from corpus_io.shards.reader import read_shard
 
-    return read_shard if wrap is None else partial(read_shard, wrap=wrap)
+    return partial(read_shard, wrap=wrap, views=views)
 
 
 def iter_shard_metadata(url: str, *, storage_options: dict | None = None) -> Iterator[dict]:

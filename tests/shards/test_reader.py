@@ -179,6 +179,89 @@ def test_tarfile_gnu_and_pax_archives_are_read(tmp_path):
         assert [s["key"] for s in read_shard(str(path))] == [long_key]
 
 
+def _tarfile_members(path):
+    import tarfile
+
+    with tarfile.open(path) as tf:
+        return [(m.name, tf.extractfile(m).read()) for m in tf if m.isfile()]
+
+
+@pytest.mark.parametrize("read_ahead", [512, 700, 1536, 1 << 20])
+def test_members_cut_from_large_reads_equal_tarfiles_at_every_buffer_boundary(tmp_path, monkeypatch, read_ahead):
+    """Members and headers straddling the read buffer's end (every size from 0 to past a block, a long pax name)
+    read as tarfile reads them, as bytes and as views, from a file and from a pipe that returns short reads."""
+    import tarfile
+
+    from corpus_io.shards import reader
+
+    monkeypatch.setattr(reader, "READ_AHEAD", read_ahead)
+    path = tmp_path / "s.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for i, size in enumerate([0, 1, 511, 512, 513, 700, 1023, 1024, 1500, 3000, 0, 77]):
+            name = f"{'k' * (130 if i == 5 else 3)}{i:02d}.wav"
+            info = tarfile.TarInfo(name)
+            info.size = size
+            tf.addfile(info, io.BytesIO(bytes((i + j) % 251 for j in range(size))))
+    expected = _tarfile_members(path)
+    for views in (False, True):
+        with open(path, "rb") as f:
+            got = [(name, bytes(data)) for name, data in iter_tar_members(f, url="s.tar", views=views)]
+        assert got == expected
+    r, w = os.pipe()
+
+    def feed():
+        with contextlib.suppress(BrokenPipeError), os.fdopen(w, "wb") as f:
+            data = path.read_bytes()
+            for i in range(0, len(data), 333):
+                f.write(data[i:i + 333])
+                f.flush()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    with os.fdopen(r, "rb", buffering=0) as f:
+        assert [(n, bytes(d)) for n, d in iter_tar_members(f, url="pipe", views=True)] == expected
+    feeder.join()
+
+
+def test_views_are_read_only_and_read_shard_gives_the_same_samples_with_them(tmp_path):
+    path = _three(tmp_path / "s.tar")
+    copies, views = list(read_shard(str(path))), list(read_shard(str(path), views=True))
+    assert isinstance(views[0]["audio"], memoryview) and views[0]["audio"].readonly
+    assert isinstance(copies[0]["audio"], bytes)
+    for a, b in zip(copies, views):
+        assert a.keys() == b.keys()
+        assert all(a[k] == b[k] for k in a)  # memoryview == bytes compares contents
+
+
+def test_the_fast_header_checksum_agrees_with_the_byte_sum_on_every_corruption(tmp_path):
+    """An ASCII header's checksum is read from Adler-32; a header with a UTF-8 name is summed. Both must accept
+    exactly the headers whose byte sum (checksum field as spaces) is the stored checksum."""
+    import random
+
+    from corpus_io.shards.reader import _checksum_ok
+
+    def summed(block):  # unsigned, or signed as some old tars wrote it
+        try:
+            stored = int(block[148:156].split(b"\0", 1)[0].strip(b" \0"), 8)
+        except ValueError:
+            return False
+        unsigned = sum(block) - sum(block[148:156]) + 8 * 32
+        rest = block[:148] + block[156:]
+        return stored in (unsigned, unsigned - 256 * sum(1 for b in rest if b >= 128))
+
+    data = _shard(tmp_path / "s.tar", [("k1.txt", b"t"), ("漢字.txt", b"t")]).read_bytes()
+    headers = [data[:512], data[1024:1536]]
+    assert headers[0].isascii() and not headers[1].isascii()  # one ASCII header, one with a UTF-8 name
+    rng = random.Random(0)
+    for header in headers:
+        assert _checksum_ok(header) and summed(header)
+        for _ in range(2000):
+            bad = bytearray(header)
+            for _ in range(rng.randint(1, 3)):
+                bad[rng.randrange(512)] = rng.randrange(256)
+            assert _checksum_ok(bytes(bad)) == summed(bytes(bad))
+
+
 def test_index_helpers(tmp_path):
     assert index_path_for(tmp_path / "data.list") == tmp_path / "index.jsonl"
     assert index_path_for(tmp_path / "train.list") == tmp_path / "train.index.jsonl"
