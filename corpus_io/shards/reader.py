@@ -4,6 +4,8 @@ This is a contract the loader codes against (see docs/FORMAT.md):
 
 * :func:`iter_tar_members` parses 512-byte tar headers itself (ustar, pax and GNU long
   names), reading the stream strictly forward: local files, pipes and HTTP bodies all work.
+  Headers and members are cut from one buffer filled by 1 MiB reads; the loader takes members as
+  memoryviews of it (``views``), so a sample's bytes are copied once, by decode.
   A gzip-compressed tar (WeNet's ``.tar.gz``/``.tgz``) is recognised by its magic bytes, whatever
   its name, and decompressed on the fly (:func:`tar_stream`).
   Nothing is written to disk; member names are never used as paths, so ``..`` or a leading
