@@ -281,9 +281,8 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
         rows = [r.float() * (1.0 / 32768.0) if r.dtype == torch.int16 else r for r in rows]
     tokens = [s.get("tokens") or [] for s in samples]
     shared = _shared_batch(rows, tokens, pcm=pcm)
-    seq = 0
     if shared is not None:
-        padded, row_lengths, target, target_lengths, seq = shared
+        padded, row_lengths, target, target_lengths = shared
     else:
         row_lengths = torch.tensor([f.shape[0] for f in rows], dtype=torch.int64)
         if pcm:
@@ -308,8 +307,6 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
         seconds = float(feats_lengths.sum()) * frame_shift
     batch.update(target=target, target_lengths=target_lengths, audio_seconds=seconds,
                  padding_ratio=padding_ratio(feats_lengths.tolist()))
-    if seq:  # written into the worker's arena: the hand-over sends descriptors (corpus_io.loader.handover)
-        batch["__seq__"] = seq
     return batch
 
 
@@ -323,8 +320,7 @@ def _shared_batch(feats: list, tokens: list, *, pcm: bool = False) -> tuple | No
     copies and three of the four segments. Same values, shapes and dtypes as the plain path;
     None outside a worker or for mixed feature dtypes/dims (the plain path then). ``pcm``: the rows are int16
     samples, written as float32 ``k / 32768`` (cast in the copy, then scaled in one pass over the batch).
-    The block is a region of the worker's arena where it has one (:mod:`corpus_io.loader.handover`); the last
-    item is its sequence number there (0: a segment of its own).
+    The block is a region of the worker's arena where it has one (:mod:`corpus_io.loader.handover`).
     """
     import torch
     from torch.utils.data import get_worker_info
@@ -346,7 +342,7 @@ def _shared_batch(feats: list, tokens: list, *, pcm: bool = False) -> tuple | No
     item = dtype.itemsize
     feats_bytes = (n * width * row * item + 7) // 8 * 8
     units = max(len(t) for t in tokens)
-    storage, at, seq = handover.storage_for(feats_bytes + 8 * (2 * n + n * units))
+    storage, at = handover.storage_for(feats_bytes + 8 * (2 * n + n * units))
     padded = torch.empty(0, dtype=dtype).set_(storage, at // item, (n, width, *first.shape[1:]))
     if pcm:  # int16 rows cast and scaled in one pass each, in numpy (a quarter cheaper than torch's indexing)
         import numpy as np
@@ -369,7 +365,7 @@ def _shared_batch(feats: list, tokens: list, *, pcm: bool = False) -> tuple | No
     for i, t in enumerate(tokens):
         if t:
             target[i, :len(t)] = torch.as_tensor(t, dtype=torch.int64)
-    return padded, feats_lengths, target, target_lengths, seq
+    return padded, feats_lengths, target, target_lengths
 
 
 def mean_padding_ratio(batches: Iterable[list[dict]], lengths: Lengths = sample_lengths) -> float:

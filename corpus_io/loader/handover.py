@@ -48,7 +48,6 @@ def enable(prefetch: int) -> None:
     _enabled, _prefetch, _worker_arena = True, max(1, int(prefetch)), None
 
 
-
 class _Arena:
     """The worker's side: a shared storage, its release table and the regions handed out (oldest first)."""
 
@@ -85,9 +84,9 @@ class _Arena:
         return self.seq, at
 
 
-def storage_for(nbytes: int) -> tuple[Any, int, int]:
-    """Where a worker writes a padded batch of ``nbytes``: ``(storage, byte offset, seq)``; ``seq`` 0 is a segment
-    of its own (no arena, or the ring is full)."""
+def storage_for(nbytes: int) -> tuple[Any, int]:
+    """Where a worker writes a padded batch of ``nbytes``: ``(storage, byte offset)``, a region of the arena or a
+    segment of its own (no arena, or the ring is full)."""
     global _worker_arena
     if _enabled:
         if _worker_arena is None:
@@ -97,8 +96,8 @@ def storage_for(nbytes: int) -> tuple[Any, int, int]:
             _worker_arena = _Arena(size)
         got = _worker_arena.allocate(nbytes)
         if got is not None:
-            return _worker_arena.storage, got[1], got[0]
-    return torch.UntypedStorage._new_shared(nbytes), 0, 0
+            return _worker_arena.storage, got[1]
+    return torch.UntypedStorage._new_shared(nbytes), 0
 
 
 def pack(batch: dict) -> dict:
@@ -117,7 +116,8 @@ def pack(batch: dict) -> dict:
     for key in views:
         del batch[key]
     batch[VIEWS_KEY] = views
-    batch[REGION_KEY] = batch.pop("__seq__")
+    first = min(offset for offset, _, _ in views.values())  # a region's first byte is its batch's lowest view
+    batch[REGION_KEY] = next(seq for seq, start in reversed(arena.regions) if start == first)
     if not arena.sent:
         batch[ARENA_KEY] = torch.empty(0, dtype=torch.uint8).set_(arena.storage, 0, (arena.storage.nbytes(),))
         arena.sent = True
@@ -142,7 +142,6 @@ class Receiver:
             self.arenas[worker] = (data, data[:_TABLE_BYTES].view(np.int64))
         views = batch.pop(VIEWS_KEY, None)
         if views is None:
-            batch.pop("__seq__", None)
             return batch
         seq = batch.pop(REGION_KEY)
         data, table = self.arenas[worker]

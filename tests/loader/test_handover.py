@@ -66,9 +66,8 @@ def _hand_over(feats: torch.Tensor, receiver: handover.Receiver) -> dict:
     """What a worker's pad + pack and the main process's unpack do to one batch, in this process."""
     from corpus_io.loader.batching import _shared_batch
 
-    padded, lengths, target, target_lengths, seq = _shared_batch([feats], [[1, 2]])
-    batch = {"feats": padded, "feats_lengths": lengths, "target": target, "target_lengths": target_lengths,
-             "__seq__": seq}
+    padded, lengths, target, target_lengths = _shared_batch([feats], [[1, 2]])
+    batch = {"feats": padded, "feats_lengths": lengths, "target": target, "target_lengths": target_lengths}
     return receiver.unpack(handover.pack(batch), worker=0)
 
 
