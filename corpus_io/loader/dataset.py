@@ -111,8 +111,7 @@ class CorpusDataset(IterableDataset):
             # cost default_convert a recursive walk per batch), and pickling the pending set is ~8x cheaper
             # than sorting it into JSON per batch; turned into the JSON-able dict only when state_dict() is
             # asked for (see _parsed)
-            snapshot = (state.epoch, state.cursor, state.pending, state.taken, state.seconds, state.finished,
-                        state.plans)
+            snapshot = state.fields()
             out = {"__worker__": worker, "__state__": pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL),
                    "__counts__": json.dumps(delta) if delta else "{}", "__final__": final}
             if prof is not None:
@@ -526,7 +525,7 @@ def check_positions(state: SlotState, sources: list[Source], who: str) -> None:
 def _parsed(snapshot: dict | str | bytes) -> dict:
     """A worker snapshot as the JSON-able dict of SlotState.to_dict (workers send pickled bytes)."""
     if isinstance(snapshot, bytes):
-        return SlotState(*pickle.loads(snapshot)).to_dict()
+        return SlotState(*pickle.loads(snapshot)).to_dict()  # SlotState.fields()
     return json.loads(snapshot) if isinstance(snapshot, str) else snapshot
 
 

@@ -259,7 +259,9 @@ class SlotState:
     audio; ``taken[src]`` = samples of ``src`` that entered (weighted interleaving); ``seconds`` =
     audio that entered this epoch (``epoch_hours``), pending samples included. ``plans[src]`` =
     ``(pass, pieces)``: after an elastic re-split, the explicit pieces this slot reads in that pass
-    instead of its regular assignment (unit ids of that pass are ordinals in ``pieces``).
+    instead of its regular assignment (unit ids of that pass are ordinals in ``pieces``). ``mix_ended``:
+    this epoch's weighted mix has ended (a source finished its pass); a resumed reader only brings its
+    pending samples back (the pass-end cursor alone cannot tell this epoch's end from the last one's).
     """
 
     epoch: int = 0
@@ -269,6 +271,7 @@ class SlotState:
     seconds: float = 0.0
     finished: bool = False
     plans: dict[int, tuple[int, list[Piece]]] = field(default_factory=dict)
+    mix_ended: bool = False
 
     def enter(self, sid: tuple[int, int, int], seconds: float) -> bool:
         """``sid`` entered the buffers; False for a pending sample of the checkpoint coming back (a resumed
@@ -284,6 +287,11 @@ class SlotState:
         self.taken[src] = self.taken.get(src, 0) + 1
         self.seconds += seconds
         return True
+
+    def fields(self) -> tuple:
+        """Every field, in order (``SlotState(*fields)`` rebuilds it): a worker's cheap per-batch snapshot."""
+        return (self.epoch, self.cursor, self.pending, self.taken, self.seconds, self.finished, self.plans,
+                self.mix_ended)
 
     def emit(self, sid: tuple[int, int, int]) -> None:
         self.pending.pop(sid, None)
@@ -314,6 +322,8 @@ class SlotState:
                "pending": _pack_pending(self.pending),
                "taken": {str(s): n for s, n in self.taken.items()},
                "seconds": self.seconds, "finished": self.finished}
+        if self.mix_ended:
+            out["mix_ended"] = True
         if self.plans:  # only after an elastic re-split: a regular state stays as small as before
             out["plans"] = {str(s): [p, [piece.to_list() for piece in pieces]] for s, (p, pieces) in self.plans.items()}
         return out
@@ -328,7 +338,8 @@ class SlotState:
                        taken={int(s): int(n) for s, n in d.get("taken", {}).items()},
                        seconds=float(d.get("seconds", 0.0)), finished=bool(d.get("finished", False)),
                        plans={int(s): (int(v[0]), [Piece.from_list(x) for x in v[1]])
-                              for s, v in d.get("plans", {}).items()})
+                              for s, v in d.get("plans", {}).items()},
+                       mix_ended=bool(d.get("mix_ended", False)))
         except (AttributeError, TypeError, ValueError, IndexError, KeyError) as exc:
             raise DataError(f"a worker's read position in the loader state is malformed ({type(exc).__name__}: "
                             f"{exc}; got {str(d)[:200]}): the state was edited or damaged. Drop it (start the "

@@ -389,22 +389,44 @@ def mix(streams: list[Iterator[dict | None]], weights: list[float], state: SlotS
     """Interleave ``streams`` by weight, deterministically: next is the one furthest below its share.
 
     The shares count samples that entered the buffers (``state.taken``), so the mix resumes from a
-    checkpoint; a pending sample of the checkpoint coming back is not counted twice. A ``None`` from a
-    stream (the end of its pass, see ``iter_source(mark_pass_end=True)``) ends the mix: the epoch of a
-    weighted mix ends when the source with the least data per weight has been read once, and the next
-    epoch continues every stream where it stopped, so the shares follow the weights in every epoch. A
-    stream that simply ends leaves the mix; the others go on.
+    checkpoint. The checkpoint's pending samples (each stream re-reads them first) all come back before
+    anything new is picked, and are not counted twice: a stream whose pass ends right after its own
+    pending samples would otherwise end the mix while another stream still owed its pending ones. A
+    ``None`` from a stream (the end of its pass, see ``iter_source(mark_pass_end=True)``) ends the mix:
+    the epoch of a weighted mix ends when the source with the least data per weight has been read once,
+    and the next epoch continues every stream where it stopped, so the shares follow the weights in
+    every epoch. A stream that simply ends leaves the mix; the others go on.
     """
     live = {i: s for i, s in enumerate(streams) if weights[i] > 0}
     picked = Counter({i: state.taken.get(i, 0) for i in live})
+    ahead: dict[int, dict | None] = {}  # a stream's first sample after its pending ones, read while draining them
+    owed = Counter(sid[0] for sid in state.pending)
+    for i in list(live):
+        while owed[i] > 0:
+            try:
+                sample = next(live[i])
+            except StopIteration:
+                del live[i]
+                break
+            if sample is None or sample["__sid__"] not in state.pending:
+                ahead[i] = sample  # a pending sample did not come back (unreadable now): go on without it
+                break
+            owed[i] -= 1
+            yield sample
+    if state.mix_ended:
+        return  # the checkpointed run had ended this epoch's mix: only its pending samples were owed
     while live:
         i = min(live, key=lambda j: ((picked[j] + 1) / weights[j], j))
-        try:
-            sample = next(live[i])
-        except StopIteration:
-            del live[i]
-            continue
+        if i in ahead:
+            sample = ahead.pop(i)
+        else:
+            try:
+                sample = next(live[i])
+            except StopIteration:
+                del live[i]
+                continue
         if sample is None:
+            state.mix_ended = True
             return
         if sample["__sid__"] not in state.pending:
             picked[i] += 1
