@@ -87,9 +87,11 @@ def token_list(out: Path) -> TokenizerConf:
 
 
 def small_conf(**overrides) -> DatasetConf:
-    """A fast DatasetConf: small buffers, batch of 4, 2 workers, no augmentation."""
+    """A fast DatasetConf: small buffers, batch of 4, 2 workers, no augmentation; the sort buffer of 4 instead of the
+    default buckets (tests/loader/test_shapes.py and the resume contract's bucketing configs take the defaults)."""
     conf = DatasetConf()
     conf.shuffle_conf.shuffle_size = 8
+    conf.bucketing = False
     conf.sort_conf.sort_size = 4
     conf.batch_size = 4
     conf.num_workers = 2

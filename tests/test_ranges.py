@@ -167,6 +167,8 @@ def _loader_settings(key: str, value) -> dict:
         settings.update(batch_type="token", batch_size=10 ** 8)  # the cap is what binds
     if leaf == "num_buckets":
         settings["bucketing"] = True
+    if leaf == "bucket_batch_size":
+        settings["bucket_edges"] = [60.0]  # one batch size per edge
     if leaf == "prefetch":
         settings["num_workers"] = 1
     if leaf == "max_member_bytes":
@@ -182,6 +184,8 @@ def _loader_cases() -> list[tuple[str, object, bool]]:
             continue
         rel = key[len("dataset_conf."):]
         hint = _hint(DatasetConf, rel)
+        if typing.get_origin(hint) is typing.Union:  # Optional[X]: X
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
         is_list = typing.get_origin(hint) in (list, typing.List)
         is_int = hint is int or int in typing.get_args(hint)
         inside, outside = _ends(f, is_int)

@@ -9,8 +9,8 @@ SPEC: ``world_size`` and ``runs``, run one after the other by the same ranks, ea
 ``dataset_conf`` (overrides of the defaults), ``epochs``, ``out`` (a directory); ``save_after``: ``[epoch,
 batches]``: every rank's ``state_dict()`` after that many batches of that epoch goes to ``out/states.json`` and
 the run ends there; ``resume``: start from ``out/states.json`` (``load_rank_states``, as ``train`` does). Output:
-``out/rank{R}.epoch{E}.json`` = ``{"keys": [...], "counts": loader.epoch_counts()}`` (a resumed epoch appends its
-keys to the interrupted one's).
+``out/rank{R}.epoch{E}.json`` = ``{"keys": [...], "counts": loader.epoch_counts(), "widths": [padded length of
+each batch]}`` (a resumed epoch appends its keys and widths to the interrupted one's).
 """
 
 from __future__ import annotations
@@ -39,17 +39,19 @@ def one_run(run: dict) -> None:
     for epoch in range(first, run["epochs"]):
         loader.set_epoch(epoch)
         path = out / f"rank{rank}.epoch{epoch}.json"
-        keys = json.loads(path.read_text())["keys"] if run.get("resume") and epoch == first else []
+        before = json.loads(path.read_text()) if run.get("resume") and epoch == first else {}
+        keys, widths = before.get("keys", []), before.get("widths", [])
         for n, batch in enumerate(loader, 1):
             keys += batch["keys"]
+            widths.append(int(batch["feats"].shape[1]))
             if [epoch, n] == run.get("save_after"):
                 states = [None] * dist.get_world_size()
                 dist.all_gather_object(states, loader.state_dict())
-                path.write_text(json.dumps({"keys": keys, "counts": loader.epoch_counts()}))
+                path.write_text(json.dumps({"keys": keys, "counts": loader.epoch_counts(), "widths": widths}))
                 if rank == 0:
                     (out / "states.json").write_text(json.dumps(states))
                 return
-        path.write_text(json.dumps({"keys": keys, "counts": loader.epoch_counts()}))
+        path.write_text(json.dumps({"keys": keys, "counts": loader.epoch_counts(), "widths": widths}))
 
 
 def launch(spec_path: str) -> int:

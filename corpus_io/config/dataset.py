@@ -151,9 +151,10 @@ class DatasetConf:
     volume_perturb_conf: VolumePerturbConf = opt(factory=VolumePerturbConf)
     feats_type: str = opt("fbank", "features computed by the loader",
                           choices=("fbank", "mfcc", "raw", "precomputed"))
-    feats_on: str = opt("loader", "where fbank/mfcc and spec_aug/sub/trim run: loader (DataLoader workers, per "
-                                  "utterance), or model (the loader ships padded waveforms; train/cv/decode compute "
-                                  "them batched on the model's device)", choices=("loader", "model"))
+    feats_on: str = opt("auto", "where fbank/mfcc and spec_aug/sub/trim run: loader (DataLoader workers, per "
+                                "utterance), model (the loader ships padded waveforms; train/cv/decode compute them "
+                                "batched on the model's device), or auto: model when training on CUDA, else loader",
+                        choices=("auto", "loader", "model"))
     fbank_conf: FbankConf = opt(factory=FbankConf)
     mfcc_conf: MfccConf = opt(factory=MfccConf)
     spec_aug: bool = opt(False, "SpecAugment masks (train only)")
@@ -166,9 +167,25 @@ class DatasetConf:
     shuffle_conf: ShuffleConf = opt(factory=ShuffleConf)
     sort: bool = opt(True, "sort utterances by length inside a buffer before batching")
     sort_conf: SortConf = opt(factory=SortConf)
-    bucketing: bool = opt(False, "batch from duration buckets instead of the sort buffer")
-    num_buckets: int = opt(30, "duration buckets when bucketing=true; memory: up to num_buckets x 4 batches "
-                                   "of samples are held", range="[1, 1000]")
+    bucketing: bool = opt(True, "batch from duration buckets, each batch padded to its bucket's edge (few shapes, "
+                                "little padding: see README 'Training on GPUs'); false: the sort buffer, each batch "
+                                "padded to its longest utterance")
+    num_buckets: int = opt(30, "duration buckets when bucketing=true: an epoch has at most num_buckets + 1 padded "
+                               "lengths; memory: one batch per bucket is held", range="[1, 1000]")
+    bucket_edges: Optional[List[float]] = opt(None, "upper bucket edges (ascending); default: estimated from the data "
+                                                    "(the shard index's durations, or the first bucket_sample "
+                                                    "utterances) to pad least", unit="seconds", range="(0, 86400]")
+    bucket_batch_size: Optional[List[int]] = opt(None, "a batch_size per bucket, one per bucket_edges entry (which it "
+                                                       "needs), in batch_type's unit (lhotse's per-bucket batch sizes: "
+                                                       "as many long utterances as fit, more short ones)",
+                                                 unit="utterances | frames | frames+tokens", range="[1, 100000000]")
+    sync_buckets: bool = opt(True, "buckets take turns by one schedule on every rank and worker, so DDP ranks step "
+                                   "on batches of the same padded length (lhotse's sync_buckets)")
+    bucket_shares: Optional[List[float]] = opt(None, "each bucket's share of the utterances, for the sync_buckets "
+                                                     "schedule; default: from the durations, with the edges",
+                                               range="[0, 1]")
+    bucket_sample: int = opt(2000, "utterances read (per list) to estimate bucket edges when the index holds no "
+                                   "durations (raw lists, older indexes)", unit="utterances", range="[1, 10000000]")
     batch_type: str = opt("example", "example: utterances; length: padded frames; token: padded frames+tokens",
                           choices=("example", "length", "token"))
     batch_size: int = opt(16, "example: utterances per batch; length: max(source_len)*n; "
@@ -181,7 +198,8 @@ class DatasetConf:
     batch_timeout: float = opt(1800.0, "longest wait for the next batch of a DataLoader worker; past it the rank "
                                        "fails naming the rank and worker (0: wait forever)", unit="seconds",
                                range="[0, 604800]")
-    pin_memory: bool = opt(False, "pin batches in page-locked memory (GPU)")
+    pin_memory: Optional[bool] = opt(None, "pin batches in page-locked memory; default (null): on when training on "
+                                           "CUDA")
     on_error: str = on_error_opt("a corrupt shard/member or an unreachable URL: fail, or skip and count it")
     retries: int = opt(3, "attempts to open a remote URL before on_error applies", range="[0, 100]")
     retry_backoff: float = opt(0.5, "first wait between retries, doubled each time", unit="seconds", range="[0, 600]")

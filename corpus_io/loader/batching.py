@@ -162,7 +162,9 @@ def geometric_boundaries(min_cost: float, max_cost: float, num_buckets: int) -> 
 
 def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_size: int = 16,
                  max_batch_size: int = 200, num_buckets: int = 30, boundaries: Sequence[float] | None = None,
-                 warmup: int = 1000, bucket_batches: int = 4, shuffle_batches: bool = False,
+                 pad_to_edge: bool = False, bucket_batch_size: Sequence[int] | None = None,
+                 bucket_shares: Sequence[float] | None = None, seed: int = 0, epoch: int = 0, warmup: int = 1000,
+                 bucket_batches: int = 4, shuffle_batches: bool = False,
                  batch_order: Callable[[list[dict]], bytes] | None = None, counts: Counter | None = None,
                  lengths: Lengths = sample_lengths) -> Iterator[list[dict]]:
     """Duration bucketing: batches are cut from length buckets, so an utterance is batched with
@@ -179,10 +181,37 @@ def bucket_batch(samples: Iterable[dict], *, batch_type: str = "token", batch_si
     bucketed in arrival order. Memory: ``warmup`` samples, then ``num_buckets *
     bucket_batches`` batches at most.
 
+    ``pad_to_edge`` (with ``boundaries``, frames, the last one the top edge): the few-shapes mode. A batch of
+    bucket ``b`` is a :class:`Batch` padded to ``boundaries[b]`` frames, and the budget counts that width, so
+    an epoch has at most ``len(boundaries) + 1`` padded lengths (the one more: batches of utterances above the
+    top edge, padded to their longest). A bucket's batch leaves as soon as it is full (nothing to sort: every
+    utterance of it is padded to the same edge); memory: one batch per bucket. ``bucket_batch_size``: each
+    bucket's own ``batch_size`` (one per edge). ``bucket_shares`` (each bucket's share of the utterances): the
+    buckets take turns by a schedule every reader computes alike (:func:`_synced`), so DDP ranks draw the same
+    bucket at each step.
+
     ``shuffle_batches`` (with ``batch_order``): the batches of the final emptying leave in that random order
     instead of bucket order, so a stream cut short (uneven DDP ranks) does not always lose its longest bucket.
     Samples :func:`carried` from the last epoch are bucketed on their own, first (edges of their own).
     """
+    order = batch_order if shuffle_batches else None
+    if pad_to_edge and boundaries:
+        sizes = list(bucket_batch_size) if bucket_batch_size else [batch_size] * len(boundaries)
+        budgets = [Budget(batch_type, size, max_batch_size) for size in sizes + [batch_size]]  # + above the top
+        edges = [int(e) for e in boundaries]
+        shares = _batch_shares(bucket_shares, edges, budgets) if bucket_shares else None
+        turns = Turns(shares) if shares else None
+        for run in runs(samples):
+            first = next(run, None)
+            if first is None:
+                continue
+            run = itertools.chain([first], run)
+            if turns is not None and carried(first):  # see _carried_in_step
+                yield from _carried_in_step(run, budgets[-1], edges, counts, lengths, turns)
+                continue
+            yield from _edge_run(run, budgets=budgets, edges=edges, order=order, counts=counts, lengths=lengths,
+                                 turns=turns, tail=f"{seed}:{epoch}:{shuffle_batches}")
+        return
     for run in runs(samples):
         yield from _bucket_run(run, batch_type=batch_type, batch_size=batch_size, max_batch_size=max_batch_size,
                                num_buckets=num_buckets, boundaries=boundaries, warmup=warmup,
@@ -240,6 +269,154 @@ def _bucket_run(samples: Iterable[dict], *, batch_type: str, batch_size: int, ma
     yield from sorted(last, key=order) if order is not None else last
 
 
+def _batch_shares(utterance_shares: Sequence[float], edges: list[int], budgets: list[Budget]) -> list[float]:
+    """Each bucket's expected batches per utterance: its share of utterances over the utterances a batch of it
+    holds (the budget at the bucket's edge)."""
+    out = []
+    for b, share in enumerate(utterance_shares[:len(edges)]):
+        budget = budgets[b]
+        per_batch = budget.batch_size if budget.batch_type == "example" else \
+            max(1, min(budget.max_batch_size, budget.batch_size // max(1, edges[b])))
+        out.append(float(share) / per_batch)
+    return out
+
+
+class Batch(list):
+    """A batch (list of samples) with the padded length it is to have: ``frames`` (its bucket's edge; None: its
+    longest utterance)."""
+
+    __slots__ = ("frames",)
+
+    def __init__(self, items: Iterable = (), frames: int | None = None) -> None:
+        super().__init__(items)
+        self.frames = frames
+
+
+def _edge_run(samples: Iterable[dict], *, budgets: list[Budget], edges: list[int],
+              order: Callable[[list[dict]], bytes] | None, counts: Counter | None, lengths: Lengths,
+              turns: Turns | None = None, tail: str = "") -> Iterator[Batch]:
+    """Batches cut per bucket of ``edges`` (ascending upper edges, frames), each padded to its edge, within its
+    bucket's budget (``budgets[b]``; the last: above the top edge). ``turns``: see :func:`_synced`."""
+    buckets = [_Open() for _ in range(len(edges) + 1)]
+
+    def located(sample: dict) -> tuple[int, int]:
+        src, tgt = lengths(sample)
+        b = bisect.bisect_left(edges, src)  # an utterance of exactly an edge's length is in that edge's bucket
+        if b == len(edges) and counts is not None:
+            counts["batch.above_top_edge"] += 1
+        return b, budgets[b].cost(edges[b] if b < len(edges) else src, tgt)
+
+    def edge(b: int) -> int | None:
+        return edges[b] if b < len(edges) else None
+
+    if turns is not None:
+        yield from _synced(samples, buckets, budgets, located, edge, turns, counts, tail)
+        return
+    for sample in samples:
+        b, cost = located(sample)
+        closed = _add(buckets[b], sample, cost, budgets[b], counts)
+        if closed:
+            yield Batch(closed, edge(b))
+    last = [Batch(bucket.items, edge(b)) for b, bucket in enumerate(buckets) if bucket.items]
+    yield from sorted(last, key=order) if order is not None else last
+
+
+class Turns:
+    """Whose turn it is among the buckets (:func:`_synced`): next is the bucket furthest below its share of batches,
+    so every reader computes the same sequence. One per reader and epoch, shared by its carried rest and its own
+    samples: a carried batch takes a turn too, so readers that carried different amounts are in step again once
+    the longest rest is trained."""
+
+    def __init__(self, weights: Sequence[float]) -> None:
+        self.weights = [max(0.0, float(w)) for w in weights]
+        self.buckets = [b for b, w in enumerate(self.weights) if w > 0]
+        self.emitted: Counter = Counter()
+
+    def due(self) -> int:
+        return min(self.buckets, key=lambda b: ((self.emitted[b] + 1) / self.weights[b], b))
+
+    def taken(self, b: int | None = None) -> None:
+        """Bucket ``b`` (None: the due one) took its turn."""
+        self.emitted[self.due() if b is None else b] += 1
+
+
+def _carried_in_step(samples: Iterable[dict], budget: Budget, edges: list[int], counts: Counter | None,
+                     lengths: Lengths, turns: Turns) -> Iterator[Batch]:
+    """The last epoch's rest under synchronised buckets: sorted by length and cut by the plain budget, each batch
+    padded to the edge above its longest. Each batch takes a turn of ``turns``: ranks carry different amounts, and
+    once the longest rest is trained every reader is at the same turn again."""
+    items = sorted(samples, key=lambda sample: lengths(sample)[0])
+    for group in _group(items, budget, counts, lambda sample: budget.cost(*lengths(sample))):
+        longest = max(lengths(sample)[0] for sample in group)
+        b = bisect.bisect_left(edges, longest)
+        if turns.buckets:
+            turns.taken()
+        yield Batch(group, edges[b] if b < len(edges) else None)
+
+
+def _synced(samples: Iterable[dict], buckets: list[_Open], budgets: list[Budget],
+            located: Callable[[dict], tuple[int, int]], edge: Callable[[int], int | None], turns: Turns,
+            counts: Counter | None, tail: str = "") -> Iterator[Batch]:
+    """Synchronised buckets: the n-th batch of every reader (rank x worker) comes from the same bucket.
+
+    The buckets take turns by a schedule every reader computes alike: next is the bucket furthest below its share
+    of batches (``shares[b]``: the expected batches of bucket ``b`` per batch, from the corpus's durations), so
+    DDP ranks step on batches of one padded length and about one size. Full batches of other buckets wait for
+    their turn. When the readers hold more than two batches per bucket, the due bucket leaves with what it has
+    (a smaller batch of the same length); only when it has nothing does the fullest bucket go out of turn
+    (counted as ``batch.unsynced``). Utterances above the top edge leave when their batch is full, out of turn.
+    At the end the buckets are emptied one by one, in an order drawn from ``tail`` (seed and epoch: the same on
+    every rank).
+    """
+    from collections import deque
+
+    ready: list[deque] = [deque() for _ in buckets]
+    held = 0
+    cap = 2 * sum(max(1, budgets[b].max_batch_size if budgets[b].batch_type != "example" else budgets[b].batch_size)
+                  for b in turns.buckets)
+
+    def take(b: int, in_turn: bool = True) -> Batch:
+        nonlocal held
+        if ready[b]:
+            items = ready[b].popleft()
+        else:
+            items, buckets[b].items, buckets[b].max_cost = buckets[b].items, [], 0
+        held -= len(items)
+        if in_turn:  # out of turn: the schedule goes on as on the other readers
+            turns.taken(b)
+        return Batch(items, edge(b))
+
+    for sample in samples:
+        b, cost = located(sample)
+        closed = _add(buckets[b], sample, cost, budgets[b], counts)
+        held += 1
+        if closed:
+            if b in turns.buckets:
+                ready[b].append(closed)
+            else:  # above the top edge: out of turn
+                held -= len(closed)
+                if counts is not None:
+                    counts["batch.unsynced"] += 1
+                yield Batch(closed, edge(b))
+        while turns.buckets and ready[turns.due()]:
+            yield take(turns.due())
+        if turns.buckets and held > cap:
+            b = turns.due()
+            if buckets[b].items:
+                yield take(b)
+            else:
+                b = max(range(len(buckets)), key=lambda k: (sum(map(len, ready[k])) + len(buckets[k].items), -k))
+                if counts is not None:
+                    counts["batch.unsynced"] += 1
+                yield take(b, in_turn=False)
+    # the rest, bucket by bucket in an order drawn from (seed, epoch): the same on every rank, new every epoch, so
+    # the batches ranks ending unevenly leave are not always the longest
+    last = sorted(range(len(buckets)), key=lambda b: hashlib.blake2b(f"{tail}:{b}".encode(), digest_size=8).digest())
+    for b in last:
+        while ready[b] or buckets[b].items:
+            yield take(b, in_turn=False)
+
+
 def padding_ratio(source_lens: Sequence[int]) -> float:
     """Padding frames / all frames of the padded (B, T) tensor."""
     if not source_lens:
@@ -248,11 +425,24 @@ def padding_ratio(source_lens: Sequence[int]) -> float:
     return (total - sum(source_lens)) / total if total else 0.0
 
 
-def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
+#: token targets are padded to a multiple of this (tensor-core friendly, few shapes)
+TARGET_MULTIPLE = 8
+
+
+def padded_units(tokens: list) -> int:
+    """The padded token length of a batch: its longest target rounded up to :data:`TARGET_MULTIPLE` (at least one
+    multiple)."""
+    longest = max((len(t) for t in tokens), default=0)
+    return max(TARGET_MULTIPLE, -(-longest // TARGET_MULTIPLE) * TARGET_MULTIPLE)
+
+
+def pad(samples: list[dict], *, frame_shift: float = 0.01, frame_length_ms: float = 25.0,
+        frame_shift_ms: float = 10.0) -> dict:
     """The batch dict of docs/DEVELOPING.md from a list of samples with ``feats`` (and ``tokens``).
 
     ``feats`` (B, T, D) float32, zero padded; ``feats_lengths`` (B,) int64 frames; ``target``
-    (B, U) int64 padded with -1; ``target_lengths`` (B,); ``audio_seconds`` = sum of
+    (B, U) int64 padded with -1 (U: the longest target rounded up to a multiple of 8); ``target_lengths`` (B,);
+    ``audio_seconds`` = sum of
     ``feats_lengths`` * ``frame_shift`` (seconds per frame); ``padding_ratio`` = padding
     frames / (B * T); ``txt`` the transcripts as read (None where a sample has none: decode scores
     these, not the token ids). Batch order is kept.
@@ -262,6 +452,10 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
     (Hz), ``feats_lengths`` = the frames the front end will compute, and ``audio_seconds`` from the
     samples; no ``feats``; ``augment`` (a list: each row's drawn reverberation/noise/gain or None) when the
     loader drew waveform augmentation for the device.
+
+    A :class:`Batch` with ``frames`` is padded to that many frames (its bucket's edge), not to its longest row:
+    a waveform batch to the most samples that give that many frames (``frame_length_ms``/``frame_shift_ms``,
+    Kaldi's snip_edges count). ``padding_ratio`` counts that padding too.
     """
     import torch
 
@@ -280,7 +474,16 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
     if any(int16) and not pcm:  # int16 rows join float rows at their scale
         rows = [r.float() * (1.0 / 32768.0) if r.dtype == torch.int16 else r for r in rows]
     tokens = [s.get("tokens") or [] for s in samples]
-    shared = _shared_batch(rows, tokens, pcm=pcm)
+    width = max(r.shape[0] for r in rows)
+    edge = getattr(samples, "frames", None)
+    if edge is not None:
+        if waveform:
+            from corpus_io.audio.features import window_geometry
+
+            window, hop, _ = window_geometry(int(samples[0]["sample_rate"]), frame_length_ms, frame_shift_ms)
+            edge = edge * hop + window - 1  # the most samples that give ``edge`` frames: every row fits
+        width = max(width, int(edge))
+    shared = _shared_batch(rows, tokens, pcm=pcm, width=width)
     if shared is not None:
         padded, row_lengths, target, target_lengths = shared
     else:
@@ -288,8 +491,10 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
         if pcm:
             rows = [r.float() * (1.0 / 32768.0) for r in rows]
         padded = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0.0)
+        if padded.shape[1] < width:
+            padded = torch.nn.functional.pad(padded, (0, 0) * (padded.dim() - 2) + (0, width - padded.shape[1]))
         target_lengths = torch.tensor([len(t) for t in tokens], dtype=torch.int64)
-        target = torch.full((len(samples), int(target_lengths.max())), -1, dtype=torch.int64)
+        target = torch.full((len(samples), padded_units(tokens)), -1, dtype=torch.int64)
         for i, t in enumerate(tokens):
             if t:
                 target[i, :len(t)] = torch.as_tensor(t, dtype=torch.int64)
@@ -305,12 +510,13 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01) -> dict:
         feats_lengths = row_lengths
         batch.update(feats=padded, feats_lengths=feats_lengths)
         seconds = float(feats_lengths.sum()) * frame_shift
+    real = row_lengths.tolist()
     batch.update(target=target, target_lengths=target_lengths, audio_seconds=seconds,
-                 padding_ratio=padding_ratio(feats_lengths.tolist()))
+                 padding_ratio=1.0 - sum(real) / (len(real) * width) if width else 0.0)
     return batch
 
 
-def _shared_batch(feats: list, tokens: list, *, pcm: bool = False) -> tuple | None:
+def _shared_batch(feats: list, tokens: list, *, pcm: bool = False, width: int | None = None) -> tuple | None:
     """In a DataLoader worker: the four batch tensors as views of one shared-memory block.
 
     A worker hands every tensor of a batch to the main process through shared memory; letting
@@ -334,14 +540,14 @@ def _shared_batch(feats: list, tokens: list, *, pcm: bool = False) -> tuple | No
         return None
     n = len(feats)
     lengths = [f.shape[0] for f in feats]
-    width = max(lengths)
+    width = max(max(lengths), width or 0)
     row = 1
     for d in first.shape[1:]:
         row *= int(d)
     dtype = torch.float32 if pcm else first.dtype
     item = dtype.itemsize
     feats_bytes = (n * width * row * item + 7) // 8 * 8
-    units = max(len(t) for t in tokens)
+    units = padded_units(tokens)
     storage, at = handover.storage_for(feats_bytes + 8 * (2 * n + n * units))
     padded = torch.empty(0, dtype=dtype).set_(storage, at // item, (n, width, *first.shape[1:]))
     if pcm:  # int16 rows cast and scaled in one pass each, in numpy (a quarter cheaper than torch's indexing)
@@ -378,6 +584,6 @@ def mean_padding_ratio(batches: Iterable[list[dict]], lengths: Lengths = sample_
     return (padded - real) / padded if padded else 0.0
 
 
-__all__ = ["BATCH_TYPES", "Budget", "batch", "bucket_batch", "geometric_boundaries", "mean_padding_ratio",
+__all__ = ["BATCH_TYPES", "Batch", "Budget", "batch", "bucket_batch", "geometric_boundaries", "mean_padding_ratio",
            "pad", "padding_ratio", "quantile_boundaries", "sample_lengths"]
 

@@ -169,7 +169,7 @@ def waveform_augmentation(conf: DatasetConf, *, train: bool, dump_audio_dir: str
             chain.append(Stage("add_noise", waveaug.add_noise, conf.add_noise_conf, args=reads))
         if conf.volume_perturb:
             chain.append(Stage("volume_perturb", waveaug.volume_perturb, conf.volume_perturb_conf, args=common))
-    if dump_audio_dir and conf.feats_on == "loader":  # feats_on=model: bench-loader writes them after the device's
+    if dump_audio_dir and conf.feats_on != "model":  # feats_on=model: bench-loader writes them after the device's
         chain.append(Stage("dump_audio", waveaug.dump_audio, args={"dump_audio_dir": dump_audio_dir}))
     return chain
 
@@ -206,7 +206,7 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool, dump_audio_d
         else:  # the exact feature frame count first, so the token filter counts what it did after features
             chain += [Stage("count_frames", stages.count_frames, frames), *tokens,
                       Stage(conf.feats_type, stages.fbank if conf.feats_type == "fbank" else stages.mfcc, frames)]
-    if train and conf.feats_on == "loader":  # feats_on=model: the device front end augments
+    if train and conf.feats_on != "model":  # feats_on=model: the device front end augments (auto: train settles it)
         for name in ("spec_aug", "spec_sub", "spec_trim"):
             if getattr(conf, name):
                 chain.append(Stage(name, getattr(stages, name), getattr(conf, f"{name}_conf")))
@@ -218,8 +218,16 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool, dump_audio_d
     # by uneven ranks does not always leave the longest utterances untrained
     shuffled = train and conf.shuffle
     if conf.bucketing:
+        from corpus_io.loader.shapes import edge_frames
+
+        # edges (estimated once, before the workers: build_dataloader) shared by every rank and worker: few shapes
+        edges = edge_frames(conf.bucket_edges, conf) if conf.bucket_edges else None
         chain.append(Stage("bucket_batch", batching.bucket_batch,
-                           args={**batch_args, "num_buckets": conf.num_buckets, "shuffle_batches": shuffled}))
+                           args={**batch_args, "num_buckets": conf.num_buckets, "boundaries": edges,
+                                 "pad_to_edge": edges is not None, "bucket_batch_size": conf.bucket_batch_size,
+                                 "bucket_shares": conf.bucket_shares if conf.sync_buckets else None,
+                                 "seed": conf.seed,
+                                 "shuffle_batches": shuffled}))
     else:
         if conf.sort:
             chain.append(Stage("sort", stages.sort, conf.sort_conf, args={"mark_blocks": shuffled}))
@@ -228,7 +236,10 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool, dump_audio_d
             chain.append(Stage("shuffle_batches", stages.shuffle_batches))
     # feats_type=raw: a "frame" is one sample, so audio_seconds counts samples / rate, not 10 ms frames
     shift = 1.0 / conf.resample_conf.resample_rate if conf.feats_type == "raw" else 0.01
-    chain += [Stage("emit", emit), Stage("pad", stages.pad, args={"frame_shift": shift})]
+    frame = conf.mfcc_conf if conf.feats_type == "mfcc" else conf.fbank_conf  # a waveform batch padded to frames
+    chain += [Stage("emit", emit), Stage("pad", stages.pad, args={"frame_shift": shift,
+                                                                  "frame_length_ms": frame.frame_length,
+                                                                  "frame_shift_ms": frame.frame_shift})]
     return chain
 
 

@@ -35,6 +35,7 @@ batch sizes); ``state_dict()["batches"]`` counts the batches consumed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pickle
@@ -566,7 +567,24 @@ def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer
         raise ConfigError(f"dataset_conf.feats_on=model computes fbank or mfcc on the model's device, but "
                           f"dataset_conf.feats_type={dataset_conf.feats_type}. Use ++dataset_conf.feats_type=fbank "
                           f"(or mfcc), or ++dataset_conf.feats_on=loader.")
+    edges = list(dataset_conf.bucket_edges or ())
+    if any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ConfigError(f"dataset_conf.bucket_edges={edges} must rise strictly (upper bucket edges in seconds, "
+                          f"shortest first), e.g. ++dataset_conf.bucket_edges=[2,5,10,20].")
+    sizes = list(dataset_conf.bucket_batch_size or ())
+    if sizes and len(sizes) != len(edges):
+        raise ConfigError(f"dataset_conf.bucket_batch_size gives {len(sizes)} batch sizes, one "
+                          f"per bucket, but dataset_conf.bucket_edges gives {len(edges)} "
+                          f"edges. Give both lists, of the same length (edges in seconds, ascending), e.g. "
+                          f"++dataset_conf.bucket_edges=[2,5,10,20] ++dataset_conf.bucket_batch_size=[96,48,24,12].")
     sources = open_sources(data_list, dataset_conf)
+    if dataset_conf.bucketing:  # once, here: every rank and worker pads alike and takes the buckets in one order
+        from corpus_io.loader.shapes import bucket_plan, describe
+
+        edges, shares = bucket_plan(sources, dataset_conf, read_options(dataset_conf), train=train)
+        dataset_conf = dataclasses.replace(dataset_conf, bucket_edges=edges, bucket_shares=shares)
+        if rank == 0:
+            log.info("%s", describe(dataset_conf.bucket_edges))
     raw = [s for s in sources if s.data_type == "raw"]
     if dataset_conf.fields and raw:
         raise ConfigError(f"dataset_conf.fields={list(dataset_conf.fields)} selects companion fields of shards, but "

@@ -240,6 +240,12 @@ class RawList:
                     except (ValueError, DataError, TypeError, KeyError, AttributeError):
                         yield None
 
+    def close(self) -> None:
+        """Close the files :meth:`record` opened (a process about to fork workers: they must not share offsets)."""
+        for f in self._handles.values():
+            f.close()  # type: ignore[attr-defined]
+        self._handles.clear()
+
     def __getstate__(self) -> dict:  # workers re-open the file (and the mmap) themselves, never re-convert
         return {"path": self.path, "lines": self.lines}
 

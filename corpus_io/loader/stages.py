@@ -580,7 +580,11 @@ def shuffle_batches(batches: Iterable[list[dict]], *,
     yield from sorted(held, key=batch_order)
 
 
-def pad(batches: Iterable[list[dict]], *, frame_shift: float = 0.01) -> Iterator[dict]:
-    """Each batch (list of samples) -> the padded batch dict (:func:`corpus_io.loader.batching.pad`)."""
+def pad(batches: Iterable[list[dict]], *, frame_shift: float = 0.01, frame_length_ms: float = 25.0,
+        frame_shift_ms: float = 10.0) -> Iterator[dict]:
+    """Each batch (list of samples) -> the padded batch dict (:func:`corpus_io.loader.batching.pad`; a bucket's
+    batch to its edge, a waveform batch to the samples of that many frames of ``frame_length_ms`` /
+    ``frame_shift_ms``)."""
     for samples in batches:
-        yield pad_batch(samples, frame_shift=frame_shift)
+        yield pad_batch(samples, frame_shift=frame_shift, frame_length_ms=frame_length_ms,
+                        frame_shift_ms=frame_shift_ms)

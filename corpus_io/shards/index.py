@@ -4,7 +4,8 @@ A shard ``data.list`` is WeNet's: one shard path or URL per line, nothing else (
 its cuts file, ``.../cuts.000000.jsonl.gz``: :mod:`corpus_io.tables.shar`). Its index
 sidecar holds one JSON object per shard, keyed by the entry exactly as written in the list:
 ``path``, ``num_utts``, ``duration`` (seconds, total), ``min_duration``/``max_duration``
-(seconds), ``bytes`` (file size) and ``sha256`` (hex of the whole file).
+(seconds), ``bytes`` (file size), ``sha256`` (hex of the whole file), ``durations`` (each utterance's seconds,
+rounded to 10 ms, in shard order: the loader's bucket edges come from them) and ``keys``.
 
 A shard under the index's directory is stored as ``file`` (its path relative to that directory)
 instead of ``path``, so a copied shard directory stays self-contained; readers get ``path`` back,
@@ -29,7 +30,7 @@ from urllib.parse import urlsplit
 from corpus_io.errors import DataError
 from corpus_io.storage.files import atomic_write, parse_json_object
 
-INDEX_FIELDS = ("path", "num_utts", "duration", "min_duration", "max_duration", "bytes", "sha256", "keys")
+INDEX_FIELDS = ("path", "num_utts", "duration", "min_duration", "max_duration", "bytes", "sha256", "durations", "keys")
 
 
 def index_path_for(list_path: str | os.PathLike) -> Path | str:
@@ -361,6 +362,41 @@ def _without_keys(raw: bytes) -> bytes:
     return raw[:start] + raw[end + 2:]
 
 
+_DURATIONS_FIELD = b', "durations": ['
+
+
+def _without_durations(raw: bytes) -> bytes:
+    """An index line with its ``durations`` array (numbers only, so its first ``]`` ends it) cut out before
+    parsing: a reader that does not ask for them keeps its memory flat in the corpus size."""
+    start = raw.find(_DURATIONS_FIELD)
+    if start < 0:
+        return raw
+    end = raw.find(b"]", start + len(_DURATIONS_FIELD))
+    return raw if end < 0 else raw[:start] + raw[end + 1:]
+
+
+def index_durations(list_path: str | os.PathLike, *, storage_options: dict | None = None) -> Iterator[list[float]]:
+    """Each shard's utterance durations (seconds) from the index of ``list_path``, streamed one shard at a time;
+    nothing when there is no index, and an empty list for a shard whose entry has none (an older index)."""
+    index = index_path_for(list_path)
+    f = _open_index(index if isinstance(index, Path) else index, storage_options)
+    if f is None:
+        return
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            start = raw.find(_DURATIONS_FIELD)
+            if start < 0:
+                yield []
+                continue
+            end = raw.find(b"]", start + len(_DURATIONS_FIELD))
+            try:
+                values = json.loads(raw[start + len(_DURATIONS_FIELD) - 1:end + 1])
+            except ValueError:
+                raise DataError(f"{index}:{lineno}: the 'durations' array is corrupt. Regenerate the index with "
+                                f"pack-shards or make-datalist.") from None
+            yield [float(v) for v in values]
+
+
 def _iter_index_file(path: Path | str, f: IO[bytes], keys: bool) -> Iterator[dict]:
     from corpus_io.storage.urls import beside
 
@@ -370,7 +406,7 @@ def _iter_index_file(path: Path | str, f: IO[bytes], keys: bool) -> Iterator[dic
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
-            entry = parse_json_object(raw if keys else _without_keys(raw), f"{path}:{lineno}",
+            entry = parse_json_object(raw if keys else _without_keys(_without_durations(raw)), f"{path}:{lineno}",
                                       "The index is corrupt: regenerate it with make-datalist or pack-shards.")
             if "path" not in entry and isinstance(entry.get("file"), str):
                 resolved = os.path.normpath(os.path.join(index_dir, entry["file"])) if local \
@@ -381,6 +417,7 @@ def _iter_index_file(path: Path | str, f: IO[bytes], keys: bool) -> Iterator[dic
                                 f"index's directory) field.")
             if not keys:
                 entry.pop("keys", None)
+                entry.pop("durations", None)
             yield entry
 
 

@@ -134,11 +134,14 @@ class ShardStat:
     skipped: dict[str, int]
     resumed: bool = False
     keys: list[str] | None = None  # utterance keys in shard order (None: a sidecar of an older version)
+    durations: list[float] | None = None  # each utterance's seconds, 10 ms steps, shard order (None: older sidecar)
 
     def index_entry(self) -> dict:
         entry = {"path": self.path, "num_utts": self.num_utts, "duration": round(self.duration, 3),
                  "min_duration": round(self.min_duration, 3), "max_duration": round(self.max_duration, 3),
                  "bytes": self.bytes, "sha256": self.sha256}
+        if self.durations is not None:  # the loader's bucket edges (corpus_io.loader.shapes)
+            entry["durations"] = self.durations
         if self.keys is not None:  # lets verify-shards, make-datalist and the loader find repeats without audio
             entry["keys"] = self.keys
         return entry
@@ -330,7 +333,8 @@ def pack_shard(task: ShardTask) -> ShardStat:
             durations.append(first["duration"])
             keys.append(key)
     stat = ShardStat(task.path, len(durations), float(sum(durations)), min(durations, default=0.0),
-                     max(durations, default=0.0), writer.bytes, writer.sha256, digest, dict(skipped), keys=keys)
+                     max(durations, default=0.0), writer.bytes, writer.sha256, digest, dict(skipped), keys=keys,
+                     durations=[round(d, 2) for d in durations])
     stored = {k: v for k, v in stat.__dict__.items() if k != "resumed"}
     if task.url:  # one whole object; the local copy goes, its sidecar (the state) stays
         objects.put_object(task.path, task.url, opts.storage_options, sha256=stat.sha256, digest=digest)

@@ -552,7 +552,8 @@ def index_entry(entry: str, storage_options: dict | None = None) -> dict:
         size = os.path.getsize(urls.local_path(url))
     return {"path": entry, "num_utts": len(keys), "duration": round(float(sum(durations)), 3),
             "min_duration": round(min(durations, default=0.0), 3),
-            "max_duration": round(max(durations, default=0.0), 3), "bytes": int(size), "keys": keys}
+            "max_duration": round(max(durations, default=0.0), 3), "bytes": int(size),
+            "durations": [round(d, 2) for d in durations], "keys": keys}
 
 
 # --------------------------------------------------------------------------- the writer

@@ -291,7 +291,7 @@ def cut_metadata(url: str, *, storage_options: dict | None = None) -> Iterator[d
 def index_entry(url: str, *, storage_options: dict | None = None) -> dict:
     """The ``index.jsonl`` entry of one Shar shard, from its cuts alone (no audio read): ``path`` (the cuts
     URL), ``num_utts`` (cuts that give a sample), ``duration`` / ``min_duration`` / ``max_duration`` (s)
-    and ``keys``."""
+    ``durations`` (each cut's seconds) and ``keys``."""
     durations: list[float] = []
     keys: list[str] = []
     for rec in _records(url, storage_options):
@@ -299,7 +299,8 @@ def index_entry(url: str, *, storage_options: dict | None = None) -> dict:
         durations.append(float(rec["duration"]))
     return {"path": url, "num_utts": len(keys), "duration": round(sum(durations), 3),
             "min_duration": round(min(durations), 3) if durations else 0.0,
-            "max_duration": round(max(durations), 3) if durations else 0.0, "keys": keys}
+            "max_duration": round(max(durations), 3) if durations else 0.0,
+            "durations": [round(d, 2) for d in durations], "keys": keys}
 
 
 # --------------------------------------------------------------------------- a local Shar as an input

@@ -37,7 +37,7 @@ def decode_dataset_conf(user: Any, trained: Any) -> Any:
 
     conf = eval_dataset_conf(user)
     conf.feats_type = trained.feats_type
-    conf.feats_on = trained.feats_on
+    conf.feats_on = trained.feats_on if trained.feats_on != "auto" else "loader"  # train settles auto
     conf.fbank_conf = trained.fbank_conf
     conf.mfcc_conf = trained.mfcc_conf
     conf.resample_conf = trained.resample_conf

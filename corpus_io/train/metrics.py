@@ -30,8 +30,11 @@ class Meter:
     padding: float = 0.0
     batches: int = 0
     audio_seconds: float = 0.0
+    real_frames: float = 0.0  # rows' own lengths (frames, or samples for a waveform batch)
+    padded_frames: float = 0.0  # rows x the padded length
     times: dict = field(default_factory=lambda: dict.fromkeys(TIMES, 0.0))
     start: float = field(default_factory=time.perf_counter)
+    widths: set = field(default_factory=set)  # this rank's distinct padded lengths (not reduced: gathered)
 
     def add_batch(self, out: dict, batch: dict, data_load: float) -> None:
         """A trained micro-batch: ``out`` is :func:`corpus_io.train.steps.micro_step`'s result."""
@@ -39,6 +42,12 @@ class Meter:
         self.padding += float(batch.get("padding_ratio", 0.0))
         self.batches += 1
         self.audio_seconds += float(batch.get("audio_seconds", 0.0))
+        rows, lengths = (batch["wav"], batch["wav_lengths"]) if "wav" in batch else \
+            (batch.get("feats"), batch.get("feats_lengths"))
+        if rows is not None and lengths is not None:
+            self.widths.add(int(rows.shape[1]))
+            self.real_frames += float(lengths.sum())
+            self.padded_frames += float(rows.shape[0] * rows.shape[1])
         self.times["data_load"] += data_load
         self.times["forward_time"] += out["forward_time"]
         self.times["backward_time"] += out["backward_time"]
@@ -54,7 +63,7 @@ class Meter:
         """The sums of every rank (a collective: every rank calls it); ``start`` stays this rank's."""
         from corpus_io.train.distributed import all_reduce_sum
 
-        names = [f.name for f in fields(self) if f.name not in ("times", "start")]
+        names = [f.name for f in fields(self) if f.name not in ("times", "start", "widths")]
         values = all_reduce_sum(ctx, [float(getattr(self, n)) for n in names] + [self.times[k] for k in TIMES])
         out = Meter(start=self.start)
         for name, value in zip(names, values):

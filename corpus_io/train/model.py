@@ -96,19 +96,42 @@ class ConformerCTC(nn.Module):
                                  num_layers=num_blocks, depthwise_conv_kernel_size=cnn_module_kernel,
                                  dropout=dropout_rate, use_group_norm=use_group_norm)
         self.ctc = nn.Linear(output_size, vocab_size)
+        # padding never reaches a real frame: the depthwise convolutions see zeros past each length (WeNet's
+        # mask_pad), so a batch padded to its bucket's edge gives what the unpadded one gives
+        self._pad_mask: torch.Tensor | None = None
+        for layer in self.encoder.conformer_layers:
+            layer.conv_module.sequential[2].register_forward_pre_hook(self._zero_padding)
+
+    def _zero_padding(self, module: nn.Module, args: tuple) -> tuple:
+        mask = self._pad_mask
+        if mask is None or mask.shape[-1] != args[0].shape[-1]:
+            return args
+        return (args[0].masked_fill(mask[:, None, :], 0.0),)
 
     def forward(self, feats: torch.Tensor, feats_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.ctc_log_probs(*self.encode(feats, feats_lengths))
 
     def encode(self, feats: torch.Tensor, feats_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The encoder output (B, T', D) and its lengths."""
+        """The encoder output (B, T', D) and its lengths (frames after subsampling). Frames past a row's length
+        (padding) never change a real frame's output."""
         x = self.cmvn(feats)
+        frames = torch.arange(x.shape[1], device=x.device)[None, :]
+        x = x.masked_fill((frames >= feats_lengths.to(x.device)[:, None])[..., None], 0.0)  # padding stays 0
         x, lengths = self.embed(x, feats_lengths)
         if self.pos_enc_layer_type == "abs_pos":
             x = x * math.sqrt(x.shape[-1]) + _sinusoids(x.shape[1], x.shape[-1], x.device).to(x.dtype)
         x = self.dropout(x)
-        # Conformer needs every length >= 1 for its padding mask.
-        x, _ = self.encoder(x, lengths.clamp(min=1))
+        # the layers run here, not through Conformer.forward, whose mask is as wide as the longest row: a batch
+        # padded past it (to its bucket's edge) needs the mask as wide as the tensor. Every length >= 1 (a row
+        # fully masked gives NaN attention).
+        self._pad_mask = torch.arange(x.shape[1], device=x.device)[None, :] >= lengths.clamp(min=1)[:, None]
+        try:
+            x = x.transpose(0, 1)
+            for layer in self.encoder.conformer_layers:
+                x = layer(x, self._pad_mask)
+            x = x.transpose(0, 1)
+        finally:
+            self._pad_mask = None
         return x, lengths
 
     def ctc_log_probs(self, encoded: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

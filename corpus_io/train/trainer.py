@@ -57,9 +57,10 @@ class Trainer:
         from corpus_io.config import to_yaml
         from corpus_io.loader.build import describe_chain, loader_chain
         from corpus_io.loader.dataset import build_dataloader
+        from corpus_io.loader.shapes import describe
         from corpus_io.tokenizer import build_tokenizer
         from corpus_io.train.cmvn import eval_dataset_conf
-        from corpus_io.train.frontend import build_front_end
+        from corpus_io.train.frontend import build_front_end, resolve_device_defaults
         from corpus_io.train.model import build_model, feature_dim, num_parameters
 
         self.cfg, self.ctx, self.tc = cfg, ctx, cfg.train_conf
@@ -71,6 +72,7 @@ class Trainer:
         if tc.use_fp16 and ctx.device.type != "cuda":
             raise ConfigError("train_conf.use_fp16 needs a CUDA device; on CPU use ++train_conf.use_bf16=true.")
         torch.manual_seed(tc.seed)
+        devices_note = resolve_device_defaults(cfg.dataset_conf, ctx.device)  # before config.yaml: it records them
         self.tokenizer = build_tokenizer(cfg.tokenizer)
         self.input_dim = feature_dim(cfg.dataset_conf)
         model = build_model(dict(cfg.model), self.input_dim, self.tokenizer.vocab_size, cfg.cmvn_file)
@@ -120,8 +122,9 @@ class Trainer:
         self.log(f"world_size {ctx.world_size}, backend {ctx.backend or 'none'}, device {ctx.device}, "
                  f"model {type(self.module).__name__} {num_parameters(self.module) / 1e6:.3f}M params, "
                  f"vocab {self.tokenizer.vocab_size}, input_dim {self.input_dim}", all_ranks=False)
-        self.log("loader chain (train):\n" + describe_chain(loader_chain(cfg.dataset_conf, self.tokenizer, train=True)),
-                 all_ranks=False)
+        self.log(devices_note + "; " + describe(self.train_loader.dataset.conf.bucket_edges), all_ranks=False)
+        self.log("loader chain (train):\n" + describe_chain(loader_chain(self.train_loader.dataset.conf, self.tokenizer,
+                                                                         train=True)), all_ranks=False)
 
     # ----------------------------------------------------------------- checkpoints
 
@@ -450,7 +453,7 @@ class Trainer:
         utts, audio, wait, total = every.utts, every.audio_seconds, every.times["data_load"], every.times["total_time"]
         per_rank = all_gather_object(self.ctx, {"unused_batches": unused_batches, "unused_utts": unused_utts,
                                                 "utts": m.utts, "counts": loader_counts(self.train_loader, epoch=True),
-                                                "wall": wall})
+                                                "wall": wall, "widths": sorted(m.widths)})
         loss = every.loss
         counts: dict = {}
         for r in per_rank:
@@ -466,6 +469,8 @@ class Trainer:
             # so what is left unused differs too
             unused_share = unused_utts / max(unused_utts + sum(r["utts"] for r in per_rank), 1)
             max_wall = max(r["wall"] for r in per_rank)
+            shapes = {w for r in per_rank for w in r["widths"]}  # cuDNN plans each new one: few is fast
+            padding = 1.0 - every.real_frames / every.padded_frames if every.padded_frames else 0.0
             since = " since the resume" if self.resumed_mid_epoch else ""
             if stop_reason == "data":
                 ran_out = any(r["unused_utts"] for r in per_rank)
@@ -476,7 +481,8 @@ class Trainer:
                      f": {self.step_in_epoch} steps, {int(utts)} utts trained{since} on {self.ctx.world_size} ranks "
                      f"({', '.join(str(r['utts']) for r in per_rank)} per rank), train loss {loss:.3f}, "
                      f"{audio / 3600:.3f} h audio in {max_wall:.1f}s = {audio / max_wall:.1f} audio_s/s, "
-                     f"data_wait {100 * wait / max(total, 1e-9):.1f}%; left unused when the epoch ended: {unused} "
+                     f"data_wait {100 * wait / max(total, 1e-9):.1f}%; {len(shapes)} padded lengths, padding "
+                     f"{100 * padding:.1f}% of the batches' frames; left unused when the epoch ended: {unused} "
                      f"(unused share {100 * unused_share:.1f}% of the epoch); "
                      f"loader skips/filters: {skip}"
                      + (f"; non-finite steps skipped: {self.skipped.epoch}" if self.skipped.epoch else ""),
@@ -484,7 +490,8 @@ class Trainer:
             self.board.scalars(self.epoch, {
                 "epoch/train_loss": loss, "epoch/audio_seconds_per_second": audio / max_wall,
                 "epoch/data_wait_share": wait / max(total, 1e-9), "epoch/unused_utts": unused_utts,
-                "epoch/unused_share": unused_share, "epoch/nonfinite_steps": self.skipped.epoch})
+                "epoch/unused_share": unused_share, "epoch/nonfinite_steps": self.skipped.epoch,
+                "epoch/padded_lengths": len(shapes), "epoch/padding_share": padding})
         acc = m.acc
         return {"loss": loss, "acc": acc, "utts": int(utts), "skips": skip}
 

@@ -131,7 +131,7 @@ def test_pad_builds_the_contract_batch():
     assert out["keys"] == ["a", "b"]
     assert out["feats"].shape == (2, 3, 2) and out["feats"][1, 1:].abs().sum() == 0
     assert out["feats_lengths"].tolist() == [3, 1] and out["target_lengths"].tolist() == [2, 1]
-    assert out["target"].tolist() == [[5, 6], [7, -1]]
+    assert out["target"].tolist() == [[5, 6] + [-1] * 6, [7] + [-1] * 7]  # padded to a multiple of 8
     assert abs(out["padding_ratio"] - 2 / 6) < 1e-9 and abs(out["audio_seconds"] - 0.04) < 1e-9
 
 

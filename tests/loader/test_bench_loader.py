@@ -30,7 +30,8 @@ def corpus(tmp_path_factory):
 
 def overrides(data_list: Path, tokens: str, *extra: str) -> list[str]:
     return [f"++data_list={data_list}", f"++tokenizer.token_list={tokens}", "++dataset_conf.batch_size=4",
-            "++dataset_conf.shuffle_conf.shuffle_size=8", "++dataset_conf.sort_conf.sort_size=4", *extra]
+            "++dataset_conf.shuffle_conf.shuffle_size=8", "++dataset_conf.sort_conf.sort_size=4",
+            "++dataset_conf.bucketing=false", *extra]
 
 
 def torchrun(data_list: Path, tokens: str, dump: Path) -> subprocess.CompletedProcess:

@@ -62,6 +62,9 @@ CONFIGS = [
                                        "num_buckets": 2}),
     Config("sources_mix", mix=True),
     Config("epoch_hours", {"epoch_hours": 80 / 3600}),
+    # the defaults' batcher (edges from the data, padded to them, synchronised turns) under a mix and epoch_hours
+    Config("sources_mix_bucketing", {"bucketing": True, "num_buckets": 4}, mix=True),
+    Config("epoch_hours_bucketing", {"epoch_hours": 80 / 3600, "bucketing": True, "num_buckets": 4}),
 ]
 
 #: (world size, workers) of each stage: the first run, then each resumed run
