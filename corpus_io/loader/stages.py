@@ -120,7 +120,7 @@ def decode(samples: Iterable[dict], *, on_error: str = "fail", int16: bool = Fal
 
 
 def _decode_one(sample: dict) -> tuple[int, np.ndarray]:
-    wave, rate = _decode_bytes(sample)
+    wave, rate = decode_audio(sample)
     return rate, wave
 
 
@@ -141,22 +141,25 @@ def as_float(wav: torch.Tensor) -> torch.Tensor:
     return wav.float() * (1.0 / 32768.0) if wav.dtype == torch.int16 else wav
 
 
-def _decode_bytes(sample: dict) -> tuple[np.ndarray, int]:
+def decode_audio(sample: dict, where: str | None = None) -> tuple[np.ndarray, int]:
+    """``(samples[, channels]), sample_rate`` of a sample's ``audio`` bytes (its ``start``/``end`` segment), float32;
+    a DataError says why not, after ``where`` (default ``<format> member``; the caller names the sample)."""
     data = sample.get("audio")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise DataError("has no audio bytes ('audio' is missing).")
     fmt = sample.get("audio_format", "audio")
+    where = f"{fmt} member" if where is None else where
     if "start" not in sample and "end" not in sample:
-        return audio.decode_bytes(bytes(data), where=f"{fmt} member")
+        return audio.decode_bytes(bytes(data), where=where)
     import soundfile as sf
 
     try:
         info = sf.info(io.BytesIO(data))
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise DataError(f"{fmt} member: cannot decode audio ({exc}).") from None
+        raise DataError(f"{where}: cannot decode audio ({audio.soundfile_why(exc)}).") from None
     first, last = audio.segment_samples(float(sample.get("start", 0.0)), float(sample.get("end", -1)),
                                         int(info.samplerate), int(info.frames))
-    return audio.decode_bytes(bytes(data), where=f"{fmt} member", start=first, stop=last)
+    return audio.decode_bytes(bytes(data), where=where, start=first, stop=last)
 
 
 # --------------------------------------------------------------------------- filters

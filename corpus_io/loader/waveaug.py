@@ -35,6 +35,7 @@ import torch
 from corpus_io.audio import io as audio
 from corpus_io.audio import mix
 from corpus_io.errors import DataError
+from corpus_io.loader import stages
 from corpus_io.loader.read import ReadOptions, read_shard_unit
 from corpus_io.loader.stages import draws
 
@@ -120,7 +121,17 @@ class _Entries:
             for i in order:
                 sample = read_raw_entry(self.raw, i, self.opts, self.counts)
                 if sample is not None:
+                    sample["__entry__"] = i
                     yield sample
+
+    def where(self, sample: dict) -> str:
+        """The place of an entry's sample for a message: ``<list>:<line>`` and its audio file, or the shard and
+        the member's key."""
+        if self.kind == "shard":
+            return f"shard {sample.get('__url__')}, key '{sample.get('key')}'"
+        if self.kind == "scp":
+            return f"{sample['__url__']}: key '{sample['key']}' ({sample['__source__']})"
+        return f"{self.raw.where(sample['__entry__'])}: key '{sample['key']}' ({sample['meta'].get('source')})"
 
     def _source(self, key: str, source: str, where: str) -> dict:
         try:
@@ -128,7 +139,8 @@ class _Entries:
                                            storage_options=self.opts.storage_options)
         except DataError as exc:
             raise DataError(f"{where}: key '{key}': {exc}") from None
-        return {"key": key, "audio": data, "audio_format": audio.extension_of(source) or "wav", "__url__": where}
+        return {"key": key, "audio": data, "audio_format": audio.extension_of(source) or "wav", "__url__": where,
+                "__source__": source}
 
 
 class Pool:
@@ -141,6 +153,7 @@ class Pool:
         self.counts = counts
         self.segments: list[np.ndarray] = []
         self.epoch: tuple[int, int] | None = None
+        self._refused = 0  # entries refused and skipped (on_error=skip), in this process
 
     def for_epoch(self, seed: int, epoch: int) -> list[np.ndarray]:
         if self.epoch != (seed, epoch):
@@ -149,8 +162,6 @@ class Pool:
         return self.segments
 
     def _fill(self, seed: int, epoch: int) -> list[np.ndarray]:
-        from corpus_io.loader import stages
-
         entries = _Entries(self.path, self.opts, self.counts)
         if entries.count == 0:
             raise DataError(f"the {self.what} list {self.path} holds no entries; give a list with at least one "
@@ -159,24 +170,56 @@ class Pool:
         budget = max(1, int(self.seconds * self.rate))
         segments: list[np.ndarray] = []
         held = 0
-        for sample in stages.decode(entries.read(start), on_error=self.opts.on_error, counts=self.counts):
-            wav, rate = sample["wav"], int(sample["sample_rate"])
-            pcm16 = sample["pcm16"]
+        for sample in entries.read(start):
+            decoded = self._usable(sample, entries)
+            if decoded is None:
+                continue
+            wav, rate, pcm16 = decoded
             if rate != self.rate:
                 wav, pcm16 = audio.resample_wav(wav, rate, self.rate), False
             samples = wav.reshape(-1).numpy()[:budget - held]
-            if samples.size == 0:
+            if samples.size == 0 or not samples.any():  # a silent cut of a usable file: nothing to draw
                 continue
             segments.append(np.round(samples * 32768.0).astype(np.int16) if pcm16 else samples.copy())
             held += samples.size
             if held >= budget:
                 break
         if not segments:
-            raise DataError(f"the {self.what} list {self.path}: no entry could be decoded (window from entry "
-                            f"{start + 1}); check the list.")
+            raise DataError(f"the {self.what} list {self.path}: no entry could be used (window from entry "
+                            f"{start + 1}; {self._refused} refused as undecodable, silent or non-finite); check "
+                            f"the list.")
         log.debug("%s pool of epoch %d: %d segments, %.1f s from entry %d of %s", self.what, epoch, len(segments),
                   held / self.rate, start + 1, self.path)
         return segments
+
+    def _usable(self, sample: dict, entries: _Entries) -> tuple[torch.Tensor, int, bool] | None:
+        """``(wav (1, n) float32 mono, sample_rate, pcm16)`` of one entry, or None for a refused one skipped and
+        counted (``<noise|rir>.refused``, ``on_error=skip``). An entry that is not decodable audio, holds NaN or
+        infinity, or is all zeros is refused: noise of no energy cannot reach any SNR, and an all-zero impulse
+        response would silence the utterance (or make it NaN)."""
+        try:
+            wave, rate = stages.decode_audio(sample, "the file")
+            if wave.size and not wave.any():
+                raise DataError("the file: every sample is zero (a silent file)")
+            if wave.size == 0:
+                raise DataError("the file: it holds no samples")
+        except DataError as exc:
+            why = str(exc).rstrip(".")
+            tag = "rir" if self.what == "impulse response" else self.what
+            if self.opts.on_error == "skip":
+                log.warning("the %s list %s: %s: %s; skipped, never applied", self.what, self.path,
+                            entries.where(sample), why)
+                if self.counts is not None:
+                    self.counts[f"{tag}.refused"] += 1
+                self._refused += 1
+                return None
+            raise DataError(f"the {self.what} list {self.path}: {entries.where(sample)}: {why}. Every entry of a "
+                            f"{self.what} list must be a decodable audio file with finite samples, not all zero: "
+                            f"fix or remove that line, or set ++dataset_conf.on_error=skip to skip such entries "
+                            f"(counted as {tag}.refused, never applied).") from None
+        data = sample.get("audio")
+        pcm16 = wave.ndim == 1 and "start" not in sample and "end" not in sample and audio.is_pcm16(data)
+        return torch.from_numpy(np.ascontiguousarray(audio.to_mono(wave), dtype=np.float32))[None], rate, pcm16
 
 
 def _pick(rng: random.Random, segments: Sequence[np.ndarray]) -> torch.Tensor:

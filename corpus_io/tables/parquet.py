@@ -254,7 +254,9 @@ def _audio_of(value: Any, where: str) -> tuple[bytes | None, str | None]:
         rate = value.get("sampling_rate")
         if not isinstance(rate, int) or rate <= 0:
             raise DataError(f"{where}: the audio has samples but sampling_rate is {rate!r}.")
-        return audio.encode(np.asarray(samples, dtype=np.float32), rate, "wav"), path
+        wave = np.asarray(samples, dtype=np.float32)
+        audio.non_finite(wave, where)
+        return audio.encode(wave, rate, "wav"), path
     return None, path
 
 
@@ -371,7 +373,7 @@ class ParquetFileReader:
                             f"listed. Run the command again.")
         if self._cached[0] != g:
             self._cached = (g, _audio_cells(self._group(g, True, only_audio=True).column(self.cols.audio)))
-        data, path = self._cached[1](index - first, f"{self.url} row {index}")
+        data, path = self._cached[1](index - first, "its audio cell")  # the caller names the row and key
         if data is None and path:  # not embedded: the file it names
             data = audio.read_source_bytes(path)
         if data is None:

@@ -262,3 +262,74 @@ def test_noise_shards_over_http_are_each_read_once_per_pass_from_their_start_and
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --------------------------------------------------------------------------- refused noise and impulse responses
+
+
+def _bad_files(root: Path) -> dict[str, Path]:
+    """An all-zero 16-bit WAV, a float WAV of NaN and infinities, and a text file named .wav."""
+    root.mkdir(parents=True, exist_ok=True)
+    sf.write(root / "zero.wav", np.zeros(8000, dtype=np.float32), 16000, subtype="PCM_16")
+    nan = np.full(8000, 0.1, dtype=np.float32)
+    nan[100], nan[200] = np.nan, np.inf
+    sf.write(root / "nan.wav", nan, 16000, subtype="FLOAT")
+    (root / "notes.wav").write_text("these are my notes, not audio\n")
+    return {"zero": root / "zero.wav", "nan": root / "nan.wav", "text": root / "notes.wav"}
+
+
+@pytest.mark.parametrize("what", ["noise", "impulse response"])
+@pytest.mark.parametrize("bad, why", [("zero", "every sample is zero"), ("nan", "2 non-finite samples (NaN or "
+                                                                                "infinity), the first at sample 100"),
+                                      ("text", "cannot decode audio (Format not recognised")])
+def test_a_silent_non_finite_or_non_audio_entry_is_refused_at_load_naming_its_list_line_and_file(data, tmp_path, what,
+                                                                                                 bad, why):
+    from corpus_io.errors import DataError
+
+    files = _bad_files(tmp_path / "files")
+    lst = tmp_path / "pool.scp"
+    lst.write_text(f"good {data['root'] / 'white.wav'}\nbad {files[bad]}\n")
+    before = {p: p.read_bytes() for p in [lst, *files.values()]}
+    pool = Pool(str(lst), seconds=10.0, sample_rate=16000, opts=ReadOptions(storage_options={}), what=what)
+    with pytest.raises(DataError) as err:
+        for epoch in range(4):  # the window starts at either line: the bad one is met in the first pool or so
+            pool.for_epoch(0, epoch)
+    text = str(err.value)
+    assert text.startswith(f"the {what} list {lst}: {lst}:2: key 'bad' ({files[bad]}): the file: ")
+    assert why in text and "++dataset_conf.on_error=skip" in text
+    assert "BytesIO" not in text and "Re-pack" not in text and "utterance" not in text
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_with_skip_a_refused_noise_or_impulse_response_is_counted_and_never_applied(data, tmp_path):
+    from collections import Counter
+
+    files = _bad_files(tmp_path / "files")
+    good = sf.read(data["root"] / "white.wav", dtype="float32")[0]
+    for what, tag in (("noise", "noise"), ("impulse response", "rir")):
+        lst = tmp_path / f"{tag}.scp"
+        lines = [f"{name} {path}\n" for name, path in files.items()]
+        lst.write_text("".join(lines) + f"good {data['root'] / 'white.wav'}\n")
+        counts: Counter = Counter()
+        pool = Pool(str(lst), seconds=10.0, sample_rate=16000, opts=ReadOptions(storage_options={}, on_error="skip"),
+                    what=what, counts=counts)
+        segments = pool.for_epoch(0, 0)
+        assert counts == Counter({f"{tag}.refused": 3})  # each bad line once (the window wraps round once)
+        assert len(segments) == 1 and np.array_equal(segments[0].astype(np.float32) / 32768, good)
+
+
+def test_bench_loader_with_a_noise_list_of_text_files_names_the_noise_list_and_its_first_bad_line(data, tmp_path):
+    from tests.conftest import assert_user_error, run_cli
+    from tests.loader_data import token_list
+
+    (tmp_path / "a.txt").write_text("not audio\n")
+    (tmp_path / "b.txt").write_text("not audio either\n")
+    lst = tmp_path / "noise.scp"
+    lst.write_text(f"a {tmp_path / 'a.txt'}\nb {tmp_path / 'b.txt'}\n")
+    result = run_cli("corpus-io", "bench-loader", f"++data_list={data['speech']}",
+                     f"++tokenizer.token_list={token_list(tmp_path).token_list}", "++dataset_conf.add_noise=true",
+                     f"++dataset_conf.add_noise_conf.noise_list={lst}", "++dataset_conf.num_workers=0",
+                     env={"OMP_NUM_THREADS": "1"})
+    assert_user_error(result, f"the noise list {lst}: {lst}:", "cannot decode audio (Format not recognised",
+                      "++dataset_conf.on_error=skip")
+    assert "BytesIO" not in result.stderr and "Re-pack" not in result.stderr

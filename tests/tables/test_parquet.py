@@ -102,6 +102,31 @@ def test_decoded_array_audio_is_encoded_and_null_path_keys_come_from_the_file_an
     assert rate == 16000 and np.abs(back - wave).max() < 1e-4  # 16-bit WAV
 
 
+def test_array_audio_holding_inf_is_refused_naming_file_row_and_key_or_skipped_and_counted(tmp_path):
+    import numpy as np
+
+    from tests.conftest import assert_user_error, run_cli
+
+    cells = []
+    for i in range(3):
+        wave = (np.sin(np.arange(8000) / 10) * 0.3).astype(np.float32)
+        if i == 1:
+            wave[7] = np.inf
+        cells.append({"array": wave.tolist(), "sampling_rate": 16000})
+    src = tmp_path / "arrays.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "audio": cells, "text": ["x", "y", "z"]}), src)
+    before = src.read_bytes()
+    result = run_cli("corpus-io", "pack-shards", f"++input={src}", f"++output_dir={tmp_path / 'o1'}")
+    assert_user_error(result, f"{src} row 1: key 'b': its audio cell: the audio holds 1 non-finite samples (NaN or "
+                              "infinity), the first at sample 7", "++on_error=skip")
+    result = run_cli("corpus-io", "pack-shards", f"++input={src}", f"++output_dir={tmp_path / 'o2'}",
+                     "++on_error=skip")
+    assert result.returncode == 0, result.stderr
+    assert "skipped 1 (unreadable audio: 1)" in result.stdout + result.stderr
+    keys = [s["key"] for t in sorted((tmp_path / "o2").glob("*.tar")) for s in read_shard(str(t))]
+    assert keys == ["a", "c"] and src.read_bytes() == before
+
+
 def test_a_directory_of_several_splits_is_refused_with_the_glob_of_one(hf, tmp_path):
     data, _ = hf
     both = tmp_path / "both" / "data"
