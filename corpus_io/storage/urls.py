@@ -7,13 +7,14 @@ environment variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 run only when the caller passes ``allow_pipe=True``, and never through a shell.
 
 ``http(s)://`` is read with one plain GET streamed front to back (no Range requests, so any server
-works, ``python -m http.server`` included); only header probes (``seekable=True``) use fsspec's
-ranged reads. Every network read is bounded in time: ``storage_options["read_timeout"]`` (seconds,
-default :data:`DEFAULT_READ_TIMEOUT`; the loader sets it from ``dataset_conf.read_timeout``) is the
-longest wait for a connection or for the next byte. A stall past it, a refused connection and an HTTP
-5xx are :class:`RemoteReadError` (transient: the loader retries them); only an HTTP 404/410 says
-"does not exist". A command is bounded by ``storage_options["pipe_timeout"]`` (seconds, default
-:data:`DEFAULT_PIPE_TIMEOUT`; set from ``pipe_timeout`` / ``dataset_conf.pipe_timeout``): past it its
+works, ``python -m http.server`` included); only header probes and random-access readers (``seekable=True``)
+use fsspec's ranged reads, and where the server ignores Range a random-access reader reads the file whole, up
+to :data:`MAX_WHOLE_BYTES` (:func:`read_whole`). Every network read is bounded in time:
+``storage_options["read_timeout"]`` (seconds, default :data:`DEFAULT_READ_TIMEOUT`; the loader sets it from
+``dataset_conf.read_timeout``) is the longest wait for a connection or for the next byte. A stall past it, a
+refused connection and an HTTP 5xx are :class:`RemoteReadError` (transient: the loader retries them); only
+an HTTP 404/410 says "does not exist". A command is bounded by ``storage_options["pipe_timeout"]`` (seconds,
+default :data:`DEFAULT_PIPE_TIMEOUT`; set from ``pipe_timeout`` / ``dataset_conf.pipe_timeout``): past it its
 processes are killed and the entry fails naming the key and the command line. Each process of a command
 runs in a session (and process group) of its own, so what it starts (``sh -c '...'``, a background child)
 is killed with it: at the time limit, when the stream is closed, and when this process exits normally.
@@ -474,6 +475,29 @@ def open_if_exists(url: str, *, storage_options: dict | None = None) -> IO[bytes
         if url.startswith(("http://", "https://")):  # fsspec's http says "not found" for a 5xx too
             raise
         return None
+
+
+#: bytes: the most a file on an HTTP server that ignores Range requests is read whole into memory, for a reader that
+#: needs random access (parquet's footer, then its row groups)
+MAX_WHOLE_BYTES = 1 << 30
+
+
+def no_range_support(exc: BaseException) -> bool:
+    """``exc`` is fsspec's answer to an HTTP server that sent the whole file (200) for a ranged read past its start."""
+    return isinstance(exc, ValueError) and "support range requests" in str(exc)
+
+
+def read_whole(url: str, *, storage_options: dict | None = None, max_bytes: int = MAX_WHOLE_BYTES) -> bytes:
+    """The whole of ``url`` (one plain GET, streamed), for a random-access reader whose server ignores Range
+    requests; a file past ``max_bytes`` is a DataError saying so (nothing beyond ``max_bytes + 1`` is read)."""
+    with open_url(url, storage_options=storage_options) as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise DataError(f"{url}: the server does not answer Range requests (it sends the whole file), so this file "
+                        f"would have to be read whole into memory, and it is larger than {max_bytes} bytes, the "
+                        f"bound on such a read. Serve it from a server with Range support (an object store, nginx, "
+                        f"the Hugging Face Hub), or copy it to a local disk.")
+    return data
 
 
 def read_url(url: str, **kwargs: Any) -> bytes:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.keys import duplicate_hashes, first_repeat, key_hash
 from corpus_io.storage import urls
+
+log = logging.getLogger(__name__)
 
 INLINE = "source_bytes"  # the record field holding the audio bytes of a parquet row
 KIND = "hf-parquet"
@@ -123,7 +126,14 @@ def open_file(url: str, storage_options: dict | None = None) -> Any:
         urls.check_regular_file(urls.local_path(url))
         source = urls.local_path(url)
     try:
-        return pq.ParquetFile(source)
+        try:
+            return pq.ParquetFile(source)
+        except ValueError as exc:  # an HTTP server that ignores Range: the file whole, up to a bound
+            if not urls.no_range_support(exc):
+                raise
+            log.warning("%s: the server does not answer Range requests; reading the file whole (at most %d bytes)",
+                        url, urls.MAX_WHOLE_BYTES)
+            return pq.ParquetFile(pa.BufferReader(urls.read_whole(url, storage_options=storage_options)))
     except FileNotFoundError:
         raise DataError(f"{url} does not exist. Check the path.") from None
     except (pa.ArrowException, OSError) as exc:
