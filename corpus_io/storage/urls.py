@@ -445,6 +445,9 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
             raise RemoteNotFoundError(f"{url} does not exist on the server (or the server did not answer "
                                       f"with it).") from None
         except Exception as exc:
+            why = _unreachable(exc)
+            if why is not None:
+                raise RemoteReadError(_unreachable_message(url, storage_options, why)) from None
             if type(exc).__name__ != "NoCredentialsError":  # botocore's, for s3:// without any credentials
                 raise
             raise DataError(f"{url}: no credentials for the object store. Give them in the storage_options of the "
@@ -459,6 +462,34 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
                         f"current directory).") from None
     except OSError as exc:
         raise DataError(f"cannot open {url}: {exc.strerror}.") from None
+
+
+#: the exceptions (by type name: botocore, aiohttp and the OS) of an endpoint that cannot be connected to
+_UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionRefusedError",
+                "ClientConnectorDNSError", "gaierror"}
+
+
+def _unreachable(exc: BaseException) -> str | None:
+    """What failed, where ``exc`` (or an exception it was raised from) says the server could not be connected to."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if type(exc).__name__ in _UNREACHABLE:
+            return f"{type(exc).__name__}: {exc}"
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1  # type: ignore[assignment]
+    return None
+
+
+def _unreachable_message(url: str, storage_options: dict | None, why: str) -> str:
+    opts = storage_options or {}
+    endpoint = (opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
+                or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("S3_ENDPOINT_URL"))
+    where = f"the object store at {endpoint}" if url.startswith("s3://") and endpoint else \
+        "AWS S3" if url.startswith("s3://") else "its server"
+    prefix = "dataset_conf.storage_options" if timeout_key(opts).startswith("dataset_conf.") else "storage_options"
+    key = f"{prefix}.endpoint_url or AWS_ENDPOINT_URL" if url.startswith("s3://") else "the URL"
+    return (f"{url}: cannot connect to {where} ({why}). Check {key} and that the server is up and reachable "
+            f"from this machine (the connection wait is {timeout_key(opts)}={read_timeout(opts):g} s), then run "
+            f"the command again.")
 
 
 def open_if_exists(url: str, *, storage_options: dict | None = None) -> IO[bytes] | None:

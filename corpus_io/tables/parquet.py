@@ -512,7 +512,8 @@ def _sample(row: Row, url: str, entry: str, pos: int) -> dict:
     ext = audio.sniff_audio_format(data)
     if ext is None:
         raise DataError(f"{where}: key '{row.key}': its audio bytes are not a known audio format (wav, flac, ogg, "
-                        f"opus, mp3). Fix the row, or set dataset_conf.on_error=skip.")
+                        f"opus, mp3). Fix or drop the row (pack-shards on_error=skip drops and counts such rows), "
+                        f"or, if another column holds the audio, name it: {_NAME_IT}columns.audio=<column>.")
     meta = {"key": row.key, **row.fields}
     return {"key": row.key, "audio": data, "audio_format": ext, "txt": str(row.text), "meta": meta,
             "__url__": entry, "__pos__": pos}
