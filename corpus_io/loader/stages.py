@@ -252,6 +252,11 @@ def resample(samples: Iterable[dict], *, resample_rate: int = 16000, counts: Cou
         yield sample
 
 
+#: the sample key holding what the augmentation stages drew for it (speed, rir, noise, noise_offset, snr_db,
+#: gain_db: plain values), written by bench-loader ``++dump_audio_dir`` as JSON lines
+DRAWS = "draws"
+
+
 def draws(seed: int, epoch: int, key: str, what: str) -> random.Random:
     """The generator of one utterance's ``what`` draws in ``epoch``: the same whatever rank, worker, batch or
     read position the utterance lands in (what makes a resume on another world size reproduce its audio)."""
@@ -269,6 +274,7 @@ def speed_perturb(samples: Iterable[dict], *, speeds: Sequence[float] = (0.9, 1.
     speeds = list(speeds)
     for sample in samples:
         speed = draws(seed, epoch, sample["key"], "speed").choice(speeds)
+        sample.setdefault(DRAWS, {})["speed"] = speed  # what bench-loader ++dump_audio_dir writes beside the audio
         if speed != 1.0:
             rate = sample["sample_rate"]
             sample["wav"] = audio.resample_wav(as_float(sample["wav"]), int(round(rate * speed)), rate)

@@ -152,11 +152,13 @@ class Pool:
         self.path, self.seconds, self.rate, self.opts, self.what = path, seconds, sample_rate, opts, what
         self.counts = counts
         self.segments: list[np.ndarray] = []
+        self.keys: list[str] = []  # the key of each segment's entry (the draws dump names it)
         self.epoch: tuple[int, int] | None = None
         self._refused = 0  # entries refused and skipped (on_error=skip), in this process
 
     def for_epoch(self, seed: int, epoch: int) -> list[np.ndarray]:
         if self.epoch != (seed, epoch):
+            self.keys = []
             self.segments = self._fill(seed, epoch)
             self.epoch = (seed, epoch)
         return self.segments
@@ -181,6 +183,7 @@ class Pool:
             if samples.size == 0 or not samples.any():  # a silent cut of a usable file: nothing to draw
                 continue
             segments.append(np.round(samples * 32768.0).astype(np.int16) if pcm16 else samples.copy())
+            self.keys.append(str(sample["key"]))
             held += samples.size
             if held >= budget:
                 break
@@ -222,8 +225,15 @@ class Pool:
         return torch.from_numpy(np.ascontiguousarray(audio.to_mono(wave), dtype=np.float32))[None], rate, pcm16
 
 
-def _pick(rng: random.Random, segments: Sequence[np.ndarray]) -> torch.Tensor:
-    return torch.from_numpy(segments[rng.randrange(len(segments))])
+def _pick(rng: random.Random, pool: Pool, seed: int, epoch: int) -> tuple[torch.Tensor, str]:
+    """A segment of ``pool``'s window of ``(seed, epoch)`` drawn with ``rng``, and its entry's key."""
+    segments = pool.for_epoch(seed, epoch)
+    i = rng.randrange(len(segments))
+    return torch.from_numpy(segments[i]), pool.keys[i]
+
+
+def _drawn(sample: dict, **values: Any) -> None:
+    sample.setdefault(stages.DRAWS, {}).update(values)
 
 
 def _apply(sample: dict, plan: dict, on_model: bool) -> dict:
@@ -248,7 +258,9 @@ def add_reverb(samples: Iterable[dict], *, rir_list: str | None, prob: float = 0
     for sample in samples:
         rng = draws(seed, epoch, sample["key"], "reverb")
         if rng.random() < prob:
-            sample = _apply(sample, {"rir": _pick(rng, pool.for_epoch(seed, epoch))}, on_model)
+            rir, key = _pick(rng, pool, seed, epoch)
+            _drawn(sample, rir=key)
+            sample = _apply(sample, {"rir": rir}, on_model)
         yield sample
 
 
@@ -270,9 +282,10 @@ def add_noise(samples: Iterable[dict], *, noise_list: str | None, snr_db: Sequen
             which = rng.choices(range(len(choices)), weights)[0] if len(choices) > 1 else 0
             low, high = choices[which][2]
             snr = rng.uniform(low, high)
-            segment = _pick(rng, pools[which].for_epoch(seed, epoch))
+            segment, key = _pick(rng, pools[which], seed, epoch)
             offset = rng.randrange(segment.shape[0])
             noise = mix.looped(segment, offset, sample["wav"].shape[1])
+            _drawn(sample, noise=key, noise_offset=offset, snr_db=snr)
             sample = _apply(sample, {"noise": noise, "snr_db": snr}, on_model)
         yield sample
 
@@ -284,15 +297,38 @@ def volume_perturb(samples: Iterable[dict], *, gain_db: Sequence[float] = (-6.0,
     low, high = gain_db
     for sample in samples:
         gain = draws(seed, epoch, sample["key"], "volume").uniform(low, high)
+        _drawn(sample, gain_db=gain)
         yield _apply(sample, {"gain_db": gain}, on_model)
 
 
-def dump_audio(samples: Iterable[dict], *, dump_audio_dir: str, counts: Counter | None = None) -> Iterator[dict]:
+def dump_audio(samples: Iterable[dict], *, dump_audio_dir: str, epoch: int = 0,
+               counts: Counter | None = None) -> Iterator[dict]:
     """Write each utterance's waveform as it stands (after augmentation, before features) to
-    ``<dump_audio_dir>/<key>.wav`` (:func:`write_dump`)."""
+    ``<dump_audio_dir>/<key>.wav`` (:func:`write_dump`) and what was drawn for it as a line of
+    ``<dump_audio_dir>/draws.jsonl`` (:func:`write_draws`)."""
     for sample in samples:
         write_dump(dump_audio_dir, sample["key"], sample["wav"], int(sample["sample_rate"]))
+        write_draws(dump_audio_dir, sample["key"], epoch, sample.get(stages.DRAWS))
         yield sample
+
+
+DRAWS_FILE = "draws.jsonl"
+
+
+def write_draws(directory: str, key: str, epoch: int, drawn: dict | None) -> None:
+    """Append ``{"key", "epoch", <what was drawn>}`` to ``<directory>/draws.jsonl``: ``speed``, ``rir`` (the impulse
+    response's key), ``noise`` (the noise's key), ``noise_offset`` (samples into it), ``snr_db``, ``gain_db``; a
+    stage that was off or did not fire for the utterance leaves its fields out. One ``write`` of one line with
+    O_APPEND, so the loader's worker processes append whole lines side by side."""
+    import json
+    import os
+
+    line = json.dumps({"key": key, "epoch": epoch, **(drawn or {})}, ensure_ascii=False) + "\n"
+    fd = os.open(os.path.join(directory, DRAWS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode("utf-8"))
+    finally:
+        os.close(fd)
 
 
 def write_dump(directory: str, key: str, wav: torch.Tensor, sample_rate: int) -> None:

@@ -115,11 +115,13 @@ def test_the_same_seed_and_epoch_dump_identical_bytes_and_another_epoch_other_dr
     dump(data, tmp_path / "a", **conf)
     dump(data, tmp_path / "b", num_workers=2, **conf)  # other workers, other batches: the same draws
     dump(data, tmp_path / "e1", epoch=1, **conf)
-    names = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert names and names == sorted(p.name for p in (tmp_path / "b").iterdir())
+    names = sorted(p.name for p in (tmp_path / "a").glob("*.wav"))
+    assert names and names == sorted(p.name for p in (tmp_path / "b").glob("*.wav"))
     assert all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes() for n in names)
     differ = [n for n in names if (tmp_path / "a" / n).read_bytes() != (tmp_path / "e1" / n).read_bytes()]
     assert len(differ) == len(names)
+    draws = {d: sorted((tmp_path / d / "draws.jsonl").read_text().splitlines()) for d in ("a", "b", "e1")}
+    assert draws["a"] == draws["b"] != draws["e1"]  # the workers append in their own order
 
 
 def test_an_interrupted_epoch_resumed_on_another_world_size_reproduces_the_rest_speed_perturbed_too(data,
@@ -333,3 +335,34 @@ def test_bench_loader_with_a_noise_list_of_text_files_names_the_noise_list_and_i
     assert_user_error(result, f"the noise list {lst}: {lst}:", "cannot decode audio (Format not recognised",
                       "++dataset_conf.on_error=skip")
     assert "BytesIO" not in result.stderr and "Re-pack" not in result.stderr
+
+
+def test_bench_loader_dump_audio_dir_writes_each_utterances_draws_the_same_from_both_paths(data, tmp_path):
+    import json
+
+    from corpus_io.config import BenchLoaderConfig
+    from corpus_io.loader.dataset import bench_loader
+
+    rir_keys = [line.split()[0] for line in Path(data["rir"]).read_text().splitlines()]
+    drawn = {}
+    for feats_on in ("loader", "model"):
+        out = tmp_path / feats_on
+        cfg = BenchLoaderConfig(data_list=data["speech"], dump_audio_dir=str(out))
+        cfg.dataset_conf = small_conf(num_workers=0, feats_on=feats_on, add_noise=True, add_reverb=True,
+                                      volume_perturb=True, speed_perturb=True)
+        cfg.dataset_conf.add_noise_conf.noise_list = data["white"]
+        cfg.dataset_conf.add_noise_conf.snr_db = [5.0, 10.0]
+        cfg.dataset_conf.add_reverb_conf.prob = 1.0
+        cfg.dataset_conf.add_reverb_conf.rir_list = data["rir"]
+        (out / "draws.jsonl").parent.mkdir(parents=True)
+        (out / "draws.jsonl").write_text('{"key": "from an earlier run"}\n')  # a fresh run starts the file anew
+        bench_loader(cfg)
+        lines = [json.loads(line) for line in (out / "draws.jsonl").read_text().splitlines()]
+        assert sorted(d["key"] for d in lines) == sorted(data["keys"]) == sorted(p.stem for p in out.glob("*.wav"))
+        drawn[feats_on] = {d["key"]: d for d in lines}
+    assert drawn["model"] == drawn["loader"]  # the same draws whichever path applies them
+    white = sf.info(data["root"] / "white.wav").frames
+    for d in drawn["loader"].values():
+        assert d["epoch"] == 0 and d["speed"] in (0.9, 1.0, 1.1) and d["rir"] in rir_keys
+        assert d["noise"] == "white" and 0 <= d["noise_offset"] < white and 5.0 <= d["snr_db"] <= 10.0
+        assert -6.0 <= d["gain_db"] <= 6.0
