@@ -265,7 +265,7 @@ def run_stats(cfg: Any) -> CorpusStats:
                                                                             os.path.isdir(cfg.input)):
         raise ConfigError(f"input {cfg.input} does not exist. Pass a shard data.list (or ++data_type=raw with a "
                           f"raw JSONL list, a Kaldi dir, or a NeMo or Lhotse manifest).")
-    stats = collect(cfg.input, cfg.data_type)
+    stats = collect(cfg.input, cfg.data_type, storage_options=dict(cfg.storage_options or {}))
     print(render(stats, bins=cfg.bins), flush=True)
     if cfg.output is None and importlib.util.find_spec("matplotlib") is None:
         # the core install has no matplotlib: the table is the result, the PNG is a bonus

@@ -398,3 +398,45 @@ def test_a_key_scp2jsonl_reads_from_a_kaldi_table_jsonl2scp_writes_back(tmp_path
                      f"{tmp_path / 't2'}]", "++data_type_list=[source,target]")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "t2").read_text(encoding="utf-8") == f"{key} hello\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["verify-shards", "stats", "bench-loader", "train"])
+def test_a_dead_s3_endpoint_is_one_paragraph_naming_the_endpoint_and_the_key_of_the_command(tmp_path, command):
+    from tests.conftest import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    loader = command in ("bench-loader", "train")
+    prefix = "++dataset_conf.storage_options" if loader else "++storage_options"
+    options = [f"{prefix}.endpoint_url={endpoint}", f"{prefix}.key=k", f"{prefix}.secret=s"]
+    (tmp_path / "tokens.txt").write_text("<blank> 0\n<unk> 1\na 2\n<sos/eos> 3\n")
+    tokens = f"++tokenizer.token_list={tmp_path / 'tokens.txt'}"
+    args = {"verify-shards": ["++input=s3://corpus/data.list"], "stats": ["++input=s3://corpus/data.list"],
+            "bench-loader": ["++data_list=s3://corpus/data.list", tokens],
+            "train": ["++train_data_set_list=s3://corpus/data.list", tokens, f"++output_dir={tmp_path / 'exp'}"]}
+    result = run_cli("corpus-io", command, *args[command], *options, cwd=tmp_path, timeout=240)
+    key = "dataset_conf.storage_options.endpoint_url" if loader else "storage_options.endpoint_url"
+    assert_user_error(result, f"s3://corpus/data.list: cannot connect to the object store at {endpoint}",
+                      f"Check {key} or AWS_ENDPOINT_URL")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr  # one paragraph
+    assert not list(tmp_path.glob("exp/*.pt*")) and not list(tmp_path.glob("*.png")), list(tmp_path.rglob("*"))
+
+
+def test_make_datalist_of_a_parquet_row_that_is_not_audio_suggests_what_it_accepts_not_dataset_conf(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    good = (REPO / "tests/fixtures/corpus/wav/spk0-utt000.wav").read_bytes()
+    src = tmp_path / "junk.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "audio": [{"bytes": good, "path": None},
+                                                         {"bytes": b"not audio at all", "path": None}],
+                             "text": ["x", "y"]}), src)
+    before = src.read_bytes()
+    result = run_cli("corpus-io", "make-datalist", f"++input={src}", f"++output={tmp_path / 'out' / 'data.list'}")
+    assert_user_error(result, f"{src} row 1: key 'b': its audio bytes are not a known audio format",
+                      "make-datalist, pack-shards or export with columns.audio=<column>")
+    assert "dataset_conf" not in result.stderr  # a key make-datalist rejects
+    message = result.stderr.split("error: ", 1)[1]
+    for key in re.findall(r"(?:with |\+\+)([a-z_.]+)=", message):  # every key it names, make-datalist accepts
+        assert _accepted_by("make-datalist", key), key
+    assert src.read_bytes() == before and not (tmp_path / "out" / "data.list").exists()

@@ -123,13 +123,32 @@ def _read_tar_member(source: str, tar: str, member: str, max_bytes: int) -> byte
         return f.read(size)
 
 
+_OPENING = re.compile(r"^Error opening <[^>]*>: ")
+
+
+def soundfile_why(exc: BaseException) -> str:
+    """What libsndfile said about ``exc``, without the in-memory stream's ``<_io.BytesIO object at 0x…>`` it
+    names (the caller names the file, line or member)."""
+    why = getattr(exc, "error_string", None)
+    return str(why) if why else _OPENING.sub("", str(exc))
+
+
+def non_finite(wave: np.ndarray, where: str) -> None:
+    """A DataError when ``wave`` (float samples) holds NaN or infinity: such samples play as clicks or make every
+    feature and loss NaN, so they are refused where they are decoded, naming ``where`` (file, row or member)."""
+    if wave.dtype.kind == "f" and not np.isfinite(wave).all():
+        bad = ~np.isfinite(wave.reshape(-1))
+        raise DataError(f"{where}: the audio holds {int(bad.sum())} non-finite samples (NaN or infinity), the first "
+                        f"at sample {int(np.argmax(bad))}; such audio cannot be right.")
+
+
 def _info_from_fileobj(f: Any, where: str) -> AudioInfo:
     import soundfile as sf
 
     try:
         info = sf.info(f)
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise DataError(f"{where}: not a readable audio file ({exc}).") from None
+        raise DataError(f"{where}: not a readable audio file ({soundfile_why(exc)}).") from None
     return AudioInfo(int(info.samplerate), int(info.frames), int(info.channels), info.format.lower())
 
 
@@ -366,9 +385,11 @@ def decode_bytes(data: bytes, *, where: str = "<bytes>", start: int = 0, stop: i
                 f.seek(start)
             frames = -1 if stop is None else max(0, stop - start)
             wave = f.read(frames=frames, dtype=dtype, always_2d=False)
-            return wave, int(f.samplerate)
+            rate = int(f.samplerate)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise DataError(f"{where}: cannot decode audio ({exc}).") from None
+        raise DataError(f"{where}: cannot decode audio ({soundfile_why(exc)}).") from None
+    non_finite(wave, where)
+    return wave, rate
 
 
 def to_mono(wave: np.ndarray) -> np.ndarray:

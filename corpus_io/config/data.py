@@ -199,6 +199,7 @@ class StatsConfig:
                                       "e.g. data.stats.png; never written beside the data)")
     data_type: str = opt("shard", "format of the list", choices=("raw", "shard"))
     bins: int = opt(30, "histogram bins", range="[1, 100000]")
+    storage_options: Dict[str, Any] = storage_options_opt("a remote list and its shards")
 
 
 @schema

@@ -505,6 +505,8 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01, frame_length_ms: floa
         batch.update(wav=padded, wav_lengths=row_lengths, sample_rate=rate, feats_lengths=feats_lengths)
         if any("augment" in s for s in samples):  # drawn in the loader, applied by the device front end
             batch["augment"] = [s.get("augment") for s in samples]
+        if any("draws" in s for s in samples):  # what was drawn (bench-loader ++dump_audio_dir writes it)
+            batch["draws"] = [s.get("draws") for s in samples]
         seconds = float(row_lengths.sum()) / rate
     else:
         feats_lengths = row_lengths

@@ -609,17 +609,19 @@ def _init_distributed() -> tuple[int, int]:
     return dist_info()
 
 
-def _dump_waveforms(directory: str, batch: dict, *, train: bool) -> None:
+def _dump_waveforms(directory: str, batch: dict, *, train: bool, epoch: int) -> None:
     """Each row of a waveform batch after the augmentation the loader drew for it (what
     corpus_io.train.frontend applies on the device, :func:`corpus_io.audio.mix.apply_plans`) as ``<key>.wav``."""
     from corpus_io.audio import mix
-    from corpus_io.loader.waveaug import write_dump
+    from corpus_io.loader.waveaug import write_draws, write_dump
 
     wav, lengths, rate = mix.as_float(batch["wav"]), batch["wav_lengths"], int(batch["sample_rate"])
     if train and batch.get("augment"):
         wav = mix.apply_plans(wav, lengths, batch["augment"], rate)
-    for key, row, n in zip(batch["keys"], wav, lengths.tolist()):
+    drawn = batch.get("draws") or [None] * len(batch["keys"])
+    for key, row, n, values in zip(batch["keys"], wav, lengths.tolist(), drawn):
         write_dump(directory, key, row[:n], rate)
+        write_draws(directory, key, epoch, values)
 
 
 def bench_loader(cfg: Any) -> dict:
@@ -669,6 +671,13 @@ def bench_loader(cfg: Any) -> dict:
     loader = build_dataloader(data_list, cfg.dataset_conf, tokenizer, train=cfg.train, rank=rank,
                               world_size=world_size)
     loader.dataset.dump_audio_dir = cfg.dump_audio_dir
+    if cfg.dump_audio_dir and not saved_states:  # a fresh run's draws, not appended to an earlier run's
+        from corpus_io.loader.waveaug import DRAWS_FILE
+
+        if rank == 0:
+            Path(cfg.dump_audio_dir, DRAWS_FILE).unlink(missing_ok=True)
+        if world_size > 1:
+            _barrier()
     if rank == 0:
         print("loader chain:\n" + describe_chain(loader_chain(cfg.dataset_conf, tokenizer, train=cfg.train,
                                                              dump_audio_dir=cfg.dump_audio_dir)),
@@ -707,7 +716,7 @@ def bench_loader(cfg: Any) -> dict:
             if keys_file is not None:
                 keys_file.write("".join(k + "\n" for k in batch["keys"]))
             if cfg.dump_audio_dir and "wav" in batch:  # feats_on=model: the waveforms as the front end mixes them
-                _dump_waveforms(cfg.dump_audio_dir, batch, train=cfg.train)
+                _dump_waveforms(cfg.dump_audio_dir, batch, train=cfg.train, epoch=epoch)
             if cfg.save_state_after and consumed >= cfg.save_state_after:
                 if keys_file is not None:
                     keys_file.flush()

@@ -120,7 +120,7 @@ def decode(samples: Iterable[dict], *, on_error: str = "fail", int16: bool = Fal
 
 
 def _decode_one(sample: dict) -> tuple[int, np.ndarray]:
-    wave, rate = _decode_bytes(sample)
+    wave, rate = decode_audio(sample)
     return rate, wave
 
 
@@ -141,22 +141,25 @@ def as_float(wav: torch.Tensor) -> torch.Tensor:
     return wav.float() * (1.0 / 32768.0) if wav.dtype == torch.int16 else wav
 
 
-def _decode_bytes(sample: dict) -> tuple[np.ndarray, int]:
+def decode_audio(sample: dict, where: str | None = None) -> tuple[np.ndarray, int]:
+    """``(samples[, channels]), sample_rate`` of a sample's ``audio`` bytes (its ``start``/``end`` segment), float32;
+    a DataError says why not, after ``where`` (default ``<format> member``; the caller names the sample)."""
     data = sample.get("audio")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise DataError("has no audio bytes ('audio' is missing).")
     fmt = sample.get("audio_format", "audio")
+    where = f"{fmt} member" if where is None else where
     if "start" not in sample and "end" not in sample:
-        return audio.decode_bytes(bytes(data), where=f"{fmt} member")
+        return audio.decode_bytes(bytes(data), where=where)
     import soundfile as sf
 
     try:
         info = sf.info(io.BytesIO(data))
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise DataError(f"{fmt} member: cannot decode audio ({exc}).") from None
+        raise DataError(f"{where}: cannot decode audio ({audio.soundfile_why(exc)}).") from None
     first, last = audio.segment_samples(float(sample.get("start", 0.0)), float(sample.get("end", -1)),
                                         int(info.samplerate), int(info.frames))
-    return audio.decode_bytes(bytes(data), where=f"{fmt} member", start=first, stop=last)
+    return audio.decode_bytes(bytes(data), where=where, start=first, stop=last)
 
 
 # --------------------------------------------------------------------------- filters
@@ -249,6 +252,11 @@ def resample(samples: Iterable[dict], *, resample_rate: int = 16000, counts: Cou
         yield sample
 
 
+#: the sample key holding what the augmentation stages drew for it (speed, rir, noise, noise_offset, snr_db,
+#: gain_db: plain values), written by bench-loader ``++dump_audio_dir`` as JSON lines
+DRAWS = "draws"
+
+
 def draws(seed: int, epoch: int, key: str, what: str) -> random.Random:
     """The generator of one utterance's ``what`` draws in ``epoch``: the same whatever rank, worker, batch or
     read position the utterance lands in (what makes a resume on another world size reproduce its audio)."""
@@ -266,6 +274,7 @@ def speed_perturb(samples: Iterable[dict], *, speeds: Sequence[float] = (0.9, 1.
     speeds = list(speeds)
     for sample in samples:
         speed = draws(seed, epoch, sample["key"], "speed").choice(speeds)
+        sample.setdefault(DRAWS, {})["speed"] = speed  # what bench-loader ++dump_audio_dir writes beside the audio
         if speed != 1.0:
             rate = sample["sample_rate"]
             sample["wav"] = audio.resample_wav(as_float(sample["wav"]), int(round(rate * speed)), rate)

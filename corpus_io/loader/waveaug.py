@@ -35,6 +35,7 @@ import torch
 from corpus_io.audio import io as audio
 from corpus_io.audio import mix
 from corpus_io.errors import DataError
+from corpus_io.loader import stages
 from corpus_io.loader.read import ReadOptions, read_shard_unit
 from corpus_io.loader.stages import draws
 
@@ -120,7 +121,17 @@ class _Entries:
             for i in order:
                 sample = read_raw_entry(self.raw, i, self.opts, self.counts)
                 if sample is not None:
+                    sample["__entry__"] = i
                     yield sample
+
+    def where(self, sample: dict) -> str:
+        """The place of an entry's sample for a message: ``<list>:<line>`` and its audio file, or the shard and
+        the member's key."""
+        if self.kind == "shard":
+            return f"shard {sample.get('__url__')}, key '{sample.get('key')}'"
+        if self.kind == "scp":
+            return f"{sample['__url__']}: key '{sample['key']}' ({sample['__source__']})"
+        return f"{self.raw.where(sample['__entry__'])}: key '{sample['key']}' ({sample['meta'].get('source')})"
 
     def _source(self, key: str, source: str, where: str) -> dict:
         try:
@@ -128,7 +139,8 @@ class _Entries:
                                            storage_options=self.opts.storage_options)
         except DataError as exc:
             raise DataError(f"{where}: key '{key}': {exc}") from None
-        return {"key": key, "audio": data, "audio_format": audio.extension_of(source) or "wav", "__url__": where}
+        return {"key": key, "audio": data, "audio_format": audio.extension_of(source) or "wav", "__url__": where,
+                "__source__": source}
 
 
 class Pool:
@@ -140,17 +152,18 @@ class Pool:
         self.path, self.seconds, self.rate, self.opts, self.what = path, seconds, sample_rate, opts, what
         self.counts = counts
         self.segments: list[np.ndarray] = []
+        self.keys: list[str] = []  # the key of each segment's entry (the draws dump names it)
         self.epoch: tuple[int, int] | None = None
+        self._refused = 0  # entries refused and skipped (on_error=skip), in this process
 
     def for_epoch(self, seed: int, epoch: int) -> list[np.ndarray]:
         if self.epoch != (seed, epoch):
+            self.keys = []
             self.segments = self._fill(seed, epoch)
             self.epoch = (seed, epoch)
         return self.segments
 
     def _fill(self, seed: int, epoch: int) -> list[np.ndarray]:
-        from corpus_io.loader import stages
-
         entries = _Entries(self.path, self.opts, self.counts)
         if entries.count == 0:
             raise DataError(f"the {self.what} list {self.path} holds no entries; give a list with at least one "
@@ -159,28 +172,68 @@ class Pool:
         budget = max(1, int(self.seconds * self.rate))
         segments: list[np.ndarray] = []
         held = 0
-        for sample in stages.decode(entries.read(start), on_error=self.opts.on_error, counts=self.counts):
-            wav, rate = sample["wav"], int(sample["sample_rate"])
-            pcm16 = sample["pcm16"]
+        for sample in entries.read(start):
+            decoded = self._usable(sample, entries)
+            if decoded is None:
+                continue
+            wav, rate, pcm16 = decoded
             if rate != self.rate:
                 wav, pcm16 = audio.resample_wav(wav, rate, self.rate), False
             samples = wav.reshape(-1).numpy()[:budget - held]
-            if samples.size == 0:
+            if samples.size == 0 or not samples.any():  # a silent cut of a usable file: nothing to draw
                 continue
             segments.append(np.round(samples * 32768.0).astype(np.int16) if pcm16 else samples.copy())
+            self.keys.append(str(sample["key"]))
             held += samples.size
             if held >= budget:
                 break
         if not segments:
-            raise DataError(f"the {self.what} list {self.path}: no entry could be decoded (window from entry "
-                            f"{start + 1}); check the list.")
+            raise DataError(f"the {self.what} list {self.path}: no entry could be used (window from entry "
+                            f"{start + 1}; {self._refused} refused as undecodable, silent or non-finite); check "
+                            f"the list.")
         log.debug("%s pool of epoch %d: %d segments, %.1f s from entry %d of %s", self.what, epoch, len(segments),
                   held / self.rate, start + 1, self.path)
         return segments
 
+    def _usable(self, sample: dict, entries: _Entries) -> tuple[torch.Tensor, int, bool] | None:
+        """``(wav (1, n) float32 mono, sample_rate, pcm16)`` of one entry, or None for a refused one skipped and
+        counted (``<noise|rir>.refused``, ``on_error=skip``). An entry that is not decodable audio, holds NaN or
+        infinity, or is all zeros is refused: noise of no energy cannot reach any SNR, and an all-zero impulse
+        response would silence the utterance (or make it NaN)."""
+        try:
+            wave, rate = stages.decode_audio(sample, "the file")
+            if wave.size and not wave.any():
+                raise DataError("the file: every sample is zero (a silent file)")
+            if wave.size == 0:
+                raise DataError("the file: it holds no samples")
+        except DataError as exc:
+            why = str(exc).rstrip(".")
+            tag = "rir" if self.what == "impulse response" else self.what
+            if self.opts.on_error == "skip":
+                log.warning("the %s list %s: %s: %s; skipped, never applied", self.what, self.path,
+                            entries.where(sample), why)
+                if self.counts is not None:
+                    self.counts[f"{tag}.refused"] += 1
+                self._refused += 1
+                return None
+            raise DataError(f"the {self.what} list {self.path}: {entries.where(sample)}: {why}. Every entry of a "
+                            f"{self.what} list must be a decodable audio file with finite samples, not all zero: "
+                            f"fix or remove that line, or set ++dataset_conf.on_error=skip to skip such entries "
+                            f"(counted as {tag}.refused, never applied).") from None
+        data = sample.get("audio")
+        pcm16 = wave.ndim == 1 and "start" not in sample and "end" not in sample and audio.is_pcm16(data)
+        return torch.from_numpy(np.ascontiguousarray(audio.to_mono(wave), dtype=np.float32))[None], rate, pcm16
 
-def _pick(rng: random.Random, segments: Sequence[np.ndarray]) -> torch.Tensor:
-    return torch.from_numpy(segments[rng.randrange(len(segments))])
+
+def _pick(rng: random.Random, pool: Pool, seed: int, epoch: int) -> tuple[torch.Tensor, str]:
+    """A segment of ``pool``'s window of ``(seed, epoch)`` drawn with ``rng``, and its entry's key."""
+    segments = pool.for_epoch(seed, epoch)
+    i = rng.randrange(len(segments))
+    return torch.from_numpy(segments[i]), pool.keys[i]
+
+
+def _drawn(sample: dict, **values: Any) -> None:
+    sample.setdefault(stages.DRAWS, {}).update(values)
 
 
 def _apply(sample: dict, plan: dict, on_model: bool) -> dict:
@@ -205,7 +258,9 @@ def add_reverb(samples: Iterable[dict], *, rir_list: str | None, prob: float = 0
     for sample in samples:
         rng = draws(seed, epoch, sample["key"], "reverb")
         if rng.random() < prob:
-            sample = _apply(sample, {"rir": _pick(rng, pool.for_epoch(seed, epoch))}, on_model)
+            rir, key = _pick(rng, pool, seed, epoch)
+            _drawn(sample, rir=key)
+            sample = _apply(sample, {"rir": rir}, on_model)
         yield sample
 
 
@@ -227,9 +282,10 @@ def add_noise(samples: Iterable[dict], *, noise_list: str | None, snr_db: Sequen
             which = rng.choices(range(len(choices)), weights)[0] if len(choices) > 1 else 0
             low, high = choices[which][2]
             snr = rng.uniform(low, high)
-            segment = _pick(rng, pools[which].for_epoch(seed, epoch))
+            segment, key = _pick(rng, pools[which], seed, epoch)
             offset = rng.randrange(segment.shape[0])
             noise = mix.looped(segment, offset, sample["wav"].shape[1])
+            _drawn(sample, noise=key, noise_offset=offset, snr_db=snr)
             sample = _apply(sample, {"noise": noise, "snr_db": snr}, on_model)
         yield sample
 
@@ -241,15 +297,38 @@ def volume_perturb(samples: Iterable[dict], *, gain_db: Sequence[float] = (-6.0,
     low, high = gain_db
     for sample in samples:
         gain = draws(seed, epoch, sample["key"], "volume").uniform(low, high)
+        _drawn(sample, gain_db=gain)
         yield _apply(sample, {"gain_db": gain}, on_model)
 
 
-def dump_audio(samples: Iterable[dict], *, dump_audio_dir: str, counts: Counter | None = None) -> Iterator[dict]:
+def dump_audio(samples: Iterable[dict], *, dump_audio_dir: str, epoch: int = 0,
+               counts: Counter | None = None) -> Iterator[dict]:
     """Write each utterance's waveform as it stands (after augmentation, before features) to
-    ``<dump_audio_dir>/<key>.wav`` (:func:`write_dump`)."""
+    ``<dump_audio_dir>/<key>.wav`` (:func:`write_dump`) and what was drawn for it as a line of
+    ``<dump_audio_dir>/draws.jsonl`` (:func:`write_draws`)."""
     for sample in samples:
         write_dump(dump_audio_dir, sample["key"], sample["wav"], int(sample["sample_rate"]))
+        write_draws(dump_audio_dir, sample["key"], epoch, sample.get(stages.DRAWS))
         yield sample
+
+
+DRAWS_FILE = "draws.jsonl"
+
+
+def write_draws(directory: str, key: str, epoch: int, drawn: dict | None) -> None:
+    """Append ``{"key", "epoch", <what was drawn>}`` to ``<directory>/draws.jsonl``: ``speed``, ``rir`` (the impulse
+    response's key), ``noise`` (the noise's key), ``noise_offset`` (samples into it), ``snr_db``, ``gain_db``; a
+    stage that was off or did not fire for the utterance leaves its fields out. One ``write`` of one line with
+    O_APPEND, so the loader's worker processes append whole lines side by side."""
+    import json
+    import os
+
+    line = json.dumps({"key": key, "epoch": epoch, **(drawn or {})}, ensure_ascii=False) + "\n"
+    fd = os.open(os.path.join(directory, DRAWS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode("utf-8"))
+    finally:
+        os.close(fd)
 
 
 def write_dump(directory: str, key: str, wav: torch.Tensor, sample_rate: int) -> None:

@@ -175,20 +175,72 @@ def read_json_object(path: str | os.PathLike, bad: Callable[[str], DataError]) -
 
 
 MAX_LINE_BYTES = 4 * 1024 * 1024  # bytes: one line of a table, jsonl or list; longer is not text (/dev/zero)
+#: bytes: what a compressed text file (a .gz manifest, a Shar cuts file) may inflate to; more is refused as a
+#: decompression bomb (the largest public corpora's cut manifests inflate to a few GiB)
+MAX_INFLATED_BYTES = 16 * 1024 ** 3
 
 
-def bounded_lines(f: IO[bytes], path: str | os.PathLike,
-                  max_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
-    """``(lineno, raw line)`` of a binary file, like ``enumerate(f, 1)``, but a line longer than ``max_bytes``
-    is a DataError instead of an unbounded read (a device, or a binary file given as a table)."""
-    lineno = 0
+def _too_long(path: str | os.PathLike, lineno: int, max_bytes: int) -> DataError:
+    return DataError(f"{path}:{lineno}: the line is longer than {max_bytes} bytes (the per-line bound of text "
+                     f"inputs), so this is not a text table, jsonl or list (a binary file or a device such as "
+                     f"/dev/zero?). Point the option at the right file.")
+
+
+def _too_blank(path: str | os.PathLike, lineno: int, run: int, max_bytes: int) -> DataError:
+    return DataError(f"{path}:{lineno}: {run} bytes of blank lines in a row, more than the per-line bound of "
+                     f"{max_bytes} bytes (blank lines count towards it): this is not a text table, jsonl or list "
+                     f"but padding (a compressed file inflating to blank lines?). Point the option at the right "
+                     f"file, or remove the blank lines.")
+
+
+def _too_big(path: str | os.PathLike, max_total: int) -> DataError:
+    return DataError(f"{path}: inflates to more than {max_total} bytes (the bound on what a compressed text file may "
+                     f"inflate to, blank lines included), so it is refused as a decompression bomb. Point the option "
+                     f"at the right file, or split it.")
+
+
+def bounded_lines(f: IO[bytes], path: str | os.PathLike, max_bytes: int = MAX_LINE_BYTES,
+                  max_total: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """``(lineno, raw line)`` of a binary file, like ``enumerate(f, 1)``, but bounded: a line longer than
+    ``max_bytes``, or blank lines in a row adding up to more (a gzip inflating to a GiB of newlines reads in
+    seconds, not minutes), is a DataError instead of an unbounded read (a device, or a binary file given as a
+    table); ``max_total`` (an inflated stream: :data:`MAX_INFLATED_BYTES`) bounds the bytes of the whole file."""
+    lineno = blank = total = 0
     while raw := f.readline(max_bytes + 1):
         lineno += 1
         if len(raw) > max_bytes:
-            raise DataError(f"{path}:{lineno}: the line is longer than {max_bytes} bytes (the per-line bound of "
-                            f"text inputs), so this is not a text table, jsonl or list (a binary file or a device "
-                            f"such as /dev/zero?). Point the option at the right file.")
+            raise _too_long(path, lineno, max_bytes)
+        total += len(raw)
+        if max_total is not None and total > max_total:
+            raise _too_big(path, max_total)
+        if raw.isspace():
+            blank += len(raw)
+            if blank > max_bytes:
+                raise _too_blank(path, lineno, blank, max_bytes)
+        else:
+            blank = 0
         yield lineno, raw
+
+
+def copy_inflated(src: IO[bytes], dst: IO[bytes], path: str | os.PathLike, *, max_total: int = MAX_INFLATED_BYTES,
+                  max_blank: int = MAX_LINE_BYTES) -> int:
+    """Copy the inflated stream ``src`` of the compressed text file ``path`` into ``dst`` by 1 MiB reads, refusing
+    it (a DataError naming ``path`` and the bound) once it passes ``max_total`` bytes or holds more than
+    ``max_blank`` bytes without a character other than whitespace (blank lines); returns the bytes copied."""
+    total = blank = 0
+    while chunk := src.read(1 << 20):
+        total += len(chunk)
+        if total > max_total:
+            raise _too_big(path, max_total)
+        kept = len(chunk.rstrip())
+        blank = blank + len(chunk) if kept == 0 else len(chunk) - kept
+        if blank > max_blank:
+            raise DataError(f"{path}: more than {max_blank} bytes of blank lines in a row (by inflated byte "
+                            f"{total}), more than the per-line bound of text inputs (blank lines count towards "
+                            f"it): this is not a manifest but padding (a compressed file inflating to blank "
+                            f"lines?). Point the option at the right file, or remove the blank lines.")
+        dst.write(chunk)
+    return total
 
 
 def iter_raw_lines(path: str | os.PathLike, *, what: str = "file") -> Iterator[tuple[int, bytes]]:

@@ -7,13 +7,14 @@ environment variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 run only when the caller passes ``allow_pipe=True``, and never through a shell.
 
 ``http(s)://`` is read with one plain GET streamed front to back (no Range requests, so any server
-works, ``python -m http.server`` included); only header probes (``seekable=True``) use fsspec's
-ranged reads. Every network read is bounded in time: ``storage_options["read_timeout"]`` (seconds,
-default :data:`DEFAULT_READ_TIMEOUT`; the loader sets it from ``dataset_conf.read_timeout``) is the
-longest wait for a connection or for the next byte. A stall past it, a refused connection and an HTTP
-5xx are :class:`RemoteReadError` (transient: the loader retries them); only an HTTP 404/410 says
-"does not exist". A command is bounded by ``storage_options["pipe_timeout"]`` (seconds, default
-:data:`DEFAULT_PIPE_TIMEOUT`; set from ``pipe_timeout`` / ``dataset_conf.pipe_timeout``): past it its
+works, ``python -m http.server`` included); only header probes and random-access readers (``seekable=True``)
+use fsspec's ranged reads, and where the server ignores Range a random-access reader reads the file whole, up
+to :data:`MAX_WHOLE_BYTES` (:func:`read_whole`). Every network read is bounded in time:
+``storage_options["read_timeout"]`` (seconds, default :data:`DEFAULT_READ_TIMEOUT`; the loader sets it from
+``dataset_conf.read_timeout``) is the longest wait for a connection or for the next byte. A stall past it, a
+refused connection and an HTTP 5xx are :class:`RemoteReadError` (transient: the loader retries them); only
+an HTTP 404/410 says "does not exist". A command is bounded by ``storage_options["pipe_timeout"]`` (seconds,
+default :data:`DEFAULT_PIPE_TIMEOUT`; set from ``pipe_timeout`` / ``dataset_conf.pipe_timeout``): past it its
 processes are killed and the entry fails naming the key and the command line. Each process of a command
 runs in a session (and process group) of its own, so what it starts (``sh -c '...'``, a background child)
 is killed with it: at the time limit, when the stream is closed, and when this process exits normally.
@@ -444,6 +445,9 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
             raise RemoteNotFoundError(f"{url} does not exist on the server (or the server did not answer "
                                       f"with it).") from None
         except Exception as exc:
+            why = _unreachable(exc)
+            if why is not None:
+                raise RemoteReadError(_unreachable_message(url, storage_options, why)) from None
             if type(exc).__name__ != "NoCredentialsError":  # botocore's, for s3:// without any credentials
                 raise
             raise DataError(f"{url}: no credentials for the object store. Give them in the storage_options of the "
@@ -460,6 +464,34 @@ def open_url(url: str, *, storage_options: dict | None = None, allow_pipe: bool 
         raise DataError(f"cannot open {url}: {exc.strerror}.") from None
 
 
+#: the exceptions (by type name: botocore, aiohttp and the OS) of an endpoint that cannot be connected to
+_UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionRefusedError",
+                "ClientConnectorDNSError", "gaierror"}
+
+
+def _unreachable(exc: BaseException) -> str | None:
+    """What failed, where ``exc`` (or an exception it was raised from) says the server could not be connected to."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if type(exc).__name__ in _UNREACHABLE:
+            return f"{type(exc).__name__}: {exc}"
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1  # type: ignore[assignment]
+    return None
+
+
+def _unreachable_message(url: str, storage_options: dict | None, why: str) -> str:
+    opts = storage_options or {}
+    endpoint = (opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
+                or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("S3_ENDPOINT_URL"))
+    where = f"the object store at {endpoint}" if url.startswith("s3://") and endpoint else \
+        "AWS S3" if url.startswith("s3://") else "its server"
+    prefix = "dataset_conf.storage_options" if timeout_key(opts).startswith("dataset_conf.") else "storage_options"
+    key = f"{prefix}.endpoint_url or AWS_ENDPOINT_URL" if url.startswith("s3://") else "the URL"
+    return (f"{url}: cannot connect to {where} ({why}). Check {key} and that the server is up and reachable "
+            f"from this machine (the connection wait is {timeout_key(opts)}={read_timeout(opts):g} s), then run "
+            f"the command again.")
+
+
 def open_if_exists(url: str, *, storage_options: dict | None = None) -> IO[bytes] | None:
     """:func:`open_url`, or None where ``url`` names nothing: a local path that is no file, an HTTP 404/410, an
     absent object-store key. Any other failure (no credentials, a stall, a 5xx) raises, so a sidecar that cannot
@@ -474,6 +506,29 @@ def open_if_exists(url: str, *, storage_options: dict | None = None) -> IO[bytes
         if url.startswith(("http://", "https://")):  # fsspec's http says "not found" for a 5xx too
             raise
         return None
+
+
+#: bytes: the most a file on an HTTP server that ignores Range requests is read whole into memory, for a reader that
+#: needs random access (parquet's footer, then its row groups)
+MAX_WHOLE_BYTES = 1 << 30
+
+
+def no_range_support(exc: BaseException) -> bool:
+    """``exc`` is fsspec's answer to an HTTP server that sent the whole file (200) for a ranged read past its start."""
+    return isinstance(exc, ValueError) and "support range requests" in str(exc)
+
+
+def read_whole(url: str, *, storage_options: dict | None = None, max_bytes: int = MAX_WHOLE_BYTES) -> bytes:
+    """The whole of ``url`` (one plain GET, streamed), for a random-access reader whose server ignores Range
+    requests; a file past ``max_bytes`` is a DataError saying so (nothing beyond ``max_bytes + 1`` is read)."""
+    with open_url(url, storage_options=storage_options) as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise DataError(f"{url}: the server does not answer Range requests (it sends the whole file), so this file "
+                        f"would have to be read whole into memory, and it is larger than {max_bytes} bytes, the "
+                        f"bound on such a read. Serve it from a server with Range support (an object store, nginx, "
+                        f"the Hugging Face Hub), or copy it to a local disk.")
+    return data
 
 
 def read_url(url: str, **kwargs: Any) -> bytes:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import shutil
 import tempfile
 import weakref
 from array import array
@@ -49,7 +48,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.storage.files import UTF8_BOM, bounded_lines, parse_json_object
+from corpus_io.storage.files import MAX_INFLATED_BYTES, UTF8_BOM, bounded_lines, copy_inflated, parse_json_object
 from corpus_io.tables import kaldi
 from corpus_io.tables.cuts import _SAME_TIME, Skip, _join_texts, _lhotse_span, _number, _utterance
 from corpus_io.tables.manifest import canonical
@@ -334,10 +333,13 @@ def _plain(path: str, owner: Any = None) -> str:
     fd, tmp = tempfile.mkstemp(prefix="corpus-io-", suffix="-" + os.path.basename(path)[:-3])
     try:
         with os.fdopen(fd, "wb") as out, gzip.open(path, "rb") as src:
-            shutil.copyfileobj(src, out, 1 << 20)
+            copy_inflated(src, out, path)  # bounded: a gzip inflating to a GiB of blank lines is refused early
     except (OSError, EOFError) as exc:
         os.unlink(tmp)
         raise DataError(f"cannot decompress {path}: {exc}. Check the file (a partial download?).") from None
+    except DataError:
+        os.unlink(tmp)
+        raise
     if owner is not None:
         weakref.finalize(owner, _unlink, tmp)
     return tmp
@@ -362,7 +364,7 @@ def _first_object(path: str) -> dict | None:
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rb") as f:
-            for lineno, raw in bounded_lines(f, path):
+            for lineno, raw in bounded_lines(f, path, max_total=MAX_INFLATED_BYTES if path.endswith(".gz") else None):
                 obj = _json_of(raw, f"{path}:{lineno}") if raw.lstrip(UTF8_BOM).lstrip().startswith(b"{") else None
                 if obj is not None:
                     return obj

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.keys import duplicate_hashes, first_repeat, key_hash
 from corpus_io.storage import urls
+
+log = logging.getLogger(__name__)
 
 INLINE = "source_bytes"  # the record field holding the audio bytes of a parquet row
 KIND = "hf-parquet"
@@ -123,7 +126,14 @@ def open_file(url: str, storage_options: dict | None = None) -> Any:
         urls.check_regular_file(urls.local_path(url))
         source = urls.local_path(url)
     try:
-        return pq.ParquetFile(source)
+        try:
+            return pq.ParquetFile(source)
+        except ValueError as exc:  # an HTTP server that ignores Range: the file whole, up to a bound
+            if not urls.no_range_support(exc):
+                raise
+            log.warning("%s: the server does not answer Range requests; reading the file whole (at most %d bytes)",
+                        url, urls.MAX_WHOLE_BYTES)
+            return pq.ParquetFile(pa.BufferReader(urls.read_whole(url, storage_options=storage_options)))
     except FileNotFoundError:
         raise DataError(f"{url} does not exist. Check the path.") from None
     except (pa.ArrowException, OSError) as exc:
@@ -254,7 +264,9 @@ def _audio_of(value: Any, where: str) -> tuple[bytes | None, str | None]:
         rate = value.get("sampling_rate")
         if not isinstance(rate, int) or rate <= 0:
             raise DataError(f"{where}: the audio has samples but sampling_rate is {rate!r}.")
-        return audio.encode(np.asarray(samples, dtype=np.float32), rate, "wav"), path
+        wave = np.asarray(samples, dtype=np.float32)
+        audio.non_finite(wave, where)
+        return audio.encode(wave, rate, "wav"), path
     return None, path
 
 
@@ -371,7 +383,7 @@ class ParquetFileReader:
                             f"listed. Run the command again.")
         if self._cached[0] != g:
             self._cached = (g, _audio_cells(self._group(g, True, only_audio=True).column(self.cols.audio)))
-        data, path = self._cached[1](index - first, f"{self.url} row {index}")
+        data, path = self._cached[1](index - first, "its audio cell")  # the caller names the row and key
         if data is None and path:  # not embedded: the file it names
             data = audio.read_source_bytes(path)
         if data is None:
@@ -500,7 +512,8 @@ def _sample(row: Row, url: str, entry: str, pos: int) -> dict:
     ext = audio.sniff_audio_format(data)
     if ext is None:
         raise DataError(f"{where}: key '{row.key}': its audio bytes are not a known audio format (wav, flac, ogg, "
-                        f"opus, mp3). Fix the row, or set dataset_conf.on_error=skip.")
+                        f"opus, mp3). Fix or drop the row (pack-shards on_error=skip drops and counts such rows), "
+                        f"or, if another column holds the audio, name it: {_NAME_IT}columns.audio=<column>.")
     meta = {"key": row.key, **row.fields}
     return {"key": row.key, "audio": data, "audio_format": ext, "txt": str(row.text), "meta": meta,
             "__url__": entry, "__pos__": pos}

@@ -109,13 +109,14 @@ def shar_shards(path: str, storage_options: dict | None = None, *, names: list[s
 
 def _cut_lines(cuts_url: str, storage_options: dict | None, allow_pipe: bool = False) -> Iterator[tuple[int, dict]]:
     """``(line number, cut)`` of a cuts file (gzip or plain jsonl), streamed."""
-    from corpus_io.storage.files import bounded_lines, parse_json_object
+    from corpus_io.storage.files import MAX_INFLATED_BYTES, bounded_lines, parse_json_object
 
     f = urls.open_url(cuts_url, storage_options=storage_options, allow_pipe=allow_pipe)
     try:
-        gz = gzip.GzipFile(fileobj=f, mode="rb") if cuts_url.split("?", 1)[0].endswith(".gz") else f
+        zipped = cuts_url.split("?", 1)[0].endswith(".gz")
+        gz = gzip.GzipFile(fileobj=f, mode="rb") if zipped else f
         try:
-            for lineno, raw in bounded_lines(gz, cuts_url):
+            for lineno, raw in bounded_lines(gz, cuts_url, max_total=MAX_INFLATED_BYTES if zipped else None):
                 if raw.strip():
                     yield lineno, parse_json_object(raw, f"{cuts_url}:{lineno}",
                                                     "A Shar cuts file holds one Lhotse cut per line.")
@@ -139,6 +140,7 @@ def _tar_pairs(tar_url: str, storage_options: dict | None, max_member_bytes: int
             pending: tuple[str, bytes | None] | None = None
             for info in tar:
                 if not info.isfile():
+                    _refuse_special(tar_url, info, last)
                     continue
                 if info.size > max_member_bytes:
                     raise DataError(f"{tar_url}: member '{info.name}' is {info.size} bytes, over the cap "
@@ -163,6 +165,22 @@ def _tar_pairs(tar_url: str, storage_options: dict | None, max_member_bytes: int
         raise DataError(f"{tar_url}: truncated tar: it ends inside the member after '{last}'. {_FIX}") from None
     finally:
         f.close()
+
+
+_KINDS = {tarfile.SYMTYPE: "a symbolic link", tarfile.LNKTYPE: "a hard link", tarfile.CHRTYPE: "a character device",
+          tarfile.BLKTYPE: "a block device", tarfile.FIFOTYPE: "a FIFO"}
+
+
+def _refuse_special(tar_url: str, info: tarfile.TarInfo, last: str) -> None:
+    """A member that is not a regular file (a directory is passed over): a DataError naming it and what it is.
+    Lhotse writes regular files only; a link's data is not in the tar, so the cut paired with it has no audio."""
+    if info.isdir():
+        return
+    kind = _KINDS.get(info.type, f"a member of tar type {info.type!r}")
+    target = f" to '{info.linkname}'" if info.issym() or info.islnk() else ""
+    raise DataError(f"{tar_url}: member '{info.name}' (after '{last}') is {kind}{target}, not a regular file: a Shar "
+                    f"tar holds each cut's data and its .json as regular files, and a link's data is not in the tar. "
+                    f"Write the Shar again with the file itself in place of the link (Lhotse's to_shar does).")
 
 
 def _stem(member: str) -> str:
@@ -328,13 +346,11 @@ def shar_input_shards(path: str, names: list[str] | None = None) -> list[str] | 
 
 def _holds_shar_cuts(cuts: str) -> bool:
     """Whether the first cut of ``cuts`` has its audio in a Shar tar (a ``shar`` source): a CutSet that is merely
-    named ``cuts.jsonl.gz`` (as Lhotse recipes name them) is read as a CutSet."""
-    try:
-        for _, obj in _cut_lines(cuts, None):
-            sources = (obj.get("recording") or {}).get("sources") or [{}]
-            return sources[0].get("type") == "shar"
-    except DataError:
-        return False
+    named ``cuts.jsonl.gz`` (as Lhotse recipes name them) is read as a CutSet. A cuts file that cannot be read
+    (damaged gzip, a line past the bounds, not JSON) is a DataError naming it: its name says it is meant as one."""
+    for _, obj in _cut_lines(cuts, None):
+        sources = (obj.get("recording") or {}).get("sources") or [{}]
+        return sources[0].get("type") == "shar"
     return False
 
 
@@ -346,7 +362,12 @@ def _member_names(tar: str, cuts: str) -> list[str]:
     last = "(none: the first member)"
     try:
         with tarfile.open(tar, "r:") as t:
-            members = [m for m in t if m.isfile()]
+            members = []
+            for m in t:
+                if not m.isfile():
+                    _refuse_special(tar, m, members[-1].name if members else last)
+                    continue
+                members.append(m)
     except (tarfile.TarError, EOFError) as exc:
         raise DataError(f"{tar}: truncated or damaged tar ({exc}). {_FIX}") from None
     size = os.path.getsize(tar)

@@ -59,6 +59,26 @@ def test_corrupt_member_names_key_and_url_or_is_counted_when_skipping():
     assert counts == {"decode.error": 1}
 
 
+@pytest.mark.parametrize("segment", [False, True])
+def test_a_float_wav_holding_nan_or_inf_is_a_decode_error_naming_key_and_url_not_clicks(segment):
+    wave = np.full(1600, 0.1, dtype=np.float32)
+    wave[900], wave[1000] = np.nan, -np.inf
+    buf = io.BytesIO()
+    sf.write(buf, wave, 16000, format="WAV", subtype="FLOAT")
+    bad = {"key": "k9", "audio": buf.getvalue(), "audio_format": "wav", "__url__": "shard-000007.tar"}
+    if segment:  # a raw list's segment: the samples it cuts are checked
+        bad.update(start=0.05, end=0.09)
+    with pytest.raises(DataError) as err:
+        list(stages.decode([dict(bad)]))
+    assert str(err.value).startswith("utterance 'k9' of shard-000007.tar: wav member: the audio holds 2 non-finite "
+                                     f"samples (NaN or infinity), the first at sample {100 if segment else 900}")
+    counts: Counter = Counter()
+    assert list(stages.decode([dict(bad)], on_error="skip", counts=counts)) == []
+    assert counts == {"decode.error": 1}
+    bad.update(start=0.0, end=0.05)  # a segment before the bad samples decodes
+    assert list(stages.decode([dict(bad)]))[0]["wav"].shape == (1, 800)
+
+
 def test_length_and_token_filters_count_drops_by_reason():
     def s(frames: int, tokens: int) -> dict:
         return {"key": f"{frames}-{tokens}", "feats": torch.zeros(frames, 2), "tokens": [3] * tokens}

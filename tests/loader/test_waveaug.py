@@ -115,11 +115,13 @@ def test_the_same_seed_and_epoch_dump_identical_bytes_and_another_epoch_other_dr
     dump(data, tmp_path / "a", **conf)
     dump(data, tmp_path / "b", num_workers=2, **conf)  # other workers, other batches: the same draws
     dump(data, tmp_path / "e1", epoch=1, **conf)
-    names = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert names and names == sorted(p.name for p in (tmp_path / "b").iterdir())
+    names = sorted(p.name for p in (tmp_path / "a").glob("*.wav"))
+    assert names and names == sorted(p.name for p in (tmp_path / "b").glob("*.wav"))
     assert all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes() for n in names)
     differ = [n for n in names if (tmp_path / "a" / n).read_bytes() != (tmp_path / "e1" / n).read_bytes()]
     assert len(differ) == len(names)
+    draws = {d: sorted((tmp_path / d / "draws.jsonl").read_text().splitlines()) for d in ("a", "b", "e1")}
+    assert draws["a"] == draws["b"] != draws["e1"]  # the workers append in their own order
 
 
 def test_an_interrupted_epoch_resumed_on_another_world_size_reproduces_the_rest_speed_perturbed_too(data,
@@ -262,3 +264,105 @@ def test_noise_shards_over_http_are_each_read_once_per_pass_from_their_start_and
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --------------------------------------------------------------------------- refused noise and impulse responses
+
+
+def _bad_files(root: Path) -> dict[str, Path]:
+    """An all-zero 16-bit WAV, a float WAV of NaN and infinities, and a text file named .wav."""
+    root.mkdir(parents=True, exist_ok=True)
+    sf.write(root / "zero.wav", np.zeros(8000, dtype=np.float32), 16000, subtype="PCM_16")
+    nan = np.full(8000, 0.1, dtype=np.float32)
+    nan[100], nan[200] = np.nan, np.inf
+    sf.write(root / "nan.wav", nan, 16000, subtype="FLOAT")
+    (root / "notes.wav").write_text("these are my notes, not audio\n")
+    return {"zero": root / "zero.wav", "nan": root / "nan.wav", "text": root / "notes.wav"}
+
+
+@pytest.mark.parametrize("what", ["noise", "impulse response"])
+@pytest.mark.parametrize("bad, why", [("zero", "every sample is zero"), ("nan", "2 non-finite samples (NaN or "
+                                                                                "infinity), the first at sample 100"),
+                                      ("text", "cannot decode audio (Format not recognised")])
+def test_a_silent_non_finite_or_non_audio_entry_is_refused_at_load_naming_its_list_line_and_file(data, tmp_path, what,
+                                                                                                 bad, why):
+    from corpus_io.errors import DataError
+
+    files = _bad_files(tmp_path / "files")
+    lst = tmp_path / "pool.scp"
+    lst.write_text(f"good {data['root'] / 'white.wav'}\nbad {files[bad]}\n")
+    before = {p: p.read_bytes() for p in [lst, *files.values()]}
+    pool = Pool(str(lst), seconds=10.0, sample_rate=16000, opts=ReadOptions(storage_options={}), what=what)
+    with pytest.raises(DataError) as err:
+        for epoch in range(4):  # the window starts at either line: the bad one is met in the first pool or so
+            pool.for_epoch(0, epoch)
+    text = str(err.value)
+    assert text.startswith(f"the {what} list {lst}: {lst}:2: key 'bad' ({files[bad]}): the file: ")
+    assert why in text and "++dataset_conf.on_error=skip" in text
+    assert "BytesIO" not in text and "Re-pack" not in text and "utterance" not in text
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_with_skip_a_refused_noise_or_impulse_response_is_counted_and_never_applied(data, tmp_path):
+    from collections import Counter
+
+    files = _bad_files(tmp_path / "files")
+    good = sf.read(data["root"] / "white.wav", dtype="float32")[0]
+    for what, tag in (("noise", "noise"), ("impulse response", "rir")):
+        lst = tmp_path / f"{tag}.scp"
+        lines = [f"{name} {path}\n" for name, path in files.items()]
+        lst.write_text("".join(lines) + f"good {data['root'] / 'white.wav'}\n")
+        counts: Counter = Counter()
+        pool = Pool(str(lst), seconds=10.0, sample_rate=16000, opts=ReadOptions(storage_options={}, on_error="skip"),
+                    what=what, counts=counts)
+        segments = pool.for_epoch(0, 0)
+        assert counts == Counter({f"{tag}.refused": 3})  # each bad line once (the window wraps round once)
+        assert len(segments) == 1 and np.array_equal(segments[0].astype(np.float32) / 32768, good)
+
+
+def test_bench_loader_with_a_noise_list_of_text_files_names_the_noise_list_and_its_first_bad_line(data, tmp_path):
+    from tests.conftest import assert_user_error, run_cli
+    from tests.loader_data import token_list
+
+    (tmp_path / "a.txt").write_text("not audio\n")
+    (tmp_path / "b.txt").write_text("not audio either\n")
+    lst = tmp_path / "noise.scp"
+    lst.write_text(f"a {tmp_path / 'a.txt'}\nb {tmp_path / 'b.txt'}\n")
+    result = run_cli("corpus-io", "bench-loader", f"++data_list={data['speech']}",
+                     f"++tokenizer.token_list={token_list(tmp_path).token_list}", "++dataset_conf.add_noise=true",
+                     f"++dataset_conf.add_noise_conf.noise_list={lst}", "++dataset_conf.num_workers=0",
+                     env={"OMP_NUM_THREADS": "1"})
+    assert_user_error(result, f"the noise list {lst}: {lst}:", "cannot decode audio (Format not recognised",
+                      "++dataset_conf.on_error=skip")
+    assert "BytesIO" not in result.stderr and "Re-pack" not in result.stderr
+
+
+def test_bench_loader_dump_audio_dir_writes_each_utterances_draws_the_same_from_both_paths(data, tmp_path):
+    import json
+
+    from corpus_io.config import BenchLoaderConfig
+    from corpus_io.loader.dataset import bench_loader
+
+    rir_keys = [line.split()[0] for line in Path(data["rir"]).read_text().splitlines()]
+    drawn = {}
+    for feats_on in ("loader", "model"):
+        out = tmp_path / feats_on
+        cfg = BenchLoaderConfig(data_list=data["speech"], dump_audio_dir=str(out))
+        cfg.dataset_conf = small_conf(num_workers=0, feats_on=feats_on, add_noise=True, add_reverb=True,
+                                      volume_perturb=True, speed_perturb=True)
+        cfg.dataset_conf.add_noise_conf.noise_list = data["white"]
+        cfg.dataset_conf.add_noise_conf.snr_db = [5.0, 10.0]
+        cfg.dataset_conf.add_reverb_conf.prob = 1.0
+        cfg.dataset_conf.add_reverb_conf.rir_list = data["rir"]
+        (out / "draws.jsonl").parent.mkdir(parents=True)
+        (out / "draws.jsonl").write_text('{"key": "from an earlier run"}\n')  # a fresh run starts the file anew
+        bench_loader(cfg)
+        lines = [json.loads(line) for line in (out / "draws.jsonl").read_text().splitlines()]
+        assert sorted(d["key"] for d in lines) == sorted(data["keys"]) == sorted(p.stem for p in out.glob("*.wav"))
+        drawn[feats_on] = {d["key"]: d for d in lines}
+    assert drawn["model"] == drawn["loader"]  # the same draws whichever path applies them
+    white = sf.info(data["root"] / "white.wav").frames
+    for d in drawn["loader"].values():
+        assert d["epoch"] == 0 and d["speed"] in (0.9, 1.0, 1.1) and d["rir"] in rir_keys
+        assert d["noise"] == "white" and 0 <= d["noise_offset"] < white and 5.0 <= d["snr_db"] <= 10.0
+        assert -6.0 <= d["gain_db"] <= 6.0

@@ -102,6 +102,31 @@ def test_decoded_array_audio_is_encoded_and_null_path_keys_come_from_the_file_an
     assert rate == 16000 and np.abs(back - wave).max() < 1e-4  # 16-bit WAV
 
 
+def test_array_audio_holding_inf_is_refused_naming_file_row_and_key_or_skipped_and_counted(tmp_path):
+    import numpy as np
+
+    from tests.conftest import assert_user_error, run_cli
+
+    cells = []
+    for i in range(3):
+        wave = (np.sin(np.arange(8000) / 10) * 0.3).astype(np.float32)
+        if i == 1:
+            wave[7] = np.inf
+        cells.append({"array": wave.tolist(), "sampling_rate": 16000})
+    src = tmp_path / "arrays.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "audio": cells, "text": ["x", "y", "z"]}), src)
+    before = src.read_bytes()
+    result = run_cli("corpus-io", "pack-shards", f"++input={src}", f"++output_dir={tmp_path / 'o1'}")
+    assert_user_error(result, f"{src} row 1: key 'b': its audio cell: the audio holds 1 non-finite samples (NaN or "
+                              "infinity), the first at sample 7", "++on_error=skip")
+    result = run_cli("corpus-io", "pack-shards", f"++input={src}", f"++output_dir={tmp_path / 'o2'}",
+                     "++on_error=skip")
+    assert result.returncode == 0, result.stderr
+    assert "skipped 1 (unreadable audio: 1)" in result.stdout + result.stderr
+    keys = [s["key"] for t in sorted((tmp_path / "o2").glob("*.tar")) for s in read_shard(str(t))]
+    assert keys == ["a", "c"] and src.read_bytes() == before
+
+
 def test_a_directory_of_several_splits_is_refused_with_the_glob_of_one(hf, tmp_path):
     data, _ = hf
     both = tmp_path / "both" / "data"
@@ -265,6 +290,49 @@ def test_a_parquet_file_over_http_is_read_by_ranges_not_whole(hf, http_dir):
     assert keys_read < src.stat().st_size / 4  # keys and texts only: the audio column is not fetched
     assert [(r["key"], r["source_bytes"], r["target"]) for r in inp.records()] == \
         [(k, b, t) for k, (b, t) in list(utts.items())[:20]]
+
+
+@pytest.fixture
+def plain_http_dir(tmp_path):
+    """A directory served by ``python -m http.server``'s handler: no Range support (every GET answers 200 whole)."""
+
+    class Plain(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Plain, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield tmp_path, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_parquet_file_on_a_server_without_range_support_is_read_whole_or_past_the_bound_refused(hf, plain_http_dir,
+                                                                                                  tmp_path):
+    from corpus_io.storage import urls
+    from tests.conftest import run_cli
+
+    data, utts = hf
+    root, base = plain_http_dir
+    src = sorted(data.glob("*.parquet"))[0]
+    shutil.copy(src, root / "a.parquet")
+    url = f"{base}/a.parquet"
+    assert [(r["key"], r["source_bytes"], r["target"]) for r in iter_records(url)] == \
+        [(k, b, t) for k, (b, t) in list(utts.items())[:20]]  # was fsspec's ValueError traceback
+    assert [s["key"] for s in parquet.read_samples(url)] == list(utts)[:20]  # the loader's reader
+    result = run_cli("corpus-io", "pack-shards", f"++input={url}", f"++output_dir={tmp_path / 'out'}")
+    assert result.returncode == 0, result.stderr
+    assert "does not answer Range requests; reading the file whole" in result.stderr
+    packed = {s["key"]: s["audio"] for t in sorted((tmp_path / "out").glob("*.tar")) for s in read_shard(str(t))}
+    assert packed == {k: b for k, (b, _) in list(utts.items())[:20]}
+    with pytest.raises(DataError) as err:
+        urls.read_whole(url, max_bytes=1000)
+    assert str(err.value).startswith(f"{url}: the server does not answer Range requests (it sends the whole file), "
+                                     f"so this file would have to be read whole into memory, and it is larger than "
+                                     f"1000 bytes")
+    assert (root / "a.parquet").read_bytes() == src.read_bytes()
 
 
 def test_stats_and_the_api_read_parquet_as_an_input_and_as_a_listed_shard(hf, tmp_path):

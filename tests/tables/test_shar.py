@@ -242,3 +242,80 @@ def _rates(shar_dir: Path) -> list[int]:
     from lhotse import CutSet
 
     return [c.sampling_rate for c in CutSet.from_shar(in_dir=str(shar_dir))]
+
+
+# --------------------------------------------------------------------------- hostile cuts files and tars
+
+
+def _gzip_of_blank_lines(gib: int = 1) -> bytes:
+    """A gzip that inflates to ``gib`` GiB of newlines (a run of identical 1 MiB gzip members: ~1 MB on disk)."""
+    return gzip.compress(b"\n" * (1 << 20), mtime=0) * (1024 * gib)
+
+
+@pytest.mark.parametrize("shape", ["shar dir", "lhotse cuts file"])
+def test_a_gzip_cuts_file_inflating_to_a_gib_of_blank_lines_is_refused_in_seconds_naming_the_file_and_bound(
+        broken, tmp_path, shape):
+    import time
+
+    from tests.conftest import assert_user_error, load_scale, run_cli
+
+    cuts = broken / "cuts.000000.jsonl.gz"
+    cuts.write_bytes(_gzip_of_blank_lines() + cuts.read_bytes())  # the real cuts after the padding
+    if shape == "lhotse cuts file":
+        cuts = cuts.rename(tmp_path / "train_cuts.jsonl.gz")
+    before = cuts.read_bytes()
+    started = time.monotonic()
+    result = run_cli("corpus-io", "pack-shards", f"++input={broken if shape == 'shar dir' else cuts}",
+                     f"++output_dir={tmp_path / 'out'}", timeout=120)
+    elapsed = time.monotonic() - started
+    assert_user_error(result, f"{cuts}", "bytes of blank lines in a row", "the per-line bound of 4194304 bytes")
+    assert elapsed < 10 * load_scale(), elapsed  # the issue's bound; reading it all took 13 minutes
+    assert cuts.read_bytes() == before and not (tmp_path / "out").exists()
+
+
+def test_an_inflated_cuts_file_past_the_per_file_bound_is_refused_naming_it_and_the_bound(lhotse_shar, tmp_path):
+    from corpus_io.storage.files import bounded_lines, copy_inflated
+
+    cuts = _cuts(lhotse_shar["dir"])[0]
+    inflated = len(gzip.decompress(Path(cuts).read_bytes()))
+    with gzip.open(cuts, "rb") as f, pytest.raises(DataError) as err:
+        list(bounded_lines(f, cuts, max_total=inflated - 1))
+    assert str(err.value).startswith(f"{cuts}: inflates to more than {inflated - 1} bytes (the bound on what a "
+                                     f"compressed text file may inflate to")
+    with gzip.open(cuts, "rb") as f, pytest.raises(DataError, match=rf"inflates to more than {inflated - 1} bytes"):
+        copy_inflated(f, io.BytesIO(), cuts, max_total=inflated - 1)
+    with gzip.open(cuts, "rb") as f:  # at the bound: read whole
+        assert sum(len(raw) for _, raw in bounded_lines(f, cuts, max_total=inflated)) == inflated
+
+
+def test_a_shar_whose_cuts_file_is_one_huge_line_names_the_file_and_the_line_bound(broken, tmp_path):
+    from tests.conftest import assert_user_error, run_cli
+
+    cuts = broken / "cuts.000000.jsonl.gz"
+    cuts.write_bytes(gzip.compress(b'{"id": "x", "pad": "' + b"a" * (5 << 20) + b'"}\n', mtime=0))
+    result = run_cli("corpus-io", "pack-shards", f"++input={broken}", f"++output_dir={tmp_path / 'out'}")
+    assert_user_error(result, f"{cuts}:1: the line is longer than 4194304 bytes")
+    assert "neither a Kaldi data dir" not in result.stderr  # the old message: the Shar was not even recognised
+    with pytest.raises(DataError, match=rf"{cuts}:1: the line is longer than 4194304 bytes"):
+        list(shar.read_shar_shard(str(cuts)))
+
+
+def test_a_shar_tar_with_a_symlink_member_names_the_member_and_that_it_is_a_link(broken, tmp_path):
+    from tests.conftest import assert_user_error, run_cli
+
+    tar = broken / "recording.000001.tar"
+
+    def linked(members):
+        info = tarfile.TarInfo(members[2][0].name)
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        return members[:2] + [(info, b"")] + members[3:]
+
+    _rewrite_tar(tar, linked)
+    member = linked([(m, b"") for m in tarfile.open(tar).getmembers()])[2][0].name
+    before = tar.read_bytes()
+    message = f"member '{member}' (after '"
+    result = run_cli("corpus-io", "pack-shards", f"++input={broken}", f"++output_dir={tmp_path / 'out'}")
+    assert_user_error(result, f"{tar}: {message}", "is a symbolic link to '/etc/passwd', not a regular file")
+    with pytest.raises(DataError, match=r"is a symbolic link to '/etc/passwd', not a regular file"):
+        list(shar.read_shar_shard(str(broken / "cuts.000001.jsonl.gz")))
+    assert tar.read_bytes() == before
