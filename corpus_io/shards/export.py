@@ -1,5 +1,6 @@
 """``corpus-io export ++format=hf-parquet|lhotse-shar ++input=<any input> ++output_dir=DIR``: any input of
-:mod:`corpus_io.tables.inputs` written in another toolkit's format.
+:mod:`corpus_io.tables.inputs`, or packed shards (a shard data.list, local or at a URL, a shard directory, a WeNet
+``.tar.gz`` list: :mod:`corpus_io.shards.listed`), written in another toolkit's format.
 
 The input's utterances, in input order, are cut into groups of ``num_utts_per_file`` by their position (a row or
 line that is skipped leaves its group one smaller), and each group is handed to the format's writer
@@ -28,6 +29,7 @@ there (nothing else to write: the files are the output).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -48,6 +50,7 @@ from corpus_io.jobs.parts import (
     whole,
     write_part,
 )
+from corpus_io.shards.listed import ShardInput, is_shard_input, piece_records
 from corpus_io.shards.pack import FORMAT_VERSION, PackOptions, _audio_members
 from corpus_io.storage.files import (
     atomic_write,
@@ -79,6 +82,7 @@ class GroupTask:
     format: str
     split: str
     options: PackOptions
+    pieces: list | None = None  # packed shards: the pieces the worker reads (corpus_io.shards.listed), no records
 
 
 def _writer(name: str) -> Callable[..., list[str]]:
@@ -93,10 +97,12 @@ def _stat_path(output_dir: str, index: int) -> Path:
 
 
 def _digest(task: GroupTask) -> str:
+    if task.pieces is not None:  # a group of packed shards: their pieces and each shard's identity
+        held = [[p.url, p.first, p.count, p.num_utts, list(p.identity)] for p in task.pieces]
+    else:
+        held = [{k: len(v) if k == INLINE else v for k, v in r.items() if k != "where"} for r in task.records]
     return inputs_digest(["export", FORMAT_VERSION, task.format, task.split, task.num_files, task.index,
-                          task.options.digest_part(),
-                          [{k: len(v) if k == INLINE else v for k, v in r.items() if k != "where"}
-                           for r in task.records]])
+                          task.options.digest_part(), held])
 
 
 def _completed(task: GroupTask, digest: str) -> dict | None:
@@ -117,6 +123,9 @@ def _completed(task: GroupTask, digest: str) -> dict | None:
 
 def item_of(record: dict, opts: PackOptions) -> dict:
     """The writer's item of one record (see the module docstring); a DataError for audio that cannot be read."""
+    if INLINE in record and record[INLINE] is None:
+        raise DataError("the sample has no audio member (a features shard, packed with ++feats=true?); export "
+                        "writes audio")
     ext, data, info = _audio_members(record, opts)
     if record.get("target") is None:
         raise DataError("no transcript ('target' / 'txt' field or a line in text)")
@@ -135,8 +144,8 @@ def export_group(task: GroupTask) -> dict:
     done = _completed(task, digest)
     if done is not None:
         return dict(done, resumed=True)
-    items, skipped = [], {}
-    for record in task.records:
+    items, skipped = [], Counter()
+    for record in _records(task, skipped):
         try:
             items.append(item_of(record, task.options))
         except DataError as exc:
@@ -145,17 +154,38 @@ def export_group(task: GroupTask) -> dict:
                                 f"the input, or pass ++on_error=skip to drop such utterances (they are "
                                 f"counted).") from None
             reason = "missing transcript" if "transcript" in str(exc) else "unreadable audio"
-            skipped[reason] = skipped.get(reason, 0) + 1
+            skipped[reason] += 1
     names = _writer(task.format)(items, task.output_dir, task.index, task.num_files, split=task.split) if items \
         else []
     files = [output_entry(Path(task.output_dir) / n, task.output_dir) for n in names]
     stat = {"digest": digest, "files": files, "kept": len(items), "seconds": sum(i["duration"] for i in items),
-            "skipped": skipped, "keys": [i["key"] for i in items]}
+            "skipped": dict(skipped), "keys": [i["key"] for i in items]}
     with atomic_write(_stat_path(task.output_dir, task.index)) as f:
         import json
 
         f.write(json.dumps(stat, sort_keys=True) + "\n")
     return dict(stat, resumed=False)
+
+
+def _records(task: GroupTask, skipped: Counter) -> Iterator[dict]:
+    """The group's records: held by the task, or read from its pieces of packed shards."""
+    if task.pieces is None:
+        yield from task.records
+        return
+    opts = task.options
+    storage = {k: v for k, v in opts.storage_options.items() if k != "pipe_timeout"}
+    for piece in task.pieces:
+        yield from piece_records(piece, skipped, storage_options=storage, allow_pipe=opts.allow_pipe,
+                                 on_error=opts.on_error)
+
+
+def _shard_groups(inp: ShardInput, cfg: Any, lo: int, hi: int, output_dir: str, num_files: int, total: int,
+                  opts: PackOptions) -> Iterator[GroupTask]:
+    """The tasks of groups ``lo..hi-1`` of packed shards: each names its pieces, read by the worker."""
+    per = cfg.num_utts_per_file
+    for group in range(lo, hi):
+        yield GroupTask(group, [], output_dir, num_files, cfg.format, cfg.split, opts,
+                        pieces=inp.pieces(group * per, min((group + 1) * per, total)))
 
 
 def _groups(inp: Any, cfg: Any, lo: int, hi: int, output_dir: str, num_files: int, opts: PackOptions,
@@ -191,8 +221,11 @@ def export(cfg: Any) -> Summary:
     job = job_of(cfg)
     opts = PackOptions(cfg.audio_format, cfg.resample, False, cfg.on_error, cfg.allow_pipe,
                        {**(cfg.storage_options or {}), "pipe_timeout": float(cfg.pipe_timeout)})
-    inp = open_input(cfg.input, columns=dict(cfg.columns or {}), storage_options=cfg.storage_options,
-                     inline=False)  # a parquet row's audio is read by the worker that writes it
+    if is_shard_input(str(cfg.input)):
+        inp: Any = ShardInput(str(cfg.input), cfg.storage_options)
+    else:
+        inp = open_input(cfg.input, columns=dict(cfg.columns or {}), storage_options=cfg.storage_options,
+                         inline=False)  # a parquet row's audio is read by the worker that writes it
     total = inp.scan(check_keys=True)
     if total == 0:
         raise DataError(f"{inp.describe} holds no utterances, so there is nothing to export (nothing was written). "
@@ -202,7 +235,8 @@ def export(cfg: Any) -> Summary:
     lo, hi = job.span(num_files)
     place = Place(out_dir, "export", True)
     fp = fingerprint(["export", FORMAT_VERSION, cfg.format, cfg.split, cfg.num_utts_per_file, opts.digest_part(),
-                      cfg.on_error, dict(cfg.columns or {}), files_digest(getattr(inp, "files", []))])
+                      cfg.on_error, dict(cfg.columns or {}),
+                      inp.identity() if isinstance(inp, ShardInput) else files_digest(getattr(inp, "files", []))])
     if not job.single or place.records():
         done = begin(place, job, fp)
         if done is not None:
@@ -210,7 +244,8 @@ def export(cfg: Any) -> Summary:
             summary.print(f"export {job} (already complete)")
             return summary
     summary = Summary(what="utterances")
-    tasks = _groups(inp, cfg, lo, hi, out_dir, num_files, opts, summary)
+    tasks = _shard_groups(inp, cfg, lo, hi, out_dir, num_files, total, opts) if isinstance(inp, ShardInput) \
+        else _groups(inp, cfg, lo, hi, out_dir, num_files, opts, summary)
     workers = max(1, min(resolve_num_workers(cfg.num_workers), hi - lo))
     outputs, keys, resumed = [], [], 0
     for stat in parallel_imap(export_group, tasks, num_workers=workers, chunksize=1):
