@@ -262,3 +262,20 @@ def test_a_key_two_listed_shards_hold_is_refused_before_anything_is_written(tmp_
     result = run_cli("corpus-io", "export", f"++input={merged}", f"++output_dir={tmp_path / 'o'}", "++num_workers=1")
     assert_user_error(result, "is held twice", "Nothing was written")
     assert not (tmp_path / "o").exists()
+
+
+def test_every_key_export_shares_with_pack_shards_has_its_default_range_and_choices():
+    import dataclasses
+
+    from corpus_io.config import PackShardsConfig
+
+    def spec(schema, name):
+        f = {f.name: f for f in dataclasses.fields(schema)}[name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        return default, f.metadata["range"], f.metadata["choices"], f.metadata["unit"]
+
+    shared = {"num_utts_per_file": "num_utts_per_shard", **{k: k for k in (
+        "audio_format", "resample", "columns", "num_workers", "on_error", "allow_pipe", "pipe_timeout",
+        "storage_options", "num_jobs", "job_index", "executor", "executor_address")}}
+    for mine, theirs in shared.items():
+        assert spec(ExportConfig, mine) == spec(PackShardsConfig, theirs), mine
