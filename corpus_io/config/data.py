@@ -153,6 +153,8 @@ class ExportConfig:
     resample: Optional[int] = resample_opt()
     columns: Dict[str, str] = columns_opt()
     num_workers: int = writers_opt("writing")
+    replace: bool = opt(False, "an output_dir whose split holds another input's export (or this input's with other "
+                               "options): false refuses it; true removes that export's files first, then writes")
     on_error: str = on_error_opt(INPUT_ERRORS_HELP)
     allow_pipe: bool = allow_pipe_opt(WAV_SCP_PIPE_HELP)
     pipe_timeout: float = pipe_timeout_opt()

@@ -23,7 +23,8 @@ def hf(tmp_path_factory):
 def _cfg(input_, out, **kw) -> ExportConfig:
     kw.setdefault("num_workers", 1)
     kw.setdefault("num_utts_per_file", 16)
-    return ExportConfig(format="hf-parquet", input=str(input_), output_dir=str(out), **kw)
+    kw.setdefault("format", "hf-parquet")
+    return ExportConfig(input=str(input_), output_dir=str(out), **kw)
 
 
 def _tree(out: Path) -> dict[str, bytes]:
@@ -279,3 +280,70 @@ def test_every_key_export_shares_with_pack_shards_has_its_default_range_and_choi
         "storage_options", "num_jobs", "job_index", "executor", "executor_address")}}
     for mine, theirs in shared.items():
         assert spec(ExportConfig, mine) == spec(PackShardsConfig, theirs), mine
+
+
+# --------------------------------------------------------------------------- never mixed, never overwritten (issue 41)
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_an_output_that_is_the_input_inside_it_or_holding_it_is_refused_before_anything_is_written(hf, tmp_path):
+    import shutil
+
+    data, _ = hf
+    export(_cfg(data, tmp_path / "hf"))  # hf/data/train-*.parquet
+    export(_cfg(data, tmp_path / "shar", format="lhotse-shar", split="dev"))  # shar/dev/
+    shutil.copytree(FIXTURE, tmp_path / "kaldi")
+    one = sorted((tmp_path / "hf" / "data").glob("*.parquet"))[0]
+    cases = [  # (input, output_dir, extra args, what the message says)
+        (tmp_path / "hf" / "data", tmp_path / "hf", ["++split=dev"], f"({tmp_path / 'hf' / 'data'}) is the input"),
+        (one, tmp_path / "hf", ["++split=test"], "holds the input"),
+        (tmp_path / "shar" / "dev", tmp_path / "shar", ["++format=lhotse-shar", "++split=dev"], "is the input"),
+        (tmp_path / "kaldi", tmp_path / "kaldi" / "out", [], "is inside the input"),
+    ]
+    before = _snapshot(tmp_path)
+    for input_, out, extra, says in cases:
+        result = run_cli("corpus-io", "export", f"++input={input_}", f"++output_dir={out}", "++num_workers=1", *extra)
+        assert_user_error(result, says, "Nothing was written")
+        assert _snapshot(tmp_path) == before, input_
+    assert not (tmp_path / "kaldi" / "out").exists()
+
+
+def test_a_rerun_into_another_inputs_export_is_refused_and_replace_leaves_only_the_new_export(hf, tmp_path):
+    data, _ = hf
+    out = tmp_path / "out"
+    export(_cfg(data, out, num_utts_per_file=16))  # 40 utterances in 3 files
+    before = _snapshot(out)
+    other = run_cli("corpus-io", "export", f"++input={FIXTURE}", f"++output_dir={out}", "++num_workers=1")
+    assert_user_error(other, f"holds the train export of another input ({data})", "++replace=true",
+                      "Nothing was written")
+    options = run_cli("corpus-io", "export", f"++input={data}", f"++output_dir={out}", "++num_workers=1",
+                      "++num_utts_per_file=30")
+    assert_user_error(options, "holds a train export of this input made with other options")
+    assert _snapshot(out) == before
+    replaced = export(_cfg(FIXTURE, out, replace=True))
+    assert replaced.kept == 24
+    want = {k: (Path(p).read_bytes(), t) for k, p, t in fixture_utts()}
+    assert _read_back(out) == want  # none of the old input's 40 rows stays beside them
+    assert sorted(_tree(out)) == ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet"]
+    assert sorted(p.name for p in out.glob(".export-*.json")) == [
+        ".export-train-000000.json", ".export-train-000001.json", ".export-train.json"]
+    assert export(_cfg(FIXTURE, out, replace=True)).extra["resumed"] == 2  # replacing itself: resumed
+
+
+def test_another_split_of_another_input_is_written_beside_the_first(hf, tmp_path):
+    data, utts = hf
+    export(_cfg(data, tmp_path, split="train"))
+    export(_cfg(FIXTURE, tmp_path, split="dev"))
+    assert len(_tree(tmp_path)) == 5 and export(_cfg(data, tmp_path, split="train")).extra["resumed"] == 3
+
+
+@pytest.mark.parametrize("split", ["../x", "a/b", "..", "", "dev/../../x"])
+def test_a_split_name_with_a_slash_or_dots_is_refused_and_nothing_is_written(hf, tmp_path, split):
+    data, _ = hf
+    result = run_cli("corpus-io", "export", f"++input={data}", f"++output_dir={tmp_path / 'o'}",
+                     "++format=lhotse-shar", f"++split={split}")
+    assert_user_error(result, "is not a split name", "no '/', no '..'")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "x").exists()
