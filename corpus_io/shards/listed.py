@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from corpus_io.errors import DataError
-from corpus_io.keys import duplicate_hashes, first_repeat, key_hash
+from corpus_io.keys import duplicate_hashes, first_repeat, key_hash, one_token
 from corpus_io.shards.format import SHARD_SUFFIXES, safe_member_name
 from corpus_io.storage.urls import is_remote
 
@@ -121,6 +121,8 @@ class ShardInput:
                 keys, by = entry["keys"], "its index entry"
             else:
                 keys, by = self._read_keys(url), "a reading of its members"
+            for i, key in enumerate(keys):
+                one_token(key, f"{url} (utterance {i + 1})")
             self.counts.append(len(keys))
             self.counted_by.append(by)
             self.identities.append(_identity(url, entry))

@@ -347,3 +347,16 @@ def test_a_split_name_with_a_slash_or_dots_is_refused_and_nothing_is_written(hf,
                      "++format=lhotse-shar", f"++split={split}")
     assert_user_error(result, "is not a split name", "no '/', no '..'")
     assert not (tmp_path / "o").exists() and not (tmp_path / "x").exists()
+
+
+def test_a_shard_key_that_is_not_one_token_is_refused_before_anything_is_written(tmp_path):
+    from tests.loader_data import make_shards
+
+    utts = fixture_utts()[:6]
+    utts[4] = ("old key", *utts[4][1:])  # packed by a tool that let whitespace through
+    data_list, _ = make_shards(tmp_path / "shards", utts=utts, per_shard=3)
+    before = _snapshot(tmp_path)
+    result = run_cli("corpus-io", "export", f"++input={data_list}", f"++output_dir={tmp_path / 'o'}",
+                     "++num_workers=1")
+    assert_user_error(result, "shard-000001.tar (utterance 2): key 'old key' is not one word", "A key is one token")
+    assert _snapshot(tmp_path) == before and not (tmp_path / "o").exists()
