@@ -8,9 +8,31 @@ hash repeats (:func:`first_repeat`) to name both places. Below every wing that c
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from typing import Any, Iterable
 
 import numpy as np
+
+from corpus_io.errors import DataError, excerpt
+
+
+def _breaks_token(c: str) -> bool:
+    return c.isspace() or unicodedata.category(c) in ("Cc", "Cf", "Cs")
+
+
+def one_token(key: str, where: str) -> str:
+    """``key`` when it is one token: no whitespace and no control or format character, which a Kaldi table written
+    from it (``text``, ``wav.scp``, ``utt2spk``) or any reader splitting at whitespace would cut in two; else a
+    DataError naming ``where`` (``file:line``, ``file row N``) and the character. Every reader of keys asks it."""
+    bad = next((i for i, c in enumerate(key) if _breaks_token(c)), None)
+    if bad is None:
+        return key
+    c = key[bad]
+    what = "whitespace" if c.isspace() else "a control character"
+    fixed = "".join("_" if _breaks_token(x) else x for x in key)
+    raise DataError(f"{where}: key {excerpt(key)} is not one word: it holds {what} (U+{ord(c):04X}) at character "
+                    f"{bad + 1}, and a Kaldi table written from it (text, wav.scp, utt2spk) would split it there. A key "
+                    f"is one token: rename the utterance (e.g. {excerpt(fixed)}), then rerun.")
 
 
 def key_hash(key: str) -> int:

@@ -68,11 +68,34 @@ class PrepareConfig:
     remove_spaces: bool = opt(True, "aishell: drop the transcript's word spaces (WeNet/ESPnet); false keeps them")
 
 
-# pack-shards' input keys that export shares (export reads any input pack-shards reads)
+# pack-shards' keys that export shares (export reads any input pack-shards reads and writes its audio the same
+# way): each is made by one helper below, which holds its one default (as config/fields.py's *_opt helpers do)
 INPUT_ERRORS_HELP = "unreadable audio or a missing transcript: fail, or skip and count"
 WAV_SCP_PIPE_HELP = "allow Kaldi pipe entries in wav.scp (run without a shell)"
 COLUMNS_HELP = ("parquet input: the column of each role (audio, text, key, speaker), e.g. ++columns.text=sentence "
                 "(default: found by the common names)")
+
+
+def utts_per_output_opt(help: str) -> Any:
+    """pack-shards' ``num_utts_per_shard``, export's ``num_utts_per_file``."""
+    return opt(1000, help, range="[1, 10000000]")
+
+
+def audio_format_opt(help: str) -> Any:
+    return opt("keep", help, choices=("keep", "wav", "flac"))
+
+
+def resample_opt() -> Any:
+    return opt(None, "re-encode at this rate (null: keep the rate)", unit="Hz", range="[1000, 384000]")
+
+
+def columns_opt(help: str = COLUMNS_HELP) -> Any:
+    return opt(help=help, factory=dict)
+
+
+def writers_opt(what: str) -> Any:
+    """``num_workers`` of a command that writes in processes: ``what`` names them."""
+    return opt(0, f"{what} processes (0: all cores)", range="[0, 1024]")
 
 
 @schema
@@ -80,13 +103,12 @@ class PackShardsConfig:
     input: str = opt("???", "train.jsonl (FunASR), a WeNet raw data.list, a Kaldi data dir, NeMo/Lhotse manifests "
                             "or Hugging Face parquet (a file, a directory or a glob)")
     output_dir: str = opt("???", "where shards, data.list and index.jsonl go")
-    num_utts_per_shard: int = opt(1000, "utterances per shard", range="[1, 10000000]")
-    num_workers: int = opt(0, "packing processes (0: all cores)", range="[0, 1024]")
+    num_utts_per_shard: int = utts_per_output_opt("utterances per shard")
+    num_workers: int = writers_opt("packing")
     shuffle: bool = opt(False, "shuffle utterances before sharding (seeded)")
     seed: int = opt(777, "shuffle seed", range="[0, 4294967295]")
-    audio_format: str = opt("keep", "keep original bytes, or re-encode", choices=("keep", "wav", "flac"))
-    resample: Optional[int] = opt(None, "re-encode at this rate (null: keep the rate)", unit="Hz",
-                                  range="[1000, 384000]")
+    audio_format: str = audio_format_opt("keep original bytes, or re-encode")
+    resample: Optional[int] = resample_opt()
     filter_group: List[str] = opt(help="length buckets 'lo:hi' in frames, each packed into its own sub-directory",
                                   factory=list)
     shard_prefix: str = opt("shard", "shard file name prefix: <prefix>-000000.tar")
@@ -94,7 +116,7 @@ class PackShardsConfig:
                                    "uncompressed audio; slower to pack and read, and readers cannot seek past audio)",
                            choices=("none", "gzip"))
     feats: bool = opt(False, "features mode: pack a Kaldi dir's feats.scp (kaldiio) as <key>.npy, no audio")
-    columns: Dict[str, str] = opt(help=COLUMNS_HELP, factory=dict)
+    columns: Dict[str, str] = columns_opt()
     on_error: str = on_error_opt(INPUT_ERRORS_HELP)
     allow_pipe: bool = allow_pipe_opt(WAV_SCP_PIPE_HELP)
     pipe_timeout: float = pipe_timeout_opt()
@@ -113,8 +135,7 @@ class MakeDatalistConfig:
                      factory=list)
     output: str = opt("???", "the data.list to write")
     prefix: Optional[str] = opt(None, "rewrite each shard's directory to this prefix, e.g. s3://bucket/corpus/")
-    columns: Dict[str, str] = opt(help=COLUMNS_HELP + "; shard mode writes it into each parquet file's list line",
-                                  factory=dict)
+    columns: Dict[str, str] = columns_opt(COLUMNS_HELP + "; shard mode writes it into each parquet file's list line")
     storage_options: Dict[str, Any] = storage_options_opt("remote parquet inputs")
 
 
@@ -122,18 +143,18 @@ class MakeDatalistConfig:
 class ExportConfig:
     format: str = opt("hf-parquet", "hf-parquet: Hugging Face parquet (data/<split>-NNNNN-of-NNNNN.parquet, an Audio "
                              "column); lhotse-shar: a Lhotse Shar directory", choices=("hf-parquet", "lhotse-shar"))
-    input: str = opt("???", "any input pack-shards reads (jsonl, Kaldi dir, NeMo, Lhotse, parquet)")
+    input: str = opt("???", "any input pack-shards reads (jsonl, Kaldi dir, NeMo, Lhotse, parquet), or packed shards "
+                            "(a shard data.list, local or a URL, a shard directory, a WeNet .tar.gz list)")
     output_dir: str = opt("???", "where the files go")
     split: str = opt("train", "the split named in the output (hf-parquet: data/train-00000-of-00004.parquet; "
                                 "lhotse-shar: the Shar directory <output_dir>/train)")
-    num_utts_per_file: int = opt(1000, "utterances per output file (hf-parquet) or shard (lhotse-shar)",
-                                 range="[1, 10000000]")
-    audio_format: str = opt("keep", "keep: the stored bytes, copied; wav/flac: re-encode",
-                            choices=("keep", "wav", "flac"))
-    resample: Optional[int] = opt(None, "re-encode at this rate (null: keep the rate)", unit="Hz",
-                                  range="[1000, 384000]")
-    columns: Dict[str, str] = opt(help=COLUMNS_HELP, factory=dict)
-    num_workers: int = opt(0, "writing processes (0: all cores)", range="[0, 1024]")
+    num_utts_per_file: int = utts_per_output_opt("utterances per output file (hf-parquet) or shard (lhotse-shar)")
+    audio_format: str = audio_format_opt("keep: the stored bytes, copied; wav/flac: re-encode")
+    resample: Optional[int] = resample_opt()
+    columns: Dict[str, str] = columns_opt()
+    num_workers: int = writers_opt("writing")
+    replace: bool = opt(False, "an output_dir whose split holds another input's export (or this input's with other "
+                               "options): false refuses it; true removes that export's files first, then writes")
     on_error: str = on_error_opt(INPUT_ERRORS_HELP)
     allow_pipe: bool = allow_pipe_opt(WAV_SCP_PIPE_HELP)
     pipe_timeout: float = pipe_timeout_opt()

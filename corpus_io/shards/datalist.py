@@ -101,11 +101,12 @@ def _tar_entries(paths: list[str]) -> Iterator[tuple[str, dict | None]]:
         yield path, cache[directory].get(name)
 
 
-def _list_entries(path: str) -> Iterator[tuple[str, dict | None]]:
-    index = load_index(path, keys=True)  # a list at a URL has its index beside it too (AWS environment)
+def _list_entries(path: str, storage_options: dict | None = None) -> Iterator[tuple[str, dict | None]]:
+    # a list at a URL has its index beside it too, read with the list's storage_options (else the AWS environment)
+    index = load_index(path, keys=True, storage_options=storage_options)
     from corpus_io.tables import shar
 
-    for entry in read_datalist(path):  # a raw list / jsonl given here is caught there
+    for entry in read_datalist(path, storage_options=storage_options):  # a raw list / jsonl given here is caught there
         found = (index or {}).get(entry)
         if found is None and shar.is_shar_cuts(entry):  # a Shar shard indexes itself from its cuts
             found = {k: v for k, v in shar.index_entry(entry).items() if k != "path"}
@@ -162,7 +163,7 @@ def expand_input(item: str, columns: dict | None = None, storage_options: dict |
             yield from expand_input(p)
         return
     if is_remote(item):
-        yield from ([(item, None)] if item.endswith(SHARD_SUFFIXES) else _list_entries(item))
+        yield from ([(item, None)] if item.endswith(SHARD_SUFFIXES) else _list_entries(item, storage_options))
         return
     if os.path.isdir(item):
         if os.path.isfile(os.path.join(item, "data.list")):

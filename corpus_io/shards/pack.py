@@ -786,6 +786,52 @@ def check_part(part: Part) -> None:
         raise bad("data.summary.kept", kept, f"but the shard entries hold {utts} utterances")
 
 
+def _shard_holds(path: Path) -> tuple[list[str], list[float]]:
+    """The keys and durations (seconds) a packed shard holds: its tar headers and ``.json`` members (audio payloads
+    seeked over, never read)."""
+    from corpus_io.shards.fields import iter_main_without_audio
+
+    keys, durations = [], []
+    for sample in iter_main_without_audio(str(path)):
+        keys.append(sample["key"])
+        durations.append(float(sample["meta"].get("duration", 0.0)))
+    return keys, durations
+
+
+def _entry_disagrees(entry: dict, keys: list[str], durations: list[float], where: str) -> str | None:
+    """What the shard entry of a part record says that the shard itself (``keys``, ``durations``) does not."""
+    if entry["num_utts"] != len(keys):
+        return f"{where}.num_utts is {entry['num_utts']}, but shard {entry['path']} holds {len(keys)} utterances"
+    recorded = entry.get("keys")
+    if recorded is not None and recorded != keys:
+        i = next(i for i, (a, b) in enumerate(zip(recorded, keys)) if a != b)
+        return (f"{where}.keys[{i}] is {recorded[i]!r}, but utterance {i + 1} of shard {entry['path']} is "
+                f"{keys[i]!r}")
+    held = {"duration": sum(durations), "min_duration": min(durations, default=0.0),
+            "max_duration": max(durations, default=0.0)}
+    for name, value in held.items():
+        if name in entry and abs(float(entry[name]) - round(value, 3)) > 1e-3:
+            return (f"{where}.{name} is {entry[name]}, but the utterances of shard {entry['path']} give "
+                    f"{round(value, 3)} s")
+    return None
+
+
+def _refuse_records_the_shards_deny(out_dir: Path, parts: list[Part]) -> None:
+    """merge-jobs, before anything is written: each shard entry's count, keys and durations against the shard it
+    names (its tar headers and ``.json`` members), so a record with a false duration or an invented key is refused
+    as a changed record is. Object storage: the shards are objects, checked by size (the record is the job's)."""
+    for part in parts:
+        for g, group in enumerate(part.payload()["groups"]):
+            for e, entry in enumerate(group["entries"]):
+                keys, durations = _shard_holds(out_dir / entry["path"])
+                problem = _entry_disagrees(entry, keys, durations, f"data.groups[{g}].entries[{e}]")
+                if problem:
+                    raise DataError(f"part record {part.where}: {problem}. The record was changed after its job "
+                                    f"wrote it, or is damaged, so nothing in it is trusted and nothing was changed. "
+                                    f"Delete it and rerun job {part.job_index} (++num_jobs={part.num_jobs} "
+                                    f"++job_index={part.job_index}), then merge.")
+
+
 def merge_parts(place: Place, parts: list[Part]) -> Summary:
     """``merge-jobs`` of pack-shards: each directory's data.list + index.jsonl, as one job writes them (streamed:
     one part's entries in memory at a time)."""
@@ -801,6 +847,8 @@ def merge_parts(place: Place, parts: list[Part]) -> Summary:
     options = place.storage_options or {}
     if first.get("url"):
         _refuse_absent_objects(first["url"], parts, options)
+    else:
+        _refuse_records_the_shards_deny(out_dir, parts)
     summary = merged_summary(parts)
     for g, sub in enumerate(group["dir"] for group in first["groups"]):
         url = first.get("url") or ""  # object storage: entries name the objects, the list is sent there

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator
 from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.jobs import parts as jobs
+from corpus_io.keys import one_token
 from corpus_io.storage import files, urls
 from corpus_io.storage.files import atomic_write, iter_raw_lines, parse_json_object
 from corpus_io.storage.progress import Summary, WorkerState, parallel_imap, progress, resolve_num_workers
@@ -81,7 +82,7 @@ def line_key(key: Any, where: str) -> str:
             f"'key' is {json.dumps(key, ensure_ascii=False)}, not a string"
         raise DataError(f"{where}: {what}; every utterance needs its own non-empty key, e.g. \"spk1-utt001\" (it "
                         f"names the utterance in shards, tables and reports). Fix the line.")
-    return key
+    return one_token(key, where)
 
 
 # numeric fields of a line: (type, unit); a numeric string is accepted, anything else is a DataError

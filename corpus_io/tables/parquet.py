@@ -41,7 +41,7 @@ import numpy as np
 
 from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.keys import duplicate_hashes, first_repeat, key_hash
+from corpus_io.keys import duplicate_hashes, first_repeat, key_hash, one_token
 from corpus_io.storage import urls
 
 log = logging.getLogger(__name__)
@@ -304,10 +304,11 @@ class Row:
 
 def _key_of(cols: Columns, key: Any, path: Any, url: str, index: int) -> str:
     if cols.key is not None and key not in (None, ""):
-        return str(key)
+        return one_token(str(key), f"{url} row {index}")
+    # a key made from a name: its whitespace replaced, as nemo_key does
     if path:
-        return _stem(str(path))
-    return f"{_stem(url)}-{index:08d}"
+        return "_".join(_stem(str(path)).split())
+    return "_".join(f"{_stem(url)}-{index:08d}".split())
 
 
 class ParquetFileReader:

@@ -211,6 +211,14 @@ TAMPERED = {  # what is done to the record of job 1 of 3, and what the refusal s
     "span disagrees": (lambda r: r.update(span=[0, 5]), "span is [0, 5], but job 1 of 3 over 6 units covers [0, 2]"),
     "job index disagrees with the name": (lambda r: r.update(job_index=2),
                                           "num_jobs/job_index is [3, 2], but the record's file name says job 1 of 3"),
+    # issue 41 item 9: what the record says of a shard is checked against the shard's tar headers and .json members
+    "a false duration": (lambda r: _entry(r).update(duration=round(_entry(r)["duration"] + 7.5, 3)),
+                         "data.groups[0].entries[0].duration is "),
+    "a false max_duration": (lambda r: _entry(r).update(max_duration=_entry(r)["min_duration"]),
+                             "data.groups[0].entries[0].max_duration is "),
+    "an invented key": (lambda r: _entry(r)["keys"].__setitem__(1, "invented-utt"),
+                        "data.groups[0].entries[0].keys[1] is 'invented-utt', but utterance 2 of shard "
+                        "shard-000000.tar is "),
 }
 
 

@@ -480,3 +480,44 @@ def test_a_nemo_manifest_whose_only_line_has_text_null_is_reported_as_that_line_
     assert f"{manifest}:1: key '{Path(UTTS[0][1]).stem}': missing transcript ('text' is null" in message
     assert "empty file" not in message
     assert list(out.iterdir()) == [] and [p.name for p in given.iterdir()] == [manifest.name]
+
+
+def _one_token_cases(tmp_path: Path) -> list[tuple[str, Path, str]]:
+    """``(kind, input, where the message must point)`` of three inputs whose second utterance's key is two words."""
+    from lhotse import CutSet, Recording, SupervisionSegment
+
+    (k1, p1, t1), (k2, p2, t2) = fixture_utts()[:2]
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text(json.dumps({"key": k1, "source": p1, "target": t1}) + "\n" +
+                     json.dumps({"key": "utt 2", "source": p2, "target": t2}) + "\n", encoding="utf-8")
+    cuts = []
+    for key, path, text in ((k1, p1, t1), ("cut\t2", p2, t2)):
+        rec = Recording.from_file(path, recording_id=key.replace("\t", "_"))
+        cut = rec.to_cut()
+        cut.id = key
+        cut.supervisions = [SupervisionSegment(id=key, recording_id=rec.id, start=0.0, duration=rec.duration,
+                                               text=text)]
+        cuts.append(cut)
+    CutSet.from_cuts(cuts).to_file(str(tmp_path / "cuts.jsonl.gz"))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"id": [k1, "row\x012"], "audio": [{"bytes": Path(p).read_bytes(), "path": Path(p).name}
+                                                       for p in (p1, p2)], "text": [t1, t2]})
+    (tmp_path / "pq").mkdir()
+    pq.write_table(table, tmp_path / "pq" / "train-00000-of-00001.parquet")
+    return [("funasr", jsonl, f"{jsonl}:2: key 'utt 2' is not one word: it holds whitespace (U+0020)"),
+            ("lhotse", tmp_path / "cuts.jsonl.gz", "cuts.jsonl.gz:2: key 'cut\\t2' is not one word"),
+            ("parquet", tmp_path / "pq", "train-00000-of-00001.parquet row 1: key 'row\\x012' is not one word: it "
+                                         "holds a control character (U+0001)")]
+
+
+def test_a_key_that_is_not_one_token_is_refused_by_the_first_reader_and_nothing_is_packed_or_exported(tmp_path):
+    for kind, input_, says in _one_token_cases(tmp_path):
+        before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+        for command, output in (("pack-shards", "shards"), ("export", "hf")):
+            result = run_cli("corpus-io", command, f"++input={input_}", f"++output_dir={tmp_path / output}",
+                             "++num_workers=1")
+            assert_user_error(result, says, "A key is one token")
+            assert not (tmp_path / output).exists(), (kind, command)
+        assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
