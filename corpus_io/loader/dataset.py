@@ -441,6 +441,15 @@ class CorpusLoader:
             raise ConfigError("no loader states to resume from: the checkpoint holds none. Start the epoch afresh.")
         for i, state in enumerate(states):
             _check_is_state(state, f"load_rank_states(states): states[{i}]", what)
+        ranks = [state.get("rank") for state in states]
+        if not all(isinstance(r, int) for r in ranks) or sorted(ranks) != list(range(len(states))):
+            repeated = sorted({r for r in ranks if ranks.count(r) > 1}, key=repr)
+            missing = [r for r in range(len(states)) if r not in ranks]
+            raise ConfigError(f"load_rank_states(states): the {len(states)} loader states are not one per rank 0.."
+                              f"{len(states) - 1} (their ranks: {ranks}; "
+                              + (f"repeated: {repeated}; " if repeated else "")
+                              + f"missing: {missing}). Pass every rank's state_dict() of one checkpoint, each "
+                              f"once (as train saves them in loader_states).")
         if same_topology(states, self.world_size, self.num_workers):
             self.load_state_dict(next(s for s in states if s.get("rank") == self.rank))
             return None
