@@ -434,39 +434,50 @@ def test_a_second_run_into_a_held_output_dir_is_refused_and_ranks_stop_when_only
 @pytest.mark.slow
 def test_weighted_sources_killed_9_under_torchrun_and_resumed_train_each_key_as_often_as_uninterrupted(
         corpus, tmp_path):
+    """2 ranks (1 worker each), 2 sources of other sizes and weights: kill -9 the whole job just after the checkpoint
+    of a late step of epoch 0, resume, and compare with the epoch run whole. Rank 0 raises right after that
+    checkpoint (debug_fail_at_step), so the kill never lands a step later. (The loader's every-boundary check of
+    the same promise is tests/loader/test_mixing_resume.py.)"""
     sources = (f"[{{data_list: {corpus['shards']}, weight: 1}}, "
                f"{{data_list: {corpus['raw']}, weight: 2, data_type: raw}}]")
 
-    def command(out: Path) -> list[str]:
+    def command(out: Path, *extra: str) -> list[str]:
         cmd = torchrun_cmd(out, corpus, f"++dataset_conf.sources={sources}", "++train_conf.max_epoch=1",
-                           "++dataset_conf.batch_size=2", "++train_conf.save_checkpoint_interval=2",
+                           "++dataset_conf.batch_size=2", "++train_conf.save_checkpoint_interval=1",
                            "++train_conf.dump_trained_keys=true", "++train_conf.avg_nbest_model=0",
-                           "++model.num_blocks=1")
+                           "++dataset_conf.num_workers=1", "++model.num_blocks=1", *extra)
         return [a for a in cmd if not a.startswith("++train_data_set_list=")]
+
+    def epoch0(out: Path) -> Counter:
+        return Counter(k for (e, k), n in keys_by_epoch(out, "trained_keys").items() for _ in range(n) if e == "0")
 
     whole = run_train(command(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr[-5000:]
-    uninterrupted = Counter(k for (e, k), n in keys_by_epoch(tmp_path / "whole", "trained_keys").items()
-                            for _ in range(n) if e == "0")
+    uninterrupted = epoch0(tmp_path / "whole")
+    steps = int(re.search(r"epoch 0 done \([^)]*\): (\d+) steps", (tmp_path / "whole" / "train.log").read_text()
+                          ).group(1))
+    kill_after = steps - 2  # a late mid-epoch checkpoint, near where the mix ends
+    assert kill_after >= 2, steps
 
     out = tmp_path / "exp"
     env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1", OMP_NUM_THREADS="1")
     stderr = open(tmp_path / "killed.stderr", "w")
-    job = subprocess.Popen(command(out), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    job = subprocess.Popen(command(out, f"++train_conf.debug_fail_at_step={kill_after}"), cwd=REPO, env=env,
+                           stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         deadline = time.time() + hang_limit(120)
-        while not (out / "model.pt.ep0.4").exists():
+        while not (out / f"model.pt.ep0.{kill_after}").exists():
             assert job.poll() is None, (tmp_path / "killed.stderr").read_text()[-5000:]
-            assert time.time() < deadline, "no checkpoint at step 4"
-            time.sleep(0.05)
+            assert time.time() < deadline, f"no checkpoint at step {kill_after}"
+            time.sleep(0.02)
     finally:
         kill9_job(job)
         stderr.close()
-    assert not (out / "model.pt.ep0").exists(), "the run finished its epoch before the kill; the test needs more steps"
+    assert not (out / "model.pt.ep0").exists(), "the run finished its epoch before the kill"
     resumed = run_train(command(out))
     assert resumed.returncode == 0, resumed.stderr[-5000:]
-    assert "resumed from" in (out / "train.log").read_text()
-    got = Counter(k for (e, k), n in keys_by_epoch(out, "trained_keys").items() for _ in range(n) if e == "0")
+    assert f"step_in_epoch {kill_after}" in (out / "train.log").read_text()  # resumed where it was killed
+    got = epoch0(out)
     more = {k: (n, uninterrupted[k]) for k, n in got.items() if n > uninterrupted[k]}
     assert not more, f"trained more often than in the uninterrupted epoch (resumed, uninterrupted): {more}"
     assert got == uninterrupted, (got - uninterrupted, uninterrupted - got)
