@@ -16,6 +16,10 @@ class TrainConf:
     max_epoch: int = opt(10, "epochs to train", range="[1, 1000000]")
     log_interval: int = opt(10, "steps between log lines", unit="steps", range="[1, 1000000000]")
     resume: bool = opt(True, "continue from output_dir/model.pt with the exact data position")
+    overwrite_output_dir: bool = opt(False, "a run that starts afresh (resume=false, or no model.pt) into an "
+                                            "output_dir holding another run's checkpoints deletes them first "
+                                            "(model.pt*, cv_metrics.json, key lists); false: it is refused, so "
+                                            "two runs' epochs are never averaged together")
     validate_interval: int = opt(0, "steps between validations (0: at each epoch end; -1: with each mid-epoch "
                                     "checkpoint, as FunASR)", unit="steps", range="[-1, 1000000000]")
     save_checkpoint_interval: int = opt(0, "steps between mid-epoch checkpoints (0: epoch ends only)",

@@ -53,7 +53,7 @@ from corpus_io.loader import handover, profile
 from corpus_io.loader.build import build_pipeline, continues_streams, describe_chain, loader_chain, read_options
 from corpus_io.loader.elastic import Carry, Resplit, carry_over, resplit, same_topology, utterances_left
 from corpus_io.loader.partition import Slot, SlotState, all_ranks_have_data, dist_info, gather_objects, ranks_with_data
-from corpus_io.loader.read import Source
+from corpus_io.loader.read import Source, open_source
 from corpus_io.storage.files import read_json_object
 from corpus_io.storage.progress import may_start_processes
 
@@ -442,6 +442,15 @@ class CorpusLoader:
             raise ConfigError("no loader states to resume from: the checkpoint holds none. Start the epoch afresh.")
         for i, state in enumerate(states):
             _check_is_state(state, f"load_rank_states(states): states[{i}]", what)
+        ranks = [state.get("rank") for state in states]
+        if not all(isinstance(r, int) for r in ranks) or sorted(ranks) != list(range(len(states))):
+            repeated = sorted({r for r in ranks if ranks.count(r) > 1}, key=repr)
+            missing = [r for r in range(len(states)) if r not in ranks]
+            raise ConfigError(f"load_rank_states(states): the {len(states)} loader states are not one per rank 0.."
+                              f"{len(states) - 1} (their ranks: {ranks}; "
+                              + (f"repeated: {repeated}; " if repeated else "")
+                              + f"missing: {missing}). Pass every rank's state_dict() of one checkpoint, each "
+                              f"once (as train saves them in loader_states).")
         if same_topology(states, self.world_size, self.num_workers):
             self.load_state_dict(next(s for s in states if s.get("rank") == self.rank))
             return None
@@ -532,19 +541,18 @@ def _parsed(snapshot: dict | str | bytes) -> dict:
 
 def open_sources(data_list: str | None, conf: DatasetConf) -> list[Source]:
     """The data lists of a loader: ``data_list`` alone, or ``dataset_conf.sources`` (weighted mix), each read
-    (with its index) as the readers read shards (``dataset_conf.storage_options``, ``read_timeout``)."""
-    options = read_options(conf).storage_options
+    (with its index) as the readers read shards (``dataset_conf.storage_options``, ``read_timeout``, ``retries``)."""
+    opts = read_options(conf)
     if conf.sources:
         for i, s in enumerate(conf.sources):
             if s.data_list in ("???", "", None):
                 raise ConfigError(f"dataset_conf.sources[{i}].data_list is required.")
             if s.weight < 0:
                 raise ConfigError(f"dataset_conf.sources[{i}].weight is {s.weight}; weights must be >= 0.")
-        return [Source.open(s.data_list, s.data_type, s.weight, on_error=conf.on_error, storage_options=options)
-                for s in conf.sources]
+        return [open_source(s.data_list, s.data_type, s.weight, opts) for s in conf.sources]
     if not data_list or data_list == "???":
         raise ConfigError("no data list: pass a data.list (or set dataset_conf.sources).")
-    return [Source.open(data_list, conf.data_type, on_error=conf.on_error, storage_options=options)]
+    return [open_source(data_list, conf.data_type, 1.0, opts)]
 
 
 def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer: Any, *, train: bool,

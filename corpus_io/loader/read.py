@@ -192,6 +192,35 @@ def _is_transient(exc: BaseException) -> bool:
     return not isinstance(exc, FileNotFoundError)
 
 
+def open_source(data_list: str, data_type: str, weight: float, opts: ReadOptions) -> Source:
+    """:meth:`Source.open` with a shard's retries: a transient failure reading the list or its index (a stall, a
+    refused connection, an HTTP 5xx, an object store's error) is retried ``opts.retries`` times with a doubling
+    ``opts.retry_backoff``; then one DataError says it is an outage to wait out. ``on_error=skip`` does not apply:
+    without its list there is nothing to skip to."""
+    attempt = 0
+    delay = opts.retry_backoff
+    while True:
+        attempt += 1
+        try:
+            return Source.open(data_list, data_type, weight, on_error=opts.on_error,
+                               storage_options=opts.storage_options)
+        except Exception as exc:  # noqa: BLE001 - every read failure: retried, then one paragraph
+            if not _is_transient(exc):
+                raise
+            why = redact(_why(exc, opts))
+            if attempt < max(1, opts.retries):
+                log.warning("data list %s (or its index): %s; retrying in %.1f s (attempt %d of %d)",
+                            redact(data_list), why, delay, attempt, opts.retries)
+                time.sleep(delay)
+                delay *= 2
+                continue
+            raise DataError(f"data list {data_list} (or its index sidecar) could not be read after {attempt} "
+                            f"attempt(s): {why}. The storage did not answer: an outage or an overloaded server, not "
+                            f"a fault of the list. Wait until it answers and rerun (a train resumes from its last "
+                            f"checkpoint), or let the loader wait longer for it with ++dataset_conf.retries and "
+                            f"++dataset_conf.retry_backoff.") from None
+
+
 def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: int | None = None,
                     kept: Callable[[int], bool] = lambda pos: True) -> Iterator[dict]:
     """The samples of one shard; retries transient failures, then skips-and-counts or fails.

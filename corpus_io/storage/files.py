@@ -447,3 +447,37 @@ def state_dir(url: str) -> Path:
         raise DataError(f"{url} is not an object URL of the form {scheme}://bucket/prefix. Give the bucket and a "
                         f"prefix, e.g. {scheme}://my-bucket/corpus/train.")
     return Path(base, scheme, *parts).resolve()
+
+
+class HeldLock:
+    """An exclusive lock on a file, held until :meth:`release` or until the process ends (a kill -9 included):
+    a POSIX record lock (``fcntl.lockf``), which the kernel drops with its process, which forked children
+    (DataLoader workers) do not inherit, and which works on NFS. The file holds ``pid host`` of the holder."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self.fd = path, fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing drops the lock
+            self.fd = -1
+
+
+def try_lock(path: str | os.PathLike) -> HeldLock | str:
+    """Take the exclusive lock on ``path`` (created if missing) without waiting: a :class:`HeldLock`, or, when
+    another process holds it, what that holder wrote (``pid host``, or ``unknown`` while it is writing it).
+    The process that holds the lock must never open and close ``path`` again (that would drop a POSIX lock)."""
+    import fcntl
+    import socket
+
+    p = Path(path)
+    fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+        os.close(fd)
+        return holder or "unknown"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+    return HeldLock(p, fd)

@@ -49,28 +49,32 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
         raise
 
 
-def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Make ``dst`` hold the same bytes as ``src`` atomically (hard link, else copy)."""
+def copy_checkpoint(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Make ``dst`` a copy of ``src`` of its own (never a hard link: ``cp other.pt exp/model.pt`` writes into
+    model.pt's inode, which must not be an epoch checkpoint's too), written under a temp name, fsynced, renamed."""
     import shutil
 
     dst = Path(dst)
     tmp = temp_name(dst)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
     try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+        with open(src, "rb") as f, open(tmp, "wb") as out:
+            shutil.copyfileobj(f, out, 1 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def load_checkpoint(path: str | os.PathLike, *, key: str = "checkpoint", storage_options: dict | None = None,
-                    finite: bool = True) -> dict:
+                    finite: bool = True, copy_of: str | None = None) -> dict:
     """A corpus-io checkpoint's state, from a local path or an s3:// / http(s):// URL, loaded weights-only.
 
     ``key``: the config key that named it (said in errors). ``finite``: refuse a model holding an inf or a nan,
     naming the tensor (it would decode to nothing, or train from poison); reads of metrics and averaging, which
-    check the average themselves, pass False.
+    check the average themselves, pass False. ``copy_of``: ``path`` is a local copy of this URL, which errors name.
     """
     import io
 
@@ -78,16 +82,17 @@ def load_checkpoint(path: str | os.PathLike, *, key: str = "checkpoint", storage
 
     from corpus_io.storage.urls import is_remote, read_url
 
-    where = os.fspath(path)
+    local = os.fspath(path)
+    where = copy_of or local
     remedy = "Give model.pt, model.pt.ep{E} or model.pt.avg{N} of a corpus-io training output_dir"
-    if is_remote(where):
-        source: Any = io.BytesIO(read_url(where, storage_options=storage_options))
-    elif Path(where).is_dir():
+    if is_remote(local):
+        source: Any = io.BytesIO(read_url(local, storage_options=storage_options))
+    elif Path(local).is_dir():
         raise ConfigError(f"{key} {where} is a directory. {remedy}.")
-    elif not Path(where).is_file():
+    elif not Path(local).is_file():
         raise ConfigError(f"{key} {where} does not exist. {remedy}.")
     else:
-        source = Path(where)
+        source = Path(local)
     try:
         # weights_only: tensors and plain containers only. A pickle that names any other callable is
         # refused before it runs (a shared model.pt must not be able to run code).

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from corpus_io.errors import CorpusIOError
+
 
 @dataclass
 class DistContext:
@@ -175,3 +177,37 @@ def rank_disagreement(views: list[dict]) -> str | None:
                     f"(checkpoints) and the same data lists and index: put them on storage all nodes share, or "
                     f"copy them identically.")
     return None
+
+
+
+class LauncherGone(CorpusIOError):
+    """This rank's torchrun launcher died (killed, or its node agent crashed), so the rank stops instead of
+    training on as an orphan. One paragraph in the CLI, exit 1 (not the user's mistake, but theirs to rerun)."""
+
+    exit_code = 1
+
+
+class LauncherWatch:
+    """Under torchrun (``TORCHELASTIC_RUN_ID`` set) a rank is a child of its node's agent, the launcher; when the
+    launcher dies the kernel re-parents the rank (to init or a subreaper), so :func:`os.getppid` changes. A check
+    costs one system call, so the trainer makes it before every micro-batch; a rank started any other way (one
+    process, srun) has no launcher to watch, and a parent that exits (nohup, a closed shell) stops nothing.
+
+    Not ``PR_SET_PDEATHSIG``: it fires when the parent *thread* that started the rank exits, which a launcher that
+    starts workers from a helper thread does while alive; and it would kill a rank wherever it is, e.g. between
+    a checkpoint's write and its rename (harmless with atomic writes, but a check at a step is a clean stop)."""
+
+    def __init__(self, environ: dict | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self.pid = os.getppid() if env.get("TORCHELASTIC_RUN_ID") else None
+
+    def gone(self) -> bool:
+        return self.pid is not None and os.getppid() != self.pid
+
+    def check(self, rank: int, where: str, output_dir: str) -> None:
+        """Raise :class:`LauncherGone` when the launcher died."""
+        if self.gone():
+            raise LauncherGone(f"rank {rank}: its torchrun launcher (pid {self.pid}) is gone (killed, or it "
+                               f"crashed), so this rank stops at {where} instead of training on alone, beside a "
+                               f"rerun. {output_dir} holds the last checkpoint: rerun the same torchrun command "
+                               f"to resume from it.")

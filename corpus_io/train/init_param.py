@@ -16,11 +16,13 @@ s3:// / http(s):// URL; loaded weights-only) with a fresh optimizer, scheduler a
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.storage.urls import is_remote
 from corpus_io.train import checkpoint as ckpt
 
 #: dataset_conf keys that decide the features a model was trained on (not the batching or augmentation)
@@ -41,9 +43,10 @@ class Start:
     token_list: dict | None = None
 
 
-def prepare(cfg: Any) -> Start | None:
+def prepare(cfg: Any, ctx: Any = None) -> Start | None:
     """Before the model is built: read the checkpoint the run starts from and complete ``cfg.model`` (and an unset
-    tokenizer) from its config. None without ``init_param``."""
+    tokenizer) from its config. None without ``init_param``. ``ctx``: the run's DistContext; an ``init_param`` URL
+    is then downloaded once per node (:func:`node_copy`), and every rank raises the same error."""
     if not cfg.init_param:
         if cfg.init_param_excludes:
             raise ConfigError(f"init_param_excludes={list(cfg.init_param_excludes)} is set but init_param is not; "
@@ -56,8 +59,58 @@ def prepare(cfg: Any) -> Start | None:
             f"train_conf.resume: continuing {resumed}; init_param {cfg.init_param} is not read (it starts a new "
             f"run: give another output_dir, or train_conf.resume=false to start over from it)"])
     source = str(cfg.init_param)
-    state = ckpt.load_checkpoint(source, key="init_param", storage_options=cfg.dataset_conf.storage_options)
+    options = cfg.dataset_conf.storage_options
+    if ctx is not None and ctx.distributed and is_remote(source):
+        with node_copy(source, ctx, options, key="init_param") as local:
+            state = ckpt.load_checkpoint(local or source, key="init_param", storage_options=options,
+                                         copy_of=source if local else None)
+    else:
+        state = ckpt.load_checkpoint(source, key="init_param", storage_options=options)
     return Start(source, state["model"], complete_config(cfg, state, source, "init_param"), state.get("token_list"))
+
+
+@contextlib.contextmanager
+def node_copy(url: str, ctx: Any, storage_options: dict | None, *, key: str) -> Iterator[str | None]:
+    """A local copy of ``url`` that one process per node downloads: local rank 0 writes it to a temp dir (under a
+    temp name, then renamed), every rank learns where (and any error) from one ``all_gather_object``, which is the
+    barrier, reads it, and after a second barrier local rank 0 deletes it. Collective; errors are raised on every
+    rank alike. None where this host has no local rank 0 (then read the URL itself)."""
+    import shutil
+    import socket
+    import tempfile
+
+    from corpus_io.errors import CorpusIOError
+    from corpus_io.storage.files import atomic_write
+    from corpus_io.storage.urls import open_url
+    from corpus_io.train.distributed import all_gather_object, barrier
+
+    host = socket.gethostname()
+    tmp_dir = path = error = None
+    if ctx.local_rank == 0:
+        try:
+            tmp_dir = tempfile.mkdtemp(prefix="corpus-io-init-param-")
+            path = os.path.join(tmp_dir, "checkpoint.pt")
+            with open_url(url, storage_options=storage_options) as src, atomic_write(path, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except CorpusIOError as exc:
+            error = (type(exc).__name__ == "ConfigError", str(exc))
+        except OSError as exc:  # the temp dir: no space, no permission
+            error = (False, f"{key} {url}: cannot store the download in {tempfile.gettempdir()} ({exc.strerror}); "
+                            f"free space there, or set TMPDIR to a directory with room for the checkpoint.")
+    views = all_gather_object(ctx, {"host": host, "local_rank": ctx.local_rank, "path": path, "error": error})
+    mine = next((v for v in views if v["host"] == host and v["local_rank"] == 0), None)
+    try:
+        if mine is None:  # no local rank 0 on this host (an unusual launcher): the caller reads the URL itself
+            yield None
+        elif mine["error"] is not None:
+            is_config, message = mine["error"]
+            raise (ConfigError if is_config else DataError)(message)
+        else:
+            yield mine["path"]
+    finally:
+        barrier(ctx)  # every rank of the node has read it
+        if tmp_dir is not None:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 def complete_config(cfg: Any, state: dict, where: str, key: str) -> list[str]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,11 +34,21 @@ import torch
 
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.loader.partition import ranks_with_data
-from corpus_io.storage.files import ensure_dir, refuse_non_directory, refuse_remote_output
+from corpus_io.storage.files import (
+    HeldLock,
+    atomic_write,
+    ensure_dir,
+    refuse_non_directory,
+    refuse_remote_output,
+    try_lock,
+)
 from corpus_io.train import checkpoint as ckpt
 from corpus_io.train.distributed import (
     DistContext,
+    LauncherGone,
+    LauncherWatch,
     all_gather_object,
+    all_reduce_sum,
     average_gradients,
     barrier,
     cleanup,
@@ -78,14 +89,17 @@ class Trainer:
         model = build_model(dict(cfg.model), self.input_dim, self.tokenizer.vocab_size, cfg.cmvn_file)
         start_notes = load_weights(model, start, cfg, self.tokenizer)  # init_param: raises before anything is written
         self.out = Path(cfg.output_dir)
-        ensure_dir(self.out, what="output_dir")
+        self.init_param = start.source if start is not None and start.weights is not None else None
+        # one run per output_dir, and a fresh run never beside an old run's checkpoints: before anything is written
+        self.lock, claim_notes = claim_output_dir(self.out, ctx, tc)
+        self.launcher = LauncherWatch()
         self.log = RankLog(self.out, ctx.rank)
+        for note in claim_notes:
+            self.log(note, all_ranks=False)
         for note in start_notes:
             self.log(note, all_ranks=False)
         _absolute_paths(cfg.tokenizer, "token_list", "bpe_model")  # so decode finds them from any directory
-        self.config_yaml = to_yaml(cfg)
-        if ctx.is_main:
-            (self.out / "config.yaml").write_text(self.config_yaml, encoding="utf-8")
+        self.config_yaml = to_yaml(cfg)  # output_dir/config.yaml: written once the resume (if any) fits this config
         model.to(ctx.device)
         self.module = model
         if ctx.distributed:
@@ -168,7 +182,7 @@ class Trainer:
         if state is not None:
             path = self.out / name
             ckpt.save_checkpoint(path, state)
-            ckpt.link_or_copy(path, self.out / "model.pt")
+            ckpt.copy_checkpoint(path, self.out / "model.pt")  # its own file: writing one never changes the other
             self.log(f"saved {path} (and model.pt) in {time.perf_counter() - t0:.2f}s", all_ranks=False)
         barrier(self.ctx)
 
@@ -178,7 +192,10 @@ class Trainer:
         if state is None:
             self._open_keys_file(None)
             return
-        self.module.load_state_dict(state["model"])
+        try:
+            self.module.load_state_dict(state["model"])
+        except RuntimeError:  # missing, unexpected or reshaped tensors: the run's model.* keys changed
+            raise ConfigError(model_mismatch(latest, state, self.cfg, self.module)) from None
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
@@ -259,6 +276,9 @@ class Trainer:
     def run(self) -> None:
         self.resume()
         self._check_ranks_agree()
+        if self.ctx.is_main:
+            with atomic_write(self.out / "config.yaml") as f:
+                f.write(self.config_yaml)
         tc = self.tc
         if self.epoch >= tc.max_epoch:
             self.log(f"nothing to train: max_epoch={tc.max_epoch} already reached", all_ranks=False)
@@ -295,6 +315,8 @@ class Trainer:
             self.keys_file.close()
         self.log("training finished", all_ranks=False)
         self.log.close()
+        if self.lock is not None:
+            self.lock.release()
 
     def _average(self, num: int, metric: str) -> None:
         if not ckpt.ranked_epochs(self.out, metric):
@@ -304,7 +326,9 @@ class Trainer:
         path = ckpt.average_checkpoints(self.out, num, metric, key="train_conf.avg_nbest_model",
                                         warn=lambda message: self.log(f"warning: {message}", all_ranks=False))
         chosen = ckpt.load_checkpoint(path)["averaged_epochs"]
-        self.log(f"averaged epochs {chosen} (best cv {metric}) -> {path}", all_ranks=False)
+        ranked = f"best cv {metric}" if self.cv_loader is not None else \
+            f"best train {metric}: no valid_data_set_list, so the epochs are ranked by their training {metric}"
+        self.log(f"averaged epochs {chosen} ({ranked}) -> {path}", all_ranks=False)
 
     def _batches(self) -> Iterator[tuple[dict | None, float]]:
         it = iter(self.train_loader)
@@ -330,6 +354,7 @@ class Trainer:
         batches = self._batches()
         tick = time.perf_counter()
         for batch, data_load in batches:
+            self.launcher.check(ctx.rank, f"epoch {self.epoch} step {self.step_in_epoch + 1}", str(self.out))
             have, world_size = ranks_with_data(batch is not None)
             if have < world_size:
                 if have:  # another rank ran out first: every rank carries the rest into the next epoch
@@ -349,6 +374,8 @@ class Trainer:
                 self.keys_file.write("".join(f"{self.epoch} {k}\n" for k in batch["keys"]))
             if sync:
                 tick = self._finish_step(meter, epoch_meter, tick)
+                if self.global_step == 1:
+                    self._warn_unknown_tokens()
                 meter = self._after_step(meter)
                 if tc.max_steps_per_epoch and self.step_in_epoch >= tc.max_steps_per_epoch:
                     stop_reason = "max_steps_per_epoch"
@@ -376,6 +403,27 @@ class Trainer:
         self.step_in_epoch += 1
         self.global_step += 1
         return now
+
+    def _warn_unknown_tokens(self) -> None:
+        """After the first step of a run: the transcripts read so far that hold tokens outside the token list (they
+        train as ``<unk>``), counted over every rank, with what to do. Collective (every rank takes step 1)."""
+        counts = self.train_loader.epoch_counts()
+        unknown = all_reduce_sum(self.ctx, [counts.get("tokenize.unknown_tokens", 0)])[0]
+        if not unknown:
+            return
+        where = self.tokenizer.conf.token_list or self.tokenizer.conf.bpe_model
+        if self.init_param is not None:
+            todo = (f"the checkpoint init_param {self.init_param} was trained with that token list, so its output "
+                    f"layer has no place for them. Make a token list that holds them (corpus-io make-tokenizer on "
+                    f"this training text), give it as ++tokenizer.token_list, and start the output layer fresh "
+                    f"with ++train_conf.ignore_init_mismatch=true")
+        else:
+            todo = ("make a token list from this training text (corpus-io make-tokenizer) and give it as "
+                    "++tokenizer.token_list")
+        self.log(f"warning: the transcripts read for the first step hold {int(unknown)} token(s) outside the token "
+                 f"list {where} (tokenize.unknown_tokens, on {self.ctx.world_size} rank(s)); they train as "
+                 f"'{self.tokenizer.conf.unk}', and the epoch's count is in its 'epoch done' line. To learn them, "
+                 f"{todo}.", all_ranks=False)
 
     def _count_nonfinite(self, stepped: bool, norm: float) -> None:
         keys, self.step_keys = self.step_keys, []
@@ -502,6 +550,7 @@ class Trainer:
         self.cv_loader.set_epoch(0)
         meter = Meter()
         for batch in self.cv_loader:
+            self.launcher.check(self.ctx.rank, f"the validation of epoch {self.epoch}", str(self.out))
             out = forward_loss(self.sc, batch, train=False)
             meter.add_scored(float(out.loss), len(batch["keys"]), *out.token_errors())
         every = meter.reduced(self.ctx)
@@ -512,6 +561,102 @@ class Trainer:
         self.board.scalars(self.global_step, {"cv/loss": metrics["loss"], "cv/acc": metrics["acc"]})
         self.module.train()
         return metrics
+
+
+LOCK_FILE = "train.lock"
+#: what a run leaves in output_dir that a fresh run must not rank, prune or average with its own
+_RUN_FILES = re.compile(r"^(model\.pt(\.ep\d+(\.\d+)?|\.avg\d+)?|cv_metrics\.json"
+                        r"|(trained|unused)_keys\.rank\d+\.txt)$")
+
+
+def claim_output_dir(out: Path, ctx: DistContext, tc: Any) -> tuple[HeldLock | None, list[str]]:
+    """Rank 0 makes ``out`` and takes its lock (``train.lock``) for the run; a fresh run (no ``model.pt`` to resume)
+    into a dir holding another run's checkpoints is refused, or clears them with ``train_conf.overwrite_output_dir``.
+    Collective: every rank raises the same ConfigError. Returns rank 0's lock and what to log.
+
+    Only rank 0 holds the lock: it alone writes what two runs would mix (checkpoints, model.pt, cv_metrics.json,
+    averages, train.log), and no other rank can take a step without it (every step is a collective with rank 0),
+    while a lock every rank held would have to be a shared lock, which a second run's ranks could share too."""
+    problem, lock, notes = None, None, []
+    if ctx.is_main:
+        ensure_dir(out, what="output_dir")
+        held = try_lock(out / LOCK_FILE)
+        if isinstance(held, str):
+            pid, _, host = held.partition(" ")
+            problem = (f"output_dir {out} is in use by another training run: its rank 0, pid {pid}"
+                       f"{f' on {host}' if host else ''}, holds {out / LOCK_FILE}, and two runs in one output_dir "
+                       f"would overwrite each other's checkpoints and train keys twice. Wait for that run to end "
+                       f"(or stop it: kill {pid}), or give this run another ++output_dir. Nothing was written.")
+        else:
+            lock = held
+            problem, notes = _fresh_start(out, tc)
+            if problem is not None:
+                lock.release()
+                lock = None
+    problems = all_gather_object(ctx, problem)
+    if problems[0] is not None:
+        raise ConfigError(problems[0])
+    return lock, notes
+
+
+def _fresh_start(out: Path, tc: Any) -> tuple[str | None, list[str]]:
+    """``(refusal, notes)`` for a run that starts afresh in ``out``: None when it resumes model.pt or the dir holds
+    no checkpoint; with ``overwrite_output_dir`` the old run's files are deleted and named in the notes."""
+    if tc.resume and (out / "model.pt").is_file():
+        return None, []
+    old = sorted(p.name for p in out.iterdir() if _RUN_FILES.match(p.name))
+    if not any(name.startswith("model.pt") or name == ckpt.METRICS_FILE for name in old):
+        return None, []
+    shown = ", ".join(old[:4]) + (f" and {len(old) - 4} more" if len(old) > 4 else "")
+    if tc.overwrite_output_dir:
+        for name in old:
+            (out / name).unlink(missing_ok=True)
+        return None, [f"train_conf.overwrite_output_dir: deleted the previous run's {shown} from {out}"]
+    why = "train_conf.resume=false" if not tc.resume else "there is no model.pt to resume"
+    return (f"output_dir {out} holds another run's checkpoints ({shown}), and this run would start afresh ({why}): "
+            f"its epochs would then be ranked, pruned and averaged (model.pt.avg{{N}}) together with that run's. "
+            f"Start the new run in another ++output_dir, continue that run with ++train_conf.resume=true (its "
+            f"model.pt), or replace it with ++train_conf.overwrite_output_dir=true (its checkpoints, "
+            f"cv_metrics.json and key lists are deleted first). Nothing was written."), []
+
+
+def model_mismatch(path: Path, state: dict, cfg: Any, module: Any) -> str:
+    """The one paragraph for a resumed checkpoint whose weights do not fit the model this run built: the model.*
+    keys that differ from the checkpoint's config, else the tensors that differ."""
+    from omegaconf import OmegaConf
+
+    try:
+        trained = OmegaConf.to_container(OmegaConf.create(state.get("config") or ""), resolve=True)
+    except Exception:  # noqa: BLE001 - a hand-made checkpoint: name the tensors instead
+        trained = {}
+    theirs = _flat((trained or {}).get("model") or {}, "model")
+    ours = _flat(dict(cfg.model), "model")
+    keys = [f"{k}={theirs.get(k, '(unset)')} in the checkpoint, {ours.get(k, '(unset)')} now"
+            for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
+    if keys:
+        what = f"its model.* keys differ: {'; '.join(keys[:6])}" + (f" and {len(keys) - 6} more" if len(keys) > 6
+                                                                    else "")
+    else:
+        own, saved = module.state_dict(), state["model"]
+        shapes = [f"{n} {list(saved[n].shape)} -> {list(t.shape)}" for n, t in own.items()
+                  if n in saved and saved[n].shape != t.shape]
+        missing = [n for n in own if n not in saved] + [n for n in saved if n not in own]
+        what = ("its tensors differ: " + ", ".join((shapes + missing)[:4])
+                + " (a token list of another size, or other features: dataset_conf.fbank_conf)")
+    return (f"train_conf.resume: {path} holds a model that does not fit the one this run builds: {what}. A resume "
+            f"continues the same model: drop or restore those keys on the command line, or start a new run in "
+            f"another ++output_dir (++init_param={path}, with ++train_conf.ignore_init_mismatch=true, to start from "
+            f"its weights).")
+
+
+def _flat(d: dict, prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}.{k}"))
+        else:
+            out[f"{prefix}.{k}"] = v
+    return out
 
 
 def _absolute_paths(section: Any, *keys: str) -> None:
@@ -534,9 +679,20 @@ def train(cfg: Any) -> None:
     if not cfg.dataset_conf.sources:  # a weighted mix names its own lists
         require(cfg, "train_data_set_list")
     resolve_intervals(cfg.train_conf)
-    start = prepare(cfg)  # init_param: read (or refused) before any process group or file
     ctx = init_distributed(cfg.train_conf.device, cfg.train_conf.timeout_s)
+    launcher = LauncherWatch()
     try:
+        start = prepare(cfg, ctx)  # init_param: read (or refused on every rank) before any file is written
         Trainer(cfg, ctx, start).run()
+    except LauncherGone:
+        raise
+    except Exception as exc:
+        if not launcher.gone():
+            raise
+        # a peer that saw its launcher gone first left a collective this rank waits in: say why, not gloo's error
+        raise LauncherGone(f"rank {ctx.rank}: its torchrun launcher (pid {launcher.pid}) is gone (killed, or it "
+                           f"crashed), and the run stopped ({type(exc).__name__} in a collective with a rank that "
+                           f"saw it first). {cfg.output_dir} holds the last checkpoint: rerun the same torchrun "
+                           f"command to resume from it.") from None
     finally:
         cleanup()

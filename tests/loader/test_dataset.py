@@ -105,6 +105,23 @@ def test_a_state_that_is_not_a_loader_state_is_a_config_error_saying_what_to_pas
     assert sorted(epoch_keys(loader, 0)) == sorted(keys)  # nothing was loaded: a whole epoch
 
 
+def test_loader_states_with_a_duplicated_rank_are_a_config_error_naming_the_ranks(shards):
+    data_list, keys, tok = shards
+    states = []
+    for rank in range(2):
+        loader = build_dataloader(str(data_list), small_conf(num_workers=0), tok, train=True, rank=rank,
+                                  world_size=2)
+        loader.set_epoch(0)
+        next(iter(loader))
+        states.append(loader.state_dict())
+    loader = build_dataloader(str(data_list), small_conf(num_workers=0), tok, train=True, rank=1, world_size=2)
+    with pytest.raises(ConfigError) as err:  # rank 0's state twice: rank 1's is missing
+        loader.load_rank_states([states[0], states[0]])
+    message = str(err.value)
+    assert "repeated: [0]" in message and "missing: [1]" in message and "\n" not in message, message
+    assert loader.load_rank_states(states) is None  # one per rank: the exact resume
+
+
 def test_fewer_shards_than_workers_strides_without_hang(tmp_path, caplog):
     data_list, keys = make_shards(tmp_path, per_shard=24)  # one shard, 2 ranks x 2 workers
     tok = build_tokenizer(token_list(tmp_path))

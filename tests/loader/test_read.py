@@ -61,3 +61,81 @@ def test_a_truncated_parquet_file_in_a_list_is_skipped_and_counted_or_named(parq
     failing = build_dataloader(str(listed), small_conf(on_error="fail"), tok, train=True, rank=0, world_size=1)
     with pytest.raises(DataError, match=r"train-00001-of-00004.parquet is not a readable parquet file"):
         _epoch(failing, 0)
+
+
+# --------------------------------------------------------------------------- the list and index over a failing server
+
+
+@pytest.fixture
+def flaky_list(tmp_path):
+    """A data.list + index.jsonl of 2 shards on a real HTTP server on 127.0.0.1 that answers 503 to the first
+    ``server.failures[name]`` GETs of a file name, then serves it; ``server.gets`` counts GETs per name."""
+    import functools
+    import threading
+    from collections import Counter
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from pathlib import Path
+
+    from corpus_io.shards.index import load_index, write_list_and_index
+    from tests.loader_data import make_shards
+
+    class Flaky(SimpleHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            name = self.path.rsplit("/", 1)[-1]
+            self.server.gets[name] += 1
+            if self.server.failures.get(name, 0) > 0:
+                self.server.failures[name] -= 1
+                self.send_error(503, "try again")
+                return
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    www = tmp_path / "www"
+    _, keys = make_shards(www / "shards", sizes=[3, 5])
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Flaky, directory=str(www)))
+    server.gets, server.failures = Counter(), {}
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    entries = [dict(e, path=f"{base}/shards/{Path(e['path']).name}")
+               for e in load_index(www / "shards" / "data.list").values()]
+    write_list_and_index(www / "list" / "data.list", entries)
+    try:
+        yield f"{base}/list/data.list", keys, server, build_tokenizer(token_list(tmp_path))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.network
+def test_a_data_list_and_index_that_fail_at_first_are_retried_like_shards_and_read_whole(flaky_list):
+    url, keys, server, tok = flaky_list
+    server.failures.update({"data.list": 2, "index.jsonl": 1})
+    conf = small_conf(num_workers=0, retries=4, retry_backoff=0.01)
+    loader = build_dataloader(url, conf, tok, train=True, rank=0, world_size=1)
+    loader.set_epoch(0)
+    assert sorted(k for batch in loader for k in batch["keys"]) == sorted(keys)
+    assert server.failures == {"data.list": 0, "index.jsonl": 0}  # every failure was met and retried
+    assert server.gets["data.list"] >= 3 and server.gets["index.jsonl"] >= 2
+
+
+@pytest.mark.network
+def test_an_outage_reading_the_data_list_says_wait_or_retry_not_skip_in_one_paragraph(flaky_list):
+    from tests.conftest import assert_user_error, run_cli
+
+    url, keys, server, tok = flaky_list
+    server.failures["data.list"] = 10**6  # down for good
+    with pytest.raises(DataError) as err:
+        build_dataloader(url, small_conf(num_workers=0, retries=3, retry_backoff=0.01), tok, train=True, rank=0,
+                         world_size=1)
+    message = str(err.value)
+    assert url in message and "HTTP 503" in message and "after 3 attempt(s)" in message, message
+    assert "Wait until it answers and rerun" in message and "dataset_conf.retries" in message, message
+    assert "on_error" not in message and "skip" not in message and "\n" not in message, message
+    assert server.gets["data.list"] == 3
+    result = run_cli("corpus-io", "bench-loader", f"++data_list={url}", "++dataset_conf.num_workers=0",
+                     "++dataset_conf.retries=2", "++dataset_conf.retry_backoff=0.01", f"++tokenizer.token_list="
+                     f"{tok.conf.token_list}", timeout=120, env={"OMP_NUM_THREADS": "1"})
+    assert_user_error(result, f"data list {url} (or its index sidecar) could not be read after 2 attempt(s)")
+    assert "on_error" not in result.stderr

@@ -34,6 +34,19 @@ def run_train(cmd: list[str], timeout: float = 150,
     return run_bounded(cmd, timeout, env=env, cwd=cwd)
 
 
+@pytest.fixture
+def one_process(monkeypatch):
+    """``train`` called in this process: no torchrun variables, one torch thread (restored after)."""
+    import torch
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> dict:
     """48 real utterances in 3 shards of 16 (uneven over 2 ranks), a raw list of 24, a char token list."""

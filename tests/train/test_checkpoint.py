@@ -192,3 +192,17 @@ def test_average_keeps_the_token_list_record_and_refuses_epochs_of_two_token_lis
                                         r"nothing was written.*a smaller \+\+num"):
         ckpt.average_checkpoints(tmp_path, 3, "loss", key="num")
     assert not (tmp_path / "model.pt.avg3").exists()
+
+
+def test_model_pt_is_a_copy_of_its_own_so_cp_into_it_leaves_the_epoch_checkpoint_unchanged(tmp_path):
+    import subprocess
+
+    epoch, latest, other = tmp_path / "model.pt.ep3", tmp_path / "model.pt", tmp_path / "other.pt"
+    ckpt.save_checkpoint(epoch, {"model": {"w": torch.ones(3)}})
+    ckpt.copy_checkpoint(epoch, latest)  # what train writes after each checkpoint
+    ckpt.save_checkpoint(other, {"model": {"w": torch.zeros(3)}})
+    before = epoch.read_bytes()
+    assert latest.read_bytes() == before and latest.stat().st_ino != epoch.stat().st_ino
+    subprocess.run(["cp", str(other), str(latest)], check=True)  # cp writes into the existing model.pt
+    assert epoch.read_bytes() == before and latest.read_bytes() == other.read_bytes()
+    assert not list(tmp_path.glob(".*tmp*"))  # written under a temp name, then renamed

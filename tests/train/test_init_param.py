@@ -21,18 +21,6 @@ from tests.conftest import assert_user_error, run_cli
 _RUNNING = ("running_mean", "running_var", "num_batches_tracked")
 
 
-@pytest.fixture
-def one_process(monkeypatch):
-    import torch
-
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _config(corpus, out, *overrides: str):
     """One optimizer step on the shards; no tokenizer or model keys: those come from the checkpoint."""
     return compose(TrainConfig, "train", [
@@ -239,3 +227,65 @@ def test_init_param_from_an_http_url_and_from_s3_with_the_loaders_storage_option
                                          f"{{endpoint_url: '{endpoint}'}}}}"])
     weights = prepare(cfg).weights
     assert all(_same(weights[n], expected[n]) for n in expected)
+
+
+def test_fine_tuning_on_text_outside_the_checkpoints_token_list_warns_at_the_start_with_the_count_and_the_fix(
+        trained, corpus, tmp_path, one_process):
+    import json
+
+    new_text = tmp_path / "new.list"  # the same speech, transcripts with two letters the token list lacks
+    with open(corpus["raw"], encoding="utf-8") as f, open(new_text, "w", encoding="utf-8") as out:
+        for line in f:
+            record = json.loads(line)
+            out.write(json.dumps(dict(record, txt=record["txt"] + "ЖЯ"), ensure_ascii=False) + "\n")
+    log = _train(dict(corpus, shards=new_text), tmp_path / "exp", f"++init_param={trained['out'] / 'model.pt'}",
+                 "++dataset_conf.data_type=raw")
+    found = re.search(r"warning: the transcripts read for the first step hold (\d+) token\(s\) outside the token "
+                      r"list (\S+) .*", log)
+    assert found, log
+    assert int(found.group(1)) >= 8 and found.group(2) == str(corpus["tokens"])  # 2 in each of >= 4 utterances
+    assert "make-tokenizer" in found.group(0) and "++train_conf.ignore_init_mismatch=true" in found.group(0)
+    assert log.index(found.group(0)) < log.index("epoch 0 done")  # at the start, not only in the epoch's counts
+
+
+def test_a_url_init_param_is_downloaded_once_per_node_and_every_rank_starts_from_it(trained, corpus, tmp_path):
+    import functools
+    import os
+    import threading
+    from collections import Counter
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.conftest import run_bounded
+    from tests.train.conftest import torchrun_cmd
+
+    gets: Counter = Counter()
+
+    class Counting(SimpleHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            gets[self.path] += 1
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    www, scratch = tmp_path / "www", tmp_path / "tmp"
+    www.mkdir()
+    scratch.mkdir()
+    (www / "model.pt").write_bytes((trained["out"] / "model.pt").read_bytes())
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Counting, directory=str(www)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/model.pt"
+    out = tmp_path / "exp"
+    try:
+        cmd = torchrun_cmd(out, corpus, f"++init_param={url}", "++train_conf.max_epoch=1",
+                           "++train_conf.max_steps_per_epoch=1", "++train_conf.avg_nbest_model=0")
+        env = dict(os.environ, CORPUS_IO_NO_PROGRESS="1", OMP_NUM_THREADS="1", TMPDIR=str(scratch))
+        result = run_bounded(cmd, 150, env=env)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert gets == {"/model.pt": 1}, gets  # 2 ranks on one node: local rank 0 downloaded it, rank 1 read its copy
+    assert re.search(rf"init_param {re.escape(url)}: (\d+) of the model's \1 tensors loaded",
+                     (out / "train.log").read_text(encoding="utf-8"))
+    assert not list(scratch.glob("corpus-io-init-param-*"))  # the node's copy is gone once every rank read it
