@@ -31,8 +31,8 @@ def one_token(key: str, where: str) -> str:
     what = "whitespace" if c.isspace() else "a control character"
     fixed = "".join("_" if _breaks_token(x) else x for x in key)
     raise DataError(f"{where}: key {excerpt(key)} is not one word: it holds {what} (U+{ord(c):04X}) at character "
-                    f"{bad + 1}, and a Kaldi table written from it (text, wav.scp, utt2spk) would split it there. A key "
-                    f"is one token: rename the utterance (e.g. {excerpt(fixed)}), then rerun.")
+                    f"{bad + 1}, and a Kaldi table written from it (text, wav.scp, utt2spk) would split it there. "
+                    f"A key is one token: rename the utterance (e.g. {excerpt(fixed)}), then rerun.")
 
 
 def key_hash(key: str) -> int:
