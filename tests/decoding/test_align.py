@@ -180,3 +180,4 @@ def test_ctm_and_jsonl_give_recording_times_for_segments_read_by_the_loader(tmp_
     assert [t["token"] for t in recs[first]["tokens"]] == ["w1", "w2"] and "recording" not in recs["whole"]
     kept = (tmp_path / "kept_text").read_text().splitlines()
     assert len(kept) == 5 and (tmp_path / "confidence").read_text().count("\n") == 5
+
