@@ -98,8 +98,12 @@ def decode(cfg: Any) -> dict:
     if cfg.timestamps:
         print(f"decode: word times -> {out / 'ctm'}, tokens and words -> {out / 'timestamps.jsonl'}")
     if cfg.min_confidence > 0:
+        kept_list = ""
+        if conf.data_type == "raw" and "://" not in str(cfg.data_list):
+            kept_list = f", as a raw list with the hypotheses as transcripts -> {out / 'kept.list'}"
+            write_kept_list(cfg.data_list, out / "kept.list", run, cfg.min_confidence)
         print(f"decode: {result['kept']} of {result['utts']} utterances have confidence >= {cfg.min_confidence} "
-              f"-> {out / 'kept_text'} (every utterance's: {out / 'confidence'})")
+              f"-> {out / 'kept_text'}{kept_list} (every utterance's: {out / 'confidence'})")
     return {k: v for k, v in result.items() if k != "summary"}
 
 
@@ -361,6 +365,29 @@ def write_timed(out: Path, run: DecodeRun, *, timestamps: bool, min_confidence: 
     return len(kept)
 
 
+def write_kept_list(data_list: str, path: Path, run: DecodeRun, min_confidence: float) -> None:
+    """Pseudo-labels: the raw list's utterances whose confidence is at least ``min_confidence``, as canonical
+    records (FunASR fields, their ``start``/``end`` kept) with the best hypothesis as ``target``; streamed."""
+    import json
+    import os
+
+    from corpus_io.storage.files import atomic_write
+    from corpus_io.tables.inputs import record_of_line
+
+    base = os.path.dirname(os.path.abspath(data_list))
+    with open(data_list, encoding="utf-8") as src, atomic_write(path) as f:
+        for lineno, line in enumerate(src, 1):
+            if not line.strip():
+                continue
+            rec = record_of_line(json.loads(line), f"{data_list}:{lineno}", base)
+            timed = run.timed.get(rec.get("key")) if isinstance(rec, dict) else None
+            if timed is None or timed.confidence < min_confidence:
+                continue
+            rec = {k: v for k, v in rec.items() if k not in ("target_len", "where", "txt")}
+            rec["target"] = run.nbest[rec["key"]][0][0]
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+
 def _reference(batch: dict, i: int, tokenizer: Any, ids: list[int]) -> str:
     """The transcript as read (raw line or shard member), not rebuilt from token ids: a token missing from
     the token list would come back as ``<unk>`` and be scored as five characters. The detokenized target
@@ -372,7 +399,8 @@ def _reference(batch: dict, i: int, tokenizer: Any, ids: list[int]) -> str:
 
 
 KALDI_TABLES = ("text", "wav.scp", "segments", "utt2spk", "spk2utt", "feats.scp", "utt2dur", "reco2dur")
-DECODE_OUTPUTS = ("text", "nbest", "ref", "cer.txt", "wer.txt", "ctm", "timestamps.jsonl", "confidence", "kept_text")
+DECODE_OUTPUTS = ("text", "nbest", "ref", "cer.txt", "wer.txt", "ctm", "timestamps.jsonl", "confidence", "kept_text",
+                  "kept.list")
 
 
 def refuse_overwrites(cfg: Any) -> None:

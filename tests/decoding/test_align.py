@@ -163,14 +163,14 @@ def test_ctm_and_jsonl_give_recording_times_for_segments_read_by_the_loader(tmp_
     for key in segments:
         run.timed[key] = align(spikes(40, 4, {3: 1, 10: 2}), [1, 2], decode, word_units, frame_seconds=FRAME)
         run.nbest[key] = [("w1 w2", 0.0)]
-    run.timed["whole"] = align(spikes(40, 4, {5: 3}), [3], decode, word_units, frame_seconds=FRAME)
+    run.timed["whole"] = align(spikes(40, 4, {5: 3}, p=0.4), [3], decode, word_units, frame_seconds=FRAME)
     run.nbest["whole"] = [("w3", 0.0)]
     write_timed(tmp_path, run, timestamps=True, min_confidence=0.5)
     rows = [line.split() for line in (tmp_path / "ctm").read_text().splitlines()]
     assert all(len(r) == 6 and r[1] == "1" and 0 <= float(r[5]) <= 1 and float(r[3]) > 0 for r in rows)
     long = [r for r in rows if r[0] == "long"]
     assert [float(r[2]) for r in long] == [round(s + t, 2) for s in sorted(starts.values()) for t in (0.12, 0.4)]
-    assert [r for r in rows if r[0] == "whole"] == [["whole", "1", "0.20", "0.04", "w3", "0.90"]]
+    assert [r for r in rows if r[0] == "whole"] == [["whole", "1", "0.20", "0.04", "w3", "0.40"]]
     recs = {json.loads(line)["key"]: json.loads(line) for line in (tmp_path / "timestamps.jsonl").read_text()
             .splitlines()}
     first = min(starts, key=starts.get)
@@ -178,6 +178,6 @@ def test_ctm_and_jsonl_give_recording_times_for_segments_read_by_the_loader(tmp_
     assert recs[second]["recording"] == "long" and recs[second]["offset"] == starts[second]
     assert recs[second]["words"][0]["start"] == pytest.approx(starts[second] + 0.12)
     assert [t["token"] for t in recs[first]["tokens"]] == ["w1", "w2"] and "recording" not in recs["whole"]
-    kept = (tmp_path / "kept_text").read_text().splitlines()
-    assert len(kept) == 5 and (tmp_path / "confidence").read_text().count("\n") == 5
+    kept = (tmp_path / "kept_text").read_text().splitlines()  # min_confidence 0.5: the unsure one (0.4) is left out
+    assert kept == [f"{k} w1 w2" for k in sorted(starts)] and (tmp_path / "confidence").read_text().count("\n") == 5
 

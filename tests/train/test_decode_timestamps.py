@@ -70,6 +70,12 @@ def test_decode_times_real_pairs_noisy_copies_and_segments_with_the_trained_mode
     for row in (line.split() for line in (out / "ctm").read_text().splitlines()):
         assert len(row) == 6 and row[1] == "1" and float(row[3]) >= 0 and 0 <= float(row[5]) <= 1
         assert row[0] not in starts  # segments are named by their recording
+    kept_lines = (out / "kept_text").read_text(encoding="utf-8").splitlines()
+    kept = dict((line.split(" ", 1) + [""])[:2] for line in kept_lines)
+    assert sorted(kept) == sorted(k for k, r in recs.items() if r["confidence"] >= 0.5)
+    pseudo = [json.loads(x) for x in (out / "kept.list").read_text(encoding="utf-8").splitlines()]
+    assert {r["key"]: r["target"] for r in pseudo} == kept  # the raw list's lines, hypotheses as transcripts
+    assert all(r["start"] == starts[r["key"]] for r in pseudo if r["key"] in starts)
     hits = sum(len(recs[k]["words"]) > n and abs(recs[k]["words"][n]["start"] - onset) <= 0.2
                for k, (onset, n) in truth.items())
     conf = {kind: [w["confidence"] for k, r in recs.items() if k.startswith(kind) for w in r["words"]]
