@@ -181,3 +181,23 @@ def test_ctm_and_jsonl_give_recording_times_for_segments_read_by_the_loader(tmp_
     kept = (tmp_path / "kept_text").read_text().splitlines()  # min_confidence 0.5: the unsure one (0.4) is left out
     assert kept == [f"{k} w1 w2" for k in sorted(starts)] and (tmp_path / "confidence").read_text().count("\n") == 5
 
+
+
+def test_bpe_pieces_group_into_the_words_the_hypothesis_text_has(tmp_path):
+    from tests.decoding.test_hotwords import tokenizer as bpe_tokenizer
+
+    tok = bpe_tokenizer("bpe", tmp_path)
+    text = "speech torchaudio is fun"
+    ids = tok.encode(text)
+    assert len(ids) > 4  # torchaudio (not a training word) spells in several pieces
+    at = {3 + 4 * k: i for k, i in enumerate(ids)}
+    timed = align(spikes(4 * len(ids) + 6, tok.vocab_size, at), ids, tok.decode, word_units, frame_seconds=FRAME)
+    assert [w.text for w in timed.words] == text.split() == word_units(tok.decode(ids))
+    pieces = [tok.symbols[i] for i in ids]
+    assert "▁" in pieces  # a bare ▁ piece (before a word sentencepiece has no ▁-piece for) adds only a space
+    # each word from its first piece with letters to the last one before the next word's ▁: a bare ▁ is in none
+    marks = [k for k, p in enumerate(pieces) if p.startswith("▁")]
+    starts = [k + 1 if pieces[k] == "▁" else k for k in marks]
+    ends = [(k - 1) for k in marks[1:]] + [len(ids) - 1]
+    assert [(w.start, w.end) for w in timed.words] == [
+        (round((3 + 4 * a) * FRAME, 3), round((4 + 4 * b) * FRAME, 3)) for a, b in zip(starts, ends)]
