@@ -172,11 +172,12 @@ class DecodeConfig:
                                   "the hypothesis (frame = feature shift x model subsampling, 40 ms for "
                                   "ConformerCTC); a raw segment (start/end) is timed in its recording and named by "
                                   "the recording id, as Kaldi's CTM")
-    min_confidence: float = opt(0.0, "pseudo-labelling: write output_dir/kept_text (Kaldi text) with only the "
-                                      "utterances whose confidence (mean word confidence, each the least aligned-"
-                                      "frame posterior of its tokens; see corpus_io/decoding/align.py) is at least "
-                                      "this, and output_dir/confidence for every utterance; 0: off",
-                                 range="[0, 1]")
+    min_confidence: float = opt(0.0, "pseudo-labelling: write output_dir/kept_text (Kaldi text) and, for a local "
+                                      "raw list, kept.list (its lines, hypotheses as transcripts) with only the "
+                                      "utterances whose confidence is at least this (the mean of its words'; a "
+                                      "word's: the least of its tokens' mean aligned-frame posteriors; see "
+                                      "corpus_io/decoding/align.py), and output_dir/confidence for every "
+                                      "utterance; 0: off", range="[0, 1]")
 
 
 @schema
