@@ -166,6 +166,18 @@ class DecodeConfig:
                                               max_output_input_ratio=1000.0)))
     device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
     decoding: DecodingConf = opt(factory=DecodingConf)
+    timestamps: bool = opt(False, "also write output_dir/ctm (Kaldi CTM: '<utt> 1 <start> <dur> <word> <conf>', "
+                                  "seconds, 2 decimals) and timestamps.jsonl (each best hypothesis's tokens and "
+                                  "words with start/end seconds and confidence), from the CTC forced alignment of "
+                                  "the hypothesis (frame = feature shift x model subsampling, 40 ms for "
+                                  "ConformerCTC); a raw segment (start/end) is timed in its recording and named by "
+                                  "the recording id, as Kaldi's CTM")
+    min_confidence: float = opt(0.0, "pseudo-labelling: write output_dir/kept_text (Kaldi text) and, for a local "
+                                      "raw list, kept.list (its lines, hypotheses as transcripts) with only the "
+                                      "utterances whose confidence is at least this (the mean of its words'; a "
+                                      "word's: the least of its tokens' mean aligned-frame posteriors; see "
+                                      "corpus_io/decoding/align.py), and output_dir/confidence for every "
+                                      "utterance; 0: off", range="[0, 1]")
 
 
 @schema
