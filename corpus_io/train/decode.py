@@ -48,7 +48,7 @@ def decode_dataset_conf(user: Any, trained: Any) -> Any:
 def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
     """``(model in eval mode, tokenizer, training config)`` from a checkpoint, or from a file of export-model
     (``.onnx``: run by onnxruntime; ``.ts``: TorchScript)."""
-    from corpus_io.train.export import is_exported, load_exported
+    from corpus_io.train.exported import is_exported, load_exported
 
     if is_exported(checkpoint):
         return load_exported(checkpoint, device)

@@ -102,7 +102,7 @@ def test_the_explicit_mask_path_equals_the_model_with_its_hooks():
 
 
 def test_onnx_and_torchscript_equal_pytorch_on_20_utterances_with_the_same_hypotheses(exported, corpus, tmp_path):
-    from corpus_io.train.export import load_exported
+    from corpus_io.train.exported import load_exported
     from corpus_io.train.frontend import build_front_end, model_inputs
 
     batches, model, conf = _batches(exported["ckpt"], _twenty(corpus, tmp_path), feats_on="loader")
@@ -125,7 +125,7 @@ def test_onnx_and_torchscript_equal_pytorch_on_20_utterances_with_the_same_hypot
 
 
 def test_with_the_front_end_inside_the_file_equals_feats_on_model(exported, corpus, tmp_path):
-    from corpus_io.train.export import load_exported
+    from corpus_io.train.exported import load_exported
     from corpus_io.train.frontend import build_front_end, model_inputs
 
     batches, model, conf = _batches(exported["ckpt"], _twenty(corpus, tmp_path), feats_on="model")
@@ -192,7 +192,7 @@ def test_a_foreign_onnx_file_and_a_model_the_exporter_cannot_handle_are_refused_
 def test_the_readme_snippet_transcribes_a_wav_as_greedy_decoding_does(exported, tmp_path):
     import soundfile as sf
 
-    from corpus_io.train.export import load_exported
+    from corpus_io.train.exported import load_exported
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     snippet = re.search(r"<!-- snippet: transcribe-onnx[^\n]*\n```python\n(.*?)```", readme, re.S).group(1)
@@ -229,7 +229,7 @@ def test_onnxruntime_is_installed_only_by_its_extra():
     assert not any(r.startswith("onnx") for r in project["dependencies"])
     assert "onnx" in re.search(r"\[(.*)\]", extras["all"][0]).group(1).split(",")  # dev installs all
     # the modules the core commands import do not import it
-    code = ("import sys, corpus_io.commands, corpus_io.train.decode, corpus_io.train.export; "
+    code = ("import sys, corpus_io.commands, corpus_io.train.decode, corpus_io.train.export, corpus_io.train.exported; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime'))))")
     result = run_bounded([sys.executable, "-c", "import json; " + code], 120, cwd=REPO)
     assert result.returncode == 0, result.stderr
