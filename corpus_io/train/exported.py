@@ -22,9 +22,10 @@ class OnnxCTC:
     """An exported ONNX model run by onnxruntime: ``model(x, lengths) -> (log_probs, lengths)`` as torch tensors,
     like a PyTorch model's forward. ``inputs``: "features" or "waveform"."""
 
-    def __init__(self, session: Any, meta: dict[str, str]) -> None:
+    def __init__(self, session: Any, meta: dict[str, str], device: Any = "cpu") -> None:
         self.session = session
         self.meta = meta
+        self.device = torch.device(device)
         self.inputs = meta[META_PREFIX + "inputs"]
         self.names = [i.name for i in session.get_inputs()]
 
@@ -34,7 +35,7 @@ class OnnxCTC:
         feed = {self.names[0]: x.detach().cpu().float().contiguous().numpy(),
                 self.names[1]: lengths.detach().cpu().long().numpy()}
         log_probs, out = self.session.run(None, feed)
-        return torch.from_numpy(log_probs), torch.from_numpy(out)
+        return torch.from_numpy(log_probs).to(self.device), torch.from_numpy(out).to(self.device)
 
     def front_end(self, batch: dict, *, train: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """A waveform model's inputs from a loader batch (feats_on=model): the waveforms themselves."""
@@ -85,12 +86,12 @@ def read_metadata(path: str) -> tuple[str, dict[str, str]]:
         kind = "torchscript"
     if meta.get(META_PREFIX + "format") != FORMAT or any(key not in meta for key in _REQUIRED):
         found = meta.get(META_PREFIX + "format")
-        how = "++output=model.onnx" if kind == "onnx" else "++output=model.ts ++format=torchscript"
+        how = ("corpus-io export-model ++checkpoint=exp/model.pt ++output=model.onnx" if kind == "onnx" else
+               "corpus-io export-model ++checkpoint=exp/model.pt ++output=model.ts ++format=torchscript")
         raise ConfigError(f"{path} is a {kind} model without corpus-io's metadata ({META_PREFIX}format="
                           f"{found!r}, expected {FORMAT!r}; the token list, features and sample rate travel "
                           f"there), so decode cannot tell what its inputs and outputs mean. Export the model with "
-                          f"corpus-io export-model ++checkpoint=exp/model.pt {how}, or decode the PyTorch "
-                          f"checkpoint.")
+                          f"{how}, or decode the PyTorch checkpoint.")
     return kind, meta
 
 
@@ -129,6 +130,6 @@ def load_exported(path: str, device: Any) -> tuple[Any, Any, Any]:
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3
         session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        return OnnxCTC(session, meta), tokenizer, tcfg
+        return OnnxCTC(session, meta, device), tokenizer, tcfg
     module = torch.jit.load(str(path), map_location=device).eval()
     return TorchScriptCTC(module, meta, device), tokenizer, tcfg
