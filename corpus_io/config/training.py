@@ -158,7 +158,8 @@ class DecodingConf:
 @schema
 class DecodeConfig:
     data_list: str = opt("???", "data.list to decode")
-    checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}")
+    checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}, or a file of export-model (.onnx: "
+                                 "onnxruntime; .ts: TorchScript)")
     output_dir: str = opt("???", "writes text (hypotheses) and cer.txt / wer.txt")
     # bigger batches (no backward pass) and no filter that would leave an utterance undecoded
     dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(
