@@ -1,5 +1,5 @@
 """Schemas of the training family: train (with train_conf, optim_conf, scheduler_conf), decode,
-compute-cmvn, average and bench-loader."""
+compute-cmvn, average, export-model and bench-loader."""
 
 from __future__ import annotations
 
@@ -158,7 +158,8 @@ class DecodingConf:
 @schema
 class DecodeConfig:
     data_list: str = opt("???", "data.list to decode")
-    checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}")
+    checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}, or a file of export-model (.onnx: "
+                                 "onnxruntime; .ts: TorchScript)")
     output_dir: str = opt("???", "writes text (hypotheses) and cer.txt / wer.txt")
     # bigger batches (no backward pass) and no filter that would leave an utterance undecoded
     dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(
@@ -224,6 +225,17 @@ class ComputeCmvnConfig:
     job_index: Any = job_index_opt()
     executor: str = executor_opt()
     executor_address: str = executor_address_opt()
+
+
+@schema
+class ExportModelConfig:
+    checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N} of a ConformerCTC (CTC-only) model")
+    output: str = opt("???", "the file to write (model.onnx, model.ts); it holds the token list, sample rate, "
+                             "feature config and subsampling")
+    format: str = opt("onnx", "onnx (run by onnxruntime: pip install 'corpus-io[onnx]') or torchscript",
+                      choices=("onnx", "torchscript"))
+    frontend: bool = opt(False, "include the Kaldi fbank/mfcc front end: waveforms (float32 in [-1, 1] at the "
+                                "model's sample rate) in, log-probs out; false: features in")
 
 
 @schema

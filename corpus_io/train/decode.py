@@ -48,7 +48,12 @@ def decode_dataset_conf(user: Any, trained: Any) -> Any:
 
 
 def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
-    """``(model in eval mode, tokenizer, training config)`` from a checkpoint."""
+    """``(model in eval mode, tokenizer, training config)`` from a checkpoint, or from a file of export-model
+    (``.onnx``: run by onnxruntime; ``.ts``: TorchScript)."""
+    from corpus_io.train.exported import is_exported, load_exported
+
+    if is_exported(checkpoint):
+        return load_exported(checkpoint, device)
     from corpus_io.tokenizer import build_tokenizer
     from corpus_io.train.checkpoint import check_token_list, load_checkpoint
     from corpus_io.train.model import build_model, feature_dim
@@ -188,7 +193,8 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
     from corpus_io.train.frontend import build_front_end, model_inputs
     from corpus_io.train.steps import sync_device
 
-    front_end = build_front_end(conf, device)
+    # an exported model with the front end inside takes the waveforms themselves
+    front_end = model.front_end if getattr(model, "inputs", "") == "waveform" else build_front_end(conf, device)
     utts = 0
     with torch.no_grad():
         bar = progress(loader, desc=desc, unit="batch")
