@@ -227,6 +227,10 @@ class Piece:
         return (self.in_stride(position) and (position > self.after or position in self.extra)
                 and not (self.skip and any(s.keeps(position) for s in self.skip)))
 
+    def first_kept(self) -> int:
+        """The first position this piece may keep (a reader that can seek starts there)."""
+        return min([*self.extra, self.after + 1]) if self.after >= 0 or self.extra else 0
+
     def done_after(self, position: int) -> bool:
         """Nothing at or after ``position`` is kept (stop reading the unit early)."""
         return self.after >= NO_MORE and all(e < position for e in self.extra)
@@ -295,6 +299,17 @@ class SlotState:
 
     def emit(self, sid: tuple[int, int, int]) -> None:
         self.pending.pop(sid, None)
+
+    def first_needed(self, src: int, unit: int) -> int:
+        """The first position of ``unit`` of ``src`` a resumed reader still needs: its lowest pending sample, else
+        the one after the cursor when the cursor is in it (0 when the unit is new to this state)."""
+        cur = self.cursor.get(src)
+        pending = [pos for s, u, pos in self.pending if s == src and u == unit]
+        if cur is None or cur[0] < unit:
+            return 0
+        if cur[0] == unit:
+            return min([*pending, cur[1] + 1])
+        return min(pending, default=NO_MORE)
 
     def start_unit(self, src: int) -> int | None:
         """The first unit a resumed reader of ``src`` must open (None: start from the beginning)."""

@@ -222,26 +222,29 @@ def open_source(data_list: str, data_type: str, weight: float, opts: ReadOptions
 
 
 def read_shard_unit(url: str, opts: ReadOptions, counts: Counter, *, expected: int | None = None,
-                    kept: Callable[[int], bool] = lambda pos: True) -> Iterator[dict]:
+                    kept: Callable[[int], bool] = lambda pos: True, start: int = 0) -> Iterator[dict]:
     """The samples of one shard; retries transient failures, then skips-and-counts or fails.
 
     ``expected``: the shard's utterance count from the index; a skipped shard then also counts the
-    utterances it loses (those at or after the break that ``kept`` says this reader would keep).
+    utterances it loses (those at or after the break that ``kept`` says this reader would keep). ``start``: the
+    first position wanted; a parquet file seeks to its row group (a tar is read from its start).
     """
-    from corpus_io.shards.kinds import sample_reader
+    from corpus_io.shards.kinds import PARQUET, sample_reader, shard_kind
 
     prof = profile.current()  # CORPUS_IO_LOADER_PROFILE: time a tar's file reads
     # members as views of the read buffer: decode copies the samples it keeps (one copy instead of two)
     read_shard = sample_reader(url, fields=opts.fields, counts=counts, wrap=prof.reader if prof is not None else None,
                                views=True)
-    delivered = 0
+    seeks = shard_kind(url) == PARQUET
+    delivered = start if seeks else 0  # positions before it were never wanted: not lost if the shard breaks
     attempt = 0
     delay = opts.retry_backoff
     while True:
         attempt += 1
         try:
+            where = {"start": max(start, delivered)} if seeks else {}  # a retry seeks past what it delivered too
             for sample in read_shard(url, storage_options=opts.storage_options,
-                                     max_member_bytes=opts.max_member_bytes, allow_pipe=opts.allow_pipe):
+                                     max_member_bytes=opts.max_member_bytes, allow_pipe=opts.allow_pipe, **where):
                 if sample["__pos__"] < delivered:
                     continue
                 delivered = sample["__pos__"] + 1
@@ -327,7 +330,7 @@ def chunk_lines(source: Source, unit: int, pass_: int, *, seed: int, shuffle: bo
 
 
 def read_piece(source: Source, piece: Piece, opts: ReadOptions, counts: Counter, *, seed: int, shuffle: bool,
-               done: Callable[[int], bool], carried: bool = False) -> Iterator[tuple[int, dict]]:
+               done: Callable[[int], bool], carried: bool = False, start: int = 0) -> Iterator[tuple[int, dict]]:
     """``(position, sample)`` for the positions ``piece`` keeps, in order. Positions the checkpointed run
     already had (outside the piece, or ``done``) are skipped before decoding (a raw entry is not even read)
     and count as ``resume.reread``; a piece of pending samples only stops after its last one. Positions a
@@ -357,7 +360,9 @@ def read_piece(source: Source, piece: Piece, opts: ReadOptions, counts: Counter,
         return
     url = source.urls[piece.unit]
     expected = source.num_utts[piece.unit] if source.num_utts and source.num_utts[piece.unit] else None
-    for sample in read_shard_unit(url, opts, counts, expected=expected, kept=piece.keeps):
+    # a reader that can seek (a parquet file, by row group) starts at the first position still needed
+    for sample in read_shard_unit(url, opts, counts, expected=expected, kept=piece.keeps,
+                                  start=max(start, piece.first_kept())):
         want = wanted(sample["__pos__"])
         if want is None:
             return
@@ -391,7 +396,8 @@ def iter_source(src: int, source: Source, slot: Slot, state: SlotState, opts: Re
             # a piece of an earlier pass in this pass's plan: the last epoch's rest, carried (batched first)
             carried = not infinite and piece.pass_ < pass_
             for pos, sample in read_piece(source, piece, opts, counts, seed=seed, shuffle=shuffle,
-                                          done=partial(_done, state, src, uid), carried=carried):
+                                          done=partial(_done, state, src, uid), carried=carried,
+                                          start=state.first_needed(src, uid)):
                 sample["__sid__"] = (src, uid, pos)
                 if carried:
                     sample[CARRIED] = True

@@ -521,13 +521,14 @@ def _sample(row: Row, url: str, entry: str, pos: int) -> dict:
 
 
 def read_samples(entry: str, *, storage_options: dict | None = None, max_member_bytes: int = 0,
-                 allow_pipe: bool = False) -> Iterator[dict]:
+                 allow_pipe: bool = False, start: int = 0) -> Iterator[dict]:
     """The samples of a parquet file listed in a shard data.list (``entry``: the list's line, with its column
     mapping), as :func:`corpus_io.shards.reader.read_shard` gives a tar's: ``key``, ``audio``, ``audio_format``,
-    ``txt``, ``meta``, ``__url__``, ``__pos__`` (the row). One row group in memory."""
+    ``txt``, ``meta``, ``__url__``, ``__pos__`` (the row). One row group in memory. ``start``: the first row
+    wanted (a resumed reader): the row groups before it are not read."""
     url, columns = split_entry(entry)
     reader = ParquetFileReader(url, columns, storage_options)
-    for row in reader.rows():
+    for row in reader.rows(start=start):
         if max_member_bytes and row.data is not None and len(row.data) > max_member_bytes:
             raise DataError(f"{url} row {row.index}: key '{row.key}': its audio is {len(row.data)} bytes, more than "
                             f"dataset_conf.max_member_bytes={max_member_bytes}.")

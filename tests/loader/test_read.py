@@ -48,6 +48,39 @@ def test_a_parquet_list_resumes_mid_epoch_exactly(parquet_list):
     assert resumed.counts().get("resume.reread", 0) <= len(first)  # only the files still open are read again
 
 
+def test_a_resumed_parquet_file_is_read_from_the_row_group_of_its_first_needed_row(parquet_list, monkeypatch):
+    """A checkpoint in the middle of a parquet file: the resumed reader seeks to the row group holding the first row
+    it still needs (its lowest pending row, or the one after the cursor), instead of reading the file again from
+    its first row group; the epoch still reads every key once."""
+    from corpus_io.tables.parquet import ParquetFileReader
+    from tests.loader_data import epoch_keys, read_then_checkpoint
+
+    data_list, utts, tok = parquet_list
+    conf = small_conf(num_workers=0, shuffle=False)  # in process and in file order: the reads are seen here
+
+    def make():
+        return build_dataloader(str(data_list), conf, tok, train=True, rank=0, world_size=1)
+
+    read: list[tuple[str, int]] = []
+    group = ParquetFileReader._group
+
+    def counting(self, g, audio):
+        read.append((self.url, g))
+        return group(self, g, audio)
+
+    monkeypatch.setattr(ParquetFileReader, "_group", counting)
+    first, state = read_then_checkpoint(make(), 0, 4)  # 16 rows: file 1's 10, then 6 of file 2 (groups of 4)
+    before, read[:] = list(read), []
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = epoch_keys(resumed)
+    assert sorted(first + rest) == sorted(utts)  # every key once
+    done, open_file = list(dict.fromkeys(url for url, _ in before))[:2]
+    assert not [r for r in read if r[0] == done], read  # a file trained whole is not opened again
+    assert (open_file, 0) in before and (open_file, 0) not in read, read  # the open one: from its needed group on
+    assert any(url == open_file for url, _ in read)
+
+
 def test_a_truncated_parquet_file_in_a_list_is_skipped_and_counted_or_named(parquet_list, tmp_path):
     data_list, utts, tok = parquet_list
     files = data_list.read_text().split()
