@@ -199,7 +199,7 @@ class TuneLmConfig:
     word_scores: List[float] = opt(factory=lambda: [-1.0, 0.0, 1.0, 2.0], help="word scores to try",
                                    range="[-100, 100]", min_items=1)
     unk_scores: Optional[List[float]] = opt(None, "unknown-unit scores to try (decoding.unk_score); null: "
-                                                  "[-4, 0, 4], or [0] with decoding.lexicon=true (no unit is "
+                                                  "[-2, 0, 2], or [0] with decoding.lexicon=true (no unit is "
                                                   "unknown)", range="[-100, 100]", min_items=1)
     dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(
         batch_size=32, filter_conf=FilterConf(token_min_length=0, min_output_input_ratio=0.0,
