@@ -106,3 +106,21 @@ def test_tune_lm_refuses_unk_scores_with_the_lexicon_and_tries_only_zero_by_defa
     with pytest.raises(ConfigError, match=r"\+\+unk_scores=\[-2.0, 0.0\] is given with decoding.lexicon=true, "
                                           r"which limits the words to the LM's vocabulary: no word is unknown"):
         unk_grid([-2, 0], with_lexicon)
+
+
+def test_tune_lm_with_the_lexicon_writes_it_into_best_txt_and_tunes_no_unk_score(trained, corpus, tmp_path):
+    lm = tmp_path / "lm.arpa"
+    result = run_cli("corpus-io", "make-lm", f"++input={corpus['raw']}", f"++output={lm}", "++order=2",
+                     f"++tokenizer.token_list={corpus['tokens']}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    common = [f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=0",
+              f"++checkpoint={trained['out'] / 'model.pt.avg2'}", f"++lm={lm}", "++lm_weights=[0.3]",
+              "++word_scores=[0.0]", "++decoding.beam=2", "++decoding.lexicon=true"]
+    result = run_cli("corpus-io", "tune-lm", *common, f"++output_dir={tmp_path / 'tune'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "tune" / "tune.txt").read_text().splitlines()[1].startswith("0.3 0.0 0.0 ")
+    best = (tmp_path / "tune" / "best.txt").read_text().split()
+    assert "++decoding.lexicon=true" in best and not any("unk_score" in arg for arg in best)
+    result = run_cli("corpus-io", "tune-lm", *common, f"++output_dir={tmp_path / 'refused'}", "++unk_scores=[-1,0]")
+    assert result.returncode == 2 and "no word is unknown, so unk_score would be ignored" in result.stderr
+    assert not (tmp_path / "refused").exists()
