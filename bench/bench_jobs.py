@@ -15,10 +15,12 @@ the cost of ``merge-jobs`` on a simulated 75,000-part run (the 100,000-hour plan
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -95,13 +97,21 @@ def simulate(root: str, parts: int, keys: int) -> None:
     fp = fingerprint(["simulated"])
     for j in range(1, parts + 1):
         name = f"shard-{j - 1:06d}.tar"
-        (out / name).write_bytes(b"x")
-        entry = {"path": name, "num_utts": keys, "duration": 10.0 * keys, "min_duration": 1.0, "max_duration": 20.0,
-                 "bytes": 1, "sha256": "0" * 64, "keys": [f"spk{j:06d}-utt{k:04d}" for k in range(keys)]}
+        utts = [f"spk{j:06d}-utt{k:04d}" for k in range(keys)]
+        # a real tar of metadata members (merge-jobs reads each shard's headers and .json members against its record)
+        with tarfile.open(out / name, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for key in utts:
+                for suffix, payload in (("txt", b"a"), ("json", json.dumps({"key": key, "duration": 10.0}).encode())):
+                    info = tarfile.TarInfo(f"{key}.{suffix}")
+                    info.size = len(payload)
+                    tar.addfile(info, io.BytesIO(payload))
+        size, sha = (out / name).stat().st_size, hashlib.sha256((out / name).read_bytes()).hexdigest()
+        entry = {"path": name, "num_utts": keys, "duration": 10.0 * keys, "min_duration": 10.0, "max_duration": 10.0,
+                 "bytes": size, "sha256": sha, "keys": utts}
         data = {"prefix": "shard", "groups": [{"dir": "", "entries": [entry]}],
-                "summary": {"kept": keys, "seconds": 10.0 * keys, "bytes": 1, "skipped": {}}}
+                "summary": {"kept": keys, "seconds": 10.0 * keys, "bytes": size, "skipped": {}}}
         write_part(place, Part("pack-shards", place.tag, parts, j, fp, [j - 1, j], parts,
-                               [{"file": name, "bytes": 1, "sha256": "0" * 64}], data))
+                               [{"file": name, "bytes": size, "sha256": sha}], data))
     job = Job(1, parts)
     assert place.record(job).is_file()
     print(json.dumps({"parts": parts}), flush=True)

@@ -78,6 +78,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("decode", config.DecodeConfig, "corpus_io.train.decode:decode",
             "Decode a raw or shard list with a checkpoint (++decoding.method=greedy, ctc_prefix_beam, ctc_beam_lm "
             "or attention_rescoring; hotwords); writes a Kaldi text, the n-best and a CER/WER report with RTF."),
+    Command("export-model", config.ExportModelConfig, "corpus_io.train.export:export_model",
+            "Export a CTC checkpoint as one ONNX (++format=onnx, run by onnxruntime) or TorchScript file: CMVN inside, "
+            "and with ++frontend=true the fbank front end (waveform in, log-probs out); dynamic batch and time; the "
+            "token list, sample rate and feature config travel in the file. decode ++checkpoint=model.onnx runs it."),
     Command("make-lm", config.MakeLmConfig, "corpus_io.decoding.lm:make_lm",
             "Estimate an interpolated modified Kneser-Ney n-gram (order 1-5) over the tokenizer's tokens or "
             "words from JSONL, Kaldi text or plain text, and write it as ARPA (for ctc_beam_lm)."),

@@ -18,6 +18,8 @@ EXTRA_OF_MODULE = {
     "matplotlib": ("plots", "the stats PNG histogram"),
     "duckdb": ("explore", "corpus-io explore (its catalog engine)"),
     "distributed": ("dask", "executor=dask"),
+    "onnx": ("onnx", "export-model ++format=onnx and decoding an exported .onnx model"),
+    "onnxruntime": ("onnx", "decoding an exported .onnx model (decode ++checkpoint=model.onnx)"),
     "pyarrow": ("parquet", "Hugging Face parquet inputs, training on them and export ++format=hf-parquet"),
 }
 

@@ -17,7 +17,9 @@ from corpus_io.errors import DataError, excerpt
 
 
 def _breaks_token(c: str) -> bool:
-    return c.isspace() or unicodedata.category(c) in ("Cc", "Cf", "Cs")
+    # ASCII whitespace is what Kaldi's table readers split at; control, format and surrogate characters are never
+    # part of a name (a no-break space is: a Kaldi table keeps it, tests/test_messages.py)
+    return c in " \t\n\r\v\f" or unicodedata.category(c) in ("Cc", "Cf", "Cs")
 
 
 def one_token(key: str, where: str) -> str:

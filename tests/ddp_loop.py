@@ -93,13 +93,14 @@ def uneven(args: argparse.Namespace) -> None:
     for mode in ("stop", "allow", "error"):
         loader = corpus_io.build_loader(conf, uneven=None if mode == "stop" else mode)  # stop: the default
         loader.set_epoch(0)
-        batches, error = 0, None
+        batches, error, sizes = 0, None, []
         try:
-            for _ in loader:
+            for batch in loader:
                 batches += 1
+                sizes.append(len(batch["keys"]))
         except corpus_io.DataError as exc:
             error = str(exc)
-        report[mode] = {"batches": batches, "error": error, "counts": loader.epoch_counts()}
+        report[mode] = {"batches": batches, "error": error, "counts": loader.epoch_counts(), "sizes": sizes}
     Path(args.out, f"uneven.rank{dist.get_rank()}.json").write_text(json.dumps(report))
 
 

@@ -6,7 +6,7 @@ Where each concern lives (import from here; the modules are the homes):
   introspection;
 * :mod:`.dataset`: ``dataset_conf`` and ``tokenizer`` (the loader's blocks, shared by many commands);
 * :mod:`.data`: the data-preparation commands' schemas (no torch);
-* :mod:`.training`: train, decode, compute-cmvn, average, bench-loader;
+* :mod:`.training`: train, decode, compute-cmvn, average, export-model, bench-loader;
 * :mod:`.funasr`: FunASR's keys and our old spellings, applied before keys are checked;
 * :mod:`.checks`: unknown keys (with the closest valid one), required keys, choices and ranges;
 * :mod:`.compose`: Hydra composition and :func:`validate`;
@@ -61,6 +61,7 @@ from corpus_io.config.training import (
     ComputeCmvnConfig,
     DecodeConfig,
     DecodingConf,
+    ExportModelConfig,
     MakeLmConfig,
     OptimConf,
     SchedulerConf,
@@ -72,8 +73,8 @@ from corpus_io.config.training import (
 
 __all__ = [
     "AddFieldConfig", "AverageConfig", "BenchLoaderConfig", "CONF_DIR", "ComputeCmvnConfig", "DatasetConf",
-    "DecodeConfig", "DecodingConf", "ExploreConfig", "ExportConfig", "FAILURE_CHOICES", "FUNASR_KEYS",
-    "FUNASR_TOP_KEYS",
+    "DecodeConfig", "DecodingConf", "ExploreConfig", "ExportConfig", "ExportModelConfig", "FAILURE_CHOICES",
+    "FUNASR_KEYS", "FUNASR_TOP_KEYS",
     "FbankConf", "FilterConf", "FunasrKey", "Jsonl2ScpConfig", "MakeDatalistConfig", "MakeLmConfig",
     "MakeTokenizerConfig", "MergeJobsConfig", "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig",
     "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig",

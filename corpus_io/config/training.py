@@ -1,5 +1,5 @@
 """Schemas of the training family: train (with train_conf, optim_conf, scheduler_conf), decode,
-compute-cmvn, average and bench-loader."""
+compute-cmvn, average, export-model and bench-loader."""
 
 from __future__ import annotations
 
@@ -163,7 +163,8 @@ class DecodingConf:
 @schema
 class DecodeConfig:
     data_list: str = opt("???", "data.list to decode")
-    checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}")
+    checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}, or a file of export-model (.onnx: "
+                                 "onnxruntime; .ts: TorchScript)")
     output_dir: str = opt("???", "writes text (hypotheses) and cer.txt / wer.txt")
     # bigger batches (no backward pass) and no filter that would leave an utterance undecoded
     dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(
@@ -171,6 +172,18 @@ class DecodeConfig:
                                               max_output_input_ratio=1000.0)))
     device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
     decoding: DecodingConf = opt(factory=DecodingConf)
+    timestamps: bool = opt(False, "also write output_dir/ctm (Kaldi CTM: '<utt> 1 <start> <dur> <word> <conf>', "
+                                  "seconds, 2 decimals) and timestamps.jsonl (each best hypothesis's tokens and "
+                                  "words with start/end seconds and confidence), from the CTC forced alignment of "
+                                  "the hypothesis (frame = feature shift x model subsampling, 40 ms for "
+                                  "ConformerCTC); a raw segment (start/end) is timed in its recording and named by "
+                                  "the recording id, as Kaldi's CTM")
+    min_confidence: float = opt(0.0, "pseudo-labelling: write output_dir/kept_text (Kaldi text) and, for a local "
+                                      "raw list, kept.list (its lines, hypotheses as transcripts) with only the "
+                                      "utterances whose confidence is at least this (the mean of its words'; a "
+                                      "word's: the least of its tokens' mean aligned-frame posteriors; see "
+                                      "corpus_io/decoding/align.py), and output_dir/confidence for every "
+                                      "utterance; 0: off", range="[0, 1]")
 
 
 @schema
@@ -220,6 +233,17 @@ class ComputeCmvnConfig:
     job_index: Any = job_index_opt()
     executor: str = executor_opt()
     executor_address: str = executor_address_opt()
+
+
+@schema
+class ExportModelConfig:
+    checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N} of a ConformerCTC (CTC-only) model")
+    output: str = opt("???", "the file to write (model.onnx, model.ts); it holds the token list, sample rate, "
+                             "feature config and subsampling")
+    format: str = opt("onnx", "onnx (run by onnxruntime: pip install 'corpus-io[onnx]') or torchscript",
+                      choices=("onnx", "torchscript"))
+    frontend: bool = opt(False, "include the Kaldi fbank/mfcc front end: waveforms (float32 in [-1, 1] at the "
+                                "model's sample rate) in, log-probs out; false: features in")
 
 
 @schema

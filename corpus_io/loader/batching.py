@@ -425,6 +425,21 @@ def padding_ratio(source_lens: Sequence[int]) -> float:
     return (total - sum(source_lens)) / total if total else 0.0
 
 
+def segment_of(sample: dict) -> list | None:
+    """``[recording id, start seconds]`` of a raw segment sample (None for a whole recording). The recording id is
+    the line's ``recording_id`` or ``recording`` field, else the audio file's name without its extension (Kaldi
+    recipes name recordings so; the fixture's ``long`` is ``wav/long.wav``)."""
+    if "start" not in sample:
+        return None
+    meta = sample.get("meta") or {}
+    reco = meta.get("recording_id") or meta.get("recording")
+    if not isinstance(reco, str) or not reco:
+        source = str(meta.get("source") or meta.get("wav") or sample["key"])
+        reco = source.rstrip("/").rsplit("/", 1)[-1].split("//")[-1]
+        reco = reco.rsplit(".", 1)[0] if "." in reco else reco
+    return [reco, float(sample["start"])]
+
+
 #: token targets are padded to a multiple of this (tensor-core friendly, few shapes)
 TARGET_MULTIPLE = 8
 
@@ -445,7 +460,8 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01, frame_length_ms: floa
     ``audio_seconds`` = sum of
     ``feats_lengths`` * ``frame_shift`` (seconds per frame); ``padding_ratio`` = padding
     frames / (B * T); ``txt`` the transcripts as read (None where a sample has none: decode scores
-    these, not the token ids). Batch order is kept.
+    these, not the token ids); ``segments`` (only when a sample is a raw segment: per row ``[recording id, start
+    seconds]`` or None, :func:`segment_of`). Batch order is kept.
 
     Waveform samples (``wav`` + ``frames``, feats_on=model) give ``wav`` (B, N) zero padded (int16
     when every row is int16, else float32 in [-1, 1]), ``wav_lengths`` (B,) samples, ``sample_rate``
@@ -499,6 +515,8 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01, frame_length_ms: floa
             if t:
                 target[i, :len(t)] = torch.as_tensor(t, dtype=torch.int64)
     batch: dict = {"keys": [s["key"] for s in samples], "txt": [s.get("txt") for s in samples]}
+    if any("start" in s for s in samples):  # raw segments: where each lies in its recording (decode's times)
+        batch["segments"] = [segment_of(s) for s in samples]
     if waveform:
         rate = int(samples[0]["sample_rate"])
         feats_lengths = torch.tensor([int(s["frames"]) for s in samples], dtype=torch.int64)

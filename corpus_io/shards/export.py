@@ -254,8 +254,8 @@ def _completed(task: GroupTask, digest: str) -> dict | None:
 def item_of(record: dict, opts: PackOptions) -> dict:
     """The writer's item of one record (see the module docstring); a DataError for audio that cannot be read."""
     if INLINE in record and record[INLINE] is None:
-        raise DataError("the sample has no audio member (a features shard, packed with ++feats=true?); export "
-                        "writes audio")
+        raise DataError("the sample has no audio member (a features shard, packed by pack-shards with feats=true?); "
+                        "export writes audio")
     ext, data, info = _audio_members(record, opts)
     if record.get("target") is None:
         raise DataError("no transcript ('target' / 'txt' field or a line in text)")

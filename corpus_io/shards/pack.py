@@ -807,6 +807,13 @@ def _entry_disagrees(entry: dict, keys: list[str], durations: list[float], where
         i = next(i for i, (a, b) in enumerate(zip(recorded, keys)) if a != b)
         return (f"{where}.keys[{i}] is {recorded[i]!r}, but utterance {i + 1} of shard {entry['path']} is "
                 f"{keys[i]!r}")
+    listed = entry.get("durations")
+    if listed is not None:
+        wrong = next((i for i, (a, b) in enumerate(zip(listed, durations)) if abs(float(a) - round(b, 2)) > 0.006),
+                     None if len(listed) == len(durations) else min(len(listed), len(durations)))
+        if wrong is not None:
+            return (f"{where}.durations[{wrong}] does not match utterance {wrong + 1} of shard {entry['path']} "
+                    f"({len(listed)} durations listed, {len(durations)} utterances)")
     held = {"duration": sum(durations), "min_duration": min(durations, default=0.0),
             "max_duration": max(durations, default=0.0)}
     for name, value in held.items():

@@ -1,6 +1,8 @@
 """``corpus-io decode``: a raw or shard list through the model and a search (``decoding.method``: greedy,
 CTC prefix beam, beam + n-gram LM, attention rescoring), a Kaldi ``text`` of hypotheses, the n-best and a
-CER/WER report with the real-time factor (model and search apart) and the most frequent confusions.
+CER/WER report with the real-time factor (model and search apart) and the most frequent confusions; with
+``++timestamps=true`` a Kaldi ``ctm`` and ``timestamps.jsonl`` (token and word times and confidences of each best
+hypothesis, :mod:`corpus_io.decoding.align`), with ``++min_confidence`` the confident utterances' ``kept_text``.
 
 The model and tokenizer come from the checkpoint's resolved training config; feature extraction
 (``feats_type``, ``feats_on``, ``fbank_conf``/``mfcc_conf``, ``resample_conf``) too, so decoding sees the same
@@ -46,7 +48,12 @@ def decode_dataset_conf(user: Any, trained: Any) -> Any:
 
 
 def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
-    """``(model in eval mode, tokenizer, training config)`` from a checkpoint."""
+    """``(model in eval mode, tokenizer, training config)`` from a checkpoint, or from a file of export-model
+    (``.onnx``: run by onnxruntime; ``.ts``: TorchScript)."""
+    from corpus_io.train.exported import is_exported, load_exported
+
+    if is_exported(checkpoint):
+        return load_exported(checkpoint, device)
     from corpus_io.tokenizer import build_tokenizer
     from corpus_io.train.checkpoint import check_token_list, load_checkpoint
     from corpus_io.train.model import build_model, feature_dim
@@ -82,15 +89,55 @@ def decode(cfg: Any) -> dict:
     search = Search(cfg.decoding, tokenizer, model, device)
     batches = forward_batches(loader, model, tokenizer, conf, device, encoder=cfg.decoding.method in NEEDS_ENCODER,
                               desc=f"decode ({cfg.decoding.method})")
-    run = run_search(cfg.decoding, batches, tokenizer, search, where=cfg.data_list, skipped=skipped_summary(loader))
+    timing = cfg.timestamps or cfg.min_confidence > 0
+    run = run_search(cfg.decoding, batches, tokenizer, search, where=cfg.data_list, skipped=skipped_summary(loader),
+                     frame_seconds=output_frame_seconds(model, conf) if timing else None)
     out = Path(cfg.output_dir)
-    result = write_results(out, run, tokenizer, search.description, nbest=cfg.decoding.nbest)
+    result = write_results(out, run, tokenizer, search.description, nbest=cfg.decoding.nbest,
+                           timestamps=cfg.timestamps, min_confidence=cfg.min_confidence)
     print(f"decode: {result['utts']} utterances ({run.audio / 3600:.3f} h), {search.description}, "
           f"RTF {result['rtf']:.4f} (model {result['rtf_model']:.4f}, search {result['rtf_search']:.4f}), "
           f"loader skips/filters: {run.skipped}")
     print(result["summary"].rstrip())
     print(f"decode: hypotheses -> {out / 'text'}, n-best -> {out / 'nbest'}, report -> {out / 'cer.txt'}")
+    if cfg.timestamps:
+        print(f"decode: word times -> {out / 'ctm'}, tokens and words -> {out / 'timestamps.jsonl'}")
+    if cfg.min_confidence > 0:
+        kept_list = ""
+        if conf.data_type == "raw" and "://" not in str(cfg.data_list):
+            kept_list = f", as a raw list with the hypotheses as transcripts -> {out / 'kept.list'}"
+            write_kept_list(cfg.data_list, out / "kept.list", run, cfg.min_confidence)
+        print(f"decode: {result['kept']} of {result['utts']} utterances have confidence >= {cfg.min_confidence} "
+              f"-> {out / 'kept_text'}{kept_list} (every utterance's: {out / 'confidence'})")
     return {k: v for k, v in result.items() if k != "summary"}
+
+
+def input_frame_seconds(conf: Any) -> float:
+    """Seconds between the model's input frames: the fbank/mfcc frame shift, a sample for ``feats_type=raw``,
+    10 ms for precomputed (Kaldi) features."""
+    if conf.feats_type == "raw":
+        return 1.0 / conf.resample_conf.resample_rate
+    if conf.feats_type == "precomputed":
+        return 0.01
+    frame = conf.mfcc_conf if conf.feats_type == "mfcc" else conf.fbank_conf
+    return frame.frame_shift / 1000.0
+
+
+def subsampling_of(model: Any) -> int:
+    """Input frames per output frame: measured on the model's own length rule (``embed.output_lengths``,
+    ConformerCTC's ``((T - 1) // 2 - 1) // 2``: 4), else 4."""
+    import torch
+
+    rule = getattr(getattr(model, "embed", None), "output_lengths", None)
+    if rule is None:
+        return 4
+    n = 100_000
+    return max(1, round(n / max(1, int(rule(torch.tensor([n]))[0]))))
+
+
+def output_frame_seconds(model: Any, conf: Any) -> float:
+    """Seconds per CTC output frame: the input frame shift times the model's subsampling (4 x 10 ms = 40 ms)."""
+    return input_frame_seconds(conf) * subsampling_of(model)
 
 
 def decode_device(name: str) -> Any:
@@ -108,6 +155,8 @@ class DecodeRun:
 
     nbest: dict = field(default_factory=dict)
     refs: dict = field(default_factory=dict)
+    timed: dict = field(default_factory=dict)  # key -> align.Timed of the best hypothesis (timestamps, confidence)
+    segments: dict = field(default_factory=dict)  # key -> [recording id, start seconds] of a raw segment
     repeats: dict = field(default_factory=dict)
     audio: float = 0.0
     model_s: float = 0.0
@@ -121,7 +170,8 @@ class DecodeRun:
 @dataclass
 class Forward:
     """One batch through the model: its keys, transcripts (or target ids), audio seconds, the CTC
-    log-probabilities, the encoder output (attention rescoring) and the seconds the model took."""
+    log-probabilities, the encoder output (attention rescoring), the seconds the model took, each utterance's
+    audio seconds and, for raw segments, where each lies in its recording (``[recording id, start]`` or None)."""
 
     keys: list
     refs: list
@@ -130,6 +180,8 @@ class Forward:
     lengths: Any
     encoder: Any
     seconds: float
+    durations: list = field(default_factory=list)
+    segments: list | None = None
 
 
 def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: Any, *,
@@ -141,7 +193,8 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
     from corpus_io.train.frontend import build_front_end, model_inputs
     from corpus_io.train.steps import sync_device
 
-    front_end = build_front_end(conf, device)
+    # an exported model with the front end inside takes the waveforms themselves
+    front_end = model.front_end if getattr(model, "inputs", "") == "waveform" else build_front_end(conf, device)
     utts = 0
     with torch.no_grad():
         bar = progress(loader, desc=desc, unit="batch")
@@ -161,12 +214,26 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(utts=utts)
             yield Forward(list(batch["keys"]), refs, float(batch.get("audio_seconds", 0.0)), log_probs, lengths,
-                          enc, time.perf_counter() - t0)
+                          enc, time.perf_counter() - t0, _durations(batch, conf), batch.get("segments"))
+
+
+def _durations(batch: dict, conf: Any) -> list[float]:
+    """Each row's audio seconds: its samples, or its feature frames' extent (the last window's end)."""
+    if "wav_lengths" in batch:
+        return [int(n) / float(batch["sample_rate"]) for n in batch["wav_lengths"].tolist()]
+    shift = input_frame_seconds(conf)
+    window = 0.0
+    if conf.feats_type in ("fbank", "mfcc"):
+        frame = conf.mfcc_conf if conf.feats_type == "mfcc" else conf.fbank_conf
+        window = (frame.frame_length - frame.frame_shift) / 1000.0
+    return [int(n) * shift + window for n in batch["feats_lengths"].tolist()]
 
 
 def run_search(dconf: Any, batches: Iterable[Forward], tokenizer: Any, search: Any, *, where: str,
-               skipped: Callable[[], str] = lambda: "none") -> DecodeRun:
-    """The search over the model's outputs (timed apart from the model); n-best lists by key."""
+               skipped: Callable[[], str] = lambda: "none", frame_seconds: float | None = None) -> DecodeRun:
+    """The search over the model's outputs (timed apart from the model); n-best lists by key. With
+    ``frame_seconds`` (seconds per output frame) each best hypothesis is also aligned: times and confidences in
+    ``run.timed``."""
     run = DecodeRun(hotwords=search.hotwords)
     t_start = time.perf_counter()
     for fw in batches:
@@ -182,6 +249,8 @@ def run_search(dconf: Any, batches: Iterable[Forward], tokenizer: Any, search: A
                 run.repeats[key] = run.repeats.get(key, 1) + 1
             run.nbest[key] = [(tokenizer.decode(h.ids), h.score) for h in hyps] or [("", float("-inf"))]
             run.refs[key] = ref
+        if frame_seconds is not None:
+            _align_batch(run, fw, nbest, tokenizer, frame_seconds)
         run.audio += fw.audio
     run.wall_s = time.perf_counter() - t_start
     run.skipped = skipped()
@@ -194,6 +263,21 @@ def run_search(dconf: Any, batches: Iterable[Forward], tokenizer: Any, search: A
               f"{run.repeats[first]} times); each is scored once. Find them with verify-shards and give every "
               f"utterance its own key.", file=sys.stderr, flush=True)
     return run
+
+
+def _align_batch(run: DecodeRun, fw: Forward, nbest: list, tokenizer: Any, frame_seconds: float) -> None:
+    """Each utterance's best hypothesis force-aligned to its frames: token and word times, confidences."""
+    from corpus_io.decoding.align import align
+    from corpus_io.train.scoring import word_units
+
+    lengths = fw.lengths.tolist()
+    for i, (key, hyps) in enumerate(zip(fw.keys, nbest)):
+        ids = hyps[0].ids if hyps else []
+        duration = fw.durations[i] if i < len(fw.durations) else None
+        run.timed[key] = align(fw.log_probs[i, : int(lengths[i])], ids, tokenizer.decode, word_units,
+                               frame_seconds=frame_seconds, duration=duration, blank=tokenizer.blank_id)
+        if fw.segments is not None and fw.segments[i] is not None:
+            run.segments[key] = fw.segments[i]
 
 
 def skipped_summary(loader: Any) -> Callable[[], str]:
@@ -213,8 +297,10 @@ def score(run: DecodeRun, tokenizer: Any) -> Any:
     return scorer
 
 
-def write_results(out: Path, run: DecodeRun, tokenizer: Any, method: str, nbest: int = 1000) -> dict:
-    """``text``, ``nbest``, ``ref``, ``cer.txt``/``wer.txt`` (the report: method, RTF, scores, confusions)."""
+def write_results(out: Path, run: DecodeRun, tokenizer: Any, method: str, nbest: int = 1000, *,
+                  timestamps: bool = False, min_confidence: float = 0.0) -> dict:
+    """``text``, ``nbest``, ``ref``, ``cer.txt``/``wer.txt`` (the report: method, RTF, scores, confusions); with
+    ``timestamps`` ``ctm`` and ``timestamps.jsonl``; with ``min_confidence`` > 0 ``confidence`` and ``kept_text``."""
     from corpus_io.storage.files import atomic_write, ensure_dir
 
     ensure_dir(out, what="output_dir")
@@ -236,9 +322,76 @@ def write_results(out: Path, run: DecodeRun, tokenizer: Any, method: str, nbest:
     for name in ("cer.txt", "wer.txt"):
         with atomic_write(out / name) as f:
             f.write(report)
-    return {"utts": len(keys), "cer": scorer.cer.rate, "wer": scorer.wer.rate, **timing,
+    kept = write_timed(out, run, timestamps=timestamps, min_confidence=min_confidence)
+    return {"utts": len(keys), "kept": kept, "cer": scorer.cer.rate, "wer": scorer.wer.rate, **timing,
             "rtf_wall": timing["rtf"], "hotword_recall": scorer.hotword_recall(),
             "summary": head + scorer.summary()}
+
+
+def write_timed(out: Path, run: DecodeRun, *, timestamps: bool, min_confidence: float) -> int:
+    """``ctm`` and ``timestamps.jsonl`` (``timestamps``); ``confidence`` and ``kept_text`` (``min_confidence`` >
+    0). Times are seconds in the recording: a raw segment's are shifted by its start and named by its recording
+    id (Kaldi's CTM), anything else's are the utterance's own. Returns the number of utterances kept."""
+    import json
+
+    from corpus_io.storage.files import atomic_write
+
+    def placed(key: str) -> tuple[str, float]:
+        seg = run.segments.get(key)
+        return (str(seg[0]), float(seg[1])) if seg else (key, 0.0)
+
+    keys = sorted(run.timed, key=lambda k: (placed(k), k))
+    if timestamps:
+        with atomic_write(out / "ctm") as f:
+            for key in keys:
+                name, offset = placed(key)
+                for w in run.timed[key].words:
+                    f.write(f"{name} 1 {w.start + offset:.2f} {w.end - w.start:.2f} {w.text} {w.confidence:.2f}\n")
+        with atomic_write(out / "timestamps.jsonl") as f:
+            for key in keys:
+                name, offset = placed(key)
+                timed = run.timed[key]
+                rec: dict = {"key": key, "text": run.nbest[key][0][0], "confidence": round(timed.confidence, 4)}
+                if key in run.segments:
+                    rec.update(recording=name, offset=offset)
+                rec["words"] = [{"word": w.text, "start": round(w.start + offset, 3), "end": round(w.end + offset, 3),
+                                 "confidence": round(w.confidence, 4)} for w in timed.words]
+                rec["tokens"] = [{"token": t.text, "start": round(t.start + offset, 3),
+                                  "end": round(t.end + offset, 3), "confidence": round(t.confidence, 4)}
+                                 for t in timed.tokens]
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    if min_confidence <= 0:
+        return len(run.timed)
+    ordered = sorted(run.timed)
+    with atomic_write(out / "confidence") as f:
+        f.write("".join(f"{k} {run.timed[k].confidence:.4f}\n" for k in ordered))
+    kept = [k for k in ordered if run.timed[k].confidence >= min_confidence]
+    with atomic_write(out / "kept_text") as f:
+        f.write("".join(f"{k} {run.nbest[k][0][0]}\n" for k in kept))
+    return len(kept)
+
+
+def write_kept_list(data_list: str, path: Path, run: DecodeRun, min_confidence: float) -> None:
+    """Pseudo-labels: the raw list's utterances whose confidence is at least ``min_confidence``, as canonical
+    records (FunASR fields, their ``start``/``end`` kept) with the best hypothesis as ``target``; streamed."""
+    import json
+    import os
+
+    from corpus_io.storage.files import atomic_write
+    from corpus_io.tables.inputs import record_of_line
+
+    base = os.path.dirname(os.path.abspath(data_list))
+    with open(data_list, encoding="utf-8") as src, atomic_write(path) as f:
+        for lineno, line in enumerate(src, 1):
+            if not line.strip():
+                continue
+            rec = record_of_line(json.loads(line), f"{data_list}:{lineno}", base)
+            timed = run.timed.get(rec.get("key")) if isinstance(rec, dict) else None
+            if timed is None or timed.confidence < min_confidence:
+                continue
+            rec = {k: v for k, v in rec.items() if k not in ("target_len", "where", "txt")}
+            rec["target"] = run.nbest[rec["key"]][0][0]
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
 
 def _reference(batch: dict, i: int, tokenizer: Any, ids: list[int]) -> str:
@@ -252,7 +405,8 @@ def _reference(batch: dict, i: int, tokenizer: Any, ids: list[int]) -> str:
 
 
 KALDI_TABLES = ("text", "wav.scp", "segments", "utt2spk", "spk2utt", "feats.scp", "utt2dur", "reco2dur")
-DECODE_OUTPUTS = ("text", "nbest", "ref", "cer.txt", "wer.txt")
+DECODE_OUTPUTS = ("text", "nbest", "ref", "cer.txt", "wer.txt", "ctm", "timestamps.jsonl", "confidence", "kept_text",
+                  "kept.list")
 
 
 def refuse_overwrites(cfg: Any) -> None:

@@ -147,7 +147,7 @@ def feature_dim(dataset_conf: Any) -> int:
     if dataset_conf.feats_type == "mfcc":
         return int(dataset_conf.mfcc_conf.num_ceps)
     raise ConfigError(f"dataset_conf.feats_type={dataset_conf.feats_type} has no fixed feature dimension for "
-                      f"training; use ++dataset_conf.feats_type=fbank or mfcc.")
+                      f"training; train with ++dataset_conf.feats_type=fbank or mfcc.")
 
 
 def build_model(model_conf: dict, input_dim: int, vocab_size: int, cmvn_file: str | None = None) -> nn.Module:

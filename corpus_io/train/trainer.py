@@ -63,6 +63,21 @@ from corpus_io.train.steps import SkippedSteps, StepContext, forward_loss, micro
 # --------------------------------------------------------------------------- trainer
 
 
+def step_spread(per_rank: list[list[float]]) -> float:
+    """How far the ranks' audio per step spreads: for each step every rank took, (max - min) / mean of the ranks'
+    audio seconds; the median over the steps (0 with one rank). Synchronised buckets keep it small."""
+    import statistics
+
+    steps = min((len(r) for r in per_rank), default=0)
+    spreads = []
+    for i in range(steps):
+        values = [r[i] for r in per_rank]
+        mean = sum(values) / len(values)
+        if mean > 0:
+            spreads.append((max(values) - min(values)) / mean)
+    return statistics.median(spreads) if spreads else 0.0
+
+
 class Trainer:
     def __init__(self, cfg: Any, ctx: DistContext, start: Start | None = None) -> None:
         from corpus_io.config import to_yaml
@@ -348,6 +363,8 @@ class Trainer:
             self.front_end.set_epoch(self.epoch)
         self.model.train()
         epoch_meter, meter = Meter(), Meter()
+        self.step_audio: list[float] = []  # audio seconds of each step of this rank (the ranks' spread, per epoch)
+        step_seconds = 0.0
         micro = 0
         stop_reason = "data"
         unused_batches = unused_utts = 0
@@ -367,12 +384,15 @@ class Trainer:
             want_acc = sync and (self.step_in_epoch + 1) % tc.log_interval == 0
             out = micro_step(self.sc, batch, sync=sync, want_acc=want_acc)
             self.step_keys += batch["keys"]
+            step_seconds += float(batch.get("audio_seconds", 0.0))
             if math.isfinite(out["loss"]):  # a non-finite one poisons the step (skipped in _finish_step)
                 meter.add_batch(out, batch, data_load)
                 epoch_meter.add_batch(out, batch, data_load)
             if self.keys_file is not None:
                 self.keys_file.write("".join(f"{self.epoch} {k}\n" for k in batch["keys"]))
             if sync:
+                self.step_audio.append(step_seconds)
+                step_seconds = 0.0
                 tick = self._finish_step(meter, epoch_meter, tick)
                 if self.global_step == 1:
                     self._warn_unknown_tokens()
@@ -501,7 +521,8 @@ class Trainer:
         utts, audio, wait, total = every.utts, every.audio_seconds, every.times["data_load"], every.times["total_time"]
         per_rank = all_gather_object(self.ctx, {"unused_batches": unused_batches, "unused_utts": unused_utts,
                                                 "utts": m.utts, "counts": loader_counts(self.train_loader, epoch=True),
-                                                "wall": wall, "widths": sorted(m.widths)})
+                                                "wall": wall, "widths": sorted(m.widths),
+                                                "step_audio": getattr(self, "step_audio", [])})
         loss = every.loss
         counts: dict = {}
         for r in per_rank:
@@ -518,6 +539,7 @@ class Trainer:
             unused_share = unused_utts / max(unused_utts + sum(r["utts"] for r in per_rank), 1)
             max_wall = max(r["wall"] for r in per_rank)
             shapes = {w for r in per_rank for w in r["widths"]}  # cuDNN plans each new one: few is fast
+            spread = step_spread([r["step_audio"] for r in per_rank])
             padding = 1.0 - every.real_frames / every.padded_frames if every.padded_frames else 0.0
             since = " since the resume" if self.resumed_mid_epoch else ""
             if stop_reason == "data":
@@ -530,7 +552,8 @@ class Trainer:
                      f"({', '.join(str(r['utts']) for r in per_rank)} per rank), train loss {loss:.3f}, "
                      f"{audio / 3600:.3f} h audio in {max_wall:.1f}s = {audio / max_wall:.1f} audio_s/s, "
                      f"data_wait {100 * wait / max(total, 1e-9):.1f}%; {len(shapes)} padded lengths, padding "
-                     f"{100 * padding:.1f}% of the batches' frames; left unused when the epoch ended: {unused} "
+                     f"{100 * padding:.1f}% of the batches' frames, audio per step across ranks within "
+                     f"{100 * spread:.1f}% of its mean (median step); left unused when the epoch ended: {unused} "
                      f"(unused share {100 * unused_share:.1f}% of the epoch); "
                      f"loader skips/filters: {skip}"
                      + (f"; non-finite steps skipped: {self.skipped.epoch}" if self.skipped.epoch else ""),
@@ -539,7 +562,8 @@ class Trainer:
                 "epoch/train_loss": loss, "epoch/audio_seconds_per_second": audio / max_wall,
                 "epoch/data_wait_share": wait / max(total, 1e-9), "epoch/unused_utts": unused_utts,
                 "epoch/unused_share": unused_share, "epoch/nonfinite_steps": self.skipped.epoch,
-                "epoch/padded_lengths": len(shapes), "epoch/padding_share": padding})
+                "epoch/padded_lengths": len(shapes), "epoch/padding_share": padding,
+                "epoch/step_audio_spread": spread})
         acc = m.acc
         return {"loss": loss, "acc": acc, "utts": int(utts), "skips": skip}
 

@@ -1,4 +1,6 @@
-"""Weighted ``sources`` resumed at every batch boundary read each key as often as the uninterrupted epoch."""
+"""Weighted ``sources`` resumed at every batch boundary read each key as often as the uninterrupted epoch, and what
+was read before the checkpoint is the uninterrupted run's (the order after it is not: README "Partitioning and
+resume")."""
 
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def test_weighted_sources_resumed_at_every_batch_read_each_key_as_often_as_unint
         return build_dataloader(None, conf, tok, train=True, rank=0, world_size=1)
 
     for epoch in (0, 1):
-        whole = Counter(epoch_keys(_advanced(make(), epoch), epoch))
+        in_order = epoch_keys(_advanced(make(), epoch), epoch)
+        whole = Counter(in_order)
         batches = sum(1 for _ in _advanced(make(), epoch))
         assert batches >= 3
         for stop in range(1, batches):
@@ -41,6 +44,7 @@ def test_weighted_sources_resumed_at_every_batch_read_each_key_as_often_as_unint
             first, state = read_then_checkpoint(loader, epoch, stop)
             resumed = make()
             resumed.load_state_dict(state)
+            assert first == in_order[:len(first)]  # what was trained before the checkpoint is the uninterrupted run's
             got = Counter(first + epoch_keys(resumed))
             twice = {k: n for k, n in got.items() if n > whole[k]}
             assert not twice, f"epoch {epoch}, resumed after batch {stop}: read more often than uninterrupted: {twice}"

@@ -57,6 +57,11 @@ def test_two_ranks_uneven_shards_end_every_epoch_together_and_loss_decreases(tra
         assert not left[epoch - 1] & left[epoch]
     losses = epoch_losses(log)
     assert losses[-1] < losses[0], losses
+    # the shapes of each epoch (duration buckets by default: few padded lengths, little padding) and how far the
+    # ranks' audio per step spreads
+    shapes = re.findall(r"; (\d+) padded lengths, padding ([\d.]+)% of the batches' frames, audio per step across "
+                        r"ranks within ([\d.]+)% of its mean", log)
+    assert len(shapes) == 3 and all(0 < int(n) <= 31 and float(p) < 50 for n, p, _ in shapes), shapes
     # FunASR-style log line with timings, data wait, throughput and memory
     assert re.search(r"\[rank 1\] epoch: 0/3, step: 1 .*loss: .*lr: .*batch: .*padding: .*data_load: .*forward_time: "
                      r".*backward_time: .*optim_time: .*total_time: .*data_wait: .*%, audio_s/s: .*rss: \d+MB",
@@ -481,3 +486,12 @@ def test_weighted_sources_killed_9_under_torchrun_and_resumed_train_each_key_as_
     more = {k: (n, uninterrupted[k]) for k, n in got.items() if n > uninterrupted[k]}
     assert not more, f"trained more often than in the uninterrupted epoch (resumed, uninterrupted): {more}"
     assert got == uninterrupted, (got - uninterrupted, uninterrupted - got)
+
+
+def test_step_spread_is_the_median_relative_range_of_the_ranks_audio_per_step():
+    from corpus_io.train.trainer import step_spread
+
+    assert step_spread([[10.0, 10.0, 8.0]]) == 0.0  # one rank
+    # steps: (10, 10) -> 0, (10, 30) -> 20/20 = 1, (8, 8) -> 0; the median is 0; a rank's extra steps are not compared
+    assert step_spread([[10.0, 10.0, 8.0], [10.0, 30.0, 8.0, 5.0]]) == 0.0
+    assert step_spread([[10.0, 10.0], [30.0, 30.0]]) == pytest.approx(1.0)

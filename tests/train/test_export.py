@@ -1,0 +1,236 @@
+"""export-model: ONNX and TorchScript files of the shared training run's model, checked against PyTorch on 20
+real utterances of different lengths, decoded by decode, with and without the fbank front end inside; files
+that are not ours refused; the README's Python snippet run as written."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from corpus_io.errors import ConfigError
+from tests.conftest import REPO, assert_user_error, run_bounded, run_cli
+from tests.test_hostile import corpus_io as in_process
+
+
+def _twenty(corpus: dict, tmp_path: Path) -> Path:
+    """A raw list of 20 of the fixture utterances (lengths 1-4 s, at 8, 16 and 44.1 kHz: resampled to 16 kHz)."""
+    lines = Path(corpus["raw"]).read_text(encoding="utf-8").splitlines()[:20]
+    out = tmp_path / "twenty.list"
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory) -> dict:
+    """The average checkpoint exported four ways (ONNX, TorchScript; features or waveforms in), in-process."""
+    out = tmp_path_factory.mktemp("exported")
+    ckpt = trained["out"] / "model.pt.avg2"
+    files = {}
+    for name, args in (("onnx", ["++format=onnx"]), ("ts", ["++format=torchscript"]),
+                       ("fe.onnx", ["++format=onnx", "++frontend=true"]),
+                       ("fe.ts", ["++format=torchscript", "++frontend=true"])):
+        path = out / f"model.{name}"
+        result = run_cli("corpus-io", "export-model", f"++checkpoint={ckpt}", f"++output={path}", *args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        gap = float(re.search(r"difference\| to PyTorch on a check batch (\S+)", result.stdout).group(1))
+        assert gap < 1e-4, result.stdout
+        files[name] = path
+    return {"ckpt": ckpt, **files}
+
+
+def _batches(ckpt: Path, data_list: Path, *, feats_on: str) -> tuple[list, object, object]:
+    """The loader's batches of ``data_list`` as decode builds them (features or waveforms), the model, the conf."""
+    from corpus_io.config import DecodeConfig
+    from corpus_io.loader.dataset import build_dataloader
+    from corpus_io.train.decode import decode_dataset_conf, load_model
+
+    model, tokenizer, tcfg = load_model(str(ckpt), torch.device("cpu"))
+    user = DecodeConfig().dataset_conf
+    user.data_type, user.num_workers, user.batch_size = "raw", 0, 8
+    conf = decode_dataset_conf(user, tcfg.dataset_conf)
+    conf.feats_on = feats_on
+    batches = list(build_dataloader(str(data_list), conf, tokenizer, train=False, rank=0, world_size=1))
+    return batches, model, conf
+
+
+def _compare(ref: tuple, got: tuple) -> float:
+    """The largest log-prob difference over valid frames; lengths must be equal."""
+    (lp, n), (lp2, n2) = ref, got
+    assert torch.equal(n, n2.cpu())
+    valid = torch.arange(lp.shape[1])[None, :] < n[:, None]
+    return float((lp - lp2.cpu()).abs()[valid].max())
+
+
+def _hypotheses(log_probs: torch.Tensor, lengths: torch.Tensor) -> tuple[list, list]:
+    from corpus_io.decoding.beam import ctc_prefix_beam_search
+    from corpus_io.train.steps import greedy_ids
+
+    beam = [[(h.ids, round(h.score, 3)) for h in hyps] for hyps in ctc_prefix_beam_search(log_probs, lengths, beam=8)]
+    return greedy_ids(log_probs, lengths), beam
+
+
+def _same_hypotheses(ref: tuple, got: tuple) -> None:
+    g1, b1 = _hypotheses(*ref)
+    g2, b2 = _hypotheses(*got)
+    assert g1 == g2
+    assert [[ids for ids, _ in row] for row in b1] == [[ids for ids, _ in row] for row in b2]
+    for r1, r2 in zip(b1, b2):
+        assert all(abs(s1 - s2) < 1e-2 for (_, s1), (_, s2) in zip(r1, r2))
+
+
+def test_the_explicit_mask_path_equals_the_model_with_its_hooks():
+    from corpus_io.train.export import ExportedCTC
+    from corpus_io.train.model import ConformerCTC
+
+    torch.manual_seed(0)
+    for pos in ("no_pos", "abs_pos"):
+        model = ConformerCTC(80, 30, output_size=64, attention_heads=4, linear_units=128, num_blocks=2,
+                             subsampling_channels=16, pos_enc_layer_type=pos).eval()
+        feats = torch.randn(4, 230, 80) * 3
+        lengths = torch.tensor([230, 171, 40, 9])
+        with torch.no_grad():
+            ref = model(feats, lengths)
+            got = ExportedCTC(model).eval()(feats, lengths)
+        assert torch.equal(ref[1], got[1])
+        assert (ref[0] - got[0]).abs().max() <= 1e-6, pos
+
+
+def test_onnx_and_torchscript_equal_pytorch_on_20_utterances_with_the_same_hypotheses(exported, corpus, tmp_path):
+    from corpus_io.train.exported import load_exported
+    from corpus_io.train.frontend import build_front_end, model_inputs
+
+    batches, model, conf = _batches(exported["ckpt"], _twenty(corpus, tmp_path), feats_on="loader")
+    assert sum(len(b["keys"]) for b in batches) == 20
+    assert len({int(n) for b in batches for n in b["feats_lengths"]}) >= 15  # different lengths
+    front_end = build_front_end(conf, torch.device("cpu"))
+    gaps = {}
+    for name, limit in (("onnx", 1e-4), ("ts", 1e-5)):
+        runner = load_exported(str(exported[name]), torch.device("cpu"))[0]
+        gaps[name] = 0.0
+        for batch in batches:
+            feats, lengths = model_inputs(front_end, batch, torch.device("cpu"), train=False)
+            with torch.no_grad():
+                ref = model(feats, lengths)
+            got = runner(feats, lengths)
+            gaps[name] = max(gaps[name], _compare(ref, got))
+            _same_hypotheses(ref, got)
+        assert gaps[name] <= limit, (name, gaps[name])
+    print(f"max |log-prob difference| over 20 utterances: {gaps}")
+
+
+def test_with_the_front_end_inside_the_file_equals_feats_on_model(exported, corpus, tmp_path):
+    from corpus_io.train.exported import load_exported
+    from corpus_io.train.frontend import build_front_end, model_inputs
+
+    batches, model, conf = _batches(exported["ckpt"], _twenty(corpus, tmp_path), feats_on="model")
+    front_end = build_front_end(conf, torch.device("cpu"))
+    gaps = {}
+    for name, limit in (("fe.onnx", 1e-4), ("fe.ts", 1e-5)):
+        runner = load_exported(str(exported[name]), torch.device("cpu"))[0]
+        assert runner.inputs == "waveform"
+        gaps[name] = 0.0
+        for batch in batches:
+            with torch.no_grad():
+                ref = model(*model_inputs(front_end, batch, torch.device("cpu"), train=False))
+            got = runner(batch["wav"], batch["wav_lengths"])
+            gaps[name] = max(gaps[name], _compare(ref, got))
+            _same_hypotheses(ref, got)
+        assert gaps[name] <= limit, (name, gaps[name])
+    print(f"max |log-prob difference| with the front end, over 20 utterances: {gaps}")
+
+
+def test_decode_of_the_exported_files_gives_the_checkpoints_text_and_nbest(exported, corpus, tmp_path, capfd):
+    data_list = _twenty(corpus, tmp_path)
+    for method, names in (("greedy", ("ckpt", "fe.onnx")), ("ctc_prefix_beam", ("ckpt", "onnx", "ts"))):
+        outputs = {}
+        for name in names:
+            out = tmp_path / f"{method}-{name}"
+            rc, err = in_process("decode", f"++data_list={data_list}", "++dataset_conf.data_type=raw",
+                                 f"++checkpoint={exported[name]}", f"++output_dir={out}",
+                                 "++dataset_conf.num_workers=0", f"++decoding.method={method}", "++decoding.beam=4",
+                                 "++decoding.nbest=4", capfd=capfd)
+            assert rc == 0, err[-3000:]
+            nbest = [line.split(" ", 3) for line in (out / "nbest").read_text(encoding="utf-8").splitlines()]
+            outputs[name] = ((out / "text").read_text(encoding="utf-8"),
+                             [(k, r, float(s), (t[0] if t else "")) for k, r, s, *t in nbest])
+        ref_text, ref_nbest = outputs["ckpt"]
+        assert len(ref_text.splitlines()) == 20
+        for name, (text, nbest) in outputs.items():
+            assert text == ref_text, (method, name)
+            assert [(k, r, t) for k, r, _, t in nbest] == [(k, r, t) for k, r, _, t in ref_nbest], (method, name)
+            assert all(abs(s - s0) < 2e-3 for (*_, s, _), (*_, s0, _) in zip(nbest, ref_nbest)), (method, name)
+
+
+def test_a_foreign_onnx_file_and_a_model_the_exporter_cannot_handle_are_refused_in_one_paragraph(
+        exported, corpus, tmp_path, capfd):
+    from corpus_io.train.export import exportable
+    from corpus_io.train.model import ConformerCTCAttention
+
+    foreign = tmp_path / "foreign.onnx"
+    torch.onnx.export(torch.nn.Linear(80, 10), (torch.randn(1, 80),), str(foreign), dynamo=False)
+    result = run_cli("corpus-io", "decode", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
+                     f"++checkpoint={foreign}", f"++output_dir={tmp_path / 'dec'}", "++dataset_conf.num_workers=0")
+    assert_user_error(result, str(foreign), "without corpus-io's metadata", "export-model")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    (tmp_path / "junk.onnx").write_bytes(b"\x00not a model at all" * 10)
+    rc, err = in_process("decode", f"++data_list={corpus['raw']}", f"++checkpoint={tmp_path / 'junk.onnx'}",
+                         f"++output_dir={tmp_path / 'dec2'}", capfd=capfd)
+    assert rc == 2 and "junk.onnx is not a readable ONNX model" in err and "Traceback" not in err, err
+    with pytest.raises(ConfigError, match="ConformerCTCAttention, which it cannot export"):
+        exportable(ConformerCTCAttention(40, 12), "exp/att/model.pt")
+    rc, err = in_process("export-model", f"++checkpoint={exported['ckpt']}", f"++output={exported['ckpt']}",
+                         capfd=capfd)
+    assert rc == 2 and "is the checkpoint itself" in err, err
+
+
+def test_the_readme_snippet_transcribes_a_wav_as_greedy_decoding_does(exported, tmp_path):
+    import soundfile as sf
+
+    from corpus_io.train.exported import load_exported
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    snippet = re.search(r"<!-- snippet: transcribe-onnx[^\n]*\n```python\n(.*?)```", readme, re.S).group(1)
+    assert 8 <= len(snippet.strip().splitlines()) <= 14
+    wav = next(p for p in sorted((REPO / "tests" / "fixtures" / "corpus" / "wav").glob("*.wav"))
+               if sf.info(str(p)).samplerate == 16000 and sf.info(str(p)).channels == 1)
+    shutil.copy(wav, tmp_path / "audio.wav")
+    shutil.copy(exported["fe.onnx"], tmp_path / "model.onnx")
+    (tmp_path / "snippet.py").write_text(snippet, encoding="utf-8")
+    result = run_bounded([sys.executable, "snippet.py"], 120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # the same greedy tokens from the PyTorch checkpoint's model through feats_on=model
+    from corpus_io.audio.features import batch_fbank
+    from corpus_io.train.decode import load_model
+    from corpus_io.train.export import feature_options
+    from corpus_io.train.steps import greedy_ids
+
+    model, tokenizer, tcfg = load_model(str(exported["ckpt"]), torch.device("cpu"))
+    samples, _ = sf.read(str(wav), dtype="float32")
+    x, n = torch.from_numpy(samples)[None, :], torch.tensor([len(samples)])
+    with torch.no_grad():
+        ids = greedy_ids(*model(*batch_fbank(x, n, 16000, **feature_options(tcfg.dataset_conf))))[0]
+    assert result.stdout == " ".join(tokenizer.symbols[i] for i in ids) + "\n"
+    assert load_exported(str(tmp_path / "model.onnx"), torch.device("cpu"))[1].symbols == tokenizer.symbols
+
+
+def test_onnxruntime_is_installed_only_by_its_extra():
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    named = {extra for extra, reqs in extras.items() if any(r.startswith(("onnxruntime", "onnx")) for r in reqs)}
+    assert named == {"onnx"}
+    assert not any(r.startswith("onnx") for r in project["dependencies"])
+    assert "onnx" in re.search(r"\[(.*)\]", extras["all"][0]).group(1).split(",")  # dev installs all
+    # the modules the core commands import do not import it
+    code = ("import sys, corpus_io.commands, corpus_io.train.decode, corpus_io.train.export, corpus_io.train.exported; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime'))))")
+    result = run_bounded([sys.executable, "-c", "import json; " + code], 120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
