@@ -148,6 +148,11 @@ class DecodingConf:
     lm_weight: float = opt(0.5, "weight of the LM log-probability (ctc_beam_lm)", range="[0, 100]")
     word_score: float = opt(0.0, "score added per emitted LM unit (insertion bonus; ctc_beam_lm)",
                             range="[-100, 100]")
+    unk_score: float = opt(0.0, "score (natural log, not weighted) added per emitted LM unit outside the LM's "
+                                "vocabulary, on top of its <unk> probability (negative: a penalty; ctc_beam_lm, "
+                                "tuned by tune-lm ++unk_scores)", range="[-100, 100]")
+    lexicon: bool = opt(False, "limit the words to the LM's vocabulary (ctc_beam_lm): a prefix that cannot "
+                               "complete an LM word is pruned (a trie of the LM's words in the model's tokens)")
     hotwords: Optional[str] = opt(None, "file of hotwords, one per line (any beam method)")
     hotword_weight: float = opt(1.5, "bonus per matched hotword token (taken back when a partial match fails)",
                                 range="[0, 100]")
@@ -206,6 +211,9 @@ class TuneLmConfig:
                                   range="[0, 100]", min_items=1)
     word_scores: List[float] = opt(factory=lambda: [-1.0, 0.0, 1.0, 2.0], help="word scores to try",
                                    range="[-100, 100]", min_items=1)
+    unk_scores: Optional[List[float]] = opt(None, "unknown-unit scores to try (decoding.unk_score); null: "
+                                                  "[-2, 0, 2], or [0] with decoding.lexicon=true (no unit is "
+                                                  "unknown)", range="[-100, 100]", min_items=1)
     dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(
         batch_size=32, filter_conf=FilterConf(token_min_length=0, min_output_input_ratio=0.0,
                                               max_output_input_ratio=1000.0)))

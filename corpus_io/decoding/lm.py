@@ -36,6 +36,8 @@ BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 SIL = "<corpus-io-word-boundary>"
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
 NEG_LOG10 = -99.0  # ARPA's "impossible" (<s> as a predicted word)
+LEXICON_MISS = -1e4  # a word outside decoding.lexicon: charged once, so such a hypothesis survives only where the
+# beam holds nothing else (an utterance no vocabulary word fits still gets its best guess, and no score is -inf)
 ARPA_MAX_LOG10 = 1000.0  # |log10| bound of a read probability or backoff: no n-gram of a text is near it, and
 # 1e308 would overflow the fused scores to inf (and nan)
 
@@ -212,6 +214,7 @@ class Arpa:
             raise self._bad(lineno, f"the file ends inside {where}, and \\end\\ never comes: it is truncated")
         self.order = len(counts)
         self.vocab = {g[0] for g in self.prob if len(g) == 1}
+        self.known = self.vocab - {BOS, EOS, UNK}  # the words a decoder may call known (not <unk>)
 
     def _refuse_entry(self, parts: list[str], line: str, lineno: int, n: int, *, last: bool) -> DataError:
         """Why an n-gram line of section ``n`` is refused."""
@@ -364,10 +367,19 @@ def room_for(table: Any, row: int) -> Any:
     return grown
 
 
-def sentence_bonus(arpa: Arpa, words: list[str], weight: float, word_score: float) -> float:
+def sentence_bonus(arpa: Arpa, words: list[str], weight: float, word_score: float, unk_score: float = 0.0) -> float:
     """A fusion's score of a whole hypothesis spelling ``words`` (the final ranking, with ``</s>``): ``weight``
-    times its natural-log probability plus ``word_score`` per LM unit."""
-    return weight * math.log(10) * arpa.sentence_logprob(words) + word_score * len(words)
+    times its natural-log probability plus ``word_score`` per LM unit and ``unk_score`` per unit outside the LM's
+    vocabulary (:func:`known_words`)."""
+    known = known_words(arpa)
+    return (weight * math.log(10) * arpa.sentence_logprob(words) + word_score * len(words)
+            + unk_score * sum(1 for w in words if w not in known))
+
+
+def known_words(arpa: Arpa) -> set[str]:
+    """The LM's vocabulary as the decoder sees it: its unigrams but ``<s>``, ``</s>`` and ``<unk>`` (an
+    ``<unk>`` token of the model is an unknown word too)."""
+    return arpa.known
 
 
 def start_states(start: int, batch: int, beam: int, device: Any) -> Any:
@@ -381,7 +393,8 @@ class LmFusion:
     """Shallow fusion of an ARPA n-gram into :func:`corpus_io.decoding.beam.ctc_prefix_beam_search`:
     each appended token earns ``lm_weight * ln p(token | previous tokens) + word_score``, and the final
     ranking adds ``lm_weight * ln p(</s> | ...)``. LM words are the model's tokens (``make-lm
-    ++unit=token`` with the model's tokenizer); a token the LM does not know is its ``<unk>``.
+    ++unit=token`` with the model's tokenizer); a token the LM does not know is its ``<unk>`` and earns
+    ``unk_score`` more (decoding.unk_score), or, with ``lexicon``, :data:`LEXICON_MISS` (pruned).
 
     A prefix's LM state is its last ``order - 1`` tokens; each state's log-probabilities over the whole
     vocabulary are one row of a table on the device, built once per state by backoff (the lower order's
@@ -392,13 +405,17 @@ class LmFusion:
     unit = "token"  # what the LM's words are (decoding.lm_unit)
 
     def __init__(self, path: str | Arpa, tokenizer: Any, lm_weight: float, word_score: float,
-                 device: Any = "cpu") -> None:
+                 device: Any = "cpu", *, unk_score: float = 0.0, lexicon: bool = False) -> None:
         import torch
 
         self.arpa = path if isinstance(path, Arpa) else Arpa(path)
         self.weight, self.word_score = float(lm_weight), float(word_score)
         self.device = device
         self.words = [s if s in self.arpa.vocab else UNK for s in tokenizer.symbols]
+        # what a token outside the LM's vocabulary earns on top of the LM's <unk> probability
+        self.unk_score = LEXICON_MISS if lexicon else float(unk_score)
+        self.unknown = torch.tensor([0.0 if w in known_words(self.arpa) else self.unk_score for w in self.words],
+                                    device=device)
         self.id_of = {w: i for i, w in enumerate(tokenizer.symbols) if w in self.arpa.vocab}
         known = set(self.id_of) - {BOS, EOS, UNK}
         lm = self.arpa.path
@@ -451,7 +468,7 @@ class LmFusion:
 
     def bonus(self, state: Any, tokens: Any) -> Any:
         rows = self.table[state]  # (B, K, V)
-        return self.weight * rows.gather(2, tokens) + self.word_score
+        return self.weight * rows.gather(2, tokens) + self.word_score + self.unknown[tokens]
 
     def advance(self, state: Any, token: Any) -> Any:
         import torch
@@ -462,7 +479,8 @@ class LmFusion:
         return torch.tensor(out, dtype=torch.long, device=state.device)
 
     def sequence_bonus(self, seqs: list[list[int]]) -> list[float]:
-        return [sentence_bonus(self.arpa, [self.words[t] for t in seq], self.weight, self.word_score) for seq in seqs]
+        return [sentence_bonus(self.arpa, [self.words[t] for t in seq], self.weight, self.word_score, self.unk_score)
+                for seq in seqs]
 
 
 def lm_fusion(conf: Any, tokenizer: Any, device: Any = "cpu") -> LmFusion | WordLmFusion:
@@ -475,7 +493,8 @@ def lm_fusion(conf: Any, tokenizer: Any, device: Any = "cpu") -> LmFusion | Word
         tokens = len(words & set(tokenizer.symbols))
         unit = "word" if word_pieces(tokenizer) is not None and 2 * tokens < len(words) else "token"
     fusion = WordLmFusion if unit == "word" else LmFusion
-    return fusion(arpa, tokenizer, conf.lm_weight, conf.word_score, device)
+    return fusion(arpa, tokenizer, conf.lm_weight, conf.word_score, device, unk_score=conf.unk_score,
+                  lexicon=conf.lexicon)
 
 
 def word_pieces(tokenizer: Any) -> tuple[list[bool], list[str]] | None:
@@ -510,12 +529,19 @@ class WordLmFusion:
     with ``</s>``, in :meth:`sequence_bonus`); the pieces inside a word earn nothing until then, as in
     pyctcdecode's word-level decoding without its partial-word heuristic. A prefix's state is its last
     ``order - 1`` words and the word it is spelling; each state's completion score is one entry of a tensor on
-    the device, so the search's bonus is one gather."""
+    the device, so the search's bonus is one gather.
+
+    Unknown words: a word outside the LM's vocabulary is scored as its ``<unk>`` plus ``unk_score``
+    (decoding.unk_score, added unweighted, as flashlight's unk score). With ``lexicon`` the words are limited
+    to the LM's: a trie of the LM's words, each spelled as the tokenizer splits it, follows the word being
+    spelled, and the first piece that leaves it (or a word that ends inside it) costs :data:`LEXICON_MISS`
+    once per word, so such prefixes are pruned as soon as the beam holds others. The trie's edges are one
+    sorted tensor of ``node * vocabulary + token`` keys on the device, looked up with ``searchsorted``."""
 
     unit = "word"
 
     def __init__(self, path: str | Arpa, tokenizer: Any, lm_weight: float, word_score: float,
-                 device: Any = "cpu") -> None:
+                 device: Any = "cpu", *, unk_score: float = 0.0, lexicon: bool = False) -> None:
         import torch
 
         pieces = word_pieces(tokenizer)
@@ -525,37 +551,89 @@ class WordLmFusion:
                               f"make the LM with corpus-io make-lm ++unit=token and the model's tokenizer block.")
         self.arpa = path if isinstance(path, Arpa) else Arpa(path)
         self.weight, self.word_score, self.device = float(lm_weight), float(word_score), device
+        self.unk_score, self.lexicon = float(unk_score), bool(lexicon)
         self.starts, self.texts = pieces
         self.starts_mask = torch.tensor(self.starts, dtype=torch.bool, device=device)
-        self.keys: list[tuple[tuple[str, ...], str]] = []  # state -> (last order-1 words, the word being spelled)
-        self.state_of: dict[tuple[tuple[str, ...], str], int] = {}
+        self.vocab_size = len(self.starts)
+        self.edges: dict[tuple[int, int], int] = {}  # the lexicon trie: (node, token) -> node; node 0 the root
+        self.word_end = [False]
+        if self.lexicon:
+            self._build_trie(tokenizer)
+        keys = sorted(n * self.vocab_size + t for n, t in self.edges)
+        self.edge_keys = torch.tensor(keys or [-1], dtype=torch.long, device=device)
+        # a word-starting piece's cost: none for the space token (it spells nothing), a miss when no LM word
+        # begins with it
+        self.start_cost = torch.tensor([0.0 if not self.lexicon or not t or (0, i) in self.edges else LEXICON_MISS
+                                        for i, t in enumerate(self.texts)], device=device)
+        # state -> (last order-1 words, the word being spelled, its trie node: -1 once it left the lexicon)
+        self.keys: list[tuple[tuple[str, ...], str, int]] = []
+        self.state_of: dict[tuple[tuple[str, ...], str, int], int] = {}
         self.step: dict[tuple[int, int], int] = {}  # (state, token) -> state
         self.done = torch.zeros(0, device=device)  # state -> the score its word earns when complete
-        self.start = self._state(((BOS,), ""))
+        self.node = torch.zeros(0, dtype=torch.long, device=device)  # state -> its trie node
+        self.start = self._state(((BOS,), "", 0))
 
-    def _state(self, key: tuple[tuple[str, ...], str]) -> int:
+    def _build_trie(self, tokenizer: Any) -> None:
+        """The LM's words as paths of token ids (a leading piece that spells nothing, sentencepiece's lone
+        ``▁``, left out: the search goes back to the root on it); words the tokens cannot spell are left out."""
+        spelled = 0
+        for word in sorted(self.arpa.known):
+            ids = [tokenizer.ids.get(t) for t in tokenizer.tokenize(word)]
+            while ids and ids[0] is not None and self.starts[ids[0]] and not self.texts[ids[0]]:
+                ids = ids[1:]
+            if (not ids or any(i is None or i == tokenizer.unk_id for i in ids) or any(self.starts[i] for i in ids[1:])
+                    or "".join(self.texts[i] for i in ids) != word):
+                continue
+            node = 0
+            for t in ids:
+                nxt = self.edges.get((node, t))
+                if nxt is None:
+                    nxt = self.edges[(node, t)] = len(self.word_end)
+                    self.word_end.append(False)
+                node = nxt
+            self.word_end[node] = True
+            spelled += 1
+        if not spelled:
+            raise ConfigError(f"decoding.lexicon=true: no word of decoding.lm={self.arpa.path} can be spelled with "
+                              f"the model's tokens, so every hypothesis would be pruned. Make the LM from text of "
+                              f"the model's language (make-lm ++unit=word), or decode without the lexicon.")
+
+    def _state(self, key: tuple[tuple[str, ...], str, int]) -> int:
         sid = self.state_of.get(key)
         if sid is None:
             sid = self.state_of[key] = len(self.keys)
             self.keys.append(key)
             self.done = room_for(self.done, sid)
-            context, word = key
+            self.node = room_for(self.node, sid)
+            context, word, node = key
+            self.node[sid] = node
             if word:
-                self.done[sid] = self.weight * math.log(10) * self.arpa.logprob(word, context) + self.word_score
+                self.done[sid] = self._word_score(word, context, node)
         return sid
+
+    def _word_score(self, word: str, context: tuple[str, ...], node: int) -> float:
+        """What a complete ``word`` earns after ``context`` (the lexicon's miss where it ends inside the trie)."""
+        score = self.weight * math.log(10) * self.arpa.logprob(word, context) + self.word_score
+        if word not in self.arpa.known:
+            score += self.unk_score
+        if self.lexicon and node >= 0 and not self.word_end[node]:
+            score += LEXICON_MISS
+        return score
 
     def _next(self, sid: int, token: int) -> int:
         nxt = self.step.get((sid, token))
         if nxt is None:
-            context, word = self.keys[sid]
+            context, word, node = self.keys[sid]
             if self.starts[token]:
                 if word:
                     full = (*context, word)
                     context = full[max(0, len(full) - self.arpa.order + 1):] if self.arpa.order > 1 else ()
                 word = self.texts[token]
+                node = self.edges.get((0, token), -1) if word else 0
             else:
                 word += self.texts[token]
-            nxt = self.step[(sid, token)] = self._state((context, word))
+                node = self.edges.get((node, token), -1) if node >= 0 else -1
+            nxt = self.step[(sid, token)] = self._state((context, word, node if self.lexicon else 0))
         return nxt
 
     def initial_state(self, batch: int, beam: int) -> Any:
@@ -564,7 +642,14 @@ class WordLmFusion:
     def bonus(self, state: Any, tokens: Any) -> Any:
         import torch
 
-        return torch.where(self.starts_mask[tokens], self.done[state][..., None], 0.0)
+        started = self.done[state][..., None] + self.start_cost[tokens]
+        if not self.lexicon:
+            return torch.where(self.starts_mask[tokens], started, 0.0)
+        node = self.node[state][..., None]  # (B, K, 1)
+        want = node * self.vocab_size + tokens
+        at = torch.searchsorted(self.edge_keys, want.flatten()).clamp(max=len(self.edge_keys) - 1)
+        on_trie = (self.edge_keys[at].view_as(want) == want) | (node < 0)  # a word already off it pays once
+        return torch.where(self.starts_mask[tokens], started, torch.where(on_trie, 0.0, LEXICON_MISS))
 
     def advance(self, state: Any, token: Any) -> Any:
         import torch
@@ -585,5 +670,25 @@ class WordLmFusion:
                 word += self.texts[t]
         return words + [word] if word else words
 
+    def misses(self, seq: list[int]) -> int:
+        """How many words of a token sequence the lexicon does not hold (spelled off its trie, or ending inside):
+        each is charged :data:`LEXICON_MISS` once, in the search as in the final ranking."""
+        count, node, word = 0, 0, ""
+        for t in seq:
+            if self.starts[t]:
+                count += bool(word) and (node < 0 or not self.word_end[node])
+                word = self.texts[t]
+                node = self.edges.get((0, t), -1) if word else 0
+            else:
+                word += self.texts[t]
+                node = self.edges.get((node, t), -1) if node >= 0 else -1
+        return count + (bool(word) and (node < 0 or not self.word_end[node]))
+
     def sequence_bonus(self, seqs: list[list[int]]) -> list[float]:
-        return [sentence_bonus(self.arpa, self.words(seq), self.weight, self.word_score) for seq in seqs]
+        out = []
+        for seq in seqs:
+            score = sentence_bonus(self.arpa, self.words(seq), self.weight, self.word_score, self.unk_score)
+            if self.lexicon:
+                score += LEXICON_MISS * self.misses(seq)
+            out.append(score)
+        return out

@@ -29,6 +29,7 @@ def describe(conf: Any, lm_unit: str | None = None) -> str:
         unit = f"{lm_unit}({conf.lm_unit})" if lm_unit and lm_unit != conf.lm_unit else conf.lm_unit
         parts += [f"lm={conf.lm}", f"lm_unit={unit}", f"lm_weight={conf.lm_weight}",
                   f"word_score={conf.word_score}"]
+        parts.append("lexicon=true" if conf.lexicon else f"unk_score={conf.unk_score}")
     if m == "attention_rescoring":
         parts.append(f"ctc_weight={conf.ctc_weight}")
     if conf.hotwords and m != "greedy":
@@ -53,6 +54,17 @@ def check_options(conf: Any) -> None:
                           f"ctc_beam_lm fuses one, so the LM would be ignored. To decode with it, set "
                           f"++decoding.method=ctc_beam_lm (and tune its weight with corpus-io tune-lm); to decode "
                           f"without it, leave decoding.lm out.")
+    given = [f"decoding.{k}={v}" for k, v in (("unk_score", conf.unk_score), ("lexicon", "true")) if
+             (conf.unk_score != 0 if k == "unk_score" else conf.lexicon)]
+    if given and conf.method != "ctc_beam_lm":
+        raise ConfigError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} given, but decoding.method="
+                          f"{conf.method} uses no LM: only ctc_beam_lm scores words against an LM's vocabulary, so "
+                          f"{'it' if len(given) == 1 else 'they'} would be ignored. Set ++decoding.method=ctc_beam_lm "
+                          f"++decoding.lm=<ARPA file>, or leave {' and '.join(g.split('=')[0] for g in given)} out.")
+    if conf.lexicon and conf.unk_score != 0:
+        raise ConfigError(f"decoding.unk_score={conf.unk_score} is given with decoding.lexicon=true, which limits "
+                          f"the words to the LM's vocabulary: no word is unknown, so the score would be ignored. "
+                          f"Leave one of them out (tune-lm tunes unk_score without the lexicon).")
 
 
 class Search:

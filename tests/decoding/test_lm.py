@@ -386,3 +386,128 @@ def test_make_lm_on_text_without_words_names_the_file_and_writes_nothing(name, t
     assert f"{tmp_path / name} holds no text to estimate an LM from ({read}), so nothing was written to " \
            f"{tmp_path / 'lm.arpa'}" in message and "Give ++input the training transcripts" in message, message
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+# --------------------------------------------------------------------------- unknown words: unk_score and the lexicon
+
+
+def _unk_heavy_arpa(path, words: list[str]) -> None:
+    """A unigram LM that finds ``<unk>`` likelier than any of its words (as a big-vocabulary LM does a rare word):
+    without an unknown-word score it prefers a misspelling to the word it knows."""
+    lines = ["\\data\\", f"ngram 1={len(words) + 3}", "", "\\1-grams:", "-99\t<s>", "-1.0\t</s>", "-0.5\t<unk>",
+             *(f"-2.0\t{w}" for w in words), "", "\\end\\"]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def spelled_emissions(tok: Tokenizer, pairs: list[tuple[str, str]], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three frames per piece (two of sound, a blank): where the heard spelling differs from the true one its piece
+    (or a blank) clearly beats the true piece, 0.7 against 0.15."""
+    g = torch.Generator().manual_seed(seed)
+    frames = []
+    for true, heard in pairs:
+        t, h = tok.encode(true), tok.encode(heard)
+        for i in range(max(len(t), len(h))):
+            a, b = (t[i] if i < len(t) else 0), (h[i] if i < len(h) else 0)
+            for f in range(3):
+                p = 0.02 + 0.01 * torch.rand(tok.vocab_size, generator=g)
+                if f == 2:
+                    p[0] = 0.9
+                elif a != b:
+                    p[b], p[a] = 0.7, 0.15
+                else:
+                    p[a] = 0.9
+                frames.append((p / p.sum()).log())
+    return padded([torch.stack(frames)])
+
+
+def test_an_unknown_word_penalty_turns_an_out_of_vocabulary_spelling_into_the_lm_word(bpe_and_word_lm, tmp_path):
+    tok, _ = bpe_and_word_lm
+    _unk_heavy_arpa(tmp_path / "unk.arpa", "we they you tell a tale wag tail see the sea".split())
+    lp, lengths = spelled_emissions(tok, [("we", "we"), ("tell", "tel"), ("a", "a"), ("tale", "tale")])
+    assert tok.decode(best_path_ids(lp, lengths)[0]) == "we tel a tale"  # the sound says "tel", not a word
+
+    def best(**options) -> str:
+        search = Search(DecodingConf(method="ctc_beam_lm", lm=str(tmp_path / "unk.arpa"), beam=8, lm_weight=0.5,
+                                     **options), tok)
+        return tok.decode(search(lp, lengths)[0][0].ids)
+
+    assert best() == "we tel a tale"  # the LM's <unk> is likelier than "tell": the misspelling stays
+    assert best(unk_score=-3.0) == "we tell a tale"
+    assert best(lexicon=True) == "we tell a tale"
+    assert len(best(unk_score=3.0).split()) > 4  # a bonus pays for inserted non-words: why tune-lm tunes it
+
+
+def test_a_word_lm_charges_unk_score_per_unknown_word_and_the_lexicon_once_per_word_off_it(bpe_and_word_lm):
+    from corpus_io.decoding.lm import LEXICON_MISS
+
+    tok, arpa_path = bpe_and_word_lm
+    arpa = Arpa(arpa_path)
+
+    def walk(fusion: WordLmFusion, text: str) -> tuple[float, float]:
+        """(what the search earned token by token, the final ranking's bonus) of ``text``'s pieces."""
+        ids, state, earned = tok.encode(text), fusion.initial_state(1, 1), 0.0
+        for t in ids:
+            earned += float(fusion.bonus(state, torch.tensor([[[t]]]))[0, 0, 0])
+            state = fusion.advance(state, torch.tensor([[t]]))
+        return earned, fusion.sequence_bonus([ids])[0]
+
+    plain = WordLmFusion(arpa, tok, lm_weight=0.5, word_score=0.0)
+    penalised = WordLmFusion(arpa, tok, lm_weight=0.5, word_score=0.0, unk_score=-2.5)
+    lexicon = WordLmFusion(arpa, tok, lm_weight=0.5, word_score=0.0, lexicon=True)
+    for text, unknown in (("we tell a tale", []), ("we tel a tale", ["tel"]), ("tel we tal", ["tel", "tal"]),
+                          ("we see the seat", ["seat"])):
+        (e0, s0), (e1, s1), (e2, s2) = walk(plain, text), walk(penalised, text), walk(lexicon, text)
+        last = text.split()[-1] in unknown  # the LM scores the last word only in the final ranking
+        assert e1 - e0 == pytest.approx(-2.5 * (len(unknown) - last), abs=1e-3), text
+        assert s1 - s0 == pytest.approx(-2.5 * len(unknown), abs=1e-3), text
+        assert lexicon.misses(tok.encode(text)) == len(unknown)
+        assert s2 - s0 == pytest.approx(LEXICON_MISS * len(unknown), abs=0.05), text
+        # the search charges a word once: as soon as it leaves the trie ("tal" at its piece "l", "seat" at "t"
+        # after "sea") or when the next word begins inside it ("tel", a prefix of "tell"), even the last word
+        assert e2 - e0 == pytest.approx(LEXICON_MISS * len(unknown), abs=0.05), text
+    (e0, s0), (e2, s2) = walk(plain, "we ta"), walk(lexicon, "we ta")  # the last word ends inside the trie
+    assert e2 == pytest.approx(e0) and s2 - s0 == pytest.approx(LEXICON_MISS, abs=0.05)  # charged at the end
+
+
+def test_a_token_lm_scores_tokens_outside_its_vocabulary_with_unk_score_or_prunes_them_with_the_lexicon(tmp_path):
+    from corpus_io.decoding.lm import LEXICON_MISS, LmFusion
+
+    tok = tokenizer()
+    write_arpa(tmp_path / "lm.arpa", *kneser_ney([list(s) for s in sentences(random.Random(0), 50)], 2)[:2])
+    arpa = Arpa(tmp_path / "lm.arpa")
+    unknown = [c for c in CHARS if c not in arpa.known]
+    assert "器" in unknown and "气" not in unknown
+    plain = LmFusion(arpa, tok, 0.5, 0.0)
+    for options, extra in (({"unk_score": -1.5}, -1.5), ({"lexicon": True}, LEXICON_MISS)):
+        fusion = LmFusion(arpa, tok, 0.5, 0.0, **options)
+        tokens = torch.tensor([[[tok.ids["器"], tok.ids["气"], tok.unk_id]]])
+        diff = (fusion.bonus(fusion.initial_state(1, 1), tokens) - plain.bonus(plain.initial_state(1, 1), tokens))
+        assert diff[0, 0].tolist() == pytest.approx([extra, 0.0, extra])  # the model's <unk> is unknown too
+        seq = [tok.ids[c] for c in "今天天器很好"]
+        assert fusion.sequence_bonus([seq])[0] - plain.sequence_bonus([seq])[0] == pytest.approx(extra, rel=1e-6)
+
+
+@pytest.mark.parametrize("method", ["greedy", "ctc_prefix_beam", "attention_rescoring"])
+def test_unk_score_and_the_lexicon_without_an_lm_are_refused_as_ignored(method):
+    with pytest.raises(ConfigError, match=rf"decoding.unk_score=-2.0 is given, but decoding.method={method} uses "
+                                          r"no LM: .* so it would be ignored"):
+        Search(DecodingConf(method=method, unk_score=-2.0), tokenizer())
+    with pytest.raises(ConfigError, match=r"decoding.unk_score=1.0 and decoding.lexicon=true are given, .* they "
+                                          r"would be ignored.*leave decoding.unk_score and decoding.lexicon out"):
+        Search(DecodingConf(method=method, unk_score=1.0, lexicon=True), tokenizer())
+
+
+def test_unk_score_with_the_lexicon_is_refused_and_a_lexicon_no_token_spells_too(bpe_and_word_lm, tmp_path):
+    tok, arpa_path = bpe_and_word_lm
+    with pytest.raises(ConfigError, match=r"decoding.unk_score=-1.0 is given with decoding.lexicon=true, .*no word "
+                                          r"is unknown, so the score would be ignored"):
+        Search(DecodingConf(method="ctc_beam_lm", lm=str(arpa_path), unk_score=-1.0, lexicon=True), tok)
+    search = Search(DecodingConf(method="ctc_beam_lm", lm=str(arpa_path), lexicon=True), tok)
+    assert "lexicon=true" in search.description and "unk_score" not in search.description
+    assert "unk_score=-1.0" in Search(DecodingConf(method="ctc_beam_lm", lm=str(arpa_path), unk_score=-1.0),
+                                      tok).description
+    probs, backoffs, _ = kneser_ney([["ёж", "щука"], ["щука"]], 2)  # words of letters the BPE model lacks
+    write_arpa(tmp_path / "other.arpa", probs, backoffs)
+    with pytest.raises(ConfigError, match="decoding.lexicon=true: no word of decoding.lm=.* can be spelled"):
+        Search(DecodingConf(method="ctc_beam_lm", lm=str(tmp_path / "other.arpa"), lm_unit="word", lexicon=True),
+               tok)

@@ -220,7 +220,7 @@ def test_make_lm_tune_lm_and_decode_with_the_lm_and_hotwords_from_the_command_li
                      "++lm_weights=[0.0,0.5]", "++word_scores=[0.0]", "++decoding.beam=4")
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "tune" / "tune.txt").read_text().splitlines()
-    assert table[0] == "lm_weight word_score %CER %WER" and len(table) == 3
+    assert table[0] == "lm_weight word_score unk_score %CER %WER" and len(table) == 1 + 2 * 3  # unk_scores: -2, 0, 2
     best = (tmp_path / "tune" / "best.txt").read_text().split()
     assert best[0] == "++decoding.method=ctc_beam_lm" and "best CER" in result.stdout
     (tmp_path / "hot.txt").write_text("北京\n天气\n", encoding="utf-8")
