@@ -58,17 +58,17 @@ def _tokenizer(out):
 
 def _batches(data_list: str, tok, bucketing: bool, feats_on: str, workers: int) -> tuple[list, Counter, float]:
     """One epoch's batches (kept, for the model runs), its padded lengths and padding share."""
+    from corpus_io.loader.batching import batch_shape
     from corpus_io.loader.dataset import build_dataloader
 
     loader = build_dataloader(data_list, _conf(bucketing, feats_on, workers), tok, train=True, rank=0, world_size=1)
     loader.set_epoch(0)
     kept, widths, real, padded = [], Counter(), 0, 0
     for batch in loader:
-        rows, lengths = (batch["wav"], batch["wav_lengths"]) if "wav" in batch else (batch["feats"],
-                                                                                    batch["feats_lengths"])
-        widths[rows.shape[1]] += 1
-        real += int(lengths.sum())
-        padded += rows.shape[0] * rows.shape[1]
+        width, rows_real, rows_padded = batch_shape(batch)
+        widths[width] += 1
+        real += rows_real
+        padded += rows_padded
         kept.append({k: (v.clone() if hasattr(v, "clone") else v) for k, v in batch.items()})
     return kept, widths, 1.0 - real / max(padded, 1)
 

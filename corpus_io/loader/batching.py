@@ -594,6 +594,13 @@ def _shared_batch(feats: list, tokens: list, *, pcm: bool = False, width: int | 
     return padded, feats_lengths, target, target_lengths
 
 
+def batch_shape(batch: dict) -> tuple[int, int, int]:
+    """``(padded length, real frames, padded frames)`` of a padded batch dict: its rows' time axis (samples for a
+    waveform batch), the sum of its rows' own lengths, and rows x the padded length (what a GPU computes)."""
+    rows, lengths = (batch["wav"], batch["wav_lengths"]) if "wav" in batch else (batch["feats"], batch["feats_lengths"])
+    return int(rows.shape[1]), int(lengths.sum()), int(rows.shape[0] * rows.shape[1])
+
+
 def mean_padding_ratio(batches: Iterable[list[dict]], lengths: Lengths = sample_lengths) -> float:
     """Padding frames / all padded frames over many batches (what a bench reports)."""
     padded = real = 0
@@ -604,6 +611,6 @@ def mean_padding_ratio(batches: Iterable[list[dict]], lengths: Lengths = sample_
     return (padded - real) / padded if padded else 0.0
 
 
-__all__ = ["BATCH_TYPES", "Batch", "Budget", "batch", "bucket_batch", "geometric_boundaries", "mean_padding_ratio",
-           "pad", "padding_ratio", "quantile_boundaries", "sample_lengths"]
+__all__ = ["BATCH_TYPES", "Batch", "Budget", "batch", "batch_shape", "bucket_batch", "geometric_boundaries",
+           "mean_padding_ratio", "pad", "padding_ratio", "quantile_boundaries", "sample_lengths"]
 

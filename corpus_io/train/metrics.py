@@ -42,12 +42,13 @@ class Meter:
         self.padding += float(batch.get("padding_ratio", 0.0))
         self.batches += 1
         self.audio_seconds += float(batch.get("audio_seconds", 0.0))
-        rows, lengths = (batch["wav"], batch["wav_lengths"]) if "wav" in batch else \
-            (batch.get("feats"), batch.get("feats_lengths"))
-        if rows is not None and lengths is not None:
-            self.widths.add(int(rows.shape[1]))
-            self.real_frames += float(lengths.sum())
-            self.padded_frames += float(rows.shape[0] * rows.shape[1])
+        if "wav" in batch or "feats" in batch:
+            from corpus_io.loader.batching import batch_shape
+
+            width, real, padded = batch_shape(batch)
+            self.widths.add(width)
+            self.real_frames += real
+            self.padded_frames += padded
         self.times["data_load"] += data_load
         self.times["forward_time"] += out["forward_time"]
         self.times["backward_time"] += out["backward_time"]

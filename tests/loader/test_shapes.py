@@ -14,7 +14,7 @@ import soundfile as sf
 
 from corpus_io.api import build_tokenizer
 from corpus_io.config import DatasetConf
-from corpus_io.loader.batching import quantile_boundaries
+from corpus_io.loader.batching import batch_shape, quantile_boundaries
 from corpus_io.loader.dataset import build_dataloader
 from corpus_io.loader.shapes import STEP, _steps, optimal_edges
 from tests.loader_data import fixture_utts, token_list
@@ -68,11 +68,10 @@ def _epoch_shapes(loader) -> tuple[Counter, float, list[str]]:
     keys: list[str] = []
     loader.set_epoch(0)
     for batch in loader:
-        rows, lengths = (batch["wav"], batch["wav_lengths"]) if "wav" in batch else (batch["feats"],
-                                                                                    batch["feats_lengths"])
-        widths[rows.shape[1]] += 1
-        real += int(lengths.sum())
-        padded += rows.shape[0] * rows.shape[1]
+        width, rows_real, rows_padded = batch_shape(batch)
+        widths[width] += 1
+        real += rows_real
+        padded += rows_padded
         assert batch["target"].shape[1] % 8 == 0
         assert batch["target_lengths"].tolist() == batch["target"].ne(-1).sum(1).tolist()  # lengths stay exact
         keys += batch["keys"]
