@@ -22,6 +22,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -573,9 +574,12 @@ class Trainer:
         self.module.eval()
         self.cv_loader.set_epoch(0)
         meter = Meter()
+        # the bare module, not DDP: ranks' cv splits differ in batches, and DDP's forward broadcasts buffers (each
+        # rank's extra batch would wait for the others forever)
+        sc = dataclasses.replace(self.sc, model=self.module)
         for batch in self.cv_loader:
             self.launcher.check(self.ctx.rank, f"the validation of epoch {self.epoch}", str(self.out))
-            out = forward_loss(self.sc, batch, train=False)
+            out = forward_loss(sc, batch, train=False)
             meter.add_scored(float(out.loss), len(batch["keys"]), *out.token_errors())
         every = meter.reduced(self.ctx)
         metrics = {"loss": every.loss, "acc": every.acc or 0.0, "utts": int(every.utts)}

@@ -495,3 +495,19 @@ def test_step_spread_is_the_median_relative_range_of_the_ranks_audio_per_step():
     # steps: (10, 10) -> 0, (10, 30) -> 20/20 = 1, (8, 8) -> 0; the median is 0; a rank's extra steps are not compared
     assert step_spread([[10.0, 10.0, 8.0], [10.0, 30.0, 8.0, 5.0]]) == 0.0
     assert step_spread([[10.0, 10.0], [30.0, 30.0]]) == pytest.approx(1.0)
+
+
+def test_ranks_whose_cv_splits_differ_in_batches_validate_and_finish(corpus, tmp_path):
+    """One cv shard of one utterance for 2 ranks: rank 0 validates a batch, rank 1 none. The first forward after
+    training broadcasts the model's buffers (BatchNorm) under DDP, so rank 0 waited in that broadcast while rank 1
+    waited in the cv all-reduce, until the gloo timeout (10 minutes, then a crash); validation runs the bare
+    module."""
+    cv, _ = make_shards(tmp_path / "cv", sizes=[1])
+    out = tmp_path / "exp"
+    cmd = torchrun_cmd(out, corpus, f"++valid_data_set_list={cv}", "++dataset_conf.batch_type=example",
+                       "++dataset_conf.batch_size=1", "++dataset_conf.bucketing=false",
+                       "++train_conf.max_epoch=2", "++train_conf.max_steps_per_epoch=2")
+    result = run_train(cmd, timeout=hang_limit(120))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    log = (out / "train.log").read_text(encoding="utf-8")
+    assert re.findall(r"cv epoch \d+ step \d+: .*?, (\d+) utts", log) == ["1", "1"], log[-3000:]
