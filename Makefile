@@ -42,7 +42,8 @@ DEMO_ARGS ?=
 demo: install
 	recipes/espeak/run.sh $(DEMO_ARGS)
 
-# The same recipe with a tiny corpus and a few training steps (tests/recipes/test_smoke.py runs it too).
+# The same recipe on a small corpus, 20 short epochs: a model that transcribes the digits (greedy CER about 1 %)
+# in about 2.5 minutes on 2 cores; tests/recipes/test_smoke.py runs it and checks its word timestamps.
 SMOKE_DIR ?= recipes/espeak/exp/smoke
 smoke: install
 	xargs -a recipes/espeak/conf/smoke.opts recipes/espeak/run.sh --data $(abspath $(SMOKE_DIR))/data \

@@ -12,6 +12,12 @@ Words are the hypothesis text's words as scoring counts them (``words_of``: deco
 first token's start to its last token's end.
 A token that spells several words (a jieba word of two characters) shares its frames among them evenly.
 
+A CTC model spikes on a word's most distinctive part, often its vowel: the 0.3 s /s/ of "six" lies before its spike.
+So with ``speech`` (which input frames hold speech: :func:`speech_frames` of the features' energy) a word's start
+moves back over the speech frames just before it, down to the end of the word before it and at most
+:data:`ONSET_BACK_SECONDS`: after a pause, a word starts where its sound does; within fluent speech, where the word
+before it ends. Tokens keep the CTC path's frames.
+
 Confidence, in [0, 1] (the aligned-frame posterior):
 
 * a token's: the mean posterior ``exp(log_prob)`` of its label over the frames it is aligned to;
@@ -26,6 +32,15 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+#: how far back a word's start may move over speech frames (seconds)
+ONSET_BACK_SECONDS = 0.5
+#: a frame is speech when its energy is within SPEECH_TOP_DB of the utterance's loudest frame and SPEECH_FLOOR_DB
+#: above its quietest tenth (the background), in dB
+SPEECH_TOP_DB = 50.0
+SPEECH_FLOOR_DB = 10.0
+#: a silence within a word (a stop's closure) is shorter than this; a pause before a word is longer (seconds)
+PAUSE_SECONDS = 0.15
 
 
 @dataclass
@@ -70,14 +85,25 @@ def token_frames(log_probs: torch.Tensor, ids: list[int], blank: int = 0) -> lis
     return frames
 
 
+def speech_frames(energy_db: torch.Tensor) -> torch.Tensor:
+    """Which frames of one utterance hold speech (bool, same length), from each frame's energy (dB): within
+    :data:`SPEECH_TOP_DB` of the loudest and :data:`SPEECH_FLOOR_DB` above the quietest tenth."""
+    e = energy_db.detach().float().cpu()
+    if e.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    threshold = torch.maximum(e.max() - SPEECH_TOP_DB, torch.quantile(e, 0.1) + SPEECH_FLOOR_DB)
+    return e > threshold
+
+
 def align(log_probs: torch.Tensor, ids: list[int], decode: Callable[[list[int]], str],
           words_of: Callable[[str], list[str]], *, frame_seconds: float, duration: float | None = None,
-          blank: int = 0) -> Timed:
+          blank: int = 0, speech: torch.Tensor | None = None, speech_seconds: float = 0.01) -> Timed:
     """The tokens and words of hypothesis ``ids`` with times (seconds from the utterance's start) and
     confidences. ``log_probs``: (T, V) CTC log-softmax of the utterance's valid frames; ``decode``: token ids ->
     text (the tokenizer's, so words are the hypothesis text's); ``words_of``: text -> its words (decode passes
     scoring's ``word_units``); ``frame_seconds``: seconds per output frame;
-    ``duration``: the audio's seconds (times are clipped to it)."""
+    ``duration``: the audio's seconds (times are clipped to it); ``speech``: which input frames (``speech_seconds``
+    apart, the feature frame shift) hold speech, to move word starts back to their sound (None: the CTC path's)."""
     lp = log_probs.detach().float().cpu()
     limit = duration if duration is not None else lp.shape[0] * frame_seconds
     if not ids:
@@ -91,6 +117,8 @@ def align(log_probs: torch.Tensor, ids: list[int], decode: Callable[[list[int]],
         end = min((fr[-1] + 1) * frame_seconds, limit)
         tokens.append(Span(decode([tok]), round(start, 3), round(end, 3), _unit(post)))
     words = _words(ids, tokens, decode, words_of)
+    if speech is not None:
+        words = _sound_onsets(words, speech, speech_seconds)
     conf = sum(w.confidence for w in words) / len(words) if words else _unit(
         sum(t.confidence for t in tokens) / len(tokens))
     return Timed(tokens, words, _unit(conf))
@@ -131,8 +159,35 @@ def _words(ids: list[int], tokens: list[Span], decode: Callable[[list[int]], str
     return out
 
 
+def _sound_onsets(words: list[Span], speech: torch.Tensor, step: float) -> list[Span]:
+    """Each word's start moved back over the speech frames just before it (across silences shorter than
+    :data:`PAUSE_SECONDS`: a stop's closure, the /k/ of "six"): no earlier than the previous word's end, nor
+    :data:`ONSET_BACK_SECONDS` before its CTC start."""
+    flags = speech.tolist()
+    closed = list(flags)  # short silences between speech filled
+    gap = max(1, int(round(PAUSE_SECONDS / step)))
+    last = None  # the last speech frame seen
+    for i, f in enumerate(flags):
+        if f:
+            if last is not None and 1 < i - last <= gap:
+                closed[last + 1:i] = [True] * (i - last - 1)
+            last = i
+    out: list[Span] = []
+    prev_end = 0.0
+    for w in words:
+        frame = min(int(round(w.start / step)), len(flags))
+        earliest = max(prev_end, w.start - ONSET_BACK_SECONDS)
+        while frame > 0 and closed[frame - 1] and (frame - 1) * step >= earliest - 1e-9:
+            frame -= 1
+        while frame * step < w.start and frame < len(flags) and not flags[frame]:  # start on sound, not in a gap
+            frame += 1
+        out.append(Span(w.text, round(min(w.start, frame * step), 3), w.end, w.confidence))
+        prev_end = w.end
+    return out
+
+
 def _unit(x: float) -> float:
     return float(min(1.0, max(0.0, x)))
 
 
-__all__ = ["Span", "Timed", "align", "token_frames"]
+__all__ = ["Span", "Timed", "align", "speech_frames", "token_frames"]

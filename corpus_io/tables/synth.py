@@ -33,6 +33,10 @@ MIXED_SENTENCES = ["我喜欢 python 编程", "打开 wifi 设置", "今天的 m
 ZH_VOICES = [("cmn", 150), ("cmn+f2", 165), ("cmn+m3", 175), ("cmn+f4", 140)]
 
 
+LEAD_SECONDS = (0.05, 0.5)  # the recipe corpora's leading silence, drawn per utterance
+LEAD_SEED = 1_000_003
+
+
 def require_tools() -> None:
     for tool in ("espeak-ng", "sox"):
         if shutil.which(tool) is None:
@@ -48,6 +52,7 @@ class Utterance:
     sample_rate: int
     fmt: str  # wav | flac
     path: str
+    lead: float = 0.0  # seconds of silence before the speech (espeak-ng speaks from the first sample)
 
 
 def speak(utt: Utterance) -> Utterance:
@@ -56,7 +61,8 @@ def speak(utt: Utterance) -> Utterance:
         subprocess.run(["espeak-ng", "-v", utt.voice, "-s", str(utt.speed), "-w", tmp.name, utt.text],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         Path(utt.path).parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["sox", tmp.name, "-r", str(utt.sample_rate), "-c", "1", "-b", "16", utt.path],
+        pad = ["pad", f"{utt.lead:.3f}"] if utt.lead > 0 else []
+        subprocess.run(["sox", tmp.name, "-r", str(utt.sample_rate), "-c", "1", "-b", "16", utt.path, *pad],
                        check=True, stderr=subprocess.DEVNULL)
     return utt
 
@@ -83,14 +89,19 @@ def digits_text(rng: random.Random, min_len: int = 3, max_len: int = 7) -> str:
 
 def _make_corpus(out_dir: str | os.PathLike, num: int, pick, *, seed: int, sample_rate: int, fmt: str,
                  num_workers: int) -> Path:
-    """``num`` utterances, ``pick(i, rng) -> (spk, text, voice, speed)``, as a Kaldi dir; keys ``<spk>-<i>``."""
+    """``num`` utterances, ``pick(i, rng) -> (spk, text, voice, speed)``, as a Kaldi dir; keys ``<spk>-<i>``.
+
+    Each starts with 0.05-0.5 s of silence, as a recording does: a model that only ever heard speech from the first
+    sample places nothing well after a pause (the timestamps of a second utterance joined after silence)."""
     out = Path(out_dir).resolve()
     rng = random.Random(seed)
+    leads = random.Random(seed + LEAD_SEED)  # its own stream: the texts, voices and speeds are the seed's as before
     utts, spk_of = [], {}
     for i in range(num):
         spk, text, voice, speed = pick(i, rng)
         key = f"{spk}-{i:06d}"
-        utts.append(Utterance(key, text, voice, speed, sample_rate, fmt, str(out / "wav" / spk / f"{key}.{fmt}")))
+        utts.append(Utterance(key, text, voice, speed, sample_rate, fmt, str(out / "wav" / spk / f"{key}.{fmt}"),
+                              lead=round(leads.uniform(*LEAD_SECONDS), 3)))
         spk_of[key] = spk
     synthesize_all(utts, num_workers)
     write_kaldi_dir(out, utts, spk_of=spk_of)

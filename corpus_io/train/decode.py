@@ -182,6 +182,8 @@ class Forward:
     seconds: float
     durations: list = field(default_factory=list)
     segments: list | None = None
+    speech: list | None = None  # per utterance, which input frames hold speech (fbank energy), for word onsets
+    speech_seconds: float = 0.01  # seconds between those frames (the frame shift)
 
 
 def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: Any, *,
@@ -214,7 +216,23 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(utts=utts)
             yield Forward(list(batch["keys"]), refs, float(batch.get("audio_seconds", 0.0)), log_probs, lengths,
-                          enc, time.perf_counter() - t0, _durations(batch, conf), batch.get("segments"))
+                          enc, time.perf_counter() - t0, _durations(batch, conf), batch.get("segments"),
+                          _speech(feats, feats_lengths, conf), input_frame_seconds(conf))
+
+
+def _speech(feats: Any, feats_lengths: Any, conf: Any) -> list | None:
+    """Each row's speech frames (align.speech_frames) from log-mel fbank features: a frame's energy is the sum of
+    its mel bands' (in dB). None for other features (an exported model that takes the waveform gets samples)."""
+    import math
+
+    import torch
+
+    from corpus_io.decoding.align import speech_frames
+
+    if conf.feats_type != "fbank" or feats.dim() != 3 or feats.shape[-1] != conf.fbank_conf.num_mel_bins:
+        return None
+    energy_db = torch.logsumexp(feats.detach().float(), dim=-1) * (10.0 / math.log(10.0))
+    return [speech_frames(energy_db[i, : int(n)]) for i, n in enumerate(feats_lengths.tolist())]
 
 
 def _durations(batch: dict, conf: Any) -> list[float]:
@@ -274,8 +292,10 @@ def _align_batch(run: DecodeRun, fw: Forward, nbest: list, tokenizer: Any, frame
     for i, (key, hyps) in enumerate(zip(fw.keys, nbest)):
         ids = hyps[0].ids if hyps else []
         duration = fw.durations[i] if i < len(fw.durations) else None
+        speech = fw.speech[i] if fw.speech is not None else None
         run.timed[key] = align(fw.log_probs[i, : int(lengths[i])], ids, tokenizer.decode, word_units,
-                               frame_seconds=frame_seconds, duration=duration, blank=tokenizer.blank_id)
+                               frame_seconds=frame_seconds, duration=duration, blank=tokenizer.blank_id,
+                               speech=speech, speech_seconds=fw.speech_seconds)
         if fw.segments is not None and fw.segments[i] is not None:
             run.segments[key] = fw.segments[i]
 

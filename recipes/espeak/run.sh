@@ -50,6 +50,7 @@ num_workers=1             # DataLoader workers per training process
 feats_on=                 # empty: as in $train_config (loader); model: fbank + SpecAugment batched in the trainer
 noise=false               # true: train with noise (see --noise above); off by default
 noise_snr="[5,20]"        # --noise true: [low, high] dB, each noisy utterance's SNR is drawn in it
+noise_prob=0.5            # --noise true: the share of training utterances that get noise (the rest stay clean)
 average_num=3             # checkpoints averaged for decoding
 cer_target=10             # digits test %CER the demo must reach (checked at stage 7, 0 = no check)
 real_epochs=120           # stage 8: epochs over the 10 real utterances (one batch each)
@@ -64,6 +65,7 @@ recipe_options=(stage stop_stage nj cmd nproc data exp num_digits_train num_digi
                 num_digits_test_newvoice num_mixed_train
                 num_mixed_test num_noise num_utts_per_shard num_utts_per_shard_dev train_config init max_epoch
                 max_steps_per_epoch batch_type batch_size shuffle_size sort_size num_workers feats_on noise noise_snr
+                noise_prob
                 average_num cer_target real_epochs
                 model decode_methods beam lm_order lm_weight word_score tune_lm)
 
@@ -141,7 +143,7 @@ if stage_on 6; then
       exit 2
     fi
     extra+=(++dataset_conf.add_noise=true "++dataset_conf.add_noise_conf.noise_list=$data/noise/shard.list"
-            "++dataset_conf.add_noise_conf.snr_db=$noise_snr")
+            "++dataset_conf.add_noise_conf.snr_db=$noise_snr" "++dataset_conf.add_noise_conf.prob=$noise_prob")
   fi
   case "$model" in
     "") ;;

@@ -163,7 +163,7 @@ make_lm() {  # make_lm STAGE EXP CHECKPOINT DEV_SHARD_LIST MAKE_LM_OVERRIDE...: 
 decode_sets() {  # decode_sets STAGE EXP CHECKPOINT DIR...: EXP/decode_<DIR name>/ for each DIR/raw.list
   # One decode per method of $decode_methods (default greedy): greedy writes EXP/decode_<name>/, the others
   # EXP/decode_<name>.<method>/; ctc_beam_lm uses $lm (an ARPA from make-lm) with $lm_weight and $word_score,
-  # all beams $beam (default 10).
+  # all beams $beam (default 10). Each also writes word times and confidences: ctm and timestamps.jsonl.
   local st=$1 exp=$2 checkpoint=$3 dir name method out lm_opts
   shift 3
   for dir in "$@"; do
@@ -178,7 +178,8 @@ decode_sets() {  # decode_sets STAGE EXP CHECKPOINT DIR...: EXP/decode_<DIR name
       fi
       corpus-io decode "++data_list=$dir/raw.list" "++checkpoint=$checkpoint" "++output_dir=$out" \
         ++dataset_conf.data_type=raw ++dataset_conf.batch_type=example ++dataset_conf.batch_size=16 \
-        "++dataset_conf.num_workers=$nj" "++decoding.method=$method" "++decoding.beam=${beam:-10}" "${lm_opts[@]}"
+        "++dataset_conf.num_workers=$nj" "++decoding.method=$method" "++decoding.beam=${beam:-10}" "${lm_opts[@]}" \
+        ++timestamps=true
       log "$st" "decoded $name ($method): $(grep -m1 "^%CER" "$out/cer.txt") $(grep -m1 "^RTF" "$out/cer.txt")"
     done
   done

@@ -102,6 +102,48 @@ def pairs(n: int = 10):
     return out
 
 
+def test_a_word_starts_where_its_sound_does_across_a_short_closure_but_not_across_a_pause_or_the_word_before():
+    """With ``speech`` (10 ms frames), a word's start moves back from its CTC spike over the speech frames before it:
+    across a silence shorter than PAUSE_SECONDS (a stop's closure), not across a longer one, never before the word
+    before it ends nor more than ONSET_BACK_SECONDS; tokens keep the CTC path's times."""
+    from corpus_io.decoding.align import ONSET_BACK_SECONDS, PAUSE_SECONDS
+
+    decode = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731
+    lp = spikes(100, 4, {10: 1, 50: 2, 80: 3})  # w1 at 0.4 s, w2 at 2.0 s, w3 at 3.2 s
+    speech = torch.zeros(400, dtype=torch.bool)
+    speech[30:44] = True  # w1: sound from 0.30 s
+    speech[170:190] = True  # w2: sound from 1.70 s, a 0.05 s closure, more sound up to its spike
+    speech[195:205] = True
+    speech[260:330] = True  # w3: sound runs back to 2.60 s, past w2's end (2.04 s)... and more than 0.5 s back
+    timed = align(lp, [1, 2, 3], decode, word_units, frame_seconds=FRAME, speech=speech, speech_seconds=0.01)
+    assert [w.start for w in timed.words] == [0.3, 1.7, round(3.2 - ONSET_BACK_SECONDS, 3)]
+    assert [w.end for w in timed.words] == [0.44, 2.04, 3.24]
+    assert [t.start for t in timed.tokens] == [0.4, 2.0, 3.2]  # the CTC path's
+    pause = speech.clone()
+    pause[170:195] = False
+    pause[170:180] = True  # w2: 0.15 s of silence (a pause) between sound at 1.7-1.8 s and sound from 1.95 s
+    assert int(round(PAUSE_SECONDS / 0.01)) <= 15
+    timed = align(lp, [1, 2, 3], decode, word_units, frame_seconds=FRAME, speech=pause, speech_seconds=0.01)
+    assert timed.words[1].start == 1.95
+    fluent = torch.zeros(400, dtype=torch.bool)
+    fluent[140:210] = True  # w1 at 1.6 s, w2 at 2.0 s in one run of sound: w2 starts where w1 ends, not before
+    timed = align(spikes(100, 4, {40: 1, 50: 2}), [1, 2], decode, word_units, frame_seconds=FRAME, speech=fluent,
+                  speech_seconds=0.01)
+    assert [w.start for w in timed.words] == [1.4, 1.64] and timed.words[0].end == 1.64
+    plain = align(lp, [1, 2, 3], decode, word_units, frame_seconds=FRAME)
+    assert [w.start for w in plain.words] == [0.4, 2.0, 3.2]  # without speech frames: the CTC path's
+
+
+def test_speech_frames_are_near_the_loudest_and_above_the_background():
+    from corpus_io.decoding.align import SPEECH_FLOOR_DB, SPEECH_TOP_DB, speech_frames
+
+    energy = torch.tensor([40.0] * 20 + [100.0, 95.0, 100.0 - SPEECH_TOP_DB + 1, 100.0 - SPEECH_TOP_DB - 1] + [40.0])
+    assert speech_frames(energy).tolist() == [False] * 20 + [True, True, True, False, False]
+    noisy = torch.tensor([80.0] * 20 + [100.0, 80.0 + SPEECH_FLOOR_DB + 1, 80.0 + SPEECH_FLOOR_DB - 1])
+    assert speech_frames(noisy).tolist() == [False] * 20 + [True, True, False]  # 10 dB above the background
+    assert speech_frames(torch.zeros(0)).tolist() == []
+
+
 def test_joined_pairs_second_utterance_starts_at_its_onset_on_the_model_frame_grid(tmp_path):
     """10 real pairs through the loader's fbank and ConformerCTC's own length rule; log-probs constructed with
     each token spiking at the output frame that holds its reference time (the second utterance's first token at
