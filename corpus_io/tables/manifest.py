@@ -126,6 +126,7 @@ class _Task:
     segment: tuple[float, float] | None = None
     allow_pipe: bool = False
     storage_options: dict = field(default_factory=dict)
+    recording: str | None = None  # a segment's recording id (decode's CTM names it)
 
 
 @dataclass
@@ -173,6 +174,7 @@ def _probe_task(task: _Task) -> _Result:
             record[name] = value
             if task.segment is not None and name == task.audio_fields[0]:
                 record["start"], record["end"] = task.segment
+                record["recording"] = task.recording
             record[f"{name}_len"] = audio.frames_10ms(num_samples, info.sample_rate)
             seconds = max(seconds, num_samples / info.sample_rate)
         else:
@@ -344,7 +346,7 @@ def scp2jsonl(cfg: Any) -> Summary:
                 seg = item
                 lookups = {n: (seg.recording if n in recording_fields else seg.key) for n in keyed}
                 yield _Task(seg.key, {}, lookups, tuple(names), audio_fields, seg.where, (seg.start, seg.end),
-                            cfg.allow_pipe, storage)
+                            cfg.allow_pipe, storage, seg.recording)
             else:
                 line = item
                 yield _Task(line.key, {names[0]: line.value}, {n: line.key for n in keyed}, tuple(names),

@@ -78,6 +78,29 @@ def test_segments_give_lengths_from_start_and_end(tmp_path, fixture_corpus):
         last = total if r["end"] < 0 else round(r["end"] * 16000)
         assert r["source_len"] == (last - first) * 100 // 16000
     assert records[1]["target"] == "speech recognition is fun"
+    assert {r["recording"] for r in records} == {"long"}
+
+
+def test_segments_lines_carry_their_recording_id_to_the_loader_when_it_is_not_the_file_name(tmp_path, fixture_corpus):
+    """A recording id is the segments file's, not the audio file's name: scp2jsonl writes it as ``recording`` and
+    the raw loader gives it to decode's CTM (without the field, the file name was the only guess)."""
+    from corpus_io.config import DecodeConfig
+    from corpus_io.loader.dataset import build_dataloader
+
+    seg = fixture_corpus / "segments_dir"
+    (tmp_path / "wav.scp").write_text(f"rec-7 {seg / 'wav' / 'long.wav'}\n")
+    (tmp_path / "segments").write_text((seg / "segments").read_text().replace(" long ", " rec-7 "))
+    out = tmp_path / "seg.jsonl"
+    result = run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[{tmp_path}/wav.scp,{seg}/text]",
+                     "++data_type_list=[source,target]", f"++segments={tmp_path}/segments", f"++jsonl_file_out={out}")
+    assert result.returncode == 0, result.stderr
+    records = read_jsonl(out)
+    assert len(records) == 4 and {r["recording"] for r in records} == {"rec-7"}
+    conf = DecodeConfig().dataset_conf
+    conf.data_type, conf.num_workers = "raw", 0
+    named = {s[0] for batch in build_dataloader(str(out), conf, None, train=False, rank=0, world_size=1)
+             for s in batch["segments"]}
+    assert named == {"rec-7"}  # decode's CTM lines name it
 
 
 def make_tables(tmp_path, fixture_corpus, n_text: int):
