@@ -120,7 +120,7 @@ def test_make_smoke_runs_every_stage_of_the_espeak_recipe(pipeline_commands, smo
     assert speakers and not speakers & trained
     held_out = {voice for voice, _ in synth.HELD_OUT_SPEAKERS}
     assert not held_out & {voice for voice, _ in synth.SPEAKERS + synth.ZH_VOICES}  # no training set uses them
-    assert smoke["elapsed"] < 240 * load_scale(), f"make smoke took {smoke['elapsed']:.0f} s"
+    assert smoke["elapsed"] < 200 * load_scale(), f"make smoke took {smoke['elapsed']:.0f} s"
 
 
 def speech_onset(x) -> float:
