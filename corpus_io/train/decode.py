@@ -217,19 +217,28 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
                 bar.set_postfix(utts=utts)
             yield Forward(list(batch["keys"]), refs, float(batch.get("audio_seconds", 0.0)), log_probs, lengths,
                           enc, time.perf_counter() - t0, _durations(batch, conf), batch.get("segments"),
-                          _speech(feats, feats_lengths, conf), input_frame_seconds(conf))
+                          _speech(batch, feats, feats_lengths, conf), input_frame_seconds(conf))
 
 
-def _speech(feats: Any, feats_lengths: Any, conf: Any) -> list | None:
+def _speech(batch: dict, feats: Any, feats_lengths: Any, conf: Any) -> list | None:
     """Each row's speech frames (align.speech_frames) from log-mel fbank features: a frame's energy is the sum of
-    its mel bands' (in dB). None for other features (an exported model that takes the waveform gets samples)."""
+    its mel bands' (in dB). An exported model that takes the waveform gets samples, so its fbank is computed here
+    (the same Kaldi fbank, no dither). None for other features: words keep the CTC path's starts."""
+    import dataclasses
     import math
 
     import torch
 
+    from corpus_io.audio.features import batch_fbank
     from corpus_io.decoding.align import speech_frames
 
-    if conf.feats_type != "fbank" or feats.dim() != 3 or feats.shape[-1] != conf.fbank_conf.num_mel_bins:
+    if conf.feats_type != "fbank":
+        return None
+    bins = conf.fbank_conf.num_mel_bins
+    if (feats.dim() != 3 or feats.shape[-1] != bins) and "wav" in batch:
+        options = {k: v for k, v in dataclasses.asdict(conf.fbank_conf).items() if k != "dither"}
+        feats, feats_lengths = batch_fbank(batch["wav"], batch["wav_lengths"], int(batch["sample_rate"]), **options)
+    if feats.dim() != 3 or feats.shape[-1] != bins:
         return None
     energy_db = torch.logsumexp(feats.detach().float(), dim=-1) * (10.0 / math.log(10.0))
     return [speech_frames(energy_db[i, : int(n)]) for i, n in enumerate(feats_lengths.tolist())]

@@ -154,9 +154,10 @@ def test_decode_of_the_exported_files_gives_the_checkpoints_text_and_nbest(expor
             rc, err = in_process("decode", f"++data_list={data_list}", "++dataset_conf.data_type=raw",
                                  f"++checkpoint={exported[name]}", f"++output_dir={out}",
                                  "++dataset_conf.num_workers=0", f"++decoding.method={method}", "++decoding.beam=4",
-                                 "++decoding.nbest=4", capfd=capfd)
+                                 "++decoding.nbest=4", "++timestamps=true", capfd=capfd)
             assert rc == 0, err[-3000:]
             nbest = [line.split(" ", 3) for line in (out / "nbest").read_text(encoding="utf-8").splitlines()]
+            assert (out / "ctm").is_file()
             outputs[name] = ((out / "text").read_text(encoding="utf-8"),
                              [(k, r, float(s), (t[0] if t else "")) for k, r, s, *t in nbest])
         ref_text, ref_nbest = outputs["ckpt"]
@@ -165,6 +166,29 @@ def test_decode_of_the_exported_files_gives_the_checkpoints_text_and_nbest(expor
             assert text == ref_text, (method, name)
             assert [(k, r, t) for k, r, _, t in nbest] == [(k, r, t) for k, r, _, t in ref_nbest], (method, name)
             assert all(abs(s - s0) < 2e-3 for (*_, s, _), (*_, s0, _) in zip(nbest, ref_nbest)), (method, name)
+
+
+def test_a_file_that_takes_the_waveform_gets_the_speech_frames_of_the_checkpoints_features(corpus, tmp_path):
+    """Word starts move back over speech frames found in the fbank energy (decode._speech). A file exported with
+    its front end is fed waveforms, so decode computes that fbank itself: the same frames as the loader's fbank
+    gives the checkpoint, for 20 utterances, so both time words alike (their log-probs already agree)."""
+    from corpus_io.config import DecodeConfig
+    from corpus_io.loader.dataset import build_dataloader
+    from corpus_io.train.decode import _speech
+
+    data_list = _twenty(corpus, tmp_path)
+    flags = {}
+    for feats_on in ("loader", "model"):
+        conf = DecodeConfig().dataset_conf
+        conf.data_type, conf.num_workers, conf.feats_on = "raw", 0, feats_on
+        for batch in build_dataloader(str(data_list), conf, None, train=False, rank=0, world_size=1):
+            feats = (batch["feats"], batch["feats_lengths"]) if feats_on == "loader" else \
+                (batch["wav"], batch["wav_lengths"])  # what OnnxCTC.front_end hands the model
+            for key, speech in zip(batch["keys"], _speech(batch, *feats, conf)):
+                flags.setdefault(key, {})[feats_on] = speech.tolist()
+    assert len(flags) == 20
+    for key, both in flags.items():
+        assert both["loader"] == both["model"] and any(both["loader"]) and not all(both["loader"]), key
 
 
 def test_a_foreign_onnx_file_and_a_model_the_exporter_cannot_handle_are_refused_in_one_paragraph(
