@@ -87,9 +87,9 @@ def decode(cfg: Any) -> dict:
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
     search = Search(cfg.decoding, tokenizer, model, device)
-    batches = forward_batches(loader, model, tokenizer, conf, device, encoder=cfg.decoding.method in NEEDS_ENCODER,
-                              desc=f"decode ({cfg.decoding.method})")
     timing = cfg.timestamps or cfg.min_confidence > 0
+    batches = forward_batches(loader, model, tokenizer, conf, device, encoder=cfg.decoding.method in NEEDS_ENCODER,
+                              desc=f"decode ({cfg.decoding.method})", speech=timing)
     run = run_search(cfg.decoding, batches, tokenizer, search, where=cfg.data_list, skipped=skipped_summary(loader),
                      frame_seconds=output_frame_seconds(model, conf) if timing else None)
     out = Path(cfg.output_dir)
@@ -187,16 +187,20 @@ class Forward:
 
 
 def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: Any, *,
-                    encoder: bool = False, desc: str = "decode") -> Iterator[Forward]:
-    """The model over every batch of ``loader`` (with progress), timed."""
+                    encoder: bool = False, desc: str = "decode", speech: bool = False) -> Iterator[Forward]:
+    """The model over every batch of ``loader`` (with progress), timed. ``speech``: also each utterance's speech
+    frames (word times move their starts back over them)."""
     import torch
 
     from corpus_io.storage.progress import progress
-    from corpus_io.train.frontend import build_front_end, model_inputs
+    from corpus_io.train.frontend import FrontEnd, build_front_end, model_inputs
     from corpus_io.train.steps import sync_device
 
     # an exported model with the front end inside takes the waveforms themselves
-    front_end = model.front_end if getattr(model, "inputs", "") == "waveform" else build_front_end(conf, device)
+    waveform_model = getattr(model, "inputs", "") == "waveform"
+    front_end = model.front_end if waveform_model else build_front_end(conf, device)
+    # the fbank that speech frames come from: the model's inputs, or for a model fed waveforms the same Kaldi fbank
+    energy_front_end = FrontEnd(conf) if speech and waveform_model and conf.feats_type == "fbank" else None
     utts = 0
     with torch.no_grad():
         bar = progress(loader, desc=desc, unit="batch")
@@ -215,30 +219,26 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
             utts += len(refs)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(utts=utts)
+            seconds = time.perf_counter() - t0
+            frames = None
+            if speech:
+                energy_feats = energy_front_end(batch, train=False) if energy_front_end else (feats, feats_lengths)
+                frames = _speech(*energy_feats, conf)
             yield Forward(list(batch["keys"]), refs, float(batch.get("audio_seconds", 0.0)), log_probs, lengths,
-                          enc, time.perf_counter() - t0, _durations(batch, conf), batch.get("segments"),
-                          _speech(batch, feats, feats_lengths, conf), input_frame_seconds(conf))
+                          enc, seconds, _durations(batch, conf), batch.get("segments"), frames,
+                          input_frame_seconds(conf))
 
 
-def _speech(batch: dict, feats: Any, feats_lengths: Any, conf: Any) -> list | None:
+def _speech(feats: Any, feats_lengths: Any, conf: Any) -> list | None:
     """Each row's speech frames (align.speech_frames) from log-mel fbank features: a frame's energy is the sum of
-    its mel bands' (in dB). An exported model that takes the waveform gets samples, so its fbank is computed here
-    (the same Kaldi fbank, no dither). None for other features: words keep the CTC path's starts."""
-    import dataclasses
+    its mel bands' (in dB). None for other features: words keep the CTC path's starts."""
     import math
 
     import torch
 
-    from corpus_io.audio.features import batch_fbank
     from corpus_io.decoding.align import speech_frames
 
-    if conf.feats_type != "fbank":
-        return None
-    bins = conf.fbank_conf.num_mel_bins
-    if (feats.dim() != 3 or feats.shape[-1] != bins) and "wav" in batch:
-        options = {k: v for k, v in dataclasses.asdict(conf.fbank_conf).items() if k != "dither"}
-        feats, feats_lengths = batch_fbank(batch["wav"], batch["wav_lengths"], int(batch["sample_rate"]), **options)
-    if feats.dim() != 3 or feats.shape[-1] != bins:
+    if conf.feats_type != "fbank" or feats.dim() != 3 or feats.shape[-1] != conf.fbank_conf.num_mel_bins:
         return None
     energy_db = torch.logsumexp(feats.detach().float(), dim=-1) * (10.0 / math.log(10.0))
     return [speech_frames(energy_db[i, : int(n)]) for i, n in enumerate(feats_lengths.tolist())]

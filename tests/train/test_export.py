@@ -168,27 +168,23 @@ def test_decode_of_the_exported_files_gives_the_checkpoints_text_and_nbest(expor
             assert all(abs(s - s0) < 2e-3 for (*_, s, _), (*_, s0, _) in zip(nbest, ref_nbest)), (method, name)
 
 
-def test_a_file_that_takes_the_waveform_gets_the_speech_frames_of_the_checkpoints_features(corpus, tmp_path):
-    """Word starts move back over speech frames found in the fbank energy (decode._speech). A file exported with
-    its front end is fed waveforms, so decode computes that fbank itself: the same frames as the loader's fbank
-    gives the checkpoint, for 20 utterances, so both time words alike (their log-probs already agree)."""
-    from corpus_io.config import DecodeConfig
-    from corpus_io.loader.dataset import build_dataloader
-    from corpus_io.train.decode import _speech
+def test_a_file_that_takes_the_waveform_gets_the_speech_frames_of_the_checkpoints_features(exported, corpus,
+                                                                                           tmp_path):
+    """Word starts move back over speech frames found in the fbank energy. A file exported with its front end is fed
+    waveforms, so decode's forward_batches computes that fbank itself: the same frames, for 20 utterances, as the
+    checkpoint's loader fbank gives (so both time words alike: their log-probs already agree)."""
+    from corpus_io.train.decode import forward_batches
 
     data_list = _twenty(corpus, tmp_path)
-    flags = {}
-    for feats_on in ("loader", "model"):
-        conf = DecodeConfig().dataset_conf
-        conf.data_type, conf.num_workers, conf.feats_on = "raw", 0, feats_on
-        for batch in build_dataloader(str(data_list), conf, None, train=False, rank=0, world_size=1):
-            feats = (batch["feats"], batch["feats_lengths"]) if feats_on == "loader" else \
-                (batch["wav"], batch["wav_lengths"])  # what OnnxCTC.front_end hands the model
-            for key, speech in zip(batch["keys"], _speech(batch, *feats, conf)):
-                flags.setdefault(key, {})[feats_on] = speech.tolist()
+    flags: dict = {}
+    for name, feats_on in (("ckpt", "loader"), ("fe.onnx", "model")):
+        batches, model, conf = _batches(exported[name], data_list, feats_on=feats_on)
+        for fw in forward_batches(batches, model, None, conf, torch.device("cpu"), speech=True):
+            for key, frames in zip(fw.keys, fw.speech):
+                flags.setdefault(key, {})[name] = frames.tolist()
     assert len(flags) == 20
     for key, both in flags.items():
-        assert both["loader"] == both["model"] and any(both["loader"]) and not all(both["loader"]), key
+        assert both["ckpt"] == both["fe.onnx"] and any(both["ckpt"]) and not all(both["ckpt"]), key
 
 
 def test_a_foreign_onnx_file_and_a_model_the_exporter_cannot_handle_are_refused_in_one_paragraph(
