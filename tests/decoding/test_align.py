@@ -75,6 +75,14 @@ def test_confidence_is_in_0_1_falls_with_flatter_posteriors_and_an_empty_hypothe
     assert empty.words == [] and math.isclose(empty.confidence, 0.8, abs_tol=1e-5)
 
 
+def speech_onset(x) -> float:
+    """Seconds to the first 10 ms frame of 16 kHz samples ``x`` within 40 dB of the loudest (the sound's start)."""
+    import numpy as np
+
+    energy = np.array([np.mean(x[i:i + 160] ** 2) for i in range(0, len(x) - 160, 160)])
+    return int(np.argmax(energy > energy.max() * 1e-4)) * 0.01
+
+
 def pairs(n: int = 10):
     """Two fixture utterances joined by 0.5 s of silence, at 16 kHz: (samples, true onset of the second one's
     speech in seconds: the first 10 ms frame within 40 dB of its loudest)."""
@@ -89,16 +97,12 @@ def pairs(n: int = 10):
         x = x.mean(axis=1)
         return np.asarray(resample(x, sr, 16000), dtype=np.float32).reshape(-1) if sr != 16000 else x
 
-    def onset(x):
-        energy = np.array([np.mean(x[i:i + 160] ** 2) for i in range(0, len(x) - 160, 160)])
-        return int(np.argmax(energy > energy.max() * 1e-4)) * 0.01
-
     utts = fixture_utts()
     out = []
     for i in range(n):
         (_, pa, ta), (_, pb, tb) = utts[2 * i], utts[2 * i + 1]
         a, b = load(pa), load(pb)
-        out.append((np.concatenate([a, np.zeros(8000, np.float32), b]), len(a) / 16000 + 0.5 + onset(b), ta, tb))
+        out.append((np.concatenate([a, np.zeros(8000, np.float32), b]), len(a) / 16000 + 0.5 + speech_onset(b), ta, tb))
     return out
 
 

@@ -123,14 +123,6 @@ def test_make_smoke_runs_every_stage_of_the_espeak_recipe(pipeline_commands, smo
     assert smoke["elapsed"] < 200 * load_scale(), f"make smoke took {smoke['elapsed']:.0f} s"
 
 
-def speech_onset(x) -> float:
-    """Seconds to the first 10 ms frame within 40 dB of the loudest (the sound's start)."""
-    import numpy as np
-
-    energy = np.array([np.mean(x[i:i + 160] ** 2) for i in range(0, len(x) - 160, 160)])
-    return int(np.argmax(energy > energy.max() * 1e-4)) * 0.01
-
-
 @pytest.mark.slow
 def test_the_smoke_model_starts_a_joined_second_utterance_at_its_onset_and_is_less_sure_in_noise(smoke, tmp_path):
     """Issue 40's acceptance on the model `make smoke` trains: 10 pairs of its held-out test_digits utterances
@@ -144,6 +136,7 @@ def test_the_smoke_model_starts_a_joined_second_utterance_at_its_onset_and_is_le
     import torch
 
     from corpus_io.audio.mix import add_noise
+    from tests.decoding.test_align import speech_onset
 
     data = smoke["data"] / "test_digits"
     wavs = dict(line.split(" ", 1) for line in (data / "wav.scp").read_text().splitlines())
