@@ -22,19 +22,32 @@ def _breaks_token(c: str) -> bool:
     return c in " \t\n\r\v\f" or unicodedata.category(c) in ("Cc", "Cf", "Cs")
 
 
-def one_token(key: str, where: str) -> str:
+def is_one_token(text: str) -> bool:
+    """Whether ``text`` is non-empty and has no character that :func:`one_token` refuses."""
+    return bool(text) and not any(_breaks_token(c) for c in text)
+
+
+def one_token(key: str, where: str, *, name: str = "key", tables: str = "a Kaldi table written from it (text, "
+              "wav.scp, utt2spk)", fix: str = "A key is one token: rename the utterance") -> str:
     """``key`` when it is one token: no whitespace and no control or format character, which a Kaldi table written
     from it (``text``, ``wav.scp``, ``utt2spk``) or any reader splitting at whitespace would cut in two; else a
-    DataError naming ``where`` (``file:line``, ``file row N``) and the character. Every reader of keys asks it."""
+    DataError naming ``where`` (``file:line``, ``file row N``) and the character. Every reader of keys asks it;
+    ``name``, ``tables`` and ``fix`` word the message for another id (a recording id: :func:`recording_id`)."""
     bad = next((i for i, c in enumerate(key) if _breaks_token(c)), None)
     if bad is None:
         return key
     c = key[bad]
     what = "whitespace" if c.isspace() else "a control character"
     fixed = "".join("_" if _breaks_token(x) else x for x in key)
-    raise DataError(f"{where}: key {excerpt(key)} is not one word: it holds {what} (U+{ord(c):04X}) at character "
-                    f"{bad + 1}, and a Kaldi table written from it (text, wav.scp, utt2spk) would split it there. "
-                    f"A key is one token: rename the utterance (e.g. {excerpt(fixed)}), then rerun.")
+    raise DataError(f"{where}: {name} {excerpt(key)} is not one word: it holds {what} (U+{ord(c):04X}) at character "
+                    f"{bad + 1}, and {tables} would split it there. {fix} (e.g. {excerpt(fixed)}), then rerun.")
+
+
+def recording_id(value: str, where: str) -> str:
+    """A recording id (a Kaldi ``segments`` line's second field, a list line's ``recording``): one token as a key
+    is (:func:`one_token`), since decode's CTM names the recording in its first field."""
+    return one_token(value, where, name="recording id", tables="a CTM, segments or reco2dur file written from it",
+                     fix="A recording id is one token: rename the recording")
 
 
 def key_hash(key: str) -> int:

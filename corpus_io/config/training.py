@@ -160,6 +160,18 @@ class DecodingConf:
                             range="[0, 1]")
 
 
+#: the bound of decode's filters: above any utterance (10^9 frames: 116 days) or transcript
+NO_LIMIT = 1_000_000_000
+
+
+def keep_every_utterance() -> FilterConf:
+    """decode's and tune-lm's ``filter_conf``: none of training's filters (``max_length`` 102 s, ``min_length``,
+    token counts and ratios), so every utterance of the list is scored; a bound the user sets on the command line
+    (``++dataset_conf.filter_conf.max_length=...``) applies, and what it drops is scored as all deletions."""
+    return FilterConf(max_length=NO_LIMIT, min_length=0, token_max_length=NO_LIMIT, token_min_length=0,
+                      min_output_input_ratio=0.0, max_output_input_ratio=float(NO_LIMIT))
+
+
 @schema
 class DecodeConfig:
     data_list: str = opt("???", "data.list to decode")
@@ -167,10 +179,12 @@ class DecodeConfig:
                                  "onnxruntime; .ts: TorchScript)")
     output_dir: str = opt("???", "writes text (hypotheses) and cer.txt / wer.txt")
     # bigger batches (no backward pass) and no filter that would leave an utterance undecoded
-    dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(
-        batch_size=32, filter_conf=FilterConf(token_min_length=0, min_output_input_ratio=0.0,
-                                              max_output_input_ratio=1000.0)))
+    dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(batch_size=32, filter_conf=keep_every_utterance()))
     device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
+    chunk_seconds: float = opt(60.0, "an utterance longer than this goes through the model in pieces of this length "
+                                     "(2 s of context each side; the outputs joined keep every frame's time), so a "
+                                     "long recording decodes in bounded memory; 0: always whole", unit="seconds",
+                               range="[0, inf)")
     decoding: DecodingConf = opt(factory=DecodingConf)
     timestamps: bool = opt(False, "also write output_dir/ctm (Kaldi CTM: '<utt> 1 <start> <dur> <word> <conf>', "
                                   "seconds, 2 decimals) and timestamps.jsonl (each best hypothesis's tokens and "
@@ -214,9 +228,7 @@ class TuneLmConfig:
     unk_scores: Optional[List[float]] = opt(None, "unknown-unit scores to try (decoding.unk_score); null: "
                                                   "[-2, 0, 2], or [0] with decoding.lexicon=true (no unit is "
                                                   "unknown)", range="[-100, 100]", min_items=1)
-    dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(
-        batch_size=32, filter_conf=FilterConf(token_min_length=0, min_output_input_ratio=0.0,
-                                              max_output_input_ratio=1000.0)))
+    dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(batch_size=32, filter_conf=keep_every_utterance()))
     device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
     decoding: DecodingConf = opt(factory=lambda: DecodingConf(method="ctc_beam_lm"))
 

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from corpus_io.errors import DataError
-from corpus_io.keys import duplicate_hashes, first_repeat, key_hash
+from corpus_io.keys import duplicate_hashes, first_repeat, key_hash, recording_id
 from corpus_io.storage.files import UTF8_BOM, atomic_write, bounded_lines, iter_raw_lines
 
 _SEP = re.compile(rb"[ \t]+")
@@ -240,7 +240,7 @@ def parse_segment(key: str, value: str, where: str) -> Segment:
     if start < 0 or (end >= 0 and end <= start):
         raise DataError(f"{where}: segment '{key}' has start {start} and end {end}; "
                         f"need 0 <= start < end (or end = -1 for the end of the recording).")
-    return Segment(key, fields[0], start, end, where)
+    return Segment(key, recording_id(fields[0], f"{where}: segment '{key}'"), start, end, where)
 
 
 def iter_segments(path: str | os.PathLike) -> Iterator[Segment]:

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.jobs import parts as jobs
-from corpus_io.keys import one_token
+from corpus_io.keys import one_token, recording_id
 from corpus_io.storage import files, urls
 from corpus_io.storage.files import atomic_write, iter_raw_lines, parse_json_object
 from corpus_io.storage.progress import Summary, WorkerState, parallel_imap, progress, resolve_num_workers
@@ -58,6 +58,9 @@ def canonical(record: dict, where: str = "") -> dict:
         raise DataError(f"{where}: a line needs 'key' and 'source' (FunASR) or 'wav' (WeNet); "
                         f"it has {sorted(record)}.")
     out["key"] = key = line_key(out["key"], where)
+    for name in ("recording", "recording_id"):  # a segment's recording: the first field of decode's CTM
+        if isinstance(out.get(name), str):
+            recording_id(out[name], f"{where}: key '{key}': '{name}'")
     for name, (kind, unit) in _NUMBER_FIELDS.items():
         if out.get(name) is not None:
             out[name] = _number(out[name], kind, f"{where}: key '{key}': {name}", unit)

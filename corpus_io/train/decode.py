@@ -89,9 +89,10 @@ def decode(cfg: Any) -> dict:
     search = Search(cfg.decoding, tokenizer, model, device)
     timing = cfg.timestamps or cfg.min_confidence > 0
     batches = forward_batches(loader, model, tokenizer, conf, device, encoder=cfg.decoding.method in NEEDS_ENCODER,
-                              desc=f"decode ({cfg.decoding.method})", speech=timing)
+                              desc=f"decode ({cfg.decoding.method})", speech=timing, chunk_seconds=cfg.chunk_seconds)
     run = run_search(cfg.decoding, batches, tokenizer, search, where=cfg.data_list, skipped=skipped_summary(loader),
                      frame_seconds=output_frame_seconds(model, conf) if timing else None)
+    undecoded(run, cfg.data_list, conf, loader_dropped(loader))
     out = Path(cfg.output_dir)
     result = write_results(out, run, tokenizer, search.description, nbest=cfg.decoding.nbest,
                            timestamps=cfg.timestamps, min_confidence=cfg.min_confidence)
@@ -163,6 +164,9 @@ class DecodeRun:
     search_s: float = 0.0
     wall_s: float = 0.0
     skipped: str = "none"
+    recordings: set = field(default_factory=set)  # the recording ids of raw segments, checked to be one token
+    missing: dict = field(default_factory=dict)  # key -> reference of an utterance of the list not decoded
+    unread: list = field(default_factory=list)  # why the references of a shard or list entry could not be read
     hotwords: list = field(default_factory=list)
     unbiased: dict = field(default_factory=dict)  # key -> best hypothesis of the search without hotwords
 
@@ -186,10 +190,19 @@ class Forward:
     speech_seconds: float = 0.01  # seconds between those frames (the frame shift)
 
 
+#: an utterance longer than this (seconds) goes through the model in pieces of this length (``++chunk_seconds``): the
+#: self-attention's memory grows with the square of the length (a 600 s utterance would ask gigabytes per layer)
+CHUNK_SECONDS = 60.0
+#: seconds of audio each side of a piece that the model also sees, whose outputs are dropped (the piece's context)
+CHUNK_CONTEXT_SECONDS = 2.0
+
+
 def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: Any, *,
-                    encoder: bool = False, desc: str = "decode", speech: bool = False) -> Iterator[Forward]:
+                    encoder: bool = False, desc: str = "decode", speech: bool = False,
+                    chunk_seconds: float = CHUNK_SECONDS) -> Iterator[Forward]:
     """The model over every batch of ``loader`` (with progress), timed. ``speech``: also each utterance's speech
-    frames (word times move their starts back over them)."""
+    frames (word times move their starts back over them). A batch holding an utterance longer than
+    ``chunk_seconds`` (0: none) goes through the model in pieces (:func:`chunked`)."""
     import torch
 
     from corpus_io.storage.progress import progress
@@ -201,18 +214,26 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
     front_end = model.front_end if waveform_model else build_front_end(conf, device)
     # the fbank that speech frames come from: the model's inputs, or for a model fed waveforms the same Kaldi fbank
     energy_front_end = FrontEnd(conf) if speech and waveform_model and conf.feats_type == "fbank" else None
+    # input units (feature frames, or samples for a model fed waveforms) per output frame, per piece, per context
+    unit = 1.0 / conf.resample_conf.resample_rate if waveform_model else input_frame_seconds(conf)
+    step = max(1, round(output_frame_seconds(model, conf) / unit))
+    piece = max(step, int(chunk_seconds / unit) // step * step) if chunk_seconds > 0 else 0
+    context = int(CHUNK_CONTEXT_SECONDS / unit) // step * step
     utts = 0
     with torch.no_grad():
         bar = progress(loader, desc=desc, unit="batch")
         for batch in bar:
             t0 = time.perf_counter()
             feats, feats_lengths = model_inputs(front_end, batch, device, train=False)
+            whole = not piece or int(feats_lengths.max()) <= piece
             enc = None
             if encoder:
-                enc = model.encode(feats, feats_lengths)
+                enc = model.encode(feats, feats_lengths) if whole else \
+                    chunked(model.encode, feats, feats_lengths, step=step, piece=piece, context=context)
                 log_probs, lengths = model.ctc_log_probs(*enc)
             else:
-                log_probs, lengths = model(feats, feats_lengths)
+                log_probs, lengths = model(feats, feats_lengths) if whole else \
+                    chunked(model, feats, feats_lengths, step=step, piece=piece, context=context)
             sync_device(device)
             target, tlen = batch["target"].tolist(), batch["target_lengths"].tolist()
             refs = [_reference(batch, i, tokenizer, target[i][: int(tlen[i])]) for i in range(len(batch["keys"]))]
@@ -227,6 +248,36 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
             yield Forward(list(batch["keys"]), refs, float(batch.get("audio_seconds", 0.0)), log_probs, lengths,
                           enc, seconds, _durations(batch, conf), batch.get("segments"), frames,
                           input_frame_seconds(conf))
+
+
+def chunked(fn: Callable, x: Any, lengths: Any, *, step: int, piece: int, context: int) -> tuple[Any, Any]:
+    """``fn(x, lengths) -> (out (B, T', ...), out_lengths)`` run on pieces of each row: ``piece`` input units (a
+    multiple of ``step``, the input units per output frame) and ``context`` units each side, whose outputs are
+    dropped. The pieces' outputs joined are as many frames as the whole row's, each at the same time (a piece
+    starts on an output frame's first input unit); at most ``len(x)`` pieces go through ``fn`` at once, so memory
+    is bounded by the batch size times the piece, not by the longest utterance."""
+    import torch
+
+    pieces = []  # (row, first input unit fed, last fed, output frames to skip, output frames kept or -1: the rest)
+    for row, n in enumerate(lengths.tolist()):
+        for start in range(0, int(n), piece):
+            end = min(int(n), start + piece)
+            first, last = max(0, start - context), min(int(n), end + context)
+            pieces.append((row, first, last, (start - first) // step, (end - start) // step if end < n else -1))
+    outs: list[list] = [[] for _ in range(x.shape[0])]
+    for g in range(0, len(pieces), max(1, x.shape[0])):
+        group = pieces[g:g + max(1, x.shape[0])]
+        xs = x.new_zeros((len(group), max(last - first for _, first, last, _, _ in group), *x.shape[2:]))
+        for j, (row, first, last, _, _) in enumerate(group):
+            xs[j, :last - first] = x[row, first:last]
+        out, out_lengths = fn(xs, torch.tensor([last - first for _, first, last, _, _ in group],
+                                               dtype=lengths.dtype, device=lengths.device))
+        for j, (row, _, _, skip, keep) in enumerate(group):
+            end = int(out_lengths[j]) if keep < 0 else min(int(out_lengths[j]), skip + keep)
+            outs[row].append(out[j, skip:end])
+    rows = [torch.cat(parts) for parts in outs]
+    out_lengths = torch.tensor([r.shape[0] for r in rows], dtype=lengths.dtype, device=lengths.device)
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), out_lengths
 
 
 def _speech(feats: Any, feats_lengths: Any, conf: Any) -> list | None:
@@ -307,6 +358,12 @@ def _align_batch(run: DecodeRun, fw: Forward, nbest: list, tokenizer: Any, frame
                                speech=speech, speech_seconds=fw.speech_seconds)
         if fw.segments is not None and fw.segments[i] is not None:
             run.segments[key] = fw.segments[i]
+            if fw.segments[i][0] not in run.recordings:  # a list's field was checked when read; a file's name is not
+                from corpus_io.keys import recording_id
+
+                run.recordings.add(recording_id(str(fw.segments[i][0]), f"segment '{key}' (its recording id is the "
+                                                                        f"line's 'recording' field, else its audio "
+                                                                        f"file's name)"))
 
 
 def skipped_summary(loader: Any) -> Callable[[], str]:
@@ -315,14 +372,69 @@ def skipped_summary(loader: Any) -> Callable[[], str]:
     return lambda: ", ".join(f"{k}: {v}" for k, v in sorted(loader_counts(loader).items())) or "none"
 
 
+#: loader counts that drop no utterance of the list (retries, a repeated key's other copies, notes)
+NOT_DROPS = frozenset({"batch.above_top_edge", "batch.over_budget", "batch.unsynced", "duplicate key",
+                       "epoch_hours.empty_pass", "resume.reread", "shard retries", "tokenize.unknown_tokens",
+                       "uneven_ranks.carried"})
+
+
+def loader_dropped(loader: Any) -> dict:
+    """The loader's counts of utterances it did not deliver (filters, unreadable audio or shards, ...)."""
+    from corpus_io.train.cmvn import loader_counts
+
+    return {k: v for k, v in loader_counts(loader).items() if k not in NOT_DROPS}
+
+
+def undecoded(run: DecodeRun, data_list: str, conf: Any, dropped: dict) -> None:
+    """When the loader dropped utterances (``dropped``: its counts), the list's references are read again (keys and
+    transcripts, no audio): each one without a hypothesis goes into ``run.missing``, scored as all deletions and
+    named; why a shard's or an entry's references could not be read goes into ``run.unread``."""
+    if not dropped:
+        return
+    for key, ref in list_references(data_list, conf, run.unread):
+        if key not in run.nbest and key not in run.missing:
+            run.missing[key] = ref
+
+
+def list_references(data_list: str, conf: Any, unread: list) -> Iterator[tuple[str, str]]:
+    """``(key, transcript)`` of every utterance of a raw or shard list, without audio (a shard's from its meta
+    companion or its text members); a place that cannot be read is described in ``unread`` and passed over."""
+    if conf.data_type == "raw":
+        from corpus_io.loader.rawlist import RawList
+
+        entries = RawList(data_list)
+        for i in range(len(entries)):
+            try:
+                rec = entries.record(i)
+            except DataError as exc:
+                unread.append(str(exc))
+                continue
+            yield str(rec["key"]), str(rec.get("target") or "")
+        return
+    from corpus_io.shards.index import read_datalist
+    from corpus_io.shards.kinds import iter_shard_metadata
+
+    options = conf.storage_options or None
+    for url in read_datalist(data_list, storage_options=options):
+        try:
+            for sample in iter_shard_metadata(url, storage_options=options):
+                text = sample.get("txt") or ""
+                yield str(sample["key"]), text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+        except DataError as exc:
+            unread.append(f"shard {url}: {exc}")
+
+
 def score(run: DecodeRun, tokenizer: Any) -> Any:
     from corpus_io.train.scoring import Scorer, token_list_covers
 
-    scorer = Scorer(hotwords=run.hotwords)
+    scorer = Scorer(hotwords=run.hotwords, unread=list(run.unread))
     covered = token_list_covers(tokenizer.symbols)
     for key in sorted(run.nbest):
         scorer.add(key, run.refs[key], run.nbest[key][0][0], unbiased=run.unbiased.get(key))
         scorer.count_oov(tokenizer.tokenize(run.refs[key]), covered)
+    for key in sorted(run.missing):
+        scorer.add_missing(key, run.missing[key], why=run.skipped)
+        scorer.count_oov(tokenizer.tokenize(run.missing[key]), covered)
     return scorer
 
 
@@ -339,8 +451,9 @@ def write_results(out: Path, run: DecodeRun, tokenizer: Any, method: str, nbest:
     with atomic_write(out / "nbest") as f:
         f.write("".join(f"{k} {r} {sc:.4f} {text}\n" for k in keys
                         for r, (text, sc) in enumerate(run.nbest[k][:nbest], 1)))
-    with atomic_write(out / "ref") as f:
-        f.write("".join(f"{k} {run.refs[k]}\n" for k in keys))
+    with atomic_write(out / "ref") as f:  # the whole reference: an utterance not decoded has no line in text
+        refs = {**run.refs, **run.missing}
+        f.write("".join(f"{k} {refs[k]}\n" for k in sorted(refs)))
     scorer = score(run, tokenizer)
     audio = max(run.audio, 1e-9)
     timing = {"rtf": run.wall_s / audio, "rtf_model": run.model_s / audio, "rtf_search": run.search_s / audio}
@@ -352,7 +465,8 @@ def write_results(out: Path, run: DecodeRun, tokenizer: Any, method: str, nbest:
         with atomic_write(out / name) as f:
             f.write(report)
     kept = write_timed(out, run, timestamps=timestamps, min_confidence=min_confidence)
-    return {"utts": len(keys), "kept": kept, "cer": scorer.cer.rate, "wer": scorer.wer.rate, **timing,
+    return {"utts": len(keys), "missing": sorted(run.missing), "kept": kept, "cer": scorer.cer.rate,
+            "wer": scorer.wer.rate, **timing,
             "rtf_wall": timing["rtf"], "hotword_recall": scorer.hotword_recall(),
             "summary": head + scorer.summary()}
 
@@ -375,7 +489,7 @@ def write_timed(out: Path, run: DecodeRun, *, timestamps: bool, min_confidence: 
             for key in keys:
                 name, offset = placed(key)
                 for w in run.timed[key].words:
-                    f.write(f"{name} 1 {w.start + offset:.2f} {w.end - w.start:.2f} {w.text} {w.confidence:.2f}\n")
+                    f.write(ctm_line(key, name, w.start + offset, w.end - w.start, w.text, w.confidence))
         with atomic_write(out / "timestamps.jsonl") as f:
             for key in keys:
                 name, offset = placed(key)
@@ -398,6 +512,19 @@ def write_timed(out: Path, run: DecodeRun, *, timestamps: bool, min_confidence: 
     with atomic_write(out / "kept_text") as f:
         f.write("".join(f"{k} {run.nbest[k][0][0]}\n" for k in kept))
     return len(kept)
+
+
+def ctm_line(key: str, recording: str, start: float, duration: float, word: str, confidence: float) -> str:
+    """One Kaldi CTM line, always six fields (``<recording> 1 <start> <dur> <word> <conf>``); a recording id or
+    word that would split it is a DataError naming the utterance (it cannot come from a list that was read)."""
+    from corpus_io.keys import is_one_token
+
+    line = f"{recording} 1 {start:.2f} {duration:.2f} {word} {confidence:.2f}"
+    if not (is_one_token(recording) and is_one_token(word)):
+        raise DataError(f"utterance '{key}': its CTM line {line!r} would not be six fields (recording id "
+                        f"{recording!r}, word {word!r}); a recording id and a word are one token each. Rename the "
+                        f"recording (the list line's 'recording' field).")
+    return line + "\n"
 
 
 def write_kept_list(data_list: str, path: Path, run: DecodeRun, min_confidence: float) -> None:

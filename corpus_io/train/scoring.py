@@ -155,7 +155,8 @@ class Scorer:
     lines: list[str] = field(default_factory=list)
     utts: int = 0
     utts_wrong: int = 0
-    missing: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # reference utterances not decoded (scored as all deletions)
+    unread: list[str] = field(default_factory=list)  # places of the reference that could not be read
     ref_tokens: int = 0
     oov_tokens: int = 0
     oov_examples: list[str] = field(default_factory=list)
@@ -198,12 +199,33 @@ class Scorer:
                           f"  ref: {ref}\n  hyp: {hyp}\n")
         return c, w
 
+    def add_missing(self, key: str, ref: str, why: str = "") -> None:
+        """An utterance of the reference with no hypothesis (the loader dropped it: ``why``): scored as all
+        deletions, named in the summary and marked in its report line."""
+        self.add(key, ref, "")
+        self.missing.append(key)
+        self.lines[-1] = self.lines[-1].replace("\n", f" NOT DECODED (loader drops: {why or 'unknown'})\n", 1)
+
+    def utterance_count(self) -> str:
+        """How many utterances were scored of how many the reference holds, and the ones not decoded, named."""
+        line = f"utterances scored: {self.utts} of {self.utts} in the reference"
+        if self.missing:
+            shown = ", ".join(self.missing[:20]) + (f", ... ({len(self.missing) - 20} more)"
+                                                   if len(self.missing) > 20 else "")
+            line += (f" ({self.utts - len(self.missing)} decoded; {len(self.missing)} not decoded, scored as all "
+                     f"deletions: {shown})")
+        if self.unread:
+            line += (f"; the references of {len(self.unread)} part(s) of the list could not be read and are not "
+                     f"counted: {self.unread[0]}")
+        return line
+
     def summary(self) -> str:
         c, w = self.cer, self.wer
         lines = [
             f"%CER {100 * c.rate:.2f} [ {c.errors} / {c.ref}, {c.ins} ins, {c.dele} del, {c.sub} sub ]",
             f"%WER {100 * w.rate:.2f} [ {w.errors} / {w.ref}, {w.ins} ins, {w.dele} del, {w.sub} sub ]",
             f"%SER {100 * self.utts_wrong / max(self.utts, 1):.2f} [ {self.utts_wrong} / {self.utts} utterances ]",
+            self.utterance_count(),
             "(CER: every non-space character; WER: Latin words, each CJK character counted as a word)",
             f"(text normalised before scoring: {NORMALIZATION})",
         ]
@@ -216,9 +238,6 @@ class Scorer:
         if recall is not None:
             lines.append(f"hotword recall {100 * recall[0]:.2f}% [ {self.hotword_counts[1]} / {self.hotword_counts[0]} "
                          f"occurrences of {len(self.hotwords)} hotwords ]; without hotwords {100 * recall[1]:.2f}%")
-        if self.missing:
-            lines.append(f"{len(self.missing)} reference utterances have no hypothesis (not scored), "
-                         f"e.g. {', '.join(self.missing[:5])}")
         return "\n".join(lines) + "\n"
 
     def hotword_recall(self) -> tuple[float, float] | None:
