@@ -103,6 +103,45 @@ def test_segments_lines_carry_their_recording_id_to_the_loader_when_it_is_not_th
     assert named == {"rec-7"}  # decode's CTM lines name it
 
 
+def test_a_recording_id_that_is_not_one_token_is_refused_by_the_first_reader_naming_file_and_line(
+        tmp_path, fixture_corpus):
+    """A list line's ``recording`` ("rec A", or with a line break) would split decode's CTM lines: the raw loader
+    (and every reader of the list) refuses it naming the file and line, as a key; a segments file's recording with
+    a control character is refused by scp2jsonl; the CTM writer never writes a line of other than six fields."""
+    from corpus_io.config import DecodeConfig
+    from corpus_io.errors import DataError
+    from corpus_io.loader.dataset import build_dataloader
+
+    seg = fixture_corpus / "segments_dir"
+    wav = str(seg / "wav" / "long.wav")
+    conf = DecodeConfig().dataset_conf
+    conf.data_type, conf.num_workers = "raw", 0
+    for bad, shown in (("rec A", "'rec A'"), ("rec\nA", "'rec\\nA'")):
+        raw = tmp_path / "seg.jsonl"
+        raw.write_text(json.dumps({"key": "seg1", "wav": wav, "txt": "x", "start": 0.0, "end": 1.0,
+                                   "recording": "long"}) + "\n" +
+                       json.dumps({"key": "seg2", "wav": wav, "txt": "x", "start": 1.0, "end": 2.0,
+                                   "recording": bad}) + "\n", encoding="utf-8")
+        with pytest.raises(DataError) as err:
+            list(build_dataloader(str(raw), conf, None, train=False, rank=0, world_size=1))
+        message = str(err.value)
+        assert f"{raw}:2" in message and f"recording id {shown} is not one word" in message, message
+        assert "A recording id is one token" in message
+    (tmp_path / "wav.scp").write_text(f"long {wav}\n")
+    (tmp_path / "segments").write_text((seg / "segments").read_text().replace(" long ", " lo\x01ng ", 1))
+    result = run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[{tmp_path}/wav.scp,{seg}/text]",
+                     "++data_type_list=[source,target]", f"++segments={tmp_path}/segments",
+                     f"++jsonl_file_out={tmp_path / 'out.jsonl'}")
+    assert_user_error(result, f"{tmp_path}/segments:1", "recording id 'lo\\x01ng' is not one word")
+    assert not (tmp_path / "out.jsonl").exists()
+    from corpus_io.train.decode import ctm_line
+
+    assert ctm_line("u1", "long", 1.0, 0.5, "word", 0.9) == "long 1 1.00 0.50 word 0.90\n"
+    for recording, word in (("rec A", "word"), ("long", "two words"), ("long", "")):
+        with pytest.raises(DataError, match="u1"):
+            ctm_line("u1", recording, 1.0, 0.5, word, 0.9)
+
+
 def make_tables(tmp_path, fixture_corpus, n_text: int):
     wav_lines = (fixture_corpus / "wav.scp").read_text().splitlines()
     text_lines = (fixture_corpus / "text").read_text().splitlines()

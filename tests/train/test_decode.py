@@ -375,3 +375,69 @@ def test_decode_refuses_a_count_lying_lm_and_an_lm_for_greedy_and_writes_nothing
         for needle in needles:
             assert needle in err, err
         assert not (tmp_path / "dec").exists()
+
+
+def test_decode_scores_every_utterance_a_long_one_decoded_a_dropped_one_as_deletions_named_with_the_count(
+        trained, tmp_path, capfd):
+    """Training's filters do not apply at decode: a 105 s utterance (above filter_conf.max_length's 102 s) gets a
+    hypothesis (through the model in two pieces). An utterance that cannot be decoded (unreadable audio under
+    on_error=skip; the long one under a max_length the user sets) is scored as all deletions and named, and
+    cer.txt / wer.txt say how many utterances were scored of how many the reference holds."""
+    import numpy as np
+    import soundfile as sf
+
+    from corpus_io.train.scoring import char_units, normalize
+    from tests.loader_data import fixture_utts
+
+    utts = fixture_utts()[:5]
+    x, sr = sf.read(utts[0][1], dtype="float32")
+    reps = int(105 * sr / len(x)) + 1
+    sf.write(tmp_path / "long.wav", np.tile(x, reps), sr)
+    (tmp_path / "broken.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot audio")
+    lines = [{"key": k, "wav": p, "txt": t} for k, p, t in utts]
+    lines += [{"key": "long-utt", "wav": str(tmp_path / "long.wav"), "txt": " ".join([utts[0][2]] * reps)},
+              {"key": "broken-utt", "wav": str(tmp_path / "broken.wav"), "txt": "你好世界"}]
+    raw = tmp_path / "raw.list"
+    raw.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
+    ckpt = trained["out"] / "model.pt.avg2"
+    true_ref = sum(len(char_units(normalize(x["txt"]))) for x in lines)
+    common = (f"++data_list={raw}", "++dataset_conf.data_type=raw", f"++checkpoint={ckpt}",
+              "++dataset_conf.num_workers=0", "++dataset_conf.on_error=skip")
+    for out, extra, missing in ((tmp_path / "all", (), ["broken-utt"]),
+                                (tmp_path / "filtered", ("++dataset_conf.filter_conf.max_length=10240",),
+                                 ["broken-utt", "long-utt"])):
+        rc, err = in_process("decode", *common, f"++output_dir={out}", *extra, capfd=capfd)
+        assert rc == 0, err[-3000:]
+        hyps = dict((line.split(" ", 1) + [""])[:2] for line in (out / "text").read_text(encoding="utf-8").splitlines())
+        assert sorted(hyps) == sorted(x["key"] for x in lines if x["key"] not in missing)
+        for name in ("cer.txt", "wer.txt"):
+            report = (out / name).read_text(encoding="utf-8")
+            assert f" / {true_ref}," in re.search(r"^%CER .*$", report, re.M).group(0)  # every reference character
+            count = re.search(r"^utterances scored: .*$", report, re.M).group(0)
+            assert count.startswith("utterances scored: 7 of 7 in the reference "
+                                    f"({7 - len(missing)} decoded; {len(missing)} not decoded, scored as all "
+                                    f"deletions: {', '.join(missing)})"), count
+            for key in missing:
+                line = re.search(rf"^{key} cer (\d+)/(\d+) \(S=0 I=0 D=(\d+)\).* NOT DECODED", report, re.M)
+                assert line and line.group(1) == line.group(2) == line.group(3) != "0", report[-2000:]
+        assert sorted(line.split(" ", 1)[0] for line in (out / "ref").read_text(encoding="utf-8").splitlines()) == \
+            sorted(x["key"] for x in lines)
+
+
+def test_a_long_utterance_through_the_model_in_pieces_keeps_every_output_frame_of_the_whole(trained):
+    """chunked: the pieces' outputs joined have exactly the whole utterance's frame count (each frame at its time),
+    and a piece as long as the utterance is the whole forward."""
+    from corpus_io.train.decode import chunked, load_model
+
+    model, _, _ = load_model(str(trained["out"] / "model.pt.avg2"), torch.device("cpu"))
+    lengths = torch.tensor([1203, 357, 1000, 9])
+    feats = torch.randn(4, 1203, 80, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole, whole_lengths = model(feats, lengths)
+        pieces, piece_lengths = chunked(model, feats, lengths, step=4, piece=400, context=200)
+        same, same_lengths = chunked(model, feats, lengths, step=4, piece=1204, context=200)
+    assert piece_lengths.tolist() == whole_lengths.tolist() == same_lengths.tolist()
+    for i, n in enumerate(whole_lengths.tolist()):
+        assert torch.allclose(same[i, :n], whole[i, :n], atol=1e-4)
+        # away from the pieces' edges the frames see most of what the whole did: the same best token
+        assert (pieces[i, :n].argmax(-1) == whole[i, :n].argmax(-1)).float().mean() > 0.8
