@@ -25,22 +25,39 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import OUT, SMOKE, real_corpus, sized
+from bench.common import OUT, SMOKE, real_corpus
 
-N = sized(int(os.environ.get("BENCH_GPU_N", 8000)), 48)
-FRAMES = sized(int(os.environ.get("BENCH_GPU_FRAMES", 24000)), 3000)
-WORKERS = sized(int(os.environ.get("BENCH_GPU_WORKERS", 8)), 2)
 REPO = Path(__file__).resolve().parent.parent
-STEPS = sized(int(os.environ.get("BENCH_GPU_STEPS", 40)), 3)  # timed steps per (batcher, precision)
 
 
-def _conf(bucketing: bool, feats_on: str, workers: int):
+@dataclass(frozen=True)
+class Sizes:
+    utterances: int
+    frames: int  # a length batch's frames (10 ms)
+    workers: int
+    steps: int  # timed steps per (batcher, precision)
+
+
+def run_sizes(cuda: bool) -> Sizes:
+    """The sizes of a run: the full ones (or BENCH_GPU_*) on a GPU; the smoke sizes in smoke mode and without CUDA,
+    where the figures measure nothing about a GPU and the full sizes would only cost minutes."""
+    small = SMOKE or not cuda
+
+    def pick(name: str, full: int, smoke: int) -> int:
+        return smoke if small else int(os.environ.get(name, full))
+
+    return Sizes(pick("BENCH_GPU_N", 8000, 48), pick("BENCH_GPU_FRAMES", 24000, 3000),
+                 pick("BENCH_GPU_WORKERS", 8, 2), pick("BENCH_GPU_STEPS", 40, 3))
+
+
+def _conf(bucketing: bool, feats_on: str, sizes: Sizes):
     from corpus_io.config import DatasetConf
 
-    conf = DatasetConf(data_type="shard", batch_type="length", batch_size=FRAMES, max_batch_size=10**5,
-                       num_workers=workers, bucketing=bucketing, feats_on=feats_on)
+    conf = DatasetConf(data_type="shard", batch_type="length", batch_size=sizes.frames, max_batch_size=10**5,
+                       num_workers=sizes.workers, bucketing=bucketing, feats_on=feats_on)
     conf.filter_conf.token_min_length = 0
     return conf
 
@@ -56,12 +73,12 @@ def _tokenizer(out):
     return build_tokenizer(TokenizerConf(type="char", token_list=str(path)))
 
 
-def _batches(data_list: str, tok, bucketing: bool, feats_on: str, workers: int) -> tuple[list, Counter, float]:
+def _batches(data_list: str, tok, bucketing: bool, feats_on: str, sizes: Sizes) -> tuple[list, Counter, float]:
     """One epoch's batches (kept, for the model runs), its padded lengths and padding share."""
     from corpus_io.loader.batching import batch_shape
     from corpus_io.loader.dataset import build_dataloader
 
-    loader = build_dataloader(data_list, _conf(bucketing, feats_on, workers), tok, train=True, rank=0, world_size=1)
+    loader = build_dataloader(data_list, _conf(bucketing, feats_on, sizes), tok, train=True, rank=0, world_size=1)
     loader.set_epoch(0)
     kept, widths, real, padded = [], Counter(), 0, 0
     for batch in loader:
@@ -85,7 +102,7 @@ def _model(device, input_dim: int, vocab: int):
     return build_model(conf, input_dim, vocab).to(device), name
 
 
-def _step_times(batches: list, device, amp, front_end) -> float:
+def _step_times(batches: list, device, amp, front_end, steps: int) -> float:
     """Median seconds per training step over the batches (the first two are warm-up)."""
     import statistics
 
@@ -98,7 +115,7 @@ def _step_times(batches: list, device, amp, front_end) -> float:
     scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
     sc = StepContext(model, device, 1, amp, scaler, front_end)
     times = []
-    for batch in batches[:STEPS + 2]:
+    for batch in batches[:steps + 2]:
         t = time.perf_counter()
         micro_step(sc, batch, sync=True)
         if scaler is not None:
@@ -113,7 +130,7 @@ def _step_times(batches: list, device, amp, front_end) -> float:
     return statistics.median(times[2:] if len(times) > 3 else times)
 
 
-def _data_wait(data_list: str, tok, feats_on: str, device) -> float:
+def _data_wait(data_list: str, tok, feats_on: str, device, sizes: Sizes) -> float:
     """Share of wall time the training loop waits for the loader (bf16 steps where there is a GPU)."""
     import torch
 
@@ -121,7 +138,7 @@ def _data_wait(data_list: str, tok, feats_on: str, device) -> float:
     from corpus_io.train.frontend import build_front_end
     from corpus_io.train.steps import StepContext, micro_step
 
-    conf = _conf(True, feats_on, WORKERS)
+    conf = _conf(True, feats_on, sizes)
     loader = build_dataloader(data_list, conf, tok, train=True, rank=0, world_size=1)
     model, _ = _model(device, 80, 31)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -177,17 +194,19 @@ def main() -> None:
     else:
         print("no GPU was seen (torch.cuda.is_available() is False): the same code paths on the CPU, smoke-sized "
               "figures that measure nothing about a GPU; fp16 left out", flush=True)
-    here = OUT / f"gpu16k_{N}"
+    sizes = run_sizes(cuda)
+    here = OUT / f"gpu16k_{sizes.utterances}"
     here.mkdir(parents=True, exist_ok=True)
-    corpus = real_corpus(N, sample_rates=(16000, 16000), formats=("wav", "wav"))
+    corpus = real_corpus(sizes.utterances, sample_rates=(16000, 16000), formats=("wav", "wav"))
     shards, _ = prepare(corpus, here)
     tok = _tokenizer(here)
     data_list = str(shards)
-    print(f"{N} utterances, length batches of {FRAMES} frames, {WORKERS} workers", flush=True)
+    print(f"{sizes.utterances} utterances, length batches of {sizes.frames} frames, {sizes.workers} workers",
+          flush=True)
 
     runs = {}
     for name, bucketing in (("buckets (default)", True), ("sort buffer", False)):
-        runs[name] = _batches(data_list, tok, bucketing, "model", WORKERS)
+        runs[name] = _batches(data_list, tok, bucketing, "model", sizes)
         _, widths, padding = runs[name]
         print(f"  {name:<18} {sum(widths.values()):5d} batches, {len(widths):4d} padded lengths, "
               f"padding {100 * padding:5.1f}%", flush=True)
@@ -196,23 +215,23 @@ def main() -> None:
     print(f"device front end (batch_fbank on {device.type}): {rate:,.0f} audio-s/s", flush=True)
 
     precisions = [("fp32", None), ("bf16", torch.bfloat16)] + ([("fp16", torch.float16)] if cuda else [])
-    conf = _conf(True, "model", WORKERS)
+    conf = _conf(True, "model", sizes)
     front_end = build_front_end(conf, device)
     table = {}
     for label, amp in precisions:
         for name, (batches, _, _) in runs.items():
-            table[(label, name)] = _step_times(batches, device, amp, front_end)
-        fixed = [runs["buckets (default)"][0][0]] * (STEPS + 2)
-        table[(label, "one fixed shape")] = _step_times(fixed, device, amp, front_end)
+            table[(label, name)] = _step_times(batches, device, amp, front_end, sizes.steps)
+        fixed = [runs["buckets (default)"][0][0]] * (sizes.steps + 2)
+        table[(label, "one fixed shape")] = _step_times(fixed, device, amp, front_end, sizes.steps)
     model_name = _model(device, 80, 31)[1]
-    print(f"\nstep time (s), {model_name}, forward + backward + optimizer, median of {STEPS}:")
+    print(f"\nstep time (s), {model_name}, forward + backward + optimizer, median of {sizes.steps}:")
     columns = ["buckets (default)", "sort buffer", "one fixed shape"]
     print("  " + " " * 6 + "".join(f"{c:>20}" for c in columns))
     for label, _ in precisions:
         print(f"  {label:<6}" + "".join(f"{table[(label, c)]:>20.4f}" for c in columns), flush=True)
 
-    waits = {feats_on: _data_wait(data_list, tok, feats_on, device) for feats_on in ("loader", "model")}
-    print(f"\ndata_wait, {WORKERS} workers, buckets: loader-side fbank {100 * waits['loader']:.1f}%, "
+    waits = {feats_on: _data_wait(data_list, tok, feats_on, device, sizes) for feats_on in ("loader", "model")}
+    print(f"\ndata_wait, {sizes.workers} workers, buckets: loader-side fbank {100 * waits['loader']:.1f}%, "
           f"feats_on=model {100 * waits['model']:.1f}%")
 
     print("\nSummary (ratios measured above)")

@@ -22,7 +22,8 @@ def bench_out(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("bench-out")
 
 
-@pytest.mark.parametrize("name", [n.removeprefix("bench_") for n in bench_names()])
+# bench_gpu runs below as a user runs it without a GPU (no --smoke): its sizes must be the smoke ones there
+@pytest.mark.parametrize("name", [n.removeprefix("bench_") for n in bench_names() if n != "bench_gpu"])
 @pytest.mark.slow
 def test_every_bench_runs_to_the_end_in_smoke_mode(name, bench_out, tmp_path_factory):
     env = dict(os.environ, OMP_NUM_THREADS="1", CORPUS_IO_NO_PROGRESS="1", BENCH_OUT=str(bench_out))
@@ -32,6 +33,20 @@ def test_every_bench_runs_to_the_end_in_smoke_mode(name, bench_out, tmp_path_fac
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "smoke mode: figures are not measurements" in result.stdout
     assert f"===== bench_{name} done in" in result.stdout
+
+
+@pytest.mark.slow
+def test_bench_gpu_without_cuda_runs_the_smoke_sizes_to_the_end(bench_out):
+    """`make bench BENCH=gpu` on a machine without CUDA: the CPU figures measure nothing about a GPU, so the run
+    takes the smoke sizes (48 utterances, 2 workers), not 8,000 utterances and 8 workers for minutes."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", CORPUS_IO_NO_PROGRESS="1", BENCH_OUT=str(bench_out),
+               CUDA_VISIBLE_DEVICES="")
+    env.pop("BENCH_SMOKE", None)
+    result = run_bounded([sys.executable, "-m", "bench", "gpu"], 300, env=env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "no GPU was seen" in result.stdout
+    assert "48 utterances, length batches of 3000 frames, 2 workers" in result.stdout, result.stdout[-2000:]
+    assert "===== bench_gpu done in" in result.stdout
 
 
 def test_a_smoke_run_keeps_its_corpus_out_of_bench_out_and_removes_it():
