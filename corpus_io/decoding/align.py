@@ -184,6 +184,26 @@ def _closures_filled(flags: list[bool], step: float) -> list[bool]:
     return closed
 
 
+def _without_edge_tails(flags: list[bool], step: float) -> list[bool]:
+    """``flags`` without a run of speech shorter than :data:`PAUSE_SECONDS` that touches the audio's start or end
+    (within 20 ms) apart from the rest by a silence of at least 50 ms: the cut-off tail of a neighbouring
+    utterance in a segment cut from a longer recording, not a word of this one."""
+    flags = list(flags)
+    n, short, edge, join = len(flags), int(round(PAUSE_SECONDS / step)), int(round(0.02 / step)), 0.05 / step
+    runs: list[list[int]] = []  # [first, end) of each run of speech, silences shorter than 50 ms inside it
+    for i, f in enumerate(flags):
+        if f:
+            if runs and i - runs[-1][1] < join:
+                runs[-1][1] = i + 1
+            else:
+                runs.append([i, i + 1])
+    if len(runs) > 1:
+        for a, b in (runs[0], runs[-1]):
+            if b - a < short and (a <= edge or n - b <= edge):
+                flags[a:b] = [False] * (b - a)
+    return flags
+
+
 def _sound_spans(words: list[Span], speech: torch.Tensor, step: float, limit: float) -> list[Span]:
     """Each word's span moved from its tokens' CTC frames to its sound (``speech``: one flag per ``step`` seconds;
     ``limit``: the audio's end), word by word.
@@ -195,12 +215,14 @@ def _sound_spans(words: list[Span], speech: torch.Tensor, step: float, limit: fl
     :data:`END_FORWARD_SECONDS`, then back to the last speech frame (off a closure's or a pause's silence: a last
     token the model emits after the sound stopped), never back to its start. A word with no speech under its tokens
     and sound less than :data:`PAUSE_SECONDS` before them (emitted just after its sound) is that sound."""
-    flags = speech.tolist()
+    flags = _without_edge_tails(speech.tolist(), step)
     n = len(flags)
-    if n == 0:
+    if not any(flags):
         return words
     closed = _closures_filled(flags, step)
     gap = max(1, int(round(PAUSE_SECONDS / step)))
+    sound_from = flags.index(True) * step  # the utterance's sound: no word starts before it nor ends after it
+    sound_to = (n - flags[::-1].index(True)) * step
 
     def frame(t: float) -> int:
         return min(max(int(round(t / step)), 0), n)
@@ -222,17 +244,18 @@ def _sound_spans(words: list[Span], speech: torch.Tensor, step: float, limit: fl
         while g < n and not flags[g] and (g + 1) * step < w.end - 1e-9:  # start on sound, not in a gap or a pause
             g += 1
         start = g * step if g < n and flags[g] else min(w.start, f * step)
-        bound = min(limit, w.end + END_FORWARD_SECONDS)
+        start = min(max(start, sound_from), sound_to)
+        bound = min(limit, max(w.end, start) + END_FORWARD_SECONDS)
         if i + 1 < len(words):
-            bound = min(bound, max(w.end, words[i + 1].start))
-        e = frame(w.end)
+            bound = min(bound, max(w.end, start, words[i + 1].start))
+        e = max(frame(w.end), frame(start))
         while e < n and closed[e] and (e + 1) * step <= bound + 1e-9:
             e += 1
         first = frame(start)
         while e > first + 1 and not flags[e - 1]:
             e -= 1
         end = e * step if e > first and flags[e - 1] else w.end
-        end = min(max(end, start), limit)
+        end = min(max(min(end, sound_to), start), limit)
         out.append(Span(w.text, round(start, 3), round(end, 3), w.confidence))
         prev_end = end
     return out

@@ -169,6 +169,26 @@ def test_a_word_ends_where_its_sound_does_across_a_closure_up_to_a_pause_the_nex
     assert (timed.words[0].start, timed.words[0].end) == (0.2, 0.4)
 
 
+def test_no_word_starts_before_the_utterances_sound_nor_ends_after_it_and_a_cut_off_tail_at_its_edge_is_no_sound():
+    """A path that begins at frame 0, before the sound, starts its first word where the sound does; a last token
+    the model emits after the sound stopped ends its word where the sound stops. A burst shorter than
+    PAUSE_SECONDS at the audio's edge, apart from the rest (the tail of the utterance before, in a segment cut from
+    a longer recording), is not the utterance's sound; a longer one is."""
+    decode = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731
+    lp = spikes(30, 5, {0: 1, 10: 2, 28: 3})  # w1 at 0.0 s, w2 at 0.4 s, w3 at 1.12 s
+    tail = torch.zeros(120, dtype=torch.bool)
+    tail[0:8] = True  # 0.08 s of the utterance before, then silence
+    tail[27:100] = True  # this utterance's sound: 0.27-1.0 s
+    timed = align(lp, [1, 2, 3], decode, word_units, frame_seconds=FRAME, duration=1.2, speech=tail,
+                  speech_seconds=0.01)
+    assert [(w.start, w.end) for w in timed.words] == [(0.27, 0.4), (0.4, 0.94), (0.94, 1.0)]
+    word = tail.clone()
+    word[0:20] = True  # 0.2 s of sound at the start: a word of this utterance
+    timed = align(lp, [1, 2, 3], decode, word_units, frame_seconds=FRAME, duration=1.2, speech=word,
+                  speech_seconds=0.01)
+    assert timed.words[0].start == 0.0
+
+
 def test_speech_frames_are_near_the_loudest_and_above_the_background():
     from corpus_io.decoding.align import SPEECH_FLOOR_DB, SPEECH_TOP_DB, speech_frames
 
