@@ -112,6 +112,14 @@ def test_real_recordings_train_and_decode_in_every_format(all_formats, tmp_path)
     assert "CER" in (tmp_path / "dec" / "cer.txt").read_text().upper()
 
 
+def test_pocketsphinx_alignments_become_ctm_lines_of_words_without_silences_or_pronunciation_variants():
+    alignment = (b'{"b":0.000,"d":2.990,"t":"he was","w":[{"b":0.000,"d":0.210,"p":0.939,"t":"<sil>"},'
+                 b'{"b":0.210,"d":0.120,"p":0.987,"t":"he"},{"b":0.330,"d":0.230,"p":0.981,"t":"was(2)"},'
+                 b'{"b":0.560,"d":0.240,"p":0.948,"t":"<sil>"}]}')
+    assert real_recordings._ctm_lines("librivox-0880", alignment) == [
+        "librivox-0880 1 0.210 0.120 he 0.987\n", "librivox-0880 1 0.330 0.230 was 0.981\n"]
+
+
 def word_time_deltas(ctm: Path, reference: Path) -> tuple[list[float], list[float], int]:
     """(start deltas, end deltas, reference words) of a decode CTM against a reference CTM (seconds, hypothesis
     minus reference), over the words the two share in order (difflib's matching blocks per recording)."""
