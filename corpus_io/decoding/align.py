@@ -214,7 +214,9 @@ def _sound_spans(words: list[Span], speech: torch.Tensor, step: float, limit: fl
     after its last token (across closures), up to the next word's first token and at most
     :data:`END_FORWARD_SECONDS`, then back to the last speech frame (off a closure's or a pause's silence: a last
     token the model emits after the sound stopped), never back to its start. A word with no speech under its tokens
-    and sound less than :data:`PAUSE_SECONDS` before them (emitted just after its sound) is that sound."""
+    and sound less than :data:`PAUSE_SECONDS` before them (emitted just after its sound) is that sound. No word
+    starts before the utterance's first sound nor ends after its last (a cut-off tail at an edge is no sound:
+    :func:`_without_edge_tails`), nor starts before the previous word's end."""
     flags = _without_edge_tails(speech.tolist(), step)
     n = len(flags)
     if not any(flags):
@@ -244,7 +246,7 @@ def _sound_spans(words: list[Span], speech: torch.Tensor, step: float, limit: fl
         while g < n and not flags[g] and (g + 1) * step < w.end - 1e-9:  # start on sound, not in a gap or a pause
             g += 1
         start = g * step if g < n and flags[g] else min(w.start, f * step)
-        start = min(max(start, sound_from), sound_to)
+        start = min(max(start, sound_from, prev_end), sound_to)
         bound = min(limit, max(w.end, start) + END_FORWARD_SECONDS)
         if i + 1 < len(words):
             bound = min(bound, max(w.end, start, words[i + 1].start))
