@@ -64,6 +64,7 @@ from corpus_io.storage.files import (
     parse_json_object,
     refuse_non_directory,
     refuse_overwriting_inputs,
+    refuse_remote_output,
 )
 from corpus_io.storage.progress import Summary, parallel_imap, resolve_num_workers
 from corpus_io.tables.inputs import Skip, open_input
@@ -348,6 +349,7 @@ def export(cfg: Any) -> Summary:
         raise ConfigError(f"++format={cfg.format} is not a format export writes; choose one of "
                           f"{', '.join(FORMATS)}.")
     _check_split(cfg)
+    refuse_remote_output(cfg.output_dir, "++output_dir", "export")
     refuse_overwriting_inputs([("++output_dir", str(cfg.output_dir))], [("++input", str(cfg.input))])
     job = job_of(cfg)
     opts = PackOptions(cfg.audio_format, cfg.resample, False, cfg.on_error, cfg.allow_pipe,
