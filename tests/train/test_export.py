@@ -285,7 +285,7 @@ def test_an_output_that_is_the_checkpoints_token_list_or_cmvn_or_of_the_wrong_su
     cases = [([f"++output={tokens}"], "does not end in .onnx"),  # the hostile round's: the token list itself
              ([f"++output={cmvn}", "++format=torchscript"], "does not end in .ts or .torchscript"),
              ([f"++output={tmp_path / 'tokens.onnx'}"], f"is the input tokenizer.token_list of checkpoint {ckpt}"),
-             ([f"++output={tmp_path / 'stats.ts'}", "++format=torchscript"], f"is the input cmvn_file of checkpoint"),
+             ([f"++output={tmp_path / 'stats.ts'}", "++format=torchscript"], "is the input cmvn_file of checkpoint"),
              ([f"++output={tmp_path / 'm.ts'}", "++format=onnx"], "(the suffix of ++format=torchscript)"),
              ([f"++output={tmp_path / 'm.onnx'}", "++format=torchscript"], "(the suffix of ++format=onnx)"),
              ([f"++output={tmp_path / 'm.bin'}"], "would not recognise as an exported model")]
