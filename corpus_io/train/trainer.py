@@ -624,7 +624,7 @@ def claim_output_dir(out: Path, ctx: DistContext, tc: Any,
                        f"(or stop it: kill {pid}), or give this run another ++output_dir. Nothing was written.")
         elif held is not None:
             lock = held
-            problem = _linked_appends(out)
+            problem = _linked_appends(out) or _written_inputs(out, reads)
             if problem is None:
                 problem, notes = _fresh_start(out, tc, reads)
             if problem is not None:
@@ -637,10 +637,32 @@ def claim_output_dir(out: Path, ctx: DistContext, tc: Any,
 
 
 def run_inputs(cfg: Any, init_param: str | None) -> list[tuple[str, str | None]]:
-    """``(name, path)`` of the files a training run reads that may lie in its output_dir (the init checkpoint,
-    CMVN stats, token list, BPE model): what ``overwrite_output_dir`` must never delete."""
+    """``(name, path)`` of the files a training run reads (the init checkpoint, CMVN stats, token list, BPE model,
+    the data lists and their index sidecars): what ``overwrite_output_dir`` must never delete, and what the run's
+    own files in output_dir must not be."""
+    from corpus_io.shards.index import list_and_sidecar
+    from corpus_io.train.cmvn import loader_inputs
+
     return [("++init_param", init_param), ("++cmvn_file", cfg.cmvn_file),
-            ("++tokenizer.token_list", cfg.tokenizer.token_list), ("++tokenizer.bpe_model", cfg.tokenizer.bpe_model)]
+            ("++tokenizer.token_list", cfg.tokenizer.token_list), ("++tokenizer.bpe_model", cfg.tokenizer.bpe_model),
+            *loader_inputs("", cfg.dataset_conf),  # the lists of dataset_conf.sources
+            *(named for key in ("train_data_set_list", "valid_data_set_list") if getattr(cfg, key)
+              for named in list_and_sidecar(f"++{key}", getattr(cfg, key)))]
+
+
+#: the files of output_dir every run writes under these names (epoch checkpoints: see _fresh_start)
+_WRITTEN = ("model.pt", "config.yaml", "train.log", ckpt.METRICS_FILE)
+
+
+def _written_inputs(out: Path, reads: list[tuple[str, str | None]]) -> str | None:
+    """The refusal of an output_dir where a file the run writes is one of the files it reads."""
+    from corpus_io.storage.files import refuse_overwriting_inputs
+
+    try:
+        refuse_overwriting_inputs([(f"output_dir's {name}", out / name) for name in _WRITTEN], reads)
+    except ConfigError as exc:
+        return f"{exc} Nothing was written."
+    return None
 
 
 #: the files of output_dir a run opens and appends to (not written under a temp name and renamed)

@@ -393,7 +393,7 @@ def test_overwrite_output_dir_never_deletes_the_init_checkpoint_it_reads_and_a_r
     assert (out / "train.lock").read_text() == holder  # the killed run's pid, not the refused run's
 
 
-def _claim(out: Path, **train_conf):
+def _claim(out: Path, reads=(), **train_conf):
     """``claim_output_dir`` as rank 0 of a one-process run calls it, with the train_conf keys given."""
     from corpus_io.config import TrainConfig
     from corpus_io.train.distributed import DistContext
@@ -402,7 +402,7 @@ def _claim(out: Path, **train_conf):
     tc = TrainConfig().train_conf
     for key, value in train_conf.items():
         setattr(tc, key, value)
-    return claim_output_dir(out, DistContext(), tc)
+    return claim_output_dir(out, DistContext(), tc, list(reads))
 
 
 def test_overwrite_output_dir_is_said_not_applied_when_model_pt_is_resumed(one_process_run, tmp_path):
@@ -413,6 +413,23 @@ def test_overwrite_output_dir_is_said_not_applied_when_model_pt_is_resumed(one_p
     lock.release()
     assert any("train_conf.overwrite_output_dir is not applied" in n and "resume" in n for n in notes), notes
     assert _files(out) == before
+
+
+def test_an_output_dir_whose_config_yaml_is_the_train_list_is_refused_and_the_list_kept(tmp_path):
+    from corpus_io.config import TrainConfig
+    from corpus_io.errors import ConfigError
+    from corpus_io.train.trainer import run_inputs
+
+    out = tmp_path / "exp"
+    out.mkdir()
+    data_list = tmp_path / "train.list"
+    data_list.write_text("shard-000000.tar\n")
+    os.link(data_list, out / "config.yaml")  # the run would replace it with its config
+    cfg = TrainConfig()
+    cfg.train_data_set_list, cfg.output_dir = str(data_list), str(out)
+    with pytest.raises(ConfigError, match=r"output_dir's config.yaml .* is the input \+\+train_data_set_list"):
+        _claim(out, run_inputs(cfg, None))
+    assert data_list.read_text() == "shard-000000.tar\n"
 
 
 @pytest.mark.parametrize("name", ["train.lock", "train.log", "trained_keys.rank0.txt"])
