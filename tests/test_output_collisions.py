@@ -183,19 +183,50 @@ def test_make_datalist_rebuilds_a_directory_list_lost_after_its_index_was_writte
     assert [(e["num_utts"], e["duration"]) for e in rebuilt] == [(e["num_utts"], e["duration"]) for e in entries]
 
 
-@pytest.mark.parametrize("command", ["make-lm", "tune-lm"])
-def test_an_lm_command_given_an_s3_output_is_refused_before_any_work(command, tmp_path):
-    text = tmp_path / "text.txt"
+#: every local-only writer given an s3:// output, with inputs that exist (nothing of them is read before the refusal)
+S3_OUTPUTS = {
+    "make-lm": ["++input={text}", "++output=s3://bucket/lm.arpa"],
+    "tune-lm": ["++data_list={tmp}/dev.list", "++checkpoint={tmp}/model.pt", "++lm={tmp}/lm.arpa",
+                "++output_dir=s3://bucket/tune"],
+    "export": ["++format=hf-parquet", "++input={jsonl}", "++output_dir=s3://bucket/hf"],
+    "average": ["++output_dir=s3://bucket/exp"],
+    "jsonl2scp": ["++jsonl_file_in={jsonl}", "++output_format=nemo", "++manifest_out=s3://bucket/manifest.json"],
+    "compute-cmvn": ["++data_list={jsonl}", "++output=s3://bucket/cmvn.json"],
+    "make-tokenizer": ["++input={text}", "++output=s3://bucket/tokens.txt"],
+    "decode": ["++data_list={jsonl}", "++checkpoint={tmp}/model.pt", "++output_dir=s3://bucket/decode"],
+    "train": ["++train_data_set_list={jsonl}", "++output_dir=s3://bucket/exp"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(S3_OUTPUTS))
+def test_a_local_only_writer_given_an_s3_output_is_refused_before_any_work(command, tmp_path):
+    text, jsonl = tmp_path / "text.txt", tmp_path / "train.jsonl"
     text.write_text("a b c\nb c a\n")
+    jsonl.write_text(JSONL)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    if command == "make-lm":
-        args, key = [f"++input={text}", "++output=s3://bucket/lm.arpa"], "++output=s3://bucket/lm.arpa"
-    else:  # no model, list or LM exists: the refusal comes before any of them is opened
-        args = [f"++data_list={tmp_path / 'dev.list'}", f"++checkpoint={tmp_path / 'model.pt'}",
-                f"++lm={tmp_path / 'lm.arpa'}", "++output_dir=s3://bucket/tune"]
-        key = "++output_dir=s3://bucket/tune"
-    result = run_cli("corpus-io", command, *args, cwd=cwd, timeout=120)
-    assert_user_error(result, key, f"{command} writes local files only")
-    assert result.returncode == 2
+    args = [a.format(text=text, jsonl=jsonl, tmp=tmp_path) for a in S3_OUTPUTS[command]]
+    key = next(a for a in args if "s3://" in a)
+    message = run_in_process_in(cwd, [command, *args])
+    assert key in message and "writes local files only" in message, message
     assert list(cwd.iterdir()) == []  # no ./s3:/bucket/... tree
+
+
+def run_in_process_in(cwd: Path, args: list[str]) -> str:
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return run_in_process(args)
+    finally:
+        os.chdir(old)
+
+
+def test_explore_given_an_s3_cache_dir_is_refused_before_it_builds_or_serves(tmp_path):
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text(JSONL)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    result = run_cli("corpus-io", "explore", f"++input={jsonl}", "++cache_dir=s3://bucket/cache", "++port=0",
+                     cwd=cwd, timeout=60)  # the old code served a local ./s3:/bucket/cache catalog forever
+    assert_user_error(result, "++cache_dir=s3://bucket/cache", "explore writes local files only")
+    assert list(cwd.iterdir()) == []

@@ -230,7 +230,9 @@ def explore(cfg: Any) -> None:
 
     from corpus_io.errors import ConfigError
     from corpus_io.explore.catalog import build
+    from corpus_io.storage.files import refuse_remote_output
 
+    refuse_remote_output(cfg.cache_dir, "++cache_dir", "explore")
     if cfg.dump_audio_dir and not os.path.isdir(cfg.dump_audio_dir):
         raise ConfigError(f"dump_audio_dir={cfg.dump_audio_dir} is not a directory on this machine; give the "
                           f"directory that bench-loader ++dump_audio_dir=DIR wrote (its <key>.wav files).")

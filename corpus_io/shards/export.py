@@ -64,6 +64,7 @@ from corpus_io.storage.files import (
     parse_json_object,
     refuse_non_directory,
     refuse_overwriting_inputs,
+    refuse_remote_output,
 )
 from corpus_io.storage.progress import Summary, parallel_imap, resolve_num_workers
 from corpus_io.tables.inputs import Skip, open_input
@@ -171,14 +172,19 @@ def _claim_split(cfg: Any, out_dir: str, fp: str, input_digest: str, num_files: 
     """Under a lock on output_dir: refuse an output_dir whose split holds another input's export (or this input's
     with other options), unless ``++replace=true``, which first removes that export's files (each renamed into a
     hidden directory, then deleted); then record this run (``.export-<split>.json``) and remove files of the split
-    this run does not write (an interrupted replacement's rest). Nothing of the old export stays beside the new."""
+    this run does not write (an interrupted replacement's rest). Nothing of the old export stays beside the new.
+    Not one atomic swap: the old files leave before the new ones are written, so a run killed in between leaves
+    part of the new export (resumed by a rerun) and the hidden directory, which the next run deletes."""
     import fcntl
     import json
     import shutil
 
     marker = _marker_path(out_dir, cfg.split)
+    trash = Path(out_dir) / f".export-{cfg.split}.replaced"
     with open(Path(out_dir) / f".export-{cfg.split}.lock", "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if trash.is_dir():  # a replacement killed before it deleted them: the replaced export's files
+            shutil.rmtree(trash)
         try:
             old = parse_json_object(marker.read_bytes(), str(marker), "")
         except FileNotFoundError:
@@ -197,8 +203,7 @@ def _claim_split(cfg: Any, out_dir: str, fp: str, input_digest: str, num_files: 
                 raise ConfigError(f"++output_dir={out_dir} {what}; writing beside it would mix the two. Nothing "
                                   f"was written. Give another ++output_dir (or ++split), or pass ++replace=true to "
                                   f"remove that export's files first.")
-            trash = Path(out_dir) / f".export-{cfg.split}.replaced"
-            trash.mkdir(exist_ok=True)
+            trash.mkdir()
             for i, path in enumerate(present):
                 os.replace(path, trash / f"{i:06d}-{path.name}")
             for part in Place(out_dir, "export", True).records():
@@ -348,6 +353,7 @@ def export(cfg: Any) -> Summary:
         raise ConfigError(f"++format={cfg.format} is not a format export writes; choose one of "
                           f"{', '.join(FORMATS)}.")
     _check_split(cfg)
+    refuse_remote_output(cfg.output_dir, "++output_dir", "export")
     refuse_overwriting_inputs([("++output_dir", str(cfg.output_dir))], [("++input", str(cfg.input))])
     job = job_of(cfg)
     opts = PackOptions(cfg.audio_format, cfg.resample, False, cfg.on_error, cfg.allow_pipe,

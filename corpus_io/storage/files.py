@@ -8,11 +8,12 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import IO, Callable, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator, TypeVar
 
 from corpus_io.errors import ConfigError, DataError
 
 UTF8_BOM = b"\xef\xbb\xbf"
+T = TypeVar("T")
 
 
 def temp_name(path: str | os.PathLike) -> Path:
@@ -151,6 +152,35 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | No
     except BaseException:
         out.abort()
         raise
+
+
+def write_checked(path: str | os.PathLike, data: bytes, check: Callable[[Path], T]) -> T:
+    """Write ``data`` under ``path``'s :func:`temp_name`, call ``check(temp path)`` (which reads the file back and
+    raises if it is wrong), then rename it to ``path``; returns what ``check`` returned. A failed check, or any
+    error, removes the temp file: ``path`` is either its old self or the checked new file, never half-written."""
+    final = Path(path)
+    if final.is_dir():
+        raise DataError(f"cannot write {final}: it is a directory. Give a file path for this output.")
+    ensure_dir(final.parent, what=f"the directory of {final}")
+    tmp = temp_name(final)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # a killed writer's of the same pid
+    try:
+        f = open(tmp, "xb")  # created here, never opened through a link left at that name
+    except OSError as exc:
+        raise DataError(f"cannot write {final}: {exc.strerror}. Check the path and its permissions.") from None
+    try:
+        with f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        result = check(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return result
 
 
 def read_json_object(path: str | os.PathLike, bad: Callable[[str], DataError]) -> dict:
@@ -364,13 +394,20 @@ def is_url(path: str | os.PathLike) -> bool:
     return bool(_URL_SCHEME.match(str(path)))
 
 
-def refuse_remote_output(path: str | os.PathLike | None, name: str, command: str) -> None:
-    """A command that writes local files only is given a URL as an output (``++output_dir=s3://...``):
-    a ConfigError, instead of a local ``./s3:/...`` tree."""
-    if path is not None and is_url(path):
-        raise ConfigError(f"{name}={path} is a URL, but {command} writes local files only (it would create a "
-                          f"local directory named '{str(path).split('://')[0]}:'). Give a local path, and copy "
-                          f"the result to the remote store afterwards (e.g. aws s3 cp --recursive).")
+def refuse_remote_output(path: str | os.PathLike | None, name: str, command: str, *, objects: bool = False) -> None:
+    """The one check of an output given as a URL, before any work: a command that writes local files only is given
+    a URL (``++output_dir=s3://...``), or one that also uploads to object storage (``objects``: ``s3://``, by
+    :func:`corpus_io.storage.objects.put_object`) another kind of URL: a ConfigError, instead of a local
+    ``./s3:/...`` tree."""
+    if path is None or not is_url(path) or (objects and is_object_url(path)):
+        return
+    scheme = str(path).split("://")[0]
+    if objects:
+        raise ConfigError(f"{name}={path} is a {scheme}:// URL, but {command} writes a local file or an object on "
+                          f"object storage ({', '.join(OBJECT_SCHEMES)}) only. Give a local path or an s3:// URL.")
+    raise ConfigError(f"{name}={path} is a URL, but {command} writes local files only (it would create a "
+                      f"local directory named '{scheme}:'). Give a local path, and copy the result to the remote "
+                      f"store afterwards (e.g. aws s3 cp --recursive).")
 
 
 def _identity(path: str) -> tuple[str, tuple[int, int] | None]:
@@ -397,22 +434,33 @@ def refuse_overwriting_inputs(outputs: Named, inputs: Named) -> None:
     the file need not exist yet) or when both exist with one inode (hard links). A :class:`ConfigError`
     names both, and nothing has been read or written yet.
     """
-    outs, ins = _local(outputs), _local(inputs)
-    ids_in = [(name, path, *_identity(path)) for name, path in ins]
-    seen: list[tuple[str, str, str, tuple[int, int] | None]] = []
+    outs = _local(outputs)
+    seen: list[tuple[str, str]] = []
     for name, path in outs:
-        real, inode = _identity(path)
-        for in_name, in_path, in_real, in_inode in ids_in:
-            how = _same_file(path, real, inode, in_path, in_real, in_inode)
-            if how is not None:
-                raise ConfigError(f"{name} ({path}) is the input {in_name} ({in_path}){how}; writing it would "
-                                  f"replace the input, which would be lost. Give {name} another path.")
-        for first_name, first, first_real, first_inode in seen:
-            how = _same_file(path, real, inode, first, first_real, first_inode)
-            if how is not None:
-                raise ConfigError(f"the outputs name the same file twice: {first_name} ({first}) and {name} "
-                                  f"({path}){how}. Each output needs its own path.")
-        seen.append((name, path, real, inode))
+        found = input_of(path, inputs)
+        if found is not None:
+            in_name, in_path, how = found
+            raise ConfigError(f"{name} ({path}) is the input {in_name} ({in_path}){how}; writing it would "
+                              f"replace the input, which would be lost. Give {name} another path.")
+        found = input_of(path, seen)
+        if found is not None:
+            first_name, first, how = found
+            raise ConfigError(f"the outputs name the same file twice: {first_name} ({first}) and {name} "
+                              f"({path}){how}. Each output needs its own path.")
+        seen.append((name, path))
+
+
+def input_of(path: str | os.PathLike, inputs: Named) -> tuple[str, str, str] | None:
+    """``(name, input path, how)`` of the first of ``inputs`` (``(name, path)`` pairs; None, empty and URL paths
+    skipped) that is the same file as the local ``path`` (by path, through a symbolic link, or a hard link; ``how``
+    says which, "" for the same path), else None: the one test of "this file is one of the inputs" that writers
+    (:func:`refuse_overwriting_inputs`) and deleters (train's overwrite_output_dir) share."""
+    real, inode = _identity(str(path))
+    for in_name, in_path in _local(inputs):
+        how = _same_file(str(path), real, inode, in_path, *_identity(in_path))
+        if how is not None:
+            return in_name, in_path, how
+    return None
 
 
 def _same_file(a: str, a_real: str, a_inode: tuple[int, int] | None,
@@ -424,6 +472,8 @@ def _same_file(a: str, a_real: str, a_inode: tuple[int, int] | None,
     if a_inode is not None and a_inode == b_inode:
         return " (a hard link: the same inode)"
     return None
+
+
 # --------------------------------------------------------------------------- outputs on object storage
 # (corpus_io.storage.objects writes them; their hidden state lives in a local state dir, found here so that any
 # module, merge-jobs included, can map an s3:// output to it)
@@ -452,13 +502,20 @@ def state_dir(url: str) -> Path:
 class HeldLock:
     """An exclusive lock on a file, held until :meth:`release` or until the process ends (a kill -9 included):
     a POSIX record lock (``fcntl.lockf``), which the kernel drops with its process, which forked children
-    (DataLoader workers) do not inherit, and which works on NFS. The file holds ``pid host`` of the holder."""
+    (DataLoader workers) do not inherit, and which works on NFS. The file holds ``pid host`` of the holder, and
+    keeps it after the holder ends (so a killed run's pid can be read there); ``previous`` is what it held when
+    this lock was taken (``pid host`` of the last holder, "" for a new file)."""
 
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path, self.fd = path, fd
+    def __init__(self, path: Path, fd: int, previous: str = "") -> None:
+        self.path, self.fd, self.previous = path, fd, previous
 
-    def release(self) -> None:
+    def release(self, *, restore: bool = False) -> None:
+        """Drop the lock; ``restore``: first put back the last holder's line (a taker that did nothing leaves the
+        file naming the holder before it, e.g. a killed run)."""
         if self.fd >= 0:
+            if restore:
+                os.ftruncate(self.fd, 0)
+                os.pwrite(self.fd, (self.previous + "\n").encode() if self.previous else b"", 0)
             os.close(self.fd)  # closing drops the lock
             self.fd = -1
 
@@ -466,18 +523,35 @@ class HeldLock:
 def try_lock(path: str | os.PathLike) -> HeldLock | str:
     """Take the exclusive lock on ``path`` (created if missing) without waiting: a :class:`HeldLock`, or, when
     another process holds it, what that holder wrote (``pid host``, or ``unknown`` while it is writing it).
-    The process that holds the lock must never open and close ``path`` again (that would drop a POSIX lock)."""
+    The process that holds the lock must never open and close ``path`` again (that would drop a POSIX lock).
+    A ``path`` that is a symbolic link, or not a regular file (a FIFO, a device), is a :class:`DataError`: the
+    lock would write through it into a file outside the output."""
     import fcntl
     import socket
+    import stat
 
     p = Path(path)
-    fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if os.path.islink(p):
+            raise DataError(f"the lock file {p} is a symbolic link (to {os.readlink(p)}); taking the lock would "
+                            f"write this process's pid into the file it points to. Remove the link (rm {p}); the "
+                            f"lock file is created afresh.") from None
+        raise DataError(f"cannot open the lock file {p}: {exc.strerror}. Check the path and its permissions.") \
+            from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError(f"the lock file {p} is not a regular file (a FIFO, a device or a socket); remove it "
+                        f"(rm {p}), and the lock file is created afresh.")
+    os.set_blocking(fd, True)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
         os.close(fd)
         return holder or "unknown"
+    previous = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-    return HeldLock(p, fd)
+    return HeldLock(p, fd, previous)

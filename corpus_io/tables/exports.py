@@ -27,7 +27,7 @@ from typing import IO, Any, Callable
 
 from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.storage.files import atomic_write
+from corpus_io.storage.files import atomic_write, refuse_overwriting_inputs, refuse_remote_output
 from corpus_io.storage.progress import Summary
 from corpus_io.storage.urls import is_command
 from corpus_io.tables import inputs
@@ -140,8 +140,8 @@ def export(cfg: Any) -> Summary:
     if not out_path:
         example = "cuts.jsonl.gz" if cfg.output_format == "lhotse" else "train_manifest.json"
         raise ConfigError(f"++output_format={cfg.output_format} writes one manifest: give ++manifest_out={example}.")
-    if os.path.exists(cfg.jsonl_file_in) and os.path.realpath(out_path) == os.path.realpath(cfg.jsonl_file_in):
-        raise ConfigError(f"++manifest_out ({out_path}) is the input ++jsonl_file_in; give another path.")
+    refuse_remote_output(out_path, "++manifest_out", f"jsonl2scp ++output_format={cfg.output_format}")
+    refuse_overwriting_inputs([("++manifest_out", out_path)], [("++jsonl_file_in", cfg.jsonl_file_in)])
     if cfg.output_format == "lhotse" and not out_path.endswith((".jsonl", ".jsonl.gz")):
         raise ConfigError(f"++manifest_out={out_path}: a Lhotse CutSet is written as .jsonl or .jsonl.gz (Lhotse "
                           f"reads the format from the name), e.g. ++manifest_out=cuts.jsonl.gz.")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.storage.files import atomic_write, read_json_object, temp_name
+from corpus_io.storage.files import atomic_write, read_json_object, refuse_remote_output, temp_name
 
 if TYPE_CHECKING:
     import torch
@@ -381,6 +381,7 @@ def average(cfg: Any) -> Path:
     from corpus_io.config import require
 
     require(cfg, "output_dir")
+    refuse_remote_output(cfg.output_dir, "++output_dir", "average")  # it reads and writes a local output_dir
     path = average_checkpoints(cfg.output_dir, cfg.num, cfg.metric, key="num")
     chosen = load_checkpoint(path)["averaged_epochs"]
     print(f"average: epochs {chosen} (best by cv {cfg.metric}) -> {path}")

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from corpus_io.errors import ConfigError
-from corpus_io.train.exported import FORMAT, META_PREFIX, load_exported
+from corpus_io.train.exported import FORMAT, META_PREFIX, SUFFIXES, load_exported
 
 SUBSAMPLING = 4
 ONNX_OPSET = 17
@@ -194,22 +194,29 @@ def exportable(model: nn.Module, where: str) -> None:
 
 
 def export_model(cfg: Any) -> dict:
-    """``corpus-io export-model``: ``cfg.checkpoint`` as ``cfg.output`` (ONNX or TorchScript), its metadata inside,
-    checked against the PyTorch model on a two-utterance batch before it is written."""
+    """``corpus-io export-model``: ``cfg.checkpoint`` as ``cfg.output`` (ONNX or TorchScript), its metadata inside.
+    Before anything is written: the output's suffix is the format's, and it is none of the files the export reads
+    (the checkpoint, and the token list, BPE model and CMVN stats its config names). The file is written under a
+    temp name, read back and checked against the PyTorch model, then renamed (an ``s3://`` output: uploaded once
+    checked)."""
     import io
     import warnings
 
     from corpus_io.config import require
-    from corpus_io.storage.files import atomic_write
+    from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
     from corpus_io.train.decode import load_model  # decode reads exported files through exported.py, not here
 
     require(cfg, "checkpoint", "output")
-    if Path(cfg.output).resolve() == Path(cfg.checkpoint).resolve():
-        raise ConfigError(f"++output={cfg.output} is the checkpoint itself; give the exported model its own file, "
-                          f"e.g. ++output=exp/model.{'onnx' if cfg.format == 'onnx' else 'ts'}.")
+    refuse_remote_output(cfg.output, "++output", "export-model", objects=True)
+    refuse_wrong_suffix(cfg.output, cfg.format)
+    refuse_overwriting_inputs([("++output", cfg.output)], [("++checkpoint", cfg.checkpoint)])
     if cfg.format == "onnx":
         import onnx  # noqa: F401  (the [onnx] extra, before the model is loaded)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, torch.device("cpu"))
+    refuse_overwriting_inputs([("++output", cfg.output)], [
+        (f"tokenizer.token_list of checkpoint {cfg.checkpoint}", tcfg.tokenizer.token_list),
+        (f"tokenizer.bpe_model of checkpoint {cfg.checkpoint}", tcfg.tokenizer.bpe_model),
+        (f"cmvn_file of checkpoint {cfg.checkpoint}", tcfg.cmvn_file)])
     exportable(model, cfg.checkpoint)
     dconf = tcfg.dataset_conf
     if cfg.frontend and dconf.feats_type not in ("fbank", "mfcc"):
@@ -236,15 +243,51 @@ def export_model(cfg: Any) -> dict:
             traced = torch.jit.trace(module, example, check_trace=False)
             torch.jit.save(traced, buffer, _extra_files=meta)
             data = buffer.getvalue()
-    with atomic_write(cfg.output, "wb") as f:
-        f.write(data)
-    exported = load_exported(cfg.output, torch.device("cpu"))[0]
-    gap = check_against(module, exported, model.input_dim)
+
+    def check(path: Path) -> float:  # the file as decode will load it, on another batch shape
+        exported = load_exported(str(path), torch.device("cpu"), kind=cfg.format)[0]
+        return check_against(module, exported, model.input_dim)
+
+    gap = write_output(cfg.output, data, check)
     what = "waveform" if front is not None else "features"
     print(f"export-model: {cfg.checkpoint} -> {cfg.output} ({cfg.format}, {what} in, log-probs out; "
           f"{tokenizer.vocab_size} tokens, {meta[META_PREFIX + 'sample_rate']} Hz, subsampling {SUBSAMPLING}); "
           f"max |log-prob difference| to PyTorch on a check batch {gap:.2e}")
     return {"output": str(cfg.output), "format": cfg.format, "frontend": bool(cfg.frontend), "max_abs_diff": gap}
+
+
+def refuse_wrong_suffix(output: str, fmt: str) -> None:
+    """An output whose suffix is not its format's, refused before anything is done: decode tells an exported file
+    from a checkpoint, and ONNX from TorchScript, by the suffix alone."""
+    suffixes = SUFFIXES[fmt]
+    if not str(output).lower().endswith(suffixes):
+        other = next((f for f, names in SUFFIXES.items() if str(output).lower().endswith(names)), None)
+        why = (f"the suffix of ++format={other}" if other else
+               "a name decode would not recognise as an exported model, and load as a checkpoint")
+        stem = str(output)[:-len(Path(output).suffix)] if Path(output).suffix else str(output)
+        kind = "an ONNX" if fmt == "onnx" else "a TorchScript"
+        raise ConfigError(f"++output={output} does not end in {' or '.join(suffixes)} ({why}), but ++format={fmt} "
+                          f"writes {kind} file: decode tells the formats apart by the suffix. Give "
+                          f"++output={stem}{suffixes[0]}, or the ++format its suffix names. Nothing was written.")
+
+
+def write_output(output: str, data: bytes, check: Any) -> Any:
+    """``data`` written to ``output`` under a temp name, ``check(path)`` run on it, then renamed; an ``s3://``
+    output is checked on local disk, then uploaded as one object (:func:`corpus_io.storage.objects.put_object`)."""
+    import hashlib
+    import tempfile
+
+    from corpus_io.storage.files import is_object_url, write_checked
+
+    if not is_object_url(output):
+        return write_checked(output, data, check)
+    from corpus_io.storage.objects import put_object
+
+    with tempfile.TemporaryDirectory(prefix="corpus-io-export-") as tmp:
+        local = Path(tmp) / Path(str(output).split("://", 1)[1]).name
+        result = write_checked(local, data, check)
+        put_object(local, output, sha256=hashlib.sha256(data).hexdigest())
+    return result
 
 
 def feature_options(dconf: Any) -> dict:

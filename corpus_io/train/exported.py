@@ -56,17 +56,23 @@ class TorchScriptCTC(OnnxCTC):
             return self.module(x.to(self.device).float(), lengths.to(self.device).long())
 
 
+#: the suffixes of an exported file, by format: decode tells an exported file from a checkpoint by them
+SUFFIXES = {"onnx": (".onnx",), "torchscript": (".ts", ".torchscript")}
+
+
 def is_exported(path: str) -> bool:
     """Whether ``path`` names an exported model (by its suffix: .onnx, .ts or .torchscript)."""
-    return str(path).lower().endswith((".onnx", ".ts", ".torchscript"))
+    return str(path).lower().endswith(tuple(s for names in SUFFIXES.values() for s in names))
 
 
-def read_metadata(path: str) -> tuple[str, dict[str, str]]:
-    """``(kind, metadata)`` of an exported file; a file that is not one of ours is refused in one paragraph."""
+def read_metadata(path: str, kind: str | None = None) -> tuple[str, dict[str, str]]:
+    """``(kind, metadata)`` of an exported file; a file that is not one of ours is refused in one paragraph.
+    ``kind`` ("onnx" or "torchscript"; by default from the suffix) reads a file whose name does not say it (export's
+    temp name)."""
     if not Path(path).is_file():
         raise ConfigError(f"exported model {path} does not exist; write one with corpus-io export-model "
                           f"++checkpoint=exp/model.pt ++output={path}.")
-    if str(path).lower().endswith(".onnx"):
+    if (kind or ("onnx" if str(path).lower().endswith(".onnx") else "torchscript")) == "onnx":
         import onnx
 
         try:
@@ -99,9 +105,10 @@ _REQUIRED = tuple(META_PREFIX + k for k in ("format", "inputs", "tokens", "token
                                              "subsampling", "frame_shift_ms", "blank_id", "config"))
 
 
-def load_exported(path: str, device: Any) -> tuple[Any, Any, Any]:
+def load_exported(path: str, device: Any, kind: str | None = None) -> tuple[Any, Any, Any]:
     """``(model, tokenizer, training config)`` of an exported file, as ``decode.load_model`` gives them for a
-    checkpoint. The token list (and a sentencepiece model) are written to a private temporary directory."""
+    checkpoint (``kind``: as :func:`read_metadata`). The token list (and a sentencepiece model) are written to a
+    private temporary directory."""
     import atexit
     import shutil
     import tempfile
@@ -111,7 +118,7 @@ def load_exported(path: str, device: Any) -> tuple[Any, Any, Any]:
     from corpus_io.config import TrainConfig, validate
     from corpus_io.tokenizer import build_tokenizer
 
-    kind, meta = read_metadata(path)
+    kind, meta = read_metadata(path, kind)
     tcfg = validate(TrainConfig, OmegaConf.to_container(OmegaConf.create(meta[META_PREFIX + "config"]),
                                                         resolve=True))
     tmp = tempfile.mkdtemp(prefix="corpus-io-exported-")

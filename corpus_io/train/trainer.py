@@ -39,6 +39,7 @@ from corpus_io.storage.files import (
     HeldLock,
     atomic_write,
     ensure_dir,
+    input_of,
     refuse_non_directory,
     refuse_remote_output,
     try_lock,
@@ -107,7 +108,7 @@ class Trainer:
         self.out = Path(cfg.output_dir)
         self.init_param = start.source if start is not None and start.weights is not None else None
         # one run per output_dir, and a fresh run never beside an old run's checkpoints: before anything is written
-        self.lock, claim_notes = claim_output_dir(self.out, ctx, tc)
+        self.lock, claim_notes = claim_output_dir(self.out, ctx, tc, run_inputs(cfg, self.init_param))
         self.launcher = LauncherWatch()
         self.log = RankLog(self.out, ctx.rank)
         for note in claim_notes:
@@ -597,29 +598,37 @@ _RUN_FILES = re.compile(r"^(model\.pt(\.ep\d+(\.\d+)?|\.avg\d+)?|cv_metrics\.jso
                         r"|(trained|unused)_keys\.rank\d+\.txt)$")
 
 
-def claim_output_dir(out: Path, ctx: DistContext, tc: Any) -> tuple[HeldLock | None, list[str]]:
+def claim_output_dir(out: Path, ctx: DistContext, tc: Any,
+                     reads: list[tuple[str, str | None]] = ()) -> tuple[HeldLock | None, list[str]]:
     """Rank 0 makes ``out`` and takes its lock (``train.lock``) for the run; a fresh run (no ``model.pt`` to resume)
-    into a dir holding another run's checkpoints is refused, or clears them with ``train_conf.overwrite_output_dir``.
-    Collective: every rank raises the same ConfigError. Returns rank 0's lock and what to log.
+    into a dir holding another run's checkpoints is refused, or clears them with ``train_conf.overwrite_output_dir``
+    (never one of the files the run reads, ``reads``: :func:`run_inputs`). Collective: every rank raises the same
+    ConfigError. Returns rank 0's lock and what to log.
 
     Only rank 0 holds the lock: it alone writes what two runs would mix (checkpoints, model.pt, cv_metrics.json,
     averages, train.log), and no other rank can take a step without it (every step is a collective with rank 0),
-    while a lock every rank held would have to be a shared lock, which a second run's ranks could share too."""
+    while a lock every rank held would have to be a shared lock, which a second run's ranks could share too.
+    The lock file keeps the pid of its last holder: a refused run puts back the one it found (a killed run's)."""
     problem, lock, notes = None, None, []
     if ctx.is_main:
         ensure_dir(out, what="output_dir")
-        held = try_lock(out / LOCK_FILE)
+        try:
+            held = try_lock(out / LOCK_FILE)
+        except DataError as exc:
+            held, problem = None, str(exc)
         if isinstance(held, str):
             pid, _, host = held.partition(" ")
             problem = (f"output_dir {out} is in use by another training run: its rank 0, pid {pid}"
                        f"{f' on {host}' if host else ''}, holds {out / LOCK_FILE}, and two runs in one output_dir "
                        f"would overwrite each other's checkpoints and train keys twice. Wait for that run to end "
                        f"(or stop it: kill {pid}), or give this run another ++output_dir. Nothing was written.")
-        else:
+        elif held is not None:
             lock = held
-            problem, notes = _fresh_start(out, tc)
+            problem = _linked_appends(out) or _written_inputs(out, reads)
+            if problem is None:
+                problem, notes = _fresh_start(out, tc, reads)
             if problem is not None:
-                lock.release()
+                lock.release(restore=True)
                 lock = None
     problems = all_gather_object(ctx, problem)
     if problems[0] is not None:
@@ -627,16 +636,77 @@ def claim_output_dir(out: Path, ctx: DistContext, tc: Any) -> tuple[HeldLock | N
     return lock, notes
 
 
-def _fresh_start(out: Path, tc: Any) -> tuple[str | None, list[str]]:
+def run_inputs(cfg: Any, init_param: str | None) -> list[tuple[str, str | None]]:
+    """``(name, path)`` of the files a training run reads (the init checkpoint, CMVN stats, token list, BPE model,
+    the data lists and their index sidecars): what ``overwrite_output_dir`` must never delete, and what the run's
+    own files in output_dir must not be."""
+    from corpus_io.shards.index import list_and_sidecar
+    from corpus_io.train.cmvn import loader_inputs
+
+    return [("++init_param", init_param), ("++cmvn_file", cfg.cmvn_file),
+            ("++tokenizer.token_list", cfg.tokenizer.token_list), ("++tokenizer.bpe_model", cfg.tokenizer.bpe_model),
+            *loader_inputs("", cfg.dataset_conf),  # the lists of dataset_conf.sources
+            *(named for key in ("train_data_set_list", "valid_data_set_list") if getattr(cfg, key)
+              for named in list_and_sidecar(f"++{key}", getattr(cfg, key)))]
+
+
+#: the files of output_dir every run writes under these names (epoch checkpoints: see _fresh_start)
+_WRITTEN = ("model.pt", "config.yaml", "train.log", ckpt.METRICS_FILE)
+
+
+def _written_inputs(out: Path, reads: list[tuple[str, str | None]]) -> str | None:
+    """The refusal of an output_dir where a file the run writes is one of the files it reads."""
+    from corpus_io.storage.files import refuse_overwriting_inputs
+
+    try:
+        refuse_overwriting_inputs([(f"output_dir's {name}", out / name) for name in _WRITTEN], reads)
+    except ConfigError as exc:
+        return f"{exc} Nothing was written."
+    return None
+
+
+#: the files of output_dir a run opens and appends to (not written under a temp name and renamed)
+_APPENDED = ("train.log", "log/train.rank*.log", "trained_keys.rank*.txt", "unused_keys.rank*.txt")
+
+
+def _linked_appends(out: Path) -> str | None:
+    """The refusal of an output_dir whose log or key-record files are symbolic links: appending to them would
+    write into the files they point to, outside output_dir (checkpoints and metrics are renamed into place, which
+    replaces a link, not its target)."""
+    links = sorted(p for pattern in _APPENDED for p in out.glob(pattern) if p.is_symlink())
+    if not links:
+        return None
+    shown = ", ".join(f"{p} -> {os.readlink(p)}" for p in links[:3]) + (f" and {len(links) - 3} more"
+                                                                        if len(links) > 3 else "")
+    return (f"output_dir {out} holds symbolic links where training appends its logs and key records ({shown}); "
+            f"the run would write into the files they point to. Remove the links (the run creates its own files), "
+            f"or give another ++output_dir. Nothing was written.")
+
+
+def _fresh_start(out: Path, tc: Any, reads: list[tuple[str, str | None]] = ()) -> tuple[str | None, list[str]]:
     """``(refusal, notes)`` for a run that starts afresh in ``out``: None when it resumes model.pt or the dir holds
-    no checkpoint; with ``overwrite_output_dir`` the old run's files are deleted and named in the notes."""
+    no checkpoint; with ``overwrite_output_dir`` the old run's files are deleted and named in the notes, unless one
+    of them is a file this run reads (``reads``), which refuses the run, nothing deleted."""
     if tc.resume and (out / "model.pt").is_file():
+        if tc.overwrite_output_dir:
+            return None, [f"train_conf.overwrite_output_dir is not applied: {out / 'model.pt'} is there to resume "
+                          f"(train_conf.resume=true), so this run continues it and deletes nothing. To start "
+                          f"afresh over it, pass ++train_conf.resume=false as well."]
         return None, []
     old = sorted(p.name for p in out.iterdir() if _RUN_FILES.match(p.name))
     if not any(name.startswith("model.pt") or name == ckpt.METRICS_FILE for name in old):
         return None, []
     shown = ", ".join(old[:4]) + (f" and {len(old) - 4} more" if len(old) > 4 else "")
     if tc.overwrite_output_dir:
+        for name in old:
+            found = input_of(out / name, reads)
+            if found is not None:
+                key, path, how = found
+                return (f"train_conf.overwrite_output_dir would delete {out / name}, one of the previous run's files "
+                        f"in output_dir {out}, but this run reads it: it is {key}={path}{how} (and the new run "
+                        f"would write its own {name} there). Copy it out of output_dir first (e.g. cp {out / name} "
+                        f"init.pt, then ++init_param=init.pt), or give this run another ++output_dir. Nothing was "
+                        f"deleted or written."), []
         for name in old:
             (out / name).unlink(missing_ok=True)
         return None, [f"train_conf.overwrite_output_dir: deleted the previous run's {shown} from {out}"]

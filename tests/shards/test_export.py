@@ -360,3 +360,15 @@ def test_a_shard_key_that_is_not_one_token_is_refused_before_anything_is_written
                      "++num_workers=1")
     assert_user_error(result, "shard-000001.tar (utterance 2): key 'old key' is not one word", "A key is one token")
     assert _snapshot(tmp_path) == before and not (tmp_path / "o").exists()
+
+
+def test_a_replacement_killed_before_it_deleted_the_old_files_has_them_deleted_by_the_next_run(hf, tmp_path):
+    data, _ = hf
+    out = tmp_path / "out"
+    export(_cfg(FIXTURE, out))
+    trash = out / ".export-train.replaced"  # as a replacement killed between the marker and the deletion leaves it
+    trash.mkdir()
+    (trash / "000000-train-00000-of-00003.parquet").write_bytes(b"the replaced export's file")
+    assert export(_cfg(FIXTURE, out)).extra["resumed"] == 2
+    assert not trash.exists()
+    assert sorted(_tree(out)) == ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet"]

@@ -206,7 +206,7 @@ def test_a_foreign_onnx_file_and_a_model_the_exporter_cannot_handle_are_refused_
         exportable(ConformerCTCAttention(40, 12), "exp/att/model.pt")
     rc, err = in_process("export-model", f"++checkpoint={exported['ckpt']}", f"++output={exported['ckpt']}",
                          capfd=capfd)
-    assert rc == 2 and "is the checkpoint itself" in err, err
+    assert rc == 2 and "does not end in .onnx" in err, err
 
 
 def test_the_readme_snippet_transcribes_a_wav_as_greedy_decoding_does(exported, tmp_path):
@@ -254,3 +254,66 @@ def test_onnxruntime_is_installed_only_by_its_extra():
     result = run_bounded([sys.executable, "-c", "import json; " + code], 120, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+# --------------------------------------------------------------------------- outputs that would lose an input
+
+
+def _checkpoint_naming(trained, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A copy of the shared run's average checkpoint whose config names a token list and a CMVN file of its own
+    (copies in ``tmp_path``, so the session's files are never at risk): (checkpoint, token list, CMVN file)."""
+    from omegaconf import OmegaConf
+
+    state = torch.load(trained["out"] / "model.pt.avg2", map_location="cpu", weights_only=True)
+    config = OmegaConf.create(state["config"])
+    tokens, cmvn = tmp_path / "tokens.txt", tmp_path / "cmvn.json"
+    tokens.write_bytes(Path(config.tokenizer.token_list).read_bytes())
+    cmvn.write_text('{"mean_stat": [0.0], "var_stat": [1.0], "frame_num": 1}\n')
+    config.tokenizer.token_list, config.cmvn_file = str(tokens), str(cmvn)
+    state["config"] = OmegaConf.to_yaml(config)
+    ckpt = tmp_path / "model.pt"
+    torch.save(state, ckpt)
+    return ckpt, tokens, cmvn
+
+
+def test_an_output_that_is_the_checkpoints_token_list_or_cmvn_or_of_the_wrong_suffix_is_refused_before_writing(
+        trained, tmp_path, capfd):
+    ckpt, tokens, cmvn = _checkpoint_naming(trained, tmp_path)
+    kept = {p: p.read_bytes() for p in (ckpt, tokens, cmvn)}
+    (tmp_path / "tokens.onnx").symlink_to(tokens)
+    (tmp_path / "stats.ts").symlink_to(cmvn)
+    cases = [([f"++output={tokens}"], "does not end in .onnx"),  # the hostile round's: the token list itself
+             ([f"++output={cmvn}", "++format=torchscript"], "does not end in .ts or .torchscript"),
+             ([f"++output={tmp_path / 'tokens.onnx'}"], f"is the input tokenizer.token_list of checkpoint {ckpt}"),
+             ([f"++output={tmp_path / 'stats.ts'}", "++format=torchscript"], "is the input cmvn_file of checkpoint"),
+             ([f"++output={tmp_path / 'm.ts'}", "++format=onnx"], "(the suffix of ++format=torchscript)"),
+             ([f"++output={tmp_path / 'm.onnx'}", "++format=torchscript"], "(the suffix of ++format=onnx)"),
+             ([f"++output={tmp_path / 'm.bin'}"], "would not recognise as an exported model")]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for args, message in cases:
+        rc, err = in_process("export-model", f"++checkpoint={ckpt}", *args, capfd=capfd)
+        assert rc == 2 and message in err and "Traceback" not in err, (args, err)
+        assert len(err.strip().splitlines()) == 1, err
+    assert {p: p.read_bytes() for p in kept} == kept  # every input byte-identical
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no temp file left
+
+
+def test_an_s3_output_is_uploaded_as_one_checked_object_and_nothing_written_locally(
+        exported, seaweed, tmp_path, monkeypatch, capfd):
+    from corpus_io.train.exported import read_metadata
+
+    endpoint, fs = seaweed
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "corpusio")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "corpusio-secret")
+    monkeypatch.chdir(tmp_path)
+    rc, err = in_process("export-model", f"++checkpoint={exported['ckpt']}", "++output=s3://corpus/models/m.onnx",
+                         capfd=capfd)
+    assert rc == 0, err
+    assert list(tmp_path.iterdir()) == []  # no ./s3:/corpus/models/m.onnx
+    local = tmp_path.parent / f"{tmp_path.name}-m.onnx"
+    local.write_bytes(fs.cat_file("corpus/models/m.onnx"))
+    assert read_metadata(str(local))[0] == "onnx"  # corpus-io's metadata inside: the checked file, uploaded whole
+    rc, err = in_process("export-model", f"++checkpoint={exported['ckpt']}", "++output=http://host/m.onnx",
+                         capfd=capfd)
+    assert rc == 2 and "writes a local file or an object on object storage (s3://) only" in err, err

@@ -365,6 +365,88 @@ def test_a_fresh_run_into_a_dir_holding_another_runs_checkpoints_is_refused_or_r
     assert set(json.loads((out / "cv_metrics.json").read_text())) == {"0"}
 
 
+def _dead_taker(lock: Path) -> str:
+    """``lock`` taken by a process that is then killed -9 (it never releases it): the ``pid host`` it left."""
+    code = ("import os, sys; from corpus_io.storage.files import try_lock; "
+            "assert not isinstance(try_lock(sys.argv[1]), str); os.kill(os.getpid(), 9)")
+    subprocess.run([str(BIN / "python"), "-c", code, str(lock)], cwd=REPO, check=False,
+                   env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60)
+    line = lock.read_text()
+    assert line.split()[0].isdigit(), line
+    return line
+
+
+def test_overwrite_output_dir_never_deletes_the_init_checkpoint_it_reads_and_a_refused_run_keeps_the_lock_holder(
+        one_process_run, tmp_path):
+    from tests.conftest import assert_user_error
+
+    out = tmp_path / "exp"
+    shutil.copytree(one_process_run["out"], out)
+    cmd = [a.replace(str(one_process_run["out"]), str(out)) for a in one_process_run["cmd"]]
+    holder = _dead_taker(out / "train.lock")
+    before = _files(out)
+    refused = run_train([*cmd, f"++init_param={out / 'model.pt.ep1'}", "++train_conf.resume=false",
+                         "++train_conf.overwrite_output_dir=true"])
+    assert_user_error(refused, f"train_conf.overwrite_output_dir would delete {out / 'model.pt.ep1'}",
+                      f"++init_param={out / 'model.pt.ep1'}", "Copy it out of output_dir first", "Nothing was deleted")
+    assert _files(out) == before  # the init checkpoint and every other file byte-identical
+    assert (out / "train.lock").read_text() == holder  # the killed run's pid, not the refused run's
+
+
+def _claim(out: Path, reads=(), **train_conf):
+    """``claim_output_dir`` as rank 0 of a one-process run calls it, with the train_conf keys given."""
+    from corpus_io.config import TrainConfig
+    from corpus_io.train.distributed import DistContext
+    from corpus_io.train.trainer import claim_output_dir
+
+    tc = TrainConfig().train_conf
+    for key, value in train_conf.items():
+        setattr(tc, key, value)
+    return claim_output_dir(out, DistContext(), tc, list(reads))
+
+
+def test_overwrite_output_dir_is_said_not_applied_when_model_pt_is_resumed(one_process_run, tmp_path):
+    out = tmp_path / "exp"
+    shutil.copytree(one_process_run["out"], out)
+    before = _files(out)
+    lock, notes = _claim(out, overwrite_output_dir=True)
+    lock.release()
+    assert any("train_conf.overwrite_output_dir is not applied" in n and "resume" in n for n in notes), notes
+    assert _files(out) == before
+
+
+def test_an_output_dir_whose_config_yaml_is_the_train_list_is_refused_and_the_list_kept(tmp_path):
+    from corpus_io.config import TrainConfig
+    from corpus_io.errors import ConfigError
+    from corpus_io.train.trainer import run_inputs
+
+    out = tmp_path / "exp"
+    out.mkdir()
+    data_list = tmp_path / "train.list"
+    data_list.write_text("shard-000000.tar\n")
+    os.link(data_list, out / "config.yaml")  # the run would replace it with its config
+    cfg = TrainConfig()
+    cfg.train_data_set_list, cfg.output_dir = str(data_list), str(out)
+    with pytest.raises(ConfigError, match=r"output_dir's config.yaml .* is the input \+\+train_data_set_list"):
+        _claim(out, run_inputs(cfg, None))
+    assert data_list.read_text() == "shard-000000.tar\n"
+
+
+@pytest.mark.parametrize("name", ["train.lock", "train.log", "trained_keys.rank0.txt"])
+def test_a_lock_log_or_key_record_that_is_a_symbolic_link_is_refused_and_its_target_kept(tmp_path, name):
+    from corpus_io.errors import ConfigError
+
+    out = tmp_path / "exp"
+    out.mkdir()
+    victim = tmp_path / "outside.txt"
+    victim.write_text("a file outside output_dir\n")
+    (out / name).symlink_to(victim)
+    with pytest.raises(ConfigError) as info:
+        _claim(out)
+    assert all(part in str(info.value) for part in (str(out / name), "symbolic link", "Remove the link")), info.value
+    assert victim.read_text() == "a file outside output_dir\n" and (out / name).is_symlink()
+
+
 def test_resuming_with_changed_model_keys_names_them_in_one_paragraph_and_writes_nothing(one_process_run, tmp_path):
     from tests.conftest import assert_user_error
 
