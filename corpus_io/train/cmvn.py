@@ -148,10 +148,15 @@ def loader_inputs(data_list: str, dataset_conf: Any) -> list[tuple[str, str]]:
     sidecars): what an output of compute-cmvn or decode must not replace."""
     from corpus_io.shards.index import list_and_sidecar
 
-    named = list_and_sidecar("++data_list", data_list) if data_list else []
-    for i, source in enumerate(dataset_conf.sources or [], 1):
-        named += list_and_sidecar(f"dataset_conf.sources entry {i}", source.data_list)
-    return named
+    return [*(list_and_sidecar("++data_list", data_list) if data_list else []), *source_inputs(dataset_conf)]
+
+
+def source_inputs(dataset_conf: Any) -> list[tuple[str, str]]:
+    """``(name, path)`` of the lists of ``dataset_conf.sources`` and their index sidecars."""
+    from corpus_io.shards.index import list_and_sidecar
+
+    return [named for i, source in enumerate(dataset_conf.sources or [], 1)
+            for named in list_and_sidecar(f"dataset_conf.sources entry {i}", source.data_list)]
 
 
 # Every finite float64 is an integer multiple of 2**-1074 (and its frexp mantissa, times 2**53, an integer): scaled

@@ -641,11 +641,11 @@ def run_inputs(cfg: Any, init_param: str | None) -> list[tuple[str, str | None]]
     the data lists and their index sidecars): what ``overwrite_output_dir`` must never delete, and what the run's
     own files in output_dir must not be."""
     from corpus_io.shards.index import list_and_sidecar
-    from corpus_io.train.cmvn import loader_inputs
+    from corpus_io.train.cmvn import source_inputs
 
     return [("++init_param", init_param), ("++cmvn_file", cfg.cmvn_file),
             ("++tokenizer.token_list", cfg.tokenizer.token_list), ("++tokenizer.bpe_model", cfg.tokenizer.bpe_model),
-            *loader_inputs("", cfg.dataset_conf),  # the lists of dataset_conf.sources
+            *source_inputs(cfg.dataset_conf),
             *(named for key in ("train_data_set_list", "valid_data_set_list") if getattr(cfg, key)
               for named in list_and_sidecar(f"++{key}", getattr(cfg, key)))]
 

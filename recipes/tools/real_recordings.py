@@ -23,7 +23,8 @@ CI needs no other host; the archive is checked against a pinned sha256.
 
 The directory (``$CORPUS_IO_REAL_RECORDINGS``, else ``$XDG_CACHE_HOME/corpus-io/``, else
 ``~/.cache/corpus-io/``, never the repository) is a Kaldi data dir: ``wav/*.wav``, ``wav.scp`` (absolute
-paths), ``text``, ``utt2spk``, ``word_alignments.ctm``, plus ``ORIGIN.md`` (origin, licences, sha256) and ``LICENSE.pocketsphinx``.
+paths), ``text``, ``utt2spk``, ``word_alignments.ctm``, plus ``ORIGIN.md`` (origin, licences, sha256) and
+``LICENSE.pocketsphinx``.
 Only the listed members are read from the archive (no extraction of anything else).
 """
 
