@@ -6,8 +6,9 @@ field); every ``.txt`` is UTF-8; every audio member decodes (soundfile); every s
 non-negative, ordered), and every field it records matches the shard: ``bytes``, ``sha256``,
 ``num_utts``, ``duration``/``min_duration``/``max_duration`` (from the audio headers, within
 rounding), ``durations`` (each utterance's, within 10 ms) and ``keys`` (the same keys in the same
-order). A list entry without an index entry, when a sidecar exists, is a problem too. Across the list, with or without an index: an entry naming a shard
-an earlier entry names (after URL normalisation), and a key two shards hold (from the members read).
+order). A list entry without an index entry, when a sidecar exists, is a problem too. Across the list,
+with or without an index: an entry naming a shard an earlier entry names (after URL normalisation), and
+a key two shards hold (from the members read).
 """
 
 from __future__ import annotations
