@@ -117,8 +117,9 @@ def _durations(source: Source, conf: DatasetConf, opts: ReadOptions) -> Iterator
             raise DataError(f"{index_path_for(source.data_list)}: the entry of shard {lacking} (entry "
                             f"{source.urls.index(lacking) + 1} of {source.data_list}) has no 'durations', while "
                             f"the entry of {with_durations[0]} has them: the bucket edges would come from a part of "
-                            f"the corpus. Rebuild the index (make-datalist ++input=<the shards' directory>) so that "
-                            f"every entry records them.")
+                            f"the corpus. Regenerate the index with the command that wrote it (pack-shards into the "
+                            f"same output_dir; make-datalist for Lhotse Shar and parquet lists) so that every entry "
+                            f"records them.")
         yield from _first_shards(source, conf, opts)  # an older index (no durations), or shards it does not list
         return
     yield from _first_raw(source, conf)

@@ -427,9 +427,9 @@ def index_durations(list_path: str | os.PathLike, *, storage_options: dict | Non
             entry_no = where.get(entry["path"])
             in_list = f" (entry {entry_no} of {list_path})" if entry_no else ""
             raise DataError(f"{index}:{lineno}: the index entry of shard {entry['path']}{in_list}: {problems[0]}. "
-                            f"The index does not describe the shard; rebuild it (make-datalist ++input=<the shards' "
-                            f"directory>, which reads the durations from the shards) and check the shards with "
-                            f"verify-shards.")
+                            f"The index does not describe the shard: regenerate it with the command that wrote it "
+                            f"(pack-shards into the same output_dir; make-datalist for Lhotse Shar and parquet "
+                            f"lists) and check the shards with verify-shards.")
         yield entry["path"], [float(v) for v in entry["durations"]]
 
 

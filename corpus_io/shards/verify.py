@@ -168,7 +168,8 @@ def _per_utterance_problems(url: str, recorded: Any, durations: list[float], key
     return [f"{url}: the index's durations differ from the audio for {len(wrong)} of {len(durations)} utterances "
             f"(more than {PER_UTTERANCE_TOLERANCE * 1000:g} ms), e.g. '{keys[i]}' (utterance {i + 1}): the index "
             f"says {recorded[i]!r} s, its audio lasts {durations[i]:.3f} s. The loader pads and buckets by these "
-            f"durations: rebuild the index (make-datalist ++input=<the shards' directory>)."]
+            f"durations: regenerate the index with the command that wrote it (pack-shards into the same output_dir; "
+            f"make-datalist for Lhotse Shar and parquet lists)."]
 
 
 def _duration(sample: dict) -> float | None:

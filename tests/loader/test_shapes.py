@@ -266,7 +266,7 @@ def test_bad_index_durations_are_one_data_error_naming_the_shard_entry(tmp_path,
         build_dataloader(str(data_list), _defaults(data_type="shard"), tok, train=True, rank=0, world_size=1)
     message = str(err.value)
     assert why in message and entries[1]["path"] in message and str(index) in message, message
-    assert f"entry 2 of {data_list}" in message and "make-datalist" in message
+    assert f"entry 2 of {data_list}" in message and "pack-shards" in message
 
 
 def test_a_top_edge_beyond_the_data_pads_to_the_longest_utterance(tmp_path):

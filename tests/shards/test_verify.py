@@ -118,5 +118,5 @@ def test_index_durations_that_differ_from_the_audio_fail_naming_the_utterance(pa
     index.write_text("".join(json.dumps(line) + "\n" for line in lines))
     message = _verify(packed)
     assert "the index's durations differ from the audio for 2 of 10 utterances" in message
-    assert lines[0]["keys"][i] in message and "make-datalist" in message
+    assert lines[0]["keys"][i] in message and "pack-shards" in message
     assert "2 ok, 1 failed" in capsys.readouterr().out
