@@ -319,9 +319,9 @@ def durations_problems(durations: Any, num_utts: int | None = None, *, total: fl
     if num_utts is not None and len(durations) != num_utts:
         problems.append(f"durations lists {len(durations)} values but num_utts is {num_utts}")
     if total is not None and abs(sum(durations) - total) > DURATION_TOLERANCE * max(1, len(durations)):
-        problems.append(f"durations sum to {sum(durations):.3f} s but the shard's duration is {total} s")
+        problems.append(f"duration is {total} s but durations sum to {sum(durations):.3f} s")
     if longest is not None and durations and abs(max(durations) - longest) > DURATION_TOLERANCE:
-        problems.append(f"the longest of durations is {max(durations)} s but max_duration is {longest} s")
+        problems.append(f"max_duration is {longest} s but the longest of durations is {max(durations)} s")
     return problems[:2]
 
 

@@ -243,7 +243,7 @@ def _indexed_shards(out: Path) -> tuple[Path, list[list[float]]]:
     (lambda d: d.__setitem__(3, -d[3]), "not a finite number of seconds >= 0"),
     (lambda d: d.__setitem__(3, str(d[3])), "durations[3] is"),
     (lambda d: d.pop(), "durations lists 7 values but num_utts is 8"),
-    (lambda d: d.__setitem__(slice(None), [1000 * x for x in d]), "durations sum to"),
+    (lambda d: d.__setitem__(slice(None), [1000 * x for x in d]), "but durations sum to"),
     (lambda d: d.clear() or d.append("missing"), "has no 'durations'"),
 ])
 def test_bad_index_durations_are_one_data_error_naming_the_shard_entry(tmp_path, edit, why):

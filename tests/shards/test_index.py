@@ -179,8 +179,8 @@ def test_a_list_over_http_finds_its_index_and_a_list_without_one_is_read_without
     (None, "durations is 'None', not a list of seconds"),
     ("1.0 1.0", "durations is '1.0 1.0', not a list of seconds"),
     ([1.0], "durations lists 1 values but num_utts is 2"),
-    ([1000.0, 1000.0], "durations sum to 2000.000 s but the shard's duration is 2.0 s"),
-    ([0.5, 1.5], "the longest of durations is 1.5 s but max_duration is 1.0 s"),
+    ([1000.0, 1000.0], "duration is 2.0 s but durations sum to 2000.000 s"),
+    ([0.5, 1.5], "max_duration is 1.0 s but the longest of durations is 1.5 s"),
 ])
 def test_an_index_entrys_durations_are_checked_like_its_other_fields(durations, why):
     from corpus_io.shards.index import index_entry_problems
