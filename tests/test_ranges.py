@@ -141,7 +141,8 @@ DROPS_ALL = {
     ("filter_conf.max_output_input_ratio", 1e-06): "filter.ratio_too_high",
 }
 #: the ends where reading rightly fails: a one-paragraph user error naming the key
-REFUSES = {("max_member_bytes", 1): "++dataset_conf.max_member_bytes"}  # every tar member is over a 1-byte cap
+REFUSES = {("max_member_bytes", 1): "++dataset_conf.max_member_bytes",  # every tar member is over a 1-byte cap
+           ("bucket_shares", 0.0): "dataset_conf.bucket_shares=[0.0] sums to 0, not 1"}  # one bucket, no share
 
 
 def _loader_settings(key: str, value) -> dict:
@@ -167,8 +168,8 @@ def _loader_settings(key: str, value) -> dict:
         settings.update(batch_type="token", batch_size=10 ** 8)  # the cap is what binds
     if leaf == "num_buckets":
         settings["bucketing"] = True
-    if leaf == "bucket_batch_size":
-        settings["bucket_edges"] = [60.0]  # one batch size per edge
+    if leaf in ("bucket_batch_size", "bucket_shares"):
+        settings["bucket_edges"] = [60.0]  # one batch size (share) per edge
     if leaf == "prefetch":
         settings["num_workers"] = 1
     if leaf == "max_member_bytes":

@@ -417,6 +417,29 @@ def _synced(samples: Iterable[dict], buckets: list[_Open], budgets: list[Budget]
             yield take(b, in_turn=False)
 
 
+#: counts of how utterances were batched (not drops): what each means
+BATCHING_COUNTS = {
+    "batch.above_top_edge": "above the top bucket edge (batched apart, padded to their own length)",
+    "batch.over_budget": "over the batch budget (batched alone)",
+    "batch.unsynced": "batches out of the bucket schedule",
+}
+
+
+def split_counts(counts: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """``(dropped, batched)``: a loader's counts split into what it dropped (or read again, or retried) and how it
+    batched utterances it kept (``batch.*``, :data:`BATCHING_COUNTS`): an utterance above the top edge is trained,
+    not dropped."""
+    batched = {k: v for k, v in counts.items() if k.startswith("batch.")}
+    return {k: v for k, v in counts.items() if k not in batched}, batched
+
+
+def describe_batched(batched: dict[str, int]) -> str:
+    """``batched: 3 above the top bucket edge (...)``, or empty when nothing was batched apart."""
+    if not batched:
+        return ""
+    return "batched: " + ", ".join(f"{v} {BATCHING_COUNTS.get(k, k)}" for k, v in sorted(batched.items()))
+
+
 def padding_ratio(source_lens: Sequence[int]) -> float:
     """Padding frames / all frames of the padded (B, T) tensor."""
     if not source_lens:
@@ -611,6 +634,7 @@ def mean_padding_ratio(batches: Iterable[list[dict]], lengths: Lengths = sample_
     return (padded - real) / padded if padded else 0.0
 
 
-__all__ = ["BATCH_TYPES", "Batch", "Budget", "batch", "batch_shape", "bucket_batch", "geometric_boundaries",
-           "mean_padding_ratio", "pad", "padding_ratio", "quantile_boundaries", "sample_lengths"]
+__all__ = ["BATCH_TYPES", "Batch", "Budget", "batch", "batch_shape", "bucket_batch", "describe_batched",
+           "geometric_boundaries", "mean_padding_ratio", "pad", "padding_ratio", "quantile_boundaries",
+           "sample_lengths", "split_counts"]
 

@@ -50,6 +50,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from corpus_io.config import DatasetConf, check_values
 from corpus_io.errors import ConfigError, CorpusIOError, DataError
 from corpus_io.loader import handover, profile
+from corpus_io.loader.batching import batch_shape, describe_batched, split_counts
 from corpus_io.loader.build import build_pipeline, continues_streams, describe_chain, loader_chain, read_options
 from corpus_io.loader.elastic import Carry, Resplit, carry_over, resplit, same_topology, utterances_left
 from corpus_io.loader.partition import Slot, SlotState, all_ranks_have_data, dist_info, gather_objects, ranks_with_data
@@ -288,9 +289,12 @@ class CorpusLoader:
                 self._every_rank_has_a_batch(False)  # the step the ranks that still have batches wait in
         if self._stopped is not None:  # every rank stopped at one step: the rest of the epoch goes first into the next
             self._report_stop(self.carry_rest())
-        if self._epoch_counts:
+        dropped, batched = split_counts(self._epoch_counts)
+        if dropped:
             log.info("epoch %d rank %d: dropped %s", self.epoch, self.rank,
-                     ", ".join(f"{k} {v}" for k, v in sorted(self._epoch_counts.items())))
+                     ", ".join(f"{k} {v}" for k, v in sorted(dropped.items())))
+        if batched:
+            log.info("epoch %d rank %d: %s", self.epoch, self.rank, describe_batched(batched))
 
     def profile(self) -> dict:
         """The last iteration's profile (``CORPUS_IO_LOADER_PROFILE=1``, see corpus_io.loader.profile):
@@ -585,12 +589,16 @@ def build_dataloader(data_list: str | None, dataset_conf: DatasetConf, tokenizer
                           f"per bucket, but dataset_conf.bucket_edges gives {len(edges)} "
                           f"edges. Give both lists, of the same length (edges in seconds, ascending), e.g. "
                           f"++dataset_conf.bucket_edges=[2,5,10,20] ++dataset_conf.bucket_batch_size=[96,48,24,12].")
+    from corpus_io.loader.shapes import check_shares
+
+    check_shares(dataset_conf)
     sources = open_sources(data_list, dataset_conf)
     if dataset_conf.bucketing:  # once, here: every rank and worker pads alike and takes the buckets in one order
         from corpus_io.loader.shapes import bucket_plan, describe
 
-        edges, shares = bucket_plan(sources, dataset_conf, read_options(dataset_conf), train=train)
-        dataset_conf = dataclasses.replace(dataset_conf, bucket_edges=edges, bucket_shares=shares)
+        plan = bucket_plan(sources, dataset_conf, read_options(dataset_conf), train=train)
+        dataset_conf = dataclasses.replace(dataset_conf, bucket_edges=plan.edges, bucket_shares=plan.shares,
+                                           bucket_batch_size=plan.sizes)
         if rank == 0:
             log.info("%s", describe(dataset_conf.bucket_edges))
     raw = [s for s in sources if s.data_type == "raw"]
@@ -687,7 +695,8 @@ def bench_loader(cfg: Any) -> dict:
         if world_size > 1:
             _barrier()
     if rank == 0:
-        print("loader chain:\n" + describe_chain(loader_chain(cfg.dataset_conf, tokenizer, train=cfg.train,
+        # the loader's own conf: the bucket edges (and shares) planned from the data, as the workers use them
+        print("loader chain:\n" + describe_chain(loader_chain(loader.conf, tokenizer, train=cfg.train,
                                                              dump_audio_dir=cfg.dump_audio_dir)),
               file=sys.stderr, flush=True)
     resumed_epoch = None
@@ -712,15 +721,17 @@ def bench_loader(cfg: Any) -> dict:
                              encoding="utf-8")
         utts = batches = 0
         seconds = padded = real = 0.0
+        widths: Counter = Counter()  # the padded tensors' lengths (what the GPU computes), batches of each
         start = time.perf_counter()
         for batch in loader:
             batches += 1
             consumed += 1
             utts += len(batch["keys"])
             seconds += batch["audio_seconds"]
-            lengths = batch["feats_lengths"]
-            padded += float(lengths.max()) * len(lengths)
-            real += float(lengths.sum())
+            width, rows_real, rows_padded = batch_shape(batch)  # the padded tensor, not each batch's longest
+            widths[width] += 1
+            padded += rows_padded
+            real += rows_real
             if keys_file is not None:
                 keys_file.write("".join(k + "\n" for k in batch["keys"]))
             if cfg.dump_audio_dir and "wav" in batch:  # feats_on=model: the waveforms as the front end mixes them
@@ -744,13 +755,16 @@ def bench_loader(cfg: Any) -> dict:
         row = {"epoch": epoch, "rank": rank, "utterances": utts, "batches": batches, "audio_seconds": seconds,
                "elapsed_s": elapsed, "utts_per_s": utts / elapsed if elapsed else 0.0,
                "audio_s_per_s": seconds / elapsed if elapsed else 0.0,
-               "padding_ratio": (padded - real) / padded if padded else 0.0, "dropped": counts}
+               "padding_ratio": (padded - real) / padded if padded else 0.0, "padded_lengths": len(widths)}
+        row["dropped"], row["batched"] = split_counts(counts)
         summary["epochs"].append(row)
         reread = counts.get("resume.reread", 0)  # read again to reach the checkpoint's position: not a drop
-        dropped = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "resume.reread") or "none"
+        dropped = ", ".join(f"{k} {v}" for k, v in sorted(row["dropped"].items()) if k != "resume.reread") or "none"
+        batched = describe_batched(row["batched"])
         print(f"epoch {epoch} rank {rank}: {utts} utterances, {batches} batches, {seconds:.1f} s of audio in "
               f"{elapsed:.2f} s: {row['utts_per_s']:.1f} utt/s, {row['audio_s_per_s']:.1f} audio-s/s, "
-              f"padding {100 * row['padding_ratio']:.1f}%, dropped: {dropped}"
+              f"padding {100 * row['padding_ratio']:.1f}% of the padded tensors, {len(widths)} padded lengths, "
+              f"dropped: {dropped}" + (f"; {batched}" if batched else "")
               + (f"; re-read after the resume: {reread} utterances" if epoch == resumed_epoch else ""), flush=True)
     if state_path is not None and not cfg.save_state_after:
         # the resumed run finished: the states are spent (rank 0 also removes those of ranks this run lacks)

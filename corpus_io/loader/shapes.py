@@ -20,11 +20,12 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 from corpus_io.config import DatasetConf
-from corpus_io.errors import DataError
+from corpus_io.errors import ConfigError, DataError
 from corpus_io.loader.read import ReadOptions, Source
 
 log = logging.getLogger("corpus_io.loader")
@@ -98,24 +99,30 @@ def duration_histogram(sources: list[Source], conf: DatasetConf, opts: ReadOptio
 
 def _durations(source: Source, conf: DatasetConf, opts: ReadOptions) -> Iterator[float]:
     if source.data_type == "shard":
-        from corpus_io.shards.index import index_durations
+        from corpus_io.shards.index import index_durations, index_path_for
 
-        options = conf.storage_options or None
-        every = list(_limited(index_durations(source.data_list, storage_options=options), len(source.urls)))
-        if every and all(len(d) == n for d, n in zip(every, source.num_utts or [])) and any(every):
-            for shard in every:
-                yield from shard
+        listed = set(source.urls)
+        found: dict[str, list[float] | None] = {}
+        for path, seconds in index_durations(source.data_list, storage_options=conf.storage_options or None,
+                                             listed=source.urls):
+            if path in listed:
+                found[path] = seconds
+        with_durations = [u for u in source.urls if found.get(u) is not None]
+        if with_durations and len(with_durations) == len(source.urls):
+            for url in source.urls:
+                yield from found[url]  # type: ignore[misc]
             return
-        yield from _first_shards(source, conf, opts)
+        lacking = next((u for u in source.urls if u in found and found[u] is None), None)
+        if with_durations and lacking is not None:
+            raise DataError(f"{index_path_for(source.data_list)}: the entry of shard {lacking} (entry "
+                            f"{source.urls.index(lacking) + 1} of {source.data_list}) has no 'durations', while "
+                            f"the entry of {with_durations[0]} has them: the bucket edges would come from a part of "
+                            f"the corpus. Regenerate the index with the command that wrote it (pack-shards into the "
+                            f"same output_dir; make-datalist for Lhotse Shar and parquet lists) so that every entry "
+                            f"records them.")
+        yield from _first_shards(source, conf, opts)  # an older index (no durations), or shards it does not list
         return
     yield from _first_raw(source, conf)
-
-
-def _limited(it: Iterable[list[float]], n: int) -> Iterator[list[float]]:
-    for i, item in enumerate(it):
-        if i >= n:
-            return
-        yield item
 
 
 def _first_shards(source: Source, conf: DatasetConf, opts: ReadOptions) -> Iterator[float]:
@@ -181,27 +188,59 @@ def _record_seconds(record: dict, header: Any) -> float | None:
     return float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
 
 
-def bucket_plan(sources: list[Source], conf: DatasetConf, opts: ReadOptions, *,
-                train: bool) -> tuple[list[float] | None, list[float] | None]:
-    """``(edges, shares)`` of a loader over ``sources``: the bucket edges (seconds, ascending; the user's, or
-    estimated: module doc) and each bucket's share of the utterances (for ``sync_buckets``; the user's, or from
-    the durations; None when unknown or not synced). ``(None, None)`` when bucketing is off or nothing could be
-    measured (the buckets then learn edges per worker)."""
+@dataclass
+class BucketPlan:
+    """A loader's buckets (:func:`bucket_plan`): ``edges`` (seconds, ascending; None: learnt per worker),
+    ``shares`` (each bucket's share of the utterances, for ``sync_buckets``; None: not synced), ``sizes`` (the
+    user's ``bucket_batch_size``, one per edge, or None) and ``longest`` (seconds: the longest utterance
+    measured, None when nothing was)."""
+
+    edges: list[float] | None = None
+    shares: list[float] | None = None
+    sizes: list[int] | None = None
+    longest: float | None = None
+
+
+def capped(edges: list[float], longest: float) -> int:
+    """How many of the ascending ``edges`` stay below ``longest`` (seconds): the edges at and above it are one
+    bucket, whose edge is ``longest`` (a batch is never padded beyond the longest utterance)."""
+    import bisect
+
+    return bisect.bisect_left(edges, longest - 1e-9)
+
+
+def bucket_plan(sources: list[Source], conf: DatasetConf, opts: ReadOptions, *, train: bool) -> BucketPlan:
+    """The buckets of a loader over ``sources`` (:class:`BucketPlan`): the edges (the user's, or estimated: module
+    doc) and each bucket's share of the utterances (the user's, or from the durations). A top edge above the
+    longest utterance measured (the index's durations, or the sampled ones; slowed by speed perturbation) becomes
+    that utterance's length: padding, and memory, stay bounded by the data whatever edge is given; the shares and
+    per-bucket batch sizes of the edges it replaces go to it. Empty when bucketing is off or nothing could be
+    measured for estimated edges (the buckets then learn edges per worker)."""
     if not conf.bucketing:
-        return None, None
+        return BucketPlan()
     given = sorted(float(e) for e in conf.bucket_edges) if conf.bucket_edges else None
-    need_hist = given is None or (conf.sync_buckets and not conf.bucket_shares)
-    hist = duration_histogram(sources, conf, opts, train=train) if need_hist else Counter()
+    hist = duration_histogram(sources, conf, opts, train=train)
+    longest = round(max(hist) * STEP, 2) if hist else None
     if given is None and not hist:
         log.warning("no utterance durations to estimate bucket edges from (no index durations, no readable "
                     "header): each loader worker estimates its own from its first samples, so batches take more "
                     "shapes. Pack the list with pack-shards, or give ++dataset_conf.bucket_edges=[...] (seconds).")
-        return None, None
+        return BucketPlan()
+    sizes = [int(x) for x in conf.bucket_batch_size] if conf.bucket_batch_size else None
+    shares = [float(x) for x in conf.bucket_shares] if conf.bucket_shares else None
+    if given is not None and longest is not None and capped(given, longest) < len(given):
+        keep = capped(given, longest)
+        if given[keep] > longest:
+            log.info("bucket edge %g s is above the longest utterance (%g s): its batches are padded to %g s, and "
+                     "the %d edge(s) above it are not used", given[keep], longest, longest, len(given) - keep - 1)
+        given = given[:keep] + [longest]
+        sizes = sizes[:keep + 1] if sizes else None
+        shares = shares[:keep] + [sum(shares[keep:])] if shares else None
     edges = given if given is not None else optimal_edges(hist, int(conf.num_buckets))
     if not conf.sync_buckets:
-        return edges, None
-    if conf.bucket_shares:
-        return edges, [float(x) for x in conf.bucket_shares]
+        return BucketPlan(edges, None, sizes, longest)
+    if shares:
+        return BucketPlan(edges, shares, sizes, longest)
     import bisect
 
     per_bucket = [0] * len(edges)
@@ -211,7 +250,30 @@ def bucket_plan(sources: list[Source], conf: DatasetConf, opts: ReadOptions, *,
             per_bucket[b] += count
     total = sum(per_bucket)
     shares = [n / total for n in per_bucket] if total else [1.0 / len(edges)] * len(edges)
-    return edges, [round(x, 6) for x in shares]
+    return BucketPlan(edges, [round(x, 6) for x in shares], sizes, longest)
+
+
+def check_shares(conf: DatasetConf) -> None:
+    """``dataset_conf.bucket_shares``: one per bucket edge, summing to 1 (a ConfigError naming the key otherwise;
+    each in [0, 1]: its ``range``); shares of estimated edges cannot be given, their number is not known in
+    advance."""
+    shares = list(conf.bucket_shares or ())
+    if not shares:
+        return
+    edges = list(conf.bucket_edges or ())
+    example = "e.g. ++dataset_conf.bucket_edges=[2,5,10,20] ++dataset_conf.bucket_shares=[0.1,0.4,0.3,0.2]"
+    if not edges:
+        raise ConfigError(f"dataset_conf.bucket_shares={shares} gives each bucket's share of the utterances, but "
+                          f"dataset_conf.bucket_edges is not given: the estimated edges are not known in advance "
+                          f"(there may be fewer than num_buckets). Give both lists, of the same length, {example}; "
+                          f"or drop bucket_shares (they are then measured with the edges).")
+    if len(shares) != len(edges):
+        raise ConfigError(f"dataset_conf.bucket_shares gives {len(shares)} shares, one per bucket, but "
+                          f"dataset_conf.bucket_edges gives {len(edges)} edges. Give both lists, of the same length, "
+                          f"{example}.")
+    if abs(sum(shares) - 1.0) > 1e-3:
+        raise ConfigError(f"dataset_conf.bucket_shares={shares} sums to {sum(shares):g}, not 1: they are the "
+                          f"buckets' shares of the utterances. Give shares that sum to 1, {example}.")
 
 
 def edge_frames(edges: list[float], conf: DatasetConf) -> list[int]:

@@ -290,7 +290,39 @@ def index_entry_problems(entry: dict) -> list[str]:
             problems.append("keys is not a list of non-empty strings")
         elif n is not None and len(keys) != n:
             problems.append(f"keys lists {len(keys)} keys but num_utts is {n}")
+    if "durations" in entry:
+        problems.extend(durations_problems(entry["durations"], n, total=total, longest=hi))
     return problems
+
+
+#: how far an index's ``durations`` (each rounded to 10 ms) may be from the audio, or from the entry's total and
+#: longest (rounded to 1 ms), per utterance: half a step of rounding each, and 1 ms for the other side's
+DURATION_TOLERANCE = 0.006
+
+
+def durations_problems(durations: Any, num_utts: int | None = None, *, total: float | None = None,
+                       longest: float | None = None) -> list[str]:
+    """What is wrong with an index entry's ``durations`` (each utterance's seconds, shard order): not a list, a
+    value that is not a finite number of seconds in ``[0, MAX_UTTERANCE_SECONDS]``, a count other than
+    ``num_utts``, a sum other than the entry's ``total`` (``duration``) or a largest value other than its
+    ``longest`` (``max_duration``), within :data:`DURATION_TOLERANCE` per utterance. The one check of the field:
+    the loader, verify-shards, pack-shards and merge-jobs use it. At most two problems (the first bad value)."""
+    if not isinstance(durations, list):
+        return [f"durations is {str(durations)[:80]!r}, not a list of seconds (one per utterance)"]
+    problems = []
+    for i, value in enumerate(durations):
+        number = _number(value, False)
+        if number is None or number < 0:
+            return [f"durations[{i}] is {str(value)[:80]!r}, not a finite number of seconds >= 0"]
+        if number > MAX_UTTERANCE_SECONDS:
+            return [f"durations[{i}] is {value!r} s, more than {MAX_UTTERANCE_SECONDS:g} s per utterance"]
+    if num_utts is not None and len(durations) != num_utts:
+        problems.append(f"durations lists {len(durations)} values but num_utts is {num_utts}")
+    if total is not None and abs(sum(durations) - total) > DURATION_TOLERANCE * max(1, len(durations)):
+        problems.append(f"duration is {total} s but durations sum to {sum(durations):.3f} s")
+    if longest is not None and durations and abs(max(durations) - longest) > DURATION_TOLERANCE:
+        problems.append(f"max_duration is {longest} s but the longest of durations is {max(durations)} s")
+    return problems[:2]
 
 
 def _index_dir(index_path: str | os.PathLike) -> str:
@@ -375,29 +407,39 @@ def _without_durations(raw: bytes) -> bytes:
     return raw if end < 0 else raw[:start] + raw[end + 1:]
 
 
-def index_durations(list_path: str | os.PathLike, *, storage_options: dict | None = None) -> Iterator[list[float]]:
-    """Each shard's utterance durations (seconds) from the index of ``list_path``, streamed one shard at a time;
-    nothing when there is no index, and an empty list for a shard whose entry has none (an older index)."""
+def index_durations(list_path: str | os.PathLike, *, storage_options: dict | None = None,
+                    listed: list[str] | None = None) -> Iterator[tuple[str, list[float] | None]]:
+    """``(shard path, its utterances' seconds)`` per entry of the index of ``list_path``, streamed one shard at a
+    time (None for an entry without ``durations``: an older index); nothing when there is no index. Each entry's
+    ``durations`` is checked (:func:`index_entry_problems`): a bad one is a DataError naming the index line, the
+    shard and (``listed``: the data.list's entries) its line in the list."""
     index = index_path_for(list_path)
-    f = _open_index(index if isinstance(index, Path) else index, storage_options)
+    f = _open_index(index, storage_options)
     if f is None:
         return
-    with f:
-        for lineno, raw in enumerate(f, 1):
-            start = raw.find(_DURATIONS_FIELD)
-            if start < 0:
-                yield []
-                continue
-            end = raw.find(b"]", start + len(_DURATIONS_FIELD))
-            try:
-                values = json.loads(raw[start + len(_DURATIONS_FIELD) - 1:end + 1])
-            except ValueError:
-                raise DataError(f"{index}:{lineno}: the 'durations' array is corrupt. Regenerate the index with "
-                                f"pack-shards or make-datalist.") from None
-            yield [float(v) for v in values]
+    where = {u: j for j, u in enumerate(listed or (), 1)}
+    for lineno, entry in _iter_index_lines(index, f, keys=False, durations=True):
+        if "durations" not in entry:
+            yield entry["path"], None
+            continue
+        problems = index_entry_problems(entry)
+        if problems:
+            entry_no = where.get(entry["path"])
+            in_list = f" (entry {entry_no} of {list_path})" if entry_no else ""
+            raise DataError(f"{index}:{lineno}: the index entry of shard {entry['path']}{in_list}: {problems[0]}. "
+                            f"The index does not describe the shard: regenerate it with the command that wrote it "
+                            f"(pack-shards into the same output_dir; make-datalist for Lhotse Shar and parquet "
+                            f"lists) and check the shards with verify-shards.")
+        yield entry["path"], [float(v) for v in entry["durations"]]
 
 
 def _iter_index_file(path: Path | str, f: IO[bytes], keys: bool) -> Iterator[dict]:
+    return (entry for _, entry in _iter_index_lines(path, f, keys=keys, durations=keys))
+
+
+def _iter_index_lines(path: Path | str, f: IO[bytes], *, keys: bool, durations: bool) -> Iterator[tuple[int, dict]]:
+    """``(line number, entry)`` of an index file, ``path`` resolved; ``keys``/``durations``: keep those arrays
+    (cut out before parsing otherwise)."""
     from corpus_io.storage.urls import beside
 
     local = isinstance(path, Path)
@@ -406,7 +448,8 @@ def _iter_index_file(path: Path | str, f: IO[bytes], keys: bool) -> Iterator[dic
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
-            entry = parse_json_object(raw if keys else _without_keys(_without_durations(raw)), f"{path}:{lineno}",
+            text = raw if keys else _without_keys(raw)
+            entry = parse_json_object(text if durations else _without_durations(text), f"{path}:{lineno}",
                                       "The index is corrupt: regenerate it with make-datalist or pack-shards.")
             if "path" not in entry and isinstance(entry.get("file"), str):
                 resolved = os.path.normpath(os.path.join(index_dir, entry["file"])) if local \
@@ -417,8 +460,9 @@ def _iter_index_file(path: Path | str, f: IO[bytes], keys: bool) -> Iterator[dic
                                 f"index's directory) field.")
             if not keys:
                 entry.pop("keys", None)
+            if not durations:
                 entry.pop("durations", None)
-            yield entry
+            yield lineno, entry
 
 
 def write_list_and_index(list_path: str | os.PathLike, entries: Iterable[dict], *,

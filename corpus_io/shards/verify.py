@@ -5,9 +5,10 @@ field); every ``.txt`` is UTF-8; every audio member decodes (soundfile); every s
 ``.npy`` member. Against the index sidecar, when there is one: its entry's own values are sane (finite,
 non-negative, ordered), and every field it records matches the shard: ``bytes``, ``sha256``,
 ``num_utts``, ``duration``/``min_duration``/``max_duration`` (from the audio headers, within
-rounding) and ``keys`` (the same keys in the same order). A list entry without an index entry, when a
-sidecar exists, is a problem too. Across the list, with or without an index: an entry naming a shard
-an earlier entry names (after URL normalisation), and a key two shards hold (from the members read).
+rounding), ``durations`` (each utterance's, within 10 ms) and ``keys`` (the same keys in the same
+order). A list entry without an index entry, when a sidecar exists, is a problem too. Across the list,
+with or without an index: an entry naming a shard an earlier entry names (after URL normalisation), and
+a key two shards hold (from the members read).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from corpus_io.errors import DataError, redact
 from corpus_io.jobs import parts as jobs
 from corpus_io.shards.format import legacy_member_name, safe_member_name, split_member
 from corpus_io.shards.index import (
+    durations_problems,
     find_repeated_keys,
     index_entry_problems,
     index_path_for,
@@ -144,8 +146,30 @@ def verify_one(task: VerifyTask) -> VerifyResult:
             problems.append(f"{task.url}: {result.num_utts} samples, the index says {entry['num_utts']}.")
         problems.extend(_index_keys_problems(task.url, entry.get("keys"), keys))
         if None not in durations:
-            problems.extend(_duration_problems(task.url, entry, durations))
+            problems.extend(_duration_problems(task.url, entry, durations))  # type: ignore[arg-type]
+            problems.extend(_per_utterance_problems(task.url, entry.get("durations"), durations, keys))
     return result
+
+
+#: how far an index's ``durations`` value may be from the audio header's (seconds): they are rounded to 10 ms
+PER_UTTERANCE_TOLERANCE = 0.01
+
+
+def _per_utterance_problems(url: str, recorded: Any, durations: list[float], keys: list[str]) -> list[str]:
+    """The index's ``durations`` (each utterance's seconds: the loader's bucket edges and padding come from them)
+    against the samples' audio headers, one by one, within :data:`PER_UTTERANCE_TOLERANCE`."""
+    if not isinstance(recorded, list) or len(recorded) != len(durations) or durations_problems(recorded):
+        return []  # not a list of that many seconds: index_entry_problems says so
+    wrong = [i for i, (r, d) in enumerate(zip(recorded, durations)) if abs(float(r) - d) > PER_UTTERANCE_TOLERANCE
+             + 1e-6]
+    if not wrong:
+        return []
+    i = wrong[0]
+    return [f"{url}: the index's durations differ from the audio for {len(wrong)} of {len(durations)} utterances "
+            f"(more than {PER_UTTERANCE_TOLERANCE * 1000:g} ms), e.g. '{keys[i]}' (utterance {i + 1}): the index "
+            f"says {recorded[i]!r} s, its audio lasts {durations[i]:.3f} s. The loader pads and buckets by these "
+            f"durations: regenerate the index with the command that wrote it (pack-shards into the same output_dir; "
+            f"make-datalist for Lhotse Shar and parquet lists)."]
 
 
 def _duration(sample: dict) -> float | None:

@@ -256,3 +256,37 @@ def test_a_save_missing_a_ranks_state_is_a_config_error_naming_the_rank(small, t
     with pytest.raises(ConfigError, match=r"saved by 2 ranks, but the states of rank\(s\) 1 are missing"):
         bench(*small, f"++state_file={state}")
     assert (tmp_path / "state.json.rank0").is_file()  # kept
+
+
+def test_bench_loader_reports_the_padded_tensors_padding_its_lengths_and_the_edges_it_pads_to(small, capsys):
+    """The padding is the padded tensors' (every row to its bucket's edge), not each batch's longest utterance;
+    the count of distinct padded lengths is reported; the printed chain shows the planned edges; utterances above
+    the top edge are reported as batched apart, not as dropped."""
+    from collections import Counter
+
+    from corpus_io.loader.batching import batch_shape
+
+    data_list, tokens = small
+    edges = "++dataset_conf.bucket_edges=[1.5,3.0]"
+    summary = bench(data_list, tokens, edges, "++dataset_conf.num_workers=0")
+    row = summary["epochs"][0]
+    out, err = capsys.readouterr()
+    cfg = compose(BenchLoaderConfig, "bench_loader", [f"++data_list={data_list}", f"++tokenizer.token_list={tokens}",
+                                                      "++dataset_conf.batch_size=8", edges,
+                                                      "++dataset_conf.num_workers=0"])
+    from corpus_io.loader.dataset import build_dataloader
+
+    loader = build_dataloader(str(data_list), cfg.dataset_conf, None, train=True, rank=0, world_size=1)
+    widths, real, padded, longest_padded = Counter(), 0, 0, 0
+    for batch in loader:
+        width, rows_real, rows_padded = batch_shape(batch)
+        widths[width] += 1
+        real += rows_real
+        padded += rows_padded
+        longest_padded += int(batch["feats_lengths"].max()) * len(batch["keys"])
+    assert row["padding_ratio"] == pytest.approx(1 - real / padded) and padded > longest_padded
+    assert row["padded_lengths"] == len(widths) and f"{len(widths)} padded lengths" in out
+    assert "pad_to_edge=True" in err and "boundaries=None" not in err
+    above = row["batched"].get("batch.above_top_edge", 0)
+    assert above > 0 and not any(k.startswith("batch.") for k in row["dropped"])
+    assert f"{above} above the top bucket edge" in out and "dropped: none" in out

@@ -151,7 +151,10 @@ def test_each_bucket_takes_its_own_batch_size(corpus):
     loader.set_epoch(0)
     from corpus_io.loader.shapes import edge_frames
 
-    width_of = dict(zip(edge_frames(edges, conf), sizes))
+    # the top edge, above the corpus's longest segment, pads to that segment instead, with its batch size
+    planned = loader.conf.bucket_edges
+    assert planned[:3] == edges[:3] and 3.0 < planned[3] < 10.0 and loader.conf.bucket_batch_size == sizes
+    width_of = dict(zip(edge_frames(planned, conf), sizes))
     full: Counter = Counter()
     got = []
     for batch in loader:
@@ -213,3 +216,88 @@ def test_synchronised_buckets_on_two_gloo_ranks_step_together_read_each_key_once
             assert len(apart) < 0.25 * steps
             unused = sum(r["counts"].get("uneven_ranks.unused", 0) for r in ranks)
             assert len(got) + unused == len(keys) or epoch > 0, (out, epoch, len(got), unused)
+
+
+def _indexed_shards(out: Path) -> tuple[Path, list[list[float]]]:
+    """The fixture corpus as 3 shards of 8 whose index records each utterance's ``durations``, as pack-shards does;
+    returns (data.list, the durations per shard)."""
+    from corpus_io.shards.index import index_path_for
+    from tests.loader_data import make_shards
+
+    data_list, _ = make_shards(out, per_shard=8)
+    index = index_path_for(data_list)
+    utts = fixture_utts()
+    entries, every = [], []
+    for n, line in enumerate(index.read_text().splitlines()):
+        entry = json.loads(line)
+        every.append([round(sf.info(path).duration, 2) for _, path, _ in utts[8 * n:8 * n + 8]])
+        entries.append({**entry, "durations": every[-1]})
+    index.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    return data_list, every
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda d: d.__setitem__(3, "NaN"), "durations[3] is 'nan'"),
+    (lambda d: d.__setitem__(3, "Infinity"), "durations[3] is 'inf'"),
+    (lambda d: d.__setitem__(3, None), "durations[3] is 'None'"),
+    (lambda d: d.__setitem__(3, -d[3]), "not a finite number of seconds >= 0"),
+    (lambda d: d.__setitem__(3, str(d[3])), "durations[3] is"),
+    (lambda d: d.pop(), "durations lists 7 values but num_utts is 8"),
+    (lambda d: d.__setitem__(slice(None), [1000 * x for x in d]), "but durations sum to"),
+    (lambda d: d.clear() or d.append("missing"), "has no 'durations'"),
+])
+def test_bad_index_durations_are_one_data_error_naming_the_shard_entry(tmp_path, edit, why):
+    """The loader reads the index's durations for its bucket edges: a value that is not one utterance's seconds, a
+    wrong count or an entry without them (beside entries with them) is a DataError naming the index line, the shard
+    and its list entry, not a traceback or edges from wrong numbers."""
+    from corpus_io.errors import DataError
+    from corpus_io.shards.index import index_path_for
+
+    data_list, _ = _indexed_shards(tmp_path / "c")
+    index = index_path_for(data_list)
+    entries = [json.loads(line) for line in index.read_text().splitlines()]
+    edit(entries[1]["durations"])
+    if entries[1]["durations"] == ["missing"]:
+        del entries[1]["durations"]
+    text = "".join(json.dumps(e) + "\n" for e in entries).replace('"NaN"', "NaN").replace('"Infinity"', "Infinity")
+    index.write_text(text)
+    tok = build_tokenizer(token_list(tmp_path))
+    with pytest.raises(DataError) as err:
+        build_dataloader(str(data_list), _defaults(data_type="shard"), tok, train=True, rank=0, world_size=1)
+    message = str(err.value)
+    assert why in message and entries[1]["path"] in message and str(index) in message, message
+    assert f"entry 2 of {data_list}" in message and "pack-shards" in message
+
+
+def test_a_top_edge_beyond_the_data_pads_to_the_longest_utterance(tmp_path):
+    """bucket_edges above every utterance (up to the documented 86400 s) pad to the longest utterance, not to the
+    edge: memory is bounded by the data. Every utterance is still read once."""
+    data_list, every = _indexed_shards(tmp_path / "c")
+    tok = build_tokenizer(token_list(tmp_path))
+    longest = max(max(d) for d in every)
+    huge = build_dataloader(str(data_list), _defaults(data_type="shard", bucket_edges=[86400.0]), tok, train=True,
+                            rank=0, world_size=1)
+    assert huge.conf.bucket_edges == [longest]  # planned, no batch read
+    conf = _defaults(data_type="shard", bucket_edges=[1.0, 600.0], bucket_batch_size=[8, 4], num_workers=0)
+    loader = build_dataloader(str(data_list), conf, tok, train=True, rank=0, world_size=1)
+    assert loader.conf.bucket_edges == [1.0, longest] and loader.conf.bucket_batch_size == [8, 4]
+    widths, padding, keys = _epoch_shapes(loader)
+    frames = max(int(round(100 * x)) for d in every for x in d)
+    assert max(widths) <= frames + 1, sorted(widths)  # 600 s would be 60,000 frames
+    assert sorted(keys) == sorted(k for k, _, _ in fixture_utts()) and padding < 0.5
+
+
+@pytest.mark.parametrize("shares, edges, why", [
+    ([0.5, 0.5], [2.0, 5.0, 10.0], "gives 2 shares, one per bucket, but dataset_conf.bucket_edges gives 3 edges"),
+    ([0.5, 0.3, 0.1], [2.0, 5.0, 10.0], "sums to 0.9, not 1"),
+    ([1.5, -0.5], [2.0, 5.0], "bucket_shares[0]=1.5 is outside its range [0, 1]"),  # config/checks.py's range
+    ([0.5, 0.5], None, "dataset_conf.bucket_edges is not given"),
+])
+def test_bucket_shares_that_do_not_fit_the_edges_are_a_config_error_naming_the_key(corpus, shares, edges, why):
+    from corpus_io.errors import ConfigError
+
+    data_list, _, tok = corpus
+    with pytest.raises(ConfigError, match="dataset_conf.bucket_shares") as err:
+        build_dataloader(str(data_list), _defaults(bucket_shares=shares, bucket_edges=edges), tok, train=True, rank=0,
+                         world_size=1)
+    assert why in str(err.value)

@@ -244,6 +244,7 @@ def test_a_shard_holding_fewer_utterances_than_its_index_says_is_named_or_counte
     index = shards / "index.jsonl"
     lines = [json.loads(x) for x in index.read_text().splitlines()]
     lines[2]["num_utts"], lines[2]["keys"] = 5, lines[2]["keys"] + ["invented"]  # the shard holds 4
+    lines[2]["durations"].append(0.0)  # an index consistent in itself (one duration per utterance it counts)
     index.write_text("".join(json.dumps(x) + "\n" for x in lines))
     before = {p.name: p.read_bytes() for p in shards.iterdir()}
     result = run_cli("corpus-io", "export", f"++input={shards / 'data.list'}", f"++output_dir={tmp_path / 'o'}",

@@ -168,3 +168,25 @@ def test_a_list_over_http_finds_its_index_and_a_list_without_one_is_read_without
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("durations, why", [
+    ([1.0, float("nan")], "durations[1] is 'nan', not a finite number"),
+    ([float("inf"), 1.0], "durations[0] is 'inf', not a finite number"),
+    ([1.0, None], "durations[1] is 'None', not a finite number"),
+    ([1.0, -1.0], "durations[1] is '-1.0', not a finite number of seconds >= 0"),
+    ([1.0, "1.0"], "durations[1] is '1.0', not a finite number"),
+    (None, "durations is 'None', not a list of seconds"),
+    ("1.0 1.0", "durations is '1.0 1.0', not a list of seconds"),
+    ([1.0], "durations lists 1 values but num_utts is 2"),
+    ([1000.0, 1000.0], "duration is 2.0 s but durations sum to 2000.000 s"),
+    ([0.5, 1.5], "max_duration is 1.0 s but the longest of durations is 1.5 s"),
+])
+def test_an_index_entrys_durations_are_checked_like_its_other_fields(durations, why):
+    from corpus_io.shards.index import index_entry_problems
+
+    entry = {"num_utts": 2, "duration": 2.0, "min_duration": 1.0, "max_duration": 1.0, "durations": durations}
+    problems = index_entry_problems(entry)
+    assert problems and why in problems[0], problems
+    assert index_entry_problems({**entry, "durations": [1.0, 1.0]}) == []
+    assert index_entry_problems({**entry, "durations": [1.004, 0.995]}) == []  # the 10 ms rounding of pack-shards

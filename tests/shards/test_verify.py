@@ -101,3 +101,22 @@ def test_an_index_without_keys_says_repeats_across_shards_are_not_checked(tmp_pa
     result = run_cli("corpus-io", "verify-shards", f"++input={data_list}", "++decode_audio=false")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "records no utterance keys" in result.stderr and "from the shards' members instead" in result.stderr
+
+
+def test_index_durations_that_differ_from_the_audio_fail_naming_the_utterance(packed, capsys):
+    """Each utterance's ``durations`` value against its audio header (within 10 ms), not only their sum and
+    extremes: two values swapped keep the total, minimum and maximum."""
+    import json
+
+    from corpus_io.shards.index import index_path_for
+
+    index = index_path_for(packed / "data.list")
+    lines = [json.loads(line) for line in index.read_text().splitlines()]
+    durations = lines[0]["durations"]
+    i, j = min(range(len(durations)), key=durations.__getitem__), max(range(len(durations)), key=durations.__getitem__)
+    durations[i], durations[j] = durations[j], durations[i]
+    index.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    message = _verify(packed)
+    assert "the index's durations differ from the audio for 2 of 10 utterances" in message
+    assert lines[0]["keys"][i] in message and "pack-shards" in message
+    assert "2 ok, 1 failed" in capsys.readouterr().out
