@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import signal
 import sys
 from collections import Counter
@@ -13,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.loader.dataset import build_dataloader
+from corpus_io.loader.dataset import WorkerStartTimeout, build_dataloader
 from corpus_io.loader.partition import SlotState
 from corpus_io.tokenizer import build_tokenizer
-from tests.conftest import REPO, hang_limit, run_bounded
+from tests.conftest import REPO, free_port, hang_limit, run_bounded
 from tests.loader_data import (
     epoch_keys,
     fixture_utts,
@@ -440,6 +441,38 @@ def test_a_worker_stuck_past_batch_timeout_fails_naming_rank_and_worker(tmp_path
     message = str(err.value)
     assert "rank 0: DataLoader worker 0 of 1 sent no batch for 3 s" in message
     assert "dataset_conf.batch_timeout" in message
+
+
+def test_a_worker_that_has_not_started_within_worker_start_timeout_fails_naming_rank_loader_and_epoch(shards):
+    data_list, _, tok = shards
+    # a spawned worker is a fresh interpreter: it cannot import torch in 50 ms, so it has not started by then
+    conf = small_conf(num_workers=1, worker_start_method="spawn", worker_start_timeout=0.05)
+    loader = build_dataloader(str(data_list), conf, tok, train=True, rank=1, world_size=2)
+    loader.set_epoch(3)
+    with pytest.raises(WorkerStartTimeout) as err:
+        list(loader)
+    message = str(err.value)
+    assert message.startswith("rank 1: the train loader in epoch 3: DataLoader worker 0 of 1 (pid ")
+    assert "did not start within 0.05 s (dataset_conf.worker_start_timeout)" in message
+    assert "worker_start_method=spawn" in message and "\n" not in message
+
+
+@pytest.mark.slow
+def test_the_cv_loader_starts_100_times_on_2_gloo_ranks_beside_tensorboard_and_a_train_loaders_threads(tmp_path):
+    """Issue 47: the cv worker forked from a rank with these threads alive hung at a random epoch (17 to 97)."""
+    cv_list, _ = make_shards(tmp_path / "cv", per_shard=1, utts=fixture_utts()[:2])  # one utterance per rank
+    train_list, _ = make_shards(tmp_path / "train", copies=2, per_shard=8)
+    tokens = token_list(tmp_path).token_list
+    epochs = 100
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(REPO / "tests" / "threaded_ranks.py"), str(train_list), str(cv_list), tokens, str(tmp_path / "tb"),
+           str(epochs), "--hang-s", f"{hang_limit(60):.0f}"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), CORPUS_IO_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+    result = run_bounded(cmd, 600, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    for rank in range(2):
+        assert f"rank {rank}: started the cv loader {epochs} times, 1 utterances each" in result.stdout
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*")), "rank 0's TensorBoard writer wrote nothing"
 
 
 @pytest.mark.parametrize("num_workers, data_type", [(0, "shard"), (2, "shard"), (2, "raw")])
