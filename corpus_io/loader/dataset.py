@@ -445,17 +445,16 @@ class CorpusLoader:
                 method = self.conf.worker_start_method
                 pid = f" (pid {proc.pid})" if proc is not None else ""
                 if exited:
-                    why = (f"exited with code {proc.exitcode} before it started (its own error, if any, is printed "
-                           f"above)")
+                    why = f"exited with code {proc.exitcode} before it started (its own error, if any, is above)"
                 else:
                     why = (f"did not start within {bound:g} s (dataset_conf.worker_start_timeout): its process was "
-                           f"created, started with dataset_conf.worker_start_method={method}, and never ran")
+                           f"created (dataset_conf.worker_start_method={method}) and never ran")
+                fork = ("A fork of a process with threads (TensorBoard, gloo, DataLoader queues) can wait forever on a "
+                        "lock one of them held: use the default ++dataset_conf.worker_start_method=forkserver. "
+                        if method == "fork" else "")
                 raise WorkerStartTimeout(
                     f"rank {self.rank}: the {self.describe()}: DataLoader worker {w} of {self.num_workers}{pid} "
-                    f"{why}. " + ("A process with threads (TensorBoard, gloo, DataLoader queues) that forks can leave "
-                                  "the copy waiting forever on a lock: use the default "
-                                  "++dataset_conf.worker_start_method=forkserver. " if method == "fork" else "") +
-                    f"On a machine this loaded, raise ++dataset_conf.worker_start_timeout; with "
+                    f"{why}. {fork}On a machine this loaded, raise ++dataset_conf.worker_start_timeout; with "
                     f"++dataset_conf.num_workers=0 the loader runs in the training process.")
 
     def _guarded(self, batches: Any) -> Iterator[dict]:

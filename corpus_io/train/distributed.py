@@ -240,8 +240,9 @@ class PeerStop:
             return
         self._done.set()  # this rank reports its own error: the watcher leaves it alone
         self.store.set(self.KEY, f"{self.ctx.rank}\n{message}")
+        self.store.add(self.KEY + "/told", 1)  # every rank that said it: this one, peers that printed or stopped too
         deadline = time.monotonic() + self.ack_s
-        while self.store.add(self.KEY + "/told", 0) < self.ctx.world_size - 1 and time.monotonic() < deadline:
+        while self.store.add(self.KEY + "/told", 0) < self.ctx.world_size and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def close(self) -> None:

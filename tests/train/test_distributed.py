@@ -79,3 +79,20 @@ def test_a_rank_waiting_in_a_collective_says_why_a_peer_stopped_and_exits_before
     assert ("error: rank 1 stops because rank 0 did: rank 0: the cv loader in the validation of epoch 7: "
             "DataLoader worker 0 of 1 did not start.") in result.stderr
     assert "left a collective" not in result.stdout and "gloo" not in result.stderr.lower()
+
+
+
+def test_train_whose_loader_workers_cannot_start_in_time_stops_every_rank_with_one_paragraph(corpus, tmp_path):
+    from tests.train.conftest import run_train, torchrun_cmd
+
+    # a spawned worker is a fresh interpreter: it cannot import torch within 50 ms
+    cmd = torchrun_cmd(tmp_path / "exp", corpus, "++dataset_conf.num_workers=1", "++train_conf.max_epoch=1",
+                       "++dataset_conf.worker_start_method=spawn", "++dataset_conf.worker_start_timeout=0.05")
+    result = run_train(cmd, timeout=120)  # a rank left waiting for a collective would wait 600 s: a hang
+    assert result.returncode != 0
+    for rank in range(2):
+        assert (f"error: rank {rank}: the train loader in epoch 0: DataLoader worker 0 of 1 (pid ") in result.stderr
+    assert result.stderr.count("did not start within 0.05 s (dataset_conf.worker_start_timeout)") == 2
+    frames = [line for line in result.stderr.splitlines() if line.lstrip().startswith('File "')]
+    assert not [f for f in frames if "corpus_io" in f], frames  # the ranks' own: torchrun's report has its own
+    assert not [m for m in ("third_party/gloo", "Connection closed by peer", "Timed out waiting") if m in result.stderr]
