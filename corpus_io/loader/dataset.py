@@ -42,6 +42,7 @@ import multiprocessing
 import os
 import pickle
 import sys
+import threading
 import time
 from collections import Counter
 from typing import Any, Iterator
@@ -116,12 +117,29 @@ class _WorkerStart:
     def __init__(self, started: list, environ: dict | None):
         self.started = started
         self.environ = environ
+        self.main_pid = os.getpid()
 
     def __call__(self, worker: int) -> None:
         if self.environ is not None and self.environ != os.environ:
             os.environ.clear()
             os.environ.update(self.environ)
+        if os.getppid() != self.main_pid:
+            threading.Thread(target=_exit_when_gone, args=(self.main_pid,), daemon=True).start()
         self.started[worker].set()
+
+
+def _exit_when_gone(main_pid: int, interval: float = 1.0) -> None:
+    """A worker not forked by its main process (forkserver, spawn) ends when that process is gone (kill -9).
+    torch's worker watches only its parent, here the forkserver, which lives as long as a worker holds its
+    alive pipe: without this, the workers of a killed rank and their forkserver would live on, forever."""
+    while True:
+        time.sleep(interval)
+        try:
+            os.kill(main_pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:  # the pid was reused by another user's process: ours is gone
+            os._exit(0)
 
 
 def check_uneven(uneven: str) -> None:
