@@ -134,12 +134,25 @@ def _exit_when_gone(main_pid: int, interval: float = 1.0) -> None:
     alive pipe: without this, the workers of a killed rank and their forkserver would live on, forever."""
     while True:
         time.sleep(interval)
+        if not _running(main_pid):
+            os._exit(0)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: a killed process its parent has not reaped yet (a zombie) does not."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel whether the pid exists
         try:
-            os.kill(main_pid, 0)
+            os.kill(pid, 0)
         except ProcessLookupError:
-            os._exit(0)
+            return False
         except PermissionError:  # the pid was reused by another user's process: ours is gone
-            os._exit(0)
+            return False
+        return True
 
 
 def check_uneven(uneven: str) -> None:

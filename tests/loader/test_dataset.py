@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -624,3 +625,45 @@ def test_raw_waveform_batches_hold_exactly_the_decoded_float_samples(shards, num
             assert torch.equal(row[:n, 0], torch.from_numpy(wave)) and not row[n:].any(), key
             seen += 1
     assert seen >= 4
+
+
+_KILLED_RANK = """
+import json, os, signal, sys
+from corpus_io.config import TokenizerConf
+from corpus_io.loader.dataset import build_dataloader
+from corpus_io.tokenizer import build_tokenizer
+from tests.loader_data import small_conf
+
+if __name__ == "__main__":
+    tok = build_tokenizer(TokenizerConf(**json.loads(sys.argv[2])))
+    loader = build_dataloader(sys.argv[1], small_conf(num_workers=2), tok, train=True, rank=0, world_size=1)
+    loader.set_epoch(0)
+    batches = iter(loader)
+    next(batches)  # the workers run while the epoch does
+    import psutil
+    print(" ".join(str(p.pid) for p in psutil.Process().children(recursive=True)), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_processs_forkserver_workers_and_forkserver_end_with_it(shards, tmp_path):
+    """kill -9 of a rank: torch's worker watches only its parent, which with the forkserver is the forkserver; it
+    lived on while a worker held its alive pipe, so the killed rank's workers and forkserver never ended."""
+    import psutil
+
+    data_list, _, tok = shards
+    script = tmp_path / "killed_rank.py"
+    script.write_text(_KILLED_RANK)
+    tok_conf = {"type": tok.conf.type, "token_list": tok.conf.token_list}
+    result = run_bounded([sys.executable, str(script), str(data_list), json.dumps(tok_conf)], 120,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    pids = [int(p) for p in result.stdout.split()]
+    assert len(pids) >= 3, result.stdout  # the forkserver, its 2 workers (and the resource tracker)
+    deadline = time.monotonic() + hang_limit(20)
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.5)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    assert not alive, f"processes of the killed process still alive: {alive}"
