@@ -23,7 +23,7 @@ import sys
 from array import array
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from corpus_io.config import MakeTokenizerConfig, TokenizerConf, require
 from corpus_io.errors import ConfigError, CorpusIOError, DataError
@@ -117,6 +117,12 @@ class Tokenizer:
         self.sos_eos_id = self.ids.get(SOS_EOS, len(symbols) - 1)
         self.num_tokens = 0
         self.num_unknown = 0
+        self._rebuild: tuple | None = None  # (symbols, conf, where) of a tokenizer build_tokenizer made
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        if self._rebuild is None:  # a split of the caller's own: pickled as it is (a closure cannot be)
+            return super().__reduce_ex__(protocol)
+        return _of_conf, self._rebuild
 
     @property
     def vocab_size(self) -> int:
@@ -227,16 +233,25 @@ def build_tokenizer(conf: TokenizerConf) -> Tokenizer:
     else:
         raise ConfigError(f"tokenizer.token_list is required for tokenizer.type={conf.type}. Build one with "
                           f"'corpus-io make-tokenizer ++input=train.jsonl ++output=tokens.txt'.")
-    where = conf.token_list or str(conf.bpe_model)
+    return _of_conf(symbols, conf, conf.token_list or str(conf.bpe_model), sp)
+
+
+def _of_conf(symbols: list[str], conf: TokenizerConf, where: str, sp: Any = None) -> Tokenizer:
+    """The tokenizer of ``conf`` over ``symbols``; also how a pickled one is rebuilt (a DataLoader worker started
+    from a forkserver or spawned: its split and join functions are closures, rebuilt here from ``conf``)."""
     if conf.type == "char":
-        return Tokenizer(symbols, char_split(conf.latin_unit, conf.space), conf, where=where,
-                         join=_join_letters(conf.space) if conf.latin_unit == "letter" else None)
-    if conf.type == "word":
-        return Tokenizer(symbols, word_split(), conf, where=where)
-    if conf.type == "bpe":
-        return Tokenizer(symbols, lambda text: sp.encode(text, out_type=str) if text else [], conf, where=where,
-                         join=lambda pieces: sp.decode_pieces(pieces))
-    raise ConfigError(f"tokenizer.type is '{conf.type}'; it must be char, bpe or word.")
+        tok = Tokenizer(symbols, char_split(conf.latin_unit, conf.space), conf, where=where,
+                        join=_join_letters(conf.space) if conf.latin_unit == "letter" else None)
+    elif conf.type == "word":
+        tok = Tokenizer(symbols, word_split(), conf, where=where)
+    elif conf.type == "bpe":
+        sp = sp if sp is not None else _load_sentencepiece(conf.bpe_model)
+        tok = Tokenizer(symbols, lambda text: sp.encode(text, out_type=str) if text else [], conf, where=where,
+                        join=lambda pieces: sp.decode_pieces(pieces))
+    else:
+        raise ConfigError(f"tokenizer.type is '{conf.type}'; it must be char, bpe or word.")
+    tok._rebuild = (symbols, conf, where)
+    return tok
 
 
 # --------------------------------------------------------------------------- make-tokenizer

@@ -198,6 +198,14 @@ class DatasetConf:
     batch_timeout: float = opt(1800.0, "longest wait for the next batch of a DataLoader worker; past it the rank "
                                        "fails naming the rank and worker (0: wait forever)", unit="seconds",
                                range="[0, 604800]")
+    worker_start_method: str = opt("forkserver", "how DataLoader workers start: forkserver (forked from one helper "
+                                                 "process without threads: safe beside TensorBoard's and gloo's "
+                                                 "threads, cheap), spawn (a fresh interpreter each), fork (a copy "
+                                                 "of this process: can deadlock when it has threads)",
+                                   choices=("forkserver", "spawn", "fork"))
+    worker_start_timeout: float = opt(120.0, "longest wait for a DataLoader worker to start; past it the rank fails "
+                                             "naming rank, loader and epoch (every rank of a training says it)",
+                                      unit="seconds", range="(0, 86400]")
     pin_memory: Optional[bool] = opt(None, "pin batches in page-locked memory; default (null): on when training on "
                                            "CUDA")
     on_error: str = on_error_opt("a corrupt shard/member or an unreachable URL: fail, or skip and count it")

@@ -50,7 +50,8 @@ FUNASR_KEYS: Dict[str, FunasrKey] = {
     "dataset_conf.buffer_size": FunasrKey(note="FunASR never reads it either; see shuffle_conf.shuffle_size"),
     "dataset_conf.batch_size_scale_ratio_max": FunasrKey(note="batch sizes follow batch_type/batch_size"),
     "dataset_conf.rank_split": FunasrKey(note="every rank and worker reads its exact share of every epoch"),
-    "dataset_conf.persistent_workers": FunasrKey(note="workers are kept for the whole run"),
+    "dataset_conf.persistent_workers": FunasrKey(note="each epoch starts its workers from a forkserver, cheaply "
+                                                      "(dataset_conf.worker_start_method)"),
     "dataset_conf.preprocessor_speech": FunasrKey(  # SpeechPreprocessSpeedPerturb: _funasr_speed_perturb
         note="no other FunASR preprocessor runs here; for speed perturbation set dataset_conf.speed_perturb=true",
         honoured=_off),

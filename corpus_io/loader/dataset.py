@@ -38,8 +38,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import multiprocessing
+import os
 import pickle
 import sys
+import threading
 import time
 from collections import Counter
 from typing import Any, Iterator
@@ -60,12 +63,97 @@ from corpus_io.storage.progress import may_start_processes
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CorpusDataset", "CorpusLoader", "build_dataloader", "all_ranks_have_data"]
+__all__ = ["CorpusDataset", "CorpusLoader", "WorkerStartTimeout", "build_dataloader", "all_ranks_have_data"]
 
 STATE_VERSION = 1
 
 #: what the loader does when DDP ranks run out of batches at different steps (see the module doc)
 UNEVEN_CHOICES = ("stop", "error", "allow")
+
+
+class WorkerStartTimeout(DataError):
+    """A DataLoader worker did not start within ``dataset_conf.worker_start_timeout`` (or exited before it did).
+    ``train`` says it on every rank (corpus_io.train.distributed.PeerStop), not only on this one."""
+
+
+#: imported once in the forkserver, before it forks a worker: a worker's start is then a fork and an unpickling
+_FORKSERVER_PRELOAD = ["__main__", "torch", "numpy.random", "multiprocessing.queues", "multiprocessing.synchronize",
+                       "corpus_io.tokenizer", "corpus_io.loader.dataset", "corpus_io.loader.stages",
+                       "corpus_io.loader.waveaug", "corpus_io.loader.shapes", "corpus_io.shards.kinds",
+                       "corpus_io.shards.reader", "corpus_io.tables.shar", "corpus_io.audio.features"]
+_preloaded = False
+
+
+def worker_context(method: str) -> Any:
+    """The multiprocessing context DataLoader workers start with (``dataset_conf.worker_start_method``).
+
+    The default, forkserver, never forks this process: its workers are forked from one helper process started
+    (fork + exec) at the first use, which runs no threads. A fork of a process whose other threads hold a lock
+    (TensorBoard's writer, a DataLoader queue's feeder, gloo's, an OpenMP pool, fsspec's loop) can leave the child
+    waiting forever for it before it runs a line of Python: the hang of issue 47, a cv worker stuck in
+    ``Popen._launch`` at a random epoch."""
+    global _preloaded
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver" and not _preloaded:
+        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD + _main_imports())  # ignored once the forkserver runs
+        _preloaded = True
+    return ctx
+
+
+def _main_imports() -> list[str]:
+    """The modules the main script took its functions from (``corpus-io``: ``cli.main``). Each worker runs the main
+    script again (as ``__mp_main__``), and Python 3.11's forkserver never preloads it (it looks for a
+    ``main_path`` its preparation data calls ``init_main_from_path``): preloaded, what it imports is already there
+    (a worker's start: 0.1 s instead of 0.5 s with the CLI's imports)."""
+    main = sys.modules.get("__main__")
+    names = {getattr(value, "__module__", None) for value in vars(main).values() if callable(value)} if main else set()
+    return sorted(n for n in names if isinstance(n, str) and n not in ("__main__", "builtins") and n in sys.modules)
+
+
+class _WorkerStart:
+    """The DataLoader's ``worker_init_fn``: the worker says it started (the main process waits for it, bounded);
+    from a forkserver it first takes the main process's environment as of now, as a forked worker would (the
+    forkserver's is the one of the first loader's start)."""
+
+    def __init__(self, started: list, environ: dict | None):
+        self.started = started
+        self.environ = environ
+        self.main_pid = os.getpid()
+
+    def __call__(self, worker: int) -> None:
+        if self.environ is not None and self.environ != os.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+        if os.getppid() != self.main_pid:
+            threading.Thread(target=_exit_when_gone, args=(self.main_pid,), daemon=True).start()
+        self.started[worker].set()
+
+
+def _exit_when_gone(main_pid: int, interval: float = 1.0) -> None:
+    """A worker not forked by its main process (forkserver, spawn) ends when that process is gone (kill -9).
+    torch's worker watches only its parent, here the forkserver, which lives as long as a worker holds its
+    alive pipe: without this, the workers of a killed rank and their forkserver would live on, forever."""
+    while True:
+        time.sleep(interval)
+        if not _running(main_pid):
+            os._exit(0)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: a killed process its parent has not reaped yet (a zombie) does not."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # the pid was reused by another user's process: ours is gone
+            return False
+        return True
 
 
 def check_uneven(uneven: str) -> None:
@@ -193,6 +281,8 @@ class CorpusLoader:
         self._counts: Counter = Counter()
         self._epoch_counts: Counter = Counter()
         self._batches = 0
+        #: what the loader is called in a message (the trainer names its cv loader's validation)
+        self.what = ""
 
     @property
     def world_size(self) -> int:
@@ -254,8 +344,17 @@ class CorpusLoader:
             kwargs["prefetch_factor"] = max(1, int(self.conf.prefetch))
         if self.num_workers > 0 and self.conf.batch_timeout > 0:
             kwargs["timeout"] = float(self.conf.batch_timeout)
+        started: list = []
+        if self.num_workers > 0:
+            method = self.conf.worker_start_method
+            ctx = worker_context(method)
+            started = [ctx.Event() for _ in range(self.num_workers)]
+            kwargs["multiprocessing_context"] = ctx
+            kwargs["worker_init_fn"] = _WorkerStart(started, dict(os.environ) if method == "forkserver" else None)
         in_step = self.uneven != "allow" and self.world_size > 1
-        batches = self._guarded(iter(DataLoader(self.dataset, **kwargs)))
+        workers = iter(DataLoader(self.dataset, **kwargs))
+        self._await_start(workers, started)
+        batches = self._guarded(workers)
         receiver = handover.Receiver()
         prof = profile.Profile() if profile.enabled() else None  # the main process's side
         if prof is not None:
@@ -369,6 +468,41 @@ class CorpusLoader:
             self._epoch_counts["uneven_ranks.carried"] += carry.per_rank[self.rank]
             self._counts["uneven_ranks.carried"] += carry.per_rank[self.rank]
         return carry
+
+    def describe(self) -> str:
+        """This loader in a message: what the trainer named it, else its kind and epoch."""
+        return self.what or f"{'train' if self.dataset.train else 'cv/test'} loader in epoch {self.epoch}"
+
+    def _await_start(self, workers: Any, started: list) -> None:
+        """Wait until every DataLoader worker ran its ``worker_init_fn``, at most ``worker_start_timeout`` seconds:
+        a worker that never starts fails this rank in one paragraph instead of a silent wait for its first batch
+        (``batch_timeout``) or in a collective of the other ranks (``train_conf.timeout_s``)."""
+        if not started:
+            return
+        bound = float(self.conf.worker_start_timeout)
+        deadline = time.monotonic() + bound
+        procs = list(getattr(workers, "_workers", []))
+        for w, event in enumerate(started):
+            while not event.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
+                proc = procs[w] if w < len(procs) else None
+                exited = proc is not None and proc.exitcode is not None
+                if not exited and time.monotonic() < deadline:
+                    continue
+                workers._shutdown_workers()
+                method = self.conf.worker_start_method
+                pid = f" (pid {proc.pid})" if proc is not None else ""
+                if exited:
+                    why = f"exited with code {proc.exitcode} before it started (its own error, if any, is above)"
+                else:
+                    why = (f"did not start within {bound:g} s (dataset_conf.worker_start_timeout): its process was "
+                           f"created (dataset_conf.worker_start_method={method}) and never ran")
+                fork = ("A fork of a process with threads (TensorBoard, gloo, DataLoader queues) can wait forever on a "
+                        "lock one of them held: use the default ++dataset_conf.worker_start_method=forkserver. "
+                        if method == "fork" else "")
+                raise WorkerStartTimeout(
+                    f"rank {self.rank}: the {self.describe()}: DataLoader worker {w} of {self.num_workers}{pid} "
+                    f"{why}. {fork}On a machine this loaded, raise ++dataset_conf.worker_start_timeout; with "
+                    f"++dataset_conf.num_workers=0 the loader runs in the training process.")
 
     def _guarded(self, batches: Any) -> Iterator[dict]:
         """The DataLoader's batches; a worker silent past ``batch_timeout`` fails this rank naming it (else a

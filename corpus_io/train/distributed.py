@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,3 +213,54 @@ class LauncherWatch:
                                f"crashed), so this rank stops at {where} instead of training on alone, beside a "
                                f"rerun. {output_dir} holds the last checkpoint: rerun the same torchrun command "
                                f"to resume from it.")
+
+
+class PeerStop:
+    """One rank's failure said on every rank. A rank that stops on an error the others cannot see (its DataLoader
+    worker never started) :meth:`publish`\\ es its paragraph to the process group's store; a daemon thread on every
+    rank checks the store once per ``poll_s``, and a rank that finds a peer's paragraph prints it and exits at once
+    (it may be waiting in a collective that will never complete: without this it would sit there until
+    ``train_conf.timeout_s`` and end with gloo's traceback). The publisher waits (at most ``ack_s``) until every
+    peer said it, then raises its own error as usual."""
+
+    KEY = "corpus_io/peer_stop"
+
+    def __init__(self, ctx: DistContext, poll_s: float = 1.0, ack_s: float = 10.0) -> None:
+        import threading
+
+        self.ctx, self.poll_s, self.ack_s = ctx, poll_s, ack_s
+        self.store = dist.distributed_c10d._get_default_store() if ctx.distributed else None
+        self._done = threading.Event()
+        if self.store is not None:
+            threading.Thread(target=self._watch, name="corpus-io-peer-stop", daemon=True).start()
+
+    def publish(self, message: str) -> None:
+        """Tell the other ranks why this rank stops; returns once they said it (or after ``ack_s``)."""
+        if self.store is None:
+            return
+        self._done.set()  # this rank reports its own error: the watcher leaves it alone
+        self.store.set(self.KEY, f"{self.ctx.rank}\n{message}")
+        self.store.add(self.KEY + "/told", 1)  # every rank that said it: this one, peers that printed or stopped too
+        deadline = time.monotonic() + self.ack_s
+        while self.store.add(self.KEY + "/told", 0) < self.ctx.world_size and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.poll_s):
+            try:
+                if not self.store.check([self.KEY]):
+                    continue
+                rank, message = self.store.get(self.KEY).decode("utf-8", "replace").split("\n", 1)
+            except Exception:  # the store is gone: the run is ending anyway
+                return
+            if self._done.is_set() or int(rank) == self.ctx.rank:
+                return
+            sys.stderr.write(f"error: rank {self.ctx.rank} stops because rank {rank} did: {message}\n")
+            sys.stderr.flush()
+            try:
+                self.store.add(self.KEY + "/told", 1)
+            finally:
+                os._exit(CorpusIOError.exit_code)

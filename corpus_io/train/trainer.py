@@ -49,6 +49,7 @@ from corpus_io.train.distributed import (
     DistContext,
     LauncherGone,
     LauncherWatch,
+    PeerStop,
     all_gather_object,
     all_reduce_sum,
     average_gradients,
@@ -574,6 +575,7 @@ class Trainer:
         """cv loss and greedy token accuracy; each rank scores its split, the sums are all-reduced."""
         self.module.eval()
         self.cv_loader.set_epoch(0)
+        self.cv_loader.what = f"cv loader in the validation of epoch {self.epoch}"
         meter = Meter()
         # the bare module, not DDP: ranks' cv splits differ in batches, and DDP's forward broadcasts buffers (each
         # rank's extra batch would wait for the others forever)
@@ -770,6 +772,7 @@ def _absolute_paths(section: Any, *keys: str) -> None:
 def train(cfg: Any) -> None:
     """``corpus-io train``: one process, or one per rank under torchrun (env://)."""
     from corpus_io.config import require, resolve_intervals
+    from corpus_io.loader.dataset import WorkerStartTimeout
 
     require(cfg, "output_dir")
     refuse_remote_output(cfg.output_dir, "++output_dir", "train")
@@ -779,10 +782,14 @@ def train(cfg: Any) -> None:
     resolve_intervals(cfg.train_conf)
     ctx = init_distributed(cfg.train_conf.device, cfg.train_conf.timeout_s)
     launcher = LauncherWatch()
+    peers = PeerStop(ctx)
     try:
         start = prepare(cfg, ctx)  # init_param: read (or refused on every rank) before any file is written
         Trainer(cfg, ctx, start).run()
     except LauncherGone:
+        raise
+    except WorkerStartTimeout as exc:  # the other ranks wait in a collective: they say it too, and stop now
+        peers.publish(str(exc))
         raise
     except Exception as exc:
         if not launcher.gone():
@@ -793,4 +800,5 @@ def train(cfg: Any) -> None:
                            f"saw it first). {cfg.output_dir} holds the last checkpoint: rerun the same torchrun "
                            f"command to resume from it.") from None
     finally:
+        peers.close()
         cleanup()

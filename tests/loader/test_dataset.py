@@ -5,18 +5,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import signal
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.loader.dataset import build_dataloader
+from corpus_io.loader.dataset import WorkerStartTimeout, build_dataloader
 from corpus_io.loader.partition import SlotState
 from corpus_io.tokenizer import build_tokenizer
-from tests.conftest import REPO, hang_limit, run_bounded
+from tests.conftest import REPO, free_port, hang_limit, run_bounded
 from tests.loader_data import (
     epoch_keys,
     fixture_utts,
@@ -442,6 +444,38 @@ def test_a_worker_stuck_past_batch_timeout_fails_naming_rank_and_worker(tmp_path
     assert "dataset_conf.batch_timeout" in message
 
 
+def test_a_worker_that_has_not_started_within_worker_start_timeout_fails_naming_rank_loader_and_epoch(shards):
+    data_list, _, tok = shards
+    # a spawned worker is a fresh interpreter: it cannot import torch in 50 ms, so it has not started by then
+    conf = small_conf(num_workers=1, worker_start_method="spawn", worker_start_timeout=0.05)
+    loader = build_dataloader(str(data_list), conf, tok, train=True, rank=1, world_size=2)
+    loader.set_epoch(3)
+    with pytest.raises(WorkerStartTimeout) as err:
+        list(loader)
+    message = str(err.value)
+    assert message.startswith("rank 1: the train loader in epoch 3: DataLoader worker 0 of 1 (pid ")
+    assert "did not start within 0.05 s (dataset_conf.worker_start_timeout)" in message
+    assert "worker_start_method=spawn" in message and "\n" not in message
+
+
+@pytest.mark.slow
+def test_the_cv_loader_starts_100_times_on_2_gloo_ranks_beside_tensorboard_and_a_train_loaders_threads(tmp_path):
+    """Issue 47: the cv worker forked from a rank with these threads alive hung at a random epoch (17 to 97)."""
+    cv_list, _ = make_shards(tmp_path / "cv", per_shard=1, utts=fixture_utts()[:2])  # one utterance per rank
+    train_list, _ = make_shards(tmp_path / "train", copies=2, per_shard=8)
+    tokens = token_list(tmp_path).token_list
+    epochs = 100
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(REPO / "tests" / "threaded_ranks.py"), str(train_list), str(cv_list), tokens, str(tmp_path / "tb"),
+           str(epochs), "--hang-s", f"{hang_limit(60):.0f}"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), CORPUS_IO_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+    result = run_bounded(cmd, 600, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    for rank in range(2):
+        assert f"rank {rank}: started the cv loader {epochs} times, 1 utterances each" in result.stdout
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*")), "rank 0's TensorBoard writer wrote nothing"
+
+
 @pytest.mark.parametrize("num_workers, data_type", [(0, "shard"), (2, "shard"), (2, "raw")])
 def test_what_a_rank_leaves_unused_is_counted_from_its_state_without_reading(shards, tmp_path, num_workers,
                                                                              data_type):
@@ -591,3 +625,45 @@ def test_raw_waveform_batches_hold_exactly_the_decoded_float_samples(shards, num
             assert torch.equal(row[:n, 0], torch.from_numpy(wave)) and not row[n:].any(), key
             seen += 1
     assert seen >= 4
+
+
+_KILLED_RANK = """
+import json, os, signal, sys
+from corpus_io.config import TokenizerConf
+from corpus_io.loader.dataset import build_dataloader
+from corpus_io.tokenizer import build_tokenizer
+from tests.loader_data import small_conf
+
+if __name__ == "__main__":
+    tok = build_tokenizer(TokenizerConf(**json.loads(sys.argv[2])))
+    loader = build_dataloader(sys.argv[1], small_conf(num_workers=2), tok, train=True, rank=0, world_size=1)
+    loader.set_epoch(0)
+    batches = iter(loader)
+    next(batches)  # the workers run while the epoch does
+    import psutil
+    print(" ".join(str(p.pid) for p in psutil.Process().children(recursive=True)), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_processs_forkserver_workers_and_forkserver_end_with_it(shards, tmp_path):
+    """kill -9 of a rank: torch's worker watches only its parent, which with the forkserver is the forkserver; it
+    lived on while a worker held its alive pipe, so the killed rank's workers and forkserver never ended."""
+    import psutil
+
+    data_list, _, tok = shards
+    script = tmp_path / "killed_rank.py"
+    script.write_text(_KILLED_RANK)
+    tok_conf = {"type": tok.conf.type, "token_list": tok.conf.token_list}
+    result = run_bounded([sys.executable, str(script), str(data_list), json.dumps(tok_conf)], 120,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    pids = [int(p) for p in result.stdout.split()]
+    assert len(pids) >= 3, result.stdout  # the forkserver, its 2 workers (and the resource tracker)
+    deadline = time.monotonic() + hang_limit(20)
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.5)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    assert not alive, f"processes of the killed process still alive: {alive}"

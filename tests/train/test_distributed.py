@@ -49,3 +49,50 @@ def test_a_rendezvous_port_in_use_under_srun_says_so_and_what_to_set(monkeypatch
             init_distributed("cpu", timeout_s=60)
     assert f"rank 0: port {port} on 127.0.0.1 is in use" in str(err.value)
     assert "MASTER_PORT=N" in str(err.value)
+
+
+_PEER_STOP = """
+import sys, torch, torch.distributed as dist
+from corpus_io.train.distributed import PeerStop, init_distributed
+ctx = init_distributed("cpu", 600)
+peers = PeerStop(ctx, poll_s=0.2)
+if ctx.rank == 0:  # its cv worker never started: rank 1 waits for it in the validation's all-reduce
+    peers.publish("rank 0: the cv loader in the validation of epoch 7: DataLoader worker 0 of 1 did not start.")
+    sys.exit(2)
+dist.all_reduce(torch.zeros(1))  # rank 0 never joins it
+print("rank 1 left a collective rank 0 never joined", flush=True)
+"""
+
+
+def test_a_rank_waiting_in_a_collective_says_why_a_peer_stopped_and_exits_before_the_collective_timeout():
+    import os
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import REPO, free_port, run_bounded
+
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}",
+           "--no-python", sys.executable, "-c", _PEER_STOP]
+    # the collective's timeout is 600 s: run_bounded fails the test as hung long before it
+    result = run_bounded(cmd, 60, env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"))
+    assert result.returncode != 0
+    assert ("error: rank 1 stops because rank 0 did: rank 0: the cv loader in the validation of epoch 7: "
+            "DataLoader worker 0 of 1 did not start.") in result.stderr
+    assert "left a collective" not in result.stdout and "gloo" not in result.stderr.lower()
+
+
+
+def test_train_whose_loader_workers_cannot_start_in_time_stops_every_rank_with_one_paragraph(corpus, tmp_path):
+    from tests.train.conftest import run_train, torchrun_cmd
+
+    # a spawned worker is a fresh interpreter: it cannot import torch within 50 ms
+    cmd = torchrun_cmd(tmp_path / "exp", corpus, "++dataset_conf.num_workers=1", "++train_conf.max_epoch=1",
+                       "++dataset_conf.worker_start_method=spawn", "++dataset_conf.worker_start_timeout=0.05")
+    result = run_train(cmd, timeout=120)  # a rank left waiting for a collective would wait 600 s: a hang
+    assert result.returncode != 0
+    for rank in range(2):
+        assert (f"error: rank {rank}: the train loader in epoch 0: DataLoader worker 0 of 1 (pid ") in result.stderr
+    assert result.stderr.count("did not start within 0.05 s (dataset_conf.worker_start_timeout)") == 2
+    frames = [line for line in result.stderr.splitlines() if line.lstrip().startswith('File "')]
+    assert not [f for f in frames if "corpus_io" in f], frames  # the ranks' own: torchrun's report has its own
+    assert not [m for m in ("third_party/gloo", "Connection closed by peer", "Timed out waiting") if m in result.stderr]
