@@ -82,9 +82,10 @@ def split_of(url: str) -> str:
     return m.group(1) if m else name.removesuffix(".parquet")
 
 
-def parquet_files(spec: str, storage_options: dict | None = None) -> list[str]:
+def parquet_files(spec: str, storage_options: dict | None = None, listed: Iterable[str] | None = None) -> list[str]:
     """The parquet files of an input, sorted: the file, a directory's files (one split only: a directory with
-    several is refused with the globs that pick one), or a glob's matches (local or on object storage)."""
+    several is refused with the globs that pick one), or a glob's matches (local or on object storage).
+    ``listed``: a local directory's parquet files when the caller has walked it (input detection walks it once)."""
     spec = str(spec)
     if urls.is_remote(spec):
         if not glob.has_magic(spec):
@@ -93,8 +94,8 @@ def parquet_files(spec: str, storage_options: dict | None = None) -> list[str]:
         proto = spec.split("://", 1)[0]
         found = sorted(f"{proto}://{p}" for p in fs.glob(path) if p.endswith(".parquet"))
     elif os.path.isdir(spec):
-        found = sorted(os.path.join(root, f) for root, _, files in os.walk(spec) for f in files
-                       if f.endswith(".parquet"))
+        found = sorted(listed if listed is not None else (os.path.join(root, f) for root, _, files in os.walk(spec)
+                                                           for f in files if f.endswith(".parquet")))
         splits = sorted({split_of(f) for f in found})
         if len(splits) > 1:
             rel = [os.path.relpath(f, spec) for f in found]
@@ -402,11 +403,11 @@ class ParquetInput:
     order, each group's rows permuted: memory stays one row group)."""
 
     def __init__(self, spec: str, columns: dict | None = None, storage_options: dict | None = None, *,
-                 skip: type = tuple, inline: bool = True):
+                 skip: type = tuple, inline: bool = True, listed: Iterable[str] | None = None):
         self.skip = skip  # the type of a row left out: inputs.Skip(reason, where, key, detail) (given: no circle)
         self.inline = inline  # records hold the audio bytes; else a locator that read_audio reads (pack's workers)
         self.spec = str(spec)
-        self.urls = parquet_files(self.spec, storage_options)
+        self.urls = parquet_files(self.spec, storage_options, listed)  # listed: what input detection found
         self.columns = dict(columns or {})
         self.storage_options = storage_options
         self.kind = KIND
