@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from corpus_io.errors import DataError
-from corpus_io.keys import duplicate_hashes, first_repeat, key_hash, one_token
+from corpus_io.keys import first_repeated_key, key_hash, one_token
 from corpus_io.shards.format import SHARD_SUFFIXES, safe_member_name
 from corpus_io.storage.urls import is_remote
 
@@ -127,14 +127,12 @@ class ShardInput:
             self.counted_by.append(by)
             self.identities.append(_identity(url, entry))
             hashes.extend(key_hash(k) for k in keys)
-        wanted = duplicate_hashes(hashes)
-        if wanted:
-            repeat = first_repeat(self._keyed(), wanted)
-            if repeat:
-                key, first, second = repeat
-                raise DataError(f"key '{key}' is held twice: at {first} and at {second}. Keys must be unique, or "
-                                f"the export would hold the utterance twice; drop one of the shards (or re-pack "
-                                f"with unique keys). Nothing was written.")
+        repeat = first_repeated_key(hashes, self._keyed)
+        if repeat:
+            key, first, second = repeat
+            raise DataError(f"key '{key}' is held twice: at {first} and at {second}. Keys must be unique, or "
+                            f"the export would hold the utterance twice; drop one of the shards (or re-pack "
+                            f"with unique keys). Nothing was written.")
         return sum(self.counts)
 
     def _read_keys(self, url: str) -> list[str]:

@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.keys import first_repeated_key
 from corpus_io.storage.files import MAX_INFLATED_BYTES, UTF8_BOM, bounded_lines, copy_inflated, parse_json_object
 from corpus_io.tables import kaldi
 from corpus_io.tables.cuts import _SAME_TIME, Skip, _join_texts, _lhotse_span, _number, _utterance
@@ -282,15 +283,13 @@ class Input:
                         self.linenos.append(lineno)
                     hashes.append(kaldi.key_hash(key))
                 offset += len(raw)
-        wanted = kaldi.duplicate_hashes(hashes)
-        if wanted:
-            repeat = kaldi.first_repeat(self.keys(), wanted)
-            if repeat:
-                key, first, second = repeat
-                hint = (" NeMo lines without 'key' are named by the audio file name (and offset): add a 'key' "
-                        "field to tell them apart." if self.kind == "nemo" else "")
-                raise DataError(f"duplicate key '{key}' in {self.name}: at {first} and {second}. Keys must be "
-                                f"unique; remove or rename one.{hint}")
+        repeat = first_repeated_key(hashes, self.keys)
+        if repeat:
+            key, first, second = repeat
+            hint = (" NeMo lines without 'key' are named by the audio file name (and offset): add a 'key' "
+                    "field to tell them apart." if self.kind == "nemo" else "")
+            raise DataError(f"duplicate key '{key}' in {self.name}: at {first} and {second}. Keys must be "
+                            f"unique; remove or rename one.{hint}")
         return len(hashes) if check_keys else len(self.offsets)
 
     def keys(self) -> Iterator[tuple[str, str]]:
@@ -699,10 +698,7 @@ def iter_records(path: str | os.PathLike | TypedInput, *, skip: Callable[[Skip],
 def raise_if_duplicate_keys(paths: list[str], hashes: Any) -> None:
     """A DataError naming both places of a key repeated across the inputs ``paths`` (read in order), given the
     :func:`kaldi.key_hash` of every key; the inputs are re-read only when two hashes match."""
-    wanted = kaldi.duplicate_hashes(hashes)
-    if not wanted:
-        return
-    repeat = kaldi.first_repeat((pair for path in paths for pair in open_input(path).keys()), wanted)
+    repeat = first_repeated_key(hashes, lambda: (pair for path in paths for pair in open_input(path).keys()))
     if repeat:
         key, first, second = repeat
         raise DataError(f"duplicate key '{key}': at {first} and {second}. Keys must be unique across the inputs; "

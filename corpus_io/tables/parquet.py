@@ -41,7 +41,7 @@ import numpy as np
 
 from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.keys import duplicate_hashes, first_repeat, key_hash, one_token
+from corpus_io.keys import first_repeated_key, key_hash, one_token
 from corpus_io.storage import urls
 
 log = logging.getLogger(__name__)
@@ -427,14 +427,12 @@ class ParquetInput:
         if not check_keys:
             return sum(self.reader(u).num_rows for u in self.urls)
         hashes = np.fromiter((key_hash(k) for k, _ in self.keys()), dtype=np.int64)
-        wanted = duplicate_hashes(hashes)
-        if wanted:
-            repeat = first_repeat(self.keys(), wanted)
-            if repeat:
-                key, first, second = repeat
-                raise DataError(f"duplicate key '{key}' in {self.spec}: at {first} and {second}. Keys must be "
-                                f"unique; name the key column ({_NAME_IT}columns.key=<column>) if another column holds "
-                                f"unique ids.")
+        repeat = first_repeated_key(hashes, self.keys)
+        if repeat:
+            key, first, second = repeat
+            raise DataError(f"duplicate key '{key}' in {self.spec}: at {first} and {second}. Keys must be "
+                            f"unique; name the key column ({_NAME_IT}columns.key=<column>) if another column holds "
+                            f"unique ids.")
         return len(hashes)
 
     def keys(self) -> Iterator[tuple[str, str]]:
