@@ -127,8 +127,7 @@ class ShardInput:
             self.counted_by.append(by)
             self.identities.append(_identity(url, entry))
             hashes.extend(key_hash(k) for k in keys)
-        repeat = first_repeated_key(hashes, self._keyed)
-        if repeat:
+        if repeat := first_repeated_key(hashes, self._keyed):
             key, first, second = repeat
             raise DataError(f"key '{key}' is held twice: at {first} and at {second}. Keys must be unique, or "
                             f"the export would hold the utterance twice; drop one of the shards (or re-pack "

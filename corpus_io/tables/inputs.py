@@ -283,8 +283,7 @@ class Input:
                         self.linenos.append(lineno)
                     hashes.append(kaldi.key_hash(key))
                 offset += len(raw)
-        repeat = first_repeated_key(hashes, self.keys)
-        if repeat:
+        if repeat := first_repeated_key(hashes, self.keys):
             key, first, second = repeat
             hint = (" NeMo lines without 'key' are named by the audio file name (and offset): add a 'key' "
                     "field to tell them apart." if self.kind == "nemo" else "")
@@ -698,8 +697,7 @@ def iter_records(path: str | os.PathLike | TypedInput, *, skip: Callable[[Skip],
 def raise_if_duplicate_keys(paths: list[str], hashes: Any) -> None:
     """A DataError naming both places of a key repeated across the inputs ``paths`` (read in order), given the
     :func:`kaldi.key_hash` of every key; the inputs are re-read only when two hashes match."""
-    repeat = first_repeated_key(hashes, lambda: (pair for path in paths for pair in open_input(path).keys()))
-    if repeat:
+    if repeat := first_repeated_key(hashes, lambda: (pair for path in paths for pair in open_input(path).keys())):
         key, first, second = repeat
         raise DataError(f"duplicate key '{key}': at {first} and {second}. Keys must be unique across the inputs; "
                         f"remove or rename one (e.g. a corpus prefix).")

@@ -427,8 +427,7 @@ class ParquetInput:
         if not check_keys:
             return sum(self.reader(u).num_rows for u in self.urls)
         hashes = np.fromiter((key_hash(k) for k, _ in self.keys()), dtype=np.int64)
-        repeat = first_repeated_key(hashes, self.keys)
-        if repeat:
+        if repeat := first_repeated_key(hashes, self.keys):
             key, first, second = repeat
             raise DataError(f"duplicate key '{key}' in {self.spec}: at {first} and {second}. Keys must be "
                             f"unique; name the key column ({_NAME_IT}columns.key=<column>) if another column holds "
