@@ -47,21 +47,22 @@ class Piece:
     identity: tuple = ()  # what changes when the shard does (its index entry, or a local file's size and mtime)
 
 
-def is_shard_input(path: str) -> bool:
+def is_shard_input(path: str, tree: list | None = None) -> bool:
     """Whether ``path`` names packed shards (see the module docstring) rather than an input of
     :func:`corpus_io.tables.inputs.open_input` (a manifest, a Kaldi dir, a Lhotse Shar, parquet files): decided by
-    names and a file's first line, no shard is opened."""
+    names and a file's first line, no shard is opened. ``tree``: the directory's
+    :func:`corpus_io.tables.inputs.walk_once` (then not listed again)."""
     from corpus_io.tables import parquet, shar
 
-    if parquet.is_parquet(path) or shar.is_shar_cuts(path):
+    if parquet.is_parquet(path, tree) or shar.is_shar_cuts(path):
         return False
     if is_remote(path):
         return not path.endswith("/")  # a list or a shard URL (a Shar prefix ends with '/')
     if path.endswith(SHARD_SUFFIXES):
         return os.path.isfile(path)
     if os.path.isdir(path):
-        names = os.listdir(path)
-        if any(n in _KALDI_FILES for n in names) or shar.shar_input_shards(path) is not None:
+        names = sorted(tree[0][1] + tree[0][2]) if tree else sorted(os.listdir(path))
+        if any(n in _KALDI_FILES for n in names) or shar.shar_input_shards(path, names) is not None:
             return False
         return "data.list" in names or any(n.endswith(SHARD_SUFFIXES) for n in names)
     if not os.path.isfile(path) or path.endswith((".gz", ".json", ".jsonl")):

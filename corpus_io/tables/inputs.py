@@ -591,9 +591,13 @@ class TypedInput:
     split: str | None = None
 
 
-def _walked(path: str) -> list[tuple[str, list[str], list[str]]] | None:
-    """The whole ``os.walk`` of a local directory (its one walk), or None for anything else, or a directory that
-    cannot be listed (the check that lists it again then says why)."""
+Walk = list[tuple[str, list[str], list[str]]]
+
+
+def walk_once(path: str) -> Walk | None:
+    """The whole ``os.walk`` of a local directory (its one walk in a command: pass it to whatever else looks at
+    the directory), or None for anything else, or a directory that cannot be listed (the check that lists it
+    again then says why)."""
     from corpus_io.storage.urls import is_remote
 
     if is_remote(path) or not os.path.isdir(path):
@@ -601,19 +605,19 @@ def _walked(path: str) -> list[tuple[str, list[str], list[str]]] | None:
     return list(os.walk(path)) or None
 
 
-def resolve_input(path: str | os.PathLike | TypedInput) -> TypedInput:
-    """The :class:`TypedInput` of ``path``: its kind by its content (a directory walked once); a DataError says
-    what is accepted. Given a TypedInput, that one (decided already)."""
+def resolve_input(path: str | os.PathLike | TypedInput, tree: Walk | None = None) -> TypedInput:
+    """The :class:`TypedInput` of ``path``: its kind by its content (a directory walked once; ``tree``: its
+    :func:`walk_once` when the caller has it); a DataError says what is accepted. Given a TypedInput, that one
+    (decided already)."""
     from corpus_io.tables import parquet, shar
 
     if isinstance(path, TypedInput):
         return path
     path = str(path)
-    tree = _walked(path)
+    tree = walk_once(path) if tree is None else tree
     names = sorted(tree[0][1] + tree[0][2]) if tree is not None else None
     if parquet.is_parquet(path, tree):
-        found = tuple(sorted(os.path.join(root, f) for root, _, files in tree for f in files
-                             if f.endswith(".parquet"))) if tree is not None else ()
+        found = tuple(parquet.parquet_in(tree)) if tree is not None else ()
         base = parquet.split_entry(path)[0]
         splits = {parquet.split_of(f) for f in found or ([] if glob.has_magic(base) else [base])}
         return TypedInput(path, parquet.KIND, found, splits.pop() if len(splits) == 1 else None)

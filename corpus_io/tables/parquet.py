@@ -75,6 +75,11 @@ def is_parquet(path: str, tree: Iterable[tuple[str, list[str], list[str]]] | Non
     return any(f.endswith(".parquet") for _, _, files in tree for f in files)
 
 
+def parquet_in(tree: Iterable[tuple[str, list[str], list[str]]]) -> list[str]:
+    """The ``.parquet`` files of a directory's ``os.walk`` ``tree``, sorted."""
+    return sorted(os.path.join(root, f) for root, _, files in tree for f in files if f.endswith(".parquet"))
+
+
 def split_of(url: str) -> str:
     """The HF split of a file name (``train-00000-of-00042.parquet`` -> ``train``), else the file's stem."""
     name = url.rstrip("/").rsplit("/", 1)[-1]
@@ -94,8 +99,7 @@ def parquet_files(spec: str, storage_options: dict | None = None, listed: Iterab
         proto = spec.split("://", 1)[0]
         found = sorted(f"{proto}://{p}" for p in fs.glob(path) if p.endswith(".parquet"))
     elif os.path.isdir(spec):
-        found = sorted(listed if listed is not None else (os.path.join(root, f) for root, _, files in os.walk(spec)
-                                                           for f in files if f.endswith(".parquet")))
+        found = sorted(listed) if listed is not None else parquet_in(os.walk(spec))
         splits = sorted({split_of(f) for f in found})
         if len(splits) > 1:
             rel = [os.path.relpath(f, spec) for f in found]
