@@ -1,15 +1,16 @@
 """Keys by hash: a stable 64-bit hash per key (8 bytes of memory each) and the repeated ones among them.
 
 How tables, inputs, shards and jobs find a duplicate key without holding the keys: collect
-:func:`key_hash` values in an int64 array, ask :func:`duplicate_hashes`, and re-read only the keys whose
-hash repeats (:func:`first_repeat`) to name both places. Below every wing that checks keys (tables, jobs).
+:func:`key_hash` values in an int64 array and ask :func:`first_repeated_key`, which re-reads the keys only when two
+hashes match, to name both places (:func:`duplicate_hashes`: the repeated hashes alone, for a caller that wants them
+all). Below every wing that checks keys (tables, jobs).
 """
 
 from __future__ import annotations
 
 import hashlib
 import unicodedata
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -78,3 +79,11 @@ def first_repeat(keyed: Iterable[tuple[str, str]], wanted: set[int]) -> tuple[st
             return key, first[key], where
         first[key] = where
     return None
+
+
+def first_repeated_key(hashes: Any, keyed: Callable[[], Iterable[tuple[str, str]]]) -> tuple[str, str, str] | None:
+    """``(key, first where, second where)`` of the first key held twice, given the :func:`key_hash` of every key
+    (an int64 array or ``array("q")``: 8 bytes per key) and ``keyed()``, which reads the ``(key, where)`` pairs
+    again in the same order: called only when two hashes match. None when no key repeats."""
+    wanted = duplicate_hashes(hashes)
+    return first_repeat(keyed(), wanted) if wanted else None

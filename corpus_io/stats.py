@@ -84,13 +84,13 @@ def _iter_raw(path: str) -> Iterator[tuple[float | None, str, str | None]]:
     from corpus_io.loader.rawlist import RawList
     from corpus_io.tables import inputs
 
-    if os.path.isdir(path) or path.endswith(".gz") or inputs.detect(path) in ("lhotse-recordings+supervisions",
-                                                                               "hf-parquet"):
-        records: Iterator[dict] = inputs.iter_records(path, skip=lambda _: None)  # read in one stream
+    typed = inputs.resolve_input(path)  # what the input is, decided once
+    if os.path.isdir(path) or path.endswith(".gz") or typed.kind in ("lhotse-recordings+supervisions", "hf-parquet"):
+        records: Iterator[dict] = inputs.iter_records(typed, skip=lambda _: None)  # read in one stream
     else:
         # no .idx offset cache beside the list: stats writes nothing beside the data (8 bytes an utterance in
         # memory, less than the durations it keeps)
-        lst = RawList(path, cache=False)
+        lst = RawList(typed, cache=False)
         records = (lst.record(i) for i in range(len(lst)))
     for rec in records:
         dur = meta_duration(rec)

@@ -270,9 +270,10 @@ def iter_texts(path: str) -> Iterator[str]:
     hashes = array("q")
     count = 0
     skipped = inputs.Skipped()  # lines without a transcript are left out; if all are, the error names one
-    if os.path.isdir(path) or path.endswith(".gz") or (_looks_like_jsonl(path) and inputs.detect(path) not in
-                                                       ("funasr", "wenet")):
-        for rec in inputs.iter_records(path, skip=skipped):  # a Kaldi dir, NeMo, Lhotse: their texts
+    whole = os.path.isdir(path) or path.endswith(".gz")
+    typed = inputs.resolve_input(path) if whole or _looks_like_jsonl(path) else None  # decided once
+    if typed is not None and (whole or typed.kind not in ("funasr", "wenet")):
+        for rec in inputs.iter_records(typed, skip=skipped):  # a Kaldi dir, NeMo, Lhotse: their texts
             count += 1
             yield str(rec.get("target", ""))
     elif _looks_like_jsonl(path):

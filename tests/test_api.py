@@ -209,6 +209,31 @@ def test_the_front_end_turns_waveform_batches_into_the_loaders_features(prepared
     assert same is loader_batch["feats"] or torch.equal(same, loader_batch["feats"])
 
 
+def test_build_loader_decides_what_a_kaldi_dir_is_with_one_listing_of_it(tmp_path, monkeypatch):
+    """Input kind is decided once, at the first reader (tables.inputs.resolve_input), and passed down: building the
+    loader on a Kaldi dir and reading an epoch lists that directory once (it was walked again by each check)."""
+    from tests.loader_data import small_conf, token_list
+
+    tokens = token_list(tmp_path)
+    listings: list[str] = []
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    def counted(real):
+        def listing(path="."):
+            if os.path.realpath(path) == str(FIXTURE.resolve()):
+                listings.append(real.__name__)
+            return real(path)
+        return listing
+
+    monkeypatch.setattr(os, "scandir", counted(real_scandir))
+    monkeypatch.setattr(os, "listdir", counted(real_listdir))
+    conf = small_conf(data_type="raw", num_workers=0)
+    loader = corpus_io.build_loader({"train_data_set_list": str(FIXTURE), "tokenizer": tokens, "dataset_conf": conf})
+    keys = [k for batch in loader for k in batch["keys"]]
+    assert len(keys) == len((FIXTURE / "text").read_text().splitlines())
+    assert listings == ["scandir"]
+
+
 def _torchrun(*args: str, timeout: float = 240) -> object:
     cmd = [str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}", *args]
     return run_bounded(cmd, timeout, env=env())

@@ -23,7 +23,7 @@ from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.shards.format import SHARD_SUFFIXES
 from corpus_io.storage.files import atomic_write, parse_json_object
-from corpus_io.tables.inputs import Skip, detect, record_of_line
+from corpus_io.tables.inputs import Skip, TypedInput, record_of_line, resolve_input
 
 #: lines per resumable unit in raw mode (see corpus_io.loader.partition)
 CHUNK_LINES = 1000
@@ -62,11 +62,12 @@ def _first_line(path: str) -> str:
     return ""
 
 
-def _refuse_parquet(path: str, what: str) -> None:
-    """Hugging Face parquet given to the raw loader: its audio is held in its rows, which the shard loader reads."""
-    from corpus_io.tables.parquet import is_parquet
+def _refuse_parquet(path: str, what: str, typed: TypedInput | None = None) -> None:
+    """Hugging Face parquet given to the raw loader: its audio is held in its rows, which the shard loader reads.
+    ``typed``: ``path`` as input detection decided it (then not asked again)."""
+    from corpus_io.tables.parquet import KIND, is_parquet
 
-    if is_parquet(path):
+    if typed.kind == KIND if typed is not None else is_parquet(path):
         raise ConfigError(f"{what} is Hugging Face parquet, whose audio is held in its rows; the raw loader "
                           f"(dataset_conf.data_type=raw) reads lists that name audio files. List the parquet files "
                           f"as shards (make-datalist ++data_type=shard ++input=<the parquet files' directory or "
@@ -104,11 +105,12 @@ def jsonl_paths_of(path: str) -> list[str] | None:
 ORIGIN = "__where__"
 
 
-def _needs_conversion(path: str) -> bool:
-    return os.path.isdir(path) or path.endswith(".gz") or detect(path) in ("kaldi", "lhotse-recordings+supervisions")
+def _needs_conversion(typed: TypedInput) -> bool:
+    return (os.path.isdir(typed.path) or typed.path.endswith(".gz")
+            or typed.kind in ("kaldi", "lhotse-recordings+supervisions"))
 
 
-def _as_jsonl(path: str, owner: object) -> str:
+def _as_jsonl(typed: TypedInput, owner: object) -> str:
     """A Kaldi dir, a ``.gz`` manifest or a Lhotse RecordingSet + SupervisionSet as a temporary jsonl of canonical
     records (one streaming pass, memory flat in the corpus; removed with ``owner``), which the loader then reads
     by offsets like any list. A line that holds no utterance is an error here, as make-datalist would count it."""
@@ -122,7 +124,8 @@ def _as_jsonl(path: str, owner: object) -> str:
                         f"corpus-io make-datalist ++data_type=raw ++input={path} ++output=data.list, which drops "
                         f"and counts such utterances.")
 
-    records = iter_records(path, skip=refuse, check_duplicates=False)  # repeats: RawList.repeated_entries
+    path = typed.path
+    records = iter_records(typed, skip=refuse, check_duplicates=False)  # repeats: RawList.repeated_entries
     fd, tmp = tempfile.mkstemp(prefix="corpus-io-raw-", suffix=".jsonl")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -151,15 +154,18 @@ class RawList:
     """Random access to the utterances of a JSONL list (or of a list of JSONL files) by index, through
     cached line offsets."""
 
-    def __init__(self, path: str | os.PathLike, *, cache: bool = True, lines: str | None = None):
-        self.path = str(path)
+    def __init__(self, path: str | os.PathLike | TypedInput, *, cache: bool = True, lines: str | None = None):
+        self.path = path.path if isinstance(path, TypedInput) else str(path)
         if not os.path.exists(self.path):
             raise DataError(f"raw data list {self.path} does not exist. Give a FunASR/WeNet/NeMo jsonl, a Lhotse "
                             f"manifest or a Kaldi data dir (++dataset_conf.data_type=raw), or a shard list "
                             f"(data_type=shard).")
-        _refuse_parquet(self.path, self.path)
-        # the file read by offsets: the list itself, or the one-pass jsonl of a Kaldi dir, a .gz or a Lhotse pair
-        self.lines = lines or (_as_jsonl(self.path, self) if _needs_conversion(self.path) else self.path)
+        if lines is None:  # the first reader decides what the input is, once (a worker gets the converted lines)
+            typed = resolve_input(path)
+            _refuse_parquet(self.path, self.path, typed)
+            # the file read by offsets: the list itself, or the one-pass jsonl of a Kaldi dir, a .gz or a Lhotse pair
+            lines = _as_jsonl(typed, self) if _needs_conversion(typed) else self.path
+        self.lines = lines
         self.files = jsonl_paths_of(self.lines) or [self.lines]
         self._offsets = [self._load_or_build(f, cache) for f in self.files]
         # entry i lives in file k where starts[k] <= i < starts[k + 1]

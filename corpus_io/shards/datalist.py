@@ -123,13 +123,14 @@ def _shar_entries(cuts: list[str]) -> Iterator[tuple[str, dict]]:
         yield url, {k: v for k, v in entry.items() if k != "path"}
 
 
-def _parquet_entries(item: str, columns: dict | None, storage_options: dict | None
+def _parquet_entries(item: str, columns: dict | None, storage_options: dict | None, listed: list[str] | None = None
                      ) -> Iterator[tuple[str, dict | None]]:
     """Each parquet file of ``item`` as one shard, its index entry from one pass over its rows (no audio decoded);
-    a column mapping given travels in the list line (:func:`corpus_io.tables.parquet.with_columns`)."""
+    a column mapping given travels in the list line (:func:`corpus_io.tables.parquet.with_columns`). ``listed``:
+    the files of a local directory walked already."""
     from corpus_io.tables import parquet
 
-    for url in parquet.parquet_files(item, storage_options):
+    for url in parquet.parquet_files(item, storage_options, listed):
         entry = parquet.with_columns(url if is_remote(url) else os.path.abspath(url), columns)
         yield entry, parquet.index_entry(entry, storage_options)
 
@@ -139,10 +140,12 @@ def expand_input(item: str, columns: dict | None = None, storage_options: dict |
     """``(shard entry, index entry or None)`` for one input of make-datalist shard mode (parquet files: each one
     a shard, read with ``columns`` and ``storage_options``)."""
     from corpus_io.tables import shar
-    from corpus_io.tables.parquet import is_parquet
+    from corpus_io.tables.inputs import walk_once
+    from corpus_io.tables.parquet import is_parquet, parquet_in
 
-    if is_parquet(item):
-        yield from _parquet_entries(item, columns, storage_options)
+    tree = walk_once(item)  # a local directory's one walk
+    if is_parquet(item, tree):
+        yield from _parquet_entries(item, columns, storage_options, parquet_in(tree) if tree else None)
         return
     if shar.is_shar_cuts(item) and "{" not in item and not glob.has_magic(item):
         yield from _shar_entries([item])

@@ -67,7 +67,7 @@ from corpus_io.storage.files import (
     refuse_remote_output,
 )
 from corpus_io.storage.progress import Summary, parallel_imap, resolve_num_workers
-from corpus_io.tables.inputs import Skip, open_input
+from corpus_io.tables.inputs import Skip, open_input, resolve_input, walk_once
 from corpus_io.tables.parquet import INLINE
 
 #: format -> its writer (see the module docstring for the contract)
@@ -358,11 +358,13 @@ def export(cfg: Any) -> Summary:
     job = job_of(cfg)
     opts = PackOptions(cfg.audio_format, cfg.resample, False, cfg.on_error, cfg.allow_pipe,
                        {**(cfg.storage_options or {}), "pipe_timeout": float(cfg.pipe_timeout)})
-    if is_shard_input(str(cfg.input)):
+    tree = walk_once(str(cfg.input))  # a directory's one walk: the shard check and the input's kind read it
+    if is_shard_input(str(cfg.input), tree):
         inp: Any = ShardInput(str(cfg.input), cfg.storage_options)
     else:
-        inp = open_input(cfg.input, columns=dict(cfg.columns or {}), storage_options=cfg.storage_options,
-                         inline=False)  # a parquet row's audio is read by the worker that writes it
+        # inline=False: a parquet row's audio is read by the worker that writes it
+        inp = open_input(resolve_input(str(cfg.input), tree), columns=dict(cfg.columns or {}),
+                         storage_options=cfg.storage_options, inline=False)
     total = inp.scan(check_keys=True)
     _refuse_output_in_input(cfg, inp)
     if total == 0:

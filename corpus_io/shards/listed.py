@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from corpus_io.errors import DataError
-from corpus_io.keys import duplicate_hashes, first_repeat, key_hash, one_token
+from corpus_io.keys import first_repeated_key, key_hash, one_token
 from corpus_io.shards.format import SHARD_SUFFIXES, safe_member_name
 from corpus_io.storage.urls import is_remote
 
@@ -47,21 +47,22 @@ class Piece:
     identity: tuple = ()  # what changes when the shard does (its index entry, or a local file's size and mtime)
 
 
-def is_shard_input(path: str) -> bool:
+def is_shard_input(path: str, tree: list | None = None) -> bool:
     """Whether ``path`` names packed shards (see the module docstring) rather than an input of
     :func:`corpus_io.tables.inputs.open_input` (a manifest, a Kaldi dir, a Lhotse Shar, parquet files): decided by
-    names and a file's first line, no shard is opened."""
+    names and a file's first line, no shard is opened. ``tree``: the directory's
+    :func:`corpus_io.tables.inputs.walk_once` (then not listed again)."""
     from corpus_io.tables import parquet, shar
 
-    if parquet.is_parquet(path) or shar.is_shar_cuts(path):
+    if parquet.is_parquet(path, tree) or shar.is_shar_cuts(path):
         return False
     if is_remote(path):
         return not path.endswith("/")  # a list or a shard URL (a Shar prefix ends with '/')
     if path.endswith(SHARD_SUFFIXES):
         return os.path.isfile(path)
     if os.path.isdir(path):
-        names = os.listdir(path)
-        if any(n in _KALDI_FILES for n in names) or shar.shar_input_shards(path) is not None:
+        names = sorted(tree[0][1] + tree[0][2]) if tree else sorted(os.listdir(path))
+        if any(n in _KALDI_FILES for n in names) or shar.shar_input_shards(path, names) is not None:
             return False
         return "data.list" in names or any(n.endswith(SHARD_SUFFIXES) for n in names)
     if not os.path.isfile(path) or path.endswith((".gz", ".json", ".jsonl")):
@@ -127,14 +128,11 @@ class ShardInput:
             self.counted_by.append(by)
             self.identities.append(_identity(url, entry))
             hashes.extend(key_hash(k) for k in keys)
-        wanted = duplicate_hashes(hashes)
-        if wanted:
-            repeat = first_repeat(self._keyed(), wanted)
-            if repeat:
-                key, first, second = repeat
-                raise DataError(f"key '{key}' is held twice: at {first} and at {second}. Keys must be unique, or "
-                                f"the export would hold the utterance twice; drop one of the shards (or re-pack "
-                                f"with unique keys). Nothing was written.")
+        if repeat := first_repeated_key(hashes, self._keyed):
+            key, first, second = repeat
+            raise DataError(f"key '{key}' is held twice: at {first} and at {second}. Keys must be unique, or "
+                            f"the export would hold the utterance twice; drop one of the shards (or re-pack "
+                            f"with unique keys). Nothing was written.")
         return sum(self.counts)
 
     def _read_keys(self, url: str) -> list[str]:

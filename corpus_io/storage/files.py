@@ -85,6 +85,8 @@ class UnnamedFile:
         self.file: IO = os.fdopen(fd, mode, **kwargs) if fd is not None else open(self.tmp, mode, **kwargs)
 
     def commit(self, *, fsync: bool = False) -> None:
+        """Give the file its final name. ``fsync``: its bytes, then its directory's entry, are on disk before this
+        returns (a checkpoint that must survive a power cut, not only a killed process)."""
         self.file.flush()
         if fsync:
             os.fsync(self.file.fileno())
@@ -92,6 +94,8 @@ class UnnamedFile:
             try:  # a new output: linked straight under its final name, so no visible temp name ever exists
                 self._link_to(self.final)
                 self.file.close()
+                if fsync:
+                    _fsync_dir(self.final.parent)
                 return
             except OSError:  # it exists (a rewrite: replaced atomically below), or no /proc
                 pass
@@ -100,9 +104,11 @@ class UnnamedFile:
             try:
                 self._link_to(self.tmp)
             except OSError:  # no /proc: copy the bytes out instead
-                self._copy_to_tmp()
+                self._copy_to_tmp(fsync=fsync)
         self.file.close()
         os.replace(self.tmp, self.final)
+        if fsync:
+            _fsync_dir(self.final.parent)
 
     def _link_to(self, path: Path) -> None:
         """Give the unnamed inode the name ``path``. ``linkat(AT_SYMLINK_FOLLOW)`` through /proc/self/fd:
@@ -114,12 +120,15 @@ class UnnamedFile:
         finally:
             os.close(proc_fds)
 
-    def _copy_to_tmp(self) -> None:
+    def _copy_to_tmp(self, *, fsync: bool = False) -> None:
         fd, offset = self.file.fileno(), 0
         with open(self.tmp, "wb") as out:
             while chunk := os.pread(fd, 1 << 20, offset):
                 out.write(chunk)
                 offset += len(chunk)
+            if fsync:
+                out.flush()
+                os.fsync(out.fileno())
 
     def abort(self) -> None:
         self.file.close()
@@ -128,11 +137,23 @@ class UnnamedFile:
                 os.unlink(self.tmp)
 
 
+def _fsync_dir(directory: Path) -> None:
+    """Put a rename or link in ``directory`` on disk (a filesystem that cannot fsync a directory is left as is)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | None = "utf-8",
                  newline: str | None = "\n", fsync: bool = False) -> Iterator[IO]:
     """Write an :class:`UnnamedFile`; it becomes ``path`` only if the block succeeds (nothing is left
-    behind otherwise, even when the process is killed).
+    behind otherwise, even when the process is killed). ``fsync``: the file and its directory entry are on disk
+    when the block ends (checkpoints). A binary ``mode`` gives a binary file that any writer takes
+    (``torch.save(state, f)``, ``shutil.copyfileobj(src, f)``).
 
     An output that cannot be written (a directory in the way, no permission) is a :class:`DataError`
     naming ``path``, raised before anything is written.

@@ -37,17 +37,20 @@ file (streamed, deleted when the input is closed or the process exits) so it can
 
 from __future__ import annotations
 
+import glob
 import gzip
 import os
 import tempfile
 import weakref
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.keys import first_repeated_key
 from corpus_io.storage.files import MAX_INFLATED_BYTES, UTF8_BOM, bounded_lines, copy_inflated, parse_json_object
 from corpus_io.tables import kaldi
 from corpus_io.tables.cuts import _SAME_TIME, Skip, _join_texts, _lhotse_span, _number, _utterance
@@ -280,15 +283,12 @@ class Input:
                         self.linenos.append(lineno)
                     hashes.append(kaldi.key_hash(key))
                 offset += len(raw)
-        wanted = kaldi.duplicate_hashes(hashes)
-        if wanted:
-            repeat = kaldi.first_repeat(self.keys(), wanted)
-            if repeat:
-                key, first, second = repeat
-                hint = (" NeMo lines without 'key' are named by the audio file name (and offset): add a 'key' "
-                        "field to tell them apart." if self.kind == "nemo" else "")
-                raise DataError(f"duplicate key '{key}' in {self.name}: at {first} and {second}. Keys must be "
-                                f"unique; remove or rename one.{hint}")
+        if repeat := first_repeated_key(hashes, self.keys):
+            key, first, second = repeat
+            hint = (" NeMo lines without 'key' are named by the audio file name (and offset): add a 'key' "
+                    "field to tell them apart." if self.kind == "nemo" else "")
+            raise DataError(f"duplicate key '{key}' in {self.name}: at {first} and {second}. Keys must be "
+                            f"unique; remove or rename one.{hint}")
         return len(hashes) if check_keys else len(self.offsets)
 
     def keys(self) -> Iterator[tuple[str, str]]:
@@ -434,13 +434,15 @@ class _JsonById:
         return None
 
 
-def _pair_files(path: str) -> tuple[str, str]:
-    """``(recordings, supervisions)`` of a Lhotse pair given one of the two files or their directory."""
+def _pair_files(path: str, listed: tuple[str, ...] | None = None) -> tuple[str, str]:
+    """``(recordings, supervisions)`` of a Lhotse pair given one of the two files or their directory (``listed``:
+    the directory's entries when the caller has listed it)."""
     p = Path(path)
     if p.is_dir():
         found = {}
+        entries = [Path(e) for e in listed] if listed is not None else list(p.iterdir())
         for half in ("recordings", "supervisions"):
-            matches = sorted(str(m) for m in p.iterdir() if half in m.name and m.name.endswith((".jsonl", ".jsonl.gz")))
+            matches = sorted(str(m) for m in entries if half in m.name and m.name.endswith((".jsonl", ".jsonl.gz")))
             if len(matches) != 1:
                 raise DataError(f"{path} holds {len(matches)} Lhotse {half} files ({matches or 'none'}); give the "
                                 f"supervisions file itself as ++input.")
@@ -456,8 +458,8 @@ def _pair_files(path: str) -> tuple[str, str]:
     return (str(p), str(partner)) if mine == "recordings" else (str(partner), str(p))
 
 
-def _lhotse_pair_input(path: str) -> Input:
-    rec_path, sup_path = _pair_files(path)
+def _lhotse_pair_input(path: str, listed: tuple[str, ...] | None = None) -> Input:
+    rec_path, sup_path = _pair_files(path, listed)
     recordings: list[_JsonById] = []
 
     def record(raw: bytes, lineno: int) -> dict | Skip | None:
@@ -555,11 +557,11 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> Input:
     return Input(path, key_of, record_of, f"Kaldi dir {data_dir}", "kaldi", files=files)
 
 
-def _shar_input(path: str) -> Input:
+def _shar_input(path: str, cuts: list[str]) -> Input:
     """A local Lhotse Shar: its cuts, paired with their tar members (:class:`corpus_io.tables.shar.SharDriver`)."""
     from corpus_io.tables import shar
 
-    driver = shar.SharDriver(shar.shar_input_shards(path) or [])
+    driver = shar.SharDriver(cuts)
 
     def record(raw: bytes, lineno: int) -> dict | Skip | None:
         obj = _json_of(raw, f"{driver.path}:{lineno}")
@@ -574,38 +576,62 @@ def _shar_input(path: str) -> Input:
     return inp
 
 
-def _listed_once(path: str) -> tuple[Iterator[tuple[str, list[str], list[str]]] | None, list[str] | None]:
-    """A local directory's ``os.walk`` whose first step (the directory itself) is listed already, and that
-    listing's sorted names, so that each check of :func:`detect` reads the one listing; ``(None, None)`` for
-    anything else, or a directory that cannot be listed (the check that lists it again then says why)."""
-    from itertools import chain
+@dataclass(frozen=True)
+class TypedInput:
+    """An input whose kind is decided, once (:func:`resolve_input`, at the first reader), and passed down so that
+    nothing below asks again. ``kind``: one of :data:`KINDS`. ``files``: what deciding it found, so that nothing
+    lists it again: the ``.parquet`` files of a local directory, the cuts files of a Shar, the Lhotse manifests of
+    a directory, the tables of a Kaldi dir, the file itself for a manifest file; empty for a parquet glob or URL
+    (its reader resolves it). ``split``: the Hugging Face split of its parquet files (None: another kind, several
+    splits or not known before reading)."""
 
+    path: str
+    kind: str
+    files: tuple[str, ...] = ()
+    split: str | None = None
+
+
+Walk = list[tuple[str, list[str], list[str]]]
+
+
+def walk_once(path: str) -> Walk | None:
+    """The whole ``os.walk`` of a local directory (its one walk in a command: pass it to whatever else looks at
+    the directory), or None for anything else, or a directory that cannot be listed (the check that lists it
+    again then says why)."""
     from corpus_io.storage.urls import is_remote
 
     if is_remote(path) or not os.path.isdir(path):
-        return None, None
-    walk = os.walk(path)
-    top = next(walk, None)
-    if top is None:
-        return None, None
-    return chain([top], walk), sorted(top[1] + top[2])
+        return None
+    return list(os.walk(path)) or None
 
 
-def detect(path: str) -> str:
-    """The kind of input ``path`` is (one of :data:`KINDS`), by its content; a DataError says what is accepted."""
+def resolve_input(path: str | os.PathLike | TypedInput, tree: Walk | None = None) -> TypedInput:
+    """The :class:`TypedInput` of ``path``: its kind by its content (a directory walked once; ``tree``: its
+    :func:`walk_once` when the caller has it); a DataError says what is accepted. Given a TypedInput, that one
+    (decided already)."""
     from corpus_io.tables import parquet, shar
 
-    tree, names = _listed_once(path)
+    if isinstance(path, TypedInput):
+        return path
+    path = str(path)
+    tree = walk_once(path) if tree is None else tree
+    names = sorted(tree[0][1] + tree[0][2]) if tree is not None else None
     if parquet.is_parquet(path, tree):
-        return parquet.KIND
-    if shar.shar_input_shards(path, names) is not None:  # a Shar directory or cuts file (a remote one: a ConfigError)
-        return "lhotse-shar"
+        found = tuple(parquet.parquet_in(tree)) if tree is not None else ()
+        base = parquet.split_entry(path)[0]
+        splits = {parquet.split_of(f) for f in found or ([] if glob.has_magic(base) else [base])}
+        return TypedInput(path, parquet.KIND, found, splits.pop() if len(splits) == 1 else None)
+    cuts = shar.shar_input_shards(path, names)  # a Shar directory or cuts file (a remote one: a ConfigError)
+    if cuts is not None:
+        return TypedInput(path, "lhotse-shar", tuple(cuts))
     p = Path(path)
-    if p.is_dir():
-        if any((p / name).is_file() for name in ("wav.scp", "feats.scp", "text", "segments")):
-            return "kaldi"
-        if any("supervisions" in name for name in (names if names is not None else os.listdir(path))):
-            return "lhotse-recordings+supervisions"
+    if names is not None or p.is_dir():
+        names = names if names is not None else sorted(os.listdir(path))
+        tables = tuple(str(p / name) for name in _KALDI_TABLES if name in names and (p / name).is_file())
+        if any(os.path.basename(t) in ("wav.scp", "feats.scp", "text", "segments") for t in tables):
+            return TypedInput(path, "kaldi", tables)
+        if any("supervisions" in name for name in names):
+            return TypedInput(path, "lhotse-recordings+supervisions", tuple(str(p / name) for name in names))
         raise DataError(f"{path} is a directory but neither a Kaldi data dir (wav.scp + text) nor a directory of "
                         f"Lhotse *recordings* + *supervisions* manifests.")
     if not p.is_file():
@@ -614,19 +640,29 @@ def detect(path: str) -> str:
                         f".parquet files.")
     obj = _first_object(str(p))
     if obj is None:  # empty, or not JSON: read as a jsonl, whose reader names the empty file or the bad line
-        return "funasr"
+        return TypedInput(path, "funasr", (path,))
     kind = kind_of_line(obj)
-    return "lhotse-recordings+supervisions" if kind in ("lhotse-recording", "lhotse-supervision") else kind
+    kind = "lhotse-recordings+supervisions" if kind in ("lhotse-recording", "lhotse-supervision") else kind
+    return TypedInput(path, kind, (path,))
 
 
-def open_input(path: str | os.PathLike, *, feats: bool = False, columns: dict | None = None,
+_KALDI_TABLES = ("wav.scp", "feats.scp", "text", "segments", "utt2spk")
+
+
+def detect(path: str) -> str:
+    """The kind of input ``path`` is (one of :data:`KINDS`): :func:`resolve_input`'s kind."""
+    return resolve_input(path).kind
+
+
+def open_input(path: str | os.PathLike | TypedInput, *, feats: bool = False, columns: dict | None = None,
                storage_options: dict | None = None, inline: bool = True) -> Input:
-    """The :class:`Input` of any kind (a file or a Kaldi/Lhotse directory, parquet files), detected by content;
-    ``columns`` and ``storage_options``: a parquet input's column roles and remote options; ``inline=False``: its
-    records name each row's audio (``source``, :func:`corpus_io.tables.parquet.read_audio`) instead of holding it,
-    so that whoever writes the audio (pack-shards' workers) reads it."""
-    path = str(path)
-    kind = detect(path)
+    """The :class:`Input` of any kind (a file or a Kaldi/Lhotse directory, parquet files), detected by content
+    unless ``path`` is a :class:`TypedInput` (then read as the kind it says); ``columns`` and ``storage_options``:
+    a parquet input's column roles and remote options; ``inline=False``: its records name each row's audio
+    (``source``, :func:`corpus_io.tables.parquet.read_audio`) instead of holding it, so that whoever writes the
+    audio (pack-shards' workers) reads it."""
+    typed = resolve_input(path)
+    path, kind = typed.path, typed.kind
     if feats and kind != "kaldi":
         raise ConfigError(f"pack-shards ++feats=true needs a Kaldi data dir with feats.scp + text; {path} is a "
                           f"{kind} input.")
@@ -634,17 +670,17 @@ def open_input(path: str | os.PathLike, *, feats: bool = False, columns: dict | 
         from corpus_io.tables.parquet import ParquetInput
 
         return ParquetInput(path, columns, storage_options, skip=Skip,  # type: ignore[return-value]  # Input's
-                            inline=inline)
+                            inline=inline, listed=typed.files or None)
     if kind == "kaldi":
         return _kaldi_input(Path(path), feats=feats)
     if kind == "lhotse-recordings+supervisions":
-        return _lhotse_pair_input(path)
+        return _lhotse_pair_input(path, typed.files if os.path.isdir(path) else None)
     if kind == "lhotse-shar":
-        return _shar_input(path)
+        return _shar_input(path, list(typed.files))
     return _line_input(path, kind)
 
 
-def iter_records(path: str | os.PathLike, *, skip: Callable[[Skip], None] | None = None,
+def iter_records(path: str | os.PathLike | TypedInput, *, skip: Callable[[Skip], None] | None = None,
                  check_duplicates: bool = True, columns: dict | None = None) -> Iterator[dict]:
     """Stream the canonical records of any input, in file order. ``check_duplicates``: a first pass refuses a
     repeated key before any record is yielded (8 bytes per utterance). A line that yields no record goes to
@@ -665,11 +701,7 @@ def iter_records(path: str | os.PathLike, *, skip: Callable[[Skip], None] | None
 def raise_if_duplicate_keys(paths: list[str], hashes: Any) -> None:
     """A DataError naming both places of a key repeated across the inputs ``paths`` (read in order), given the
     :func:`kaldi.key_hash` of every key; the inputs are re-read only when two hashes match."""
-    wanted = kaldi.duplicate_hashes(hashes)
-    if not wanted:
-        return
-    repeat = kaldi.first_repeat((pair for path in paths for pair in open_input(path).keys()), wanted)
-    if repeat:
+    if repeat := first_repeated_key(hashes, lambda: (pair for path in paths for pair in open_input(path).keys())):
         key, first, second = repeat
         raise DataError(f"duplicate key '{key}': at {first} and {second}. Keys must be unique across the inputs; "
                         f"remove or rename one (e.g. a corpus prefix).")

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from corpus_io.errors import DataError
-from corpus_io.keys import duplicate_hashes, first_repeat, key_hash, recording_id
+from corpus_io.keys import first_repeated_key, key_hash, recording_id
 from corpus_io.storage.files import UTF8_BOM, atomic_write, bounded_lines, iter_raw_lines
 
 _SEP = re.compile(rb"[ \t]+")
@@ -88,11 +88,8 @@ def iter_table(path: str | os.PathLike, *, allow_empty_value: bool = False) -> I
 def raise_if_duplicates(path: str, hashes: Any, hint: str = "") -> None:
     """Raise a DataError naming both lines of a repeated key, given the keys' :func:`key_hash` values;
     ``hint`` (a sentence) is appended to the message."""
-    wanted = duplicate_hashes(hashes)
-    if not wanted:
-        return
-    repeat = first_repeat(((line.key, f"{path}:{line.lineno}") for line in iter_table(path, allow_empty_value=True)),
-                          wanted)
+    repeat = first_repeated_key(hashes, lambda: ((line.key, f"{path}:{line.lineno}")
+                                                 for line in iter_table(path, allow_empty_value=True)))
     if repeat:
         key, first, second = repeat
         raise DataError(f"duplicate key '{key}' in {path}: at {first} and {second}. Keys must be unique; "

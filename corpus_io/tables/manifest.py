@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.jobs import parts as jobs
-from corpus_io.keys import one_token, recording_id
+from corpus_io.keys import duplicate_hashes, first_repeated_key, key_hash, one_token, recording_id
 from corpus_io.storage import files, urls
 from corpus_io.storage.files import atomic_write, iter_raw_lines, parse_json_object
 from corpus_io.storage.progress import Summary, WorkerState, parallel_imap, progress, resolve_num_workers
@@ -292,7 +292,7 @@ def scp2jsonl(cfg: Any) -> Summary:
     # ++on_duplicate=skip: the repeated keys of the driver (hashes only), so both passes keep first lines only
     repeated: set[int] = set()
     if skip_duplicates:
-        repeated = kaldi.duplicate_hashes(array("q", (kaldi.key_hash(k) for k, _ in driver_lines())), most=None)
+        repeated = duplicate_hashes(array("q", (key_hash(k) for k, _ in driver_lines())), most=None)
     dropped = [0]
 
     def driver_keys() -> Iterator[tuple[str, dict[str, str]]]:
@@ -448,12 +448,9 @@ def raise_if_duplicate_keys(paths: Iterable[str | os.PathLike], hashes: Any) -> 
 
     Memory: the 8-byte hashes only; the files are re-read to name the lines only when two hashes match.
     """
-    wanted = kaldi.duplicate_hashes(hashes)
-    if not wanted:
-        return
-    keyed = ((str(line.record["key"]), line.where) for path in paths for line in iter_jsonl(path)
-             if "key" in line.record)
-    repeat = kaldi.first_repeat(keyed, wanted)
+    paths = list(paths)
+    repeat = first_repeated_key(hashes, lambda: ((str(line.record["key"]), line.where) for path in paths
+                                                 for line in iter_jsonl(path) if "key" in line.record))
     if repeat:
         key, first, second = repeat
         file_of_first, file_of_second = first.rsplit(":", 1)[0], second.rsplit(":", 1)[0]  # where: path:line

@@ -41,7 +41,7 @@ import numpy as np
 
 from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.keys import duplicate_hashes, first_repeat, key_hash, one_token
+from corpus_io.keys import first_repeated_key, key_hash, one_token
 from corpus_io.storage import urls
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,11 @@ def is_parquet(path: str, tree: Iterable[tuple[str, list[str], list[str]]] | Non
     return any(f.endswith(".parquet") for _, _, files in tree for f in files)
 
 
+def parquet_in(tree: Iterable[tuple[str, list[str], list[str]]]) -> list[str]:
+    """The ``.parquet`` files of a directory's ``os.walk`` ``tree``, sorted."""
+    return sorted(os.path.join(root, f) for root, _, files in tree for f in files if f.endswith(".parquet"))
+
+
 def split_of(url: str) -> str:
     """The HF split of a file name (``train-00000-of-00042.parquet`` -> ``train``), else the file's stem."""
     name = url.rstrip("/").rsplit("/", 1)[-1]
@@ -82,9 +87,10 @@ def split_of(url: str) -> str:
     return m.group(1) if m else name.removesuffix(".parquet")
 
 
-def parquet_files(spec: str, storage_options: dict | None = None) -> list[str]:
+def parquet_files(spec: str, storage_options: dict | None = None, listed: Iterable[str] | None = None) -> list[str]:
     """The parquet files of an input, sorted: the file, a directory's files (one split only: a directory with
-    several is refused with the globs that pick one), or a glob's matches (local or on object storage)."""
+    several is refused with the globs that pick one), or a glob's matches (local or on object storage).
+    ``listed``: a local directory's parquet files when the caller has walked it (input detection walks it once)."""
     spec = str(spec)
     if urls.is_remote(spec):
         if not glob.has_magic(spec):
@@ -93,8 +99,7 @@ def parquet_files(spec: str, storage_options: dict | None = None) -> list[str]:
         proto = spec.split("://", 1)[0]
         found = sorted(f"{proto}://{p}" for p in fs.glob(path) if p.endswith(".parquet"))
     elif os.path.isdir(spec):
-        found = sorted(os.path.join(root, f) for root, _, files in os.walk(spec) for f in files
-                       if f.endswith(".parquet"))
+        found = sorted(listed) if listed is not None else parquet_in(os.walk(spec))
         splits = sorted({split_of(f) for f in found})
         if len(splits) > 1:
             rel = [os.path.relpath(f, spec) for f in found]
@@ -402,11 +407,11 @@ class ParquetInput:
     order, each group's rows permuted: memory stays one row group)."""
 
     def __init__(self, spec: str, columns: dict | None = None, storage_options: dict | None = None, *,
-                 skip: type = tuple, inline: bool = True):
+                 skip: type = tuple, inline: bool = True, listed: Iterable[str] | None = None):
         self.skip = skip  # the type of a row left out: inputs.Skip(reason, where, key, detail) (given: no circle)
         self.inline = inline  # records hold the audio bytes; else a locator that read_audio reads (pack's workers)
         self.spec = str(spec)
-        self.urls = parquet_files(self.spec, storage_options)
+        self.urls = parquet_files(self.spec, storage_options, listed)  # listed: what input detection found
         self.columns = dict(columns or {})
         self.storage_options = storage_options
         self.kind = KIND
@@ -426,14 +431,11 @@ class ParquetInput:
         if not check_keys:
             return sum(self.reader(u).num_rows for u in self.urls)
         hashes = np.fromiter((key_hash(k) for k, _ in self.keys()), dtype=np.int64)
-        wanted = duplicate_hashes(hashes)
-        if wanted:
-            repeat = first_repeat(self.keys(), wanted)
-            if repeat:
-                key, first, second = repeat
-                raise DataError(f"duplicate key '{key}' in {self.spec}: at {first} and {second}. Keys must be "
-                                f"unique; name the key column ({_NAME_IT}columns.key=<column>) if another column holds "
-                                f"unique ids.")
+        if repeat := first_repeated_key(hashes, self.keys):
+            key, first, second = repeat
+            raise DataError(f"duplicate key '{key}' in {self.spec}: at {first} and {second}. Keys must be "
+                            f"unique; name the key column ({_NAME_IT}columns.key=<column>) if another column holds "
+                            f"unique ids.")
         return len(hashes)
 
     def keys(self) -> Iterator[tuple[str, str]]:

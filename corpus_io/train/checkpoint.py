@@ -8,7 +8,6 @@ ranking never loads every checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.storage.files import atomic_write, read_json_object, refuse_remote_output, temp_name
+from corpus_io.storage.files import atomic_write, read_json_object, refuse_remote_output
 
 if TYPE_CHECKING:
     import torch
@@ -31,41 +30,21 @@ _STEP_RE = re.compile(r"^model\.pt\.ep(\d+)\.(\d+)$")
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
-    """``torch.save`` to a temp name in the same directory, fsync, then ``os.replace``."""
+    """``torch.save`` through :func:`corpus_io.storage.files.atomic_write` (a temp file in the same directory,
+    fsynced, renamed, the directory fsynced): ``path`` is its old self or the whole new checkpoint."""
     import torch
 
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(final)
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_write(path, "wb", encoding=None, newline=None, fsync=True) as f:
+        torch.save(state, f)
 
 
 def copy_checkpoint(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """Make ``dst`` a copy of ``src`` of its own (never a hard link: ``cp other.pt exp/model.pt`` writes into
-    model.pt's inode, which must not be an epoch checkpoint's too), written under a temp name, fsynced, renamed."""
+    model.pt's inode, which must not be an epoch checkpoint's too), written as :func:`save_checkpoint` writes."""
     import shutil
 
-    dst = Path(dst)
-    tmp = temp_name(dst)
-    try:
-        with open(src, "rb") as f, open(tmp, "wb") as out:
-            shutil.copyfileobj(f, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with open(src, "rb") as f, atomic_write(dst, "wb", encoding=None, newline=None, fsync=True) as out:
+        shutil.copyfileobj(f, out, 1 << 20)
 
 
 def load_checkpoint(path: str | os.PathLike, *, key: str = "checkpoint", storage_options: dict | None = None,

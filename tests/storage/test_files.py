@@ -53,6 +53,31 @@ def test_a_committed_unnamed_file_is_the_written_inode_itself_and_no_name_shows_
     assert [p.name for p in tmp_path.iterdir()] == ["shard.tar"]
 
 
+@pytest.mark.parametrize("existing", [False, True])
+def test_atomic_write_with_fsync_puts_the_file_then_its_directory_entry_on_disk(tmp_path, monkeypatch, existing):
+    """fsync=True (checkpoints): the bytes are fsynced before the file takes its name, and the directory after it,
+    so the new name survives a power cut; a new file and a rewrite alike."""
+    import os
+    import stat
+
+    target = tmp_path / "model.pt"
+    if existing:
+        target.write_bytes(b"old")
+    synced: list[tuple[str, bytes | None]] = []  # what was fsynced, and what the name held at that moment
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file",
+                       target.read_bytes() if target.exists() else None))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with atomic_write(target, "wb", encoding=None, newline=None, fsync=True) as f:
+        f.write(b"new")
+    assert target.read_bytes() == b"new"
+    assert synced == [("file", b"old" if existing else None), ("dir", b"new")]
+
+
 def test_an_output_that_cannot_be_written_is_a_data_error_naming_it(tmp_path):
     (tmp_path / "a_dir").mkdir()
     (tmp_path / "a_file").write_text("x")

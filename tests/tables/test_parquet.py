@@ -215,6 +215,36 @@ def test_make_datalist_lists_each_parquet_file_as_a_shard_with_its_index_from_th
         make_datalist(MakeDatalistConfig(data_type="raw", input=[str(data)], output=str(tmp_path / "raw.list")))
 
 
+def test_a_parquet_directory_is_walked_once_by_input_detection_make_datalist_and_export(hf, tmp_path, monkeypatch):
+    """Input kind is decided once (tables.inputs.resolve_input) and passed down: its TypedInput holds the files and
+    split the one walk found, and neither make-datalist nor export walks the directory again (each walked it for
+    the parquet check, then again for the kind or the file list)."""
+    import os
+
+    from corpus_io.config import ExportConfig
+    from corpus_io.shards.export import export
+    from corpus_io.tables.inputs import resolve_input
+
+    data, _ = hf
+    files = tuple(sorted(str(p) for p in data.glob("*.parquet")))
+    listings: list[str] = []
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.path.realpath(path) == os.path.realpath(data):
+            listings.append(str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    typed = resolve_input(data)
+    assert (typed.kind, typed.files, typed.split) == ("hf-parquet", files, "train")
+    assert len(listings) == 1
+    make_datalist(MakeDatalistConfig(data_type="shard", input=[str(data)], output=str(tmp_path / "data.list")))
+    assert len(listings) == 2
+    export(ExportConfig(input=str(data), output_dir=str(tmp_path / "out"), format="hf-parquet", num_workers=1))
+    assert len(listings) == 3
+
+
 def test_a_column_mapping_travels_in_the_list_line_to_the_loaders_reader(hf, tmp_path):
     data, utts = hf
     odd = _rewrite(sorted(data.glob("*.parquet"))[0], tmp_path / "odd" / "a.parquet",

@@ -206,3 +206,26 @@ def test_model_pt_is_a_copy_of_its_own_so_cp_into_it_leaves_the_epoch_checkpoint
     subprocess.run(["cp", str(other), str(latest)], check=True)  # cp writes into the existing model.pt
     assert epoch.read_bytes() == before and latest.read_bytes() == other.read_bytes()
     assert not list(tmp_path.glob(".*tmp*"))  # written under a temp name, then renamed
+
+
+def test_a_checkpoint_save_killed_midway_leaves_no_file_behind(tmp_path):
+    """save_checkpoint writes through storage.files.atomic_write: a process killed (SIGKILL) while torch.save is
+    writing leaves neither the checkpoint nor a temp file (an unnamed inode), and the old model.pt stays whole."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    ckpt.save_checkpoint(tmp_path / "model.pt", {"model": {"w": torch.zeros(2)}})
+    code = ("import os, signal, torch\n"
+            "from corpus_io.train import checkpoint as ckpt\n"
+            "class Kill:\n"
+            "    def __reduce__(self):\n"
+            "        os.kill(os.getpid(), signal.SIGKILL)\n"
+            f"ckpt.save_checkpoint({str(tmp_path / 'model.pt')!r}, {{'model': {{'w': torch.ones(1 << 16)}}, "
+            f"'x': Kill()}})\n")
+    proc = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
+    assert torch.equal(ckpt.load_checkpoint(tmp_path / "model.pt")["model"]["w"], torch.zeros(2))
