@@ -16,7 +16,7 @@ import pytest
 import corpus_io
 from corpus_io import api
 from corpus_io.config import data, dataset, training
-from tests.conftest import BIN, FIXTURE, REPO, free_port, run_bounded, run_cli
+from tests.conftest import BIN, FIXTURE, REPO, doc_section, free_port, run_bounded, run_cli
 
 
 def env() -> dict:
@@ -54,7 +54,7 @@ def test_the_package_exports_exactly_the_documented_api():
         assert getattr(api, name).__doc__, f"{name} has no docstring"
     with pytest.raises(AttributeError, match="no attribute 'build_dataloader'"):
         corpus_io.build_dataloader  # noqa: B018
-    readme = (REPO / "README.md").read_text(encoding="utf-8").split("## Python API", 1)[1].split("\n## ", 1)[0]
+    readme = doc_section("Python API")
     undocumented = [n for n in api.__all__ if f"`{n}" not in readme and n not in ("ConfigError", "DataError")
                     and not n.endswith(("Conf", "Config"))]
     assert not undocumented, undocumented
@@ -245,7 +245,7 @@ def test_plain_ddp_loop_killed_mid_epoch_resumes_and_trains_every_key_once_with_
 
 
 def readme_examples() -> dict[str, str]:
-    section = (REPO / "README.md").read_text(encoding="utf-8").split("## Python API", 1)[1].split("\n## ", 1)[0]
+    section = doc_section("Python API")
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     return {block.split(":", 1)[0].removeprefix("# ").strip(): block for block in blocks}
 

@@ -21,7 +21,7 @@ import distributed  # noqa: F401 - [dev] brings it ([dask]): a broken install fa
 import pytest
 
 from corpus_io import api
-from tests.conftest import BIN, REPO, free_port, hang_limit, run_cli, wait_for_port
+from tests.conftest import BIN, doc_search, free_port, hang_limit, run_cli, wait_for_port
 from tests.shards.conftest import fixture_records, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -90,18 +90,17 @@ def cluster(dask_cluster):
 
 
 def _readme_dask_lines() -> tuple[list[str], list[str]]:
-    """The README's pack-shards line on a Dask cluster (its ```bash block after "On a Dask cluster"), split as a
-    shell splits it, and its executor keys (what "the same two keys" adds to another command)."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"On a Dask cluster.*?```bash\n(.*?)```", readme, re.S).group(1)
+    """The documented pack-shards line on a Dask cluster (its ```bash block after "On a Dask cluster", in
+    docs/CLUSTERS.md), split as a shell splits it, and its executor keys (what "the same two keys" adds to another
+    command)."""
+    block = doc_search(r"On a Dask cluster.*?```bash\n(.*?)```", re.S).group(1)
     argv = shlex.split(block.replace("\\\n", " "))
     assert argv[:2] == ["corpus-io", "pack-shards"], block
     return argv, [a for a in argv if a.startswith(("++num_jobs=", "++executor=", "++executor_address="))]
 
 
 def _readme_compute_cmvn() -> list[str]:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    return shlex.split(re.search(r"^corpus-io compute-cmvn .*$", readme, re.M).group(0))
+    return shlex.split(doc_search(r"^corpus-io compute-cmvn .*$", re.M).group(0))
 
 
 def _at(argv: list[str], places: dict[str, str]) -> list[str]:
