@@ -1,6 +1,6 @@
 """The Python API (corpus_io/api.py, re-exported lazily by the package): configs checked as the CLI checks
 them, typed schemas, the loader train uses (equal steps per rank, exact resume, no dishonest len), and the
-README's example. The DDP tests run real torchrun (gloo, CPU) on the fixture corpus."""
+Python API page's example (docs/API.md). The DDP tests run real torchrun (gloo, CPU) on the fixture corpus."""
 
 from __future__ import annotations
 
@@ -178,8 +178,8 @@ def test_the_loader_has_no_len_and_resumes_exactly_from_its_state(prepared):
     resumed = _loader(prepared)
     resumed.load_state_dict(state)
     resumed.set_epoch(1)
-    # README "Partitioning and resume": the batches before the checkpoint are the uninterrupted run's, and the two
-    # runs together read every key once; the order after it is the refilled buffers' own
+    # docs/PARTITIONING.md "Partitioning and resume": the batches before the checkpoint are the uninterrupted run's,
+    # and the two runs together read every key once; the order after it is the refilled buffers' own
     rest = [batch["keys"] for batch in resumed]
     assert head == whole[:3]
     assert sorted(k for keys in head + rest for k in keys) == prepared["keys"]
@@ -241,7 +241,7 @@ def test_plain_ddp_loop_killed_mid_epoch_resumes_and_trains_every_key_once_with_
         assert "uneven='allow'" in u["error"]["error"] and u["error"]["batches"] == min(allowed)
 
 
-# --------------------------------------------------------------------------- the README example
+# --------------------------------------------------------------------------- the docs/API.md example
 
 
 def readme_examples() -> dict[str, str]:

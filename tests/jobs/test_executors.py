@@ -1,9 +1,9 @@
 """++executor=dask on a real Dask cluster on 127.0.0.1 (`dask scheduler` + `dask worker`s, ports from the OS), one
 scheduler for the module:
 
-* the README's Dask lines on a default `dask worker` (nanny on: tasks run in a daemonic process, which may not start
-  the commands' worker processes) with the commands' default num_workers: pack-shards and compute-cmvn give one
-  local job's bytes;
+* the Dask lines of docs/CLUSTERS.md on a default `dask worker` (nanny on: tasks run in a daemonic process, which
+  may not start the commands' worker processes) with the commands' default num_workers: pack-shards and compute-cmvn
+  give one local job's bytes;
 * pack-shards' jobs on two `--no-nanny` workers, one killed mid-run: the merged result equals one job's bytes; then
   compute-cmvn's jobs on the worker left."""
 
@@ -104,7 +104,7 @@ def _readme_compute_cmvn() -> list[str]:
 
 
 def _at(argv: list[str], places: dict[str, str]) -> list[str]:
-    """``argv`` with the README's addresses (paths, the scheduler) replaced by this test's."""
+    """``argv`` with the documented addresses (paths, the scheduler) replaced by this test's."""
     out = []
     for arg in argv:
         key, _, value = arg.partition("=")
@@ -120,10 +120,10 @@ def _same_files(a: Path, b: Path, pattern: str) -> None:
 
 
 def test_the_readme_dask_lines_on_a_default_worker_give_one_local_jobs_bytes(cluster, tmp_path):
-    """The README's block, verbatim apart from the paths and the scheduler's address, on `dask worker <address>`
-    (nanny on, its default threads) with default num_workers; pack-shards gets ``++num_utts_per_shard=1`` so that
-    this small corpus (96 utterances) makes more shards than the block's 64 jobs: a job packs two shards, which
-    opens its pool of workers (one shard a job would run inline and prove nothing)."""
+    """The documented block (docs/CLUSTERS.md), verbatim apart from the paths and the scheduler's address, on
+    `dask worker <address>` (nanny on, its default threads) with default num_workers; pack-shards gets
+    ``++num_utts_per_shard=1`` so that this small corpus (96 utterances) makes more shards than the block's 64 jobs:
+    a job packs two shards, which opens its pool of workers (one shard a job would run inline and prove nothing)."""
     _, log = cluster.start_worker()
     jsonl = write_jsonl(tmp_path / "train.jsonl", [dict(r, key=f"c{c}-{r['key']}") for c in range(4)
                                                     for r in fixture_records()])
@@ -136,7 +136,7 @@ def test_the_readme_dask_lines_on_a_default_worker_give_one_local_jobs_bytes(clu
     assert "[merge-jobs] 64 parts of pack-shards" in result.stdout + result.stderr
     _same_files(tmp_path / "dask", tmp_path / "one", "*.tar")
     _same_files(tmp_path / "dask", tmp_path / "one", "index.jsonl")
-    # compute-cmvn: the README's line with "the same two keys" (and the block's job count)
+    # compute-cmvn: the documented line (README.md's pipeline) with "the same two keys" (and the block's job count)
     data_list = str(tmp_path / "dask" / "data.list")
     api.compute_cmvn(data_list, tmp_path / "one.cmvn.json")
     places = {"data/train/shards/data.list": data_list, "data/train/cmvn.json": str(tmp_path / "dask.cmvn.json"),

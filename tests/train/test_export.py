@@ -1,6 +1,6 @@
 """export-model: ONNX and TorchScript files of the shared training run's model, checked against PyTorch on 20
 real utterances of different lengths, decoded by decode, with and without the fbank front end inside; files
-that are not ours refused; the README's Python snippet run as written."""
+that are not ours refused; docs/DECODING.md's Python snippet run as written."""
 
 from __future__ import annotations
 
