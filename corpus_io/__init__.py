@@ -3,7 +3,7 @@
 Importing the package is cheap: nothing here imports torch. Modules that need
 torch (the loader, training) import it themselves.
 
-The Python API (README "Python API"; :mod:`corpus_io.api`) is importable from here, loaded on first use::
+The Python API (docs/API.md; :mod:`corpus_io.api`) is importable from here, loaded on first use::
 
     from corpus_io import build_loader, load_config
 """

@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -110,6 +111,45 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 def pytest_report_header(config) -> str:
     return f"hang limits: x{load_scale():.2f} (load per CPU, never below 1; {HANG_SCALE_ENV} sets it)"
+
+
+# --------------------------------------------------------------------------- the documentation's pages
+def doc_pages() -> dict[str, str]:
+    """The front door and every topic page, by repository path: README.md first, then docs/*.md sorted."""
+    paths = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    return {str(p.relative_to(REPO)): p.read_text(encoding="utf-8") for p in paths}
+
+
+def doc_search(pattern: str, flags: int = 0) -> re.Match:
+    """The first match of ``pattern`` in README.md or a docs page, each page searched alone (README first), so a
+    command block a test runs verbatim is found wherever it lives."""
+    for text in doc_pages().values():
+        found = re.search(pattern, text, flags)
+        if found:
+            return found
+    pytest.fail(f"no page of README.md or docs/*.md matches {pattern!r}")
+
+
+def doc_section(title: str) -> str:
+    """The text under the heading ``title`` (any level; fenced code is not read as headings) in README.md or a
+    docs page, up to the next heading of its level or higher. Exactly one page may hold it."""
+    found = []
+    for path, text in doc_pages().items():
+        lines, fence, start, level = text.split("\n"), False, None, 0
+        for i, line in enumerate(lines):
+            if line.startswith("```"):
+                fence = not fence
+            heading = None if fence else re.match(r"(#+) (.*)$", line)
+            if heading and start is not None and len(heading.group(1)) <= level:
+                break
+            if heading and start is None and heading.group(2).strip() == title:
+                start, level = i + 1, len(heading.group(1))
+        else:
+            i = len(lines)
+        if start is not None:
+            found.append((path, "\n".join(lines[start:i])))
+    assert len(found) == 1, f"heading {title!r} in {[p for p, _ in found] or 'no page'} of README.md, docs/*.md"
+    return found[0][1]
 
 
 def run_bounded(cmd: list[str], timeout: float, env: dict | None = None,

@@ -1,6 +1,6 @@
 """The Python API (corpus_io/api.py, re-exported lazily by the package): configs checked as the CLI checks
 them, typed schemas, the loader train uses (equal steps per rank, exact resume, no dishonest len), and the
-README's example. The DDP tests run real torchrun (gloo, CPU) on the fixture corpus."""
+Python API page's example (docs/API.md). The DDP tests run real torchrun (gloo, CPU) on the fixture corpus."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import corpus_io
 from corpus_io import api
 from corpus_io.config import data, dataset, training
-from tests.conftest import BIN, FIXTURE, REPO, free_port, run_bounded, run_cli
+from tests.conftest import BIN, FIXTURE, REPO, doc_section, free_port, run_bounded, run_cli
 
 
 def env() -> dict:
@@ -54,7 +54,7 @@ def test_the_package_exports_exactly_the_documented_api():
         assert getattr(api, name).__doc__, f"{name} has no docstring"
     with pytest.raises(AttributeError, match="no attribute 'build_dataloader'"):
         corpus_io.build_dataloader  # noqa: B018
-    readme = (REPO / "README.md").read_text(encoding="utf-8").split("## Python API", 1)[1].split("\n## ", 1)[0]
+    readme = doc_section("Python API")
     undocumented = [n for n in api.__all__ if f"`{n}" not in readme and n not in ("ConfigError", "DataError")
                     and not n.endswith(("Conf", "Config"))]
     assert not undocumented, undocumented
@@ -178,8 +178,8 @@ def test_the_loader_has_no_len_and_resumes_exactly_from_its_state(prepared):
     resumed = _loader(prepared)
     resumed.load_state_dict(state)
     resumed.set_epoch(1)
-    # README "Partitioning and resume": the batches before the checkpoint are the uninterrupted run's, and the two
-    # runs together read every key once; the order after it is the refilled buffers' own
+    # docs/PARTITIONING.md "Partitioning and resume": the batches before the checkpoint are the uninterrupted run's,
+    # and the two runs together read every key once; the order after it is the refilled buffers' own
     rest = [batch["keys"] for batch in resumed]
     assert head == whole[:3]
     assert sorted(k for keys in head + rest for k in keys) == prepared["keys"]
@@ -266,11 +266,11 @@ def test_plain_ddp_loop_killed_mid_epoch_resumes_and_trains_every_key_once_with_
         assert "uneven='allow'" in u["error"]["error"] and u["error"]["batches"] == min(allowed)
 
 
-# --------------------------------------------------------------------------- the README example
+# --------------------------------------------------------------------------- the docs/API.md example
 
 
 def readme_examples() -> dict[str, str]:
-    section = (REPO / "README.md").read_text(encoding="utf-8").split("## Python API", 1)[1].split("\n## ", 1)[0]
+    section = doc_section("Python API")
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     return {block.split(":", 1)[0].removeprefix("# ").strip(): block for block in blocks}
 

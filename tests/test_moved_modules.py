@@ -38,7 +38,7 @@ def test_names_of_the_old_jobs_and_audio_modules_are_read_from_their_wings():
     from corpus_io.jobs import parts
 
     with pytest.warns(DeprecationWarning, match="corpus_io.jobs.run_job moved to corpus_io.jobs.parts.run_job"):
-        assert corpus_io.jobs.run_job is parts.run_job  # README "Executors"
+        assert corpus_io.jobs.run_job is parts.run_job  # docs/CLUSTERS.md "Executors"
     with pytest.warns(DeprecationWarning, match="corpus_io.audio.probe moved"):
         assert corpus_io.audio.probe is io.probe
     with pytest.raises(AttributeError):

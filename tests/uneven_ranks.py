@@ -1,4 +1,4 @@
-"""Ranks that hold unequal data, trained for several epochs with the plain loop the README shows: the loader
+"""Ranks that hold unequal data, trained for several epochs with the plain loop docs/API.md shows: the loader
 built by ``corpus_io.build_loader`` (``uneven='stop'``, its default), ``for batch in loader:``. Each rank is a real
 process in one gloo group (no torchrun agent: the launcher below starts them as torchrun would), and writes the
 keys it got in each epoch; tests/loader/test_dataset.py reads them.

@@ -168,8 +168,8 @@ class DatasetConf:
     sort: bool = opt(True, "sort utterances by length inside a buffer before batching")
     sort_conf: SortConf = opt(factory=SortConf)
     bucketing: bool = opt(True, "batch from duration buckets, each batch padded to its bucket's edge (few shapes, "
-                                "little padding: see README 'Training on GPUs'); false: the sort buffer, each batch "
-                                "padded to its longest utterance")
+                                "little padding: see docs/TRAINING.md 'Training on GPUs'); false: the sort buffer, "
+                                "each batch padded to its longest utterance")
     num_buckets: int = opt(30, "duration buckets when bucketing=true: an epoch has at most num_buckets + 1 padded "
                                "lengths; memory: one batch per bucket is held", range="[1, 1000]")
     bucket_edges: Optional[List[float]] = opt(None, "upper bucket edges (ascending); default: estimated from the data "

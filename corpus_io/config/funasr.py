@@ -14,7 +14,7 @@ from corpus_io.errors import ConfigError
 
 @dataclass(frozen=True)
 class FunasrKey:
-    """How a key of FunASR's training scripts/configs is taken here (see README, "FunASR keys").
+    """How a key of FunASR's training scripts/configs is taken here (see docs/TRAINING.md, "FunASR keys").
 
     ``ours``: our key in the same group that receives the value (None: the key has no effect here and is
     dropped with one warning line). ``note``: said in that warning, or, for a mapped key whose meaning

@@ -1,9 +1,9 @@
 """++executor=dask on a real Dask cluster on 127.0.0.1 (`dask scheduler` + `dask worker`s, ports from the OS), one
 scheduler for the module:
 
-* the README's Dask lines on a default `dask worker` (nanny on: tasks run in a daemonic process, which may not start
-  the commands' worker processes) with the commands' default num_workers: pack-shards and compute-cmvn give one
-  local job's bytes;
+* the Dask lines of docs/CLUSTERS.md on a default `dask worker` (nanny on: tasks run in a daemonic process, which
+  may not start the commands' worker processes) with the commands' default num_workers: pack-shards and compute-cmvn
+  give one local job's bytes;
 * pack-shards' jobs on two `--no-nanny` workers, one killed mid-run: the merged result equals one job's bytes; then
   compute-cmvn's jobs on the worker left."""
 
@@ -21,7 +21,7 @@ import distributed  # noqa: F401 - [dev] brings it ([dask]): a broken install fa
 import pytest
 
 from corpus_io import api
-from tests.conftest import BIN, REPO, free_port, hang_limit, run_cli, wait_for_port
+from tests.conftest import BIN, doc_search, free_port, hang_limit, run_cli, wait_for_port
 from tests.shards.conftest import fixture_records, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -90,22 +90,21 @@ def cluster(dask_cluster):
 
 
 def _readme_dask_lines() -> tuple[list[str], list[str]]:
-    """The README's pack-shards line on a Dask cluster (its ```bash block after "On a Dask cluster"), split as a
-    shell splits it, and its executor keys (what "the same two keys" adds to another command)."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"On a Dask cluster.*?```bash\n(.*?)```", readme, re.S).group(1)
+    """The documented pack-shards line on a Dask cluster (its ```bash block after "On a Dask cluster", in
+    docs/CLUSTERS.md), split as a shell splits it, and its executor keys (what "the same two keys" adds to another
+    command)."""
+    block = doc_search(r"On a Dask cluster.*?```bash\n(.*?)```", re.S).group(1)
     argv = shlex.split(block.replace("\\\n", " "))
     assert argv[:2] == ["corpus-io", "pack-shards"], block
     return argv, [a for a in argv if a.startswith(("++num_jobs=", "++executor=", "++executor_address="))]
 
 
 def _readme_compute_cmvn() -> list[str]:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    return shlex.split(re.search(r"^corpus-io compute-cmvn .*$", readme, re.M).group(0))
+    return shlex.split(doc_search(r"^corpus-io compute-cmvn .*$", re.M).group(0))
 
 
 def _at(argv: list[str], places: dict[str, str]) -> list[str]:
-    """``argv`` with the README's addresses (paths, the scheduler) replaced by this test's."""
+    """``argv`` with the documented addresses (paths, the scheduler) replaced by this test's."""
     out = []
     for arg in argv:
         key, _, value = arg.partition("=")
@@ -121,10 +120,10 @@ def _same_files(a: Path, b: Path, pattern: str) -> None:
 
 
 def test_the_readme_dask_lines_on_a_default_worker_give_one_local_jobs_bytes(cluster, tmp_path):
-    """The README's block, verbatim apart from the paths and the scheduler's address, on `dask worker <address>`
-    (nanny on, its default threads) with default num_workers; pack-shards gets ``++num_utts_per_shard=1`` so that
-    this small corpus (96 utterances) makes more shards than the block's 64 jobs: a job packs two shards, which
-    opens its pool of workers (one shard a job would run inline and prove nothing)."""
+    """The documented block (docs/CLUSTERS.md), verbatim apart from the paths and the scheduler's address, on
+    `dask worker <address>` (nanny on, its default threads) with default num_workers; pack-shards gets
+    ``++num_utts_per_shard=1`` so that this small corpus (96 utterances) makes more shards than the block's 64 jobs:
+    a job packs two shards, which opens its pool of workers (one shard a job would run inline and prove nothing)."""
     _, log = cluster.start_worker()
     jsonl = write_jsonl(tmp_path / "train.jsonl", [dict(r, key=f"c{c}-{r['key']}") for c in range(4)
                                                     for r in fixture_records()])
@@ -137,7 +136,7 @@ def test_the_readme_dask_lines_on_a_default_worker_give_one_local_jobs_bytes(clu
     assert "[merge-jobs] 64 parts of pack-shards" in result.stdout + result.stderr
     _same_files(tmp_path / "dask", tmp_path / "one", "*.tar")
     _same_files(tmp_path / "dask", tmp_path / "one", "index.jsonl")
-    # compute-cmvn: the README's line with "the same two keys" (and the block's job count)
+    # compute-cmvn: the documented line (README.md's pipeline) with "the same two keys" (and the block's job count)
     data_list = str(tmp_path / "dask" / "data.list")
     api.compute_cmvn(data_list, tmp_path / "one.cmvn.json")
     places = {"data/train/shards/data.list": data_list, "data/train/cmvn.json": str(tmp_path / "dask.cmvn.json"),

@@ -523,7 +523,7 @@ def _real_utts() -> list[tuple[str, str, str]]:
 
 @pytest.fixture(scope="module")
 def uneven_runs(tmp_path_factory):
-    """Each shape on 2 real gloo ranks for 8 epochs with the README's loop (tests/uneven_ranks.py), and the first
+    """Each shape on 2 real gloo ranks for 8 epochs with docs/API.md's loop (tests/uneven_ranks.py), and the first
     shape again, checkpointed after the first batch of epoch 1 (which begins with what epoch 0 left) and resumed."""
     import soundfile as sf
 

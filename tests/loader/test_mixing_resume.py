@@ -1,6 +1,6 @@
 """Weighted ``sources`` resumed at every batch boundary read each key as often as the uninterrupted epoch, and what
-was read before the checkpoint is the uninterrupted run's (the order after it is not: README "Partitioning and
-resume")."""
+was read before the checkpoint is the uninterrupted run's (the order after it is not:
+docs/PARTITIONING.md "Partitioning and resume")."""
 
 from __future__ import annotations
 

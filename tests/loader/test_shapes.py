@@ -178,7 +178,7 @@ def test_bucket_batch_sizes_without_matching_edges_are_refused(corpus):
 
 @pytest.mark.slow
 def test_synchronised_buckets_on_two_gloo_ranks_step_together_read_each_key_once_and_resume_exactly(tmp_path):
-    """2 real gloo ranks (tests/uneven_ranks.py, the README's loop): at each step both ranks' batches come from one
+    """2 real gloo ranks (tests/uneven_ranks.py, docs/API.md's loop): at each step both ranks' batches come from one
     bucket (one padded length), but for the last few batches of an epoch (the buckets' rests); every key once per
     epoch; an epoch checkpointed mid-way and resumed trains each key once and stays in step."""
     import sys

@@ -1,4 +1,4 @@
-"""Every documented training option trains: ``feats_on`` (loader, model) x every augmentation the README
+"""Every documented training option trains: ``feats_on`` (loader, model) x every augmentation docs/LOADER.md
 lists x every batch type runs ``train`` for two steps and ``decode`` on the result.
 
 The cross product runs in this process through the library (the same ``train``/``decode`` functions the
@@ -17,7 +17,7 @@ from tests.conftest import run_cli
 from tests.loader_data import make_raw, token_list
 
 FEATS_ON = ("loader", "model")
-#: the README's augmentations (dataset_conf table: speed perturb, spec_aug, spec_sub, spec_trim, and the fbank
+#: docs/LOADER.md's augmentations (dataset_conf table: speed perturb, spec_aug, spec_sub, spec_trim, and the fbank
 #: dither of train mode), each alone, and all of them at once
 AUGMENTATIONS = {
     "none": {},

@@ -1,6 +1,6 @@
 """export-model: ONNX and TorchScript files of the shared training run's model, checked against PyTorch on 20
 real utterances of different lengths, decoded by decode, with and without the fbank front end inside; files
-that are not ours refused; the README's Python snippet run as written."""
+that are not ours refused; docs/DECODING.md's Python snippet run as written."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from corpus_io.errors import ConfigError
-from tests.conftest import REPO, assert_user_error, run_bounded, run_cli
+from tests.conftest import REPO, assert_user_error, doc_search, run_bounded, run_cli
 from tests.test_hostile import corpus_io as in_process
 
 
@@ -214,8 +214,7 @@ def test_the_readme_snippet_transcribes_a_wav_as_greedy_decoding_does(exported, 
 
     from corpus_io.train.exported import load_exported
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    snippet = re.search(r"<!-- snippet: transcribe-onnx[^\n]*\n```python\n(.*?)```", readme, re.S).group(1)
+    snippet = doc_search(r"<!-- snippet: transcribe-onnx[^\n]*\n```python\n(.*?)```", re.S).group(1)
     assert 8 <= len(snippet.strip().splitlines()) <= 14
     wav = next(p for p in sorted((REPO / "tests" / "fixtures" / "corpus" / "wav").glob("*.wav"))
                if sf.info(str(p)).samplerate == 16000 and sf.info(str(p)).channels == 1)
