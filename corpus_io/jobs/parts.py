@@ -37,6 +37,7 @@ import importlib
 import json
 import os
 import re
+from array import array
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -373,8 +374,32 @@ def seal_output(out: dict, path: str | os.PathLike, claims: Any) -> dict:
 
 
 def _seal(out: dict, claims: Any) -> str:
-    what = [out.get("file"), out.get("bytes"), out.get("sha256"), out.get("mtime_ns"), claims]
-    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+    h = hashlib.sha256()
+    _digest_into(h, [out.get("file"), out.get("bytes"), out.get("sha256"), out.get("mtime_ns"), claims])
+    return h.hexdigest()
+
+
+def _digest_into(h: Any, value: Any) -> None:
+    """Feed JSON-like ``value`` to hash ``h`` canonically (dict keys sorted) and fast: a list of strings (keys) is
+    joined, a list of numbers (durations) packed as float64, so a 75,000-part merge does not format 36M floats."""
+    if isinstance(value, dict):
+        h.update(b"{%d" % len(value))
+        for k in sorted(value):
+            h.update(json.dumps(k).encode())
+            _digest_into(h, value[k])
+        h.update(b"}")
+    elif isinstance(value, list):
+        try:
+            h.update(b"[s%d:" % len(value) + "\0".join(value).encode("utf-8", "surrogatepass"))
+        except TypeError:
+            try:
+                h.update(b"[d%d:" % len(value) + array("d", value).tobytes())
+            except (TypeError, OverflowError):
+                h.update(b"[%d:" % len(value))
+                for item in value:
+                    _digest_into(h, item)
+    else:
+        h.update(b"=" + json.dumps(value).encode())
 
 
 def sealed(out: dict, path: str | os.PathLike, claims: Any) -> bool:
@@ -592,8 +617,6 @@ def load_parts(place: Place, *, digest: bool = False,
     outputs present and unchanged (size; sha256 with ``digest``), and no key (``keys_of(data)``) in two parts.
     The parts come back without their data (:meth:`Part.payload` reads it again), so a 75,000-part merge holds one
     part's keys at a time, plus 8 bytes per key."""
-    from array import array
-
     hashes = array("q")
     parts = []
     on_objects: set[int] = set()  # jobs whose outputs are objects (checked by the command's merge), not files
