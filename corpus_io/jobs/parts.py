@@ -616,15 +616,17 @@ def load_parts(place: Place, *, digest: bool = False,
     fields (:func:`check_record`, and the command's ``check(part)``), one N, one fingerprint, none missing,
     outputs present and unchanged (size; sha256 with ``digest``), and no key (``keys_of(data)``) in two parts.
     The parts come back without their data (:meth:`Part.payload` reads it again), so a 75,000-part merge holds one
-    part's keys at a time, plus 8 bytes per key."""
+    part's keys at a time, plus 8 bytes per key; they keep its summary, and the small dict ``check`` returns (what
+    the command's merge needs of the checks without reading the record again)."""
     hashes = array("q")
     parts = []
     on_objects: set[int] = set()  # jobs whose outputs are objects (checked by the command's merge), not files
     for path in place.records():
         part = read_part(path)
+        kept = None
         if check is not None:
             try:
-                check(part)
+                kept = check(part)
             except RecordProblem as problem:
                 raise DataError(f"part record {path}: {problem}. The record was changed after its job wrote it, "
                                 f"or is damaged, so nothing in it is trusted and nothing was changed. Delete it and "
@@ -634,7 +636,7 @@ def load_parts(place: Place, *, digest: bool = False,
             hashes.extend(map(hash, keys_of(part.data or {})))  # within this process only: str hash is enough
         if (part.data or {}).get("url"):
             on_objects.add(part.job_index)
-        part.data, part.lazy = {"summary": (part.data or {}).get("summary", {})}, True
+        part.data, part.lazy = {"summary": (part.data or {}).get("summary", {}), **(kept or {})}, True
         parts.append(part)
     counts = sorted({p.num_jobs for p in parts})
     if len(counts) > 1:
