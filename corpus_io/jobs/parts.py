@@ -382,9 +382,10 @@ def _seal(out: dict, claims: Any) -> str:
 def _digest_into(h: Any, value: Any) -> None:
     """Feed JSON-like ``value`` to hash ``h`` canonically (dict keys sorted) and fast: a list of strings (keys) is
     joined, a list of numbers (durations) packed as float64, so a 75,000-part merge does not format 36M floats."""
-    if isinstance(value, dict):
-        h.update(b"{%d" % len(value))
-        for k in sorted(value):
+    if isinstance(value, dict):  # its scalars in one JSON text, then each list or dict by its key
+        nested = sorted(k for k, v in value.items() if isinstance(v, (list, dict)))
+        h.update(b"{" + json.dumps({k: v for k, v in value.items() if k not in nested}, sort_keys=True).encode())
+        for k in nested:
             h.update(json.dumps(k).encode())
             _digest_into(h, value[k])
         h.update(b"}")

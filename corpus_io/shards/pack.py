@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import json
 import os
 import re
@@ -748,7 +749,7 @@ def _refuse_absent_objects(url: str, parts: list[Part], storage_options: dict) -
 
 def part_keys(data: dict) -> Iterator[str]:
     """The utterance keys of a pack-shards part (merge-jobs refuses a key two parts hold)."""
-    return (k for group in data["groups"] for e in group["entries"] for k in e.get("keys") or ())
+    return itertools.chain.from_iterable(e.get("keys") or () for group in data["groups"] for e in group["entries"])
 
 
 def check_part(part: Part) -> dict:
