@@ -7,9 +7,10 @@ the cost of ``merge-jobs`` on a simulated 75,000-part run (the 100,000-hour plan
   ``bench.common.run_measured`` (wall time, peak RSS of its tree). The merged ``data.list``/``index.jsonl``
   and every shard must equal the one-job run's bytes, or the bench stops.
 * Merge at scale: ``BENCH_JOBS_PARTS`` part records (default 75,000), one shard of ``BENCH_JOBS_KEYS``
-  utterance keys each (default 480: 36M utterances, 100,000 hours at 10 s), written as pack-shards jobs
-  write them (tiny stand-in shard files, so the merge's size checks run); ``merge-jobs`` is then timed in a
-  fresh process (wall, peak RSS).
+  utterance keys each (default 480: 36M utterances, 100,000 hours at 10 s), sealed as pack-shards jobs
+  write them, each shard a real tar of its utterances' metadata members (tiny payloads, ~1 MB per 480 keys), or
+  a one-member stand-in where real ones would take over half the free disk (75,000 x 480: 73 GB);
+  ``merge-jobs`` (its default ``++check=stat``) is then timed in a fresh process (wall, peak RSS).
 """
 
 from __future__ import annotations
@@ -86,32 +87,46 @@ def _pack(jsonl: Path, n: int) -> dict:
 # --------------------------------------------------------------------------- simulated merge
 
 
-def simulate(root: str, parts: int, keys: int) -> None:
-    """``parts`` pack-shards part records of one run (one stand-in shard each), as jobs write them."""
-    from corpus_io.jobs.parts import Job, Part, Place, fingerprint, write_part
+def simulate(root: str, parts: int, keys: int, stand_in: bool = False) -> None:
+    """``parts`` pack-shards part records of one run (one shard each), sealed as jobs write them
+    (:func:`corpus_io.jobs.parts.seal_output`). Each shard is a real tar of ``keys`` utterances' metadata members
+    (tiny payloads: ~1 MB per 480 keys), kept from an earlier call into the same ``root`` (they are deterministic),
+    so a rerun only rewrites the records. ``stand_in``: each shard is a one-member tar instead (the records still
+    list ``keys`` keys), for sizes whose real tars do not fit the disk; only the default check (which trusts a
+    sealed shard with one stat()) merges it, ``++check=headers`` refuses it."""
+    from corpus_io.jobs.parts import Job, Part, Place, fingerprint, seal_output, write_part
 
     out = Path(root)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    kind = f"{keys} {'stand-in' if stand_in else 'real'}\n"
+    made = out / ".simulated"  # what the shards kept here are: others are written again
+    if not made.is_file() or made.read_text() != kind:
+        shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for p in out.iterdir():  # a previous run's records and lists; its shards are kept
+        if not p.name.endswith(".tar"):
+            p.unlink() if p.is_file() else shutil.rmtree(p)
+    made.write_text(kind)
     place = Place(str(out), "pack-shards", True)
     fp = fingerprint(["simulated"])
     for j in range(1, parts + 1):
         name = f"shard-{j - 1:06d}.tar"
         utts = [f"spk{j:06d}-utt{k:04d}" for k in range(keys)]
-        # a real tar of metadata members (merge-jobs reads each shard's headers and .json members against its record)
-        with tarfile.open(out / name, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for key in utts:
-                for suffix, payload in (("txt", b"a"), ("json", json.dumps({"key": key, "duration": 10.0}).encode())):
-                    info = tarfile.TarInfo(f"{key}.{suffix}")
-                    info.size = len(payload)
-                    tar.addfile(info, io.BytesIO(payload))
+        if not (out / name).is_file():
+            # a real tar of metadata members (merge-jobs reads a shard's headers and .json members when it must)
+            with tarfile.open(out / name, "w", format=tarfile.USTAR_FORMAT) as tar:
+                for key in utts[:1] if stand_in else utts:
+                    meta = json.dumps({"key": key, "duration": 10.0}).encode()
+                    for suffix, payload in (("txt", b"a"), ("json", meta)):
+                        info = tarfile.TarInfo(f"{key}.{suffix}")
+                        info.size = len(payload)
+                        tar.addfile(info, io.BytesIO(payload))
         size, sha = (out / name).stat().st_size, hashlib.sha256((out / name).read_bytes()).hexdigest()
         entry = {"path": name, "num_utts": keys, "duration": 10.0 * keys, "min_duration": 10.0, "max_duration": 10.0,
                  "bytes": size, "sha256": sha, "keys": utts}
         data = {"prefix": "shard", "groups": [{"dir": "", "entries": [entry]}],
                 "summary": {"kept": keys, "seconds": 10.0 * keys, "bytes": size, "skipped": {}}}
-        write_part(place, Part("pack-shards", place.tag, parts, j, fp, [j - 1, j], parts,
-                               [{"file": name, "bytes": size, "sha256": sha}], data))
+        outputs = [seal_output({"file": name, "bytes": size, "sha256": sha}, out / name, entry)]
+        write_part(place, Part("pack-shards", place.tag, parts, j, fp, [j - 1, j], parts, outputs, data))
     job = Job(1, parts)
     assert place.record(job).is_file()
     print(json.dumps({"parts": parts}), flush=True)
@@ -119,8 +134,9 @@ def simulate(root: str, parts: int, keys: int) -> None:
 
 def _merge_at_scale() -> dict:
     root = OUT / "jobs" / "simulated"
+    real = PARTS * KEYS * 1100 < shutil.disk_usage(OUT).free // 2  # real tars: ~1.1 KB per key (2 members)
     start = time.perf_counter()
-    run_child("bench.bench_jobs", "--simulate", str(root), str(PARTS), str(KEYS))
+    run_child("bench.bench_jobs", "--simulate", str(root), str(PARTS), str(KEYS), *(() if real else ("--stand-in",)))
     made = time.perf_counter() - start
     wall, rss, result = run_measured([sys.executable, "-m", "cli.main", "merge-jobs", f"++path={root}"],
                                      cwd=Path(__file__).parent.parent)
@@ -129,7 +145,7 @@ def _merge_at_scale() -> dict:
     listed = sum(1 for _ in open(root / "data.list", encoding="utf-8"))
     index_bytes = (root / "index.jsonl").stat().st_size
     shutil.rmtree(root, ignore_errors=True)
-    return {"made": made, "wall": wall, "rss": rss, "listed": listed, "index_bytes": index_bytes}
+    return {"made": made, "wall": wall, "rss": rss, "listed": listed, "index_bytes": index_bytes, "real": real}
 
 
 def main() -> None:
@@ -155,12 +171,14 @@ def main() -> None:
         shutil.rmtree(r["out"], ignore_errors=True)
     m = _merge_at_scale()
     print(f"merge-jobs of a simulated {PARTS}-part run ({PARTS} shards x {KEYS} keys = {PARTS * KEYS / 1e6:.1f}M "
-          f"utterances; parts written in {m['made']:.0f} s): {m['wall']:.1f} s wall, peak RSS {mb(m['rss'])}, "
+          f"utterances; {'real metadata tars' if m['real'] else 'one-member stand-in tars (real ones: over the disk)'}"
+          f", parts written in {m['made']:.0f} s), default ++check=stat: {m['wall']:.1f} s wall, "
+          f"peak RSS {mb(m['rss'])}, "
           f"{m['listed']} list lines, index {m['index_bytes'] / 1e9:.2f} GB")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--simulate"]:
-        simulate(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        simulate(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), stand_in="--stand-in" in sys.argv[5:])
     else:
         main()

@@ -207,8 +207,10 @@ class MergeJobsConfig:
                            "compute-cmvn's output, add-field's or verify-shards' input list")
     what: Optional[str] = opt(None, "which parts, when P has parts of several commands (e.g. verify-shards, "
                                     "add-field-fbank)")
-    check: str = opt("size", "how the parts' outputs are checked before merging: size (fast), or sha256 (reads "
-                             "every output)", choices=("size", "sha256"))
+    check: str = opt("stat", "how the parts' outputs are checked before merging: stat (sizes, and one stat() per "
+                             "shard its job sealed; others' tar headers read), headers (reads every shard's tar "
+                             "headers), sha256 (also reads every output); size is stat's former name",
+                     choices=("stat", "headers", "sha256", "size"))
     storage_options: Dict[str, Any] = storage_options_opt("an s3:// path (endpoint_url, key, secret), as the jobs' "
                                                           "storage_options; else the AWS environment")
 

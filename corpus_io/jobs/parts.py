@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import importlib
 import json
 import os
 import re
+from array import array
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -66,6 +68,12 @@ JOB_COMMANDS: dict[str, tuple[str, str, str, str, str]] = {  # command -> (schem
     "verify-shards": ("VerifyShardsConfig", "corpus_io.shards.verify:verify_shards",
                       "corpus_io.shards.verify:merge_parts", "", "corpus_io.shards.verify:check_part"),
 }
+
+# merge-jobs' ++check levels, each doing what the one before does and more: ``stat`` (the default; ``size`` is its
+# former name): every output's size, and what a sealed record says of a shard trusted while the shard has the size and
+# mtime its job saw (:func:`sealed`; else the shard's tar headers are read); ``headers``: every shard's tar headers
+# read against its record; ``sha256``: every output's sha256 too
+CHECKS = {"stat": "stat", "size": "stat", "headers": "headers", "sha256": "sha256"}
 
 CONVENTION = "job_index counts from 1 to num_jobs, as Kaldi's JOB=1:$nj"
 
@@ -266,6 +274,7 @@ class Place:
     tag: str  # the command (add-field: add-field-<field>)
     is_dir: bool  # P is a directory (pack-shards' output_dir): records inside it
     storage_options: dict | None = field(default=None, compare=False, hash=False)  # an s3:// P's (merge-jobs)
+    check: str = field(default="stat", compare=False, hash=False)  # merge-jobs' ++check (stat, headers, sha256)
 
     @property
     def directory(self) -> Path:
@@ -353,6 +362,61 @@ def output_entry(path: str | os.PathLike, base: str | os.PathLike, *, sha256: st
     """The record entry of an output file (its path relative to ``base``)."""
     return {"file": os.path.relpath(path, base), "bytes": os.path.getsize(path) if size is None else size,
             "sha256": sha256 or file_sha256(path)}
+
+
+def seal_output(out: dict, path: str | os.PathLike, claims: Any) -> dict:
+    """``out`` (an :func:`output_entry`) with what the job that wrote ``path`` can vouch for cheaply: the file's
+    ``mtime_ns`` as the job sees it after writing it, and ``seal``, a sha256 binding ``claims`` (what the record
+    says of the file, e.g. a shard's index entry: keys, durations) to the file's name, size, sha256 and mtime.
+    :func:`sealed` then proves, with one ``stat()``, that the file and the claims are still the job's."""
+    out = dict(out, mtime_ns=os.stat(path).st_mtime_ns)
+    return dict(out, seal=_seal(out, claims))
+
+
+def _seal(out: dict, claims: Any) -> str:
+    h = hashlib.sha256()
+    _digest_into(h, [out.get("file"), out.get("bytes"), out.get("sha256"), out.get("mtime_ns"), claims])
+    return h.hexdigest()
+
+
+def _digest_into(h: Any, value: Any) -> None:
+    """Feed JSON-like ``value`` to hash ``h`` canonically (dict keys sorted) and fast: a list of strings (keys) is
+    joined, a list of numbers (durations) packed as float64, so a 75,000-part merge does not format 36M floats."""
+    if isinstance(value, dict):  # its scalars in one JSON text, then each list or dict by its key
+        nested = sorted(k for k, v in value.items() if isinstance(v, (list, dict)))
+        h.update(b"{" + json.dumps({k: v for k, v in value.items() if k not in nested}, sort_keys=True).encode())
+        for k in nested:
+            h.update(json.dumps(k).encode())
+            _digest_into(h, value[k])
+        h.update(b"}")
+    elif isinstance(value, list):
+        try:
+            h.update(b"[s%d:" % len(value) + "\0".join(value).encode("utf-8", "surrogatepass"))
+        except TypeError:
+            try:
+                h.update(b"[d%d:" % len(value) + array("d", value).tobytes())
+            except (TypeError, OverflowError):
+                h.update(b"[%d:" % len(value))
+                for item in value:
+                    _digest_into(h, item)
+    else:
+        h.update(b"=" + json.dumps(value).encode())
+
+
+def sealed(out: dict, path: str | os.PathLike, claims: Any) -> bool:
+    """Whether ``out``'s :func:`seal_output` still holds: the record's claims are the ones its job sealed, and the
+    file at ``path`` has the size and mtime the job saw (one ``stat()``, the file is not opened). False for a
+    record of an older version (no seal), an edited record, or a file replaced, rewritten, touched or copied
+    without its times since: the caller then reads the file. What it cannot see: a record whose seal was
+    recomputed by hand, or a same-size file given back the job's mtime (``touch -d``, ``cp -p`` of another
+    shard of the same size); ``merge-jobs ++check=headers``/``sha256`` read the files for that."""
+    if not isinstance(out.get("seal"), str) or not isinstance(out.get("mtime_ns"), int):
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_size == out.get("bytes") and st.st_mtime_ns == out["mtime_ns"] and _seal(out, claims) == out["seal"]
 
 
 def write_part(place: Place, part: Part) -> Path:
@@ -553,17 +617,17 @@ def load_parts(place: Place, *, digest: bool = False,
     fields (:func:`check_record`, and the command's ``check(part)``), one N, one fingerprint, none missing,
     outputs present and unchanged (size; sha256 with ``digest``), and no key (``keys_of(data)``) in two parts.
     The parts come back without their data (:meth:`Part.payload` reads it again), so a 75,000-part merge holds one
-    part's keys at a time, plus 8 bytes per key."""
-    from array import array
-
+    part's keys at a time, plus 8 bytes per key; they keep its summary, and the small dict ``check`` returns (what
+    the command's merge needs of the checks without reading the record again)."""
     hashes = array("q")
     parts = []
     on_objects: set[int] = set()  # jobs whose outputs are objects (checked by the command's merge), not files
     for path in place.records():
         part = read_part(path)
+        kept = None
         if check is not None:
             try:
-                check(part)
+                kept = check(part)
             except RecordProblem as problem:
                 raise DataError(f"part record {path}: {problem}. The record was changed after its job wrote it, "
                                 f"or is damaged, so nothing in it is trusted and nothing was changed. Delete it and "
@@ -573,7 +637,7 @@ def load_parts(place: Place, *, digest: bool = False,
             hashes.extend(map(hash, keys_of(part.data or {})))  # within this process only: str hash is enough
         if (part.data or {}).get("url"):
             on_objects.add(part.job_index)
-        part.data, part.lazy = {"summary": (part.data or {}).get("summary", {})}, True
+        part.data, part.lazy = {"summary": (part.data or {}).get("summary", {}), **(kept or {})}, True
         parts.append(part)
     counts = sorted({p.num_jobs for p in parts})
     if len(counts) > 1:
@@ -637,13 +701,15 @@ def merge_jobs(cfg: Any) -> Any:
     storage_options = dict(getattr(cfg, "storage_options", None) or {})
     if is_object_url(str(cfg.path)):
         _function(OBJECT_RECORDS)(str(cfg.path), storage_options)
-    place = replace(find_place(str(cfg.path), getattr(cfg, "what", None) or None), storage_options=storage_options)
+    level = CHECKS.get(str(getattr(cfg, "check", "stat")), "stat")
+    place = replace(find_place(str(cfg.path), getattr(cfg, "what", None) or None), storage_options=storage_options,
+                    check=level)
     records = place.records()
     command = read_part(records[0]).command
     if command not in JOB_COMMANDS:
         raise DataError(f"{records[0]} is a part of '{command}', which merge-jobs does not know.")
     _, _, merge, keys, check = JOB_COMMANDS[command]
-    parts = load_parts(place, digest=getattr(cfg, "check", "size") == "sha256",
+    parts = load_parts(place, digest=level == "sha256",
                        keys_of=_function(keys) if keys else None, check=_function(check))
     result = _function(merge)(place, parts)
     print(f"[merge-jobs] {len(parts)} parts of {command} -> {place.path}", flush=True)

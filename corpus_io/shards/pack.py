@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import json
 import os
 import re
@@ -53,6 +54,8 @@ from corpus_io.jobs.parts import (
     merged_summary,
     of_type,
     output_entry,
+    seal_output,
+    sealed,
     sha256_hex,
     summary_data,
     whole,
@@ -679,9 +682,11 @@ def _pack_job(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
             for stat in stats:
                 if stat.num_utts > 0:
                     local = out_dir / sub / Path(stat.path).name
-                    entries.append(dict(stat.index_entry(), path=os.path.relpath(local, out_dir)))
-                    outputs.append(output_entry(sidecar_path(local), out_dir) if url else
-                                   output_entry(stat.path, out_dir, sha256=stat.sha256, size=stat.bytes))
+                    entry = dict(stat.index_entry(), path=os.path.relpath(local, out_dir))
+                    entries.append(entry)
+                    outputs.append(output_entry(sidecar_path(local), out_dir) if url else  # sealed: merge-jobs stats
+                                   seal_output(output_entry(stat.path, out_dir, sha256=stat.sha256, size=stat.bytes),
+                                               stat.path, entry))
         groups.append({"dir": sub, "entries": entries})
     summary.what = "utterances"
     summary.extra["shards"] = len(outputs)
@@ -744,15 +749,17 @@ def _refuse_absent_objects(url: str, parts: list[Part], storage_options: dict) -
 
 def part_keys(data: dict) -> Iterator[str]:
     """The utterance keys of a pack-shards part (merge-jobs refuses a key two parts hold)."""
-    return (k for group in data["groups"] for e in group["entries"] for k in e.get("keys") or ())
+    return itertools.chain.from_iterable(e.get("keys") or () for group in data["groups"] for e in group["entries"])
 
 
-def check_part(part: Part) -> None:
+def check_part(part: Part) -> dict:
     """merge-jobs: the pack-shards fields of a record, before any is trusted
     (:class:`corpus_io.jobs.parts.RecordProblem`
     on the first that cannot be): each group's directory and shard entries (paths inside the output, the values
     :func:`corpus_io.shards.index.index_entry_problems` checks, the size and sha256 its outputs record), and counts
-    that agree (utterances with the summary, shards with the outputs and the span)."""
+    that agree (utterances with the summary, shards with the outputs and the span). Returns what merge_parts needs
+    of the record without reading it again: its groups' dirs, and whether every shard is as its job sealed it
+    (:func:`corpus_io.jobs.parts.sealed`: one ``stat()`` each)."""
     data = part.data
     of_type(data.get("prefix"), "data.prefix", str, "a string")
     url = of_type(data.get("url", ""), "data.url", str, "a string")
@@ -784,6 +791,11 @@ def check_part(part: Part) -> None:
     kept = data.get("summary", {}).get("kept", 0)
     if kept != utts:
         raise bad("data.summary.kept", kept, f"but the shard entries hold {utts} utterances")
+    base = Path(part.where).parent  # merge_parts: the groups, and whether every shard is as its job sealed it
+    entries = (e for group in data["groups"] for e in group["entries"])
+    return {"checked": {"dirs": [group["dir"] for group in data["groups"]],
+                        "sealed": not url and all(sealed(out, base / e["path"], e) for out, e in zip(part.outputs,
+                                                                                                    entries))}}
 
 
 def _shard_holds(path: Path) -> tuple[list[str], list[float]]:
@@ -823,39 +835,49 @@ def _entry_disagrees(entry: dict, keys: list[str], durations: list[float], where
     return None
 
 
-def _refuse_records_the_shards_deny(out_dir: Path, parts: list[Part]) -> None:
+def _refuse_records_the_shards_deny(out_dir: Path, part: Part, payload: dict, level: str = "stat") -> None:
     """merge-jobs, before anything is written: each shard entry's count, keys and durations against the shard it
     names (its tar headers and ``.json`` members), so a record with a false duration or an invented key is refused
-    as a changed record is. Object storage: the shards are objects, checked by size (the record is the job's)."""
-    for part in parts:
-        for g, group in enumerate(part.payload()["groups"]):
-            for e, entry in enumerate(group["entries"]):
-                keys, durations = _shard_holds(out_dir / entry["path"])
-                problem = _entry_disagrees(entry, keys, durations, f"data.groups[{g}].entries[{e}]")
-                if problem:
-                    raise DataError(f"part record {part.where}: {problem}. The record was changed after its job "
-                                    f"wrote it, or is damaged, so nothing in it is trusted and nothing was changed. "
-                                    f"Delete it and rerun job {part.job_index} (++num_jobs={part.num_jobs} "
-                                    f"++job_index={part.job_index}), then merge.")
+    as a changed record is. At ``++check=stat`` (the default) a shard whose record entry its job sealed
+    (:func:`corpus_io.jobs.parts.sealed`: the entry unedited, the shard of the size and mtime the job saw) is trusted
+    with one ``stat()``, unread; the headers of the others (records of older versions, edited records, shards
+    touched or copied since) are read. ``headers``/``sha256`` read every shard. Object storage: the shards are
+    objects, checked by size (the record is the job's)."""
+    i = 0
+    for g, group in enumerate(payload["groups"]):
+        for e, entry in enumerate(group["entries"]):
+            out = part.outputs[i] if i < len(part.outputs) else {}
+            i += 1
+            if level == "stat" and sealed(out, out_dir / entry["path"], entry):
+                continue
+            keys, durations = _shard_holds(out_dir / entry["path"])
+            problem = _entry_disagrees(entry, keys, durations, f"data.groups[{g}].entries[{e}]")
+            if problem:
+                raise DataError(f"part record {part.where}: {problem}. The record was changed after its job "
+                                f"wrote it, or is damaged, so nothing in it is trusted and nothing was changed. "
+                                f"Delete it and rerun job {part.job_index} (++num_jobs={part.num_jobs} "
+                                f"++job_index={part.job_index}), then merge.")
 
 
 def merge_parts(place: Place, parts: list[Part]) -> Summary:
     """``merge-jobs`` of pack-shards: each directory's data.list + index.jsonl, as one job writes them (streamed:
-    one part's entries in memory at a time)."""
+    one part's entries in memory at a time; each record read once to check it against its shards, once to write)."""
     out_dir = Path(place.path).resolve()
     first = parts[0].payload()
     dirs = [group["dir"] for group in first["groups"]]
-    for part in parts[1:]:  # before the old lists are withdrawn: every part has the same groups
-        theirs = [group["dir"] for group in part.payload()["groups"]]
+    for part in parts:  # before the old lists are withdrawn: every part has the same groups, its shards agree
+        checked = (part.data or {}).get("checked") or {}
+        payload = None if "dirs" in checked else part.payload()
+        theirs = checked["dirs"] if payload is None else [group["dir"] for group in payload["groups"]]
         if theirs != dirs:
             raise DataError(f"part record {part.where}: data.groups are {theirs}, but {parts[0].where} has {dirs}: "
                             f"the record was changed after its job wrote it. Nothing was changed. Delete it and "
                             f"rerun job {part.job_index}, then merge.")
+        if not first.get("url") and not (place.check == "stat" and checked.get("sealed")):
+            _refuse_records_the_shards_deny(out_dir, part, payload or part.payload(), place.check)
     options = place.storage_options or {}
     if first.get("url"):
         _refuse_absent_objects(first["url"], parts, options)
-    else:
-        _refuse_records_the_shards_deny(out_dir, parts)
     summary = merged_summary(parts)
     for g, sub in enumerate(group["dir"] for group in first["groups"]):
         url = first.get("url") or ""  # object storage: entries name the objects, the list is sent there

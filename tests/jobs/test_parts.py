@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -230,3 +232,117 @@ def test_merge_refuses_a_record_whose_output_path_leaves_its_directory_and_write
             f"directory") in str(err.value)
     assert "Delete it and rerun that job" in str(err.value)
     assert sorted(p.name for p in work.iterdir()) == before and not out.exists()
+
+
+# --------------------------------------------------------------------------- merge-jobs' check levels (issue 47 item 7)
+
+
+@pytest.fixture(scope="module")
+def sealed_template(tmp_path_factory) -> Path:
+    """3 pack-shards jobs of the shard fixture corpus (6 shards of 4), not merged; tests work on a copy."""
+    from tests.shards.conftest import fixture_records, write_jsonl
+    from tests.shards.test_shard_jobs import pack_jobs
+
+    d = tmp_path_factory.mktemp("sealed")
+    pack_jobs(write_jsonl(d / "in.jsonl", fixture_records()), d / "out", 3)
+    return d / "out"
+
+
+@pytest.fixture
+def sealed_run(sealed_template, tmp_path) -> Path:
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(sealed_template, out)  # copy2: the shards keep their mtimes, as a shared disk shows them
+    return out
+
+
+@pytest.fixture
+def shard_reads(monkeypatch) -> list[str]:
+    """The shards whose tar headers merge-jobs reads (the real reader, counted)."""
+    from corpus_io.shards import fields
+
+    read: list[str] = []
+    real = fields.iter_main_without_audio
+
+    def counted(url, *args, **kw):
+        read.append(os.path.basename(str(url)))
+        return real(url, *args, **kw)
+
+    monkeypatch.setattr(fields, "iter_main_without_audio", counted)
+    return read
+
+
+def _merge(out: Path, **kw) -> None:
+    from corpus_io.config import MergeJobsConfig
+    from corpus_io.jobs.parts import merge_jobs
+
+    merge_jobs(MergeJobsConfig(path=str(out), **kw))
+
+
+def _same_size_other_keys(shard: Path) -> str:
+    """Rewrite ``shard`` (its job's record untouched) with its first key changed, same length: a shard of the same
+    size and other content, as a stale run or a hand copy would leave. Returns the new first key."""
+    import io
+    import tarfile
+
+    members = []
+    with tarfile.open(shard) as tar:
+        for info in tar.getmembers():
+            members.append((info, tar.extractfile(info).read()))
+    first = members[0][0].name.split(".")[0]
+    other = first[:-1] + ("X" if first[-1] != "X" else "Y")
+    size = shard.stat().st_size
+    with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tar:
+        for info, payload in members:
+            info.name = info.name.replace(first, other)
+            if info.name.endswith(".json"):
+                payload = payload.replace(first.encode(), other.encode())
+            tar.addfile(info, io.BytesIO(payload))
+    assert shard.stat().st_size == size, "the stand-in must keep the shard's size"
+    return other
+
+
+def test_default_merge_trusts_sealed_shards_without_opening_them(sealed_run, shard_reads):
+    _merge(sealed_run)
+    assert shard_reads == [], "the default check opened shards whose jobs sealed them"
+    assert len((sealed_run / "data.list").read_text().splitlines()) == 6
+
+
+def test_merge_check_headers_reads_every_shard(sealed_run, shard_reads):
+    _merge(sealed_run, check="headers")
+    assert sorted(shard_reads) == [f"shard-{k:06d}.tar" for k in range(6)]
+
+
+def test_default_merge_reads_the_shards_of_a_record_without_a_seal(sealed_run, shard_reads):
+    record = sealed_run / "pack-shards.part-000002-of-000003.json"
+    part = json.loads(record.read_text())
+    for out in part["outputs"]:  # a record of the version before seals
+        del out["seal"], out["mtime_ns"]
+    record.write_text(json.dumps(part))
+    _merge(sealed_run)
+    assert sorted(shard_reads) == ["shard-000002.tar", "shard-000003.tar"]
+
+
+def test_default_merge_refuses_a_shard_replaced_after_its_record_with_the_same_size(sealed_run, shard_reads):
+    from corpus_io.errors import DataError
+
+    other = _same_size_other_keys(sealed_run / "shard-000002.tar")
+    with pytest.raises(DataError, match=re.escape(f"but utterance 1 of shard shard-000002.tar is '{other}'")):
+        _merge(sealed_run)
+    assert shard_reads == ["shard-000002.tar"], "only the shard whose mtime changed is read"
+    assert not (sealed_run / "data.list").exists()
+
+
+def test_a_same_size_shard_given_back_its_mtime_passes_stat_and_is_refused_by_check_headers(sealed_run):
+    """What the default (stat) check cannot see, as documented: a shard replaced by one of the same size whose
+    mtime is set back to its job's. ++check=headers reads it."""
+    from corpus_io.errors import DataError
+
+    shard = sealed_run / "shard-000002.tar"
+    mtime = shard.stat().st_mtime_ns
+    other = _same_size_other_keys(shard)
+    os.utime(shard, ns=(mtime, mtime))
+    with pytest.raises(DataError, match=re.escape(f"but utterance 1 of shard shard-000002.tar is '{other}'")):
+        _merge(sealed_run, check="headers")
+    _merge(sealed_run)  # trusted by stat: the documented limit
