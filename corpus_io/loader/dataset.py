@@ -35,7 +35,9 @@ batch sizes); ``state_dict()["batches"]`` counts the batches consumed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib.machinery
 import json
 import logging
 import multiprocessing
@@ -127,6 +129,25 @@ class _WorkerStart:
         if os.getppid() != self.main_pid:
             threading.Thread(target=_exit_when_gone, args=(self.main_pid,), daemon=True).start()
         self.started[worker].set()
+
+
+@contextlib.contextmanager
+def _main_not_run_again(starting: bool) -> Iterator[None]:
+    """While forkserver/spawn workers start: they do not run the main script again. multiprocessing runs it in each
+    worker (as ``__mp_main__``) before unpickling, so a script without ``if __name__ == "__main__":`` would build
+    its loader again in every worker (a RuntimeError), and one that trains at top level would train there. The
+    dataset and tokenizer are corpus_io's, found by module name: nothing the workers need lives in the script. A
+    main module whose spec is named ``__main__`` is the one multiprocessing leaves alone."""
+    main = sys.modules.get("__main__")
+    if not starting or main is None:
+        yield
+        return
+    spec = getattr(main, "__spec__", None)
+    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+    try:
+        yield
+    finally:
+        main.__spec__ = spec
 
 
 def _exit_when_gone(main_pid: int, interval: float = 1.0) -> None:
@@ -352,7 +373,8 @@ class CorpusLoader:
             kwargs["multiprocessing_context"] = ctx
             kwargs["worker_init_fn"] = _WorkerStart(started, dict(os.environ) if method == "forkserver" else None)
         in_step = self.uneven != "allow" and self.world_size > 1
-        workers = iter(DataLoader(self.dataset, **kwargs))
+        with _main_not_run_again(self.num_workers > 0 and self.conf.worker_start_method != "fork"):
+            workers = iter(DataLoader(self.dataset, **kwargs))  # the workers start here
         self._await_start(workers, started)
         batches = self._guarded(workers)
         receiver = handover.Receiver()
