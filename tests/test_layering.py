@@ -165,3 +165,10 @@ def test_the_wings_follow_the_data_flow():
 def test_at_most_eight_modules_stay_at_the_top_of_the_package():
     top = sorted(p.name for p in (REPO / "corpus_io").glob("*.py") if p.name != "__init__.py")
     assert len(top) <= 8, f"{top}: move what belongs to a wing into it (docs/DEVELOPING.md, Wings)"
+
+
+def test_the_trainer_holds_the_loop_in_at_most_550_lines():
+    """trainer.py keeps the loop, the epoch and the step; output_dir claiming, the resume's model mismatch, the log
+    lines and the key records live in their own modules (output_dir, init_param, metrics, trained_keys)."""
+    lines = (REPO / "corpus_io" / "train" / "trainer.py").read_text().count("\n")
+    assert lines <= 550, f"corpus_io/train/trainer.py has {lines} lines: move a concern out, not the loop"

@@ -5,6 +5,7 @@ Modules: ``model`` (ConformerCTC, the hybrid ConformerCTCAttention, and the mode
 and scheduler builders), ``metrics`` (sums reduced across ranks, TensorBoard, log lines), ``distributed``
 (torchrun/env:// set-up and collectives), ``checkpoint`` (atomic save, RNG state, pruning, averaging),
 ``init_param`` (starting from another run's weights: fine-tuning), ``trainer`` (the DDP training loop),
+``output_dir`` (a run's output_dir claimed), ``trained_keys`` (debug key records),
 ``frontend`` (features on the model's device), ``cmvn`` (global CMVN stats), ``decode`` (the model over a
 list, a ``corpus_io.decoding`` search, the report), ``tune_lm`` (LM weights on a dev list), ``scoring``
 (CER/WER).

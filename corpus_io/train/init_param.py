@@ -11,7 +11,8 @@ s3:// / http(s):// URL; loaded weights-only) with a fresh optimizer, scheduler a
   output_dir and before any step (:func:`prepare` runs before the process group, :func:`load_weights` before the
   output_dir is made).
 * ``train_conf.resume`` finding output_dir/model.pt wins, as in FunASR and WeNet: the run continues where it stopped
-  and init_param is not read.
+  and init_param is not read; a checkpoint there whose weights do not fit the model this run builds is refused
+  with the model.* keys (or the tensors) that differ (:func:`model_mismatch`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 from corpus_io.errors import ConfigError, DataError
@@ -226,3 +228,42 @@ def _few(names: list[str], n: int = 6) -> str:
 
 def _names(state: dict) -> str:
     return _few(list(state), 3)
+
+
+def model_mismatch(path: Path, state: dict, cfg: Any, module: Any) -> str:
+    """The one paragraph for a resumed checkpoint whose weights do not fit the model this run built: the model.*
+    keys that differ from the checkpoint's config, else the tensors that differ."""
+    from omegaconf import OmegaConf
+
+    try:
+        trained = OmegaConf.to_container(OmegaConf.create(state.get("config") or ""), resolve=True)
+    except Exception:  # noqa: BLE001 - a hand-made checkpoint: name the tensors instead
+        trained = {}
+    theirs = _flat((trained or {}).get("model") or {}, "model")
+    ours = _flat(dict(cfg.model), "model")
+    keys = [f"{k}={theirs.get(k, '(unset)')} in the checkpoint, {ours.get(k, '(unset)')} now"
+            for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
+    if keys:
+        what = f"its model.* keys differ: {'; '.join(keys[:6])}" + (f" and {len(keys) - 6} more" if len(keys) > 6
+                                                                    else "")
+    else:
+        own, saved = module.state_dict(), state["model"]
+        shapes = [f"{n} {list(saved[n].shape)} -> {list(t.shape)}" for n, t in own.items()
+                  if n in saved and saved[n].shape != t.shape]
+        missing = [n for n in own if n not in saved] + [n for n in saved if n not in own]
+        what = ("its tensors differ: " + ", ".join((shapes + missing)[:4])
+                + " (a token list of another size, or other features: dataset_conf.fbank_conf)")
+    return (f"train_conf.resume: {path} holds a model that does not fit the one this run builds: {what}. A resume "
+            f"continues the same model: drop or restore those keys on the command line, or start a new run in "
+            f"another ++output_dir (++init_param={path}, with ++train_conf.ignore_init_mismatch=true, to start from "
+            f"its weights).")
+
+
+def _flat(d: dict, prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}.{k}"))
+        else:
+            out[f"{prefix}.{k}"] = v
+    return out

@@ -1,6 +1,7 @@
 """Where the trainer's numbers go: :class:`Meter` sums a log interval, an epoch or a validation pass and
 reduces itself across ranks (icefall's ``MetricsTracker`` is the model); :class:`Board` is the one place
-that writes TensorBoard; :class:`RankLog` writes the log lines."""
+that writes TensorBoard; :class:`RankLog` writes the log lines; :func:`interval_report` and :func:`epoch_report`
+make a log interval's and an epoch's line and scalars."""
 
 from __future__ import annotations
 
@@ -121,6 +122,86 @@ def memory_mb(device: torch.device) -> str:
         import resource
 
         return f"max_rss: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}MB"
+
+
+def step_spread(per_rank: list[list[float]]) -> float:
+    """How far the ranks' audio per step spreads: for each step every rank took, (max - min) / mean of the ranks'
+    audio seconds; the median over the steps (0 with one rank). Synchronised buckets keep it small."""
+    import statistics
+
+    steps = min((len(r) for r in per_rank), default=0)
+    spreads = []
+    for i in range(steps):
+        values = [r[i] for r in per_rank]
+        mean = sum(values) / len(values)
+        if mean > 0:
+            spreads.append((max(values) - min(values)) / mean)
+    return statistics.median(spreads) if spreads else 0.0
+
+
+def interval_report(m: Meter, where: str, lr: float, device: torch.device) -> tuple[str, dict]:
+    """The log line of a log interval's sums ``m`` (``where``: its epoch and step) and its TensorBoard scalars."""
+    t = m.times
+    total = max(t["total_time"], 1e-9)
+    acc = f"{m.acc:.3f}" if m.acc is not None else "n/a"
+    n = max(m.steps, 1)
+    wait = t["data_load"] / total
+    aps = m.audio_seconds / total
+    line = (f"{where}, "
+            f"loss: {m.loss:.3f}, acc: {acc}, lr: {lr:.3e}, batch: {m.utts / max(m.batches, 1):.1f} utts, "
+            f"padding: {m.padding / max(m.batches, 1):.3f}, "
+            f"data_load: {t['data_load'] / n:.3f}, forward_time: {t['forward_time'] / n:.3f}, "
+            f"backward_time: {t['backward_time'] / n:.3f}, optim_time: {t['optim_time'] / n:.3f}, "
+            f"total_time: {t['total_time'] / n:.3f}, data_wait: {100 * wait:.1f}%, "
+            f"audio_s/s: {aps:.1f}, {memory_mb(device)}")
+    cuda = device.type == "cuda"
+    memory = torch.cuda.max_memory_allocated() / 2**20 if cuda else float(memory_mb(device).split()[-1].rstrip("MB"))
+    return line, {
+        "train/loss": m.loss, "train/acc": m.acc, "train/lr": lr, "train/batch_utts": m.utts / max(m.batches, 1),
+        "train/padding_ratio": m.padding / max(m.batches, 1), **{f"time/{k}": v / n for k, v in t.items()},
+        "time/data_wait_share": wait, "throughput/audio_seconds_per_second": aps,
+        "memory/cuda_max_allocated_mb" if cuda else "memory/rss_mb": memory}
+
+
+def epoch_report(every: Meter, per_rank: list[dict], counts: dict, skip: str, *, epoch: int, steps: int,
+                 stop_reason: str, resumed: bool, nonfinite: int) -> tuple[str, dict]:
+    """The "epoch done" line and TensorBoard scalars of an epoch: ``every`` its sums over the ranks, ``per_rank``
+    each rank's own (utts, unused, wall, padded widths, audio per step), ``counts`` the loader's summed counts."""
+    utts, audio, wait, total = every.utts, every.audio_seconds, every.times["data_load"], every.times["total_time"]
+    loss = every.loss
+    unused = ", ".join(f"rank {i}: " + (f"{r['unused_batches']} batches / " if r["unused_batches"] >= 0
+                                         else "") + f"{r['unused_utts']} utts"
+                       for i, r in enumerate(per_rank))
+    unused_utts = sum(r["unused_utts"] for r in per_rank)
+    # share of what the ranks read this epoch (trained + left unused); the split differs every epoch,
+    # so what is left unused differs too
+    unused_share = unused_utts / max(unused_utts + sum(r["utts"] for r in per_rank), 1)
+    max_wall = max(r["wall"] for r in per_rank)
+    shapes = {w for r in per_rank for w in r["widths"]}  # cuDNN plans each new one: few is fast
+    spread = step_spread([r["step_audio"] for r in per_rank])
+    padding = 1.0 - every.real_frames / every.padded_frames if every.padded_frames else 0.0
+    since = " since the resume" if resumed else ""
+    if stop_reason == "data":
+        ran_out = any(r["unused_utts"] for r in per_rank)
+        stop_reason = "another rank ran out of data" if ran_out else "end of data"
+    if counts.get("uneven_ranks.carried"):
+        unused += f", carried into epoch {epoch + 1}, which trains them first"
+    line = (f"epoch {epoch} done ({stop_reason})"
+            f": {steps} steps, {int(utts)} utts trained{since} on {len(per_rank)} ranks "
+            f"({', '.join(str(r['utts']) for r in per_rank)} per rank), train loss {loss:.3f}, "
+            f"{audio / 3600:.3f} h audio in {max_wall:.1f}s = {audio / max_wall:.1f} audio_s/s, "
+            f"data_wait {100 * wait / max(total, 1e-9):.1f}%; {len(shapes)} padded lengths, padding "
+            f"{100 * padding:.1f}% of the batches' frames, audio per step across ranks within "
+            f"{100 * spread:.1f}% of its mean (median step); left unused when the epoch ended: {unused} "
+            f"(unused share {100 * unused_share:.1f}% of the epoch); "
+            f"loader skips/filters: {skip}"
+            + (f"; non-finite steps skipped: {nonfinite}" if nonfinite else ""))
+    return line, {
+        "epoch/train_loss": loss, "epoch/audio_seconds_per_second": audio / max_wall,
+        "epoch/data_wait_share": wait / max(total, 1e-9), "epoch/unused_utts": unused_utts,
+        "epoch/unused_share": unused_share, "epoch/nonfinite_steps": nonfinite,
+        "epoch/padded_lengths": len(shapes), "epoch/padding_share": padding,
+        "epoch/step_audio_spread": spread}
 
 
 class RankLog:

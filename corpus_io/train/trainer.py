@@ -26,7 +26,6 @@ import dataclasses
 import math
 import os
 import random
-import re
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,15 +34,7 @@ import torch
 
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.loader.partition import ranks_with_data
-from corpus_io.storage.files import (
-    HeldLock,
-    atomic_write,
-    ensure_dir,
-    input_of,
-    refuse_non_directory,
-    refuse_remote_output,
-    try_lock,
-)
+from corpus_io.storage.files import atomic_write, refuse_non_directory, refuse_remote_output
 from corpus_io.train import checkpoint as ckpt
 from corpus_io.train.distributed import (
     DistContext,
@@ -58,27 +49,14 @@ from corpus_io.train.distributed import (
     init_distributed,
     rank_disagreement,
 )
-from corpus_io.train.init_param import Start, load_weights, prepare
-from corpus_io.train.metrics import Board, Meter, RankLog, memory_mb
+from corpus_io.train.init_param import Start, load_weights, model_mismatch, prepare
+from corpus_io.train.metrics import Board, Meter, RankLog, epoch_report, interval_report
 from corpus_io.train.optim import build_optimizer, build_scheduler
+from corpus_io.train.output_dir import claim_output_dir, run_inputs
 from corpus_io.train.steps import SkippedSteps, StepContext, forward_loss, micro_step, optim_step, sync_device
+from corpus_io.train.trained_keys import append_unused_keys, keys_files, open_keys_file
 
 # --------------------------------------------------------------------------- trainer
-
-
-def step_spread(per_rank: list[list[float]]) -> float:
-    """How far the ranks' audio per step spreads: for each step every rank took, (max - min) / mean of the ranks'
-    audio seconds; the median over the steps (0 with one rank). Synchronised buckets keep it small."""
-    import statistics
-
-    steps = min((len(r) for r in per_rank), default=0)
-    spreads = []
-    for i in range(steps):
-        values = [r[i] for r in per_rank]
-        mean = sum(values) / len(values)
-        if mean > 0:
-            spreads.append((max(values) - min(values)) / mean)
-    return statistics.median(spreads) if spreads else 0.0
 
 
 class Trainer:
@@ -178,7 +156,8 @@ class Trainer:
             "loader_states": [r["loader"] for r in per_rank],
             "rng_states": [r["rng"] for r in per_rank],
             "trained_keys_bytes": [r["keys_bytes"] for r in per_rank],
-            "trained_keys_files": self._keys_files([r["keys_bytes"] for r in per_rank]),
+            "trained_keys_files": keys_files(self.out, [r["keys_bytes"] for r in per_rank])
+            if self.tc.dump_trained_keys else {},
             "world_size": self.ctx.world_size,
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
@@ -208,7 +187,7 @@ class Trainer:
         latest = ckpt.resume_path(self.out, self.tc.resume)
         state = ckpt.load_checkpoint(latest) if latest is not None else None
         if state is None:
-            self._open_keys_file(None)
+            self.keys_file = open_keys_file(self.out, None, self.ctx) if self.tc.dump_trained_keys else None
             return
         try:
             self.module.load_state_dict(state["model"])
@@ -240,7 +219,7 @@ class Trainer:
                 self.log(f"epoch {self.epoch}: {plan.describe()}; rank {self.ctx.rank} reads {units} of them, "
                          f"{sum(len(st.pending) for st in mine)} buffered samples")
             self.resumed_mid_epoch = True
-        self._open_keys_file(state)
+        self.keys_file = open_keys_file(self.out, state, self.ctx) if self.tc.dump_trained_keys else None
         self.log(f"resumed from {latest}: epoch {self.epoch}, step_in_epoch {self.step_in_epoch}, "
                  f"global_step {self.global_step}", all_ranks=False)
 
@@ -257,37 +236,6 @@ class Trainer:
         problem = rank_disagreement(all_gather_object(self.ctx, mine))
         if problem:
             raise ConfigError(problem)
-
-    def _keys_files(self, ranks_bytes: list[int]) -> dict[str, int]:
-        """Debug: the length of every trained_keys.rank{R}.txt at a checkpoint, including the files of ranks a
-        larger world size wrote before an elastic resume (they no longer grow)."""
-        if not self.tc.dump_trained_keys:
-            return {}
-        sizes = {p.name: p.stat().st_size for p in self.out.glob("trained_keys.rank*.txt")}
-        sizes.update({f"trained_keys.rank{r}.txt": n for r, n in enumerate(ranks_bytes)})
-        return sizes
-
-    def _open_keys_file(self, state: dict | None) -> None:
-        """Debug: output_dir/trained_keys.rank{R}.txt, cut back to what the checkpoint had trained (rank 0 also
-        cuts back the files of ranks this run does not have)."""
-        if not self.tc.dump_trained_keys:
-            return
-        state = state or {}
-        kept = dict(state.get("trained_keys_files") or {})
-        if not kept:  # a checkpoint before trained_keys_files: one length per rank of its world
-            kept = {f"trained_keys.rank{r}.txt": n for r, n in enumerate(state.get("trained_keys_bytes") or [])}
-        if self.ctx.is_main and state:
-            for path in self.out.glob("trained_keys.rank*.txt"):
-                rank = int(path.name.split(".rank")[1].split(".")[0])
-                if rank >= self.ctx.world_size:
-                    with open(path, "r+", encoding="utf-8") as f:
-                        f.truncate(kept.get(path.name, 0))
-        path = self.out / f"trained_keys.rank{self.ctx.rank}.txt"
-        keep_bytes = kept.get(path.name, 0)
-        mode = "r+" if path.exists() else "w"
-        self.keys_file = open(path, mode, encoding="utf-8")
-        self.keys_file.truncate(keep_bytes)
-        self.keys_file.seek(keep_bytes)
 
     # ----------------------------------------------------------------- loop
 
@@ -488,87 +436,37 @@ class Trainer:
             unused.extend(batch["keys"])
             batch, _ = next(batches, (None, 0.0))
         if self.tc.dump_trained_keys:
-            with open(self.out / f"unused_keys.rank{self.ctx.rank}.txt", "a", encoding="utf-8") as f:
-                f.write("".join(f"{self.epoch} {k}\n" for k in unused))
+            append_unused_keys(self.out, self.ctx.rank, self.epoch, unused)
         return nb, nu
 
     def _log_interval(self, m: Meter) -> None:
-        t = m.times
-        total = max(t["total_time"], 1e-9)
         lr = self.optimizer.param_groups[0]["lr"]
-        acc = f"{m.acc:.3f}" if m.acc is not None else "n/a"
-        n = max(m.steps, 1)
-        wait = t["data_load"] / total
-        aps = m.audio_seconds / total
-        self.log(f"epoch: {self.epoch}/{self.tc.max_epoch}, step: {self.step_in_epoch} (total {self.global_step}), "
-                 f"loss: {m.loss:.3f}, acc: {acc}, lr: {lr:.3e}, batch: {m.utts / max(m.batches, 1):.1f} utts, "
-                 f"padding: {m.padding / max(m.batches, 1):.3f}, "
-                 f"data_load: {t['data_load'] / n:.3f}, forward_time: {t['forward_time'] / n:.3f}, "
-                 f"backward_time: {t['backward_time'] / n:.3f}, optim_time: {t['optim_time'] / n:.3f}, "
-                 f"total_time: {t['total_time'] / n:.3f}, data_wait: {100 * wait:.1f}%, "
-                 f"audio_s/s: {aps:.1f}, {memory_mb(self.ctx.device)}")
-        cuda = self.ctx.device.type == "cuda"
-        memory = torch.cuda.max_memory_allocated() / 2**20 if cuda else float(
-            memory_mb(self.ctx.device).split()[-1].rstrip("MB"))
-        self.board.scalars(self.global_step, {
-            "train/loss": m.loss, "train/acc": m.acc, "train/lr": lr, "train/batch_utts": m.utts / max(m.batches, 1),
-            "train/padding_ratio": m.padding / max(m.batches, 1), **{f"time/{k}": v / n for k, v in t.items()},
-            "time/data_wait_share": wait, "throughput/audio_seconds_per_second": aps,
-            "memory/cuda_max_allocated_mb" if cuda else "memory/rss_mb": memory})
+        line, scalars = interval_report(m, f"epoch: {self.epoch}/{self.tc.max_epoch}, step: {self.step_in_epoch} "
+                                           f"(total {self.global_step})", lr, self.ctx.device)
+        self.log(line)
+        self.board.scalars(self.global_step, scalars)
 
     def _epoch_summary(self, m: Meter, stop_reason: str, unused_batches: int, unused_utts: int) -> dict:
         from corpus_io.train.cmvn import loader_counts
 
         wall = m.wall
         every = m.reduced(self.ctx)
-        utts, audio, wait, total = every.utts, every.audio_seconds, every.times["data_load"], every.times["total_time"]
         per_rank = all_gather_object(self.ctx, {"unused_batches": unused_batches, "unused_utts": unused_utts,
                                                 "utts": m.utts, "counts": loader_counts(self.train_loader, epoch=True),
                                                 "wall": wall, "widths": sorted(m.widths),
                                                 "step_audio": getattr(self, "step_audio", [])})
-        loss = every.loss
         counts: dict = {}
         for r in per_rank:
             for k, v in r["counts"].items():
                 counts[k] = counts.get(k, 0) + v
         skip = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
         if self.ctx.is_main:
-            unused = ", ".join(f"rank {i}: " + (f"{r['unused_batches']} batches / " if r["unused_batches"] >= 0
-                                                 else "") + f"{r['unused_utts']} utts"
-                               for i, r in enumerate(per_rank))
-            unused_utts = sum(r["unused_utts"] for r in per_rank)
-            # share of what the ranks read this epoch (trained + left unused); the split differs every epoch,
-            # so what is left unused differs too
-            unused_share = unused_utts / max(unused_utts + sum(r["utts"] for r in per_rank), 1)
-            max_wall = max(r["wall"] for r in per_rank)
-            shapes = {w for r in per_rank for w in r["widths"]}  # cuDNN plans each new one: few is fast
-            spread = step_spread([r["step_audio"] for r in per_rank])
-            padding = 1.0 - every.real_frames / every.padded_frames if every.padded_frames else 0.0
-            since = " since the resume" if self.resumed_mid_epoch else ""
-            if stop_reason == "data":
-                ran_out = any(r["unused_utts"] for r in per_rank)
-                stop_reason = "another rank ran out of data" if ran_out else "end of data"
-            if counts.get("uneven_ranks.carried"):
-                unused += f", carried into epoch {self.epoch + 1}, which trains them first"
-            self.log(f"epoch {self.epoch} done ({stop_reason})"
-                     f": {self.step_in_epoch} steps, {int(utts)} utts trained{since} on {self.ctx.world_size} ranks "
-                     f"({', '.join(str(r['utts']) for r in per_rank)} per rank), train loss {loss:.3f}, "
-                     f"{audio / 3600:.3f} h audio in {max_wall:.1f}s = {audio / max_wall:.1f} audio_s/s, "
-                     f"data_wait {100 * wait / max(total, 1e-9):.1f}%; {len(shapes)} padded lengths, padding "
-                     f"{100 * padding:.1f}% of the batches' frames, audio per step across ranks within "
-                     f"{100 * spread:.1f}% of its mean (median step); left unused when the epoch ended: {unused} "
-                     f"(unused share {100 * unused_share:.1f}% of the epoch); "
-                     f"loader skips/filters: {skip}"
-                     + (f"; non-finite steps skipped: {self.skipped.epoch}" if self.skipped.epoch else ""),
-                     all_ranks=False)
-            self.board.scalars(self.epoch, {
-                "epoch/train_loss": loss, "epoch/audio_seconds_per_second": audio / max_wall,
-                "epoch/data_wait_share": wait / max(total, 1e-9), "epoch/unused_utts": unused_utts,
-                "epoch/unused_share": unused_share, "epoch/nonfinite_steps": self.skipped.epoch,
-                "epoch/padded_lengths": len(shapes), "epoch/padding_share": padding,
-                "epoch/step_audio_spread": spread})
-        acc = m.acc
-        return {"loss": loss, "acc": acc, "utts": int(utts), "skips": skip}
+            line, scalars = epoch_report(every, per_rank, counts, skip, epoch=self.epoch, steps=self.step_in_epoch,
+                                         stop_reason=stop_reason, resumed=self.resumed_mid_epoch,
+                                         nonfinite=self.skipped.epoch)
+            self.log(line, all_ranks=False)
+            self.board.scalars(self.epoch, scalars)
+        return {"loss": every.loss, "acc": m.acc, "utts": int(every.utts), "skips": skip}
 
     @torch.no_grad()
     def validate(self) -> dict:
@@ -592,171 +490,6 @@ class Trainer:
         self.board.scalars(self.global_step, {"cv/loss": metrics["loss"], "cv/acc": metrics["acc"]})
         self.module.train()
         return metrics
-
-
-LOCK_FILE = "train.lock"
-#: what a run leaves in output_dir that a fresh run must not rank, prune or average with its own
-_RUN_FILES = re.compile(r"^(model\.pt(\.ep\d+(\.\d+)?|\.avg\d+)?|cv_metrics\.json"
-                        r"|(trained|unused)_keys\.rank\d+\.txt)$")
-
-
-def claim_output_dir(out: Path, ctx: DistContext, tc: Any,
-                     reads: list[tuple[str, str | None]] = ()) -> tuple[HeldLock | None, list[str]]:
-    """Rank 0 makes ``out`` and takes its lock (``train.lock``) for the run; a fresh run (no ``model.pt`` to resume)
-    into a dir holding another run's checkpoints is refused, or clears them with ``train_conf.overwrite_output_dir``
-    (never one of the files the run reads, ``reads``: :func:`run_inputs`). Collective: every rank raises the same
-    ConfigError. Returns rank 0's lock and what to log.
-
-    Only rank 0 holds the lock: it alone writes what two runs would mix (checkpoints, model.pt, cv_metrics.json,
-    averages, train.log), and no other rank can take a step without it (every step is a collective with rank 0),
-    while a lock every rank held would have to be a shared lock, which a second run's ranks could share too.
-    The lock file keeps the pid of its last holder: a refused run puts back the one it found (a killed run's)."""
-    problem, lock, notes = None, None, []
-    if ctx.is_main:
-        ensure_dir(out, what="output_dir")
-        try:
-            held = try_lock(out / LOCK_FILE)
-        except DataError as exc:
-            held, problem = None, str(exc)
-        if isinstance(held, str):
-            pid, _, host = held.partition(" ")
-            problem = (f"output_dir {out} is in use by another training run: its rank 0, pid {pid}"
-                       f"{f' on {host}' if host else ''}, holds {out / LOCK_FILE}, and two runs in one output_dir "
-                       f"would overwrite each other's checkpoints and train keys twice. Wait for that run to end "
-                       f"(or stop it: kill {pid}), or give this run another ++output_dir. Nothing was written.")
-        elif held is not None:
-            lock = held
-            problem = _linked_appends(out) or _written_inputs(out, reads)
-            if problem is None:
-                problem, notes = _fresh_start(out, tc, reads)
-            if problem is not None:
-                lock.release(restore=True)
-                lock = None
-    problems = all_gather_object(ctx, problem)
-    if problems[0] is not None:
-        raise ConfigError(problems[0])
-    return lock, notes
-
-
-def run_inputs(cfg: Any, init_param: str | None) -> list[tuple[str, str | None]]:
-    """``(name, path)`` of the files a training run reads (the init checkpoint, CMVN stats, token list, BPE model,
-    the data lists and their index sidecars): what ``overwrite_output_dir`` must never delete, and what the run's
-    own files in output_dir must not be."""
-    from corpus_io.shards.index import list_and_sidecar
-    from corpus_io.train.cmvn import source_inputs
-
-    return [("++init_param", init_param), ("++cmvn_file", cfg.cmvn_file),
-            ("++tokenizer.token_list", cfg.tokenizer.token_list), ("++tokenizer.bpe_model", cfg.tokenizer.bpe_model),
-            *source_inputs(cfg.dataset_conf),
-            *(named for key in ("train_data_set_list", "valid_data_set_list") if getattr(cfg, key)
-              for named in list_and_sidecar(f"++{key}", getattr(cfg, key)))]
-
-
-#: the files of output_dir every run writes under these names (epoch checkpoints: see _fresh_start)
-_WRITTEN = ("model.pt", "config.yaml", "train.log", ckpt.METRICS_FILE)
-
-
-def _written_inputs(out: Path, reads: list[tuple[str, str | None]]) -> str | None:
-    """The refusal of an output_dir where a file the run writes is one of the files it reads."""
-    from corpus_io.storage.files import refuse_overwriting_inputs
-
-    try:
-        refuse_overwriting_inputs([(f"output_dir's {name}", out / name) for name in _WRITTEN], reads)
-    except ConfigError as exc:
-        return f"{exc} Nothing was written."
-    return None
-
-
-#: the files of output_dir a run opens and appends to (not written under a temp name and renamed)
-_APPENDED = ("train.log", "log/train.rank*.log", "trained_keys.rank*.txt", "unused_keys.rank*.txt")
-
-
-def _linked_appends(out: Path) -> str | None:
-    """The refusal of an output_dir whose log or key-record files are symbolic links: appending to them would
-    write into the files they point to, outside output_dir (checkpoints and metrics are renamed into place, which
-    replaces a link, not its target)."""
-    links = sorted(p for pattern in _APPENDED for p in out.glob(pattern) if p.is_symlink())
-    if not links:
-        return None
-    shown = ", ".join(f"{p} -> {os.readlink(p)}" for p in links[:3]) + (f" and {len(links) - 3} more"
-                                                                        if len(links) > 3 else "")
-    return (f"output_dir {out} holds symbolic links where training appends its logs and key records ({shown}); "
-            f"the run would write into the files they point to. Remove the links (the run creates its own files), "
-            f"or give another ++output_dir. Nothing was written.")
-
-
-def _fresh_start(out: Path, tc: Any, reads: list[tuple[str, str | None]] = ()) -> tuple[str | None, list[str]]:
-    """``(refusal, notes)`` for a run that starts afresh in ``out``: None when it resumes model.pt or the dir holds
-    no checkpoint; with ``overwrite_output_dir`` the old run's files are deleted and named in the notes, unless one
-    of them is a file this run reads (``reads``), which refuses the run, nothing deleted."""
-    if tc.resume and (out / "model.pt").is_file():
-        if tc.overwrite_output_dir:
-            return None, [f"train_conf.overwrite_output_dir is not applied: {out / 'model.pt'} is there to resume "
-                          f"(train_conf.resume=true), so this run continues it and deletes nothing. To start "
-                          f"afresh over it, pass ++train_conf.resume=false as well."]
-        return None, []
-    old = sorted(p.name for p in out.iterdir() if _RUN_FILES.match(p.name))
-    if not any(name.startswith("model.pt") or name == ckpt.METRICS_FILE for name in old):
-        return None, []
-    shown = ", ".join(old[:4]) + (f" and {len(old) - 4} more" if len(old) > 4 else "")
-    if tc.overwrite_output_dir:
-        for name in old:
-            found = input_of(out / name, reads)
-            if found is not None:
-                key, path, how = found
-                return (f"train_conf.overwrite_output_dir would delete {out / name}, one of the previous run's files "
-                        f"in output_dir {out}, but this run reads it: it is {key}={path}{how} (and the new run "
-                        f"would write its own {name} there). Copy it out of output_dir first (e.g. cp {out / name} "
-                        f"init.pt, then ++init_param=init.pt), or give this run another ++output_dir. Nothing was "
-                        f"deleted or written."), []
-        for name in old:
-            (out / name).unlink(missing_ok=True)
-        return None, [f"train_conf.overwrite_output_dir: deleted the previous run's {shown} from {out}"]
-    why = "train_conf.resume=false" if not tc.resume else "there is no model.pt to resume"
-    return (f"output_dir {out} holds another run's checkpoints ({shown}), and this run would start afresh ({why}): "
-            f"its epochs would then be ranked, pruned and averaged (model.pt.avg{{N}}) together with that run's. "
-            f"Start the new run in another ++output_dir, continue that run with ++train_conf.resume=true (its "
-            f"model.pt), or replace it with ++train_conf.overwrite_output_dir=true (its checkpoints, "
-            f"cv_metrics.json and key lists are deleted first). Nothing was written."), []
-
-
-def model_mismatch(path: Path, state: dict, cfg: Any, module: Any) -> str:
-    """The one paragraph for a resumed checkpoint whose weights do not fit the model this run built: the model.*
-    keys that differ from the checkpoint's config, else the tensors that differ."""
-    from omegaconf import OmegaConf
-
-    try:
-        trained = OmegaConf.to_container(OmegaConf.create(state.get("config") or ""), resolve=True)
-    except Exception:  # noqa: BLE001 - a hand-made checkpoint: name the tensors instead
-        trained = {}
-    theirs = _flat((trained or {}).get("model") or {}, "model")
-    ours = _flat(dict(cfg.model), "model")
-    keys = [f"{k}={theirs.get(k, '(unset)')} in the checkpoint, {ours.get(k, '(unset)')} now"
-            for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
-    if keys:
-        what = f"its model.* keys differ: {'; '.join(keys[:6])}" + (f" and {len(keys) - 6} more" if len(keys) > 6
-                                                                    else "")
-    else:
-        own, saved = module.state_dict(), state["model"]
-        shapes = [f"{n} {list(saved[n].shape)} -> {list(t.shape)}" for n, t in own.items()
-                  if n in saved and saved[n].shape != t.shape]
-        missing = [n for n in own if n not in saved] + [n for n in saved if n not in own]
-        what = ("its tensors differ: " + ", ".join((shapes + missing)[:4])
-                + " (a token list of another size, or other features: dataset_conf.fbank_conf)")
-    return (f"train_conf.resume: {path} holds a model that does not fit the one this run builds: {what}. A resume "
-            f"continues the same model: drop or restore those keys on the command line, or start a new run in "
-            f"another ++output_dir (++init_param={path}, with ++train_conf.ignore_init_mismatch=true, to start from "
-            f"its weights).")
-
-
-def _flat(d: dict, prefix: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}.{k}"))
-        else:
-            out[f"{prefix}.{k}"] = v
-    return out
 
 
 def _absolute_paths(section: Any, *keys: str) -> None:

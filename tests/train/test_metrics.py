@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from corpus_io.train.distributed import DistContext
-from corpus_io.train.metrics import Board, Meter
+from corpus_io.train.metrics import Board, Meter, step_spread
 
 
 def test_a_meter_sums_batches_and_derives_loss_and_accuracy():
@@ -37,3 +39,10 @@ def test_the_board_writes_scalars_on_rank_0_and_nothing_elsewhere(tmp_path):
     assert events.Tags()["scalars"] == ["cv/loss"]
     assert [(e.step, e.value) for e in events.Scalars("cv/loss")] == [(3, 1.5)]
     assert not (tmp_path / "other").exists()
+
+
+def test_step_spread_is_the_median_relative_range_of_the_ranks_audio_per_step():
+    assert step_spread([[10.0, 10.0, 8.0]]) == 0.0  # one rank
+    # steps: (10, 10) -> 0, (10, 30) -> 20/20 = 1, (8, 8) -> 0; the median is 0; a rank's extra steps are not compared
+    assert step_spread([[10.0, 10.0, 8.0], [10.0, 30.0, 8.0, 5.0]]) == 0.0
+    assert step_spread([[10.0, 10.0], [30.0, 30.0]]) == pytest.approx(1.0)

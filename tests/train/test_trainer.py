@@ -397,7 +397,7 @@ def _claim(out: Path, reads=(), **train_conf):
     """``claim_output_dir`` as rank 0 of a one-process run calls it, with the train_conf keys given."""
     from corpus_io.config import TrainConfig
     from corpus_io.train.distributed import DistContext
-    from corpus_io.train.trainer import claim_output_dir
+    from corpus_io.train.output_dir import claim_output_dir
 
     tc = TrainConfig().train_conf
     for key, value in train_conf.items():
@@ -418,7 +418,7 @@ def test_overwrite_output_dir_is_said_not_applied_when_model_pt_is_resumed(one_p
 def test_an_output_dir_whose_config_yaml_is_the_train_list_is_refused_and_the_list_kept(tmp_path):
     from corpus_io.config import TrainConfig
     from corpus_io.errors import ConfigError
-    from corpus_io.train.trainer import run_inputs
+    from corpus_io.train.output_dir import run_inputs
 
     out = tmp_path / "exp"
     out.mkdir()
@@ -568,15 +568,6 @@ def test_weighted_sources_killed_9_under_torchrun_and_resumed_train_each_key_as_
     more = {k: (n, uninterrupted[k]) for k, n in got.items() if n > uninterrupted[k]}
     assert not more, f"trained more often than in the uninterrupted epoch (resumed, uninterrupted): {more}"
     assert got == uninterrupted, (got - uninterrupted, uninterrupted - got)
-
-
-def test_step_spread_is_the_median_relative_range_of_the_ranks_audio_per_step():
-    from corpus_io.train.trainer import step_spread
-
-    assert step_spread([[10.0, 10.0, 8.0]]) == 0.0  # one rank
-    # steps: (10, 10) -> 0, (10, 30) -> 20/20 = 1, (8, 8) -> 0; the median is 0; a rank's extra steps are not compared
-    assert step_spread([[10.0, 10.0, 8.0], [10.0, 30.0, 8.0, 5.0]]) == 0.0
-    assert step_spread([[10.0, 10.0], [30.0, 30.0]]) == pytest.approx(1.0)
 
 
 def test_ranks_whose_cv_splits_differ_in_batches_validate_and_finish(corpus, tmp_path):
