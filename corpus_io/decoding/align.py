@@ -12,20 +12,11 @@ Words are the hypothesis text's words as scoring counts them (``words_of``: deco
 first token's start to its last token's end.
 A token that spells several words (a jieba word of two characters) shares its frames among them evenly.
 
-A CTC model spikes on a word's most distinctive part, often its vowel: the 0.3 s /s/ of "six" lies before its spike,
-and a word's last sound often after its last token. So with ``speech`` (which input frames hold speech:
-:func:`speech_frames` of the features' energy) each word's span moves from its tokens' frames to its sound:
-
-* its start moves back over the speech frames just before it, down to the end of the word before it and at most
-  :data:`ONSET_BACK_SECONDS`; a start in a pause (a path that begins in the silence before the sound, at frame 0)
-  moves forward to the sound, not past the word's end;
-* its end moves forward over the speech frames just after it, up to the next word's first token and at most
-  :data:`END_FORWARD_SECONDS`, and back off any silence it ends in (a last token emitted after the sound stopped);
-* speech frames run across silences shorter than :data:`PAUSE_SECONDS` (a stop's closure); a word whose tokens lie
-  wholly in silence less than that after sound is that sound's.
-
-After a pause a word starts where its sound does and ends where it stops; within fluent speech a word ends where
-the next word's first token starts. Tokens keep the CTC path's frames.
+A CTC model spikes on a word's most distinctive part, often its vowel: the 0.3 s /s/ of "six" lies before its spike.
+So with ``speech`` (which input frames hold speech: :func:`speech_frames` of the features' energy) a word's start
+moves back over the speech frames just before it, down to the end of the word before it and at most
+:data:`ONSET_BACK_SECONDS`: after a pause, a word starts where its sound does; within fluent speech, where the word
+before it ends. Tokens keep the CTC path's frames.
 
 Confidence, in [0, 1] (the aligned-frame posterior):
 
@@ -44,8 +35,6 @@ import torch
 
 #: how far back a word's start may move over speech frames (seconds)
 ONSET_BACK_SECONDS = 0.5
-#: how far forward a word's end may move over speech frames (seconds)
-END_FORWARD_SECONDS = 0.5
 #: a frame is speech when its energy is within SPEECH_TOP_DB of the utterance's loudest frame and SPEECH_FLOOR_DB
 #: above its quietest tenth (the background), in dB
 SPEECH_TOP_DB = 50.0
@@ -129,7 +118,7 @@ def align(log_probs: torch.Tensor, ids: list[int], decode: Callable[[list[int]],
         tokens.append(Span(decode([tok]), round(start, 3), round(end, 3), _unit(post)))
     words = _words(ids, tokens, decode, words_of)
     if speech is not None:
-        words = _sound_spans(words, speech, speech_seconds, limit)
+        words = _sound_onsets(words, speech, speech_seconds)
     conf = sum(w.confidence for w in words) / len(words) if words else _unit(
         sum(t.confidence for t in tokens) / len(tokens))
     return Timed(tokens, words, _unit(conf))
@@ -170,10 +159,12 @@ def _words(ids: list[int], tokens: list[Span], decode: Callable[[list[int]], str
     return out
 
 
-def _closures_filled(flags: list[bool], step: float) -> list[bool]:
-    """``flags`` with the silences between speech frames shorter than :data:`PAUSE_SECONDS` (a stop's closure, the
-    /k/ of "six") counted as speech."""
-    closed = list(flags)
+def _sound_onsets(words: list[Span], speech: torch.Tensor, step: float) -> list[Span]:
+    """Each word's start moved back over the speech frames just before it (across silences shorter than
+    :data:`PAUSE_SECONDS`: a stop's closure, the /k/ of "six"): no earlier than the previous word's end, nor
+    :data:`ONSET_BACK_SECONDS` before its CTC start."""
+    flags = speech.tolist()
+    closed = list(flags)  # short silences between speech filled
     gap = max(1, int(round(PAUSE_SECONDS / step)))
     last = None  # the last speech frame seen
     for i, f in enumerate(flags):
@@ -181,85 +172,17 @@ def _closures_filled(flags: list[bool], step: float) -> list[bool]:
             if last is not None and 1 < i - last <= gap:
                 closed[last + 1:i] = [True] * (i - last - 1)
             last = i
-    return closed
-
-
-def _without_edge_tails(flags: list[bool], step: float) -> list[bool]:
-    """``flags`` without a run of speech shorter than :data:`PAUSE_SECONDS` that touches the audio's start or end
-    (within 20 ms) apart from the rest by a silence of at least 50 ms: the cut-off tail of a neighbouring
-    utterance in a segment cut from a longer recording, not a word of this one."""
-    flags = list(flags)
-    n, short, edge, join = len(flags), int(round(PAUSE_SECONDS / step)), int(round(0.02 / step)), 0.05 / step
-    runs: list[list[int]] = []  # [first, end) of each run of speech, silences shorter than 50 ms inside it
-    for i, f in enumerate(flags):
-        if f:
-            if runs and i - runs[-1][1] < join:
-                runs[-1][1] = i + 1
-            else:
-                runs.append([i, i + 1])
-    if len(runs) > 1:
-        for a, b in (runs[0], runs[-1]):
-            if b - a < short and (a <= edge or n - b <= edge):
-                flags[a:b] = [False] * (b - a)
-    return flags
-
-
-def _sound_spans(words: list[Span], speech: torch.Tensor, step: float, limit: float) -> list[Span]:
-    """Each word's span moved from its tokens' CTC frames to its sound (``speech``: one flag per ``step`` seconds;
-    ``limit``: the audio's end), word by word.
-
-    Start: back over the speech frames before its first token (across closures), no earlier than the previous
-    word's end nor :data:`ONSET_BACK_SECONDS` before; a start in a pause (a path that begins before the sound, at
-    frame 0) moves forward to where the sound begins, not past the word's end. End: forward over the speech frames
-    after its last token (across closures), up to the next word's first token and at most
-    :data:`END_FORWARD_SECONDS`, then back to the last speech frame (off a closure's or a pause's silence: a last
-    token the model emits after the sound stopped), never back to its start. A word with no speech under its tokens
-    and sound less than :data:`PAUSE_SECONDS` before them (emitted just after its sound) is that sound. No word
-    starts before the utterance's first sound nor ends after its last (a cut-off tail at an edge is no sound:
-    :func:`_without_edge_tails`), nor starts before the previous word's end."""
-    flags = _without_edge_tails(speech.tolist(), step)
-    n = len(flags)
-    if not any(flags):
-        return words
-    closed = _closures_filled(flags, step)
-    gap = max(1, int(round(PAUSE_SECONDS / step)))
-    sound_from = flags.index(True) * step  # the utterance's sound: no word starts before it nor ends after it
-    sound_to = (n - flags[::-1].index(True)) * step
-
-    def frame(t: float) -> int:
-        return min(max(int(round(t / step)), 0), n)
-
     out: list[Span] = []
     prev_end = 0.0
-    for i, w in enumerate(words):
-        f = frame(w.start)
+    for w in words:
+        frame = min(int(round(w.start / step)), len(flags))
         earliest = max(prev_end, w.start - ONSET_BACK_SECONDS)
-        if not any(flags[f:max(frame(w.end), f + 1)]):  # no sound under its tokens: emitted just after its sound?
-            h = f
-            while h > 0 and not flags[h - 1] and f - h < gap and (h - 1) * step >= earliest - 1e-9:
-                h -= 1
-            if h > 0 and flags[h - 1] and (h - 1) * step >= earliest - 1e-9:
-                f = h
-        while f > 0 and closed[f - 1] and (f - 1) * step >= earliest - 1e-9:
-            f -= 1
-        g = f
-        while g < n and not flags[g] and (g + 1) * step < w.end - 1e-9:  # start on sound, not in a gap or a pause
-            g += 1
-        start = g * step if g < n and flags[g] else min(w.start, f * step)
-        start = min(max(start, sound_from, prev_end), sound_to)
-        bound = min(limit, max(w.end, start) + END_FORWARD_SECONDS)
-        if i + 1 < len(words):
-            bound = min(bound, max(w.end, start, words[i + 1].start))
-        e = max(frame(w.end), frame(start))
-        while e < n and closed[e] and (e + 1) * step <= bound + 1e-9:
-            e += 1
-        first = frame(start)
-        while e > first + 1 and not flags[e - 1]:
-            e -= 1
-        end = e * step if e > first and flags[e - 1] else w.end
-        end = min(max(min(end, sound_to), start), limit)
-        out.append(Span(w.text, round(start, 3), round(end, 3), w.confidence))
-        prev_end = end
+        while frame > 0 and closed[frame - 1] and (frame - 1) * step >= earliest - 1e-9:
+            frame -= 1
+        while frame * step < w.start and frame < len(flags) and not flags[frame]:  # start on sound, not in a gap
+            frame += 1
+        out.append(Span(w.text, round(min(w.start, frame * step), 3), w.end, w.confidence))
+        prev_end = w.end
     return out
 
 
