@@ -186,6 +186,14 @@ class DecodeConfig:
                                      "long recording decodes in bounded memory; 0: always whole", unit="seconds",
                                range="[0, inf)")
     decoding: DecodingConf = opt(factory=DecodingConf)
+    decoding_chunk_size: int = opt(0, "> 0: run the model chunk by chunk, as a stream, with chunks of this many "
+                                      "encoder frames (40 ms each for ConformerCTC; WeNet's name) and attention "
+                                      "and convolution caches kept between them (a model trained with "
+                                      "model.causal=true); 0 or < 0: full context", unit="frames",
+                                   range="[-1, 100000]")
+    num_decoding_left_chunks: int = opt(-1, "chunk by chunk: chunks before each that attention sees (-1: all "
+                                            "of them; the cache, and memory, grow with the utterance)",
+                                        range="[-1, 100000]")
     timestamps: bool = opt(False, "also write output_dir/ctm (Kaldi CTM: '<utt> 1 <start> <dur> <word> <conf>', "
                                   "seconds, 2 decimals) and timestamps.jsonl (each best hypothesis's tokens and "
                                   "words with start/end seconds and confidence), from the CTC forced alignment of "

@@ -89,7 +89,8 @@ def decode(cfg: Any) -> dict:
     search = Search(cfg.decoding, tokenizer, model, device)
     timing = cfg.timestamps or cfg.min_confidence > 0
     batches = forward_batches(loader, model, tokenizer, conf, device, encoder=cfg.decoding.method in NEEDS_ENCODER,
-                              desc=f"decode ({cfg.decoding.method})", speech=timing, chunk_seconds=cfg.chunk_seconds)
+                              desc=f"decode ({cfg.decoding.method})", speech=timing, chunk_seconds=cfg.chunk_seconds,
+                              streaming=streaming_options(cfg, model))
     run = run_search(cfg.decoding, batches, tokenizer, search, where=cfg.data_list, skipped=skipped_summary(loader),
                      frame_seconds=output_frame_seconds(model, conf) if timing else None)
     undecoded(run, cfg.data_list, conf, loader_dropped(loader))
@@ -199,10 +200,12 @@ CHUNK_CONTEXT_SECONDS = 2.0
 
 def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: Any, *,
                     encoder: bool = False, desc: str = "decode", speech: bool = False,
-                    chunk_seconds: float = CHUNK_SECONDS) -> Iterator[Forward]:
+                    chunk_seconds: float = CHUNK_SECONDS, streaming: tuple[int, int] = (0, -1)) -> Iterator[Forward]:
     """The model over every batch of ``loader`` (with progress), timed. ``speech``: also each utterance's speech
     frames (word times move their starts back over them). A batch holding an utterance longer than
-    ``chunk_seconds`` (0: none) goes through the model in pieces (:func:`chunked`)."""
+    ``chunk_seconds`` (0: none) goes through the model in pieces (:func:`chunked`). ``streaming``
+    ``(decoding_chunk_size, num_decoding_left_chunks)`` with a chunk > 0: each utterance chunk by chunk with
+    caches (:func:`chunk_by_chunk`)."""
     import torch
 
     from corpus_io.storage.progress import progress
@@ -227,7 +230,10 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
             feats, feats_lengths = model_inputs(front_end, batch, device, train=False)
             whole = not piece or int(feats_lengths.max()) <= piece
             enc = None
-            if encoder:
+            if streaming[0] > 0:
+                enc = chunk_by_chunk(model, feats, feats_lengths, *streaming)
+                log_probs, lengths = model.ctc_log_probs(*enc)
+            elif encoder:
                 enc = model.encode(feats, feats_lengths) if whole else \
                     chunked(model.encode, feats, feats_lengths, step=step, piece=piece, context=context)
                 log_probs, lengths = model.ctc_log_probs(*enc)
@@ -248,6 +254,32 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
             yield Forward(list(batch["keys"]), refs, float(batch.get("audio_seconds", 0.0)), log_probs, lengths,
                           enc, seconds, _durations(batch, conf), batch.get("segments"), frames,
                           input_frame_seconds(conf))
+
+
+def streaming_options(cfg: Any, model: Any) -> tuple[int, int]:
+    """``(decoding_chunk_size, num_decoding_left_chunks)`` of a decode config, checked against the model: chunk by
+    chunk needs a causal PyTorch model (an exported file is run whole)."""
+    chunk, left = int(cfg.decoding_chunk_size), int(cfg.num_decoding_left_chunks)
+    if chunk <= 0:
+        return 0, -1
+    what = f"++decoding_chunk_size={chunk}"
+    if not hasattr(model, "encode_streaming"):
+        raise ConfigError(f"{what}: checkpoint {cfg.checkpoint} is not a corpus-io ConformerCTC checkpoint (an "
+                          f"exported file or another model), which decode runs whole. Decode the PyTorch "
+                          f"checkpoint chunk by chunk, or serve the streaming export with sherpa-onnx "
+                          f"(docs/DECODING.md \"Streaming and serving\").")
+    model.require_streaming(what)
+    return chunk, left
+
+
+def chunk_by_chunk(model: Any, feats: Any, lengths: Any, chunk: int, left: int) -> tuple[Any, Any]:
+    """``model.encode_streaming`` on each row of a padded batch (one utterance at a time, as a stream), padded
+    back into a batch: (B, T', D) and (B,)."""
+    import torch
+
+    rows = [model.encode_streaming(feats[i:i + 1, :int(n)], chunk, left)[0][0] for i, n in enumerate(lengths.tolist())]
+    out_lengths = torch.tensor([r.shape[0] for r in rows], dtype=lengths.dtype, device=lengths.device)
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), out_lengths
 
 
 def chunked(fn: Callable, x: Any, lengths: Any, *, step: int, piece: int, context: int) -> tuple[Any, Any]:

@@ -95,8 +95,8 @@ class ExportFrontEnd(nn.Module):
 
 
 class ExportedCTC(nn.Module):
-    """``ConformerCTC.forward`` with the padding mask an explicit argument of each layer (no hooks, no state on
-    the model): the same operations, so the same log-probs. With ``front_end`` the inputs are waveforms."""
+    """``ConformerCTC.forward`` (full context, plain tensor ops: :mod:`corpus_io.train.conformer`), so the same
+    log-probs. With ``front_end`` the inputs are waveforms."""
 
     def __init__(self, model: nn.Module, front_end: ExportFrontEnd | None = None) -> None:
         super().__init__()
@@ -106,71 +106,7 @@ class ExportedCTC(nn.Module):
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.front_end is not None:
             x, lengths = self.front_end(x, lengths)
-        encoded, out_lengths = encode_explicit(self.model, x, lengths)
-        return torch.log_softmax(self.model.ctc(encoded).float(), dim=-1), out_lengths
-
-
-def encode_explicit(model: nn.Module, feats: torch.Tensor, feats_lengths: torch.Tensor) -> tuple[torch.Tensor,
-                                                                                                   torch.Tensor]:
-    """``model.encode`` (a ConformerCTC in eval mode) with the mask passed to every layer explicitly."""
-    x = model.cmvn(feats)
-    frames = torch.arange(x.shape[1], device=x.device)[None, :]
-    x = x.masked_fill((frames >= feats_lengths[:, None])[..., None], 0.0)
-    x = model.embed.conv(x.unsqueeze(1))  # (B, C, T', F')
-    b, c, t, f = x.shape
-    x = model.embed.out(x.transpose(1, 2).reshape(b, t, c * f))
-    lengths = model.embed.output_lengths(feats_lengths)
-    lengths = torch.minimum(lengths.clamp(min=0), torch.full_like(lengths, 1) * t)
-    if model.pos_enc_layer_type == "abs_pos":
-        x = x * math.sqrt(x.shape[-1]) + _sinusoids(x.shape[1], x.shape[-1], x.device).to(x.dtype)
-    pad = torch.arange(x.shape[1], device=x.device)[None, :] >= lengths.clamp(min=1)[:, None]
-    x = x.transpose(0, 1)
-    for layer in model.encoder.conformer_layers:
-        x = conformer_layer(layer, x, pad)
-    return x.transpose(0, 1), lengths
-
-
-def conformer_layer(layer: nn.Module, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-    """torchaudio's ``ConformerLayer.forward`` (T, B, D) with padding zeroed before the depthwise convolution."""
-    def convolution(x: torch.Tensor) -> torch.Tensor:
-        module = layer.conv_module
-        y = module.layer_norm(x.transpose(0, 1)).transpose(1, 2)  # (B, D, T)
-        seq = module.sequential
-        y = seq[1](seq[0](y)).masked_fill(pad[:, None, :], 0.0)
-        for i in range(2, len(seq)):
-            y = seq[i](y)
-        return x + y.transpose(1, 2).transpose(0, 1)
-
-    x = layer.ffn1(x) * 0.5 + x
-    if layer.convolution_first:
-        x = convolution(x)
-    residual = x
-    y = layer.self_attn_layer_norm(x)
-    x = layer.self_attn_dropout(self_attention(layer.self_attn, y, pad)) + residual
-    if not layer.convolution_first:
-        x = convolution(x)
-    x = layer.ffn2(x) * 0.5 + x
-    return layer.final_layer_norm(x)
-
-
-def self_attention(mha: nn.MultiheadAttention, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-    """``nn.MultiheadAttention(x, x, x, key_padding_mask=pad, need_weights=False)`` (T, B, D) in eval mode, as
-    ``F.multi_head_attention_forward`` computes it (one projection, an additive -inf mask, scaled dot-product
-    attention), with every reshape's time and batch taken from the tensor (tracing keeps them dynamic)."""
-    heads, dim = mha.num_heads, mha.embed_dim
-    q, k, v = nn.functional.linear(x.transpose(0, 1), mha.in_proj_weight, mha.in_proj_bias).chunk(3, dim=-1)
-    q, k, v = (t.unflatten(-1, (heads, dim // heads)).transpose(1, 2) for t in (q, k, v))  # (B, H, T, d)
-    mask = torch.zeros(pad.shape, dtype=q.dtype, device=q.device).masked_fill(pad, float("-inf"))[:, None, None, :]
-    y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, d)
-    y = nn.functional.linear(y.permute(2, 0, 1, 3).flatten(2), mha.out_proj.weight, mha.out_proj.bias)
-    return y  # (T, B, D)
-
-
-def _sinusoids(length: Any, dim: int, device: Any) -> torch.Tensor:
-    """``model._sinusoids`` without slice assignment (sin and cos interleaved by a stack)."""
-    pos = torch.arange(length, device=device, dtype=torch.float32)[:, None]
-    inv = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    return torch.stack([torch.sin(pos * inv), torch.cos(pos * inv)], dim=-1).reshape(-1, dim)
+        return self.model(x, lengths)
 
 
 def exportable(model: nn.Module, where: str) -> None:
@@ -184,10 +120,6 @@ def exportable(model: nn.Module, where: str) -> None:
                           f"decoder, or a custom model's forward, is not covered). Decode it with the PyTorch "
                           f"checkpoint (corpus-io decode ++checkpoint={where}), or train a model=conformer_tiny "
                           f"style ConformerCTC to export.")
-    if model.pos_enc_layer_type == "abs_pos" and model.ctc.in_features % 2:
-        raise ConfigError(f"export-model: checkpoint {where} uses pos_enc_layer_type=abs_pos with an odd "
-                          f"output_size ({model.ctc.in_features}), which the exporter does not handle; decode it "
-                          f"with the PyTorch checkpoint.")
 
 
 # --------------------------------------------------------------------------- export-model

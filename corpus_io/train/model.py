@@ -21,6 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from corpus_io.train.conformer import (causal_convolutions, choose_chunk, chunk_attention_mask, layer_forward,
+                                      layer_forward_chunk)
+
 
 class GlobalCMVN(nn.Module):
     """``(x - mean) * istd`` with stats from ``compute-cmvn`` (stored as buffers, so they travel in checkpoints)."""
@@ -62,7 +65,7 @@ class Conv2dSubsampling4(nn.Module):
 
 
 class ConformerCTC(nn.Module):
-    """CMVN -> conv2d subsampling (x4) -> torchaudio Conformer -> linear CTC head (log-softmax).
+    """CMVN -> conv2d subsampling (x4) -> Conformer layers (torchaudio's) -> linear CTC head (log-softmax).
 
     Sizes: ``output_size`` (attention dim), ``attention_heads``, ``linear_units`` (feed-forward),
     ``num_blocks``, ``cnn_module_kernel`` (odd), ``subsampling_channels``, ``dropout_rate``,
@@ -71,22 +74,41 @@ class ConformerCTC(nn.Module):
     local order, enough for CTC) or ``abs_pos`` (``x * sqrt(d) + sinusoids`` after subsampling, as WeNet's
     ``abs_pos``: an attention decoder needs it to tell two identical words apart, "eight eight").
     ``input_dim`` and ``vocab_size`` are filled in by the trainer from the features and tokenizer.
+
+    Streaming (WeNet's U2 names; :mod:`corpus_io.train.conformer`): ``causal`` makes the depthwise convolution
+    see only the past; ``use_dynamic_chunk`` trains each batch with a random chunk mask (full context about
+    half the time), ``use_dynamic_left_chunk`` with a random number of left chunks too; ``static_chunk_size``
+    > 0 always trains with that chunk (encoder frames, 40 ms each). A causal model decodes full context
+    (:meth:`encode`) and chunk by chunk with caches (:meth:`encode_streaming`), one checkpoint both ways.
     """
 
     POS_ENC_LAYER_TYPES = ("no_pos", "abs_pos")
+    #: input frames per encoder frame, and input frames an encoder frame sees past its first (3x3 stride 2, twice)
+    SUBSAMPLING, RIGHT_CONTEXT = 4, 6
 
     def __init__(self, input_dim: int, vocab_size: int, cmvn_file: str | None = None, *,
                  output_size: int = 144, attention_heads: int = 4, linear_units: int = 576, num_blocks: int = 4,
                  cnn_module_kernel: int = 15, subsampling_channels: int = 64, dropout_rate: float = 0.1,
-                 use_group_norm: bool = False, pos_enc_layer_type: str = "no_pos") -> None:
+                 use_group_norm: bool = False, pos_enc_layer_type: str = "no_pos", causal: bool = False,
+                 use_dynamic_chunk: bool = False, use_dynamic_left_chunk: bool = False,
+                 static_chunk_size: int = 0) -> None:
         super().__init__()
         if pos_enc_layer_type not in self.POS_ENC_LAYER_TYPES:
             raise ValueError(f"pos_enc_layer_type={pos_enc_layer_type!r} must be one of {self.POS_ENC_LAYER_TYPES}")
+        if static_chunk_size < 0:
+            raise ValueError(f"static_chunk_size={static_chunk_size} must be >= 0 (0: no static chunk)")
+        if (use_dynamic_chunk or static_chunk_size) and use_group_norm:
+            raise ValueError("use_group_norm normalises over the whole utterance, which a chunk cannot see; "
+                             "train a streaming model with use_group_norm=false (BatchNorm)")
         self.pos_enc_layer_type = pos_enc_layer_type
         if input_dim < 7:
             raise ValueError(f"input_dim={input_dim} is too small for conv2d subsampling (need >= 7)")
         self.input_dim = input_dim
         self.vocab_size = vocab_size
+        self.causal = bool(causal)
+        self.use_dynamic_chunk = bool(use_dynamic_chunk)
+        self.use_dynamic_left_chunk = bool(use_dynamic_left_chunk)
+        self.static_chunk_size = int(static_chunk_size)
         self.cmvn = GlobalCMVN(input_dim, cmvn_file)
         self.embed = Conv2dSubsampling4(input_dim, output_size, subsampling_channels)
         self.dropout = nn.Dropout(dropout_rate)
@@ -95,47 +117,114 @@ class ConformerCTC(nn.Module):
         self.encoder = Conformer(input_dim=output_size, num_heads=attention_heads, ffn_dim=linear_units,
                                  num_layers=num_blocks, depthwise_conv_kernel_size=cnn_module_kernel,
                                  dropout=dropout_rate, use_group_norm=use_group_norm)
+        if self.causal:
+            causal_convolutions(self.encoder.conformer_layers)
         self.ctc = nn.Linear(output_size, vocab_size)
-        # padding never reaches a real frame: the depthwise convolutions see zeros past each length (WeNet's
-        # mask_pad), so a batch padded to its bucket's edge gives what the unpadded one gives
-        self._pad_mask: torch.Tensor | None = None
-        for layer in self.encoder.conformer_layers:
-            layer.conv_module.sequential[2].register_forward_pre_hook(self._zero_padding)
-
-    def _zero_padding(self, module: nn.Module, args: tuple) -> tuple:
-        mask = self._pad_mask
-        if mask is None or mask.shape[-1] != args[0].shape[-1]:
-            return args
-        return (args[0].masked_fill(mask[:, None, :], 0.0),)
 
     def forward(self, feats: torch.Tensor, feats_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.ctc_log_probs(*self.encode(feats, feats_lengths))
 
-    def encode(self, feats: torch.Tensor, feats_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, feats: torch.Tensor, feats_lengths: torch.Tensor, decoding_chunk_size: int = 0,
+               num_decoding_left_chunks: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder output (B, T', D) and its lengths (frames after subsampling). Frames past a row's length
-        (padding) never change a real frame's output."""
+        (padding) never change a real frame's output. In training, the chunk mask the streaming options draw;
+        outside it, ``decoding_chunk_size`` > 0 masks attention to chunks of that many frames and
+        ``num_decoding_left_chunks`` before each (-1: all), which :meth:`encode_streaming` computes chunk by
+        chunk."""
+        x, lengths = self._embed(feats, feats_lengths, 0)
+        # every length >= 1: a row fully masked gives NaN attention
+        key_pad = torch.arange(x.shape[1], device=x.device)[None, :] >= lengths.clamp(min=1)[:, None]
+        chunk, left = choose_chunk(x.shape[1], use_dynamic_chunk=self.use_dynamic_chunk,
+                                   use_dynamic_left_chunk=self.use_dynamic_left_chunk,
+                                   static_chunk_size=self.static_chunk_size, training=self.training,
+                                   decoding_chunk_size=decoding_chunk_size,
+                                   num_decoding_left_chunks=num_decoding_left_chunks)
+        mask = chunk_attention_mask(x.shape[1], chunk, left, x.device) if chunk > 0 else None
+        for layer in self.encoder.conformer_layers:
+            x = layer_forward(layer, x, key_pad, mask, causal=self.causal)
+        return x, lengths
+
+    def _embed(self, feats: torch.Tensor, feats_lengths: torch.Tensor,
+               offset: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """CMVN, padding zeroed, subsampling, positions from ``offset`` (encoder frames before the first), dropout.
+        Plain tensor ops with sizes taken from the tensors (the export traces this)."""
         x = self.cmvn(feats)
         frames = torch.arange(x.shape[1], device=x.device)[None, :]
         x = x.masked_fill((frames >= feats_lengths.to(x.device)[:, None])[..., None], 0.0)  # padding stays 0
-        x, lengths = self.embed(x, feats_lengths)
+        x = self.embed.conv(x.unsqueeze(1))  # (B, C, T', F')
+        b, c, t, f = x.shape
+        x = self.embed.out(x.transpose(1, 2).reshape(b, t, c * f))
+        lengths = self.embed.output_lengths(feats_lengths)
+        lengths = torch.minimum(lengths.clamp(min=0), torch.full_like(lengths, 1) * t)
         if self.pos_enc_layer_type == "abs_pos":
-            x = x * math.sqrt(x.shape[-1]) + _sinusoids(x.shape[1], x.shape[-1], x.device).to(x.dtype)
-        x = self.dropout(x)
-        # the layers run here, not through Conformer.forward, whose mask is as wide as the longest row: a batch
-        # padded past it (to its bucket's edge) needs the mask as wide as the tensor. Every length >= 1 (a row
-        # fully masked gives NaN attention).
-        self._pad_mask = torch.arange(x.shape[1], device=x.device)[None, :] >= lengths.clamp(min=1)[:, None]
-        try:
-            x = x.transpose(0, 1)
-            for layer in self.encoder.conformer_layers:
-                x = layer(x, self._pad_mask)
-            x = x.transpose(0, 1)
-        finally:
-            self._pad_mask = None
-        return x, lengths
+            x = x * math.sqrt(x.shape[-1]) + _sinusoids(x.shape[1], x.shape[-1], x.device, offset).to(x.dtype)
+        return self.dropout(x), lengths
 
     def ctc_log_probs(self, encoded: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.log_softmax(self.ctc(encoded).float(), dim=-1), lengths
+
+    # ------------------------------------------------------------------ chunk by chunk
+
+    def chunk_window(self, chunk_size: int) -> tuple[int, int]:
+        """``(frames, shift)``: input frames one chunk of ``chunk_size`` encoder frames reads, and the input frames
+        between chunks (16 -> 67 and 64)."""
+        return (chunk_size - 1) * self.SUBSAMPLING + self.RIGHT_CONTEXT + 1, chunk_size * self.SUBSAMPLING
+
+    def initial_caches(self, device: Any = None, cache_frames: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero caches that start a stream: attention (layers, heads, cache_frames, 2 * D / heads) and
+        convolution (layers, 1, D, kernel - 1)."""
+        layer = self.encoder.conformer_layers[0]
+        heads, dim = layer.self_attn.num_heads, layer.self_attn.embed_dim
+        kernel = layer.conv_module.sequential[2].kernel_size[0]
+        n = len(self.encoder.conformer_layers)
+        return (torch.zeros(n, heads, cache_frames, 2 * dim // heads, device=device),
+                torch.zeros(n, 1, dim, kernel - 1, device=device))
+
+    def forward_chunk(self, feats: torch.Tensor, offset: Any, att_cache: torch.Tensor, cnn_cache: torch.Tensor,
+                      att_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One chunk of input frames (1, frames, D) after ``offset`` encoder frames whose keys/values ``att_cache``
+        (layers, H, S, 2 D/H) and convolution inputs ``cnn_cache`` (layers, 1, D, kernel - 1) hold; ``att_mask``
+        (1, 1, S + t) hides cache frames not yet filled (a fixed-size cache). Returns the encoder output (1, t, D),
+        the attention cache grown by the chunk (layers, H, S + t, 2 D/H) and the next convolution cache.
+        Needs a causal model (the convolution must not look ahead past the chunk)."""
+        x, _ = self._embed(feats, torch.full((1,), feats.shape[1], dtype=torch.long, device=feats.device), offset)
+        atts, cnns = [], []
+        for i, layer in enumerate(self.encoder.conformer_layers):
+            x, att, cnn = layer_forward_chunk(layer, x, att_cache[i], cnn_cache[i], att_mask)
+            atts.append(att)
+            cnns.append(cnn)
+        return x, torch.stack(atts), torch.stack(cnns)
+
+    def encode_streaming(self, feats: torch.Tensor, chunk_size: int,
+                         num_left_chunks: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+        """One utterance (1, T, D) chunk by chunk, keeping the caches (WeNet's ``forward_chunk_by_chunk``):
+        equal to ``encode(feats, lengths, chunk_size, num_left_chunks)`` in eval mode, with memory bounded by
+        the left chunks kept. Returns (1, T', D) and its length (1,)."""
+        self.require_streaming(f"decoding_chunk_size={chunk_size}")
+        frames, shift = self.chunk_window(chunk_size)
+        att, cnn = self.initial_caches(feats.device)
+        keep = chunk_size * num_left_chunks if num_left_chunks >= 0 else None
+        outs, offset = [], 0
+        for start in range(0, max(0, feats.shape[1] - self.RIGHT_CONTEXT), shift):
+            y, att, cnn = self.forward_chunk(feats[:, start:start + frames], offset, att, cnn)
+            if keep is not None:
+                att = att[:, :, max(0, att.shape[2] - keep):]
+            offset += y.shape[1]
+            outs.append(y)
+        x = torch.cat(outs, dim=1) if outs else feats.new_zeros(1, 0, self.ctc.in_features)
+        return x, torch.tensor([x.shape[1]], dtype=torch.long, device=feats.device)
+
+    def require_streaming(self, what: str) -> None:
+        """Refuse chunk-by-chunk use of a model whose convolution looks ahead (its chunks would not equal the
+        chunk-masked forward)."""
+        if not self.causal:
+            from corpus_io.errors import ConfigError
+
+            raise ConfigError(f"{what} runs the model chunk by chunk, which needs a model trained with "
+                              f"++model.causal=true (a causal convolution; and ++model.use_dynamic_chunk=true to "
+                              f"learn chunks): this checkpoint's convolution sees the future. Decode it with full "
+                              f"context (++decoding_chunk_size=0), or train a streaming model (docs/TRAINING.md "
+                              f"\"Streaming\").")
 
 
 def feature_dim(dataset_conf: Any) -> int:
@@ -257,10 +346,9 @@ class ConformerCTCAttention(ConformerCTC):
         return logp.masked_fill(gold < 0, 0.0).sum(dim=1).cpu()
 
 
-def _sinusoids(length: int, dim: int, device: Any) -> torch.Tensor:
-    pos = torch.arange(length, device=device, dtype=torch.float32)[:, None]
+def _sinusoids(length: Any, dim: int, device: Any, offset: Any = 0) -> torch.Tensor:
+    """(length, dim) sinusoids of positions offset..offset+length-1, sin and cos interleaved (no slice assignment:
+    the export traces this)."""
+    pos = (torch.arange(length, device=device) + offset).float()[:, None]
     inv = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    pe = torch.zeros(length, dim, device=device)
-    pe[:, 0::2] = torch.sin(pos * inv)
-    pe[:, 1::2] = torch.cos(pos * inv)[:, : dim // 2]
-    return pe
+    return torch.stack([torch.sin(pos * inv), torch.cos(pos * inv)], dim=-1).reshape(-1, 2 * inv.shape[0])[:, :dim]
