@@ -264,6 +264,9 @@ class ExportModelConfig:
                       choices=("onnx", "torchscript"))
     frontend: bool = opt(False, "include the Kaldi fbank/mfcc front end: waveforms (float32 in [-1, 1] at the "
                                 "model's sample rate) in, log-probs out; false: features in")
+    streaming: bool = opt(False, "export the chunk model of a streaming checkpoint (model.causal=true) with "
+                                 "sherpa-onnx's online WeNet CTC interface (one chunk of features, the offset, "
+                                 "attention and convolution caches in; log-probs and caches out); ONNX only")
 
 
 @schema

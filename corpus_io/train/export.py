@@ -155,6 +155,8 @@ def export_model(cfg: Any) -> dict:
         raise ConfigError(f"++frontend=true exports the fbank/mfcc front end, but checkpoint {cfg.checkpoint} was "
                           f"trained on dataset_conf.feats_type={dconf.feats_type}; export without the front end.")
     meta = metadata(tcfg, tokenizer, frontend=bool(cfg.frontend))
+    if cfg.streaming:
+        return export_streaming(cfg, model, tokenizer, meta)
     front = None
     if cfg.frontend:
         front = ExportFrontEnd(dconf.feats_type, feature_options(dconf), dconf.resample_conf.resample_rate,
@@ -294,3 +296,131 @@ def _with_onnx_metadata(data: bytes, meta: dict[str, str]) -> bytes:
         entry.key, entry.value = key, value
     proto.producer_name = "corpus-io"
     return proto.SerializeToString()
+
+
+# --------------------------------------------------------------------------- the streaming (chunk) export
+
+
+#: the chunk the check runs, and sherpa-onnx's defaults (OnlineRecognizer.from_wenet_ctc): 16 frames, 4 left chunks
+CHECK_CHUNK, CHECK_LEFT_CHUNKS = 16, 4
+
+
+class ExportedChunkCTC(nn.Module):
+    """One chunk through a causal ConformerCTC with fixed-size caches: sherpa-onnx's online WeNet CTC interface
+    (csrc/online-wenet-ctc-model.cc), inputs by position:
+
+    ``x`` (1, frames, D) features of one chunk ((chunk - 1) * 4 + 7 frames: 67 for 16); ``offset`` (1,) int64,
+    the encoder frames seen so far counted from ``required_cache_size`` (sherpa starts it there);
+    ``required_cache_size`` (1,) int64, chunk * left chunks; ``attn_cache`` (layers, heads, S, 2 D/heads);
+    ``conv_cache`` (layers, 1, D, kernel - 1); ``attn_mask`` (1, 1, S + chunk) bool, False on cache frames not
+    filled yet. Outputs: ``log_probs`` (1, chunk, V), ``next_att_cache`` (the same S frames, moved on by the
+    chunk), ``next_conv_cache``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, offset: torch.Tensor, required_cache_size: torch.Tensor,
+                attn_cache: torch.Tensor, conv_cache: torch.Tensor,
+                attn_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        start = offset - required_cache_size  # encoder frames before this chunk (the positions of abs_pos)
+        y, att, cnn = self.model.forward_chunk(x, start, attn_cache, conv_cache, attn_mask)
+        # sherpa feeds all six inputs by position: a model without positions still keeps offset in the graph
+        log_probs = torch.log_softmax(self.model.ctc(y).float(), dim=-1) + 0.0 * start.float()
+        return log_probs, att[:, :, att.shape[2] - attn_cache.shape[2]:], cnn
+
+
+def streaming_metadata(model: nn.Module) -> dict[str, str]:
+    """The plain keys sherpa-onnx's online WeNet CTC model reads (besides vocab_size and subsampling_factor)."""
+    layer = model.encoder.conformer_layers[0]
+    return {"head": str(layer.self_attn.num_heads), "num_blocks": str(len(model.encoder.conformer_layers)),
+            "output_size": str(layer.self_attn.embed_dim),
+            "cnn_module_kernel": str(layer.conv_module.sequential[2].kernel_size[0]),
+            "right_context": str(model.RIGHT_CONTEXT), "subsampling_factor": str(model.SUBSAMPLING),
+            "vocab_size": str(model.vocab_size), "model_type": "wenet_ctc", "comment": "streaming",
+            "chunk_size": str(CHECK_CHUNK), "left_chunks": str(CHECK_LEFT_CHUNKS)}
+
+
+def onnx_chunk_log_probs(session: Any, feats: torch.Tensor, chunk: int, left_chunks: int, *,
+                         latencies: list | None = None) -> torch.Tensor:
+    """A streaming export run as sherpa-onnx runs it (fixed caches of chunk * left_chunks frames, its offset and
+    mask rule), over one utterance's features (1, T, D): the log-probs (T', V) of every full chunk (sherpa reads
+    a chunk only when all its frames are there). ``latencies``: each chunk's seconds are appended."""
+    import time
+
+    import numpy as np
+
+    names = [i.name for i in session.get_inputs()]
+    shapes = {i.name: i.shape for i in session.get_inputs()}
+    layers, heads, _, width = shapes[names[3]]
+    _, _, dim, context = shapes[names[4]]
+    cache = chunk * left_chunks
+    att = np.zeros((layers, heads, cache, width), np.float32)
+    cnn = np.zeros((layers, 1, dim, context), np.float32)
+    frames, shift = (chunk - 1) * 4 + 7, chunk * 4
+    offset, outs = cache, []
+    x = feats.detach().cpu().float().numpy()
+    for begin in range(0, x.shape[1] - frames + 1, shift):
+        t0 = time.perf_counter()
+        seen = offset // chunk - left_chunks  # chunks before this one
+        mask = np.ones((1, 1, cache + chunk), bool)
+        if seen < left_chunks:
+            mask[..., :cache - seen * chunk] = False
+        log_probs, att, cnn = session.run(None, dict(zip(names, (
+            x[:, begin:begin + frames], np.array([offset], np.int64), np.array([cache], np.int64), att, cnn, mask))))
+        offset += log_probs.shape[1]
+        outs.append(torch.from_numpy(log_probs[0]))
+        if latencies is not None:
+            latencies.append(time.perf_counter() - t0)
+    return torch.cat(outs) if outs else torch.zeros(0, 0)
+
+
+def export_streaming(cfg: Any, model: nn.Module, tokenizer: Any, meta: dict[str, str]) -> dict:
+    """``export-model ++streaming=true``: the chunk model (:class:`ExportedChunkCTC`) as ONNX, checked by running
+    the written file as sherpa-onnx does against :meth:`ConformerCTC.encode_streaming` (16-frame chunks, 4 left
+    chunks), then renamed into place."""
+    import io
+    import warnings
+
+    if cfg.format != "onnx":
+        raise ConfigError(f"++streaming=true exports sherpa-onnx's online model, an ONNX file; ++format={cfg.format} "
+                          f"has no streaming export. Give ++format=onnx ++output=<name>.onnx.")
+    if cfg.frontend:
+        raise ConfigError("++streaming=true takes features (sherpa-onnx computes the fbank itself); drop "
+                          "++frontend=true.")
+    model.require_streaming("export-model ++streaming=true")
+    module = ExportedChunkCTC(model).eval()
+    cache = CHECK_CHUNK * CHECK_LEFT_CHUNKS
+    frames, _ = model.chunk_window(CHECK_CHUNK)
+    att, cnn = model.initial_caches(None, cache)
+    mask = torch.ones(1, 1, cache + CHECK_CHUNK, dtype=torch.bool)
+    mask[..., :cache] = False
+    example = (torch.randn(1, frames, model.input_dim), torch.tensor([cache]), torch.tensor([cache]), att, cnn, mask)
+    buffer = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, example, buffer, dynamo=False, opset_version=ONNX_OPSET,
+                          input_names=["x", "offset", "required_cache_size", "attn_cache", "conv_cache", "attn_mask"],
+                          output_names=["log_probs", "next_att_cache", "next_conv_cache"],
+                          dynamic_axes={"x": {1: "frames"}, "attn_cache": {2: "cache"}, "attn_mask": {2: "seen"},
+                                        "log_probs": {1: "chunk"}, "next_att_cache": {2: "cache"}})
+    meta = {**meta, META_PREFIX + "inputs": "chunk", **streaming_metadata(model)}
+    data = _with_onnx_metadata(buffer.getvalue(), meta)
+
+    def check(path: Path) -> float:
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        g = torch.Generator().manual_seed(1)
+        feats = torch.randn(1, frames + 9 * 64, model.input_dim, generator=g) * 3 + 8  # 10 chunks
+        got = onnx_chunk_log_probs(session, feats, CHECK_CHUNK, CHECK_LEFT_CHUNKS)
+        with torch.no_grad():
+            ref = model.ctc_log_probs(*model.encode_streaming(feats, CHECK_CHUNK, CHECK_LEFT_CHUNKS))[0][0]
+        return float((got - ref[:got.shape[0]]).abs().max())
+
+    gap = write_output(cfg.output, data, check)
+    print(f"export-model: {cfg.checkpoint} -> {cfg.output} (onnx, streaming: sherpa-onnx's online WeNet CTC "
+          f"interface, one chunk of features in, its log-probs and the caches out; {tokenizer.vocab_size} tokens, "
+          f"{meta[META_PREFIX + 'sample_rate']} Hz); max |log-prob difference| to the PyTorch chunk-by-chunk "
+          f"decode ({CHECK_CHUNK}-frame chunks, {CHECK_LEFT_CHUNKS} left) {gap:.2e}")
+    return {"output": str(cfg.output), "format": "onnx", "streaming": True, "max_abs_diff": gap}

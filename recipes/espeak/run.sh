@@ -18,12 +18,15 @@
 #   8 real recordings (10 LibriVox + CMU utterances, recipes/tools/real_recordings.py): a model of their
 #     own overfits them (trained and decoded on the same set: a check that real audio flows, not a score),
 #     CER appended to RESULTS.md next to the synthetic sets
+#   9 serve (--streaming true: stage 6 trains a streaming model, stage 7 also decodes it chunk by chunk): export
+#     for sherpa-onnx, offline and online (corpus-io export-model [++streaming=true]), and decode test_digits with
+#     sherpa-onnx itself (recipes/tools/sherpa_decode.py), words compared with stage 7's
 # Usage: ./run.sh [--stage N] [--stop_stage N] [--nj N] [--cmd local|slurm] [--max_epoch N] ...   (run from anywhere)
 # Example: ./run.sh --stage 6 --stop_stage 7 --max_epoch 5
 set -euo pipefail
 
 stage=0
-stop_stage=8
+stop_stage=9
 nj=2                      # processes for synthesis; jobs for scp2jsonl, compute-cmvn and packing
 cmd=local                 # local | slurm: how the --nj data jobs run (cmd.sh: sbatch options)
 nproc=2                   # training processes (torchrun --nproc_per_node)
@@ -55,6 +58,10 @@ average_num=3             # checkpoints averaged for decoding
 cer_target=10             # digits test %CER the demo must reach (checked at stage 7, 0 = no check)
 real_epochs=120           # stage 8: epochs over the 10 real utterances (one batch each)
 model=                    # empty: as in $train_config; conformer_ctc_att: hybrid CTC/attention (attention rescoring)
+streaming=false           # true: a streaming model (causal convolution, dynamic chunk training): stage 7 also decodes
+                          # chunk by chunk (--decoding_chunk_size), stage 9 exports it for sherpa-onnx and decodes with it
+decoding_chunk_size=16    # --streaming true: the chunk of stage 7's chunk-by-chunk decode (encoder frames, 40 ms each)
+num_decoding_left_chunks=4  # ... and the chunks before it attention sees (4: sherpa-onnx's default; -1: all)
 decode_methods="greedy ctc_prefix_beam ctc_beam_lm"  # + attention_rescoring with --model conformer_ctc_att
 beam=10                   # prefix beam width of the beam methods
 lm_order=3                # order of the training-text n-gram for ctc_beam_lm
@@ -67,7 +74,7 @@ recipe_options=(stage stop_stage nj cmd nproc data exp num_digits_train num_digi
                 max_steps_per_epoch batch_type batch_size shuffle_size sort_size num_workers feats_on noise noise_snr
                 noise_prob
                 average_num cer_target real_epochs
-                model decode_methods beam lm_order lm_weight word_score tune_lm)
+                model streaming decoding_chunk_size num_decoding_left_chunks decode_methods beam lm_order lm_weight word_score tune_lm)
 
 cd "$(dirname "$0")"
 repo=$(cd ../.. && pwd)
@@ -75,6 +82,10 @@ repo=$(cd ../.. && pwd)
 . ../tools/common.sh
 
 num_mel_bins=$(train_config_value dataset_conf.fbank_conf.num_mel_bins)
+case "$streaming" in
+  true|false) ;;
+  *) echo "$0: --streaming must be true or false, not '$streaming'" >&2; exit 2 ;;
+esac
 case "$noise" in
   true) noise_dirs=("$data/noise") ;;
   false) noise_dirs=() ;;
@@ -152,6 +163,8 @@ if stage_on 6; then
               ++model.decoder_num_blocks=3 ++model.decoder_linear_units=512 ++model.lsm_weight=0.1) ;;
     *) echo "$0: --model must be empty (as in $train_config) or conformer_ctc_att" >&2; exit 2 ;;
   esac
+  # WeNet's U2 streaming: a causal convolution, and a random chunk mask per batch (full context half the time)
+  [ "$streaming" = true ] && extra+=(++model.causal=true ++model.use_dynamic_chunk=true)
   start=$(date +%s)
   OMP_NUM_THREADS=1 torchrun --standalone --nnodes=1 --nproc_per_node="$nproc" --no-python \
     corpus-io train --config-path "$(cd "$(dirname "$train_config")" && pwd)" --config-name "$(basename "$train_config")" \
@@ -169,6 +182,11 @@ if stage_on 7; then
   make_lm 7 "$exp" "$exp/model.pt.avg$average_num" "$data/dev/shard.list" \
     "++tokenizer.token_list=$data/lang/tokens.txt" ++tokenizer.type=char ++tokenizer.latin_unit=word
   decode_sets 7 "$exp" "$exp/model.pt.avg$average_num" "$data"/{test_digits,test_digits_newvoice,test_mixed}
+  if [ "$streaming" = true ]; then  # the same checkpoint chunk by chunk, as a stream
+    decode_methods=greedy decoding_chunk_size=$decoding_chunk_size num_decoding_left_chunks=$num_decoding_left_chunks \
+      decode_sets 7 "$exp" \
+      "$exp/model.pt.avg$average_num" "$data"/{test_digits,test_mixed}
+  fi
   results_table "$exp" "$data/train/data.jsonl" test_digits test_digits_newvoice test_mixed | tee "$exp/RESULTS.md"
   check_cer "$exp/decode_test_digits/cer.txt" "$cer_target"
 fi
@@ -205,4 +223,26 @@ if stage_on 8; then
   { echo; echo "Real recordings (pocketsphinx 5.1.1 sdist: LibriVox + CMU; overfit: trained and decoded on the same"
     echo "10 utterances, so this shows real audio flows through every stage, not generalization):"; echo
     cat "$real_exp/RESULTS.md"; } | tee -a "$exp/RESULTS.md"
+fi
+
+if stage_on 9; then
+  # Serving (--streaming true): the checkpoint exported for sherpa-onnx twice, offline (whole utterance) and
+  # online (chunk by chunk with caches), each with tokens.txt beside it; the test set decoded by sherpa-onnx
+  # itself, the audio fed online in 0.1 s pieces, its words compared with stage 7's decodes.
+  if [ "$streaming" != true ]; then
+    log 9 "skipped: serving exports a streaming model (--streaming true)"
+  else
+    serve=$exp/serve
+    ckpt=$exp/model.pt.avg$average_num
+    corpus-io export-model "++checkpoint=$ckpt" "++output=$serve/offline/model.onnx"
+    corpus-io export-model "++checkpoint=$ckpt" "++output=$serve/online/model.onnx" ++streaming=true
+    python "$repo/recipes/tools/sherpa_decode.py" "$serve/offline/model.onnx" "$serve/offline/tokens.txt" \
+      "$data/test_digits/raw.list" "$serve/decode_test_digits.offline" --feature-dim "$num_mel_bins" \
+      --compare "$exp/decode_test_digits/text"
+    python "$repo/recipes/tools/sherpa_decode.py" "$serve/online/model.onnx" "$serve/online/tokens.txt" \
+      "$data/test_digits/raw.list" "$serve/decode_test_digits.online" --feature-dim "$num_mel_bins" --online \
+      --chunk-size "$decoding_chunk_size" --left-chunks "$num_decoding_left_chunks" \
+      --compare "$exp/decode_test_digits.chunk$decoding_chunk_size/text"
+    log 9 "sherpa-onnx: $(head -c 2000 "$serve"/decode_test_digits.{offline,online}/summary.txt | grep -v '^==' | tr '\n' ' ')"
+  fi
 fi

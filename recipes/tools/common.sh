@@ -164,13 +164,19 @@ decode_sets() {  # decode_sets STAGE EXP CHECKPOINT DIR...: EXP/decode_<DIR name
   # One decode per method of $decode_methods (default greedy): greedy writes EXP/decode_<name>/, the others
   # EXP/decode_<name>.<method>/; ctc_beam_lm uses $lm (an ARPA from make-lm) with $lm_weight and $word_score,
   # all beams $beam (default 10). Each also writes word times and confidences: ctm and timestamps.jsonl.
-  local st=$1 exp=$2 checkpoint=$3 dir name method out lm_opts
+  # With $decoding_chunk_size (> 0) the model runs chunk by chunk (a streaming model), into
+  # EXP/decode_<name>.chunk<N>[.<method>]/, seeing $num_decoding_left_chunks chunks back (default -1: all).
+  local st=$1 exp=$2 checkpoint=$3 dir name method out lm_opts chunk_opts=() suffix=
   shift 3
+  if [ "${decoding_chunk_size:-0}" -gt 0 ]; then
+    chunk_opts=("++decoding_chunk_size=$decoding_chunk_size" "++num_decoding_left_chunks=${num_decoding_left_chunks:--1}")
+    suffix=.chunk$decoding_chunk_size
+  fi
   for dir in "$@"; do
     name=$(basename "$dir")
     for method in ${decode_methods:-greedy}; do
-      out=$exp/decode_$name
-      [ "$method" = greedy ] || out=$exp/decode_$name.$method
+      out=$exp/decode_$name$suffix
+      [ "$method" = greedy ] || out=$exp/decode_$name$suffix.$method
       lm_opts=()  # only ctc_beam_lm takes the LM (decode refuses one that the method would ignore)
       if [ "$method" = ctc_beam_lm ]; then
         lm_opts=(${lm:+"++decoding.lm=$lm"} ${lm_weight:+"++decoding.lm_weight=$lm_weight"}
@@ -179,8 +185,8 @@ decode_sets() {  # decode_sets STAGE EXP CHECKPOINT DIR...: EXP/decode_<DIR name
       corpus-io decode "++data_list=$dir/raw.list" "++checkpoint=$checkpoint" "++output_dir=$out" \
         ++dataset_conf.data_type=raw ++dataset_conf.batch_type=example ++dataset_conf.batch_size=16 \
         "++dataset_conf.num_workers=$nj" "++decoding.method=$method" "++decoding.beam=${beam:-10}" "${lm_opts[@]}" \
-        ++timestamps=true
-      log "$st" "decoded $name ($method): $(grep -m1 "^%CER" "$out/cer.txt") $(grep -m1 "^RTF" "$out/cer.txt")"
+        "${chunk_opts[@]}" ++timestamps=true
+      log "$st" "decoded $name ($method${suffix:+, chunk $decoding_chunk_size}): $(grep -m1 "^%CER" "$out/cer.txt") $(grep -m1 "^RTF" "$out/cer.txt")"
     done
   done
 }

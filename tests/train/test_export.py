@@ -316,3 +316,66 @@ def test_an_s3_output_is_uploaded_as_one_checked_object_and_nothing_written_loca
     rc, err = in_process("export-model", f"++checkpoint={exported['ckpt']}", "++output=http://host/m.onnx",
                          capfd=capfd)
     assert rc == 2 and "writes a local file or an object on object storage (s3://) only" in err, err
+
+
+def test_a_streaming_export_run_as_sherpa_runs_it_equals_the_chunk_by_chunk_decode_on_real_utterances(
+        streaming_trained, corpus, tmp_path):
+    """++streaming=true: sherpa-onnx's online WeNet CTC interface (six inputs by position, fixed caches, its offset
+    and mask rule) gives the PyTorch chunk-by-chunk log-probs (16-frame chunks, 4 left) within 1e-4 on 20 real
+    utterances, carries every metadata key sherpa's online model reads, and loads in sherpa-onnx itself."""
+    import onnx
+    import onnxruntime
+
+    from corpus_io.train.export import onnx_chunk_log_probs
+
+    ckpt = streaming_trained["out"] / "model.pt.avg2"
+    path = tmp_path / "online" / "model.onnx"
+    result = run_cli("corpus-io", "export-model", f"++checkpoint={ckpt}", f"++output={path}", "++streaming=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    for key in ("head", "num_blocks", "output_size", "cnn_module_kernel", "right_context", "subsampling_factor",
+                "vocab_size"):
+        assert int(meta[key]) > 0, key
+    assert meta["model_type"] == "wenet_ctc"
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["x", "offset", "required_cache_size", "attn_cache",
+                                                      "conv_cache", "attn_mask"]
+    batches, model, _ = _batches(ckpt, _twenty(corpus, tmp_path), feats_on="loader")
+    checked = 0
+    for batch in batches:
+        for feats, n in zip(batch["feats"], batch["feats_lengths"].tolist()):
+            one = feats[None, :n]
+            got = onnx_chunk_log_probs(session, one, 16, 4)
+            with torch.no_grad():
+                ref = model.ctc_log_probs(*model.encode_streaming(one, 16, 4))[0][0]
+            assert got.shape[0] <= ref.shape[0]
+            if got.shape[0]:
+                assert float((got - ref[:got.shape[0]]).abs().max()) < 1e-4
+                checked += 1
+    assert checked >= 15
+    sherpa_onnx = pytest.importorskip("sherpa_onnx", reason="the [deploy] extra (sherpa-onnx) is not installed")
+    shutil.copy(Path(corpus["tokens"]), path.parent / "tokens.txt") if not (path.parent / "tokens.txt").exists() \
+        else None
+    rec = sherpa_onnx.OnlineRecognizer.from_wenet_ctc(tokens=str(path.parent / "tokens.txt"), model=str(path),
+                                                      feature_dim=model.input_dim)
+    stream = rec.create_stream()
+    stream.accept_waveform(16000, torch.zeros(16000).numpy())
+    stream.input_finished()
+    while rec.is_ready(stream):
+        rec.decode_stream(stream)
+    assert isinstance(rec.get_result(stream), str)
+
+
+def test_decode_refuses_a_streaming_export_and_streaming_export_refuses_a_full_context_model(
+        streaming_trained, trained, tmp_path):
+    path = tmp_path / "online.onnx"
+    ok = run_cli("corpus-io", "export-model", f"++checkpoint={streaming_trained['out'] / 'model.pt.avg2'}",
+                 f"++output={path}", "++streaming=true")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    refused = run_cli("corpus-io", "decode", f"++checkpoint={path}", "++data_list=x.list",
+                      f"++output_dir={tmp_path / 'dec'}")
+    assert_user_error(refused, "is a streaming export", "++decoding_chunk_size=16")
+    refused = run_cli("corpus-io", "export-model", f"++checkpoint={trained['out'] / 'model.pt.avg2'}",
+                      f"++output={tmp_path / 'full.onnx'}", "++streaming=true")
+    assert_user_error(refused, "++model.causal=true")
+    assert not (tmp_path / "full.onnx").exists()

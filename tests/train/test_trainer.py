@@ -244,29 +244,29 @@ def test_train_on_weighted_sources_without_train_data_set_list(corpus, tmp_path)
 
 
 @pytest.mark.slow
-def test_two_ranks_train_cv_and_decode_with_features_on_the_model_device_and_loss_decreases(corpus, tmp_path):
+def test_two_ranks_train_cv_and_decode_with_features_on_the_model_device_and_loss_decreases(streaming_trained, corpus,
+                                                                                                tmp_path):
+    """A streaming model (causal, dynamic chunks) on 2 ranks, bucketing and cv, features on the model device;
+    decoded full context and chunk by chunk."""
     from tests.conftest import run_cli
 
-    out = tmp_path / "exp"
-    cmd = torchrun_cmd(out, corpus, f"++valid_data_set_list={corpus['shards']}", "++dataset_conf.feats_on=model",
-                       "++dataset_conf.spec_aug=true", "++dataset_conf.spec_aug_conf.max_t=10",
-                       "++dataset_conf.num_workers=1", "++train_conf.max_epoch=3", "++dataset_conf.batch_size=3",
-                       "++train_conf.avg_nbest_model=2", "++optim_conf.lr=0.002")
-    result = run_train(cmd)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    out = streaming_trained["out"]
     log = (out / "train.log").read_text(encoding="utf-8")
     losses = epoch_losses(log)
     assert len(losses) == 3 and losses[-1] < losses[0], losses
     assert log.count("cv epoch") == 3 and "input_dim 80" in log
     assert "loader chain (train):" in log and "waveform_frames(frame_length=25.0, frame_shift=10.0)" in log
-    assert "feats_on: model" in (out / "config.yaml").read_text(encoding="utf-8")
-    decoded = run_cli("corpus-io", "decode", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
-                      f"++checkpoint={out / 'model.pt.avg2'}", f"++output_dir={tmp_path / 'dec'}",
-                      "++dataset_conf.num_workers=0")
-    assert decoded.returncode == 0, decoded.stderr[-3000:]
-    hyps = (tmp_path / "dec" / "text").read_text(encoding="utf-8").splitlines()
-    assert sorted(line.split(" ", 1)[0] for line in hyps) == sorted(corpus["raw_keys"])
-    assert "%CER" in (tmp_path / "dec" / "cer.txt").read_text(encoding="utf-8")
+    config = (out / "config.yaml").read_text(encoding="utf-8")
+    assert "feats_on: model" in config and "use_dynamic_chunk: true" in config and "bucketing: true" in config
+    for name, chunk in (("dec", []), ("dec_chunk4", ["++decoding_chunk_size=4", "++num_decoding_left_chunks=2"])):
+        decoded = run_cli("corpus-io", "decode", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
+                          f"++checkpoint={out / 'model.pt.avg2'}", f"++output_dir={tmp_path / name}",
+                          "++dataset_conf.num_workers=0", "++timestamps=true", *chunk)
+        assert decoded.returncode == 0, decoded.stderr[-3000:]
+        hyps = (tmp_path / name / "text").read_text(encoding="utf-8").splitlines()
+        assert sorted(line.split(" ", 1)[0] for line in hyps) == sorted(corpus["raw_keys"])
+        assert "%CER" in (tmp_path / name / "cer.txt").read_text(encoding="utf-8")
+        assert (tmp_path / name / "ctm").exists()  # (words: the streaming smoke model, tests/recipes)
 
 
 def test_a_run_that_trained_nothing_fails_on_every_rank_and_writes_no_model_even_with_on_error_skip(corpus, tmp_path):
