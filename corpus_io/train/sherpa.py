@@ -20,12 +20,13 @@ TAIL_SECONDS = 0.7
 
 @dataclass
 class SherpaRun:
-    """Hypotheses by key, and the compute seconds per decoded piece (online: per accept/decode step)."""
+    """Hypotheses by key; online also the compute seconds of each chunk (its ``decode_stream`` call and the
+    feature extraction of the pieces fed since the chunk before: what corpus-io's transcriber counts per chunk)."""
 
     texts: dict[str, str] = field(default_factory=dict)
     audio_seconds: float = 0.0
     compute_seconds: float = 0.0
-    step_seconds: list[float] = field(default_factory=list)
+    chunk_seconds: list[float] = field(default_factory=list)
 
     @property
     def rtf(self) -> float:
@@ -67,16 +68,20 @@ def decode_wavs(rec: Any, wavs: Iterable[tuple[str, str]], *, online: bool, piec
         piece = max(1, int(piece_seconds * rate))
         tail = np.zeros(int(TAIL_SECONDS * rate), dtype=np.float32)
         pieces = [samples[i:i + piece] for i in range(0, len(samples), piece)] + [tail]
+        pending = 0.0  # feature seconds since the last chunk
         for i, chunk in enumerate(pieces):
             t0 = time.perf_counter()
             stream.accept_waveform(rate, chunk)
             if i == len(pieces) - 1:
                 stream.input_finished()
+            pending += time.perf_counter() - t0
             while rec.is_ready(stream):
+                t1 = time.perf_counter()
                 rec.decode_stream(stream)
-            spent = time.perf_counter() - t0
-            run.compute_seconds += spent
-            run.step_seconds.append(spent)
+                run.chunk_seconds.append(pending + time.perf_counter() - t1)
+                run.compute_seconds += run.chunk_seconds[-1]
+                pending = 0.0
+        run.compute_seconds += pending
         run.texts[key] = rec.get_result(stream).strip()
     return run
 

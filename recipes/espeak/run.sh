@@ -86,6 +86,9 @@ case "$streaming" in
   true|false) ;;
   *) echo "$0: --streaming must be true or false, not '$streaming'" >&2; exit 2 ;;
 esac
+# WeNet's U2 streaming: a causal convolution, and a random chunk mask per batch (full context half the time)
+streaming_args=()
+[ "$streaming" = true ] && streaming_args=(++model.causal=true ++model.use_dynamic_chunk=true)
 case "$noise" in
   true) noise_dirs=("$data/noise") ;;
   false) noise_dirs=() ;;
@@ -163,8 +166,7 @@ if stage_on 6; then
               ++model.decoder_num_blocks=3 ++model.decoder_linear_units=512 ++model.lsm_weight=0.1) ;;
     *) echo "$0: --model must be empty (as in $train_config) or conformer_ctc_att" >&2; exit 2 ;;
   esac
-  # WeNet's U2 streaming: a causal convolution, and a random chunk mask per batch (full context half the time)
-  [ "$streaming" = true ] && extra+=(++model.causal=true ++model.use_dynamic_chunk=true)
+  extra+=("${streaming_args[@]}")
   start=$(date +%s)
   OMP_NUM_THREADS=1 torchrun --standalone --nnodes=1 --nproc_per_node="$nproc" --no-python \
     corpus-io train --config-path "$(cd "$(dirname "$train_config")" && pwd)" --config-name "$(basename "$train_config")" \
@@ -215,15 +217,34 @@ if stage_on 8; then
       ++dataset_conf.num_workers=1 ++dataset_conf.filter_conf.token_max_length=200 \
       "++train_conf.max_epoch=$real_epochs" ++train_conf.log_interval=10 \
       ++train_conf.keep_nbest_models=1 ++train_conf.avg_nbest_model=1 ++scheduler_conf.warmup_steps=20 \
-      ${max_steps_per_epoch:+"++train_conf.max_steps_per_epoch=$max_steps_per_epoch"}
+      ${max_steps_per_epoch:+"++train_conf.max_steps_per_epoch=$max_steps_per_epoch"} "${streaming_args[@]}"
   echo $(($(date +%s) - start)) > "$real_exp/train_seconds"
   average_model 8 "$real_exp" 1
   decode_methods=greedy decode_sets 8 "$real_exp" "$real_exp/model.pt.avg1" "$real"  # the LMs are of the synthetic text
+  if [ "$streaming" = true ]; then
+    decode_methods=greedy decoding_chunk_size=$decoding_chunk_size num_decoding_left_chunks=$num_decoding_left_chunks \
+      decode_sets 8 "$real_exp" "$real_exp/model.pt.avg1" "$real"
+  fi
   results_table "$real_exp" "$real/data.jsonl" real > "$real_exp/RESULTS.md"
   { echo; echo "Real recordings (pocketsphinx 5.1.1 sdist: LibriVox + CMU; overfit: trained and decoded on the same"
     echo "10 utterances, so this shows real audio flows through every stage, not generalization):"; echo
     cat "$real_exp/RESULTS.md"; } | tee -a "$exp/RESULTS.md"
 fi
+
+serve_with_sherpa() {  # serve_with_sherpa EXP CHECKPOINT SET_DIR: export twice, decode SET_DIR/raw.list with sherpa-onnx
+  local exp=$1 ckpt=$2 set=$3 name out
+  name=$(basename "$set")
+  out=$exp/serve
+  corpus-io export-model "++checkpoint=$ckpt" "++output=$out/offline/model.onnx"
+  corpus-io export-model "++checkpoint=$ckpt" "++output=$out/online/model.onnx" ++streaming=true
+  python "$repo/recipes/tools/sherpa_decode.py" "$out/offline/model.onnx" "$out/offline/tokens.txt" \
+    "$set/raw.list" "$out/decode_$name.offline" --feature-dim "$num_mel_bins" --compare "$exp/decode_$name/text"
+  python "$repo/recipes/tools/sherpa_decode.py" "$out/online/model.onnx" "$out/online/tokens.txt" \
+    "$set/raw.list" "$out/decode_$name.online" --feature-dim "$num_mel_bins" --online \
+    --chunk-size "$decoding_chunk_size" --left-chunks "$num_decoding_left_chunks" \
+    --compare "$exp/decode_$name.chunk$decoding_chunk_size/text"
+  log 9 "$name: $(cat "$out/decode_$name".{offline,online}/summary.txt | tr '\n' ' ')"
+}
 
 if stage_on 9; then
   # Serving (--streaming true): the checkpoint exported for sherpa-onnx twice, offline (whole utterance) and
@@ -232,17 +253,11 @@ if stage_on 9; then
   if [ "$streaming" != true ]; then
     log 9 "skipped: serving exports a streaming model (--streaming true)"
   else
-    serve=$exp/serve
-    ckpt=$exp/model.pt.avg$average_num
-    corpus-io export-model "++checkpoint=$ckpt" "++output=$serve/offline/model.onnx"
-    corpus-io export-model "++checkpoint=$ckpt" "++output=$serve/online/model.onnx" ++streaming=true
-    python "$repo/recipes/tools/sherpa_decode.py" "$serve/offline/model.onnx" "$serve/offline/tokens.txt" \
-      "$data/test_digits/raw.list" "$serve/decode_test_digits.offline" --feature-dim "$num_mel_bins" \
-      --compare "$exp/decode_test_digits/text"
-    python "$repo/recipes/tools/sherpa_decode.py" "$serve/online/model.onnx" "$serve/online/tokens.txt" \
-      "$data/test_digits/raw.list" "$serve/decode_test_digits.online" --feature-dim "$num_mel_bins" --online \
-      --chunk-size "$decoding_chunk_size" --left-chunks "$num_decoding_left_chunks" \
-      --compare "$exp/decode_test_digits.chunk$decoding_chunk_size/text"
-    log 9 "sherpa-onnx: $(head -c 2000 "$serve"/decode_test_digits.{offline,online}/summary.txt | grep -v '^==' | tr '\n' ' ')"
+    serve_with_sherpa "$exp" "$exp/model.pt.avg$average_num" "$data/test_digits"
+    real_exp=$(dirname "$exp")/real_overfit
+    # stage 8's model of the real recordings, when it was trained streaming too
+    if [ -s "$real_exp/model.pt.avg1" ] && grep -q "causal: true" "$real_exp/config.yaml"; then
+      serve_with_sherpa "$real_exp" "$real_exp/model.pt.avg1" "$data/real"
+    fi
   fi
 fi
