@@ -77,3 +77,22 @@ def trained(corpus, tmp_path_factory) -> dict:
     built = built_once(tmp_path_factory, "trained", build)
     result = subprocess.CompletedProcess(built["cmd"], 0, built["stdout"], built["stderr"])
     return {"out": Path(built["out"]), "result": result, "cmd": built["cmd"]}
+
+
+@pytest.fixture(scope="session")
+def streaming_trained(corpus, tmp_path_factory) -> dict:
+    """A streaming model (model.causal, model.use_dynamic_chunk) trained on 2 ranks with a cv set, default
+    bucketing and features on the model device (3 epochs): its output_dir (model.pt.avg2) and torchrun's result."""
+    def build(root: Path) -> dict:
+        out = root / "exp"
+        cmd = torchrun_cmd(out, corpus, f"++valid_data_set_list={corpus['shards']}", "++dataset_conf.feats_on=model",
+                           "++dataset_conf.spec_aug=true", "++dataset_conf.spec_aug_conf.max_t=10",
+                           "++dataset_conf.num_workers=1", "++train_conf.max_epoch=3", "++dataset_conf.batch_size=3",
+                           "++train_conf.avg_nbest_model=2", "++optim_conf.lr=0.002", "++model.causal=true",
+                           "++model.use_dynamic_chunk=true", "++model.use_dynamic_left_chunk=true")
+        result = run_train(cmd)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+        return {"out": str(out), "stdout": result.stdout, "stderr": result.stderr}
+
+    built = built_once(tmp_path_factory, "streaming_trained", build)
+    return {**built, "out": Path(built["out"])}
