@@ -213,11 +213,11 @@ class ConformerCTC(nn.Module):
         if not self.causal:
             from corpus_io.errors import ConfigError
 
-            raise ConfigError(f"{what} runs the model chunk by chunk, which needs a model trained with "
-                              f"++model.causal=true (a causal convolution; and ++model.use_dynamic_chunk=true to "
-                              f"learn chunks): this checkpoint's convolution sees the future. Decode it with full "
-                              f"context (++decoding_chunk_size=0), or train a streaming model (docs/TRAINING.md "
-                              f"\"Streaming\").")
+            raise ConfigError(f"{what} runs the model chunk by chunk, which needs a model trained with corpus-io "
+                              f"train ++model.causal=true (a causal convolution, and ++model.use_dynamic_chunk=true "
+                              f"to learn chunks): this checkpoint's convolution sees the future. Decode it with full "
+                              f"context (corpus-io decode ++decoding_chunk_size=0), or train a streaming model "
+                              f"(docs/TRAINING.md \"Streaming\").")
 
 
 class ChunkStream:
