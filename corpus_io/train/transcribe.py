@@ -59,6 +59,7 @@ class StreamingTranscriber:
 
     def __init__(self, checkpoint: str, *, decoding_chunk_size: int = 16, num_decoding_left_chunks: int = -1,
                  device: Any = "cpu") -> None:
+        from corpus_io.audio.features import window_geometry
         from corpus_io.train.cmvn import eval_dataset_conf
         from corpus_io.train.decode import decode_device, load_model, output_frame_seconds
         from corpus_io.train.frontend import FrontEnd
@@ -83,8 +84,6 @@ class StreamingTranscriber:
         self.front_end = FrontEnd(self.conf, self.device)
         self.sample_rate = int(self.conf.resample_conf.resample_rate)
         frame = self.conf.fbank_conf if self.conf.feats_type == "fbank" else self.conf.mfcc_conf
-        from corpus_io.audio.features import window_geometry
-
         self.window, self.shift, _ = window_geometry(self.sample_rate, frame.frame_length, frame.frame_shift)
         self.frame_seconds = output_frame_seconds(self.model, self.conf)
         self.reset()
@@ -152,7 +151,8 @@ class StreamingTranscriber:
             with torch.no_grad():
                 feats = self.front_end(batch, train=False)[0][0].cpu()
             self._feats.append(feats)
-            self._tail = feats if self._tail.numel() == 0 else torch.cat([self._tail, feats])
+            if self._stream is not None:  # full context keeps only self._feats
+                self._tail = feats if self._tail.numel() == 0 else torch.cat([self._tail, feats])
             self._frames = total
             drop = total * self.shift - self._base  # frame `total` starts here
             self._samples = self._samples[drop:]
