@@ -13,7 +13,9 @@ torch-free, and only the functions that need torch (the loader, CMVN) import it 
 * manifests and shards: :func:`read_manifest`, :func:`write_manifest`, :func:`read_shards`, and the data
   commands as functions (:func:`scp2jsonl`, :func:`jsonl2scp`, :func:`pack_shards`, :func:`make_datalist`,
   :func:`verify_shards`, :func:`make_tokenizer`, :func:`compute_cmvn`) taking the CLI's keys as keyword
-  arguments (nested blocks as dicts: ``dataset_conf={"num_workers": 0}``).
+  arguments (nested blocks as dicts: ``dataset_conf={"num_workers": 0}``);
+* a checkpoint as a recognizer: :class:`StreamingTranscriber` (audio fed in pieces, partial and final results with
+  word times, latency per chunk; ``corpus-io transcribe``).
 
 Errors are the CLI's: :class:`ConfigError` (a key or value) and :class:`DataError` (a file, line, key or shard),
 one paragraph each.
@@ -31,12 +33,13 @@ from corpus_io import config
 from corpus_io.commands import COMMANDS
 from corpus_io.config import DatasetConf, TokenizerConf, TrainConfig
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.train.transcribe import StreamingTranscriber  # torch is imported when one is built
 
 __all__ = [
     "Cmvn", "ConfigError", "DataError", "DatasetConf", "FrontEnd", "TokenizerConf", "TrainConfig",
     "build_front_end", "build_loader", "build_tokenizer", "compute_cmvn", "jsonl2scp", "load_cmvn", "load_config",
     "make_datalist", "make_tokenizer", "pack_shards", "read_manifest", "read_shards", "scp2jsonl", "verify_shards",
-    "write_manifest",
+    "write_manifest", "StreamingTranscriber",
 ]
 
 _COMMAND = {c.name: c for c in COMMANDS}

@@ -78,6 +78,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("decode", config.DecodeConfig, "corpus_io.train.decode:decode",
             "Decode a raw or shard list with a checkpoint (++decoding.method=greedy, ctc_prefix_beam, ctc_beam_lm "
             "or attention_rescoring; hotwords); writes a Kaldi text, the n-best and a CER/WER report with RTF."),
+    Command("transcribe", config.TranscribeConfig, "corpus_io.train.transcribe:transcribe",
+            "Transcribe one recording with a checkpoint as a stream: fed in pieces (++piece_seconds), chunk by chunk "
+            "with caches (++stream=true, a model trained with model.causal=true), printing partial results, the "
+            "final text, word times, latency per chunk and RTF; ++stream=false: full context."),
     Command("export-model", config.ExportModelConfig, "corpus_io.train.export:export_model",
             "Export a CTC checkpoint as one ONNX (++format=onnx, run by onnxruntime) or TorchScript file: CMVN inside, "
             "and with ++frontend=true the fbank front end (waveform in, log-probs out); dynamic batch and time; the "

@@ -67,6 +67,7 @@ from corpus_io.config.training import (
     SchedulerConf,
     TrainConf,
     TrainConfig,
+    TranscribeConfig,
     TuneLmConfig,
     resolve_intervals,
 )
@@ -80,7 +81,8 @@ __all__ = [
     "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig",
     "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
     "AddNoiseConf", "AddReverbConf", "NoiseSetConf", "VolumePerturbConf",
-    "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "TuneLmConfig", "VerifyShardsConfig", "all_keys",
+    "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "TranscribeConfig", "TuneLmConfig",
+    "VerifyShardsConfig", "all_keys",
     "check_keys", "check_values", "coerce_fields", "compose", "compose_raw", "describe", "group_presets",
     "in_range", "keep_given_model", "opt", "override_keys", "parse_range", "require", "resolve_intervals", "schema",
     "to_dict", "to_yaml", "validate",

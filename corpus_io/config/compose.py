@@ -23,9 +23,31 @@ def compose(schema: type, config_name: str, overrides: list[str], *, config_path
     """
     if "train_conf" in schema_fields(schema):
         overrides = funasr_group_overrides(list(overrides), {"model": group_presets("model")})
+    overrides, later = _values_named_as_groups(schema, list(overrides))
     raw = compose_raw(config_name, overrides, config_path=config_path)
+    raw.update(later)
     keep_given_model(raw, override_keys(overrides))
-    return validate(schema, raw, explicit=override_keys(overrides))
+    return validate(schema, raw, explicit=override_keys(overrides) | frozenset(later))
+
+
+def _values_named_as_groups(schema: type, overrides: list[str]) -> tuple[list[str], dict]:
+    """``(overrides for Hydra, {key: value} set after composing)``: a top-level plain value of ``schema`` named as a
+    config group of conf/ (transcribe's ``model``: a checkpoint path, not a ``conf/model/`` preset) would be taken
+    by Hydra for a group choice (``++model=X`` refused), so ``key=X`` / ``++key=X`` of those is set afterwards."""
+    plain = {name for name, f in schema_fields(schema).items()
+             if f.type in ("str", str) and (CONF_DIR / name).is_dir()}
+    if not plain:
+        return overrides, {}
+    kept, later = [], {}
+    for o in overrides:
+        key, eq, value = o.lstrip("+").partition("=")
+        if eq and key.strip() in plain:
+            value = value.strip()
+            later[key.strip()] = value[1:-1] if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"" \
+                else value
+        else:
+            kept.append(o)
+    return kept, later
 
 
 def keep_given_model(raw: dict, given: frozenset) -> None:

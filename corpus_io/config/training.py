@@ -1,4 +1,4 @@
-"""Schemas of the training family: train (with train_conf, optim_conf, scheduler_conf), decode,
+"""Schemas of the training family: train (with train_conf, optim_conf, scheduler_conf), decode, transcribe,
 compute-cmvn, average, export-model and bench-loader."""
 
 from __future__ import annotations
@@ -206,6 +206,24 @@ class DecodeConfig:
                                       "word's: the least of its tokens' mean aligned-frame posteriors; see "
                                       "corpus_io/decoding/align.py), and output_dir/confidence for every "
                                       "utterance; 0: off", range="[0, 1]")
+
+
+@schema
+class TranscribeConfig:
+    model: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N} of corpus-io train (a PyTorch checkpoint; "
+                            "an exported .onnx/.ts file is served by sherpa-onnx or decoded by decode)")
+    input: str = opt("???", "the recording to transcribe: any file soundfile reads (wav, flac, ogg, ...), "
+                            "resampled to the model's rate, channels averaged")
+    stream: bool = opt(True, "true: feed the audio in pieces and run the model chunk by chunk with caches (a model "
+                             "trained with model.causal=true), printing each changed partial result; false: the "
+                             "whole recording through the model with full context, the final result only")
+    decoding_chunk_size: int = opt(16, "stream=true: encoder frames per chunk (40 ms each for ConformerCTC; 16: "
+                                       "640 ms)", unit="frames", range="[1, 100000]")
+    num_decoding_left_chunks: int = opt(-1, "stream=true: chunks before each that attention sees (-1: all of them; "
+                                            "the cache, and memory, grow with the recording)", range="[-1, 100000]")
+    piece_seconds: float = opt(0.1, "stream=true: the audio is fed in pieces of this length, as a microphone "
+                                    "would deliver it", unit="seconds", range="(0, 3600]")
+    device: str = opt("cpu", "cpu, cuda or auto", choices=("auto", "cpu", "cuda"))
 
 
 @schema

@@ -201,16 +201,9 @@ class ConformerCTC(nn.Module):
         equal to ``encode(feats, lengths, chunk_size, num_left_chunks)`` in eval mode, with memory bounded by
         the left chunks kept. Returns (1, T', D) and its length (1,)."""
         self.require_streaming(f"decoding_chunk_size={chunk_size}")
-        frames, shift = self.chunk_window(chunk_size)
-        att, cnn = self.initial_caches(feats.device)
-        keep = chunk_size * num_left_chunks if num_left_chunks >= 0 else None
-        outs, offset = [], 0
-        for start in range(0, max(0, feats.shape[1] - self.RIGHT_CONTEXT), shift):
-            y, att, cnn = self.forward_chunk(feats[:, start:start + frames], offset, att, cnn)
-            if keep is not None:
-                att = att[:, :, max(0, att.shape[2] - keep):]
-            offset += y.shape[1]
-            outs.append(y)
+        stream = ChunkStream(self, chunk_size, num_left_chunks, feats.device)
+        outs = [stream(feats[:, start:start + stream.frames])
+                for start in range(0, max(0, feats.shape[1] - self.RIGHT_CONTEXT), stream.shift)]
         x = torch.cat(outs, dim=1) if outs else feats.new_zeros(1, 0, self.ctc.in_features)
         return x, torch.tensor([x.shape[1]], dtype=torch.long, device=feats.device)
 
@@ -220,11 +213,33 @@ class ConformerCTC(nn.Module):
         if not self.causal:
             from corpus_io.errors import ConfigError
 
-            raise ConfigError(f"{what} runs the model chunk by chunk, which needs a model trained with "
-                              f"++model.causal=true (a causal convolution; and ++model.use_dynamic_chunk=true to "
-                              f"learn chunks): this checkpoint's convolution sees the future. Decode it with full "
-                              f"context (++decoding_chunk_size=0), or train a streaming model (docs/TRAINING.md "
-                              f"\"Streaming\").")
+            raise ConfigError(f"{what} runs the model chunk by chunk, which needs a model trained with corpus-io "
+                              f"train ++model.causal=true (a causal convolution, and ++model.use_dynamic_chunk=true "
+                              f"to learn chunks): this checkpoint's convolution sees the future. Decode it with full "
+                              f"context (corpus-io decode ++decoding_chunk_size=0), or train a streaming model "
+                              f"(docs/TRAINING.md \"Streaming\").")
+
+
+class ChunkStream:
+    """One utterance through a causal :class:`ConformerCTC` chunk by chunk (the one step :meth:`~ConformerCTC.
+    encode_streaming` and ``corpus-io transcribe`` share): ``stream(feats)`` runs the next chunk's input frames
+    (1, frames, D) (:attr:`frames` of them, every :attr:`shift` input frames; the last may be shorter, at least
+    ``RIGHT_CONTEXT + 1``), keeping the attention and convolution caches and the offset, the attention cache cut
+    to ``chunk_size * num_left_chunks`` frames when ``num_left_chunks`` >= 0. Returns its encoder frames (1, t, D)."""
+
+    def __init__(self, model: ConformerCTC, chunk_size: int, num_left_chunks: int = -1, device: Any = None) -> None:
+        self.model = model
+        self.frames, self.shift = model.chunk_window(chunk_size)
+        self.att, self.cnn = model.initial_caches(device)
+        self.keep = chunk_size * num_left_chunks if num_left_chunks >= 0 else None
+        self.offset = 0
+
+    def __call__(self, feats: torch.Tensor) -> torch.Tensor:
+        y, self.att, self.cnn = self.model.forward_chunk(feats, self.offset, self.att, self.cnn)
+        if self.keep is not None:
+            self.att = self.att[:, :, max(0, self.att.shape[2] - self.keep):]
+        self.offset += y.shape[1]
+        return y
 
 
 def feature_dim(dataset_conf: Any) -> int:
