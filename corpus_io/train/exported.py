@@ -120,10 +120,10 @@ def load_exported(path: str, device: Any, kind: str | None = None) -> tuple[Any,
 
     kind, meta = read_metadata(path, kind)
     if meta[META_PREFIX + "inputs"] == "chunk":
-        raise ConfigError(f"{path} is a streaming export (export-model ++streaming=true: one chunk and its caches "
-                          f"per call, for sherpa-onnx's OnlineRecognizer), which decode does not run. Decode the "
-                          f"PyTorch checkpoint chunk by chunk (++decoding_chunk_size=16), or export without "
-                          f"++streaming for decode ++checkpoint=<file>.onnx.")
+        raise ConfigError(f"{path} is a streaming export (export-model with streaming=true: one chunk and its caches "
+                          f"per call, for sherpa-onnx's OnlineRecognizer), which is not run here. Decode the PyTorch "
+                          f"checkpoint chunk by chunk (corpus-io decode ++decoding_chunk_size=16), or give the file "
+                          f"of an export without streaming.")
     tcfg = validate(TrainConfig, OmegaConf.to_container(OmegaConf.create(meta[META_PREFIX + "config"]),
                                                         resolve=True))
     tmp = tempfile.mkdtemp(prefix="corpus-io-exported-")

@@ -374,7 +374,7 @@ def test_decode_refuses_a_streaming_export_and_streaming_export_refuses_a_full_c
     assert ok.returncode == 0, ok.stderr[-3000:]
     refused = run_cli("corpus-io", "decode", f"++checkpoint={path}", "++data_list=x.list",
                       f"++output_dir={tmp_path / 'dec'}")
-    assert_user_error(refused, "is a streaming export", "++decoding_chunk_size=16")
+    assert_user_error(refused, "is a streaming export", "corpus-io decode ++decoding_chunk_size=16")
     refused = run_cli("corpus-io", "export-model", f"++checkpoint={trained['out'] / 'model.pt.avg2'}",
                       f"++output={tmp_path / 'full.onnx'}", "++streaming=true")
     assert_user_error(refused, "++model.causal=true")
