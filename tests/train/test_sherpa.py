@@ -12,19 +12,18 @@ from pathlib import Path
 import pytest
 
 from corpus_io.tokenizer import is_cjk
-from tests.conftest import run_cli
+from tests.conftest import run_bounded, run_cli
 from tests.recipes.test_smoke import smoke  # noqa: F401  (the session's `make smoke` run: its model and test sets)
 
 SETS = ("test_digits", "test_digits_newvoice")  # the smoke model's held-out digit sets (its test_mixed CER is >100 %)
 
 
-def _sherpa():
+def _sherpa() -> None:
     try:
-        import sherpa_onnx
+        import sherpa_onnx  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"sherpa-onnx is not importable ({exc}); install the [deploy] extra: "
                     f"pip install -c constraints.txt -e '.[deploy]'")
-    return sherpa_onnx
 
 
 @pytest.fixture(scope="module")
@@ -37,29 +36,42 @@ def served(smoke, tmp_path_factory) -> dict:  # noqa: F811
     return {"model": out / "model.onnx", "tokens": out / "tokens.txt", "stdout": result.stdout}
 
 
-def _recognize(model: Path, tokens: Path, rows: list[dict], *, features: dict | None = None) -> dict[str, str]:
-    """sherpa-onnx's offline WeNet CTC recognizer, default arguments but feature_dim (from the file's metadata);
-    ``features``: its feature settings replaced (FeatureExtractorConfig fields). Audio in 0.1 s pieces."""
-    import onnx
-    import soundfile as sf
+#: sherpa-onnx in a child process: it ends the process (exit code 255) on a file it cannot load, which would end
+#: the test session. Default arguments but feature_dim; "features": FeatureExtractorConfig fields replaced, the
+#: recognizer rebuilt from its config. Audio in 0.1 s pieces. Prints {key: text} as JSON.
+RECOGNIZE = """
+import json, sys
+import sherpa_onnx, soundfile as sf
+job = json.loads(sys.argv[1])
+recognizer = sherpa_onnx.OfflineRecognizer.from_wenet_ctc(model=job["model"], tokens=job["tokens"],
+                                                          feature_dim=job["feature_dim"])
+if job["features"]:
+    for name, value in job["features"].items():
+        setattr(recognizer.config.feat_config, name, value)
+    recognizer.recognizer = type(recognizer.recognizer)(recognizer.config)
+texts = {}
+for key, path in job["rows"]:
+    samples, rate = sf.read(path, dtype="float32")
+    stream = recognizer.create_stream()
+    for start in range(0, len(samples), rate // 10):
+        stream.accept_waveform(rate, samples[start:start + rate // 10])
+    recognizer.decode_stream(stream)
+    texts[key] = stream.result.text
+print(json.dumps(texts))
+"""
 
-    sherpa_onnx = _sherpa()
+
+def _recognize(model: Path, tokens: Path, rows: list[dict], *, features: dict | None = None) -> dict[str, str]:
+    """sherpa-onnx's offline WeNet CTC recognizer on ``rows`` (feature_dim from the file's metadata)."""
+    import onnx
+
+    _sherpa()
     meta = {p.key: p.value for p in onnx.load(str(model), load_external_data=False).metadata_props}
-    recognizer = sherpa_onnx.OfflineRecognizer.from_wenet_ctc(model=str(model), tokens=str(tokens),
-                                                              feature_dim=int(meta["feature_dim"]))
-    if features:
-        for name, value in features.items():
-            setattr(recognizer.config.feat_config, name, value)
-        recognizer.recognizer = type(recognizer.recognizer)(recognizer.config)
-    texts = {}
-    for row in rows:
-        samples, rate = sf.read(row["source"], dtype="float32")
-        stream = recognizer.create_stream()
-        for start in range(0, len(samples), rate // 10):
-            stream.accept_waveform(rate, samples[start:start + rate // 10])
-        recognizer.decode_stream(stream)
-        texts[row["key"]] = stream.result.text
-    return texts
+    job = {"model": str(model), "tokens": str(tokens), "feature_dim": int(meta["feature_dim"]),
+           "features": features or {}, "rows": [(r["key"], r["source"]) for r in rows]}
+    result = run_bounded([sys.executable, "-c", RECOGNIZE, json.dumps(job)], 300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
 
 
 def _test_sets(smoke: dict) -> tuple[list[dict], dict[str, str]]:  # noqa: F811
