@@ -103,7 +103,7 @@ def test_sherpa_onnx_runs_the_export_with_default_arguments_and_prints_words_wit
           f"differ: {differ}", file=sys.stderr)
     spoken = [t for t in texts.values() if len(t.split()) >= 2]
     assert len(spoken) >= len(rows) // 2 and all(re.fullmatch(r"[a-z]+( [a-z]+)+", t) for t in spoken), texts
-    assert share >= 0.75, differ
+    assert share >= 0.7, differ  # 79-92 % in four smoke runs (docs/DECODING.md)
 
 
 @pytest.mark.slow
