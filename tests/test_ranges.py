@@ -104,6 +104,9 @@ def test_each_range_takes_its_ends_and_refuses_one_step_outside_naming_the_key(c
     inside, outside = _ends(f, is_int)
     for value in inside:
         obj, rel, prefix = _instance(schema, key)
+        if rel in ("fbank_conf.low_freq", "fbank_conf.high_freq"):  # the default feats_type checks its band
+            obj.resample_conf.resample_rate = 384000  # Nyquist 192 kHz: the widest band the ranges allow
+            _set(obj, "fbank_conf.low_freq" if rel.endswith("high_freq") else "fbank_conf.high_freq", 0.0)
         _set(obj, rel, _given(f, value, is_list))
         check_values(obj, prefix)
     for value in outside:
@@ -161,9 +164,10 @@ def _loader_settings(key: str, value) -> dict:
         settings["mfcc_conf.num_ceps"] = min(value, 40)
     if key == "mfcc_conf.num_ceps":
         settings["mfcc_conf.num_mel_bins"] = max(value, 40)
-    if key in ("mfcc_conf.high_freq", "mfcc_conf.low_freq"):
+    if key in ("mfcc_conf.high_freq", "mfcc_conf.low_freq", "fbank_conf.high_freq", "fbank_conf.low_freq"):
+        block = key.split(".", 1)[0]
         settings["resample_conf.resample_rate"] = 384000  # Nyquist 192 kHz: the widest band the ranges allow
-        settings["mfcc_conf.low_freq" if key.endswith("high_freq") else "mfcc_conf.high_freq"] = 0.0
+        settings[f"{block}.low_freq" if key.endswith("high_freq") else f"{block}.high_freq"] = 0.0
     if leaf == "max_batch_size":
         settings.update(batch_type="token", batch_size=10 ** 8)  # the cap is what binds
     if leaf == "num_buckets":

@@ -54,16 +54,18 @@ def dithered(wav: torch.Tensor, dither: float, generator: torch.Generator | None
 
 
 def fbank(wav: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 80, frame_length: float = 25.0,
-          frame_shift: float = 10.0, dither: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+          frame_shift: float = 10.0, dither: float = 0.0, low_freq: float = LOW_FREQ, high_freq: float = 0.0,
+          generator: torch.Generator | None = None) -> torch.Tensor:
     """Kaldi fbank ``(num_frames, num_mel_bins)`` of one ``(1, num_samples)`` waveform in [-1, 1]
-    (no frames below one window, where torchaudio would raise)."""
+    (no frames below one window, where torchaudio would raise). ``high_freq`` <= 0: an offset from Nyquist."""
     from torchaudio.compliance import kaldi
 
     if num_frames(wav.shape[-1], sample_rate, frame_length, frame_shift) == 0:
         return wav.new_zeros(0, num_mel_bins)
 
     return kaldi.fbank(dithered(wav, dither, generator), num_mel_bins=num_mel_bins, frame_length=frame_length,
-                       frame_shift=frame_shift, dither=0.0, energy_floor=0.0, sample_frequency=sample_rate)
+                       frame_shift=frame_shift, dither=0.0, energy_floor=0.0, sample_frequency=sample_rate,
+                       low_freq=low_freq, high_freq=high_freq)
 
 
 def mfcc(wav: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 40, num_ceps: int = 40,

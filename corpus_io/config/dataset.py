@@ -81,6 +81,10 @@ class FbankConf:
     frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
     frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="[1, 1000]")
     dither: float = opt(0.0, "dither added before the FFT (0 = deterministic)", range="[0, inf)")
+    low_freq: float = opt(20.0, "low cutoff, below the high cutoff", unit="Hz", range="[0, 192000)")
+    high_freq: float = opt(0.0, "high cutoff (<= 0: offset from Nyquist, 0 = Nyquist; sherpa-onnx's default is "
+                                "-400); low_freq < high cutoff <= Nyquist",
+                           unit="Hz", range="(-192000, 192000]")  # -192000: no band even at 384 kHz
 
 
 @schema
@@ -227,19 +231,21 @@ class DatasetConf:
     def check_together(self, prefix: str) -> None:
         """Limits that join two keys (Kaldi's mfcc asserts them; the range of each key alone cannot)."""
         self._check_waveform_augmentation(prefix)
-        if self.feats_type != "mfcc":
+        if self.feats_type not in ("fbank", "mfcc"):
             return
-        m, nyquist = self.mfcc_conf, self.resample_conf.resample_rate / 2
-        if m.num_ceps > m.num_mel_bins:
+        nyquist = self.resample_conf.resample_rate / 2
+        m = self.mfcc_conf if self.feats_type == "mfcc" else self.fbank_conf
+        block = f"{prefix}{self.feats_type}_conf"
+        if self.feats_type == "mfcc" and m.num_ceps > m.num_mel_bins:
             raise ConfigError(f"{prefix}mfcc_conf.num_ceps={m.num_ceps} is more than {prefix}mfcc_conf.num_mel_bins="
                               f"{m.num_mel_bins}; Kaldi's mfcc keeps at most one cepstrum per mel bin. Lower "
                               f"++{prefix}mfcc_conf.num_ceps or raise num_mel_bins.")
         high = m.high_freq if m.high_freq > 0 else nyquist + m.high_freq
         if not m.low_freq < high <= nyquist:
-            raise ConfigError(f"{prefix}mfcc_conf.low_freq={m.low_freq} and high_freq={m.high_freq} give the band "
+            raise ConfigError(f"{block}.low_freq={m.low_freq} and high_freq={m.high_freq} give the band "
                               f"[{m.low_freq}, {high}] Hz, but at {prefix}resample_conf.resample_rate="
                               f"{self.resample_conf.resample_rate} it must lie inside (0, {nyquist}] and not be empty. "
-                              f"Change ++{prefix}mfcc_conf.low_freq / ++{prefix}mfcc_conf.high_freq.")
+                              f"Change ++{block}.low_freq / ++{block}.high_freq.")
 
     def _check_waveform_augmentation(self, prefix: str) -> None:
         ranges = [(f"{prefix}volume_perturb_conf.gain_db", self.volume_perturb_conf.gain_db),

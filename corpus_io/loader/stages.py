@@ -348,7 +348,8 @@ def _window_feats(window: list[dict], compute: Callable, frame_length: float, fr
 
 
 def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: float = 25.0, frame_shift: float = 10.0,
-          dither: float = 0.0, generator: torch.Generator | None = None, batched: bool = True,
+          dither: float = 0.0, low_freq: float = features.LOW_FREQ, high_freq: float = 0.0,
+          generator: torch.Generator | None = None, batched: bool = True,
           counts: Counter | None = None) -> Iterator[dict]:
     """Kaldi fbank (:func:`corpus_io.audio.features.fbank`) of ``wav`` as WeNet computes it: ``feats``
     (num_frames, num_mel_bins), num_frames = 1 + (n - frame_length_samples) // shift_samples.
@@ -360,13 +361,14 @@ def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: floa
     if not dither and batched:
         def batched(wav: torch.Tensor, lengths: torch.Tensor, rate: int) -> tuple:
             return features.batch_fbank(wav, lengths, rate, num_mel_bins=num_mel_bins, frame_length=frame_length,
-                                        frame_shift=frame_shift)
+                                        frame_shift=frame_shift, low_freq=low_freq, high_freq=high_freq)
 
         return _batched_feats(samples, batched, frame_length, frame_shift, counts)
 
     def compute(sample: dict) -> torch.Tensor:
         return features.fbank(as_float(sample["wav"]), sample["sample_rate"], num_mel_bins=num_mel_bins,
-                              frame_length=frame_length, frame_shift=frame_shift, dither=dither, generator=generator)
+                              frame_length=frame_length, frame_shift=frame_shift, dither=dither, low_freq=low_freq,
+                              high_freq=high_freq, generator=generator)
 
     return _with_feats(samples, compute, counts)
 

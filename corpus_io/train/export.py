@@ -12,7 +12,15 @@ Batch and time axes are dynamic. A waveform must hold at least one analysis wind
 Everything needed to use the file travels inside it (ONNX ``metadata_props``; TorchScript ``_extra_files``),
 as strings under ``corpus_io.*`` keys: :data:`FORMAT` (the marker a file of ours carries), the token list,
 the tokenizer block (and a sentencepiece model, base64), the sample rate, the feature config, the
-subsampling factor and frame shift, the inputs kind and the training config (YAML) decode reads.
+subsampling factor and frame shift, the inputs kind and the training config (YAML) decode reads; the config's
+absolute paths (data lists, output_dir, token list, CMVN file...) are cut to their base names, so nothing in the file
+names the training machine's directories.
+
+A features-in file also carries the plain keys sherpa-onnx's offline WeNet CTC model reads (``model_type``,
+``vocab_size``, ``subsampling_factor``) and every setting of its features under plain documented names
+(:func:`deploy_metadata`); its ONNX export writes ``tokens.txt`` beside the model in sherpa-onnx's form
+(:func:`sherpa_tokens`), so ``sherpa_onnx.OfflineRecognizer.from_wenet_ctc(model=..., tokens=..., feature_dim=D)``
+runs it unchanged.
 """
 
 from __future__ import annotations
@@ -145,7 +153,9 @@ def export_model(cfg: Any) -> dict:
     if cfg.format == "onnx":
         import onnx  # noqa: F401  (the [onnx] extra, before the model is loaded)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, torch.device("cpu"))
-    refuse_overwriting_inputs([("++output", cfg.output)], [
+    tokens_txt = tokens_path(cfg.output) if cfg.format == "onnx" and not cfg.frontend else None  # sherpa-onnx's
+    refuse_overwriting_inputs([("++output", cfg.output), ("tokens.txt beside ++output", tokens_txt)], [
+        ("++checkpoint", cfg.checkpoint),
         (f"tokenizer.token_list of checkpoint {cfg.checkpoint}", tcfg.tokenizer.token_list),
         (f"tokenizer.bpe_model of checkpoint {cfg.checkpoint}", tcfg.tokenizer.bpe_model),
         (f"cmvn_file of checkpoint {cfg.checkpoint}", tcfg.cmvn_file)])
@@ -156,7 +166,7 @@ def export_model(cfg: Any) -> dict:
                           f"trained on dataset_conf.feats_type={dconf.feats_type}; export without the front end.")
     meta = metadata(tcfg, tokenizer, frontend=bool(cfg.frontend))
     if cfg.streaming:
-        return export_streaming(cfg, model, tokenizer, meta)
+        return export_streaming(cfg, model, tokenizer, meta, tokens_txt)
     front = None
     if cfg.frontend:
         front = ExportFrontEnd(dconf.feats_type, feature_options(dconf), dconf.resample_conf.resample_rate,
@@ -183,11 +193,59 @@ def export_model(cfg: Any) -> dict:
         return check_against(module, exported, model.input_dim)
 
     gap = write_output(cfg.output, data, check)
+    beside = ""
+    if tokens_txt is not None:
+        write_output(tokens_txt, sherpa_tokens(tokenizer).encode("utf-8"), lambda path: None)
+        beside = f" and {tokens_txt} (sherpa-onnx's tokens.txt, for OfflineRecognizer.from_wenet_ctc)"
     what = "waveform" if front is not None else "features"
-    print(f"export-model: {cfg.checkpoint} -> {cfg.output} ({cfg.format}, {what} in, log-probs out; "
+    print(f"export-model: {cfg.checkpoint} -> {cfg.output}{beside} ({cfg.format}, {what} in, log-probs out; "
           f"{tokenizer.vocab_size} tokens, {meta[META_PREFIX + 'sample_rate']} Hz, subsampling {SUBSAMPLING}); "
           f"max |log-prob difference| to PyTorch on a check batch {gap:.2e}")
-    return {"output": str(cfg.output), "format": cfg.format, "frontend": bool(cfg.frontend), "max_abs_diff": gap}
+    return {"output": str(cfg.output), "format": cfg.format, "frontend": bool(cfg.frontend), "max_abs_diff": gap,
+            "tokens": str(tokens_txt) if tokens_txt is not None else None}
+
+
+def tokens_path(output: str) -> str:
+    """``tokens.txt`` in the directory of ``output`` (a local path or an object URL), where sherpa-onnx's examples
+    look for it."""
+    text = str(output)
+    if "://" in text:
+        return text.rsplit("/", 1)[0] + "/tokens.txt"
+    return str(Path(text).parent / "tokens.txt")
+
+
+#: the blank symbols sherpa-onnx's CTC greedy search looks for in tokens.txt
+SHERPA_BLANKS = ("<blk>", "<eps>", "<blank>")
+SHERPA_SPACE = "\u2581"  # ▁: sherpa-onnx prints a token's leading ▁ as a space (and drops the text's first one)
+
+
+def sherpa_tokens(tokenizer: Any) -> str:
+    """The token list as sherpa-onnx reads it (``<symbol> <id>`` lines, the same ids): the blank named one of
+    :data:`SHERPA_BLANKS`; a whole-word Latin token (``char`` with ``latin_unit=word``, or ``word``) written with a
+    leading ``▁`` so sherpa prints a space before it (CJK tokens stay bare: no space between them); letter mode's
+    word-boundary symbol written as ``▁``; BPE pieces as they are (they carry their ``▁``)."""
+    from corpus_io.tokenizer import SOS_EOS, is_cjk, token_list_text
+
+    conf = tokenizer.conf
+    symbols = list(tokenizer.symbols)
+    special = {conf.blank, conf.unk, SOS_EOS}
+    words = conf.type == "word" or (conf.type == "char" and conf.latin_unit == "word")
+    for i, token in enumerate(symbols):
+        if i == tokenizer.blank_id:
+            continue
+        if words and token not in special and not is_cjk(token) and not token.startswith(SHERPA_SPACE):
+            symbols[i] = SHERPA_SPACE + token
+        elif conf.type == "char" and conf.latin_unit == "letter" and token == conf.space:
+            symbols[i] = SHERPA_SPACE
+    blank = symbols[tokenizer.blank_id]
+    if blank not in SHERPA_BLANKS:
+        free = next((b for b in SHERPA_BLANKS[::-1] if b not in symbols), None)
+        if free is None:
+            raise ConfigError(f"export-model: the blank {blank!r} (tokenizer.blank) is none of {SHERPA_BLANKS}, and "
+                              f"every one of those names another token, so tokens.txt cannot name the blank as "
+                              f"sherpa-onnx needs; rename one of them in the token list.")
+        symbols[tokenizer.blank_id] = free
+    return token_list_text(symbols)
 
 
 def refuse_wrong_suffix(output: str, fmt: str) -> None:
@@ -268,15 +326,58 @@ def metadata(tcfg: Any, tokenizer: Any, *, frontend: bool) -> dict[str, str]:
     dconf = tcfg.dataset_conf
     features = {"feats_type": dconf.feats_type,
                 **({"options": feature_options(dconf)} if dconf.feats_type in ("fbank", "mfcc") else {})}
-    tok = dataclasses.asdict(tcfg.tokenizer)
+    tok = portable(dataclasses.asdict(tcfg.tokenizer))
+    config = portable(OmegaConf.to_container(OmegaConf.structured(tcfg)))
     meta = {"format": FORMAT, "inputs": "waveform" if frontend else "features",
             "tokens": token_list_text(tokenizer.symbols), "tokenizer": json.dumps(tok, ensure_ascii=False),
             "sample_rate": str(int(dconf.resample_conf.resample_rate)), "features": json.dumps(features),
             "subsampling": str(SUBSAMPLING), "frame_shift_ms": str(_frame_shift(dconf)),
-            "blank_id": "0", "config": OmegaConf.to_yaml(OmegaConf.structured(tcfg))}
+            "blank_id": "0", "config": OmegaConf.to_yaml(OmegaConf.create(config))}
     if tcfg.tokenizer.type == "bpe" and tcfg.tokenizer.bpe_model:
         meta["bpe_model"] = base64.b64encode(Path(tcfg.tokenizer.bpe_model).read_bytes()).decode("ascii")
-    return {META_PREFIX + k: v for k, v in meta.items()}
+    ours = {META_PREFIX + k: v for k, v in meta.items()}
+    return ours if frontend else {**deploy_metadata(tcfg, tokenizer), **ours}
+
+
+def portable(value: Any) -> Any:
+    """``value`` (a config as plain dicts and lists) with every absolute path cut to its base name: an exported
+    file names no directory of the training machine (decode of the file reads none of them: the token list, BPE
+    model and CMVN statistics travel inside it)."""
+    import os
+
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v) for v in value]
+    if isinstance(value, str) and (os.path.isabs(value) or value.startswith("file://")):
+        return os.path.basename(value.rstrip("/")) or value
+    return value
+
+
+def deploy_metadata(tcfg: Any, tokenizer: Any) -> dict[str, str]:
+    """The plain keys of a features-in file, for a runtime that computes the features itself: those sherpa-onnx's
+    offline WeNet CTC model reads (``model_type``, ``vocab_size``, ``subsampling_factor``), and every setting of the
+    features under kaldi-native-fbank's names (docs/DECODING.md, "Serving with sherpa-onnx")."""
+    dconf = tcfg.dataset_conf
+    meta = {"model_type": "wenet_ctc", "vocab_size": str(tokenizer.vocab_size),
+            "subsampling_factor": str(SUBSAMPLING), "blank_id": "0", "sample_rate": str(int(
+                dconf.resample_conf.resample_rate)), "feature_type": dconf.feats_type, "cmvn": "inside the model"}
+    if dconf.feats_type not in ("fbank", "mfcc"):
+        return meta
+    from corpus_io.audio.features import PREEMPHASIS
+
+    c = dconf.fbank_conf if dconf.feats_type == "fbank" else dconf.mfcc_conf
+    meta.update({"feature_dim": str(c.num_ceps if dconf.feats_type == "mfcc" else c.num_mel_bins),
+                 "num_mel_bins": str(c.num_mel_bins), "frame_length_ms": f"{float(c.frame_length):g}",
+                 "frame_shift_ms": f"{float(c.frame_shift):g}",
+                 "sample_scale": "int16", "normalize_samples": "false",  # samples in [-32768, 32767]
+                 "dither": "0", "window_type": "povey", "low_freq": f"{float(c.low_freq):g}",
+                 "high_freq": f"{float(c.high_freq):g}", "snip_edges": "true", "preemph_coeff": f"{PREEMPHASIS:g}",
+                 "remove_dc_offset": "true", "round_to_power_of_two": "true", "use_energy": "false",
+                 "energy_floor": "0", "log_floor": "float32 epsilon"})
+    if dconf.feats_type == "mfcc":
+        meta.update({"num_ceps": str(c.num_ceps), "cepstral_lifter": "22"})
+    return meta
 
 
 def _frame_shift(dconf: Any) -> float:
@@ -375,10 +476,10 @@ def onnx_chunk_log_probs(session: Any, feats: torch.Tensor, chunk: int, left_chu
     return torch.cat(outs) if outs else torch.zeros(0, 0)
 
 
-def export_streaming(cfg: Any, model: nn.Module, tokenizer: Any, meta: dict[str, str]) -> dict:
+def export_streaming(cfg: Any, model: nn.Module, tokenizer: Any, meta: dict[str, str], tokens_txt: str | None) -> dict:
     """``export-model ++streaming=true``: the chunk model (:class:`ExportedChunkCTC`) as ONNX, checked by running
     the written file as sherpa-onnx does against :meth:`ConformerCTC.encode_streaming` (16-frame chunks, 4 left
-    chunks), then renamed into place."""
+    chunks), then renamed into place; sherpa-onnx's ``tokens.txt`` beside it."""
     import io
     import warnings
 
@@ -404,7 +505,7 @@ def export_streaming(cfg: Any, model: nn.Module, tokenizer: Any, meta: dict[str,
                           output_names=["log_probs", "next_att_cache", "next_conv_cache"],
                           dynamic_axes={"x": {1: "frames"}, "attn_cache": {2: "cache"}, "attn_mask": {2: "seen"},
                                         "log_probs": {1: "chunk"}, "next_att_cache": {2: "cache"}})
-    meta = {**meta, META_PREFIX + "inputs": "chunk", **streaming_metadata(model)}
+    meta = {**meta, META_PREFIX + "inputs": "chunk", **streaming_metadata(model)}  # and deploy_metadata's keys
     data = _with_onnx_metadata(buffer.getvalue(), meta)
 
     def check(path: Path) -> float:
@@ -419,8 +520,11 @@ def export_streaming(cfg: Any, model: nn.Module, tokenizer: Any, meta: dict[str,
         return float((got - ref[:got.shape[0]]).abs().max())
 
     gap = write_output(cfg.output, data, check)
-    print(f"export-model: {cfg.checkpoint} -> {cfg.output} (onnx, streaming: sherpa-onnx's online WeNet CTC "
+    if tokens_txt is not None:
+        write_output(tokens_txt, sherpa_tokens(tokenizer).encode("utf-8"), lambda path: None)
+    print(f"export-model: {cfg.checkpoint} -> {cfg.output} and {tokens_txt} (onnx, streaming: sherpa-onnx's online WeNet CTC "
           f"interface, one chunk of features in, its log-probs and the caches out; {tokenizer.vocab_size} tokens, "
           f"{meta[META_PREFIX + 'sample_rate']} Hz); max |log-prob difference| to the PyTorch chunk-by-chunk "
           f"decode ({CHECK_CHUNK}-frame chunks, {CHECK_LEFT_CHUNKS} left) {gap:.2e}")
-    return {"output": str(cfg.output), "format": "onnx", "streaming": True, "max_abs_diff": gap}
+    return {"output": str(cfg.output), "format": "onnx", "streaming": True, "max_abs_diff": gap,
+            "tokens": str(tokens_txt) if tokens_txt is not None else None}

@@ -140,3 +140,46 @@ def test_waveform_frames_ships_16_bit_sources_as_int16_and_resampled_ones_as_flo
     perturbed = stages.speed_perturb(stages.decode(raw), speeds=[1.1], seed=0, epoch=0)
     (fast,) = stages.waveform_frames(perturbed)
     assert fast["wav"].dtype == torch.float32
+
+
+def test_the_fbank_band_settings_reach_torchaudio_the_batched_fbank_and_the_loader_stage_alike(waveforms):
+    """dataset_conf.fbank_conf.low_freq/high_freq (sherpa-onnx's default band is high_freq=-400: 400 Hz below
+    Nyquist) change the per-utterance fbank, batch_fbank (feats_on=model) and the loader's fbank stage (batched and
+    per utterance) the same way, as torchaudio's kaldi.fbank computes them; the default stays Kaldi's 20 Hz-Nyquist."""
+    from corpus_io.config import DatasetConf
+    from corpus_io.loader.build import Stage
+
+    kept = [dict(s) for s in waveforms if s["wav"].shape[1] >= 8000][:5]
+    assert len(kept) == 5
+    conf = DatasetConf().fbank_conf
+    assert (conf.low_freq, conf.high_freq) == (20.0, 0.0)
+    conf.num_mel_bins, conf.low_freq, conf.high_freq = 40, 60.0, -400.0
+    batch = pad(list(stages.waveform_frames([dict(s) for s in kept])))
+    batched, frames = features.batch_fbank(batch["wav"], batch["wav_lengths"], 16000, num_mel_bins=40,
+                                           low_freq=60.0, high_freq=-400.0)
+    default, _ = features.batch_fbank(batch["wav"], batch["wav_lengths"], 16000, num_mel_bins=40)
+    stage = Stage("fbank", stages.fbank, conf)
+    loader = {mode: {s["key"]: s["feats"] for s in stage.fn([dict(s) for s in kept], **stage.config_kwargs(),
+                                                            batched=mode)} for mode in (True, False)}
+    for i, sample in enumerate(batch["keys"]):
+        wav = next(s["wav"] for s in kept if s["key"] == sample)
+        reference = kaldi.fbank(wav * 32768, num_mel_bins=40, dither=0.0, energy_floor=0.0, sample_frequency=16000,
+                                low_freq=60.0, high_freq=-400.0)
+        n = reference.shape[0]
+        assert n == int(frames[i])
+        assert torch.equal(features.fbank(wav, 16000, num_mel_bins=40, low_freq=60.0, high_freq=-400.0), reference)
+        assert (batched[i, :n] - reference).abs().max() < 1e-3, sample
+        assert torch.equal(loader[False][sample], reference)
+        assert (loader[True][sample] - reference).abs().max() < 1e-3, sample
+        assert (default[i, :n] - reference).abs().max() > 0.5  # another band: other features
+
+
+def test_an_empty_fbank_band_is_refused_naming_both_keys():
+    from corpus_io.config import TrainConfig, validate
+    from corpus_io.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"dataset_conf\.fbank_conf\.low_freq=4000\.0 and high_freq=-4000\.0 give "
+                                          r"the band \[4000\.0, 4000\.0\] Hz"):
+        validate(TrainConfig, {"output_dir": "exp", "dataset_conf": {"fbank_conf": {"low_freq": 4000,
+                                                                                    "high_freq": -4000}}})
+    validate(TrainConfig, {"output_dir": "exp", "dataset_conf": {"fbank_conf": {"low_freq": 20, "high_freq": -400}}})

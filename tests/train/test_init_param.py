@@ -289,3 +289,18 @@ def test_a_url_init_param_is_downloaded_once_per_node_and_every_rank_starts_from
     assert re.search(rf"init_param {re.escape(url)}: (\d+) of the model's \1 tensors loaded",
                      (out / "train.log").read_text(encoding="utf-8"))
     assert not list(scratch.glob("corpus-io-init-param-*"))  # the node's copy is gone once every rank read it
+
+
+def test_a_checkpoint_from_before_the_fbank_band_keys_counts_as_their_defaults_not_as_different_features():
+    """A checkpoint saved before fbank_conf.low_freq/high_freq existed was trained on their defaults (20 Hz to
+    Nyquist): no warning for the same features, one naming high_freq for another band."""
+    from corpus_io.config import DatasetConf
+    from corpus_io.train.init_param import feature_differences
+
+    older = {"feats_type": "fbank", "fbank_conf": {"num_mel_bins": 80, "frame_length": 25.0, "frame_shift": 10.0,
+                                                   "dither": 0.0}}
+    conf = DatasetConf()
+    assert feature_differences(older, conf) == []
+    conf.fbank_conf.high_freq = -400.0
+    assert feature_differences(older, conf) == ["dataset_conf.fbank_conf.high_freq: -400.0 here, 0.0 in the "
+                                                "checkpoint"]

@@ -1,0 +1,216 @@
+"""sherpa-onnx (the [deploy] extra, pinned) runs export-model's ONNX file unchanged: the `make smoke` model exported,
+its tokens.txt beside it, decoded by the real runtime's offline WeNet CTC recognizer from audio fed in 0.1 s pieces,
+word for word against `corpus-io decode` of the same model; and tokens.txt's ▁ convention for every tokenizer."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from corpus_io.tokenizer import is_cjk
+from tests.conftest import run_bounded, run_cli
+from tests.recipes.test_smoke import smoke  # noqa: F401  (the session's `make smoke` run: its model and test sets)
+
+SETS = ("test_digits", "test_digits_newvoice")  # the smoke model's held-out digit sets (its test_mixed CER is >100 %)
+
+
+def _sherpa() -> None:
+    try:
+        import sherpa_onnx  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"sherpa-onnx is not importable ({exc}); install the [deploy] extra: "
+                    f"pip install -c constraints.txt -e '.[deploy]'")
+
+
+@pytest.fixture(scope="module")
+def served(smoke, tmp_path_factory) -> dict:  # noqa: F811
+    """The smoke model's average checkpoint exported to ONNX (features in), with the stdout of export-model."""
+    out = tmp_path_factory.mktemp("served")
+    result = run_cli("corpus-io", "export-model", f"++checkpoint={smoke['exp'] / 'model.pt.avg1'}",
+                     f"++output={out / 'model.onnx'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {"model": out / "model.onnx", "tokens": out / "tokens.txt", "stdout": result.stdout}
+
+
+#: sherpa-onnx in a child process: it ends the process (exit code 255) on a file it cannot load, which would end
+#: the test session. Default arguments but feature_dim; "features": FeatureExtractorConfig fields replaced, the
+#: recognizer rebuilt from its config. Audio in 0.1 s pieces. Prints {key: text} as JSON.
+RECOGNIZE = """
+import json, sys
+import sherpa_onnx, soundfile as sf
+job = json.loads(sys.argv[1])
+recognizer = sherpa_onnx.OfflineRecognizer.from_wenet_ctc(model=job["model"], tokens=job["tokens"],
+                                                          feature_dim=job["feature_dim"])
+if job["features"]:
+    for name, value in job["features"].items():
+        setattr(recognizer.config.feat_config, name, value)
+    recognizer.recognizer = type(recognizer.recognizer)(recognizer.config)
+texts = {}
+for key, path in job["rows"]:
+    samples, rate = sf.read(path, dtype="float32")
+    stream = recognizer.create_stream()
+    for start in range(0, len(samples), rate // 10):
+        stream.accept_waveform(rate, samples[start:start + rate // 10])
+    recognizer.decode_stream(stream)
+    texts[key] = stream.result.text
+print(json.dumps(texts))
+"""
+
+
+def _recognize(model: Path, tokens: Path, rows: list[dict], *, features: dict | None = None) -> dict[str, str]:
+    """sherpa-onnx's offline WeNet CTC recognizer on ``rows`` (feature_dim from the file's metadata)."""
+    import onnx
+
+    _sherpa()
+    meta = {p.key: p.value for p in onnx.load(str(model), load_external_data=False).metadata_props}
+    job = {"model": str(model), "tokens": str(tokens), "feature_dim": int(meta["feature_dim"]),
+           "features": features or {}, "rows": [(r["key"], r["source"]) for r in rows]}
+    result = run_bounded([sys.executable, "-c", RECOGNIZE, json.dumps(job)], 300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def _test_sets(smoke: dict) -> tuple[list[dict], dict[str, str]]:  # noqa: F811
+    """The smoke run's digit test utterances and the words `corpus-io decode` (greedy, the same checkpoint) gave."""
+    rows, decoded = [], {}
+    for name in SETS:
+        rows += [json.loads(line) for line in (smoke["data"] / name / "data.jsonl").read_text().splitlines()]
+        for line in (smoke["exp"] / f"decode_{name}" / "text").read_text(encoding="utf-8").splitlines():
+            key, _, text = line.partition(" ")
+            decoded[key] = text
+    assert len(rows) >= 20 and {r["key"] for r in rows} == set(decoded)
+    return rows, decoded
+
+
+def _agreement(texts: dict[str, str], decoded: dict[str, str]) -> tuple[float, list]:
+    differ = [(k, texts[k], decoded[k]) for k in decoded if texts[k].split() != decoded[k].split()]
+    return 1 - len(differ) / len(decoded), differ
+
+
+@pytest.mark.slow
+def test_sherpa_onnx_runs_the_export_with_default_arguments_and_prints_words_with_spaces(served, smoke):  # noqa: F811
+    """Default arguments but feature_dim: sherpa computes fbank with its own settings (high_freq -400, snip_edges
+    false: frames 7.5 ms later than ours), which move some of this small model's words; most utterances still read
+    the same (docs/DECODING.md). The text has spaces between the words (tokens.txt's ▁)."""
+    rows, decoded = _test_sets(smoke)
+    texts = _recognize(served["model"], served["tokens"], rows)
+    share, differ = _agreement(texts, decoded)
+    print(f"sherpa-onnx default features: {share:.1%} of {len(rows)} utterances give corpus-io decode's words; "
+          f"differ: {differ}", file=sys.stderr)
+    spoken = [t for t in texts.values() if len(t.split()) >= 2]
+    assert len(spoken) >= len(rows) // 2 and all(re.fullmatch(r"[a-z]+( [a-z]+)+", t) for t in spoken), texts
+    assert share >= 0.7, differ  # 79-92 % in four smoke runs (docs/DECODING.md)
+
+
+@pytest.mark.slow
+def test_sherpa_onnx_with_the_files_feature_settings_gives_corpus_io_decodes_words(served, smoke):  # noqa: F811
+    """The feature settings the file carries (low_freq, high_freq, snip_edges), given to sherpa's feature extractor:
+    the same words as `corpus-io decode` on at least 95 % of the utterances (the file's graph, its CMVN inside, the
+    int16 sample scale and tokens.txt are what sherpa needs)."""
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(served["model"]), load_external_data=False).metadata_props}
+    assert meta["model_type"] == "wenet_ctc" and meta["subsampling_factor"] == "4"
+    assert int(meta["vocab_size"]) == len(served["tokens"].read_text(encoding="utf-8").splitlines())
+    assert (meta["sample_scale"], meta["dither"], meta["window_type"]) == ("int16", "0", "povey")
+    rows, decoded = _test_sets(smoke)
+    texts = _recognize(served["model"], served["tokens"], rows,
+                       features={"low_freq": float(meta["low_freq"]), "high_freq": float(meta["high_freq"]),
+                                 "snip_edges": meta["snip_edges"] == "true"})
+    share, differ = _agreement(texts, decoded)
+    print(f"sherpa-onnx with the file's feature settings: {share:.1%} of {len(rows)} utterances give corpus-io "
+          f"decode's words", file=sys.stderr)
+    assert share >= 0.95, differ
+
+
+@pytest.mark.slow
+def test_the_export_names_no_directory_of_the_training_run_and_decode_still_runs_it(served, smoke, tmp_path):  # noqa: F811,E501
+    """The training config inside the file has its absolute paths (data lists, output_dir, token list, CMVN file,
+    noise list) cut to base names: no byte of the file names the run's directories; decode of the file still gives
+    the checkpoint's words."""
+    data = served["model"].read_bytes()
+    config = (smoke["exp"] / "config.yaml").read_text(encoding="utf-8")
+    run_dirs = {str(smoke["data"]), str(smoke["exp"]), str(smoke["data"].parent)}
+    assert all(d in config for d in run_dirs - {str(smoke["data"].parent)})  # the training config names them
+    for directory in run_dirs:
+        assert directory.encode() not in data, directory
+    name = "test_digits"
+    result = run_cli("corpus-io", "decode", f"++data_list={smoke['data'] / name / 'raw.list'}",
+                     "++dataset_conf.data_type=raw", f"++checkpoint={served['model']}",
+                     f"++output_dir={tmp_path / 'dec'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "dec" / "text").read_text(encoding="utf-8") == \
+        (smoke["exp"] / f"decode_{name}" / "text").read_text(encoding="utf-8")
+    assert f"-> {served['model']} and {served['tokens']} (sherpa-onnx's tokens.txt" in served["stdout"]
+
+
+# --------------------------------------------------------------------------- tokens.txt, without a model
+
+
+def _tokenizer(tmp_path: Path, tokens: list[str], **conf):
+    from corpus_io.config import TokenizerConf
+    from corpus_io.tokenizer import build_tokenizer, write_token_list
+
+    path = tmp_path / "tokens.txt"
+    write_token_list(path, tokens)
+    return build_tokenizer(TokenizerConf(token_list=str(path), **conf))
+
+
+def _sherpa_table(text: str) -> dict[int, str]:
+    """tokens.txt read as sherpa-onnx's SymbolTable reads it (``symbol id`` per line), a leading ▁ printed as a
+    space: the text sherpa prints for ids is the concatenation, its first space dropped."""
+    table = {}
+    for line in text.splitlines():
+        symbol, idx = line.split(" ")
+        table[int(idx)] = " " + symbol[1:] if symbol.startswith("\u2581") else symbol
+    return table
+
+
+def _printed(table: dict[int, str], ids: list[int]) -> str:
+    text = "".join(table[i] for i in ids)
+    return text[1:] if text.startswith(" ") else text
+
+
+def test_tokens_txt_makes_sherpa_print_corpus_io_decodes_text_for_words_letters_and_cjk(tmp_path):
+    from corpus_io.train.export import sherpa_tokens
+
+    cases = [({"latin_unit": "word"}, ["five", "eight", "nine", "中", "国"], "five eight nine nine"),
+             ({"latin_unit": "word"}, ["five", "eight", "nine", "中", "国"], "中国"),
+             ({"latin_unit": "letter"}, list("fiveght") + ["\u2581"], "five eight"),
+             ({"type": "word"}, ["five", "eight", "中国"], "five eight")]
+    for conf, tokens, text in cases:
+        tok = _tokenizer(tmp_path, tokens, **conf)
+        written = sherpa_tokens(tok)
+        table = _sherpa_table(written)
+        assert [line.split(" ")[1] for line in written.splitlines()] == [str(i) for i in range(tok.vocab_size)]
+        assert written.splitlines()[0] == "<blank> 0"  # the blank sherpa's greedy search looks for
+        ids = tok.encode(text)
+        assert _printed(table, ids) == tok.decode(ids) == text, (conf, written)
+        assert all(not is_cjk(s) or table[i] == s for i, s in enumerate(tok.symbols))  # CJK bare
+
+
+def test_export_writes_tokens_txt_beside_the_onnx_file_and_refuses_one_that_is_an_input(trained, tmp_path,
+                                                                                         capfd):
+    from tests.test_hostile import corpus_io as in_process
+    from tests.train.test_export import _checkpoint_naming
+
+    ckpt, tokens, cmvn = _checkpoint_naming(trained, tmp_path)
+    kept = tokens.read_bytes()
+    rc, err = in_process("export-model", f"++checkpoint={ckpt}", f"++output={tmp_path / 'm.onnx'}", capfd=capfd)
+    assert rc == 2 and f"tokens.txt beside ++output ({tmp_path / 'tokens.txt'}) is the input tokenizer.token_list" \
+        in err and "Traceback" not in err, err
+    assert tokens.read_bytes() == kept and not (tmp_path / "m.onnx").exists()
+    out = tmp_path / "served" / "m.onnx"
+    rc, err = in_process("export-model", f"++checkpoint={ckpt}", f"++output={out}", capfd=capfd)
+    assert rc == 0, err
+    from corpus_io.tokenizer import read_token_list
+
+    symbols = read_token_list(str(tokens))
+    written = (out.parent / "tokens.txt").read_text(encoding="utf-8").splitlines()
+    assert len(written) == len(symbols) and written[0] == "<blank> 0"
+    assert [line.rsplit(" ", 1)[0].lstrip("\u2581") for line in written] == symbols
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m.onnx", "tokens.txt"]  # no temp file left
