@@ -140,10 +140,11 @@ def test_a_word_spans_its_sound_a_pause_splits_two_words_and_fluent_words_meet_i
     assert [(w.start, w.end) for w in plain.words] == [(0.4, 0.44), (2.0, 2.04), (3.2, 3.24)]  # no speech: CTC's
 
 
-def test_no_word_starts_before_the_sound_nor_ends_after_it():
+def test_no_word_starts_before_the_sound_nor_ends_after_it_and_a_click_at_the_files_start_is_not_sound():
     """A CTC path that starts at frame 0 while the sound starts 0.25 s in (a model that spikes before the sound),
-    and one whose last token ends before the sound does: the first word starts at the sound's first frame, the last
-    ends at its last, each word after the one before."""
+    and whose last token ends before the sound does: the first word starts at the sound's first frame, the last
+    ends at its last, each word after the one before; a short click at the file's very start, parted from the
+    speech by silence, is not where the first word starts."""
     decode = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731
     speech = torch.zeros(100, dtype=torch.bool)
     speech[25:80] = True  # sound 0.25-0.80 s
@@ -152,6 +153,11 @@ def test_no_word_starts_before_the_sound_nor_ends_after_it():
     assert timed.words[0].start == 0.25 and timed.words[-1].end == 0.8
     assert all(a.end <= b.start for a, b in zip(timed.words, timed.words[1:]))
     assert all(w.start < w.end for w in timed.words)
+    clicked = speech.clone()
+    clicked[0:8] = True  # a 0.08 s click at the file's start, 0.17 s before the speech: a cut-off neighbour's tail
+    timed = align(spikes(25, 4, {0: 1, 2: 2, 10: 3}), [1, 2, 3], decode, word_units, frame_seconds=FRAME,
+                  speech=clicked, speech_seconds=0.01)
+    assert timed.words[0].start == 0.25
 
 
 def test_speech_frames_are_near_the_loudest_and_above_the_background():
