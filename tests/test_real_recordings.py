@@ -177,13 +177,14 @@ def librivox_decoded(real_dir, tmp_path_factory) -> dict:
     return {"ctm": out / "ctm", "jsonl": out / "timestamps.jsonl", "reference": real_dir / "word_alignments.ctm"}
 
 
-def test_decoded_word_times_of_the_librivox_recordings_start_and_end_with_their_sound(librivox_decoded):
+def test_decoded_word_times_of_the_librivox_recordings_are_near_pocketsphinx_alignments(librivox_decoded):
     """decode ++timestamps=true on the 5 LibriVox recordings, against pocketsphinx's own word alignments of them
     (its forced aligner's, shipped in the same sdist): every recording's first word starts within 0.1 s of where
-    its speech starts (not at frame 0: the CTC path of this model begins there), its last word ends within 0.1 s of
-    where the speech ends (not where the last CTC spike ends), and neither starts nor ends are biased by more than
-    0.1 s (median). The share of all word boundaries within 0.1 s is printed: on words inside fluent speech it is
-    bounded by where the model's CTC path puts them (a model overfit on 25 s drifts by up to 0.5 s there)."""
+    its speech starts (not at frame 0, where this model's CTC path begins, nor on the click of a cut-off neighbour
+    at the file's start), its last word ends within 0.1 s of where the speech ends (not where the last CTC spike
+    ends), and at least 45 % of all word starts and of all word ends are within 0.1 s (the CTC frames alone: 32 %
+    and 33 %). The figures are printed. What bounds them: this model, overfit on these 25 s, emits its memorised
+    letters at an even pace, up to 0.6 s from where they are said inside an utterance."""
     import statistics
 
     reference: dict = {}
@@ -205,3 +206,4 @@ def test_decoded_word_times_of_the_librivox_recordings_start_and_end_with_their_
         print(f"word {name}: {len(deltas)} of {total} words, median {statistics.median(deltas):+.3f} s, mean |delta| "
               f"{statistics.mean(abs(d) for d in deltas):.3f} s, {100 * within:.0f}% within 0.1 s")
         assert abs(statistics.median(deltas)) <= 0.1, (name, statistics.median(deltas))
+        assert within >= 0.45, (name, within)
