@@ -12,11 +12,21 @@ Words are the hypothesis text's words as scoring counts them (``words_of``: deco
 first token's start to its last token's end.
 A token that spells several words (a jieba word of two characters) shares its frames among them evenly.
 
-A CTC model spikes on a word's most distinctive part, often its vowel: the 0.3 s /s/ of "six" lies before its spike.
-So with ``speech`` (which input frames hold speech: :func:`speech_frames` of the features' energy) a word's start
-moves back over the speech frames just before it, down to the end of the word before it and at most
-:data:`ONSET_BACK_SECONDS`: after a pause, a word starts where its sound does; within fluent speech, where the word
-before it ends. Tokens keep the CTC path's frames.
+*Word bounds.* A CTC model spikes on a word's most distinctive part, often its vowel (the 0.3 s /s/ of "six" lies
+before its spike), and its last token ends before the word's sound does. So with ``speech`` (which input frames hold
+speech: :func:`speech_frames` of the features' energy) a word's bounds move from its tokens' frames to its sound:
+
+* between two words, a pause (a silence of at least :data:`PAUSE_SECONDS`; a shorter one is a stop's closure) ends
+  the first word where the pause starts and starts the second where it ends; with no pause, the two meet in the
+  middle of the frames between their tokens (fluent speech has no gap between words);
+* the first word starts at the utterance's sound onset (or the end of the last pause before its first token), the
+  last ends where the sound ends (or the first pause after its last token starts): not at frame 0, nor at the
+  last spike's end;
+* a start moves back at most :data:`ONSET_BACK_SECONDS`, an end forward at most :data:`END_FORWARD_SECONDS`; each
+  word starts at or after the one before ends, and ends after it starts (a word whose tokens lie before the sound
+  keeps their length from the onset).
+
+Tokens keep the CTC path's frames.
 
 Confidence, in [0, 1] (the aligned-frame posterior):
 
@@ -39,8 +49,15 @@ ONSET_BACK_SECONDS = 0.5
 #: above its quietest tenth (the background), in dB
 SPEECH_TOP_DB = 50.0
 SPEECH_FLOOR_DB = 10.0
-#: a silence within a word (a stop's closure) is shorter than this; a pause before a word is longer (seconds)
+#: a silence within a word (a stop's closure) is shorter than this; a pause between words is longer (seconds)
 PAUSE_SECONDS = 0.15
+#: how far forward a word's end may move over the frames after its last token (seconds)
+END_FORWARD_SECONDS = 0.5
+#: a sound shorter than this at the audio's start or end, parted from the rest by a pause, is not the utterance's: the
+#: cut-off tail of a neighbouring one (seconds)
+EDGE_SECONDS = 0.15
+#: ... parted from it by a silence of at least this, and touching the audio's edge within it (seconds)
+EDGE_GAP_SECONDS = 0.05
 
 
 @dataclass
@@ -118,7 +135,7 @@ def align(log_probs: torch.Tensor, ids: list[int], decode: Callable[[list[int]],
         tokens.append(Span(decode([tok]), round(start, 3), round(end, 3), _unit(post)))
     words = _words(ids, tokens, decode, words_of)
     if speech is not None:
-        words = _sound_onsets(words, speech, speech_seconds)
+        words = _sound_bounds(words, speech, speech_seconds)
     conf = sum(w.confidence for w in words) / len(words) if words else _unit(
         sum(t.confidence for t in tokens) / len(tokens))
     return Timed(tokens, words, _unit(conf))
@@ -159,31 +176,87 @@ def _words(ids: list[int], tokens: list[Span], decode: Callable[[list[int]], str
     return out
 
 
-def _sound_onsets(words: list[Span], speech: torch.Tensor, step: float) -> list[Span]:
-    """Each word's start moved back over the speech frames just before it (across silences shorter than
-    :data:`PAUSE_SECONDS`: a stop's closure, the /k/ of "six"): no earlier than the previous word's end, nor
-    :data:`ONSET_BACK_SECONDS` before its CTC start."""
+def _sound_bounds(words: list[Span], speech: torch.Tensor, step: float) -> list[Span]:
+    """Each word's start and end moved from its tokens' CTC frames to its sound, by the speech frames (``step``
+    seconds apart) between it and its neighbours (module doc: *Word bounds*)."""
     flags = speech.tolist()
-    closed = list(flags)  # short silences between speech filled
-    gap = max(1, int(round(PAUSE_SECONDS / step)))
-    last = None  # the last speech frame seen
-    for i, f in enumerate(flags):
-        if f:
-            if last is not None and 1 < i - last <= gap:
-                closed[last + 1:i] = [True] * (i - last - 1)
-            last = i
+    n = len(flags)
+    if not words or not any(flags):
+        return words
+    pause = max(1, int(round(PAUSE_SECONDS / step)))
+    back = int(round(ONSET_BACK_SECONDS / step))
+    forward = int(round(END_FORWARD_SECONDS / step))
+    on, off = _sound(flags, step)
+    # tokens before the sound's onset (or after its end) are moved to it, keeping their length and order
+    ctc = [[min(n, int(round(w.start / step))), min(n, int(round(w.end / step)))] for w in words]
+    for i, span in enumerate(ctc):
+        floor = on if i == 0 else ctc[i - 1][1]
+        if span[0] < floor:
+            span[0], span[1] = floor, floor + max(1, span[1] - span[0])
+    for i in range(len(ctc) - 1, -1, -1):
+        ceiling = off if i == len(ctc) - 1 else ctc[i + 1][0]
+        if ctc[i][1] > ceiling:
+            ctc[i][0], ctc[i][1] = max(0, ceiling - max(1, ctc[i][1] - ctc[i][0])), ceiling
+    starts = [s for s, _ in ctc]
+    ends = [e for _, e in ctc]
+    # before the first word: the sound's onset, or the end of the last pause before its first token
+    quiet = _pauses(flags, 0, ctc[0][0], pause)
+    starts[0] = max(on, quiet[-1][1] if quiet else 0, ctc[0][0] - back)
+    for i in range(1, len(words)):  # between two words: a pause splits them, else the middle of the gap
+        a, b = ctc[i - 1][1], ctc[i][0]
+        if b <= a:  # adjacent tokens (or one token spelling both words): the CTC bound
+            continue
+        quiet = _pauses(flags, a, b, pause)
+        first, last = (quiet[0][0], quiet[-1][1]) if quiet else ((a + b) // 2, (a + b) // 2)
+        ends[i - 1] = min(first, a + forward)
+        starts[i] = max(last, b - back)
+    # after the last word: the sound's end, or the start of the first pause after its last token
+    quiet = _pauses(flags, ctc[-1][1], n, pause)
+    ends[-1] = min(off, quiet[0][0] if quiet else n, ctc[-1][1] + forward)
     out: list[Span] = []
-    prev_end = 0.0
-    for w in words:
-        frame = min(int(round(w.start / step)), len(flags))
-        earliest = max(prev_end, w.start - ONSET_BACK_SECONDS)
-        while frame > 0 and closed[frame - 1] and (frame - 1) * step >= earliest - 1e-9:
-            frame -= 1
-        while frame * step < w.start and frame < len(flags) and not flags[frame]:  # start on sound, not in a gap
-            frame += 1
-        out.append(Span(w.text, round(min(w.start, frame * step), 3), w.end, w.confidence))
-        prev_end = w.end
+    prev = 0
+    for w, (s, e), start, end in zip(words, ctc, starts, ends):
+        start = max(start, prev)
+        if end <= start:  # tokens outside the sound (before it starts): the word keeps its CTC length from there
+            end = start + max(1, e - s)
+        end = min(end, n)
+        start = min(start, end)
+        out.append(Span(w.text, round(start * step, 3), round(end * step, 3), w.confidence))
+        prev = end
     return out
+
+
+def _sound(flags: list, step: float) -> tuple[int, int]:
+    """The utterance's sound, ``(first frame, end)``: from its first speech frame to its last, without a sound
+    shorter than :data:`EDGE_SECONDS` that touches the audio's start or end (within :data:`EDGE_GAP_SECONDS`) and
+    is parted from the rest by a silence of :data:`EDGE_GAP_SECONDS` or more (the cut-off tail of a neighbouring
+    utterance)."""
+    edge, gap = int(round(EDGE_SECONDS / step)), max(1, int(round(EDGE_GAP_SECONDS / step)))
+    speech = [i for i, f in enumerate(flags) if f]
+    on, off = speech[0], speech[-1] + 1
+    quiet = _pauses(flags, on, off, gap)
+    if quiet and on < gap and quiet[0][0] - on < edge:
+        on = quiet[0][1]
+    quiet = _pauses(flags, on, off, gap)
+    if quiet and len(flags) - off < gap and off - quiet[-1][1] < edge:
+        off = quiet[-1][0]
+    return on, off
+
+
+def _pauses(flags: list, a: int, b: int, pause: int) -> list[tuple[int, int]]:
+    """The runs of at least ``pause`` silent frames within frames ``[a, b)``, as ``(first, end)``."""
+    runs, i = [], a
+    while i < b:
+        if flags[i]:
+            i += 1
+            continue
+        j = i
+        while j < b and not flags[j]:
+            j += 1
+        if j - i >= pause:
+            runs.append((i, j))
+        i = j
+    return runs
 
 
 def _unit(x: float) -> float:

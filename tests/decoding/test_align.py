@@ -106,22 +106,24 @@ def pairs(n: int = 10):
     return out
 
 
-def test_a_word_starts_where_its_sound_does_across_a_short_closure_but_not_across_a_pause_or_the_word_before():
-    """With ``speech`` (10 ms frames), a word's start moves back from its CTC spike over the speech frames before it:
-    across a silence shorter than PAUSE_SECONDS (a stop's closure), not across a longer one, never before the word
-    before it ends nor more than ONSET_BACK_SECONDS; tokens keep the CTC path's times."""
-    from corpus_io.decoding.align import ONSET_BACK_SECONDS, PAUSE_SECONDS
+def test_a_word_spans_its_sound_a_pause_splits_two_words_and_fluent_words_meet_in_the_middle_of_their_gap():
+    """With ``speech`` (10 ms frames), word bounds move from the CTC frames to the sound between the words: a
+    pause (silence of PAUSE_SECONDS or more) between two words ends the first where it starts and starts the second
+    where it ends; a shorter silence (a stop's closure) does not split; two words with no pause between meet in the
+    middle of the frames between their tokens; a start moves back at most ONSET_BACK_SECONDS, an end forward at
+    most END_FORWARD_SECONDS; tokens keep the CTC path's times."""
+    from corpus_io.decoding.align import END_FORWARD_SECONDS, ONSET_BACK_SECONDS, PAUSE_SECONDS
 
     decode = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731
     lp = spikes(100, 4, {10: 1, 50: 2, 80: 3})  # w1 at 0.4 s, w2 at 2.0 s, w3 at 3.2 s
     speech = torch.zeros(400, dtype=torch.bool)
-    speech[30:44] = True  # w1: sound from 0.30 s
-    speech[170:190] = True  # w2: sound from 1.70 s, a 0.05 s closure, more sound up to its spike
+    speech[30:44] = True  # w1: sound 0.30-0.44 s
+    speech[170:190] = True  # w2: sound from 1.70 s, a 0.05 s closure, more sound up to 2.05 s
     speech[195:205] = True
-    speech[260:330] = True  # w3: sound runs back to 2.60 s, past w2's end (2.04 s)... and more than 0.5 s back
+    speech[260:390] = True  # w3: sound from 2.60 s (more than 0.5 s before its token) to 3.90 s (0.66 s after it)
     timed = align(lp, [1, 2, 3], decode, word_units, frame_seconds=FRAME, speech=speech, speech_seconds=0.01)
     assert [w.start for w in timed.words] == [0.3, 1.7, round(3.2 - ONSET_BACK_SECONDS, 3)]
-    assert [w.end for w in timed.words] == [0.44, 2.04, 3.24]
+    assert [w.end for w in timed.words] == [0.44, 2.05, round(3.24 + END_FORWARD_SECONDS, 3)]
     assert [t.start for t in timed.tokens] == [0.4, 2.0, 3.2]  # the CTC path's
     pause = speech.clone()
     pause[170:195] = False
@@ -130,12 +132,32 @@ def test_a_word_starts_where_its_sound_does_across_a_short_closure_but_not_acros
     timed = align(lp, [1, 2, 3], decode, word_units, frame_seconds=FRAME, speech=pause, speech_seconds=0.01)
     assert timed.words[1].start == 1.95
     fluent = torch.zeros(400, dtype=torch.bool)
-    fluent[140:210] = True  # w1 at 1.6 s, w2 at 2.0 s in one run of sound: w2 starts where w1 ends, not before
+    fluent[140:210] = True  # w1 at 1.6 s, w2 at 2.0 s in one run of sound 1.4-2.1 s: they meet at 1.82 s
     timed = align(spikes(100, 4, {40: 1, 50: 2}), [1, 2], decode, word_units, frame_seconds=FRAME, speech=fluent,
                   speech_seconds=0.01)
-    assert [w.start for w in timed.words] == [1.4, 1.64] and timed.words[0].end == 1.64
+    assert [(w.start, w.end) for w in timed.words] == [(1.4, 1.82), (1.82, 2.1)]
     plain = align(lp, [1, 2, 3], decode, word_units, frame_seconds=FRAME)
-    assert [w.start for w in plain.words] == [0.4, 2.0, 3.2]  # without speech frames: the CTC path's
+    assert [(w.start, w.end) for w in plain.words] == [(0.4, 0.44), (2.0, 2.04), (3.2, 3.24)]  # no speech: CTC's
+
+
+def test_no_word_starts_before_the_sound_nor_ends_after_it_and_a_click_at_the_files_start_is_not_sound():
+    """A CTC path that starts at frame 0 while the sound starts 0.25 s in (a model that spikes before the sound),
+    and whose last token ends before the sound does: the first word starts at the sound's first frame, the last
+    ends at its last, each word after the one before; a short click at the file's very start, parted from the
+    speech by silence, is not where the first word starts."""
+    decode = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731
+    speech = torch.zeros(100, dtype=torch.bool)
+    speech[25:80] = True  # sound 0.25-0.80 s
+    timed = align(spikes(25, 4, {0: 1, 2: 2, 10: 3}), [1, 2, 3], decode, word_units, frame_seconds=FRAME,
+                  speech=speech, speech_seconds=0.01)
+    assert timed.words[0].start == 0.25 and timed.words[-1].end == 0.8
+    assert all(a.end <= b.start for a, b in zip(timed.words, timed.words[1:]))
+    assert all(w.start < w.end for w in timed.words)
+    clicked = speech.clone()
+    clicked[0:8] = True  # a 0.08 s click at the file's start, 0.17 s before the speech: a cut-off neighbour's tail
+    timed = align(spikes(25, 4, {0: 1, 2: 2, 10: 3}), [1, 2, 3], decode, word_units, frame_seconds=FRAME,
+                  speech=clicked, speech_seconds=0.01)
+    assert timed.words[0].start == 0.25
 
 
 def test_speech_frames_are_near_the_loudest_and_above_the_background():
