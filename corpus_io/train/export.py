@@ -476,7 +476,8 @@ def onnx_chunk_log_probs(session: Any, feats: torch.Tensor, chunk: int, left_chu
     return torch.cat(outs) if outs else torch.zeros(0, 0)
 
 
-def export_streaming(cfg: Any, model: nn.Module, tokenizer: Any, meta: dict[str, str], tokens_txt: str | None) -> dict:
+def export_streaming(cfg: Any, model: nn.Module, tokenizer: Any, meta: dict[str, str],
+                     tokens_txt: str | None) -> dict:
     """``export-model ++streaming=true``: the chunk model (:class:`ExportedChunkCTC`) as ONNX, checked by running
     the written file as sherpa-onnx does against :meth:`ConformerCTC.encode_streaming` (16-frame chunks, 4 left
     chunks), then renamed into place; sherpa-onnx's ``tokens.txt`` beside it."""
@@ -522,7 +523,8 @@ def export_streaming(cfg: Any, model: nn.Module, tokenizer: Any, meta: dict[str,
     gap = write_output(cfg.output, data, check)
     if tokens_txt is not None:
         write_output(tokens_txt, sherpa_tokens(tokenizer).encode("utf-8"), lambda path: None)
-    print(f"export-model: {cfg.checkpoint} -> {cfg.output} and {tokens_txt} (onnx, streaming: sherpa-onnx's online WeNet CTC "
+    print(f"export-model: {cfg.checkpoint} -> {cfg.output} and {tokens_txt} (onnx, streaming: sherpa-onnx's online "
+          f"WeNet CTC "
           f"interface, one chunk of features in, its log-probs and the caches out; {tokenizer.vocab_size} tokens, "
           f"{meta[META_PREFIX + 'sample_rate']} Hz); max |log-prob difference| to the PyTorch chunk-by-chunk "
           f"decode ({CHECK_CHUNK}-frame chunks, {CHECK_LEFT_CHUNKS} left) {gap:.2e}")

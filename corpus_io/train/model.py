@@ -21,8 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from corpus_io.train.conformer import (causal_convolutions, choose_chunk, chunk_attention_mask, layer_forward,
-                                      layer_forward_chunk)
+from corpus_io.train.conformer import (
+    causal_convolutions,
+    choose_chunk,
+    chunk_attention_mask,
+    layer_forward,
+    layer_forward_chunk,
+)
 
 
 class GlobalCMVN(nn.Module):

@@ -54,7 +54,8 @@ def main() -> int:
                     for line in Path(args.compare).read_text(encoding="utf-8").splitlines() if line.strip())
         same, total, differ = sherpa.agreement(ours, run.texts)
         lines.append(f"same words as corpus-io decode ({args.compare}): {same} of {total} "
-                     f"({100.0 * same / max(total, 1):.1f} %)" + (f"; differ: {' '.join(differ[:10])}" if differ else ""))
+                     f"({100.0 * same / max(total, 1):.1f} %)"
+                     + (f"; differ: {' '.join(differ[:10])}" if differ else ""))
     with atomic_write(out / "summary.txt") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -233,7 +233,8 @@ def test_one_streaming_checkpoint_decodes_full_context_and_chunk_by_chunk_with_w
     assert "use_dynamic_chunk: true" in (exp / "config.yaml").read_text()
     full, chunk = _cer(exp / "decode_test_digits"), _cer(exp / "decode_test_digits.chunk16")
     assert chunk <= max(full * 1.15, full + 1.0), (full, chunk)
-    words = sum(len(line.split()) - 1 for line in (exp / "decode_test_digits.chunk16" / "text").read_text().splitlines())
+    text = (exp / "decode_test_digits.chunk16" / "text").read_text().splitlines()
+    words = sum(len(line.split()) - 1 for line in text)
     ctm = (exp / "decode_test_digits.chunk16" / "ctm").read_text().splitlines()
     assert len(ctm) == words > 0
 
@@ -254,6 +255,27 @@ def test_sherpa_onnx_serves_the_export_with_the_words_corpus_io_decodes_offline_
     for mode in ("offline", "online"):
         same, total = _agreement(real / "serve" / f"decode_real.{mode}" / "summary.txt")
         assert total == 10 and same >= 0.95 * total, (mode, same, total)
+
+
+@pytest.mark.slow
+def test_the_readme_sherpa_onnx_lines_print_the_words_corpus_io_decodes_chunk_by_chunk(smoke_streaming, smoke):
+    """README "Streaming and serving": its Python lines, run as written on the recipe's online export (paths and
+    feature_dim put in), print corpus-io's chunk-16 words for held-out utterances."""
+    from tests.conftest import doc_section
+
+    code = re.search(r"```python\n(.*?)```", doc_section("Streaming and serving"), re.S).group(1)
+    exp = smoke_streaming["exp"]
+    hyps = dict(line.split(" ", 1) for line in (exp / "decode_test_digits.chunk16" / "text").read_text().splitlines()
+                if " " in line)
+    wavs = dict(line.split(" ", 1) for line in (smoke["data"] / "test_digits" / "wav.scp").read_text().splitlines())
+    same = 0
+    for key in sorted(hyps)[:3]:
+        script = (code.replace("exp/serve/online", str(exp / "serve" / "online"))
+                  .replace("audio.wav", wavs[key].strip()).replace("feature_dim=80", "feature_dim=40"))
+        result = run_bounded([sys.executable, "-c", script], 120)
+        assert result.returncode == 0, result.stderr[-3000:]
+        same += result.stdout.split() == hyps[key].split()
+    assert same >= 2, same
 
 
 def tiny_training(tmp_path: Path) -> list[str]:

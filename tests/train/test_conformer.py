@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from corpus_io.train.conformer import MAX_DYNAMIC_CHUNK, chunk_attention_mask, choose_chunk  # noqa: E402
+from corpus_io.train.conformer import MAX_DYNAMIC_CHUNK, choose_chunk, chunk_attention_mask  # noqa: E402
 from corpus_io.train.model import ConformerCTC  # noqa: E402
 
 
