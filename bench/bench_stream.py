@@ -62,7 +62,8 @@ def wer(checkpoint: Path, data: Path, out: Path, chunk: int = 0) -> str:
 
 def latency(checkpoint: Path, rows: list[dict], chunk: int, tmp: Path) -> tuple[dict, dict]:
     """Per-chunk seconds and RTF of corpus-io's transcriber and of sherpa-onnx's online recognizer, one thread,
-    audio fed in 0.1 s pieces."""
+    audio fed in 0.1 s pieces (sherpa with its default arguments but feature_dim), and how many utterances the two
+    give the same words."""
     import soundfile as sf
     import torch
 
@@ -71,13 +72,14 @@ def latency(checkpoint: Path, rows: list[dict], chunk: int, tmp: Path) -> tuple[
 
     torch.set_num_threads(1)
     ours = StreamingTranscriber(str(checkpoint), decoding_chunk_size=chunk, num_decoding_left_chunks=LEFT_CHUNKS)
-    steps, compute, audio = [], 0.0, 0.0
+    steps, compute, audio, texts = [], 0.0, 0.0, {}
     for row in rows:
         samples, rate = sf.read(row["wav"], dtype="float32")
         piece = int(0.1 * rate)
         for i in range(0, len(samples), piece):
             ours.accept_waveform(samples[i:i + piece], rate)
         result = ours.finish()
+        texts[row["key"]] = result.text
         steps += result.chunk_latency
         compute, audio = compute + result.compute_seconds, audio + result.audio_seconds
     model = tmp / f"online{chunk}" / "model.onnx"
@@ -88,7 +90,9 @@ def latency(checkpoint: Path, rows: list[dict], chunk: int, tmp: Path) -> tuple[
     run = sherpa.decode_wavs(rec, [(r["key"], r["wav"]) for r in rows], online=True)
     chunk_ms = chunk * 40
     theirs_chunks = run.chunk_seconds
-    return ({"ms": 1000 * statistics.median(steps) if steps else 0.0, "rtf": compute / audio, "chunk_ms": chunk_ms},
+    same, total, _ = sherpa.agreement(texts, run.texts)
+    return ({"ms": 1000 * statistics.median(steps) if steps else 0.0, "rtf": compute / audio, "chunk_ms": chunk_ms,
+             "same": f"{same}/{total}"},
             {"ms": 1000 * statistics.median(theirs_chunks) if theirs_chunks else 0.0, "rtf": run.rtf,
              "chunk_ms": chunk_ms})
 
@@ -110,12 +114,12 @@ def main() -> None:
     rows = rows[:LATENCY_UTTERANCES]
     print(f"\nlatency per chunk (median compute ms; lower is better) and RTF, 1 CPU thread, {len(rows)} test_digits "
           f"utterances fed in 0.1 s pieces:")
-    print("| chunk | corpus-io transcribe ms | sherpa-onnx online ms | corpus-io RTF | sherpa-onnx RTF |")
-    print("|---|---|---|---|---|")
+    print("| chunk | corpus-io transcribe ms | sherpa-onnx online ms | corpus-io RTF | sherpa-onnx RTF | same words |")
+    print("|---|---|---|---|---|---|")
     for chunk in CHUNKS:
         ours, theirs = latency(streaming, rows, chunk, root / "export")
         print(f"| {chunk} ({ours['chunk_ms']} ms) | {ours['ms']:.1f} | {theirs['ms']:.1f} | {ours['rtf']:.4f} | "
-              f"{theirs['rtf']:.4f} |", flush=True)
+              f"{theirs['rtf']:.4f} | {ours['same']} |", flush=True)
 
 
 if __name__ == "__main__":
