@@ -58,9 +58,9 @@ def reflect(index: torch.Tensor, length: torch.Tensor | int) -> torch.Tensor:
     """The sample Kaldi reads for each sample ``index`` of a ``length``-sample waveform (snip_edges=false):
     reflected at both ends, repeatedly (-1 -> 0, -2 -> 1, length -> length - 1), as kaldi-native-fbank does.
     ``length`` broadcasts against ``index`` (per row lengths); a length of 0 reads sample 0."""
-    period = 2 * (length.clamp_min(1) if isinstance(length, torch.Tensor) else max(1, int(length)))
-    folded = torch.remainder(index, period)
-    return torch.where(folded >= period // 2, period - 1 - folded, folded)
+    n = length.clamp_min(1) if isinstance(length, torch.Tensor) else max(1, int(length))
+    folded = torch.remainder(index, 2 * n)
+    return torch.where(folded >= n, 2 * n - 1 - folded, folded)
 
 
 def edge_samples(wav: torch.Tensor, lengths: torch.Tensor, frames: int, window: int, shift: int) -> torch.Tensor:
