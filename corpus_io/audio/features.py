@@ -12,8 +12,9 @@ arguments: povey window, pre-emphasis 0.97, DC offset removed per frame, FFT siz
 two, power spectrum, log with a floor of float32 eps. ``snip_edges`` (the default): only frames that fit,
 frame k the samples ``[k * shift, k * shift + window)``; ``snip_edges=False`` (kaldi-native-fbank's and
 sherpa-onnx's default): a frame centred on every shift, frame k from sample ``k * shift + shift // 2 -
-window // 2``, the samples outside the waveform reflected at its ends (:func:`reflect`; :func:`num_frames`). MFCC adds Kaldi's DCT (C0 weighted sqrt(1/num_mel_bins)) and the 22 lifter
-(torchaudio's ``use_energy=False``: C0 stays the DCT's).
+window // 2``, the samples outside the waveform reflected at its ends (:func:`reflect`; :func:`num_frames`).
+MFCC adds Kaldi's DCT (C0 weighted sqrt(1/num_mel_bins)) and the 22 lifter (torchaudio's
+``use_energy=False``: C0 stays the DCT's).
 
 Units: frame_length/frame_shift in ms, sample rates in Hz, lengths in samples (waveforms) or frames.
 """

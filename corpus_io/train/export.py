@@ -381,7 +381,8 @@ def deploy_metadata(tcfg: Any, tokenizer: Any) -> dict[str, str]:
                  "sample_scale": "int16", "normalize_samples": "false",  # samples in [-32768, 32767]
                  "dither": "0", "window_type": "povey", "low_freq": f"{float(c.low_freq):g}",
                  "high_freq": f"{float(c.high_freq):g}",
-                 "snip_edges": "true" if getattr(c, "snip_edges", True) else "false", "preemph_coeff": f"{PREEMPHASIS:g}",
+                 "snip_edges": "true" if getattr(c, "snip_edges", True) else "false",
+                 "preemph_coeff": f"{PREEMPHASIS:g}",
                  "remove_dc_offset": "true", "round_to_power_of_two": "true", "use_energy": "false",
                  "energy_floor": "0", "log_floor": "float32 epsilon"})
     if dconf.feats_type == "mfcc":
