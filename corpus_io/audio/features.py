@@ -9,9 +9,12 @@ Batched (``dataset_conf.feats_on=model``: features on the training device): :fun
 features in plain torch ops on the waveforms' device, every frame from its own samples only, so
 padding never changes a valid frame. Options are Kaldi's as torchaudio applies them with our
 arguments: povey window, pre-emphasis 0.97, DC offset removed per frame, FFT size the next power of
-two, power spectrum, log with a floor of float32 eps, ``snip_edges`` (only frames that fit:
-:func:`num_frames`). MFCC adds Kaldi's DCT (C0 weighted sqrt(1/num_mel_bins)) and the 22 lifter
-(torchaudio's ``use_energy=False``: C0 stays the DCT's).
+two, power spectrum, log with a floor of float32 eps. ``snip_edges`` (the default): only frames that fit,
+frame k the samples ``[k * shift, k * shift + window)``; ``snip_edges=False`` (kaldi-native-fbank's and
+sherpa-onnx's default): a frame centred on every shift, frame k from sample ``k * shift + shift // 2 -
+window // 2``, the samples outside the waveform reflected at its ends (:func:`reflect`; :func:`num_frames`).
+MFCC adds Kaldi's DCT (C0 weighted sqrt(1/num_mel_bins)) and the 22 lifter (torchaudio's
+``use_energy=False``: C0 stays the DCT's).
 
 Units: frame_length/frame_shift in ms, sample rates in Hz, lengths in samples (waveforms) or frames.
 """
@@ -36,10 +39,36 @@ def window_geometry(sample_rate: int, frame_length: float = 25.0, frame_shift: f
     return window, shift, 1 if window == 0 else 2 ** (window - 1).bit_length()
 
 
-def num_frames(num_samples: int, sample_rate: int, frame_length: float = 25.0, frame_shift: float = 10.0) -> int:
-    """Frames Kaldi makes from ``num_samples`` (snip_edges): ``1 + (n - window) // shift``, 0 below one window."""
+def num_frames(num_samples: int, sample_rate: int, frame_length: float = 25.0, frame_shift: float = 10.0,
+               snip_edges: bool = True) -> int:
+    """Frames Kaldi makes from ``num_samples``: snip_edges ``1 + (n - window) // shift``, 0 below one window;
+    else ``(n + shift // 2) // shift``."""
     window, shift, _ = window_geometry(sample_rate, frame_length, frame_shift)
+    if not snip_edges:
+        return (num_samples + shift // 2) // shift
     return 0 if num_samples < window else 1 + (num_samples - window) // shift
+
+
+def frame_offset(window: int, shift: int, snip_edges: bool = True) -> int:
+    """The first sample of frame 0 (frame k starts ``k * shift`` later): 0, or ``shift // 2 - window // 2``
+    (negative: before the waveform) without snip_edges."""
+    return 0 if snip_edges else shift // 2 - window // 2
+
+
+def reflect(index: torch.Tensor, length: torch.Tensor | int) -> torch.Tensor:
+    """The sample Kaldi reads for each sample ``index`` of a ``length``-sample waveform (snip_edges=false):
+    reflected at both ends, repeatedly (-1 -> 0, -2 -> 1, length -> length - 1), as kaldi-native-fbank does.
+    ``length`` broadcasts against ``index`` (per row lengths); a length of 0 reads sample 0."""
+    n = length.clamp_min(1) if isinstance(length, torch.Tensor) else max(1, int(length))
+    folded = torch.remainder(index, 2 * n)
+    return torch.where(folded >= n, 2 * n - 1 - folded, folded)
+
+
+def edge_samples(wav: torch.Tensor, lengths: torch.Tensor, frames: int, window: int, shift: int) -> torch.Tensor:
+    """``(B, (frames - 1) * shift + window)``: the samples snip_edges=false frames 0..frames-1 read, each row
+    reflected at its own length, so that snip_edges framing of them gives Kaldi's snip_edges=false frames."""
+    index = torch.arange((frames - 1) * shift + window, device=wav.device) + frame_offset(window, shift, False)
+    return wav.gather(1, reflect(index[None, :], lengths.to(wav.device)[:, None]))
 
 
 # --------------------------------------------------------------------------- per utterance (torchaudio)
@@ -55,15 +84,21 @@ def dithered(wav: torch.Tensor, dither: float, generator: torch.Generator | None
 
 def fbank(wav: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 80, frame_length: float = 25.0,
           frame_shift: float = 10.0, dither: float = 0.0, low_freq: float = LOW_FREQ, high_freq: float = 0.0,
-          generator: torch.Generator | None = None) -> torch.Tensor:
+          snip_edges: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
     """Kaldi fbank ``(num_frames, num_mel_bins)`` of one ``(1, num_samples)`` waveform in [-1, 1]
-    (no frames below one window, where torchaudio would raise). ``high_freq`` <= 0: an offset from Nyquist."""
+    (no frames below one window with snip_edges, where torchaudio would raise). ``high_freq`` <= 0: an offset
+    from Nyquist. ``snip_edges=False``: the reflected samples (:func:`edge_samples`, which torchaudio's own
+    reflection lacks for waveforms shorter than a window) framed by torchaudio."""
     from torchaudio.compliance import kaldi
 
-    if num_frames(wav.shape[-1], sample_rate, frame_length, frame_shift) == 0:
+    count = num_frames(wav.shape[-1], sample_rate, frame_length, frame_shift, snip_edges)
+    if count == 0:
         return wav.new_zeros(0, num_mel_bins)
-
-    return kaldi.fbank(dithered(wav, dither, generator), num_mel_bins=num_mel_bins, frame_length=frame_length,
+    x = dithered(wav, dither, generator)
+    if not snip_edges:
+        window, shift, _ = window_geometry(sample_rate, frame_length, frame_shift)
+        x = edge_samples(x, torch.tensor([x.shape[-1]]), count, window, shift)
+    return kaldi.fbank(x, num_mel_bins=num_mel_bins, frame_length=frame_length,
                        frame_shift=frame_shift, dither=0.0, energy_floor=0.0, sample_frequency=sample_rate,
                        low_freq=low_freq, high_freq=high_freq)
 
@@ -108,9 +143,11 @@ def _mel(sample_rate: int, fft_size: int, num_mel_bins: int, low_freq: float, hi
 
 
 def _frame_samples(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, frame_length: float,
-                   frame_shift: float, dither: float, seeds: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+                   frame_shift: float, dither: float, seeds: Sequence[int] | None,
+                   snip_edges: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Windowed frames ``(B, T, fft_size)`` (int16 scale, dithered, DC removed, pre-emphasised, povey
-    window, zero padded to the FFT size) and the valid frames per row ``(B,)``.
+    window, zero padded to the FFT size) and the valid frames per row ``(B,)``. ``snip_edges=False``:
+    framed from each row's reflected samples (:func:`edge_samples`, one gather).
 
     Kaldi's order, frame by frame: s = x - mean(x), y[j] = s[j] - 0.97 s[j - 1], y[0] = 0.03 s[0],
     then the window; the results are written straight into the zero-padded FFT input (no
@@ -120,7 +157,13 @@ def _frame_samples(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, f
     x = wav.float() if wav.dtype == torch.int16 else wav.float() * INT16_SCALE
     if dither and seeds is not None:
         x = x + dither * _noise(lengths, x.shape[1], seeds, x.device)
-    frames = torch.where(lengths >= window, torch.div(lengths - window, shift, rounding_mode="floor") + 1, 0)
+    if snip_edges:
+        frames = torch.where(lengths >= window, torch.div(lengths - window, shift, rounding_mode="floor") + 1, 0)
+    else:
+        frames = torch.div(lengths + shift // 2, shift, rounding_mode="floor")
+        count = (x.shape[1] + shift // 2) // shift
+        if count:
+            x = edge_samples(x, lengths, count, window, shift)
     if x.shape[1] < window:  # no row has a frame
         return x.new_zeros(x.shape[0], 0, fft_size), frames
     raw = x.unfold(1, window, shift)  # (B, T, window): a view, every frame its own samples
@@ -162,14 +205,14 @@ def _valid(feats: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
 def batch_fbank(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 80,
                 frame_length: float = 25.0, frame_shift: float = 10.0, dither: float = 0.0,
                 seeds: Sequence[int] | None = None, low_freq: float = LOW_FREQ,
-                high_freq: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                high_freq: float = 0.0, snip_edges: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Kaldi fbank of padded waveforms: ``(feats (B, T, num_mel_bins), frames (B,))``.
 
     ``wav`` (B, N): int16 samples, or float in [-1, 1] (scaled by 2^15 like :func:`fbank`);
     ``lengths`` (B,) samples. Equals :func:`fbank` of each row cut to its length (dither 0), frame
     for frame; frames past a row's count are 0. ``dither`` > 0 needs ``seeds`` (one per row).
     """
-    strided, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds)
+    strided, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds, snip_edges)
     if strided.shape[1] == 0:  # the FFT refuses empty input
         return strided.new_zeros(strided.shape[0], 0, num_mel_bins), frames
     return _valid(_log_mel(strided, sample_rate, num_mel_bins, low_freq, high_freq), frames), frames

@@ -85,6 +85,10 @@ class FbankConf:
     high_freq: float = opt(0.0, "high cutoff (<= 0: offset from Nyquist, 0 = Nyquist; sherpa-onnx's default is "
                                 "-400); low_freq < high cutoff <= Nyquist",
                            unit="Hz", range="(-192000, 192000]")  # -192000: no band even at 384 kHz
+    snip_edges: bool = opt(True, "true: only frames that fit in the audio, frame k from sample k * shift (Kaldi's "
+                                 "and WeNet's default); false: a frame centred on every shift, (n + shift/2) // "
+                                 "shift of them, the samples past either end reflected (kaldi-native-fbank's and "
+                                 "sherpa-onnx's default: with high_freq=-400 their default features exactly)")
 
 
 @schema

@@ -475,7 +475,7 @@ def padded_units(tokens: list) -> int:
 
 
 def pad(samples: list[dict], *, frame_shift: float = 0.01, frame_length_ms: float = 25.0,
-        frame_shift_ms: float = 10.0) -> dict:
+        frame_shift_ms: float = 10.0, snip_edges: bool = True) -> dict:
     """The batch dict of docs/DEVELOPING.md from a list of samples with ``feats`` (and ``tokens``).
 
     ``feats`` (B, T, D) float32, zero padded; ``feats_lengths`` (B,) int64 frames; ``target``
@@ -494,7 +494,7 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01, frame_length_ms: floa
 
     A :class:`Batch` with ``frames`` is padded to that many frames (its bucket's edge), not to its longest row:
     a waveform batch to the most samples that give that many frames (``frame_length_ms``/``frame_shift_ms``,
-    Kaldi's snip_edges count). ``padding_ratio`` counts that padding too.
+    Kaldi's count, ``snip_edges`` as the features). ``padding_ratio`` counts that padding too.
     """
     import torch
 
@@ -520,7 +520,8 @@ def pad(samples: list[dict], *, frame_shift: float = 0.01, frame_length_ms: floa
             from corpus_io.audio.features import window_geometry
 
             window, hop, _ = window_geometry(int(samples[0]["sample_rate"]), frame_length_ms, frame_shift_ms)
-            edge = edge * hop + window - 1  # the most samples that give ``edge`` frames: every row fits
+            # the most samples that give ``edge`` frames: every row fits
+            edge = edge * hop + window - 1 if snip_edges else (edge + 1) * hop - 1 - hop // 2
         width = max(width, int(edge))
     shared = _shared_batch(rows, tokens, pcm=pcm, width=width)
     if shared is not None:

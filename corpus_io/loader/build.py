@@ -239,7 +239,8 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool, dump_audio_d
     frame = conf.mfcc_conf if conf.feats_type == "mfcc" else conf.fbank_conf  # a waveform batch padded to frames
     chain += [Stage("emit", emit), Stage("pad", stages.pad, args={"frame_shift": shift,
                                                                   "frame_length_ms": frame.frame_length,
-                                                                  "frame_shift_ms": frame.frame_shift})]
+                                                                  "frame_shift_ms": frame.frame_shift,
+                                                                  "snip_edges": getattr(frame, "snip_edges", True)})]
     return chain
 
 

@@ -287,7 +287,8 @@ def edge_frames(edges: list[float], conf: DatasetConf) -> list[int]:
     from corpus_io.audio.features import num_frames
 
     frames = conf.fbank_conf if conf.feats_type == "fbank" else conf.mfcc_conf
-    return [max(1, num_frames(int(round(e * rate)), rate, frames.frame_length, frames.frame_shift)) for e in edges]
+    return [max(1, num_frames(int(round(e * rate)), rate, frames.frame_length, frames.frame_shift,
+                              getattr(frames, "snip_edges", True))) for e in edges]
 
 
 def describe(edges: list[float] | None) -> str:

@@ -305,7 +305,8 @@ FEATURE_BATCH = 16
 
 
 def _batched_feats(samples: Iterable[dict], compute: Callable[[torch.Tensor, torch.Tensor, int], tuple],
-                   frame_length: float, frame_shift: float, counts: Counter | None) -> Iterator[dict]:
+                   frame_length: float, frame_shift: float, counts: Counter | None,
+                   snip_edges: bool = True) -> Iterator[dict]:
     """What :func:`_with_feats` gives, in the same order, with ``feats`` computed in batches: each window of
     :data:`FEATURE_WINDOW` utterances is sorted by length and cut into batches of :data:`FEATURE_BATCH` (little
     padding), ``compute(wav (B, N), lengths (B,), sample_rate)`` gives ``(feats (B, T, D), frames (B,))`` and each
@@ -314,17 +315,17 @@ def _batched_feats(samples: Iterable[dict], compute: Callable[[torch.Tensor, tor
     for sample in samples:
         window.append(sample)
         if len(window) >= FEATURE_WINDOW:
-            yield from _window_feats(window, compute, frame_length, frame_shift, counts)
+            yield from _window_feats(window, compute, frame_length, frame_shift, counts, snip_edges)
             window = []
-    yield from _window_feats(window, compute, frame_length, frame_shift, counts)
+    yield from _window_feats(window, compute, frame_length, frame_shift, counts, snip_edges)
 
 
 def _window_feats(window: list[dict], compute: Callable, frame_length: float, frame_shift: float,
-                  counts: Counter | None) -> Iterator[dict]:
+                  counts: Counter | None, snip_edges: bool = True) -> Iterator[dict]:
     feats: list[torch.Tensor | None] = [None] * len(window)
     # no frame below one window (Kaldi): such an utterance is dropped below, as _with_feats drops it
     kept = [i for i, s in enumerate(window)
-            if features.num_frames(s["wav"].shape[-1], s["sample_rate"], frame_length, frame_shift)]
+            if features.num_frames(s["wav"].shape[-1], s["sample_rate"], frame_length, frame_shift, snip_edges)]
     kept.sort(key=lambda i: (window[i]["sample_rate"], window[i]["wav"].shape[-1]))
     while kept:
         rate = window[kept[0]]["sample_rate"]
@@ -348,11 +349,12 @@ def _window_feats(window: list[dict], compute: Callable, frame_length: float, fr
 
 
 def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: float = 25.0, frame_shift: float = 10.0,
-          dither: float = 0.0, low_freq: float = features.LOW_FREQ, high_freq: float = 0.0,
+          dither: float = 0.0, low_freq: float = features.LOW_FREQ, high_freq: float = 0.0, snip_edges: bool = True,
           generator: torch.Generator | None = None, batched: bool = True,
           counts: Counter | None = None) -> Iterator[dict]:
     """Kaldi fbank (:func:`corpus_io.audio.features.fbank`) of ``wav`` as WeNet computes it: ``feats``
-    (num_frames, num_mel_bins), num_frames = 1 + (n - frame_length_samples) // shift_samples.
+    (num_frames, num_mel_bins), num_frames = 1 + (n - frame_length_samples) // shift_samples (snip_edges=false:
+    (n + shift_samples // 2) // shift_samples, :func:`corpus_io.audio.features.num_frames`).
 
     Without dither and with ``batched`` the features are computed in batches (:func:`_batched_feats`, equal to
     the per-utterance ones within 1e-3), which reads :data:`FEATURE_WINDOW` utterances ahead; else per utterance
@@ -361,14 +363,15 @@ def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: floa
     if not dither and batched:
         def batched(wav: torch.Tensor, lengths: torch.Tensor, rate: int) -> tuple:
             return features.batch_fbank(wav, lengths, rate, num_mel_bins=num_mel_bins, frame_length=frame_length,
-                                        frame_shift=frame_shift, low_freq=low_freq, high_freq=high_freq)
+                                        frame_shift=frame_shift, low_freq=low_freq, high_freq=high_freq,
+                                        snip_edges=snip_edges)
 
-        return _batched_feats(samples, batched, frame_length, frame_shift, counts)
+        return _batched_feats(samples, batched, frame_length, frame_shift, counts, snip_edges)
 
     def compute(sample: dict) -> torch.Tensor:
         return features.fbank(as_float(sample["wav"]), sample["sample_rate"], num_mel_bins=num_mel_bins,
                               frame_length=frame_length, frame_shift=frame_shift, dither=dither, low_freq=low_freq,
-                              high_freq=high_freq, generator=generator)
+                              high_freq=high_freq, snip_edges=snip_edges, generator=generator)
 
     return _with_feats(samples, compute, counts)
 
@@ -396,23 +399,23 @@ def mfcc(samples: Iterable[dict], *, num_mel_bins: int = 40, num_ceps: int = 40,
 
 
 def count_frames(samples: Iterable[dict], *, frame_length: float = 25.0, frame_shift: float = 10.0,
-                 counts: Counter | None = None) -> Iterator[dict]:
+                 snip_edges: bool = True, counts: Counter | None = None) -> Iterator[dict]:
     """Set ``frames``, the number of 10 ms frames the features of ``wav`` will have (Kaldi's count), so
     the stages that run before features (the token filter) count exactly what features will count."""
     for sample in samples:
         sample["frames"] = features.num_frames(sample["wav"].shape[1], sample["sample_rate"], frame_length,
-                                               frame_shift)
+                                               frame_shift, snip_edges)
         yield sample
 
 
 def waveform_frames(samples: Iterable[dict], *, frame_length: float = 25.0, frame_shift: float = 10.0,
-                    counts: Counter | None = None) -> Iterator[dict]:
+                    snip_edges: bool = True, counts: Counter | None = None) -> Iterator[dict]:
     """``feats_on=model``: keep ``wav`` for the device front end and set ``frames``, the number of
     frames it will compute (what the filters and batch budgets count; :func:`drop_empty` then drops
     those with none, as the fbank stage does). A waveform still holding a 16-bit source's samples
     (``pcm16``: mono 16-bit PCM, not resampled or perturbed) travels as int16, half the bytes, exactly;
     any other stays float32 in [-1, 1]."""
-    for sample in count_frames(samples, frame_length=frame_length, frame_shift=frame_shift):
+    for sample in count_frames(samples, frame_length=frame_length, frame_shift=frame_shift, snip_edges=snip_edges):
         if sample.pop("pcm16", False) and sample["wav"].dtype != torch.int16:  # k / 32768 exactly: lossless
             scaled = sample["wav"].numpy() * np.float32(features.INT16_SCALE)
             sample["wav"] = torch.from_numpy(scaled.astype(np.int16))
@@ -592,10 +595,10 @@ def shuffle_batches(batches: Iterable[list[dict]], *,
 
 
 def pad(batches: Iterable[list[dict]], *, frame_shift: float = 0.01, frame_length_ms: float = 25.0,
-        frame_shift_ms: float = 10.0) -> Iterator[dict]:
+        frame_shift_ms: float = 10.0, snip_edges: bool = True) -> Iterator[dict]:
     """Each batch (list of samples) -> the padded batch dict (:func:`corpus_io.loader.batching.pad`; a bucket's
     batch to its edge, a waveform batch to the samples of that many frames of ``frame_length_ms`` /
     ``frame_shift_ms``)."""
     for samples in batches:
         yield pad_batch(samples, frame_shift=frame_shift, frame_length_ms=frame_length_ms,
-                        frame_shift_ms=frame_shift_ms)
+                        frame_shift_ms=frame_shift_ms, snip_edges=snip_edges)

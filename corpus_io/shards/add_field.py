@@ -144,7 +144,8 @@ def _feature_fn(task: FieldTask) -> Any:
         if task.mode == "fbank":
             c = o["fbank_conf"]
             feats = features.fbank(wav, rate, num_mel_bins=c["num_mel_bins"], frame_length=c["frame_length"],
-                                   frame_shift=c["frame_shift"], low_freq=c["low_freq"], high_freq=c["high_freq"])
+                                   frame_shift=c["frame_shift"], low_freq=c["low_freq"], high_freq=c["high_freq"],
+                                   snip_edges=c.get("snip_edges", True))
         else:
             c = o["mfcc_conf"]
             feats = features.mfcc(wav, rate, num_mel_bins=c["num_mel_bins"], num_ceps=c["num_ceps"],

@@ -328,14 +328,16 @@ def _speech(feats: Any, feats_lengths: Any, conf: Any) -> list | None:
 
 
 def _durations(batch: dict, conf: Any) -> list[float]:
-    """Each row's audio seconds: its samples, or its feature frames' extent (the last window's end)."""
+    """Each row's audio seconds: its samples, or its feature frames' extent (the last window's end; without
+    snip_edges, a frame per shift of audio)."""
     if "wav_lengths" in batch:
         return [int(n) / float(batch["sample_rate"]) for n in batch["wav_lengths"].tolist()]
     shift = input_frame_seconds(conf)
     window = 0.0
     if conf.feats_type in ("fbank", "mfcc"):
         frame = conf.mfcc_conf if conf.feats_type == "mfcc" else conf.fbank_conf
-        window = (frame.frame_length - frame.frame_shift) / 1000.0
+        if getattr(frame, "snip_edges", True):
+            window = (frame.frame_length - frame.frame_shift) / 1000.0
     return [int(n) * shift + window for n in batch["feats_lengths"].tolist()]
 
 

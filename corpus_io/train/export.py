@@ -58,6 +58,7 @@ class ExportFrontEnd(nn.Module):
         self.exact_fft = exact_fft
         frame_length, frame_shift = float(options["frame_length"]), float(options["frame_shift"])
         self.window, self.shift, self.fft_size = features.window_geometry(self.sample_rate, frame_length, frame_shift)
+        self.snip_edges = bool(options.get("snip_edges", True))
         bins = int(options["num_mel_bins"])
         low = float(options.get("low_freq", features.LOW_FREQ))
         high = float(options.get("high_freq", 0.0))
@@ -76,13 +77,20 @@ class ExportFrontEnd(nn.Module):
         self.dim = int(options["num_ceps"]) if kind == "mfcc" else bins
 
     def forward(self, wav: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from corpus_io.audio.features import EPSILON, INT16_SCALE, PREEMPHASIS
+        from corpus_io.audio.features import EPSILON, INT16_SCALE, PREEMPHASIS, frame_offset, reflect
 
         x = wav.float() * INT16_SCALE
-        frames = torch.where(lengths >= self.window,
-                             torch.div(lengths - self.window, self.shift, rounding_mode="floor") + 1,
-                             torch.zeros_like(lengths))
-        count = torch.div(x.shape[1] - self.window, self.shift, rounding_mode="floor") + 1
+        if self.snip_edges:
+            frames = torch.where(lengths >= self.window,
+                                 torch.div(lengths - self.window, self.shift, rounding_mode="floor") + 1,
+                                 torch.zeros_like(lengths))
+            count = torch.div(x.shape[1] - self.window, self.shift, rounding_mode="floor") + 1
+        else:  # each row's samples reflected at its own length (features.edge_samples), then framed as above
+            frames = torch.div(lengths + self.shift // 2, self.shift, rounding_mode="floor")
+            count = torch.div(x.shape[1] + self.shift // 2, self.shift, rounding_mode="floor")
+            index = (torch.arange((count - 1) * self.shift + self.window, device=x.device)
+                     + frame_offset(self.window, self.shift, False))
+            x = torch.gather(x, 1, reflect(index[None, :], lengths[:, None]).expand(x.shape[0], -1))
         index = (torch.arange(count, device=x.device)[:, None] * self.shift
                  + torch.arange(self.window, device=x.device)[None, :])
         raw = x[:, index]  # (B, T, window)
@@ -372,7 +380,9 @@ def deploy_metadata(tcfg: Any, tokenizer: Any) -> dict[str, str]:
                  "frame_shift_ms": f"{float(c.frame_shift):g}",
                  "sample_scale": "int16", "normalize_samples": "false",  # samples in [-32768, 32767]
                  "dither": "0", "window_type": "povey", "low_freq": f"{float(c.low_freq):g}",
-                 "high_freq": f"{float(c.high_freq):g}", "snip_edges": "true", "preemph_coeff": f"{PREEMPHASIS:g}",
+                 "high_freq": f"{float(c.high_freq):g}",
+                 "snip_edges": "true" if getattr(c, "snip_edges", True) else "false",
+                 "preemph_coeff": f"{PREEMPHASIS:g}",
                  "remove_dc_offset": "true", "round_to_power_of_two": "true", "use_energy": "false",
                  "energy_floor": "0", "log_floor": "float32 epsilon"})
     if dconf.feats_type == "mfcc":

@@ -2,7 +2,9 @@
 
 Audio arrives in pieces (``accept_waveform``); each piece's new Kaldi feature frames are computed from the
 samples buffered so far (snip_edges: frame k is samples ``[k * shift, k * shift + window)`` and nothing else, so
-the frames computed piece by piece equal the whole recording's), and every chunk of ``decoding_chunk_size``
+the frames computed piece by piece equal the whole recording's; ``fbank_conf.snip_edges=false``: frame k starts
+``shift // 2 - window // 2`` earlier, the first frames read the start reflected, and the frames that reach past
+the end, which reflect it, are computed at ``finish``), and every chunk of ``decoding_chunk_size``
 encoder frames that is complete goes through the model with the attention and convolution caches kept
 (:class:`corpus_io.train.model.ChunkStream`, the step ``decode ++decoding_chunk_size`` runs too). The partial
 result, the greedy CTC text so far, is returned whenever it changes; ``finish`` runs the last, shorter chunk and
@@ -59,7 +61,7 @@ class StreamingTranscriber:
 
     def __init__(self, checkpoint: str, *, decoding_chunk_size: int = 16, num_decoding_left_chunks: int = -1,
                  device: Any = "cpu") -> None:
-        from corpus_io.audio.features import window_geometry
+        from corpus_io.audio.features import frame_offset, window_geometry
         from corpus_io.train.cmvn import eval_dataset_conf
         from corpus_io.train.decode import decode_device, load_model, output_frame_seconds
         from corpus_io.train.frontend import FrontEnd
@@ -81,10 +83,14 @@ class StreamingTranscriber:
         if self.conf.feats_type not in ("fbank", "mfcc"):
             raise ConfigError(f"checkpoint {checkpoint} was trained on dataset_conf.feats_type="
                               f"{self.conf.feats_type}; transcribe computes fbank or mfcc features from audio only.")
-        self.front_end = FrontEnd(self.conf, self.device)
         self.sample_rate = int(self.conf.resample_conf.resample_rate)
         frame = self.conf.fbank_conf if self.conf.feats_type == "fbank" else self.conf.mfcc_conf
         self.window, self.shift, _ = window_geometry(self.sample_rate, frame.frame_length, frame.frame_shift)
+        self.snip_edges = bool(getattr(frame, "snip_edges", True))
+        self.offset = frame_offset(self.window, self.shift, self.snip_edges)  # frame k's first sample - k * shift
+        # the front end frames the samples _add_features hands it (reflected here without snip_edges) as they come
+        self.front_end = FrontEnd(self.conf, self.device)
+        self.front_end.options.pop("snip_edges", None)
         self.frame_seconds = output_frame_seconds(self.model, self.conf)
         self.reset()
 
@@ -134,18 +140,21 @@ class StreamingTranscriber:
         self._compute += time.perf_counter() - t0
         return Partial(self._text, self._stream.offset * self.frame_seconds) if changed else None
 
-    def _add_features(self) -> None:
-        """The feature frames the buffered samples now complete, appended; the samples no later frame needs, dropped."""
+    def _add_features(self, final: bool = False) -> None:
+        """The feature frames the buffered samples now complete, appended; the samples no later frame needs, dropped.
+        Without snip_edges the frames that reach past the samples so far wait for ``final`` (the end reflected)."""
         import torch
 
-        from corpus_io.audio.features import num_frames
+        from corpus_io.audio.features import num_frames, reflect
 
         t0 = time.perf_counter()
-        total = num_frames(self._received, self.sample_rate, *self._frame_ms())
+        total = num_frames(self._received, self.sample_rate, *self._frame_ms(), self.snip_edges)
+        if not final:  # only frames inside the samples so far (snip_edges: all of them)
+            total = min(total, max(0, (self._received - self.offset - self.window) // self.shift + 1))
         if total > self._frames:
-            first = self._frames * self.shift - self._base
-            last = (total - 1) * self.shift + self.window - self._base
-            piece = self._samples[first:last][None, :]
+            start = self._frames * self.shift + self.offset  # may be < 0 (reflected) without snip_edges
+            index = torch.arange(start, (total - 1) * self.shift + self.offset + self.window)
+            piece = self._samples[reflect(index, self._received) - self._base][None, :]
             batch = {"wav": piece, "wav_lengths": torch.tensor([piece.shape[1]]), "sample_rate": self.sample_rate,
                      "keys": ["stream"]}
             with torch.no_grad():
@@ -154,7 +163,8 @@ class StreamingTranscriber:
             if self._stream is not None:  # full context keeps only self._feats
                 self._tail = feats if self._tail.numel() == 0 else torch.cat([self._tail, feats])
             self._frames = total
-            drop = total * self.shift - self._base  # frame `total` starts here
+            # frame `total` starts here; without snip_edges a window more is kept, which the end reflects
+            drop = max(0, total * self.shift + self.offset - (0 if self.snip_edges else self.window)) - self._base
             self._samples = self._samples[drop:]
             self._base += drop
         self._pending += time.perf_counter() - t0
@@ -204,6 +214,10 @@ class StreamingTranscriber:
 
         t0 = time.perf_counter()
         least = self.model.RIGHT_CONTEXT + 1 if hasattr(self.model, "RIGHT_CONTEXT") else 7
+        if not self.snip_edges:  # the frames that reflect the end, then the chunks they complete
+            self._add_features(final=True)
+            while self._stream is not None and self._tail.shape[0] >= self._stream.frames:
+                self._run_chunk(self._tail[: self._stream.frames])
         feats = torch.cat(self._feats) if self._feats else torch.zeros(0, 1)
         if self._stream is not None:
             if self._tail.shape[0] >= least:

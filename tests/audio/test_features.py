@@ -183,3 +183,87 @@ def test_an_empty_fbank_band_is_refused_naming_both_keys():
         validate(TrainConfig, {"output_dir": "exp", "dataset_conf": {"fbank_conf": {"low_freq": 4000,
                                                                                     "high_freq": -4000}}})
     validate(TrainConfig, {"output_dir": "exp", "dataset_conf": {"fbank_conf": {"low_freq": 20, "high_freq": -400}}})
+
+
+def knf_fbank(wav: torch.Tensor, rate: int, num_mel_bins: int, high_freq: float) -> torch.Tensor:
+    """kaldi-native-fbank (sherpa-onnx's front end) as sherpa-onnx's FeatureExtractorConfig sets it by default:
+    snip_edges false, no dither; samples at int16 scale."""
+    knf = pytest.importorskip("kaldi_native_fbank")
+    opts = knf.FbankOptions()
+    opts.frame_opts.snip_edges, opts.frame_opts.dither, opts.frame_opts.samp_freq = False, 0.0, float(rate)
+    opts.mel_opts.num_bins, opts.mel_opts.high_freq, opts.energy_floor = num_mel_bins, high_freq, 0.0
+    online = knf.OnlineFbank(opts)
+    online.accept_waveform(float(rate), (wav.reshape(-1) * 32768).tolist())
+    online.input_finished()
+    rows = [online.get_frame(i) for i in range(online.num_frames_ready)]
+    return torch.tensor(np.array(rows), dtype=torch.float32).reshape(len(rows), num_mel_bins)
+
+
+def test_snip_edges_false_gives_the_frames_of_torchaudio_and_kaldi_native_fbank_on_real_speech(waveforms):
+    """fbank_conf.snip_edges=false with high_freq=-400: sherpa-onnx's default features (kaldi-native-fbank), a frame
+    centred on every 10 ms, (n + 80) // 160 of them, the samples past either end reflected."""
+    for sample in [s for s in waveforms if s["wav"].shape[1] >= 8000][:3]:
+        wav = sample["wav"]
+        n = wav.shape[1]
+        ours = features.fbank(wav, 16000, num_mel_bins=80, high_freq=-400.0, snip_edges=False)
+        reference = kaldi.fbank(wav * 32768, num_mel_bins=80, dither=0.0, energy_floor=0.0, sample_frequency=16000,
+                                high_freq=-400.0, snip_edges=False)
+        assert ours.shape[0] == reference.shape[0] == (n + 80) // 160 == features.num_frames(n, 16000,
+                                                                                            snip_edges=False)
+        assert (ours - reference).abs().max() < 1e-3
+        sherpa = knf_fbank(wav, 16000, 80, -400.0)
+        assert sherpa.shape == ours.shape
+        # its own float FFT: equal but for the near-empty bins above 4 kHz of these 8 kHz recordings
+        assert (ours - sherpa).abs().mean() < 1e-4 and (ours - sherpa).abs().max() < 0.1, sample["key"]
+        snipped = features.fbank(wav, 16000, num_mel_bins=80, high_freq=-400.0)
+        assert snipped.shape[0] == 1 + (n - 400) // 160 < ours.shape[0]  # the default is unchanged: snip_edges
+
+
+def test_batched_snip_edges_false_equals_per_utterance_for_every_length_padding_never_counting(waveforms):
+    """batch_fbank (feats_on=model) and the loader's batched fbank stage with snip_edges=false: every row reflected
+    at its own length (utterances shorter than a window too, as kaldi-native-fbank does), padding never changing a
+    valid frame, frame counts as num_frames counts them."""
+    from corpus_io.config import DatasetConf
+    from corpus_io.loader.build import Stage
+
+    short = [{"key": f"short{n}", "wav": waveforms[0]["wav"][:, 1000:1000 + n], "sample_rate": 16000}
+             for n in (79, 80, 100, 239, 240, 399)]
+    kept = list(stages.drop_empty(stages.waveform_frames([dict(s) for s in waveforms + short], snip_edges=False)))
+    assert len(kept) == len(waveforms) + len(short) - 1  # 79 samples: no frame
+    batch = pad(kept)
+    wav, lengths = batch["wav"].float(), batch["wav_lengths"]
+    feats, frames = features.batch_fbank(wav, lengths, 16000, num_mel_bins=40, high_freq=-400.0, snip_edges=False)
+    assert torch.equal(frames, batch["feats_lengths"])
+    assert frames.tolist() == [(int(n) + 80) // 160 for n in lengths]
+    noisy = wav.clone()
+    outside = torch.arange(wav.shape[1])[None, :] >= lengths[:, None]
+    noisy[outside] = torch.rand(int(outside.sum()), generator=torch.Generator().manual_seed(0)) * 2 - 1
+    again, _ = features.batch_fbank(torch.nn.functional.pad(noisy, (0, 999), value=0.5), lengths, 16000,
+                                    num_mel_bins=40, high_freq=-400.0, snip_edges=False)
+    conf = DatasetConf().fbank_conf
+    assert conf.snip_edges is True
+    conf.num_mel_bins, conf.high_freq, conf.snip_edges = 40, -400.0, False
+    stage = Stage("fbank", stages.fbank, conf)
+    loader = {s["key"]: s["feats"] for s in stage.fn([dict(s) for s in kept], **stage.config_kwargs())}
+    for i, sample in enumerate(kept):
+        reference = features.fbank(sample["wav"].float() / (32768 if sample["wav"].dtype == torch.int16 else 1),
+                                   16000, num_mel_bins=40, high_freq=-400.0, snip_edges=False)
+        m = reference.shape[0]
+        assert m == int(frames[i]) > 0
+        assert (feats[i, :m] - reference).abs().max() < 1e-3, sample["key"]
+        assert not feats[i, m:].any()
+        assert torch.equal(again[i, :feats.shape[1]], feats[i]), sample["key"]
+        assert (loader[sample["key"]] - reference).abs().max() < 1e-3, sample["key"]
+        if sample["key"].startswith("short"):
+            assert (reference - knf_fbank(sample["wav"], 16000, 40, -400.0)).abs().max() < 1e-3, sample["key"]
+
+
+def test_a_waveform_batch_padded_to_a_bucket_edge_holds_exactly_its_frames_either_way():
+    from corpus_io.loader.batching import Batch
+
+    for snip in (True, False):
+        rows = Batch([{"key": "a", "wav": torch.zeros(1, 1000), "sample_rate": 16000, "tokens": [1], "frames": 6}])
+        rows.frames = 50
+        width = pad(rows, snip_edges=snip)["wav"].shape[1]
+        assert features.num_frames(width, 16000, snip_edges=snip) == 50
+        assert features.num_frames(width + 1, 16000, snip_edges=snip) == 51

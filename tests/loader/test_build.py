@@ -116,8 +116,10 @@ def test_the_chain_prints_one_named_stage_per_line_with_the_config_it_runs_with(
     lines = text.splitlines()
     assert lines[0].strip().startswith("1. decode(on_error='fail')")
     assert any("filter_tokens(token_max_length=200, token_min_length=0" in line for line in lines)
-    assert any("fbank(num_mel_bins=80, frame_length=25.0, frame_shift=10.0, dither=0.0)" in line for line in lines)
-    assert lines[-1].strip().endswith("pad(frame_shift=0.01, frame_length_ms=25.0, frame_shift_ms=10.0)")
+    assert any("fbank(num_mel_bins=80, frame_length=25.0, frame_shift=10.0, dither=0.0, low_freq=20.0, "
+               "high_freq=0.0, snip_edges=True)" in line for line in lines)
+    assert lines[-1].strip().endswith("pad(frame_shift=0.01, frame_length_ms=25.0, frame_shift_ms=10.0, "
+                                      "snip_edges=True)")
     assert "tokenizer" not in text and "rng" not in text
 
 

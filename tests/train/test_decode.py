@@ -441,3 +441,19 @@ def test_a_long_utterance_through_the_model_in_pieces_keeps_every_output_frame_o
         assert torch.allclose(same[i, :n], whole[i, :n], atol=1e-4)
         # away from the pieces' edges the frames see most of what the whole did: the same best token
         assert (pieces[i, :n].argmax(-1) == whole[i, :n].argmax(-1)).float().mean() > 0.8
+
+
+def test_an_utterances_seconds_from_its_frames_are_its_audios_with_snip_edges_false_too():
+    """feats_on=loader batches carry frames, not samples: decode's durations (which bound the word times) are the
+    audio's within a frame shift either way (snip_edges=false: a frame per 10 ms, no window's tail)."""
+    from corpus_io.audio.features import num_frames
+    from corpus_io.config import DatasetConf
+    from corpus_io.train.decode import _durations
+
+    conf = DatasetConf()
+    for snip in (True, False):
+        conf.fbank_conf.snip_edges = snip
+        for n in (4000, 16000, 16079, 16080, 16159, 48123):
+            frames = num_frames(n, 16000, snip_edges=snip)
+            seconds = _durations({"feats_lengths": torch.tensor([frames])}, conf)[0]
+            assert abs(seconds - n / 16000) <= (0.01 if snip else 0.005) + 1e-9, (snip, n)

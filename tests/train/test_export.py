@@ -145,6 +145,46 @@ def test_with_the_front_end_inside_the_file_equals_feats_on_model(exported, corp
     print(f"max |log-prob difference| with the front end, over 20 utterances: {gaps}")
 
 
+def test_a_snip_edges_false_model_exports_its_reflected_frames_front_end_in_onnx_and_torchscript(
+        trained, corpus, tmp_path):
+    """fbank_conf.snip_edges=false (sherpa-onnx's default features, with high_freq=-400): the front end inside the
+    file reflects each row at its own length as feats_on=model does, and the file says snip_edges false."""
+    from omegaconf import OmegaConf
+
+    from corpus_io.train.exported import load_exported
+    from corpus_io.train.frontend import build_front_end, model_inputs
+
+    state = torch.load(trained["out"] / "model.pt.avg2", map_location="cpu", weights_only=True)
+    config = OmegaConf.create(state["config"])
+    config.dataset_conf.fbank_conf.high_freq, config.dataset_conf.fbank_conf.snip_edges = -400.0, False
+    state["config"] = OmegaConf.to_yaml(config)
+    ckpt = tmp_path / "model.pt"
+    torch.save(state, ckpt)
+    batches, model, conf = _batches(ckpt, _twenty(corpus, tmp_path), feats_on="model")
+    assert conf.fbank_conf.snip_edges is False
+    front_end = build_front_end(conf, torch.device("cpu"))
+    for fmt, limit in (("onnx", 1e-4), ("torchscript", 1e-5)):
+        path = tmp_path / f"model.{'onnx' if fmt == 'onnx' else 'ts'}"
+        result = run_cli("corpus-io", "export-model", f"++checkpoint={ckpt}", f"++output={path}", f"++format={fmt}",
+                         "++frontend=true")
+        assert result.returncode == 0, result.stderr[-3000:]
+        runner = load_exported(str(path), torch.device("cpu"))[0]
+        for batch in batches:
+            assert torch.equal(batch["feats_lengths"], (batch["wav_lengths"] + 80) // 160)
+            with torch.no_grad():
+                ref = model(*model_inputs(front_end, batch, torch.device("cpu"), train=False))
+            got = runner(batch["wav"], batch["wav_lengths"])
+            assert _compare(ref, got) <= limit, fmt
+            _same_hypotheses(ref, got)
+    from corpus_io.train.decode import load_model
+    from corpus_io.train.export import deploy_metadata
+
+    _, tokenizer, tcfg = load_model(str(ckpt), torch.device("cpu"))
+    assert deploy_metadata(tcfg, tokenizer)["snip_edges"] == "false"  # a features-in file tells sherpa-onnx
+    _, tokenizer, tcfg = load_model(str(trained["out"] / "model.pt.avg2"), torch.device("cpu"))
+    assert deploy_metadata(tcfg, tokenizer)["snip_edges"] == "true"
+
+
 def test_decode_of_the_exported_files_gives_the_checkpoints_text_and_nbest(exported, corpus, tmp_path, capfd):
     data_list = _twenty(corpus, tmp_path)
     for method, names in (("greedy", ("ckpt", "fe.onnx")), ("ctc_prefix_beam", ("ckpt", "onnx", "ts"))):

@@ -39,6 +39,21 @@ def voiced(streaming_trained, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def sherpa_features(streaming_trained, tmp_path_factory) -> Path:
+    """streaming_trained's averaged model, its config set to sherpa-onnx's default features
+    (fbank_conf.high_freq=-400, snip_edges=false): every weight the trained one."""
+    from omegaconf import OmegaConf
+
+    state = torch.load(streaming_trained["out"] / "model.pt.avg2", map_location="cpu", weights_only=True)
+    config = OmegaConf.create(state["config"])
+    config.dataset_conf.fbank_conf.high_freq, config.dataset_conf.fbank_conf.snip_edges = -400.0, False
+    state["config"] = OmegaConf.to_yaml(config)
+    out = tmp_path_factory.mktemp("sherpa_features") / "model.pt.avg2"
+    torch.save(state, out)
+    return out
+
+
 def fed(transcriber: StreamingTranscriber, samples: torch.Tensor, piece_seconds: float) -> tuple[list, object]:
     """``samples`` fed in pieces: ``[(end sample of the piece, Partial)]`` for each partial, and the final result."""
     piece = round(piece_seconds * transcriber.sample_rate)
@@ -63,14 +78,17 @@ def greedy_text(transcriber: StreamingTranscriber, log_probs: torch.Tensor) -> s
     return transcriber.tokenizer.decode(best_path_ids(log_probs[None], torch.tensor([log_probs.shape[0]]))[0])
 
 
-@pytest.mark.parametrize("piece_seconds, left", [(0.1, -1), (0.037, 1)])
+@pytest.mark.parametrize("piece_seconds, left, snip_edges", [(0.1, -1, True), (0.037, 1, True),
+                                                             (0.1, -1, False), (0.037, 1, False)])
 def test_audio_fed_in_pieces_gives_the_whole_utterances_chunk_by_chunk_and_chunk_masked_log_probs(
-        streaming_trained, piece_seconds, left):
-    transcriber = StreamingTranscriber(str(streaming_trained["out"] / "model.pt.avg2"), decoding_chunk_size=16,
-                                       num_decoding_left_chunks=left)
+        streaming_trained, sherpa_features, piece_seconds, left, snip_edges):
+    """snip_edges=false (sherpa-onnx's features): the first frames reflect the start, the last ones the end."""
+    checkpoint = streaming_trained["out"] / "model.pt.avg2" if snip_edges else sherpa_features
+    transcriber = StreamingTranscriber(str(checkpoint), decoding_chunk_size=16, num_decoding_left_chunks=left)
     samples = read_recording(str(WAV), transcriber.sample_rate)
     _, result = fed(transcriber, samples, piece_seconds)
     feats = whole_features(transcriber, samples)
+    assert feats.shape[1] == (1 + (samples.shape[0] - 400) // 160 if snip_edges else (samples.shape[0] + 80) // 160)
     model = transcriber.model
     with torch.no_grad():
         streamed = model.ctc_log_probs(*model.encode_streaming(feats, 16, left))[0][0]
