@@ -3,7 +3,8 @@ model trained the same way, and per-chunk latency and RTF on one CPU thread: cor
 (``corpus-io transcribe``'s StreamingTranscriber: features, model, greedy search) against sherpa-onnx's online
 recognizer on the streaming export, both fed 0.1 s pieces.
 
-The models are the espeak demo's (``recipes/espeak/run.sh``, stages 0-7, with and without ``--streaming true``),
+The models are the espeak demo's (``recipes/espeak/run.sh``, stages 0-7, with and without ``--streaming true``;
+both ``--sherpa_features true``),
 trained once into BENCH_OUT/stream (about 15 minutes on 2 cores) and reused. Smoke mode: a tiny corpus, one epoch.
 WER on test_digits (the demo's held-out test set) and test_mixed; latency on test_digits (sizes below).
 """
@@ -45,6 +46,7 @@ def train(root: Path, streaming: bool) -> Path:
     stage = "6" if (root / "data" / "test_mixed" / "raw.list").exists() else "0"
     cmd = [str(RECIPE), "--stage", stage, "--stop_stage", "7", "--data", str(root / "data"), "--exp", str(exp),
            "--decode_methods", "greedy", "--tune_lm", "false", "--streaming", str(streaming).lower(),
+           "--sherpa_features", "true",  # both models on sherpa-onnx's default features: trained the same way
            *(SMOKE_OPTS if SMOKE else [])]
     print(f"training the {'streaming' if streaming else 'non-streaming'} demo model: {' '.join(cmd)}", flush=True)
     subprocess.run(cmd, check=True, env=_env(), stdout=subprocess.DEVNULL)

@@ -62,6 +62,8 @@ streaming=false           # true: a streaming model (causal convolution, dynamic
                           # chunk by chunk (--decoding_chunk_size), stage 9 exports it for sherpa-onnx and decodes with it
 decoding_chunk_size=16    # --streaming true: the chunk of stage 7's chunk-by-chunk decode (encoder frames, 40 ms each)
 num_decoding_left_chunks=4  # ... and the chunks before it attention sees (4: sherpa-onnx's default; -1: all)
+sherpa_features=          # true: train on sherpa-onnx's default fbank (high_freq -400, snip_edges false), so sherpa
+                          # with default arguments computes exactly the model's features; empty: as --streaming
 decode_methods="greedy ctc_prefix_beam ctc_beam_lm"  # + attention_rescoring with --model conformer_ctc_att
 beam=10                   # prefix beam width of the beam methods
 lm_order=3                # order of the training-text n-gram for ctc_beam_lm
@@ -74,7 +76,7 @@ recipe_options=(stage stop_stage nj cmd nproc data exp num_digits_train num_digi
                 max_steps_per_epoch batch_type batch_size shuffle_size sort_size num_workers feats_on noise noise_snr
                 noise_prob
                 average_num cer_target real_epochs
-                model streaming decoding_chunk_size num_decoding_left_chunks decode_methods beam lm_order lm_weight word_score tune_lm)
+                model streaming decoding_chunk_size num_decoding_left_chunks sherpa_features decode_methods beam lm_order lm_weight word_score tune_lm)
 
 cd "$(dirname "$0")"
 repo=$(cd ../.. && pwd)
@@ -89,6 +91,11 @@ esac
 # WeNet's U2 streaming: a causal convolution, and a random chunk mask per batch (full context half the time)
 streaming_args=()
 [ "$streaming" = true ] && streaming_args=(++model.causal=true ++model.use_dynamic_chunk=true)
+case "${sherpa_features:-$streaming}" in  # (the CMVN stats of stage 3 stay those of the default fbank: close enough)
+  true) streaming_args+=(++dataset_conf.fbank_conf.high_freq=-400 ++dataset_conf.fbank_conf.snip_edges=false) ;;
+  false) ;;
+  *) echo "$0: --sherpa_features must be true, false or empty, not '$sherpa_features'" >&2; exit 2 ;;
+esac
 case "$noise" in
   true) noise_dirs=("$data/noise") ;;
   false) noise_dirs=() ;;
