@@ -192,7 +192,7 @@ if stage_on 7; then
     "++tokenizer.token_list=$data/lang/tokens.txt" ++tokenizer.type=char ++tokenizer.latin_unit=word
   decode_sets 7 "$exp" "$exp/model.pt.avg$average_num" "$data"/{test_digits,test_digits_newvoice,test_mixed}
   if [ "$streaming" = true ]; then  # the same checkpoint chunk by chunk, as a stream
-    decode_methods=greedy decoding_chunk_size=$decoding_chunk_size num_decoding_left_chunks=$num_decoding_left_chunks \
+    decode_methods=greedy decode_chunk=$decoding_chunk_size decode_left_chunks=$num_decoding_left_chunks \
       decode_sets 7 "$exp" \
       "$exp/model.pt.avg$average_num" "$data"/{test_digits,test_mixed}
   fi
@@ -229,7 +229,7 @@ if stage_on 8; then
   average_model 8 "$real_exp" 1
   decode_methods=greedy decode_sets 8 "$real_exp" "$real_exp/model.pt.avg1" "$real"  # the LMs are of the synthetic text
   if [ "$streaming" = true ]; then
-    decode_methods=greedy decoding_chunk_size=$decoding_chunk_size num_decoding_left_chunks=$num_decoding_left_chunks \
+    decode_methods=greedy decode_chunk=$decoding_chunk_size decode_left_chunks=$num_decoding_left_chunks \
       decode_sets 8 "$real_exp" "$real_exp/model.pt.avg1" "$real"
   fi
   results_table "$real_exp" "$real/data.jsonl" real > "$real_exp/RESULTS.md"

@@ -164,13 +164,13 @@ decode_sets() {  # decode_sets STAGE EXP CHECKPOINT DIR...: EXP/decode_<DIR name
   # One decode per method of $decode_methods (default greedy): greedy writes EXP/decode_<name>/, the others
   # EXP/decode_<name>.<method>/; ctc_beam_lm uses $lm (an ARPA from make-lm) with $lm_weight and $word_score,
   # all beams $beam (default 10). Each also writes word times and confidences: ctm and timestamps.jsonl.
-  # With $decoding_chunk_size (> 0) the model runs chunk by chunk (a streaming model), into
-  # EXP/decode_<name>.chunk<N>[.<method>]/, seeing $num_decoding_left_chunks chunks back (default -1: all).
+  # With $decode_chunk (> 0) the model runs chunk by chunk (a streaming model), into
+  # EXP/decode_<name>.chunk<N>[.<method>]/, seeing $decode_left_chunks chunks back (default -1: all).
   local st=$1 exp=$2 checkpoint=$3 dir name method out lm_opts chunk_opts=() suffix=
   shift 3
-  if [ "${decoding_chunk_size:-0}" -gt 0 ]; then
-    chunk_opts=("++decoding_chunk_size=$decoding_chunk_size" "++num_decoding_left_chunks=${num_decoding_left_chunks:--1}")
-    suffix=.chunk$decoding_chunk_size
+  if [ "${decode_chunk:-0}" -gt 0 ]; then
+    chunk_opts=("++decoding_chunk_size=$decode_chunk" "++num_decoding_left_chunks=${decode_left_chunks:--1}")
+    suffix=.chunk$decode_chunk
   fi
   for dir in "$@"; do
     name=$(basename "$dir")
@@ -186,7 +186,7 @@ decode_sets() {  # decode_sets STAGE EXP CHECKPOINT DIR...: EXP/decode_<DIR name
         ++dataset_conf.data_type=raw ++dataset_conf.batch_type=example ++dataset_conf.batch_size=16 \
         "++dataset_conf.num_workers=$nj" "++decoding.method=$method" "++decoding.beam=${beam:-10}" "${lm_opts[@]}" \
         "${chunk_opts[@]}" ++timestamps=true
-      log "$st" "decoded $name ($method${suffix:+, chunk $decoding_chunk_size}): $(grep -m1 "^%CER" "$out/cer.txt") $(grep -m1 "^RTF" "$out/cer.txt")"
+      log "$st" "decoded $name ($method${suffix:+, chunk $decode_chunk}): $(grep -m1 "^%CER" "$out/cer.txt") $(grep -m1 "^RTF" "$out/cer.txt")"
     done
   done
 }

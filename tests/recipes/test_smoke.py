@@ -237,6 +237,26 @@ def test_one_streaming_checkpoint_decodes_full_context_and_chunk_by_chunk_with_w
     words = sum(len(line.split()) - 1 for line in text)
     ctm = (exp / "decode_test_digits.chunk16" / "ctm").read_text().splitlines()
     assert len(ctm) == words > 0
+    # the cached chunk-by-chunk forward equals the chunk-masked full forward on every test utterance
+    import dataclasses
+
+    import torch
+
+    from corpus_io.audio.features import fbank
+    from corpus_io.train.decode import load_model
+    from corpus_io.train.transcribe import read_recording
+
+    model, _, tcfg = load_model(str(exp / "model.pt.avg1"), torch.device("cpu"))
+    options = {k: v for k, v in dataclasses.asdict(tcfg.dataset_conf.fbank_conf).items() if k != "dither"}
+    assert options["snip_edges"] is False and options["high_freq"] == -400  # --sherpa_features follows --streaming
+    gaps = []
+    for line in (exp.parent / "data" / "test_digits" / "wav.scp").read_text().splitlines():
+        feats = fbank(read_recording(line.split(" ", 1)[1].strip(), 16000)[None], 16000, **options)[None]
+        with torch.no_grad():
+            cached = model.ctc_log_probs(*model.encode_streaming(feats, 16, 4))[0]
+            masked = model.ctc_log_probs(*model.encode(feats, torch.tensor([feats.shape[1]]), 16, 4))[0]
+        gaps.append(float((cached - masked).abs().max()))
+    assert len(gaps) == 20 and max(gaps) < 1e-4, gaps
 
 
 @pytest.mark.slow
