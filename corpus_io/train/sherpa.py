@@ -11,11 +11,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: audio fed after the utterance so sherpa's online recognizer completes its last chunk (a chunk of 16 frames
-#: reads 67 feature frames: 0.67 s), as sherpa-onnx's own online examples do
+#: reads 67 feature frames: 0.67 s), as sherpa-onnx's own online examples do; it is silence as a microphone
+#: records it (one 16-bit step of triangular dither), not digital zeros, a sound a model may never have heard
+#: (the smoke model reads a word into 0.7 s of exact zeros)
 TAIL_SECONDS = 0.7
+
+
+def silence(seconds: float, rate: int, seed: int = 0) -> np.ndarray:
+    """``seconds`` of recorded silence at ``rate``: float32 triangular dither of one 16-bit step, seeded."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return (rng.triangular(-1.0, 0.0, 1.0, int(seconds * rate)) / 32768).astype(np.float32)
 
 
 @dataclass
@@ -49,7 +62,6 @@ def recognizer(model: str, tokens: str, *, online: bool, feature_dim: int, chunk
 def decode_wavs(rec: Any, wavs: Iterable[tuple[str, str]], *, online: bool, piece_seconds: float = 0.1) -> SherpaRun:
     """``(key, wav path)`` pairs through ``rec``: each file read with soundfile (float32 in [-1, 1], its own
     rate), online fed in ``piece_seconds`` pieces, decoding whenever a chunk is ready."""
-    import numpy as np
     import soundfile as sf
 
     run = SherpaRun()
@@ -66,7 +78,7 @@ def decode_wavs(rec: Any, wavs: Iterable[tuple[str, str]], *, online: bool, piec
             run.texts[key] = stream.result.text.strip()
             continue
         piece = max(1, int(piece_seconds * rate))
-        tail = np.zeros(int(TAIL_SECONDS * rate), dtype=np.float32)
+        tail = silence(TAIL_SECONDS, rate)
         pieces = [samples[i:i + piece] for i in range(0, len(samples), piece)] + [tail]
         pending = 0.0  # feature seconds since the last chunk
         for i, chunk in enumerate(pieces):
