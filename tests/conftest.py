@@ -31,13 +31,19 @@ def _cwd_repo_root(monkeypatch):
     monkeypatch.setenv("CORPUS_IO_NO_PROGRESS", "1")
 
 
+_BUILT: dict[str, dict] = {}  # built_once's results in a serial session, by name
+
+
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], dict]) -> dict:
     """What ``build(dir)`` returns (a JSON dict), ``dir`` built once per test session. Under pytest-xdist the
     first worker that asks builds it in the session's base dir (shared by its workers) holding a lock the others
     wait on, then they read its result: a session fixture costs once, and its paths are the same on every worker
-    (a checkpoint names its token list). Serially: ``build(tmp_path_factory.mktemp(name))``."""
+    (a checkpoint names its token list). Serially: ``build(tmp_path_factory.mktemp(name))``, once per name."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
-        return build(tmp_path_factory.mktemp(name))
+        # by name, not by fixture: a session fixture imported into a second test module is a second fixture
+        if name not in _BUILT:
+            _BUILT[name] = build(tmp_path_factory.mktemp(name))
+        return _BUILT[name]
     base = tmp_path_factory.getbasetemp().parent
     with one_at_a_time(tmp_path_factory, name):
         done = base / f"{name}.json"
