@@ -267,7 +267,7 @@ def streaming_options(cfg: Any, model: Any) -> tuple[int, int]:
         raise ConfigError(f"{what}: checkpoint {cfg.checkpoint} is not a corpus-io ConformerCTC checkpoint (an "
                           f"exported file or another model), which decode runs whole. Decode the PyTorch "
                           f"checkpoint chunk by chunk, or serve the streaming export with sherpa-onnx "
-                          f"(docs/DECODING.md \"Streaming and serving\").")
+                          f"(docs/DECODING.md \"Serving with sherpa-onnx (online, streaming)\").")
     model.require_streaming(what)
     return chunk, left
 

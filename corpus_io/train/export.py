@@ -468,7 +468,9 @@ def onnx_chunk_log_probs(session: Any, feats: torch.Tensor, chunk: int, left_chu
     cache = chunk * left_chunks
     att = np.zeros((layers, heads, cache, width), np.float32)
     cnn = np.zeros((layers, 1, dim, context), np.float32)
-    frames, shift = (chunk - 1) * 4 + 7, chunk * 4
+    from corpus_io.train.model import ConformerCTC
+
+    frames, shift = ConformerCTC.chunk_window(chunk)  # the subsampling's geometry (no weights needed)
     offset, outs = cache, []
     x = feats.detach().cpu().float().numpy()
     for begin in range(0, x.shape[1] - frames + 1, shift):

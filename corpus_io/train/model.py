@@ -170,10 +170,11 @@ class ConformerCTC(nn.Module):
 
     # ------------------------------------------------------------------ chunk by chunk
 
-    def chunk_window(self, chunk_size: int) -> tuple[int, int]:
+    @classmethod
+    def chunk_window(cls, chunk_size: int) -> tuple[int, int]:
         """``(frames, shift)``: input frames one chunk of ``chunk_size`` encoder frames reads, and the input frames
         between chunks (16 -> 67 and 64)."""
-        return (chunk_size - 1) * self.SUBSAMPLING + self.RIGHT_CONTEXT + 1, chunk_size * self.SUBSAMPLING
+        return (chunk_size - 1) * cls.SUBSAMPLING + cls.RIGHT_CONTEXT + 1, chunk_size * cls.SUBSAMPLING
 
     def initial_caches(self, device: Any = None, cache_frames: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero caches that start a stream: attention (layers, heads, cache_frames, 2 * D / heads) and
