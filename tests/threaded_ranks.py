@@ -1,12 +1,14 @@
 """A rank as training has it when it starts its cv loader: 2 gloo ranks in a real process group, rank 0's
 TensorBoard writer writing from another thread, and a train loader in the middle of its epoch (its index
-queue's feeder thread alive). Each rank then starts its cv loader (``feats_on=model``, one worker) ``EPOCHS``
-times, all-reducing what it read after each, as the trainer's validation does. tests/loader/test_dataset.py runs
-it under torchrun; a worker that never starts would stop it (worker_start_timeout) or hang it (its faulthandler
-dumps every thread's stack after ``--hang-s``).
+queue's feeder thread alive), and with ``--draw`` a thread drawing from torch's CPU generator, as augmentation
+in a helper thread would (a fork taken while it holds the generator's lock leaves that lock held forever in the
+child, whose DataLoader worker seeds torch before anything else). Each rank then starts its cv loader
+(``feats_on=model``, one worker) ``EPOCHS`` times, all-reducing what it read after each, as the trainer's
+validation does. tests/loader/test_dataset.py runs it under torchrun; a worker that never starts would stop it
+(worker_start_timeout) or hang it (its faulthandler dumps every thread's stack after ``--hang-s``).
 
 Usage: torchrun --nproc_per_node=2 tests/threaded_ranks.py TRAIN_LIST CV_LIST TOKENS TB_DIR EPOCHS [--hang-s S]
-       [--start-method fork|forkserver|spawn]
+       [--start-method fork|forkserver|spawn] [--start-timeout S] [--draw]
 """
 
 from __future__ import annotations
@@ -33,12 +35,16 @@ def main() -> None:
     parser.add_argument("epochs", type=int)
     parser.add_argument("--hang-s", type=float, default=120.0)
     parser.add_argument("--start-method", default=None)
+    parser.add_argument("--start-timeout", type=float, default=None)
+    parser.add_argument("--draw", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)
     tok = build_tokenizer(TokenizerConf(type="char", token_list=args.tokens))
     overrides = {"worker_start_method": args.start_method} if args.start_method else {}
+    if args.start_timeout is not None:
+        overrides["worker_start_timeout"] = args.start_timeout
     conf = small_conf(num_workers=1, feats_on="model", batch_size=1, prefetch=2, **overrides)
     train = build_dataloader(args.train_list, conf, tok, train=True)
     cv = build_dataloader(args.cv_list, eval_dataset_conf(conf), tok, train=False)
@@ -59,8 +65,16 @@ def main() -> None:
         if writer is not None:
             writer.close()
 
-    thread = threading.Thread(target=board, daemon=True)
-    thread.start()
+    def draw() -> None:  # about half the time inside torch's CPU generator, holding its lock
+        while not stop.is_set():
+            torch.randn(2_000_000)
+            stop.wait(0.01)
+
+    threads = [threading.Thread(target=board, daemon=True)]
+    if args.draw:
+        threads.append(threading.Thread(target=draw, daemon=True))
+    for thread in threads:
+        thread.start()
     writing.wait()
     batches = iter(train)
     next(batches)  # the train loader holds its worker and index queue (and the queue's feeder thread) from here
@@ -75,7 +89,8 @@ def main() -> None:
             next(batches)
     faulthandler.cancel_dump_traceback_later()
     stop.set()
-    thread.join()
+    for thread in threads:
+        thread.join()
     print(f"rank {rank}: started the cv loader {args.epochs} times, {utts} utterances each", flush=True)
     dist.destroy_process_group()
 
