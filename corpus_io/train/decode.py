@@ -406,17 +406,19 @@ def skipped_summary(loader: Any) -> Callable[[], str]:
     return lambda: ", ".join(f"{k}: {v}" for k, v in sorted(loader_counts(loader).items())) or "none"
 
 
-#: loader counts that drop no utterance of the list (retries, a repeated key's other copies, notes)
-NOT_DROPS = frozenset({"batch.above_top_edge", "batch.over_budget", "batch.unsynced", "duplicate key",
-                       "epoch_hours.empty_pass", "resume.reread", "shard retries", "tokenize.unknown_tokens",
-                       "uneven_ranks.carried"})
+#: loader counts, besides how it batched (``batch.*``: split_counts), that drop no utterance of the list (retries,
+#: a repeated key's other copies, notes)
+NOT_DROPS = frozenset({"duplicate key", "epoch_hours.empty_pass", "resume.reread", "shard retries",
+                       "tokenize.unknown_tokens", "uneven_ranks.carried"})
 
 
 def loader_dropped(loader: Any) -> dict:
     """The loader's counts of utterances it did not deliver (filters, unreadable audio or shards, ...)."""
+    from corpus_io.loader.batching import split_counts
     from corpus_io.train.cmvn import loader_counts
 
-    return {k: v for k, v in loader_counts(loader).items() if k not in NOT_DROPS}
+    dropped, _ = split_counts(loader_counts(loader))
+    return {k: v for k, v in dropped.items() if k not in NOT_DROPS}
 
 
 def undecoded(run: DecodeRun, data_list: str, conf: Any, dropped: dict) -> None:
