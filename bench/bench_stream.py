@@ -114,9 +114,10 @@ def main() -> None:
     print("| set | non-streaming, full | streaming, full | " + " | ".join(f"chunk {c}" for c in CHUNKS) + " |")
     print("|---|---|---|" + "---|" * len(CHUNKS))
     for name in SETS:
-        row = [wer(streaming, data / name, root / "dec" / f"streaming_{name}")]
-        row.insert(0, row[0] if full == streaming else wer(full, data / name, root / "dec" / f"full_{name}"))
-        row += [wer(streaming, data / name, root / "dec" / f"chunk{c}_{name}", c) for c in CHUNKS]
+        streaming_wer = wer(streaming, data / name, root / "dec" / f"streaming_{name}")
+        full_wer = streaming_wer if full == streaming else wer(full, data / name, root / "dec" / f"full_{name}")
+        chunked = [wer(streaming, data / name, root / "dec" / f"chunk{c}_{name}", c) for c in CHUNKS]
+        row = [full_wer, streaming_wer, *chunked]
         print(f"| {name} | " + " | ".join(row) + " |", flush=True)
     rows = [json.loads(line) for line in (data / "test_digits" / "raw.list").read_text().splitlines()]
     rows = rows[:LATENCY_UTTERANCES]

@@ -8,7 +8,7 @@ validation does. tests/loader/test_dataset.py runs it under torchrun; a worker t
 (worker_start_timeout) or hang it (its faulthandler dumps every thread's stack after ``--hang-s``).
 
 Usage: torchrun --nproc_per_node=2 tests/threaded_ranks.py TRAIN_LIST CV_LIST TOKENS TB_DIR EPOCHS [--hang-s S]
-       [--start-method fork|forkserver|spawn] [--start-timeout S] [--draw]
+       [--start-method fork|forkserver|spawn] [--draw]
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ def main() -> None:
     parser.add_argument("epochs", type=int)
     parser.add_argument("--hang-s", type=float, default=120.0)
     parser.add_argument("--start-method", default=None)
-    parser.add_argument("--start-timeout", type=float, default=None)
     parser.add_argument("--draw", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -43,8 +42,6 @@ def main() -> None:
     torch.set_num_threads(1)
     tok = build_tokenizer(TokenizerConf(type="char", token_list=args.tokens))
     overrides = {"worker_start_method": args.start_method} if args.start_method else {}
-    if args.start_timeout is not None:
-        overrides["worker_start_timeout"] = args.start_timeout
     conf = small_conf(num_workers=1, feats_on="model", batch_size=1, prefetch=2, **overrides)
     train = build_dataloader(args.train_list, conf, tok, train=True)
     cv = build_dataloader(args.cv_list, eval_dataset_conf(conf), tok, train=False)
