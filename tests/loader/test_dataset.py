@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import random
 import signal
 import sys
 import time
@@ -478,10 +479,14 @@ def test_a_thread_holding_torchs_generator_lock_stops_a_forked_worker_but_not_a_
     drawing.wait()
     stuck, read = [], []
     try:
-        # a fork holds the lock in about half the draws' time: up to 8 forks until one is stuck, then 2 forkservers
-        for method in ["fork"] * 8 + ["forkserver"] * 2:
+        # a fork finds the lock held in about half the draws' time: up to 24 forks until one is stuck, each after a
+        # random wait (a fork in step with the draws can miss the lock every time), then 2 forkservers
+        jitter = random.Random(47)
+        for method in ["fork"] * 24 + ["forkserver"] * 2:
             if method == "fork" and stuck:
                 continue
+            if method == "fork":
+                time.sleep(jitter.uniform(0.0, 0.2))
             bound = hang_limit(2) if method == "fork" else hang_limit(60)  # the forkserver's first start imports torch
             conf = small_conf(num_workers=1, worker_start_method=method, worker_start_timeout=bound)
             loader = build_dataloader(str(data_list), conf, tok, train=False, rank=0, world_size=1)
