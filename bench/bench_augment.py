@@ -9,7 +9,7 @@ pool streams shards); impulse responses: 8 rooms simulated with pyroomacoustics 
   alone (prob 1) vs all three; ratios of audio-seconds per second against no augmentation, side by side in
   interleaved rounds (best counts).
 * Device path vs loader path, all three augmentations: ``feats_on=model`` (the loader draws; the consuming
-  process applies reverb/noise/volume and fbank batched through ``corpus_io.train.frontend``, here on the
+  process applies reverb/noise/volume and fbank batched through ``corpus_io.model.frontend``, here on the
   CPU) vs everything in the workers.
 * Noise memory: the peak RSS of a noise-only run whose noise list is 1 shard vs the whole corpus's shards
   (the pool holds ``buffer_seconds`` whatever the list's size, read sequentially from a window of it).
@@ -38,7 +38,7 @@ def loader_child(spec: dict) -> dict:
 
     from corpus_io.config import DatasetConf
     from corpus_io.loader.dataset import build_dataloader
-    from corpus_io.train.frontend import build_front_end, model_inputs
+    from corpus_io.model.frontend import build_front_end, model_inputs
 
     torch.set_num_threads(1)
     mode = spec["mode"]

@@ -94,7 +94,7 @@ def _model(device, input_dim: int, vocab: int):
     import torch
     from omegaconf import OmegaConf
 
-    from corpus_io.train.model import build_model
+    from corpus_io.model.model import build_model
 
     name = "conformer_tiny" if SMOKE or device.type != "cuda" else "conformer_small"
     conf = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / f"{name}.yaml"))
@@ -135,7 +135,7 @@ def _data_wait(data_list: str, tok, feats_on: str, device, sizes: Sizes) -> floa
     import torch
 
     from corpus_io.loader.dataset import build_dataloader
-    from corpus_io.train.frontend import build_front_end
+    from corpus_io.model.frontend import build_front_end
     from corpus_io.train.steps import StepContext, micro_step
 
     conf = _conf(True, feats_on, sizes)
@@ -184,7 +184,7 @@ def main() -> None:
     import torch
 
     from bench.bench_loader import prepare
-    from corpus_io.train.frontend import build_front_end
+    from corpus_io.model.frontend import build_front_end
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from bench.common import sized
-from corpus_io.train.scoring import EditCounts, char_units, edit_counts, word_units
+from corpus_io.decoding.scoring import EditCounts, char_units, edit_counts, word_units
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "corpus"
 NUM_PAIRS = sized(1810, 100)

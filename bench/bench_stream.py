@@ -73,8 +73,8 @@ def latency(checkpoint: Path, rows: list[dict], chunk: int, tmp: Path) -> tuple[
     import soundfile as sf
     import torch
 
-    from corpus_io.train import sherpa
-    from corpus_io.train.transcribe import StreamingTranscriber
+    from corpus_io.infer import sherpa
+    from corpus_io.infer.transcribe import StreamingTranscriber
 
     torch.set_num_threads(1)
     ours = StreamingTranscriber(str(checkpoint), decoding_chunk_size=chunk, num_decoding_left_chunks=LEFT_CHUNKS)

@@ -34,7 +34,7 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *__all__])
 
 
-#: The old module paths (before the wings, issue 30) -> their homes. Until corpus-io 0.2 the old names
+#: The old module paths (before the wings, issues 30 and 53) -> their homes. Until corpus-io 0.2 the old names
 #: import, with a DeprecationWarning, as the moved module objects themselves; a package maps its submodules.
 _MOVED = {
     "corpus_io.urls": "corpus_io.storage.urls",
@@ -55,6 +55,12 @@ _MOVED = {
     "corpus_io.rawlist": "corpus_io.loader.rawlist",
     "corpus_io.dataset": "corpus_io.loader.dataset",
     "corpus_io.executors": "corpus_io.jobs.executors",
+    # issue 53: the model and its doors left train/
+    **{f"corpus_io.train.{m}": f"corpus_io.model.{m}"
+       for m in ("model", "conformer", "frontend", "cmvn", "checkpoint")},
+    **{f"corpus_io.train.{m}": f"corpus_io.infer.{m}"
+       for m in ("decode", "transcribe", "export", "exported", "sherpa", "tune_lm")},
+    "corpus_io.train.scoring": "corpus_io.decoding.scoring",
 }
 _MOVED_PACKAGES = ("corpus_io.pipeline",)  # their submodules move with them
 

@@ -33,7 +33,7 @@ from corpus_io import config
 from corpus_io.commands import COMMANDS
 from corpus_io.config import DatasetConf, TokenizerConf, TrainConfig
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.train.transcribe import StreamingTranscriber  # torch is imported when one is built
+from corpus_io.infer.transcribe import StreamingTranscriber  # torch is imported when one is built
 
 __all__ = [
     "Cmvn", "ConfigError", "DataError", "DatasetConf", "FrontEnd", "TokenizerConf", "TrainConfig",
@@ -181,7 +181,7 @@ def build_loader(config_or_path: Any = None, overrides: Iterable[str] = (), *, d
     epoch's batch count is known only at its end.
     """
     from corpus_io.loader.dataset import build_dataloader, check_uneven
-    from corpus_io.train.cmvn import eval_dataset_conf
+    from corpus_io.model.cmvn import eval_dataset_conf
 
     if uneven is not None:
         check_uneven(uneven)  # before anything is read
@@ -205,7 +205,7 @@ class FrontEnd:
     def __init__(self, dataset_conf: DatasetConf, device: Any = "cpu", *, train: bool = True) -> None:
         import torch
 
-        from corpus_io.train.frontend import build_front_end as build
+        from corpus_io.model.frontend import build_front_end as build
 
         self.device = torch.device(device)
         self.train = train
@@ -216,7 +216,7 @@ class FrontEnd:
             self._front_end.set_epoch(epoch)
 
     def __call__(self, batch: dict) -> tuple[Any, Any]:
-        from corpus_io.train.frontend import model_inputs
+        from corpus_io.model.frontend import model_inputs
 
         return model_inputs(self._front_end, batch, self.device, train=self.train)
 
@@ -225,7 +225,7 @@ def build_front_end(config_or_path: Any = None, overrides: Iterable[str] = (), *
                     train: bool = True) -> FrontEnd:
     """The :class:`FrontEnd` of a config (what :func:`build_loader` takes: a ``TrainConfig``, a dict, a YAML path,
     overrides or a ``DatasetConf``); ``train=False`` for cv/decode (no augmentation, no dither)."""
-    from corpus_io.train.cmvn import eval_dataset_conf
+    from corpus_io.model.cmvn import eval_dataset_conf
 
     conf = config_or_path if isinstance(config_or_path, DatasetConf) and not overrides else \
         _loader_config(config_or_path, overrides).dataset_conf
@@ -270,7 +270,7 @@ class Cmvn:
 def load_cmvn(path: str | os.PathLike, dim: int | None = None) -> Cmvn:
     """CMVN stats from a ``compute-cmvn`` JSON, WeNet's ``global_cmvn``, a Kaldi ``cmvn.ark`` or FunASR's
     ``am.mvn`` (what ``train``'s ``cmvn_file`` takes); ``dim`` checks the feature dimension."""
-    from corpus_io.train.cmvn import load_cmvn as load
+    from corpus_io.model.cmvn import load_cmvn as load
 
     mean, istd = load(os.fspath(path), dim)
     return Cmvn(mean, istd)

@@ -65,31 +65,31 @@ COMMANDS: tuple[Command, ...] = (
     Command("bench-loader", config.BenchLoaderConfig, "corpus_io.loader.dataset:bench_loader",
             "Iterate the training loader exactly as train builds it: utterances/s, audio-seconds/s, padding, "
             "drop counts; dump keys per rank and epoch; save or resume the loader state."),
-    Command("compute-cmvn", config.ComputeCmvnConfig, "corpus_io.train.cmvn:compute_cmvn",
+    Command("compute-cmvn", config.ComputeCmvnConfig, "corpus_io.model.cmvn:compute_cmvn",
             "Global CMVN (mean, istd) over the feature frames of a training list, as JSON for train's "
             "cmvn_file."),
     Command("train", config.TrainConfig, "corpus_io.commands:train",
             "Train a CTC model (Conformer by default) from a shard or raw list; one process or under torchrun: "
             "torchrun --nproc_per_node=N --no-python corpus-io train ++train_data_set_list=... "
             "++output_dir=..."),
-    Command("average", config.AverageConfig, "corpus_io.train.checkpoint:average",
+    Command("average", config.AverageConfig, "corpus_io.model.checkpoint:average",
             "Average the best epoch checkpoints of a training output_dir (by cv loss or acc) into "
             "model.pt.avg{num}."),
-    Command("decode", config.DecodeConfig, "corpus_io.train.decode:decode",
+    Command("decode", config.DecodeConfig, "corpus_io.infer.decode:decode",
             "Decode a raw or shard list with a checkpoint (++decoding.method=greedy, ctc_prefix_beam, ctc_beam_lm "
             "or attention_rescoring; hotwords); writes a Kaldi text, the n-best and a CER/WER report with RTF."),
-    Command("transcribe", config.TranscribeConfig, "corpus_io.train.transcribe:transcribe",
+    Command("transcribe", config.TranscribeConfig, "corpus_io.infer.transcribe:transcribe",
             "Transcribe one recording with a checkpoint as a stream: fed in pieces (++piece_seconds), chunk by chunk "
             "with caches (++stream=true, a model trained with model.causal=true), printing partial results, the "
             "final text, word times, latency per chunk and RTF; ++stream=false: full context."),
-    Command("export-model", config.ExportModelConfig, "corpus_io.train.export:export_model",
+    Command("export-model", config.ExportModelConfig, "corpus_io.infer.export:export_model",
             "Export a CTC checkpoint as one ONNX (++format=onnx, run by onnxruntime) or TorchScript file: CMVN inside, "
             "and with ++frontend=true the fbank front end (waveform in, log-probs out); dynamic batch and time; the "
             "token list, sample rate and feature config travel in the file. decode ++checkpoint=model.onnx runs it."),
     Command("make-lm", config.MakeLmConfig, "corpus_io.decoding.lm:make_lm",
             "Estimate an interpolated modified Kneser-Ney n-gram (order 1-5) over the tokenizer's tokens or "
             "words from JSONL, Kaldi text or plain text, and write it as ARPA (for ctc_beam_lm)."),
-    Command("tune-lm", config.TuneLmConfig, "corpus_io.train.tune_lm:tune_lm",
+    Command("tune-lm", config.TuneLmConfig, "corpus_io.infer.tune_lm:tune_lm",
             "Grid-search decoding.lm_weight and decoding.word_score of ctc_beam_lm on a dev list (the model runs "
             "once); prints and writes the best."),
 )

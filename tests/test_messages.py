@@ -49,7 +49,7 @@ GUARDED: dict[str, tuple] = {
 #: code reached through data, not names: node -> the nodes it runs
 THROUGH_DATA = {
     # hydra's instantiate of the model block: the classes conf/model/*.yaml name in _target_
-    "corpus_io.train.model:build_model": sorted({":".join(yaml.safe_load(p.read_text())["_target_"].rsplit(".", 1))
+    "corpus_io.model.model:build_model": sorted({":".join(yaml.safe_load(p.read_text())["_target_"].rsplit(".", 1))
                                                 for p in (REPO / "conf" / "model").glob("*.yaml")}),
 }
 #: what a command runs besides its function: merge-jobs, the merge and part keys of the command whose parts it
@@ -343,7 +343,7 @@ def test_the_walk_finds_who_prints_what():
     assert _accepted_by("scp2jsonl", "storage_options.read_timeout")  # an entry of a dict-valued key
     urls = {c.name for c in COMMANDS if ("corpus_io.storage.urls", "open_url") in code.reach(c.name)}
     assert {"scp2jsonl", "pack-shards", "train", "verify-shards"} <= urls
-    assert ("corpus_io.train.cmvn", "load_cmvn") in code.reach("train")  # through conf/model's _target_
+    assert ("corpus_io.model.cmvn", "load_cmvn") in code.reach("train")  # through conf/model's _target_
     assert ("corpus_io.jobs.executors", "run_on_dask") not in code.reach("train")  # GUARDED: train has no executor
     assert ("corpus_io.shards.pack", "merge_parts") in code.reach("merge-jobs")  # ROOTS
     assert ("corpus_io.shards.pack", "merge_parts") not in code.reach("scp2jsonl")  # JOB_COMMANDS: its own row

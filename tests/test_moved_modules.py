@@ -1,4 +1,5 @@
-"""The old module paths (before the wings, issue 30) keep working until corpus-io 0.2: the moved module
+"""The old module paths (before the wings, issue 30; the model and its doors out of train/, issue 53) keep working
+until corpus-io 0.2: the moved module
 objects themselves, with a DeprecationWarning (a FutureWarning for ``python -m``)."""
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from tests.conftest import REPO
 @pytest.mark.parametrize(("old", "new"), [("corpus_io.files", "corpus_io.storage.files"),
                                           ("corpus_io.kaldi", "corpus_io.tables.kaldi"),
                                           ("corpus_io.pipeline", "corpus_io.loader"),
-                                          ("corpus_io.executors", "corpus_io.jobs.executors")])
+                                          ("corpus_io.executors", "corpus_io.jobs.executors"),
+                                          ("corpus_io.train.decode", "corpus_io.infer.decode"),
+                                          ("corpus_io.train.model", "corpus_io.model.model"),
+                                          ("corpus_io.train.scoring", "corpus_io.decoding.scoring")])
 def test_an_old_module_path_imports_the_moved_module_itself_with_a_deprecation_warning(old, new):
     sys.modules.pop(old, None)  # the alias only: the moved module stays loaded
     with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
@@ -50,3 +54,16 @@ def test_python_m_with_an_old_module_path_runs_the_moved_module():
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "fixture" in result.stdout and "FutureWarning" in result.stderr and "corpus_io.tables.synth" in result.stderr
+
+
+def test_a_checkpoint_naming_the_model_class_by_its_old_path_builds_the_model_without_a_warning():
+    import warnings
+
+    from corpus_io.model.model import build_model
+
+    conf = {"_target_": "corpus_io.train.model.ConformerCTC", "output_size": 16, "attention_heads": 2,
+            "linear_units": 16, "num_blocks": 1}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = build_model(conf, input_dim=80, vocab_size=10)
+    assert type(model).__module__ == "corpus_io.model.model"

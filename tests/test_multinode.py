@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import BIN, free_port, run_bounded
 from tests.loader_data import env_no_threads, make_shards, token_list
-from tests.train.conftest import torchrun_cmd
+from tests.trained_models import torchrun_cmd
 
 pytestmark = pytest.mark.slow
 

@@ -96,7 +96,7 @@ def test_every_format_gives_the_features_of_the_16khz_original(all_formats):
 
 
 def test_real_recordings_train_and_decode_in_every_format(all_formats, tmp_path):
-    from tests.train.conftest import run_train, torchrun_cmd
+    from tests.trained_models import run_train, torchrun_cmd
 
     corpus = {"shards": all_formats["shards"], "tokens": all_formats["tokens"]}
     cmd = torchrun_cmd(tmp_path / "exp", corpus, "++train_conf.max_epoch=1", "++train_conf.max_steps_per_epoch=3",
@@ -151,7 +151,7 @@ def librivox_decoded(real_dir, tmp_path_factory) -> dict:
     ++timestamps=true: the CTM users get."""
     import json
 
-    from tests.train.conftest import run_train, torchrun_cmd
+    from tests.trained_models import run_train, torchrun_cmd
 
     root = tmp_path_factory.mktemp("librivox")
     wavs = dict(line.split(" ", 1) for line in (real_dir / "wav.scp").read_text().splitlines())

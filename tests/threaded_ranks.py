@@ -23,8 +23,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from corpus_io.config import TokenizerConf
 from corpus_io.loader.dataset import build_dataloader
+from corpus_io.model.cmvn import eval_dataset_conf
 from corpus_io.tokenizer import build_tokenizer
-from corpus_io.train.cmvn import eval_dataset_conf
 from tests.loader_data import small_conf
 
 

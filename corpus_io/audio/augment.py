@@ -1,7 +1,7 @@
 """SpecAugment, spec_sub and spec_trim (WeNet semantics): the random draws, and their batched application.
 
 The loader's stages (``corpus_io.loader.stages``, one utterance at a time) and the device front end
-(``corpus_io.train.frontend``, a padded batch at once) draw the same values from a ``random.Random``
+(``corpus_io.model.frontend``, a padded batch at once) draw the same values from a ``random.Random``
 through :func:`plan`, so both apply identical augmentation for the same generator state. Per
 utterance, in this order: spec_aug (``num_t_mask`` time spans of 1..max_t frames, then ``num_f_mask``
 bands of 1..max_f bins, zeroed), spec_sub (``num_t_sub`` spans of 1..max_t frames replaced by the

@@ -8,7 +8,7 @@ rescoring) the times come from one rule. A token spans the output frames its lab
 ConformerCTC) and a token ends where its last frame ends, clipped to the audio.
 
 Words are the hypothesis text's words as scoring counts them (``words_of``: decode passes
-:func:`corpus_io.train.scoring.word_units`: whitespace words, each CJK character a word); a word spans from its
+:func:`corpus_io.decoding.scoring.word_units`: whitespace words, each CJK character a word); a word spans from its
 first token's start to its last token's end.
 A token that spells several words (a jieba word of two characters) shares its frames among them evenly.
 

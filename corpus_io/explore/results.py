@@ -3,7 +3,7 @@ aligned reference/hypothesis diff the row view marks (substitutions, insertions,
 
 A decode dir holds ``text`` (Kaldi table: ``key hypothesis``). The reference is the catalog's text (the
 corpus' own transcript), so the explorer's numbers are about the data the user is looking at. Units are
-:mod:`corpus_io.train.scoring`'s: CER over non-space characters, WER over words with each CJK character a
+:mod:`corpus_io.decoding.scoring`'s: CER over non-space characters, WER over words with each CJK character a
 word; the word match rate (NeMo's WMR) is the share of reference words the hypothesis got right.
 Results are cached as ``<cache>/run-<digest>.parquet``, rebuilt when the ``text`` file or the base changes.
 """
@@ -49,7 +49,7 @@ def check_hyps(decode_dir: str) -> Path:
 
 def score(ref: str, hyp: str) -> dict:
     """Per-utterance CER/WER/WMR of ``hyp`` against ``ref``."""
-    from corpus_io.train.scoring import char_units, edit_counts, word_units
+    from corpus_io.decoding.scoring import char_units, edit_counts, word_units
 
     c = edit_counts(char_units(ref), char_units(hyp))
     w = edit_counts(word_units(ref), word_units(hyp))
@@ -126,7 +126,7 @@ class WordAccuracy:
             self._pairs = lambda r, h: [(a, b) for _, a, b in align(r, h)]
 
     def add(self, ref: str, hyp: str, *, exact: bool) -> None:
-        from corpus_io.train.scoring import word_units
+        from corpus_io.decoding.scoring import word_units
 
         units = word_units(ref)
         self.count.update(units)
@@ -142,7 +142,7 @@ def align(ref: list[str], hyp: list[str]) -> list[tuple[str, str, str]]:
     """``(op, ref unit, hyp unit)`` along a minimum edit path; op is ``=``, ``S``, ``I`` or ``D``.
 
     Ties break as Kaldi's compute-wer does (a substitution first, then a deletion, then an insertion), so
-    the marks add up to :func:`corpus_io.train.scoring.edit_counts`' totals for one utterance."""
+    the marks add up to :func:`corpus_io.decoding.scoring.edit_counts`' totals for one utterance."""
     n, m = len(ref), len(hyp)
     cost = [[0] * (m + 1) for _ in range(n + 1)]
     for i in range(1, n + 1):
@@ -170,7 +170,7 @@ def align(ref: list[str], hyp: list[str]) -> list[tuple[str, str, str]]:
 
 def diff(ref: str, hyp: str) -> dict[str, Any]:
     """The row view's marked diff: word-level (CJK characters as words) and character-level alignments."""
-    from corpus_io.train.scoring import char_units, word_units
+    from corpus_io.decoding.scoring import char_units, word_units
 
     words = align(word_units(ref), word_units(hyp))
     chars = align(char_units(ref), char_units(hyp))

@@ -4,7 +4,7 @@
     -> decode -> filter -> resample -> speed perturb -> reverb -> noise -> volume -> frame count -> tokenize
     -> token filter -> features -> augmentation
        (feats_on=model: ... -> speed perturb -> frame count -> filter -> drop empty -> tokenize -> token
-       filter; features and augmentation run batched on the model's device, corpus_io.train.frontend)
+       filter; features and augmentation run batched on the model's device, corpus_io.model.frontend)
     -> [enter: resume bookkeeping, epoch_hours budget]
     -> shuffle buffer -> sort buffer | bucketing -> batch -> shuffle the batches of a sort block (train)
     -> [emit: resume bookkeeping] -> pad

@@ -783,7 +783,7 @@ def _init_distributed() -> tuple[int, int]:
 
 def _dump_waveforms(directory: str, batch: dict, *, train: bool, epoch: int) -> None:
     """Each row of a waveform batch after the augmentation the loader drew for it (what
-    corpus_io.train.frontend applies on the device, :func:`corpus_io.audio.mix.apply_plans`) as ``<key>.wav``."""
+    corpus_io.model.frontend applies on the device, :func:`corpus_io.audio.mix.apply_plans`) as ``<key>.wav``."""
     from corpus_io.audio import mix
     from corpus_io.loader.waveaug import write_draws, write_dump
 

@@ -1,12 +1,9 @@
-"""Training, decoding and scoring: a compact Conformer-CTC trained from the corpus-io loader.
+"""Training: the DDP loop over the corpus-io loader and what only training needs.
 
-Modules: ``model`` (ConformerCTC, the hybrid ConformerCTCAttention, and the model interface), ``steps``
-(one forward + loss for training and validation, the micro- and optimizer steps), ``optim`` (optimizer
-and scheduler builders), ``metrics`` (sums reduced across ranks, TensorBoard, log lines), ``distributed``
-(torchrun/env:// set-up and collectives), ``checkpoint`` (atomic save, RNG state, pruning, averaging),
-``init_param`` (starting from another run's weights: fine-tuning), ``trainer`` (the DDP training loop),
-``output_dir`` (a run's output_dir claimed), ``trained_keys`` (debug key records),
-``frontend`` (features on the model's device), ``cmvn`` (global CMVN stats), ``decode`` (the model over a
-list, a ``corpus_io.decoding`` search, the report), ``tune_lm`` (LM weights on a dev list), ``scoring``
-(CER/WER).
+Modules: ``trainer`` (the DDP training loop), ``steps`` (one forward + loss for training and validation, the
+micro- and optimizer steps), ``optim`` (optimizer and scheduler builders), ``metrics`` (sums reduced across
+ranks, TensorBoard, log lines), ``distributed`` (torchrun/env:// set-up and collectives), ``init_param``
+(starting from another run's weights: fine-tuning), ``output_dir`` (a run's output_dir claimed),
+``trained_keys`` (debug key records). The network, its front end, CMVN and checkpoints are in
+:mod:`corpus_io.model`; decode, transcribe, export and serving in :mod:`corpus_io.infer`.
 """

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.model import checkpoint as ckpt
 from corpus_io.storage.urls import is_remote
-from corpus_io.train import checkpoint as ckpt
 
 #: dataset_conf keys that decide the features a model was trained on (not the batching or augmentation)
 FEATURE_KEYS = ("feats_type", "fbank_conf", "mfcc_conf", "resample_conf")

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.model import checkpoint as ckpt
 from corpus_io.storage.files import HeldLock, ensure_dir, input_of, try_lock
-from corpus_io.train import checkpoint as ckpt
 from corpus_io.train.distributed import DistContext, all_gather_object
 
 LOCK_FILE = "train.lock"
@@ -63,8 +63,8 @@ def run_inputs(cfg: Any, init_param: str | None) -> list[tuple[str, str | None]]
     """``(name, path)`` of the files a training run reads (the init checkpoint, CMVN stats, token list, BPE model,
     the data lists and their index sidecars): what ``overwrite_output_dir`` must never delete, and what the run's
     own files in output_dir must not be."""
+    from corpus_io.model.cmvn import source_inputs
     from corpus_io.shards.index import list_and_sidecar
-    from corpus_io.train.cmvn import source_inputs
 
     return [("++init_param", init_param), ("++cmvn_file", cfg.cmvn_file),
             ("++tokenizer.token_list", cfg.tokenizer.token_list), ("++tokenizer.bpe_model", cfg.tokenizer.bpe_model),

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from corpus_io.errors import DataError
+from corpus_io.model.frontend import sync_device
 
 
 def ctc_loss(log_probs: torch.Tensor, out_lengths: torch.Tensor, target: torch.Tensor,
@@ -37,7 +38,7 @@ def greedy_ids(log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]
 def token_errors(log_probs: torch.Tensor, lengths: torch.Tensor, target: torch.Tensor,
                  target_lengths: torch.Tensor) -> tuple[int, int]:
     """(edit errors, reference tokens) of the greedy path: accuracy = 1 - errors / tokens."""
-    from corpus_io.train.scoring import edit_counts
+    from corpus_io.decoding.scoring import edit_counts
 
     errors = total = 0
     for hyp, ref, n in zip(greedy_ids(log_probs, lengths), target.cpu().tolist(), target_lengths.cpu().tolist()):
@@ -56,7 +57,7 @@ class StepContext:
     accum_grad: int = 1
     amp_dtype: torch.dtype | None = None
     scaler: Any = None
-    front_end: Any = None  # feats_on=model: corpus_io.train.frontend.FrontEnd
+    front_end: Any = None  # feats_on=model: corpus_io.model.frontend.FrontEnd
 
 
 @dataclass
@@ -83,7 +84,7 @@ def forward_loss(sc: StepContext, batch: dict, *, train: bool) -> Forward:
     """Model inputs (the device front end's features with ``feats_on=model``, augmented when ``train``),
     the forward pass under autocast, and the CTC loss (for a hybrid CTC/attention model, one with
     ``needs_target``, weighted with its attention loss): the one forward of training and validation."""
-    from corpus_io.train.frontend import model_inputs
+    from corpus_io.model.frontend import model_inputs
 
     b = to_device({k: v for k, v in batch.items() if k not in ("feats", "wav")}, sc.device)
     # outside autocast: the front end computes Kaldi features in float32
@@ -196,9 +197,3 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def sync_device(device: torch.device) -> None:
-    """Wait for the device's queued work, so a wall-clock time covers it (a no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -34,8 +34,9 @@ import torch
 
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.loader.partition import ranks_with_data
+from corpus_io.model import checkpoint as ckpt
+from corpus_io.model.frontend import sync_device
 from corpus_io.storage.files import atomic_write, refuse_non_directory, refuse_remote_output
-from corpus_io.train import checkpoint as ckpt
 from corpus_io.train.distributed import (
     DistContext,
     LauncherGone,
@@ -53,7 +54,7 @@ from corpus_io.train.init_param import Start, load_weights, model_mismatch, prep
 from corpus_io.train.metrics import Board, Meter, RankLog, epoch_report, interval_report
 from corpus_io.train.optim import build_optimizer, build_scheduler
 from corpus_io.train.output_dir import claim_output_dir, run_inputs
-from corpus_io.train.steps import SkippedSteps, StepContext, forward_loss, micro_step, optim_step, sync_device
+from corpus_io.train.steps import SkippedSteps, StepContext, forward_loss, micro_step, optim_step
 from corpus_io.train.trained_keys import append_unused_keys, keys_files, open_keys_file
 
 # --------------------------------------------------------------------------- trainer
@@ -65,10 +66,10 @@ class Trainer:
         from corpus_io.loader.build import describe_chain, loader_chain
         from corpus_io.loader.dataset import build_dataloader
         from corpus_io.loader.shapes import describe
+        from corpus_io.model.cmvn import eval_dataset_conf
+        from corpus_io.model.frontend import build_front_end, resolve_device_defaults
+        from corpus_io.model.model import build_model, feature_dim, num_parameters
         from corpus_io.tokenizer import build_tokenizer
-        from corpus_io.train.cmvn import eval_dataset_conf
-        from corpus_io.train.frontend import build_front_end, resolve_device_defaults
-        from corpus_io.train.model import build_model, feature_dim, num_parameters
 
         self.cfg, self.ctx, self.tc = cfg, ctx, cfg.train_conf
         tc = self.tc
@@ -447,7 +448,7 @@ class Trainer:
         self.board.scalars(self.global_step, scalars)
 
     def _epoch_summary(self, m: Meter, stop_reason: str, unused_batches: int, unused_utts: int) -> dict:
-        from corpus_io.train.cmvn import loader_counts
+        from corpus_io.model.cmvn import loader_counts
 
         wall = m.wall
         every = m.reduced(self.ctx)

@@ -169,7 +169,7 @@ if stage_on 6; then
   case "$model" in
     "") ;;
     conformer_ctc_att)  # the recipe's encoder with a Transformer decoder (conf/model/conformer_ctc_att.yaml's keys)
-      extra+=(++model._target_=corpus_io.train.model.ConformerCTCAttention ++model.ctc_weight=0.3
+      extra+=(++model._target_=corpus_io.model.model.ConformerCTCAttention ++model.ctc_weight=0.3
               ++model.decoder_num_blocks=3 ++model.decoder_linear_units=512 ++model.lsm_weight=0.1) ;;
     *) echo "$0: --model must be empty (as in $train_config) or conformer_ctc_att" >&2; exit 2 ;;
   esac

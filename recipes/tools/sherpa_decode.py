@@ -30,9 +30,9 @@ def main() -> int:
     parser.add_argument("--compare", help="a Kaldi text of corpus-io decode to compare words with")
     args = parser.parse_args()
 
+    from corpus_io.decoding.scoring import edit_counts, normalize, word_units
+    from corpus_io.infer import sherpa
     from corpus_io.storage.files import atomic_write
-    from corpus_io.train import sherpa
-    from corpus_io.train.scoring import edit_counts, normalize, word_units
 
     rows = [json.loads(line) for line in Path(args.raw_list).read_text(encoding="utf-8").splitlines() if line.strip()]
     rec = sherpa.recognizer(args.model, args.tokens, online=args.online, feature_dim=args.feature_dim,

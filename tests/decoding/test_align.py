@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from corpus_io.decoding.align import align, token_frames
-from corpus_io.train.scoring import word_units
+from corpus_io.decoding.scoring import word_units
 
 FRAME = 0.04  # ConformerCTC: 4 x 10 ms
 
@@ -177,10 +177,10 @@ def test_joined_pairs_second_utterance_starts_at_its_onset_on_the_model_frame_gr
     the onset, in every pair, and the times grow and stay inside the audio."""
     from corpus_io.audio.features import num_frames
     from corpus_io.config import DatasetConf
-    from corpus_io.train.decode import _durations, output_frame_seconds
-    from corpus_io.train.model import build_model
+    from corpus_io.infer.decode import _durations, output_frame_seconds
+    from corpus_io.model.model import build_model
 
-    model = build_model({"_target_": "corpus_io.train.model.ConformerCTC", "output_size": 16, "attention_heads": 2,
+    model = build_model({"_target_": "corpus_io.model.model.ConformerCTC", "output_size": 16, "attention_heads": 2,
                          "linear_units": 16, "num_blocks": 1, "subsampling_channels": 4}, 80, 8)
     conf = DatasetConf()
     frame = output_frame_seconds(model, conf)
@@ -210,8 +210,8 @@ def test_ctm_and_jsonl_give_recording_times_for_segments_read_by_the_loader(tmp_
     recording and start; decode's CTM names the recording and shifts each word by its segment's start, Kaldi's six
     fields, sorted by time; whole recordings keep their own key and times."""
     from corpus_io.config import DecodeConfig
+    from corpus_io.infer.decode import DecodeRun, write_timed
     from corpus_io.loader.dataset import build_dataloader
-    from corpus_io.train.decode import DecodeRun, write_timed
     from tests.conftest import run_cli
 
     seg = fixture_corpus / "segments_dir"

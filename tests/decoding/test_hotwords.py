@@ -11,9 +11,9 @@ import torch
 from corpus_io.config import DecodingConf, TokenizerConf
 from corpus_io.decoding.beam import best_path_ids
 from corpus_io.decoding.hotwords import ContextGraph
+from corpus_io.decoding.scoring import Scorer
 from corpus_io.decoding.search import Search
 from corpus_io.tokenizer import Tokenizer, build_tokenizer, char_split
-from corpus_io.train.scoring import Scorer
 
 
 def test_a_whole_hotword_keeps_its_bonus_and_a_broken_partial_match_gives_it_back():

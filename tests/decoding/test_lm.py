@@ -14,10 +14,10 @@ import torch
 from corpus_io.config import DecodingConf, TokenizerConf
 from corpus_io.decoding.beam import best_path_ids
 from corpus_io.decoding.lm import BOS, EOS, UNK, Arpa, WordLmFusion, kneser_ney, write_arpa
+from corpus_io.decoding.scoring import Scorer
 from corpus_io.decoding.search import Search
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.tokenizer import Tokenizer, build_tokenizer, char_split
-from corpus_io.train.scoring import Scorer
 from tests.conftest import assert_user_error, run_cli
 
 

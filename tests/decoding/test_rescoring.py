@@ -7,7 +7,7 @@ import torch
 
 from corpus_io.decoding.beam import Hyp, ctc_prefix_beam_search
 from corpus_io.decoding.rescoring import attention_rescoring
-from corpus_io.train.model import ConformerCTCAttention
+from corpus_io.model.model import ConformerCTCAttention
 
 
 def tiny_model() -> ConformerCTCAttention:

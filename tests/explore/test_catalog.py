@@ -10,10 +10,10 @@ import tarfile
 import duckdb
 import pytest
 
+from corpus_io.decoding.scoring import edit_counts, word_units
 from corpus_io.explore import catalog as catalog_mod
 from corpus_io.explore.catalog import build
 from corpus_io.explore.results import align, diff
-from corpus_io.train.scoring import edit_counts, word_units
 from tests.conftest import FIXTURE
 from tests.explore.conftest import HYP_EDITS, copy_shards, fixture_texts
 from tests.loader_data import make_shards

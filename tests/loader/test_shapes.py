@@ -119,7 +119,7 @@ def test_optimal_edges_pad_less_than_equal_count_quantiles():
 def test_padded_batch_gives_the_unpadded_ctc_loss_and_log_probs():
     import torch
 
-    from corpus_io.train.model import ConformerCTC
+    from corpus_io.model.model import ConformerCTC
 
     torch.manual_seed(0)
     model = ConformerCTC(80, 30, num_blocks=2).eval()

@@ -243,8 +243,8 @@ def test_one_streaming_checkpoint_decodes_full_context_and_chunk_by_chunk_with_w
     import torch
 
     from corpus_io.audio.features import fbank
-    from corpus_io.train.decode import load_model
-    from corpus_io.train.transcribe import read_recording
+    from corpus_io.infer.decode import load_model
+    from corpus_io.infer.transcribe import read_recording
 
     model, _, tcfg = load_model(str(exp / "model.pt.avg1"), torch.device("cpu"))
     options = {k: v for k, v in dataclasses.asdict(tcfg.dataset_conf.fbank_conf).items() if k != "dither"}

@@ -60,7 +60,7 @@ def shard_members(shard_dir: Path) -> dict[str, dict]:
 
 def test_a_cutset_written_by_lhotse_and_a_nemo_manifest_pack_to_shards_and_train(tmp_path):
     import corpus_io
-    from tests.train.conftest import run_train, torchrun_cmd
+    from tests.trained_models import run_train, torchrun_cmd
 
     cuts_path, cuts = lhotse_cuts(tmp_path)
     assert detect(str(cuts_path)) == "lhotse-cuts"

@@ -134,7 +134,7 @@ def test_a_recording_id_that_is_not_one_token_is_refused_by_the_first_reader_nam
                      f"++jsonl_file_out={tmp_path / 'out.jsonl'}")
     assert_user_error(result, f"{tmp_path}/segments:1", "recording id 'lo\\x01ng' is not one word")
     assert not (tmp_path / "out.jsonl").exists()
-    from corpus_io.train.decode import ctm_line
+    from corpus_io.infer.decode import ctm_line
 
     assert ctm_line("u1", "long", 1.0, 0.5, "word", 0.9) == "long 1 1.00 0.50 word 0.90\n"
     for recording, word in (("rec A", "word"), ("long", "two words"), ("long", "")):

@@ -83,7 +83,7 @@ def test_a_rank_waiting_in_a_collective_says_why_a_peer_stopped_and_exits_before
 
 
 def test_train_whose_loader_workers_cannot_start_in_time_stops_every_rank_with_one_paragraph(corpus, tmp_path):
-    from tests.train.conftest import run_train, torchrun_cmd
+    from tests.trained_models import run_train, torchrun_cmd
 
     # a spawned worker is a fresh interpreter: it cannot import torch within 50 ms
     cmd = torchrun_cmd(tmp_path / "exp", corpus, "++dataset_conf.num_workers=1", "++train_conf.max_epoch=1",

@@ -99,7 +99,7 @@ def _decode_overrides(small: dict, checkpoint, out) -> list[str]:
 @pytest.mark.parametrize("feats_on", FEATS_ON)
 def test_every_feats_on_augmentation_and_batch_type_trains_and_decodes(small, one_thread, tmp_path, feats_on, aug,
                                                                        batch_type, monkeypatch):
-    from corpus_io.train.decode import decode
+    from corpus_io.infer.decode import decode
     from corpus_io.train.trainer import train
 
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):

@@ -14,7 +14,7 @@ import torch
 
 from corpus_io.config import TrainConfig, compose
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.train import checkpoint as ckpt
+from corpus_io.model import checkpoint as ckpt
 from tests.conftest import assert_user_error, run_cli
 
 #: batch-norm statistics move with every forward pass in train mode, whatever the learning rate
@@ -66,7 +66,7 @@ def test_init_param_with_a_tiny_learning_rate_saves_the_checkpoints_weights_and_
     assert (state["epoch"], state["global_step"]) == (0, 1) and ckpt.load_checkpoint(base)["global_step"] > 1
     assert re.search(rf"init_param {re.escape(str(base))}: (\d+) of the model's \1 tensors loaded", log), log
     # the model config and the tokenizer are the checkpoint's (none was given here)
-    assert "model corpus_io.train.model.ConformerCTC as its config has it" in log
+    assert "model corpus_io.model.model.ConformerCTC as its config has it" in log
     assert f"tokenizer: the checkpoint's ({corpus['tokens']})" in log
 
     # resume wins: the run continues output_dir/model.pt, and init_param (even a missing one) is not read
@@ -256,7 +256,7 @@ def test_a_url_init_param_is_downloaded_once_per_node_and_every_rank_starts_from
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
     from tests.conftest import run_bounded
-    from tests.train.conftest import torchrun_cmd
+    from tests.trained_models import torchrun_cmd
 
     gets: Counter = Counter()
 

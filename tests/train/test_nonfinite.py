@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.train import checkpoint as ckpt
-from corpus_io.train.cmvn import load_cmvn
-from tests.train.conftest import run_train, torchrun_cmd
+from corpus_io.model import checkpoint as ckpt
+from corpus_io.model.cmvn import load_cmvn
+from tests.trained_models import run_train, torchrun_cmd
 
 TINY = ("++dataset_conf.num_workers=0", "++model.num_blocks=1", "++train_conf.max_epoch=2",
         "++train_conf.log_interval=1")

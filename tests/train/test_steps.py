@@ -6,7 +6,7 @@ import soundfile as sf
 import torch
 import torchaudio
 
-from corpus_io.train.model import ConformerCTC
+from corpus_io.model.model import ConformerCTC
 from corpus_io.train.steps import StepContext, ctc_loss, forward_loss, greedy_ids, micro_step, optim_step
 from tests.loader_data import fixture_utts
 

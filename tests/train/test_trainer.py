@@ -19,7 +19,7 @@ import torch
 
 from tests.conftest import BIN, REPO, hang_limit
 from tests.loader_data import make_shards
-from tests.train.conftest import run_train, torchrun_cmd
+from tests.trained_models import run_train, torchrun_cmd
 
 
 def epoch_losses(log: str) -> list[float]:
@@ -232,7 +232,7 @@ def test_four_ranks_uneven_shards_split_differently_each_epoch_so_every_key_is_t
 
 
 def test_train_on_weighted_sources_without_train_data_set_list(corpus, tmp_path):
-    from tests.train.conftest import BIN
+    from tests.trained_models import BIN
 
     out = tmp_path / "exp"
     sources = (f"[{{data_list: {corpus['shards']}, weight: 1}}, "

@@ -1,4 +1,4 @@
-"""Conformer layers with masks and caches (corpus_io/train/conformer.py) through ConformerCTC: full context equals
+"""Conformer layers with masks and caches (corpus_io/model/conformer.py) through ConformerCTC: full context equals
 torchaudio's own Conformer; chunk by chunk with caches equals the chunk-masked full forward."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from corpus_io.train.conformer import MAX_DYNAMIC_CHUNK, choose_chunk, chunk_attention_mask  # noqa: E402
-from corpus_io.train.model import ConformerCTC  # noqa: E402
+from corpus_io.model.conformer import MAX_DYNAMIC_CHUNK, choose_chunk, chunk_attention_mask  # noqa: E402
+from corpus_io.model.model import ConformerCTC  # noqa: E402
 
 
 def streaming_model(pos: str = "no_pos", **kw) -> ConformerCTC:

@@ -13,8 +13,8 @@ import torch
 from corpus_io.config import ComputeCmvnConfig
 from corpus_io.errors import ConfigError
 from corpus_io.loader.dataset import build_dataloader
-from corpus_io.train.cmvn import compute_cmvn
-from corpus_io.train.frontend import FrontEnd, build_front_end, model_inputs
+from corpus_io.model.cmvn import compute_cmvn
+from corpus_io.model.frontend import FrontEnd, build_front_end, model_inputs
 from tests.audio.test_features import CUTS
 from tests.loader_data import FIXTURE, fixture_utts, make_shards, small_conf
 

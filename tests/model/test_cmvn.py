@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from corpus_io.errors import ConfigError
-from corpus_io.train.cmvn import load_cmvn
-from corpus_io.train.model import GlobalCMVN
+from corpus_io.model.cmvn import load_cmvn
+from corpus_io.model.model import GlobalCMVN
 from tests.conftest import run_cli
 from tests.loader_data import make_raw
 
@@ -105,7 +105,7 @@ def test_an_unreadable_or_mismatched_cmvn_file_names_the_file_and_the_formats(st
 def test_compute_cmvn_n_jobs_merge_to_the_bytes_of_one_job(corpus, tmp_path, kind, output_format):
     from corpus_io.config import ComputeCmvnConfig, DatasetConf, MergeJobsConfig
     from corpus_io.jobs.parts import merge_jobs
-    from corpus_io.train.cmvn import compute_cmvn
+    from corpus_io.model.cmvn import compute_cmvn
 
     data_list = corpus["raw"] if kind == "raw" else corpus["shards"]  # 24 lines, or 3 shards (N=7: empty jobs)
 
@@ -126,7 +126,7 @@ def test_compute_cmvn_n_jobs_merge_to_the_bytes_of_one_job(corpus, tmp_path, kin
 
 
 def test_exact_sums_do_not_depend_on_the_order_of_the_rows():
-    from corpus_io.train.cmvn import exact_sums, exact_to_floats
+    from corpus_io.model.cmvn import exact_sums, exact_to_floats
 
     rows = np.random.default_rng(0).normal(size=(500, 3)) * np.array([1e-3, 1.0, 1e6])
     forward = exact_sums(rows)

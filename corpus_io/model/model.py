@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from corpus_io.train.conformer import (
+from corpus_io.model.conformer import (
     causal_convolutions,
     choose_chunk,
     chunk_attention_mask,
@@ -38,7 +38,7 @@ class GlobalCMVN(nn.Module):
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("istd", torch.ones(dim))
         if cmvn_file:
-            from corpus_io.train.cmvn import load_cmvn
+            from corpus_io.model.cmvn import load_cmvn
 
             mean, istd = load_cmvn(cmvn_file, dim)
             self.mean.copy_(torch.tensor(mean))
@@ -80,7 +80,7 @@ class ConformerCTC(nn.Module):
     ``abs_pos``: an attention decoder needs it to tell two identical words apart, "eight eight").
     ``input_dim`` and ``vocab_size`` are filled in by the trainer from the features and tokenizer.
 
-    Streaming (WeNet's U2 names; :mod:`corpus_io.train.conformer`): ``causal`` makes the depthwise convolution
+    Streaming (WeNet's U2 names; :mod:`corpus_io.model.conformer`): ``causal`` makes the depthwise convolution
     see only the past; ``use_dynamic_chunk`` trains each batch with a random chunk mask (full context about
     half the time), ``use_dynamic_left_chunk`` with a random number of left chunks too; ``static_chunk_size``
     > 0 always trains with that chunk (encoder frames, 40 ms each). A causal model decodes full context
@@ -268,10 +268,11 @@ def build_model(model_conf: dict, input_dim: int, vocab_size: int, cmvn_file: st
     from corpus_io.errors import ConfigError
 
     if not model_conf or "_target_" not in model_conf:
-        raise ConfigError("config key 'model' needs a '_target_' (e.g. corpus_io.train.model.ConformerCTC). "
+        raise ConfigError("config key 'model' needs a '_target_' (e.g. corpus_io.model.model.ConformerCTC). "
                           "Pick a preset with corpus-io train model=conformer_tiny or set ++model._target_=pkg.Class "
                           "(decode and tune-lm read the model block saved in the checkpoint).")
     conf = {k: v for k, v in model_conf.items() if k not in ("input_dim", "vocab_size", "cmvn_file")}
+    conf["_target_"] = current_target(conf["_target_"])
     try:
         model = instantiate(conf, input_dim=input_dim, vocab_size=vocab_size, cmvn_file=cmvn_file,
                             _convert_="all")
@@ -282,6 +283,12 @@ def build_model(model_conf: dict, input_dim: int, vocab_size: int, cmvn_file: st
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model._target_={model_conf['_target_']} did not return a torch.nn.Module")
     return model
+
+
+def current_target(target: str) -> str:
+    """A model class's path as it is now: checkpoints saved before issue 53 name ``corpus_io.train.model.X``."""
+    module, _, name = str(target).rpartition(".")
+    return f"corpus_io.model.model.{name}" if module == "corpus_io.train.model" else str(target)
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -47,8 +47,8 @@ def exported(trained, tmp_path_factory) -> dict:
 def _batches(ckpt: Path, data_list: Path, *, feats_on: str) -> tuple[list, object, object]:
     """The loader's batches of ``data_list`` as decode builds them (features or waveforms), the model, the conf."""
     from corpus_io.config import DecodeConfig
+    from corpus_io.infer.decode import decode_dataset_conf, load_model
     from corpus_io.loader.dataset import build_dataloader
-    from corpus_io.train.decode import decode_dataset_conf, load_model
 
     model, tokenizer, tcfg = load_model(str(ckpt), torch.device("cpu"))
     user = DecodeConfig().dataset_conf
@@ -85,8 +85,8 @@ def _same_hypotheses(ref: tuple, got: tuple) -> None:
 
 
 def test_the_explicit_mask_path_equals_the_model_with_its_hooks():
-    from corpus_io.train.export import ExportedCTC
-    from corpus_io.train.model import ConformerCTC
+    from corpus_io.infer.export import ExportedCTC
+    from corpus_io.model.model import ConformerCTC
 
     torch.manual_seed(0)
     for pos in ("no_pos", "abs_pos"):
@@ -102,8 +102,8 @@ def test_the_explicit_mask_path_equals_the_model_with_its_hooks():
 
 
 def test_onnx_and_torchscript_equal_pytorch_on_20_utterances_with_the_same_hypotheses(exported, corpus, tmp_path):
-    from corpus_io.train.exported import load_exported
-    from corpus_io.train.frontend import build_front_end, model_inputs
+    from corpus_io.infer.exported import load_exported
+    from corpus_io.model.frontend import build_front_end, model_inputs
 
     batches, model, conf = _batches(exported["ckpt"], _twenty(corpus, tmp_path), feats_on="loader")
     assert sum(len(b["keys"]) for b in batches) == 20
@@ -125,8 +125,8 @@ def test_onnx_and_torchscript_equal_pytorch_on_20_utterances_with_the_same_hypot
 
 
 def test_with_the_front_end_inside_the_file_equals_feats_on_model(exported, corpus, tmp_path):
-    from corpus_io.train.exported import load_exported
-    from corpus_io.train.frontend import build_front_end, model_inputs
+    from corpus_io.infer.exported import load_exported
+    from corpus_io.model.frontend import build_front_end, model_inputs
 
     batches, model, conf = _batches(exported["ckpt"], _twenty(corpus, tmp_path), feats_on="model")
     front_end = build_front_end(conf, torch.device("cpu"))
@@ -151,8 +151,8 @@ def test_a_snip_edges_false_model_exports_its_reflected_frames_front_end_in_onnx
     file reflects each row at its own length as feats_on=model does, and the file says snip_edges false."""
     from omegaconf import OmegaConf
 
-    from corpus_io.train.exported import load_exported
-    from corpus_io.train.frontend import build_front_end, model_inputs
+    from corpus_io.infer.exported import load_exported
+    from corpus_io.model.frontend import build_front_end, model_inputs
 
     state = torch.load(trained["out"] / "model.pt.avg2", map_location="cpu", weights_only=True)
     config = OmegaConf.create(state["config"])
@@ -176,8 +176,8 @@ def test_a_snip_edges_false_model_exports_its_reflected_frames_front_end_in_onnx
             got = runner(batch["wav"], batch["wav_lengths"])
             assert _compare(ref, got) <= limit, fmt
             _same_hypotheses(ref, got)
-    from corpus_io.train.decode import load_model
-    from corpus_io.train.export import deploy_metadata
+    from corpus_io.infer.decode import load_model
+    from corpus_io.infer.export import deploy_metadata
 
     _, tokenizer, tcfg = load_model(str(ckpt), torch.device("cpu"))
     assert deploy_metadata(tcfg, tokenizer)["snip_edges"] == "false"  # a features-in file tells sherpa-onnx
@@ -213,7 +213,7 @@ def test_a_file_that_takes_the_waveform_gets_the_speech_frames_of_the_checkpoint
     """Word starts move back over speech frames found in the fbank energy. A file exported with its front end is fed
     waveforms, so decode's forward_batches computes that fbank itself: the same frames, for 20 utterances, as the
     checkpoint's loader fbank gives (so both time words alike: their log-probs already agree)."""
-    from corpus_io.train.decode import forward_batches
+    from corpus_io.infer.decode import forward_batches
 
     data_list = _twenty(corpus, tmp_path)
     flags: dict = {}
@@ -229,8 +229,8 @@ def test_a_file_that_takes_the_waveform_gets_the_speech_frames_of_the_checkpoint
 
 def test_a_foreign_onnx_file_and_a_model_the_exporter_cannot_handle_are_refused_in_one_paragraph(
         exported, corpus, tmp_path, capfd):
-    from corpus_io.train.export import exportable
-    from corpus_io.train.model import ConformerCTCAttention
+    from corpus_io.infer.export import exportable
+    from corpus_io.model.model import ConformerCTCAttention
 
     foreign = tmp_path / "foreign.onnx"
     torch.onnx.export(torch.nn.Linear(80, 10), (torch.randn(1, 80),), str(foreign), dynamo=False)
@@ -252,7 +252,7 @@ def test_a_foreign_onnx_file_and_a_model_the_exporter_cannot_handle_are_refused_
 def test_the_readme_snippet_transcribes_a_wav_as_greedy_decoding_does(exported, tmp_path):
     import soundfile as sf
 
-    from corpus_io.train.exported import load_exported
+    from corpus_io.infer.exported import load_exported
 
     snippet = doc_search(r"<!-- snippet: transcribe-onnx[^\n]*\n```python\n(.*?)```", re.S).group(1)
     assert 8 <= len(snippet.strip().splitlines()) <= 14
@@ -265,8 +265,8 @@ def test_the_readme_snippet_transcribes_a_wav_as_greedy_decoding_does(exported, 
     assert result.returncode == 0, result.stderr[-3000:]
     # the same greedy tokens from the PyTorch checkpoint's model through feats_on=model
     from corpus_io.audio.features import batch_fbank
-    from corpus_io.train.decode import load_model
-    from corpus_io.train.export import feature_options
+    from corpus_io.infer.decode import load_model
+    from corpus_io.infer.export import feature_options
     from corpus_io.train.steps import greedy_ids
 
     model, tokenizer, tcfg = load_model(str(exported["ckpt"]), torch.device("cpu"))
@@ -288,7 +288,7 @@ def test_onnxruntime_is_installed_only_by_its_extra():
     assert not any(r.startswith("onnx") for r in project["dependencies"])
     assert "onnx" in re.search(r"\[(.*)\]", extras["all"][0]).group(1).split(",")  # dev installs all
     # the modules the core commands import do not import it
-    code = ("import sys, corpus_io.commands, corpus_io.train.decode, corpus_io.train.export, corpus_io.train.exported; "
+    code = ("import sys, corpus_io.commands, corpus_io.infer.decode, corpus_io.infer.export, corpus_io.infer.exported; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime'))))")
     result = run_bounded([sys.executable, "-c", "import json; " + code], 120, cwd=REPO)
     assert result.returncode == 0, result.stderr
@@ -339,7 +339,7 @@ def test_an_output_that_is_the_checkpoints_token_list_or_cmvn_or_of_the_wrong_su
 
 def test_an_s3_output_is_uploaded_as_one_checked_object_and_nothing_written_locally(
         exported, seaweed, tmp_path, monkeypatch, capfd):
-    from corpus_io.train.exported import read_metadata
+    from corpus_io.infer.exported import read_metadata
 
     endpoint, fs = seaweed
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
@@ -366,7 +366,7 @@ def test_a_streaming_export_run_as_sherpa_runs_it_equals_the_chunk_by_chunk_deco
     import onnx
     import onnxruntime
 
-    from corpus_io.train.export import onnx_chunk_log_probs
+    from corpus_io.infer.export import onnx_chunk_log_probs
 
     ckpt = streaming_trained["out"] / "model.pt.avg2"
     path = tmp_path / "online" / "model.onnx"

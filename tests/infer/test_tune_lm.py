@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from corpus_io.config import DecodingConf
+from corpus_io.decoding.scoring import Scorer
 from corpus_io.errors import ConfigError
-from corpus_io.train.scoring import Scorer
 from tests.conftest import built_once, run_cli
-from tests.train.conftest import run_train, torchrun_cmd
-from tests.train.test_decode import model_outputs
+from tests.infer.test_decode import model_outputs
+from tests.trained_models import run_train, torchrun_cmd
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +38,7 @@ def trained_longer(corpus, tmp_path_factory) -> Path:
 
 def _wer(ckpt: Path, data_list: Path, refs: dict, conf: DecodingConf) -> float:
     from corpus_io.decoding.search import Search
-    from corpus_io.train.decode import load_model
+    from corpus_io.infer.decode import load_model
 
     _, tokenizer, _ = load_model(str(ckpt), torch.device("cpu"))
     search, scorer = Search(conf, tokenizer), Scorer()
@@ -70,7 +70,7 @@ def test_the_tuned_unk_score_gives_no_higher_wer_than_none_on_held_out_speech_pa
                      f"++tokenizer.token_list={corpus['tokens']}")
     assert result.returncode == 0, result.stderr[-3000:]
     from corpus_io.decoding.lm import Arpa
-    from corpus_io.train.decode import load_model
+    from corpus_io.infer.decode import load_model
 
     _, tokenizer, _ = load_model(str(trained_longer), torch.device("cpu"))
     test_tokens = [t for k in test for t in tokenizer.tokenize(refs[k])]
@@ -101,7 +101,7 @@ def test_the_tuned_unk_score_gives_no_higher_wer_than_none_on_held_out_speech_pa
 
 
 def test_tune_lm_refuses_unk_scores_with_the_lexicon_and_tries_only_zero_by_default():
-    from corpus_io.train.tune_lm import DEFAULT_UNK_SCORES, unk_grid
+    from corpus_io.infer.tune_lm import DEFAULT_UNK_SCORES, unk_grid
 
     assert unk_grid(None, DecodingConf(method="ctc_beam_lm")) == list(DEFAULT_UNK_SCORES)
     assert 0.0 in DEFAULT_UNK_SCORES and min(DEFAULT_UNK_SCORES) < 0 < max(DEFAULT_UNK_SCORES)

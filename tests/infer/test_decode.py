@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from corpus_io.config import ComputeCmvnConfig, SourceConf
+from corpus_io.decoding.scoring import Scorer
 from corpus_io.loader.dataset import build_dataloader
-from corpus_io.train.cmvn import compute_cmvn, eval_dataset_conf
-from corpus_io.train.scoring import Scorer
+from corpus_io.model.cmvn import compute_cmvn, eval_dataset_conf
 from tests.conftest import assert_user_error, run_cli
 from tests.loader_data import small_conf
 from tests.test_hostile import corpus_io as in_process
-from tests.train.conftest import run_train, torchrun_cmd
+from tests.trained_models import run_train, torchrun_cmd
 
 
 def test_decode_writes_kaldi_text_and_a_cer_report(trained, corpus, tmp_path):
@@ -102,7 +102,7 @@ def test_decode_that_reads_nothing_fails_and_a_repeated_key_is_scored_once_with_
 
 def test_decode_scores_the_transcript_not_token_ids_and_counts_out_of_vocabulary_reference_tokens(
         trained, tmp_path, capfd):
-    from corpus_io.train.scoring import Scorer, char_units, normalize
+    from corpus_io.decoding.scoring import Scorer, char_units, normalize
     from tests.loader_data import fixture_utts, make_shards
 
     # upper case and punctuation (normalised away), and two characters no token list entry covers (鑫, K)
@@ -135,7 +135,7 @@ def test_decode_scores_the_transcript_not_token_ids_and_counts_out_of_vocabulary
 
 
 def test_scoring_normalises_case_punctuation_and_cjk_spacing_on_both_sides():
-    from corpus_io.train.scoring import normalize
+    from corpus_io.decoding.scoring import normalize
 
     assert normalize("Hello, World!") == "hello world"
     assert normalize("今天 天气，很好。") == "今天天气很好"
@@ -148,8 +148,8 @@ def test_scoring_normalises_case_punctuation_and_cjk_spacing_on_both_sides():
 def model_outputs(ckpt, data_list: str) -> list[tuple]:
     """(keys, log_probs, lengths) per batch of a raw list, through the trained model."""
     from corpus_io.config import DecodeConfig
-    from corpus_io.train.decode import decode_dataset_conf, load_model
-    from corpus_io.train.frontend import build_front_end, model_inputs
+    from corpus_io.infer.decode import decode_dataset_conf, load_model
+    from corpus_io.model.frontend import build_front_end, model_inputs
 
     model, tokenizer, tcfg = load_model(str(ckpt), torch.device("cpu"))
     user = DecodeConfig().dataset_conf
@@ -264,7 +264,7 @@ def test_a_conformer_ctc_att_model_trains_and_decodes_by_all_four_methods(corpus
 def _encode_a_segment_twice(pos_enc_layer_type: str) -> tuple[torch.Tensor, int]:
     """The encoder output of one random 40-frame segment played twice (frames 40-79 and 120-159, silence
     between), and the subsampled offset between the two copies."""
-    from corpus_io.train.model import ConformerCTC
+    from corpus_io.model.model import ConformerCTC
 
     torch.manual_seed(0)
     model = ConformerCTC(40, 12, output_size=32, attention_heads=2, linear_units=64, num_blocks=1,
@@ -283,7 +283,7 @@ def test_abs_pos_lets_the_decoder_tell_two_identical_words_apart_and_no_pos_keep
     encoder frames (away from their edges): the attention decoder then cannot count "eight eight" and
     attention rescoring dropped a repeated word. conformer_ctc_att encodes with abs_pos; CTC-only models keep
     no_pos, the encoder their checkpoints were trained with."""
-    from corpus_io.train.model import ConformerCTC, ConformerCTCAttention
+    from corpus_io.model.model import ConformerCTC, ConformerCTCAttention
 
     for kind, same in (("no_pos", True), ("abs_pos", False)):
         encoded, offset = _encode_a_segment_twice(kind)
@@ -323,7 +323,7 @@ def _lm(tmp_path, name: str = "lm.arpa"):
 
 
 def test_a_token_list_changed_after_training_is_refused_naming_both_files(trained, corpus, tmp_path, capfd):
-    from corpus_io.train.decode import load_model
+    from corpus_io.infer.decode import load_model
 
     ckpt, tokens = _own_token_list(trained, corpus, tmp_path)
     recorded = torch.load(trained["out"] / "model.pt.avg2", weights_only=True)["token_list"]  # the average keeps it
@@ -346,7 +346,7 @@ def test_a_token_list_changed_after_training_is_refused_naming_both_files(traine
 
 
 def test_a_checkpoint_without_a_token_list_record_decodes_with_one_warning(trained, corpus, tmp_path, capfd):
-    from corpus_io.train.decode import load_model
+    from corpus_io.infer.decode import load_model
 
     ckpt, tokens = _own_token_list(trained, corpus, tmp_path, record=False)
     capfd.readouterr()
@@ -386,7 +386,7 @@ def test_decode_scores_every_utterance_a_long_one_decoded_a_dropped_one_as_delet
     import numpy as np
     import soundfile as sf
 
-    from corpus_io.train.scoring import char_units, normalize
+    from corpus_io.decoding.scoring import char_units, normalize
     from tests.loader_data import fixture_utts
 
     utts = fixture_utts()[:5]
@@ -427,7 +427,7 @@ def test_decode_scores_every_utterance_a_long_one_decoded_a_dropped_one_as_delet
 def test_a_long_utterance_through_the_model_in_pieces_keeps_every_output_frame_of_the_whole(trained):
     """chunked: the pieces' outputs joined have exactly the whole utterance's frame count (each frame at its time),
     and a piece as long as the utterance is the whole forward."""
-    from corpus_io.train.decode import chunked, load_model
+    from corpus_io.infer.decode import chunked, load_model
 
     model, _, _ = load_model(str(trained["out"] / "model.pt.avg2"), torch.device("cpu"))
     lengths = torch.tensor([1203, 357, 1000, 9])
@@ -448,7 +448,7 @@ def test_an_utterances_seconds_from_its_frames_are_its_audios_with_snip_edges_fa
     audio's within a frame shift either way (snip_edges=false: a frame per 10 ms, no window's tail)."""
     from corpus_io.audio.features import num_frames
     from corpus_io.config import DatasetConf
-    from corpus_io.train.decode import _durations
+    from corpus_io.infer.decode import _durations
 
     conf = DatasetConf()
     for snip in (True, False):

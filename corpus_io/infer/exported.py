@@ -1,6 +1,6 @@
 """An exported model read back (``decode ++checkpoint=model.onnx``, ``.ts``): onnxruntime (the ``[onnx]`` extra,
 imported only here, when a file is loaded) or TorchScript, behind a model's ``(x, lengths) -> (log_probs,
-lengths)`` interface, with the tokenizer and training config the file carries (:mod:`corpus_io.train.export`
+lengths)`` interface, with the tokenizer and training config the file carries (:mod:`corpus_io.infer.export`
 writes them: ``corpus_io.*`` ONNX metadata_props or TorchScript extra files). A file without them is refused.
 """
 

@@ -6,7 +6,7 @@ the frames computed piece by piece equal the whole recording's; ``fbank_conf.sni
 ``shift // 2 - window // 2`` earlier, the first frames read the start reflected, and the frames that reach past
 the end, which reflect it, are computed at ``finish``), and every chunk of ``decoding_chunk_size``
 encoder frames that is complete goes through the model with the attention and convolution caches kept
-(:class:`corpus_io.train.model.ChunkStream`, the step ``decode ++decoding_chunk_size`` runs too). The partial
+(:class:`corpus_io.model.model.ChunkStream`, the step ``decode ++decoding_chunk_size`` runs too). The partial
 result, the greedy CTC text so far, is returned whenever it changes; ``finish`` runs the last, shorter chunk and
 gives the final text, its words with start/end seconds (the forced alignment of the whole utterance's
 log-probs, :func:`corpus_io.decoding.align.align`, as ``decode ++timestamps``), the compute seconds of each chunk
@@ -62,9 +62,9 @@ class StreamingTranscriber:
     def __init__(self, checkpoint: str, *, decoding_chunk_size: int = 16, num_decoding_left_chunks: int = -1,
                  device: Any = "cpu") -> None:
         from corpus_io.audio.features import frame_offset, window_geometry
-        from corpus_io.train.cmvn import eval_dataset_conf
-        from corpus_io.train.decode import decode_device, load_model, output_frame_seconds
-        from corpus_io.train.frontend import FrontEnd
+        from corpus_io.infer.decode import decode_device, load_model, output_frame_seconds
+        from corpus_io.model.cmvn import eval_dataset_conf
+        from corpus_io.model.frontend import FrontEnd
 
         refuse_exported(checkpoint)
         self.chunk, self.left = int(decoding_chunk_size), int(num_decoding_left_chunks)
@@ -98,7 +98,7 @@ class StreamingTranscriber:
         """Forget the utterance in progress (its audio, caches and results)."""
         import torch
 
-        from corpus_io.train.model import ChunkStream
+        from corpus_io.model.model import ChunkStream
 
         self._samples = torch.zeros(0)  # the samples not yet fully framed, from sample self._base on
         self._base = 0
@@ -209,8 +209,8 @@ class StreamingTranscriber:
 
         from corpus_io.decoding.align import align
         from corpus_io.decoding.beam import best_path_ids
-        from corpus_io.train.decode import _speech, input_frame_seconds
-        from corpus_io.train.scoring import word_units
+        from corpus_io.decoding.scoring import word_units
+        from corpus_io.infer.decode import _speech, input_frame_seconds
 
         t0 = time.perf_counter()
         least = self.model.RIGHT_CONTEXT + 1 if hasattr(self.model, "RIGHT_CONTEXT") else 7
@@ -247,7 +247,7 @@ class StreamingTranscriber:
 
 def refuse_exported(checkpoint: str) -> None:
     """A ConfigError for a file of export-model (transcribe runs the PyTorch checkpoint)."""
-    from corpus_io.train.exported import is_exported
+    from corpus_io.infer.exported import is_exported
 
     if is_exported(checkpoint):
         raise ConfigError(f"transcribe's model {checkpoint} is an exported file; transcribe runs the PyTorch "

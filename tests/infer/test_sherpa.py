@@ -176,7 +176,7 @@ def _printed(table: dict[int, str], ids: list[int]) -> str:
 
 
 def test_tokens_txt_makes_sherpa_print_corpus_io_decodes_text_for_words_letters_and_cjk(tmp_path):
-    from corpus_io.train.export import sherpa_tokens
+    from corpus_io.infer.export import sherpa_tokens
 
     cases = [({"latin_unit": "word"}, ["five", "eight", "nine", "中", "国"], "five eight nine nine"),
              ({"latin_unit": "word"}, ["five", "eight", "nine", "中", "国"], "中国"),
@@ -195,8 +195,8 @@ def test_tokens_txt_makes_sherpa_print_corpus_io_decodes_text_for_words_letters_
 
 def test_export_writes_tokens_txt_beside_the_onnx_file_and_refuses_one_that_is_an_input(trained, tmp_path,
                                                                                          capfd):
+    from tests.infer.test_export import _checkpoint_naming
     from tests.test_hostile import corpus_io as in_process
-    from tests.train.test_export import _checkpoint_naming
 
     ckpt, tokens, cmvn = _checkpoint_naming(trained, tmp_path)
     kept = tokens.read_bytes()

@@ -1,4 +1,4 @@
-"""decode ++timestamps=true ++min_confidence on real audio with the suite's trained model (tests/train/conftest.py):
+"""decode ++timestamps=true ++min_confidence on real audio with the suite's trained model (tests/trained_models.py):
 joined pairs, clean and noisy copies, Kaldi segments. The timing rules themselves: tests/decoding/test_align.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from corpus_io.train.scoring import word_units
+from corpus_io.decoding.scoring import word_units
 from tests.decoding.test_align import pairs
 
 
@@ -83,8 +83,8 @@ def test_the_trained_model_aligns_the_references_of_real_pairs_in_order_inside_t
     import soundfile as sf
 
     from corpus_io.decoding.align import align
-    from corpus_io.train.decode import load_model
-    from tests.train.test_decode import model_outputs
+    from corpus_io.infer.decode import load_model
+    from tests.infer.test_decode import model_outputs
 
     ckpt = trained["out"] / "model.pt.avg2"
     joined = {f"pair{i:02d}": p for i, p in enumerate(pairs())}

@@ -35,7 +35,7 @@ def training_config(state: dict, where: str) -> Any:
 
 
 def decode_dataset_conf(user: Any, trained: Any) -> Any:
-    from corpus_io.train.cmvn import eval_dataset_conf
+    from corpus_io.model.cmvn import eval_dataset_conf
 
     conf = eval_dataset_conf(user)
     conf.feats_type = trained.feats_type
@@ -50,13 +50,13 @@ def decode_dataset_conf(user: Any, trained: Any) -> Any:
 def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
     """``(model in eval mode, tokenizer, training config)`` from a checkpoint, or from a file of export-model
     (``.onnx``: run by onnxruntime; ``.ts``: TorchScript)."""
-    from corpus_io.train.exported import is_exported, load_exported
+    from corpus_io.infer.exported import is_exported, load_exported
 
     if is_exported(checkpoint):
         return load_exported(checkpoint, device)
+    from corpus_io.model.checkpoint import check_token_list, load_checkpoint
+    from corpus_io.model.model import build_model, feature_dim
     from corpus_io.tokenizer import build_tokenizer
-    from corpus_io.train.checkpoint import check_token_list, load_checkpoint
-    from corpus_io.train.model import build_model, feature_dim
 
     state = load_checkpoint(checkpoint)
     tcfg = training_config(state, checkpoint)
@@ -208,9 +208,8 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
     caches (:func:`chunk_by_chunk`)."""
     import torch
 
+    from corpus_io.model.frontend import FrontEnd, build_front_end, model_inputs, sync_device
     from corpus_io.storage.progress import progress
-    from corpus_io.train.frontend import FrontEnd, build_front_end, model_inputs
-    from corpus_io.train.steps import sync_device
 
     # an exported model with the front end inside takes the waveforms themselves
     waveform_model = getattr(model, "inputs", "") == "waveform"
@@ -380,7 +379,7 @@ def run_search(dconf: Any, batches: Iterable[Forward], tokenizer: Any, search: A
 def _align_batch(run: DecodeRun, fw: Forward, nbest: list, tokenizer: Any, frame_seconds: float) -> None:
     """Each utterance's best hypothesis force-aligned to its frames: token and word times, confidences."""
     from corpus_io.decoding.align import align
-    from corpus_io.train.scoring import word_units
+    from corpus_io.decoding.scoring import word_units
 
     lengths = fw.lengths.tolist()
     for i, (key, hyps) in enumerate(zip(fw.keys, nbest)):
@@ -401,7 +400,7 @@ def _align_batch(run: DecodeRun, fw: Forward, nbest: list, tokenizer: Any, frame
 
 
 def skipped_summary(loader: Any) -> Callable[[], str]:
-    from corpus_io.train.cmvn import loader_counts
+    from corpus_io.model.cmvn import loader_counts
 
     return lambda: ", ".join(f"{k}: {v}" for k, v in sorted(loader_counts(loader).items())) or "none"
 
@@ -415,7 +414,7 @@ NOT_DROPS = frozenset({"duplicate key", "epoch_hours.empty_pass", "resume.reread
 def loader_dropped(loader: Any) -> dict:
     """The loader's counts of utterances it did not deliver (filters, unreadable audio or shards, ...)."""
     from corpus_io.loader.batching import split_counts
-    from corpus_io.train.cmvn import loader_counts
+    from corpus_io.model.cmvn import loader_counts
 
     dropped, _ = split_counts(loader_counts(loader))
     return {k: v for k, v in dropped.items() if k not in NOT_DROPS}
@@ -461,7 +460,7 @@ def list_references(data_list: str, conf: Any, unread: list) -> Iterator[tuple[s
 
 
 def score(run: DecodeRun, tokenizer: Any) -> Any:
-    from corpus_io.train.scoring import Scorer, token_list_covers
+    from corpus_io.decoding.scoring import Scorer, token_list_covers
 
     scorer = Scorer(hotwords=run.hotwords, unread=list(run.unread))
     covered = token_list_covers(tokenizer.symbols)
@@ -608,8 +607,8 @@ def refuse_overwrites(cfg: Any) -> None:
     import os
 
     from corpus_io.config import require
+    from corpus_io.model.cmvn import loader_inputs
     from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
-    from corpus_io.train.cmvn import loader_inputs
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     refuse_remote_output(cfg.output_dir, "++output_dir", "decode")

@@ -95,3 +95,9 @@ def model_inputs(front_end: FrontEnd | None, batch: dict, device: torch.device, 
     non_blocking = device.type == "cuda"
     return (batch["feats"].to(device, non_blocking=non_blocking),
             batch["feats_lengths"].to(device, non_blocking=non_blocking))
+
+
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work, so a wall-clock time covers it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

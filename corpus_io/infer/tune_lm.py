@@ -18,10 +18,7 @@ DEFAULT_UNK_SCORES = (-2.0, 0.0, 2.0)
 def tune_lm(cfg: Any) -> dict:
     from corpus_io.config import require
     from corpus_io.decoding.search import Search, check_options
-    from corpus_io.loader.dataset import build_dataloader
-    from corpus_io.storage.files import atomic_write, ensure_dir, refuse_overwriting_inputs, refuse_remote_output
-    from corpus_io.train.cmvn import loader_inputs
-    from corpus_io.train.decode import (
+    from corpus_io.infer.decode import (
         decode_dataset_conf,
         decode_device,
         forward_batches,
@@ -30,6 +27,9 @@ def tune_lm(cfg: Any) -> dict:
         score,
         skipped_summary,
     )
+    from corpus_io.loader.dataset import build_dataloader
+    from corpus_io.model.cmvn import loader_inputs
+    from corpus_io.storage.files import atomic_write, ensure_dir, refuse_overwriting_inputs, refuse_remote_output
 
     require(cfg, "data_list", "checkpoint", "output_dir", "lm")
     # before the model is loaded or the dev list read: the grid search takes minutes, its outputs are local

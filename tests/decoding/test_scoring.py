@@ -1,6 +1,6 @@
 import pytest
 
-from corpus_io.train.scoring import Scorer, char_units, edit_counts, word_units
+from corpus_io.decoding.scoring import Scorer, char_units, edit_counts, word_units
 
 
 def test_edit_counts_separate_substitutions_insertions_and_deletions():
@@ -82,7 +82,7 @@ def _test_pairs(fixture_corpus) -> list[tuple[str, str]]:
 def test_sub_ins_del_split_and_totals_equal_kaldi_compute_wer_on_real_transcripts(fixture_corpus, binding, monkeypatch):
     import kaldialign
 
-    from corpus_io.train import scoring
+    from corpus_io.decoding import scoring
 
     monkeypatch.setattr(scoring, "_ALIGN", kaldialign.edit_distance if binding == "public" else None)
     pairs = _test_pairs(fixture_corpus)

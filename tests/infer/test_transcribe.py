@@ -1,5 +1,5 @@
-"""corpus-io transcribe and StreamingTranscriber (corpus_io/train/transcribe.py) on the streaming model that
-tests/train/conftest.py trains (causal, dynamic chunks, 3 epochs)."""
+"""corpus-io transcribe and StreamingTranscriber (corpus_io/infer/transcribe.py) on the streaming model that
+tests/trained_models.py trains (causal, dynamic chunks, 3 epochs)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from corpus_io.decoding.scoring import word_units
 from corpus_io.errors import ConfigError
-from corpus_io.train.frontend import FrontEnd
-from corpus_io.train.scoring import word_units
-from corpus_io.train.transcribe import StreamingTranscriber, read_recording
+from corpus_io.infer.transcribe import StreamingTranscriber, read_recording
+from corpus_io.model.frontend import FrontEnd
 from tests.conftest import assert_user_error, run_cli
 from tests.loader_data import REPO
 

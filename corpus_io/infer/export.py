@@ -1,5 +1,5 @@
 """``corpus-io export-model``: a trained CTC checkpoint as one self-contained ONNX or TorchScript file (read back for
-``decode ++checkpoint=model.onnx`` by :mod:`corpus_io.train.exported`).
+``decode ++checkpoint=model.onnx`` by :mod:`corpus_io.infer.exported`).
 
 What is exported: :class:`ExportedCTC`, ConformerCTC's forward (CMVN buffers, subsampling, Conformer layers,
 CTC head, log-softmax) with the padding mask passed explicitly instead of the forward pre-hooks
@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from corpus_io.errors import ConfigError
-from corpus_io.train.exported import FORMAT, META_PREFIX, SUFFIXES, load_exported
+from corpus_io.infer.exported import FORMAT, META_PREFIX, SUFFIXES, load_exported
 
 SUBSAMPLING = 4
 ONNX_OPSET = 17
@@ -111,7 +111,7 @@ class ExportFrontEnd(nn.Module):
 
 
 class ExportedCTC(nn.Module):
-    """``ConformerCTC.forward`` (full context, plain tensor ops: :mod:`corpus_io.train.conformer`), so the same
+    """``ConformerCTC.forward`` (full context, plain tensor ops: :mod:`corpus_io.model.conformer`), so the same
     log-probs. With ``front_end`` the inputs are waveforms."""
 
     def __init__(self, model: nn.Module, front_end: ExportFrontEnd | None = None) -> None:
@@ -127,11 +127,11 @@ class ExportedCTC(nn.Module):
 
 def exportable(model: nn.Module, where: str) -> None:
     """Refuse, in one paragraph, a model this exporter does not handle (only ConformerCTC itself)."""
-    from corpus_io.train.model import ConformerCTC
+    from corpus_io.model.model import ConformerCTC
 
     if type(model) is not ConformerCTC:
         name = f"{type(model).__module__}.{type(model).__name__}"
-        raise ConfigError(f"export-model exports corpus_io.train.model.ConformerCTC (CTC-only) models; the model of "
+        raise ConfigError(f"export-model exports corpus_io.model.model.ConformerCTC (CTC-only) models; the model of "
                           f"checkpoint {where} is {name}, which it cannot export (a hybrid CTC/attention model's "
                           f"decoder, or a custom model's forward, is not covered). Decode it with the PyTorch "
                           f"checkpoint (corpus-io decode ++checkpoint={where}), or train a model=conformer_tiny "
@@ -151,8 +151,8 @@ def export_model(cfg: Any) -> dict:
     import warnings
 
     from corpus_io.config import require
+    from corpus_io.infer.decode import load_model  # decode reads exported files through exported.py, not here
     from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
-    from corpus_io.train.decode import load_model  # decode reads exported files through exported.py, not here
 
     require(cfg, "checkpoint", "output")
     refuse_remote_output(cfg.output, "++output", "export-model", objects=True)
@@ -468,7 +468,7 @@ def onnx_chunk_log_probs(session: Any, feats: torch.Tensor, chunk: int, left_chu
     cache = chunk * left_chunks
     att = np.zeros((layers, heads, cache, width), np.float32)
     cnn = np.zeros((layers, 1, dim, context), np.float32)
-    from corpus_io.train.model import ConformerCTC
+    from corpus_io.model.model import ConformerCTC
 
     frames, shift = ConformerCTC.chunk_window(chunk)  # the subsampling's geometry (no weights needed)
     offset, outs = cache, []

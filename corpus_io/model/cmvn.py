@@ -349,8 +349,8 @@ def _accumulate(data_list: str, cfg: Any) -> tuple[ExactStats, dict]:
     import torch
 
     from corpus_io.loader.dataset import build_dataloader
+    from corpus_io.model.frontend import build_front_end, model_inputs
     from corpus_io.storage.progress import progress
-    from corpus_io.train.frontend import build_front_end, model_inputs
 
     conf = eval_dataset_conf(cfg.dataset_conf)
     loader = build_dataloader(data_list, conf, None, train=False, rank=0, world_size=1)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.train import checkpoint as ckpt
+from corpus_io.model import checkpoint as ckpt
 from tests.conftest import assert_user_error, run_cli
 
 
@@ -148,7 +148,7 @@ def test_random_bytes_as_a_checkpoint_are_called_no_checkpoint_not_code_that_wou
 
 def test_a_checkpoint_with_nan_weights_is_refused_at_load_naming_the_file_and_tensor(trained, corpus, tmp_path):
     from corpus_io.config import DecodeConfig, compose
-    from corpus_io.train.decode import decode
+    from corpus_io.infer.decode import decode
 
     state = ckpt.load_checkpoint(trained["out"] / "model.pt")
     name = next(n for n, t in state["model"].items() if n.startswith("encoder") and t.is_floating_point())
@@ -171,7 +171,7 @@ def test_trainer_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_pat
 
     import numpy as np
 
-    from corpus_io.train.checkpoint import rng_state, set_rng_state
+    from corpus_io.model.checkpoint import rng_state, set_rng_state
 
     random.seed(3), np.random.seed(4), torch.manual_seed(5)
     ckpt.save_checkpoint(tmp_path / "model.pt", {"model": {}, "rng_states": [rng_state(torch.device("cpu"))]})
@@ -218,7 +218,7 @@ def test_a_checkpoint_save_killed_midway_leaves_no_file_behind(tmp_path):
 
     ckpt.save_checkpoint(tmp_path / "model.pt", {"model": {"w": torch.zeros(2)}})
     code = ("import os, signal, torch\n"
-            "from corpus_io.train import checkpoint as ckpt\n"
+            "from corpus_io.model import checkpoint as ckpt\n"
             "class Kill:\n"
             "    def __reduce__(self):\n"
             "        os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -1,8 +1,8 @@
 """Conformer layers run with explicit masks and caches: full context, chunk-masked and chunk by chunk.
 
-The one home of the encoder layer's arithmetic. :class:`corpus_io.train.model.ConformerCTC` holds torchaudio's
+The one home of the encoder layer's arithmetic. :class:`corpus_io.model.model.ConformerCTC` holds torchaudio's
 ``ConformerLayer`` modules (their weights, their state-dict names) and runs them through these functions, as
-does the exported graph (:mod:`corpus_io.train.export`), so training, decoding and export compute the same thing.
+does the exported graph (:mod:`corpus_io.infer.export`), so training, decoding and export compute the same thing.
 
 Streaming follows WeNet's U2 (names and meaning): frames are grouped into chunks of ``chunk_size`` encoder frames
 (40 ms each for ConformerCTC); a frame attends to its own chunk and ``num_left_chunks`` chunks before it (-1:
