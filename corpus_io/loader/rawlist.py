@@ -157,7 +157,7 @@ class RawList:
                             f"(data_type=shard).")
         if lines is None:  # the first reader decides what the input is, once (a worker gets the converted lines)
             typed = resolve_input(path)
-            if typed.kind == PARQUET:
+            if typed.kind == "hf-parquet":  # the input kind (tables.inputs.KINDS) that holds its audio
                 _refuse_parquet(self.path)
             # the file read by offsets: the list itself, or the one-pass jsonl of a Kaldi dir, a .gz or a Lhotse pair
             lines = _as_jsonl(typed, self) if _needs_conversion(typed) else self.path
