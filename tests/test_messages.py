@@ -64,10 +64,10 @@ _RERUN = "merge-jobs tells how to run (again) the jobs of the command whose part
 SITE_RULES: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     **{(node, key): (tuple(JOB_COMMANDS), _RERUN) for key in ("num_jobs", "job_index")
        for node in ("corpus_io.jobs.parts:find_place", "corpus_io.jobs.parts:load_parts")},
-    ("corpus_io.shards.pack:_refuse_absent_objects", "num_jobs"): (("pack-shards",), _RERUN),
-    ("corpus_io.shards.pack:_refuse_absent_objects", "job_index"): (("pack-shards",), _RERUN),
-    ("corpus_io.shards.pack:_refuse_records_the_shards_deny", "num_jobs"): (("pack-shards",), _RERUN),
-    ("corpus_io.shards.pack:_refuse_records_the_shards_deny", "job_index"): (("pack-shards",), _RERUN),
+    ("corpus_io.shards.pack_merge:_refuse_absent_objects", "num_jobs"): (("pack-shards",), _RERUN),
+    ("corpus_io.shards.pack_merge:_refuse_absent_objects", "job_index"): (("pack-shards",), _RERUN),
+    ("corpus_io.shards.pack_merge:_refuse_records_the_shards_deny", "num_jobs"): (("pack-shards",), _RERUN),
+    ("corpus_io.shards.pack_merge:_refuse_records_the_shards_deny", "job_index"): (("pack-shards",), _RERUN),
     ("corpus_io.train.trainer:Trainer", "train_conf.ignore_init_mismatch"): (
         ("train",), "only train builds a Trainer (the walk reaches it from make-tokenizer through a name it shares)"),
     ("corpus_io.shards.verify:_report", "input"): (
@@ -345,8 +345,8 @@ def test_the_walk_finds_who_prints_what():
     assert {"scp2jsonl", "pack-shards", "train", "verify-shards"} <= urls
     assert ("corpus_io.model.cmvn", "load_cmvn") in code.reach("train")  # through conf/model's _target_
     assert ("corpus_io.jobs.executors", "run_on_dask") not in code.reach("train")  # GUARDED: train has no executor
-    assert ("corpus_io.shards.pack", "merge_parts") in code.reach("merge-jobs")  # ROOTS
-    assert ("corpus_io.shards.pack", "merge_parts") not in code.reach("scp2jsonl")  # JOB_COMMANDS: its own row
+    assert ("corpus_io.shards.pack_merge", "merge_parts") in code.reach("merge-jobs")  # ROOTS
+    assert ("corpus_io.shards.pack_merge", "merge_parts") not in code.reach("scp2jsonl")  # JOB_COMMANDS: its own row
     text = "x: corpus-io make-lm ++unit=token and the tokenizer (++tokenizer.token_list=a). Or ++input=b"
     assert _addressed(text, text.index("++tokenizer")) == {"make-lm"}
     assert _addressed(text, text.index("++input")) == set()  # another sentence

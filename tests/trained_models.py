@@ -97,3 +97,21 @@ def streaming_trained(corpus, tmp_path_factory) -> dict:
 
     built = built_once(tmp_path_factory, "streaming_trained", build)
     return {**built, "out": Path(built["out"])}
+
+
+@pytest.fixture(scope="session")
+def one_step_run(corpus, tmp_path_factory) -> dict:
+    """One process, one step, no cv set, run from the token list's directory with the token list named relative
+    to it, averaging by a metric no epoch records (``acc``): its output_dir (model.pt.ep0) and its result. For a
+    checkpoint whose token list is relative, and for a run that has nothing to average by."""
+    def build(root: Path) -> dict:
+        out = root / "exp"
+        tokens = str(corpus["tokens"])
+        cmd = torchrun_cmd(out, corpus, "++train_conf.max_epoch=1", "++train_conf.max_steps_per_epoch=1",
+                           "++train_conf.log_interval=1000", "++train_conf.avg_keep_nbest_models_type=acc",
+                           f"++tokenizer.token_list={os.path.basename(tokens)}")
+        result = run_train(cmd[cmd.index("--no-python") + 1:], cwd=os.path.dirname(tokens))
+        return {"out": str(out), "returncode": result.returncode, "stderr": result.stderr}
+
+    built = built_once(tmp_path_factory, "one_step_run", build)
+    return {**built, "out": Path(built["out"])}

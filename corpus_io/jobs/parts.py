@@ -55,8 +55,8 @@ MAX_JOBS = 10_000_000
 # the keys a part holds (in its record's data), which no two parts may share, and the one that checks the
 # command's fields of a record (``check(part)`` raises :class:`RecordProblem`) before the merge trusts any
 JOB_COMMANDS: dict[str, tuple[str, str, str, str, str]] = {  # command -> (schema, run, merge, keys, check)
-    "pack-shards": ("PackShardsConfig", "corpus_io.shards.pack:pack_shards", "corpus_io.shards.pack:merge_parts",
-                    "corpus_io.shards.pack:part_keys", "corpus_io.shards.pack:check_part"),
+    "pack-shards": ("PackShardsConfig", "corpus_io.shards.pack:pack_shards", "corpus_io.shards.pack_merge:merge_parts",
+                    "corpus_io.shards.pack_merge:part_keys", "corpus_io.shards.pack_merge:check_part"),
     "scp2jsonl": ("Scp2JsonlConfig", "corpus_io.tables.manifest:scp2jsonl", "corpus_io.tables.manifest:merge_parts",
                   "corpus_io.tables.manifest:part_keys", "corpus_io.tables.manifest:check_part"),
     "compute-cmvn": ("ComputeCmvnConfig", "corpus_io.model.cmvn:compute_cmvn", "corpus_io.model.cmvn:merge_parts",
@@ -693,7 +693,7 @@ def _refuse_repeated_keys(parts: list[Part], keys_of: Callable[[dict], Iterable[
 
 #: for an ``s3://`` P (only pack-shards writes object storage): the function that brings the part records the
 #: jobs sent to the bucket into this machine's state dir, so jobs that shared no disk merge anywhere
-OBJECT_RECORDS = "corpus_io.shards.pack:fetch_part_records"
+OBJECT_RECORDS = "corpus_io.shards.pack_merge:fetch_part_records"
 
 
 def merge_jobs(cfg: Any) -> Any:

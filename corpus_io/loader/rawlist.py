@@ -22,8 +22,9 @@ import numpy as np
 from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.shards.format import SHARD_SUFFIXES
+from corpus_io.shards.kinds import PARQUET, shard_kind
 from corpus_io.storage.files import atomic_write, parse_json_object
-from corpus_io.tables.inputs import Skip, TypedInput, record_of_line, resolve_input
+from corpus_io.tables.inputs import Skip, TypedInput, open_manifest, record_of_line, resolve_input
 
 #: lines per resumable unit in raw mode (see corpus_io.loader.partition)
 CHUNK_LINES = 1000
@@ -62,17 +63,14 @@ def _first_line(path: str) -> str:
     return ""
 
 
-def _refuse_parquet(path: str, what: str, typed: TypedInput | None = None) -> None:
-    """Hugging Face parquet given to the raw loader: its audio is held in its rows, which the shard loader reads.
-    ``typed``: ``path`` as input detection decided it (then not asked again)."""
-    from corpus_io.tables.parquet import KIND, is_parquet
-
-    if typed.kind == KIND if typed is not None else is_parquet(path):
-        raise ConfigError(f"{what} is Hugging Face parquet, whose audio is held in its rows; the raw loader "
-                          f"(dataset_conf.data_type=raw) reads lists that name audio files. List the parquet files "
-                          f"as shards (make-datalist ++data_type=shard ++input=<the parquet files' directory or "
-                          f"glob>) and train on that list with dataset_conf.data_type=shard, or pack them "
-                          f"(pack-shards).")
+def _refuse_parquet(what: str) -> None:
+    """Hugging Face parquet given to the raw loader (input detection said so, or a multi-file list's line names a
+    ``.parquet`` file): its audio is held in its rows, which the shard loader reads."""
+    raise ConfigError(f"{what} is Hugging Face parquet, whose audio is held in its rows; the raw loader "
+                      f"(dataset_conf.data_type=raw) reads lists that name audio files. List the parquet files "
+                      f"as shards (make-datalist ++data_type=shard ++input=<the parquet files' directory or "
+                      f"glob>) and train on that list with dataset_conf.data_type=shard, or pack them "
+                      f"(pack-shards).")
 
 
 def jsonl_paths_of(path: str) -> list[str] | None:
@@ -88,7 +86,8 @@ def jsonl_paths_of(path: str) -> list[str] | None:
             entry = line.strip()
             if not entry:
                 continue
-            _refuse_parquet(entry, f"{path}:{lineno}: '{entry}'")
+            if shard_kind(entry) == PARQUET:  # by its name, as a shard list's line is told apart
+                _refuse_parquet(f"{path}:{lineno}: '{entry}'")
             if entry.endswith(SHARD_SUFFIXES):
                 raise DataError(f"{path}:{lineno}: '{entry}' is a shard, but the list is read as a raw list. For a "
                                 f"list of shards set ++dataset_conf.data_type=shard (stats: ++data_type=shard).")
@@ -117,19 +116,15 @@ def _as_jsonl(typed: TypedInput, owner: object) -> str:
     import tempfile
     import weakref
 
-    from corpus_io.tables.inputs import iter_records
-
-    def refuse(rec: Skip) -> None:
-        raise DataError(f"{rec.where}: {rec.what}. Fix the input, or write a raw list with "
-                        f"corpus-io make-datalist ++data_type=raw ++input={path} ++output=data.list, which drops "
-                        f"and counts such utterances.")
-
-    path = typed.path
-    records = iter_records(typed, skip=refuse, check_duplicates=False)  # repeats: RawList.repeated_entries
+    records = open_manifest(typed).records()  # no scan for repeats: RawList.repeated_entries finds them
     fd, tmp = tempfile.mkstemp(prefix="corpus-io-raw-", suffix=".jsonl")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             for rec in records:
+                if isinstance(rec, Skip):
+                    raise DataError(f"{rec.where}: {rec.what}. Fix the input, or write a raw list with corpus-io "
+                                    f"make-datalist ++data_type=raw ++input={typed.path} ++output=data.list, which "
+                                    f"drops and counts such utterances.")
                 out.write(json.dumps({k: v for k, v in rec.items() if k != "where"} | {ORIGIN: rec.get("where")},
                                      ensure_ascii=False) + "\n")
     except BaseException:
@@ -162,7 +157,8 @@ class RawList:
                             f"(data_type=shard).")
         if lines is None:  # the first reader decides what the input is, once (a worker gets the converted lines)
             typed = resolve_input(path)
-            _refuse_parquet(self.path, self.path, typed)
+            if typed.kind == "hf-parquet":  # the input kind (tables.inputs.KINDS) that holds its audio
+                _refuse_parquet(self.path)
             # the file read by offsets: the list itself, or the one-pass jsonl of a Kaldi dir, a .gz or a Lhotse pair
             lines = _as_jsonl(typed, self) if _needs_conversion(typed) else self.path
         self.lines = lines

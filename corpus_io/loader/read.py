@@ -32,17 +32,16 @@ log = logging.getLogger(__name__)
 _NO_INDEX_WARNED: set[str] = set()
 
 
-def _warn_no_index(data_list: str) -> None:
-    """Once per list and process (rank 0 under torchrun): without an index, shards are balanced by count."""
+def _warn_no_index(data_list: str, index_file: str) -> None:
+    """Once per list and process (rank 0 under torchrun): without an index (``index_file``), shards are balanced
+    by count."""
     import os
     import sys
-
-    from corpus_io.shards.index import index_path_for
 
     if data_list in _NO_INDEX_WARNED or os.environ.get("RANK", "0") != "0":
         return
     _NO_INDEX_WARNED.add(data_list)
-    print(f"warning: {data_list} has no index ({index_path_for(data_list)}), so ranks and workers share its shards "
+    print(f"warning: {data_list} has no index ({index_file}), so ranks and workers share its shards "
           f"by count, not by duration or utterances. Write one with make-datalist (or pack-shards).",
           file=sys.stderr, flush=True)
 
@@ -81,6 +80,7 @@ class Source:
             repeated_shard,
         )
 
+        index_file = str(index_path_for(data_list))  # the list's index sidecar, named in what is said below
         urls = read_datalist(data_list, storage_options=storage_options)
         if not urls:
             raise DataError(f"{data_list} lists no shards. Run make-datalist on the packed shards.")
@@ -93,19 +93,19 @@ class Source:
                             f"refuses repeats.")
         index = load_index(data_list, storage_options=storage_options)
         if index is None:
-            _warn_no_index(data_list)
+            _warn_no_index(data_list, index_file)
         index = index or {}
         entries = [index.get(u) for u in urls]
         for url, entry in zip(urls, entries):
             problems = index_entry_problems(entry) if entry else []
             if problems:
-                raise DataError(f"{index_path_for(data_list)}: the entry of shard {url}: {problems[0]}. The index "
+                raise DataError(f"{index_file}: the entry of shard {url}: {problems[0]}. The index "
                                 f"does not describe the shard; rebuild it (make-datalist ++input=<the shards' "
                                 f"directory>) and check the shards with verify-shards.")
         durations = [float(e["duration"]) if e and e.get("duration") else 0.0 for e in entries]
         num_utts = [int(e["num_utts"]) if e and e.get("num_utts") else 0 for e in entries]
         keyed = index_records_keys(data_list, storage_options=storage_options)
-        found_in = str(index_path_for(data_list))
+        found_in = index_file
         unindexed = [u for u, e in zip(urls, entries) if e is None]
         repeats = known_repeated_keys(data_list, storage_options=storage_options) if keyed and not unindexed else {}
         if keyed and unindexed:

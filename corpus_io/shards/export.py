@@ -54,7 +54,7 @@ from corpus_io.jobs.parts import (
     write_part,
 )
 from corpus_io.shards.listed import ShardInput, is_shard_input, piece_records
-from corpus_io.shards.pack import FORMAT_VERSION, PackOptions, _audio_members
+from corpus_io.shards.pack_worker import FORMAT_VERSION, PackOptions, audio_members
 from corpus_io.storage.files import (
     atomic_write,
     ensure_dir,
@@ -261,7 +261,7 @@ def item_of(record: dict, opts: PackOptions) -> dict:
     if INLINE in record and record[INLINE] is None:
         raise DataError("the sample has no audio member (a features shard, packed by pack-shards with feats=true?); "
                         "export writes audio")
-    ext, data, info = _audio_members(record, opts)
+    ext, data, info = audio_members(record, opts)
     if record.get("target") is None:
         raise DataError("no transcript ('target' / 'txt' field or a line in text)")
     fields = {k: v for k, v in record.items() if k not in _NOT_FIELDS and isinstance(v, (str, int, float, bool))}

@@ -662,15 +662,24 @@ def open_input(path: str | os.PathLike | TypedInput, *, feats: bool = False, col
     (``source``, :func:`corpus_io.tables.parquet.read_audio`) instead of holding it, so that whoever writes the
     audio (pack-shards' workers) reads it."""
     typed = resolve_input(path)
-    path, kind = typed.path, typed.kind
-    if feats and kind != "kaldi":
-        raise ConfigError(f"pack-shards ++feats=true needs a Kaldi data dir with feats.scp + text; {path} is a "
-                          f"{kind} input.")
-    if kind == "hf-parquet":
+    if feats and typed.kind != "kaldi":
+        raise ConfigError(f"pack-shards ++feats=true needs a Kaldi data dir with feats.scp + text; {typed.path} is "
+                          f"a {typed.kind} input.")
+    if typed.kind == "hf-parquet":
         from corpus_io.tables.parquet import ParquetInput
 
-        return ParquetInput(path, columns, storage_options, skip=Skip,  # type: ignore[return-value]  # Input's
+        return ParquetInput(typed.path, columns, storage_options, skip=Skip,  # type: ignore[return-value]  # Input's
                             inline=inline, listed=typed.files or None)
+    return open_manifest(typed, feats=feats)
+
+
+def open_manifest(typed: TypedInput, *, feats: bool = False) -> Input:
+    """The :class:`Input` of a decided input that names its audio: a Kaldi dir, Lhotse manifests (a pair, a Shar),
+    a manifest of lines; every kind but Hugging Face parquet, which holds its audio in its rows
+    (:func:`open_input` opens that). The raw loader, which reads only such inputs, opens them here."""
+    path, kind = typed.path, typed.kind
+    if kind == "hf-parquet":
+        raise ValueError(f"{path}: parquet holds its audio in its rows; open it with open_input")
     if kind == "kaldi":
         return _kaldi_input(Path(path), feats=feats)
     if kind == "lhotse-recordings+supervisions":

@@ -358,8 +358,18 @@ def test_an_s3_output_is_uploaded_as_one_checked_object_and_nothing_written_loca
     assert rc == 2 and "writes a local file or an object on object storage (s3://) only" in err, err
 
 
+@pytest.fixture(scope="module")
+def online_export(streaming_trained, tmp_path_factory) -> dict:
+    """streaming_trained's average exported once with ++streaming=true (sherpa-onnx's online interface), with
+    export-model's result: what the streaming tests below read."""
+    ckpt = streaming_trained["out"] / "model.pt.avg2"
+    path = tmp_path_factory.mktemp("online") / "model.onnx"
+    result = run_cli("corpus-io", "export-model", f"++checkpoint={ckpt}", f"++output={path}", "++streaming=true")
+    return {"ckpt": ckpt, "path": path, "result": result}
+
+
 def test_a_streaming_export_run_as_sherpa_runs_it_equals_the_chunk_by_chunk_decode_on_real_utterances(
-        streaming_trained, corpus, tmp_path):
+        online_export, corpus, tmp_path):
     """++streaming=true: sherpa-onnx's online WeNet CTC interface (six inputs by position, fixed caches, its offset
     and mask rule) gives the PyTorch chunk-by-chunk log-probs (16-frame chunks, 4 left) within 1e-4 on 20 real
     utterances, carries every metadata key sherpa's online model reads, and loads in sherpa-onnx itself."""
@@ -368,9 +378,7 @@ def test_a_streaming_export_run_as_sherpa_runs_it_equals_the_chunk_by_chunk_deco
 
     from corpus_io.infer.export import onnx_chunk_log_probs
 
-    ckpt = streaming_trained["out"] / "model.pt.avg2"
-    path = tmp_path / "online" / "model.onnx"
-    result = run_cli("corpus-io", "export-model", f"++checkpoint={ckpt}", f"++output={path}", "++streaming=true")
+    ckpt, path, result = online_export["ckpt"], online_export["path"], online_export["result"]
     assert result.returncode == 0, result.stderr[-3000:]
     meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     for key in ("head", "num_blocks", "output_size", "cnn_module_kernel", "right_context", "subsampling_factor",
@@ -406,10 +414,8 @@ def test_a_streaming_export_run_as_sherpa_runs_it_equals_the_chunk_by_chunk_deco
 
 
 def test_decode_refuses_a_streaming_export_and_streaming_export_refuses_a_full_context_model(
-        streaming_trained, trained, tmp_path):
-    path = tmp_path / "online.onnx"
-    ok = run_cli("corpus-io", "export-model", f"++checkpoint={streaming_trained['out'] / 'model.pt.avg2'}",
-                 f"++output={path}", "++streaming=true")
+        online_export, trained, tmp_path):
+    path, ok = online_export["path"], online_export["result"]
     assert ok.returncode == 0, ok.stderr[-3000:]
     refused = run_cli("corpus-io", "decode", f"++checkpoint={path}", "++data_list=x.list",
                       f"++output_dir={tmp_path / 'dec'}")

@@ -137,3 +137,33 @@ def test_parquet_given_to_the_raw_loader_is_refused_pointing_to_a_shard_list(tmp
         with pytest.raises(ConfigError, match=rf"^{named} is Hugging Face parquet, .*make-datalist "
                                               rf"\+\+data_type=shard .*dataset_conf.data_type=shard"):
             RawList(given, cache=False)
+
+
+def test_a_raw_list_asks_what_its_input_is_once_even_when_it_names_other_jsonl_files(tmp_path, monkeypatch):
+    """Input detection runs once, at the first reader: a FunASR multi-file list's lines are told apart by their
+    names (a .parquet or a shard line is refused), not detected again one by one."""
+    from corpus_io.tables import parquet
+
+    asked = []
+    real = parquet.is_parquet
+    monkeypatch.setattr(parquet, "is_parquet", lambda *a, **k: asked.append(a[0]) or real(*a, **k))
+    names = []
+    for i in range(3):
+        part = tmp_path / f"part{i}.jsonl"
+        part.write_text(f'{{"key": "k{i}", "source": "x{i}.wav", "target": "a"}}\n', encoding="utf-8")
+        names.append(part.name)
+    lst = tmp_path / "multi.list"
+    lst.write_text("\n".join(names) + "\n")
+    raw = RawList(lst, cache=False)
+    assert [raw.record(i)["key"] for i in range(len(raw))] == ["k0", "k1", "k2"]
+    assert asked == [str(lst)]
+
+
+def test_a_kaldi_dir_read_as_a_raw_list_names_an_utterance_without_text_and_the_make_datalist_that_counts_it(
+        tmp_path):
+    data = tmp_path / "kaldi"
+    data.mkdir()
+    (data / "wav.scp").write_text("u1 a.wav\nu2 b.wav\n")
+    (data / "text").write_text("u1 hello\n")
+    with pytest.raises(DataError, match=r"u2.*make-datalist \+\+data_type=raw \+\+input=.*kaldi \+\+output"):
+        RawList(data, cache=False)

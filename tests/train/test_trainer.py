@@ -149,13 +149,11 @@ def test_elastic_restart_then_kill9_then_resume_trains_each_utterance_once(corpu
     assert sorted([k for _, k in trained_keys] + [k for _, k in unused]) == sorted(corpus["keys"])
 
 
-def test_training_without_the_metric_to_average_by_still_succeeds_and_says_so(corpus, tmp_path):
-    cmd = torchrun_cmd(tmp_path / "exp", corpus, "++train_conf.max_epoch=1", "++train_conf.max_steps_per_epoch=1",
-                       "++train_conf.log_interval=1000", "++train_conf.avg_keep_nbest_models_type=acc")
-    result = run_train(cmd[cmd.index("--no-python") + 1:])  # one process, no cv set: no acc is ever recorded
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "not averaging: no epoch recorded a 'acc'" in result.stderr and "++metric=loss" in result.stderr
-    assert (tmp_path / "exp" / "model.pt.ep0").is_file() and not list((tmp_path / "exp").glob("model.pt.avg*"))
+def test_training_without_the_metric_to_average_by_still_succeeds_and_says_so(one_step_run):
+    stderr, out = one_step_run["stderr"], one_step_run["out"]  # one process, no cv set: no acc is ever recorded
+    assert one_step_run["returncode"] == 0, stderr[-3000:]
+    assert "not averaging: no epoch recorded a 'acc'" in stderr and "++metric=loss" in stderr
+    assert (out / "model.pt.ep0").is_file() and not list(out.glob("model.pt.avg*"))
 
 
 def test_funasr_finetune_sh_overrides_train_without_an_unknown_key(corpus, tmp_path):
@@ -231,19 +229,30 @@ def test_four_ranks_uneven_shards_split_differently_each_epoch_so_every_key_is_t
     assert len(splits) > 1, "every epoch gave every rank the same utterances"
 
 
-def test_train_on_weighted_sources_without_train_data_set_list(corpus, tmp_path):
-    from tests.trained_models import BIN
-
-    out = tmp_path / "exp"
+def weighted_command(corpus: dict, out: Path, *extra: str) -> list[str]:
+    """2 ranks (1 worker each) on 2 sources of other sizes and weights, no train_data_set_list: one epoch, a
+    checkpoint per step, the trained keys recorded."""
     sources = (f"[{{data_list: {corpus['shards']}, weight: 1}}, "
-               f"{{data_list: {corpus['raw']}, weight: 1, data_type: raw}}]")
-    cmd = [str(BIN / "corpus-io"), "train", f"++output_dir={out}", f"++tokenizer.token_list={corpus['tokens']}",
-           f"++dataset_conf.sources={sources}", *[a for a in torchrun_cmd(out, corpus)[7:] if "dataset_conf" in a
-                                                  and "train_data_set_list" not in a],
-           "++train_conf.max_epoch=1", "++model.num_blocks=1"]
-    result = run_train(cmd)
+               f"{{data_list: {corpus['raw']}, weight: 2, data_type: raw}}]")
+    cmd = torchrun_cmd(out, corpus, f"++dataset_conf.sources={sources}", "++train_conf.max_epoch=1",
+                       "++dataset_conf.batch_size=2", "++train_conf.save_checkpoint_interval=1",
+                       "++train_conf.dump_trained_keys=true", "++train_conf.avg_nbest_model=0",
+                       "++dataset_conf.num_workers=1", "++model.num_blocks=1", *extra)
+    return [a for a in cmd if not a.startswith("++train_data_set_list=")]
+
+
+@pytest.fixture(scope="module")
+def weighted_run(corpus, tmp_path_factory) -> dict:
+    """:func:`weighted_command`'s epoch run whole: what the kill -9 test compares its resumed run with."""
+    out = tmp_path_factory.mktemp("weighted") / "whole"
+    result = run_train(weighted_command(corpus, out))
+    return {"out": out, "result": result}
+
+
+def test_train_on_weighted_sources_without_train_data_set_list(weighted_run):
+    result = weighted_run["result"]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    assert "epoch 0 done" in (out / "train.log").read_text(encoding="utf-8")
+    assert "epoch 0 done" in (weighted_run["out"] / "train.log").read_text(encoding="utf-8")
 
 
 @pytest.mark.slow
@@ -524,28 +533,21 @@ def test_a_second_run_into_a_held_output_dir_is_refused_and_ranks_stop_when_only
 
 @pytest.mark.slow
 def test_weighted_sources_killed_9_under_torchrun_and_resumed_train_each_key_as_often_as_uninterrupted(
-        corpus, tmp_path):
+        corpus, weighted_run, tmp_path):
     """2 ranks (1 worker each), 2 sources of other sizes and weights: kill -9 the whole job just after the checkpoint
-    of a late step of epoch 0, resume, and compare with the epoch run whole. Rank 0 raises right after that
-    checkpoint (debug_fail_at_step), so the kill never lands a step later. (The loader's every-boundary check of
-    the same promise is tests/loader/test_mixing_resume.py.)"""
-    sources = (f"[{{data_list: {corpus['shards']}, weight: 1}}, "
-               f"{{data_list: {corpus['raw']}, weight: 2, data_type: raw}}]")
-
+    of a late step of epoch 0, resume, and compare with the epoch run whole (``weighted_run``). Rank 0 raises right
+    after that checkpoint (debug_fail_at_step), so the kill never lands a step later. (The loader's every-boundary
+    check of the same promise is tests/loader/test_mixing_resume.py.)"""
     def command(out: Path, *extra: str) -> list[str]:
-        cmd = torchrun_cmd(out, corpus, f"++dataset_conf.sources={sources}", "++train_conf.max_epoch=1",
-                           "++dataset_conf.batch_size=2", "++train_conf.save_checkpoint_interval=1",
-                           "++train_conf.dump_trained_keys=true", "++train_conf.avg_nbest_model=0",
-                           "++dataset_conf.num_workers=1", "++model.num_blocks=1", *extra)
-        return [a for a in cmd if not a.startswith("++train_data_set_list=")]
+        return weighted_command(corpus, out, *extra)
 
     def epoch0(out: Path) -> Counter:
         return Counter(k for (e, k), n in keys_by_epoch(out, "trained_keys").items() for _ in range(n) if e == "0")
 
-    whole = run_train(command(tmp_path / "whole"))
+    whole = weighted_run["result"]
     assert whole.returncode == 0, whole.stderr[-5000:]
-    uninterrupted = epoch0(tmp_path / "whole")
-    steps = int(re.search(r"epoch 0 done \([^)]*\): (\d+) steps", (tmp_path / "whole" / "train.log").read_text()
+    uninterrupted = epoch0(weighted_run["out"])
+    steps = int(re.search(r"epoch 0 done \([^)]*\): (\d+) steps", (weighted_run["out"] / "train.log").read_text()
                           ).group(1))
     kill_after = steps - 2  # a late mid-epoch checkpoint, near where the mix ends
     assert kill_after >= 2, steps
