@@ -55,8 +55,8 @@ from corpus_io.config.dataset import (
 )
 from corpus_io.config.describe import describe, group_presets
 from corpus_io.config.fields import CONF_DIR, FAILURE_CHOICES, all_keys, in_range, opt, parse_range
-from corpus_io.config.scoring import ScoreConfig
 from corpus_io.config.funasr import FUNASR_KEYS, FUNASR_TOP_KEYS, OLD_FAIL, RENAMED_KEYS, FunasrKey, override_keys
+from corpus_io.config.scoring import ScoreConfig
 from corpus_io.config.training import (
     AverageConfig,
     BenchLoaderConfig,
@@ -80,7 +80,8 @@ __all__ = [
     "FUNASR_KEYS", "FUNASR_TOP_KEYS",
     "FbankConf", "FilterConf", "FunasrKey", "Jsonl2ScpConfig", "MakeDatalistConfig", "MakeLmConfig",
     "MakeTokenizerConfig", "MergeJobsConfig", "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig",
-    "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "ScoreConfig", "Scp2JsonlConfig",
+    "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "ScoreConfig",
+    "Scp2JsonlConfig",
     "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
     "AddNoiseConf", "AddReverbConf", "NoiseSetConf", "VolumePerturbConf",
     "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "TranscribeConfig", "TuneLmConfig",

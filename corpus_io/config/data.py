@@ -116,6 +116,9 @@ class PackShardsConfig:
                                    "uncompressed audio; slower to pack and read, and readers cannot seek past audio)",
                            choices=("none", "gzip"))
     feats: bool = opt(False, "features mode: pack a Kaldi dir's feats.scp (kaldiio) as <key>.npy, no audio")
+    exclude_keys: Optional[str] = opt(None, "a file of keys to leave out, one a line, its first field (score's "
+                                            "output_dir/flagged as it is, or a Kaldi table): the utterances left out "
+                                            "are counted, and the file's keys the input does not hold reported")
     columns: Dict[str, str] = columns_opt()
     on_error: str = on_error_opt(INPUT_ERRORS_HELP)
     allow_pipe: bool = allow_pipe_opt(WAV_SCP_PIPE_HELP)
@@ -135,6 +138,9 @@ class MakeDatalistConfig:
                      factory=list)
     output: str = opt("???", "the data.list to write")
     prefix: Optional[str] = opt(None, "rewrite each shard's directory to this prefix, e.g. s3://bucket/corpus/")
+    exclude_keys: Optional[str] = opt(None, "raw: a file of keys to leave out, one a line, its first field (score's "
+                                            "output_dir/flagged as it is, or a Kaldi table): the utterances left out "
+                                            "are counted, and the file's keys the input does not hold reported")
     columns: Dict[str, str] = columns_opt(COLUMNS_HELP + "; shard mode writes it into each parquet file's list line")
     storage_options: Dict[str, Any] = storage_options_opt("remote parquet inputs")
 

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from corpus_io.errors import ConfigError
+from corpus_io.errors import ConfigError, DataError
 
 OUTPUTS = ("scores.jsonl", "flagged", "summary.txt")
 
@@ -58,6 +58,7 @@ def score(cfg: Any) -> dict:
     )
     from corpus_io.loader.dataset import build_dataloader
 
+    require_utterances(cfg.data_list, cfg.dataset_conf)
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
@@ -106,6 +107,26 @@ def refuse_outputs(cfg: Any) -> None:
                               f"Kaldi dir's tables or a list's shards would be mixed with them). Give score its "
                               f"own directory, e.g. ++output_dir=exp/score_train.")
     refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in OUTPUTS], inputs)
+
+
+def require_utterances(data_list: str, dataset_conf: Any) -> None:
+    """A list with no utterance (a raw list without a line, a shard list without a shard) is a DataError before the
+    model is loaded."""
+    if dataset_conf.data_type == "raw":
+        from corpus_io.loader.rawlist import RawList
+
+        if len(RawList(data_list)):
+            return
+        what = "no utterance"
+    else:
+        from corpus_io.shards.index import read_datalist
+
+        if read_datalist(data_list, storage_options=dataset_conf.storage_options or None):
+            return
+        what = "no shard"
+    raise DataError(f"score: ++data_list={data_list} holds {what}: there is nothing to score, and nothing was "
+                    f"written. Give the list of the utterances to score (a shard data.list, or a raw list with "
+                    f"++dataset_conf.data_type=raw).")
 
 
 def label_losses(batches: Iterable[Any], tokenizer: Any, measured: dict, cfg: Any) -> Iterator[Any]:
