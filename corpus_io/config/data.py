@@ -236,6 +236,9 @@ class ExploreConfig:
     input: str = opt("???", "a shard data.list (or its directory), a raw list / FunASR jsonl, or a Kaldi dir")
     decode_dir: Optional[str] = opt(None, "output_dir of corpus-io decode: hypotheses and per-utterance errors")
     compare_dir: Optional[str] = opt(None, "a second decode output_dir, shown side by side (better/worse)")
+    scores: Optional[str] = opt(None, "scores.jsonl of corpus-io score (or its output_dir): its figures as columns "
+                                      "(flagged, reasons, CER/WER, loss per token and frame, rates), each sorted and "
+                                      "filtered; show: flagged")
     token_list: Optional[str] = opt(None, "token list (units.txt): the dataset view lists corpus tokens it lacks")
     cache_dir: Optional[str] = opt(None, "where the catalog is cached (null: <input dir>/.explore/)")
     dump_audio_dir: Optional[str] = opt(None, "a bench-loader ++dump_audio_dir (local): a row whose key it holds "
