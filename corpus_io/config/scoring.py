@@ -23,8 +23,8 @@ class ScoreConfig:
     checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N} (or an export-model file) trained on "
                                  "the same language and token list as the labels")
     output_dir: str = opt("???", "writes scores.jsonl (a row per utterance: its figures, flagged, reasons), flagged "
-                                 "(a key a line, then its reasons: ++exclude_keys of pack-shards and make-datalist "
-                                 "takes it as it is) and summary.txt (counts and the thresholds used); not the "
+                                 "(a key a line, then its reasons: pack-shards and make-datalist ++exclude_keys "
+                                 "take it as it is) and summary.txt (counts and the thresholds used); not the "
                                  "directory of the list")
     # decode's: no filter leaves an utterance out; unreadable audio is skipped, then listed and flagged as unreadable
     dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(batch_size=32, filter_conf=keep_every_utterance(),

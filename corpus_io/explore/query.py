@@ -134,7 +134,8 @@ class Explorer:
                 value = float_param(params, name)
                 if value is not None:
                     if not self.scored:
-                        raise BadRequest(f"{name} needs the figures of corpus-io score (++scores=...)")
+                        raise BadRequest(f"{name} needs the figures of a score run: explore "
+                                         f"++scores=<its scores.jsonl>")
                     conds.append(f"{col} {op} ?")
                     args.append(value)
         text = params.get("text")
@@ -162,7 +163,7 @@ class Explorer:
             conds.append("error IS NOT NULL")
         elif flag in ("flagged", "unflagged"):
             if not self.scored:
-                raise BadRequest(f"flag={flag} needs the figures of corpus-io score (++scores=...)")
+                raise BadRequest(f"flag={flag} needs the figures of a score run: explore ++scores=<its scores.jsonl>")
             conds.append("score_flagged" if flag == "flagged" else "NOT score_flagged")
         elif flag in ("better", "worse"):
             if "cer_delta" not in self.columns:

@@ -44,8 +44,6 @@ MAD_SCALE, MEAN_AD_SCALE = 1.4826, 1.2533
 def score(cfg: Any) -> dict:
     """Score ``cfg.data_list`` with ``cfg.checkpoint``; write scores.jsonl, flagged and summary.txt."""
     refuse_outputs(cfg)  # first: before torch is imported or anything is read
-    from corpus_io.config import DecodingConf
-    from corpus_io.decoding.search import Search
     from corpus_io.infer.decode import (
         decode_dataset_conf,
         decode_device,
@@ -63,11 +61,9 @@ def score(cfg: Any) -> dict:
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
-    greedy = DecodingConf(method="greedy")
-    search = Search(greedy, tokenizer, model, device)
     measured: dict[str, dict] = {}
     batches = forward_batches(loader, model, tokenizer, conf, device, desc="score", chunk_seconds=cfg.chunk_seconds)
-    run = run_search(greedy, label_losses(batches, tokenizer, measured, cfg), tokenizer, search,
+    run = run_search(None, label_losses(batches, tokenizer, measured, cfg), tokenizer, Greedy(),
                      where=cfg.data_list, skipped=skipped_summary(loader), command="score")
     undecoded(run, cfg.data_list, conf, loader_dropped(loader))
     spell_check(measured, cfg)
@@ -77,8 +73,8 @@ def score(cfg: Any) -> dict:
     out = Path(cfg.output_dir)
     summary = write_scores(out, rows, limits, run, cfg)
     print(summary.rstrip())
-    print(f"score: a row per utterance -> {out / 'scores.jsonl'}, flagged keys -> {out / 'flagged'} "
-          f"(leave them out: pack-shards or make-datalist ++exclude_keys={out / 'flagged'})")
+    print(f"score: a row per utterance -> {out / 'scores.jsonl'}, flagged keys -> {out / 'flagged'} (to leave "
+          f"them out: pack-shards or make-datalist ++exclude_keys={out / 'flagged'})")
     flagged = [r for r in rows if r["flagged"]]
     return {"utts": len(rows), "flagged": len(flagged), "unreadable": len(run.missing), "thresholds": limits,
             "audio_seconds": run.audio, "wall_seconds": run.wall_s}
@@ -107,6 +103,19 @@ def refuse_outputs(cfg: Any) -> None:
                               f"Kaldi dir's tables or a list's shards would be mixed with them). Give score its "
                               f"own directory, e.g. ++output_dir=exp/score_train.")
     refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in OUTPUTS], inputs)
+
+
+class Greedy:
+    """The best path of each utterance's CTC outputs (decode's greedy method, without its options): the search
+    :func:`corpus_io.infer.decode.run_search` runs for score."""
+
+    context = None
+    hotwords: list = []
+
+    def __call__(self, log_probs: Any, lengths: Any, encoder: Any = None) -> list:
+        from corpus_io.decoding.beam import Hyp, best_path_ids
+
+        return [[Hyp(ids, 0.0, 0.0)] for ids in best_path_ids(log_probs, lengths)]
 
 
 def require_utterances(data_list: str, dataset_conf: Any) -> None:
