@@ -78,6 +78,11 @@ COMMANDS: tuple[Command, ...] = (
     Command("decode", config.DecodeConfig, "corpus_io.infer.decode:decode",
             "Decode a raw or shard list with a checkpoint (++decoding.method=greedy, ctc_prefix_beam, ctc_beam_lm "
             "or attention_rescoring; hotwords); writes a Kaldi text, the n-best and a CER/WER report with RTF."),
+    Command("score", config.ScoreConfig, "corpus_io.infer.score:score",
+            "Find wrong labels with a checkpoint: every utterance's duration, characters and tokens per second, the "
+            "greedy hypothesis' CER/WER against its label, the label's CTC loss per frame and per token, whether it "
+            "can be aligned; writes scores.jsonl and flagged (thresholds from the data, median + k robust "
+            "deviations, or given). Leave the flagged keys out with pack-shards/make-datalist ++exclude_keys."),
     Command("transcribe", config.TranscribeConfig, "corpus_io.infer.transcribe:transcribe",
             "Transcribe one recording with a checkpoint as a stream: fed in pieces (++piece_seconds), chunk by chunk "
             "with caches (++stream=true, a model trained with model.causal=true), printing partial results, the "

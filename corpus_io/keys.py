@@ -87,3 +87,46 @@ def first_repeated_key(hashes: Any, keyed: Callable[[], Iterable[tuple[str, str]
     again in the same order: called only when two hashes match. None when no key repeats."""
     wanted = duplicate_hashes(hashes)
     return first_repeat(keyed(), wanted) if wanted else None
+
+
+class ExcludedKeys:
+    """The keys of ``++exclude_keys=<file>``: the first field of each non-blank line, so a plain list of keys, a
+    Kaldi table (``text``, ``utt2spk``) and score's ``flagged`` file (``<key> <reasons>``) are all taken as they
+    are. :meth:`excludes` answers for a record and remembers the keys it met, so the keys of the file that are not
+    in the input are reported (:meth:`report`)."""
+
+    def __init__(self, path: str, option: str = "++exclude_keys") -> None:
+        self.path, self.option = str(path), option
+        self.reason = f"excluded by {option}"  # the skip reason in a command's summary
+        self.keys: set[str] = set()
+        self.met: set[str] = set()
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                for line in f:
+                    fields = line.split(maxsplit=1)
+                    if fields:
+                        self.keys.add(fields[0])
+        except FileNotFoundError:
+            raise DataError(f"{option}={self.path} does not exist. Give a file of keys to leave out, one a line "
+                            f"(score's output_dir/flagged as it is, or any file whose lines start with a key).") \
+                from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DataError(f"{option}={self.path} cannot be read as UTF-8 text ({exc}). Give a file of keys to "
+                            f"leave out, one a line.") from None
+
+    def excludes(self, key: str) -> bool:
+        if key in self.keys:
+            self.met.add(key)
+            return True
+        return False
+
+    def report(self, command: str, *, whole_input: bool = True) -> str:
+        """How many keys of the file were left out, and (``whole_input``: the command read all of its input) how
+        many of them the input does not hold, with examples."""
+        line = f"[{command}] {self.option}={self.path}: {len(self.met)} of its {len(self.keys)} keys left out"
+        missing = len(self.keys) - len(self.met)
+        if whole_input and missing:
+            examples = ", ".join(excerpt(k) for k in sorted(self.keys - self.met)[:3])
+            line += (f"; {missing} {'is' if missing == 1 else 'are'} not in the input (e.g. {examples}): a file of "
+                     f"another list, or keys renamed since it was written")
+        return line

@@ -194,6 +194,7 @@ S3_OUTPUTS = {
     "compute-cmvn": ["++data_list={jsonl}", "++output=s3://bucket/cmvn.json"],
     "make-tokenizer": ["++input={text}", "++output=s3://bucket/tokens.txt"],
     "decode": ["++data_list={jsonl}", "++checkpoint={tmp}/model.pt", "++output_dir=s3://bucket/decode"],
+    "score": ["++data_list={jsonl}", "++checkpoint={tmp}/model.pt", "++output_dir=s3://bucket/score"],
     "train": ["++train_data_set_list={jsonl}", "++output_dir=s3://bucket/exp"],
 }
 

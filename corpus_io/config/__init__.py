@@ -7,6 +7,7 @@ Where each concern lives (import from here; the modules are the homes):
 * :mod:`.dataset`: ``dataset_conf`` and ``tokenizer`` (the loader's blocks, shared by many commands);
 * :mod:`.data`: the data-preparation commands' schemas (no torch);
 * :mod:`.training`: train, decode, compute-cmvn, average, export-model, bench-loader;
+* :mod:`.scoring`: score (wrong labels found with a model);
 * :mod:`.funasr`: FunASR's keys and our old spellings, applied before keys are checked;
 * :mod:`.checks`: unknown keys (with the closest valid one), required keys, choices and ranges;
 * :mod:`.compose`: Hydra composition and :func:`validate`;
@@ -55,6 +56,7 @@ from corpus_io.config.dataset import (
 from corpus_io.config.describe import describe, group_presets
 from corpus_io.config.fields import CONF_DIR, FAILURE_CHOICES, all_keys, in_range, opt, parse_range
 from corpus_io.config.funasr import FUNASR_KEYS, FUNASR_TOP_KEYS, OLD_FAIL, RENAMED_KEYS, FunasrKey, override_keys
+from corpus_io.config.scoring import ScoreConfig
 from corpus_io.config.training import (
     AverageConfig,
     BenchLoaderConfig,
@@ -78,7 +80,8 @@ __all__ = [
     "FUNASR_KEYS", "FUNASR_TOP_KEYS",
     "FbankConf", "FilterConf", "FunasrKey", "Jsonl2ScpConfig", "MakeDatalistConfig", "MakeLmConfig",
     "MakeTokenizerConfig", "MergeJobsConfig", "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig",
-    "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig",
+    "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "ScoreConfig",
+    "Scp2JsonlConfig",
     "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
     "AddNoiseConf", "AddReverbConf", "NoiseSetConf", "VolumePerturbConf",
     "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "TranscribeConfig", "TuneLmConfig",

@@ -116,6 +116,9 @@ class PackShardsConfig:
                                    "uncompressed audio; slower to pack and read, and readers cannot seek past audio)",
                            choices=("none", "gzip"))
     feats: bool = opt(False, "features mode: pack a Kaldi dir's feats.scp (kaldiio) as <key>.npy, no audio")
+    exclude_keys: Optional[str] = opt(None, "a file of keys to leave out, one a line, its first field (score's "
+                                            "output_dir/flagged as it is, or a Kaldi table): the utterances left out "
+                                            "are counted, and the file's keys the input does not hold reported")
     columns: Dict[str, str] = columns_opt()
     on_error: str = on_error_opt(INPUT_ERRORS_HELP)
     allow_pipe: bool = allow_pipe_opt(WAV_SCP_PIPE_HELP)
@@ -135,6 +138,9 @@ class MakeDatalistConfig:
                      factory=list)
     output: str = opt("???", "the data.list to write")
     prefix: Optional[str] = opt(None, "rewrite each shard's directory to this prefix, e.g. s3://bucket/corpus/")
+    exclude_keys: Optional[str] = opt(None, "raw: a file of keys to leave out, one a line, its first field (score's "
+                                            "output_dir/flagged as it is, or a Kaldi table): the utterances left out "
+                                            "are counted, and the file's keys the input does not hold reported")
     columns: Dict[str, str] = columns_opt(COLUMNS_HELP + "; shard mode writes it into each parquet file's list line")
     storage_options: Dict[str, Any] = storage_options_opt("remote parquet inputs")
 
@@ -230,6 +236,9 @@ class ExploreConfig:
     input: str = opt("???", "a shard data.list (or its directory), a raw list / FunASR jsonl, or a Kaldi dir")
     decode_dir: Optional[str] = opt(None, "output_dir of corpus-io decode: hypotheses and per-utterance errors")
     compare_dir: Optional[str] = opt(None, "a second decode output_dir, shown side by side (better/worse)")
+    scores: Optional[str] = opt(None, "scores.jsonl of corpus-io score (or its output_dir): its figures as columns "
+                                      "(flagged, reasons, CER/WER, loss per token and frame, rates), each sorted and "
+                                      "filtered; show: flagged")
     token_list: Optional[str] = opt(None, "token list (units.txt): the dataset view lists corpus tokens it lacks")
     cache_dir: Optional[str] = opt(None, "where the catalog is cached (null: <input dir>/.explore/)")
     dump_audio_dir: Optional[str] = opt(None, "a bench-loader ++dump_audio_dir (local): a row whose key it holds "

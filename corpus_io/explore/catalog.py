@@ -70,6 +70,7 @@ class Catalog:
     storage_options: dict | None = None
     runs: list[str] = field(default_factory=list)  # decode dirs joined in, in order (hyp, hyp2)
     run_files: list[Path] = field(default_factory=list)  # their cached results (run-*.parquet)
+    scores: str | None = None  # the scores.jsonl of corpus-io score joined in (score_* columns)
 
     @property
     def table(self) -> Path:
@@ -486,29 +487,34 @@ _RANKS = """
 
 
 def build(input_path: str, *, cache_dir: str | os.PathLike | None = None, decode_dirs: list[str] = (),
-          storage_options: dict | None = None) -> Catalog:
-    """Build (or reuse) the catalog of ``input_path`` joined with the given decode result dirs."""
-    from corpus_io.explore.results import build_results, check_hyps
+          storage_options: dict | None = None, scores: str | None = None) -> Catalog:
+    """Build (or reuse) the catalog of ``input_path`` joined with the given decode result dirs and the
+    ``scores.jsonl`` of corpus-io score (``scores``: the file or its output_dir)."""
+    from corpus_io.explore.results import build_results, build_scores, check_hyps, scores_file
 
     runs = [str(Path(d).resolve()) for d in decode_dirs if d]
     for d in runs:  # before anything is written
         check_hyps(d)
+    scored = str(scores_file(scores).resolve()) if scores else None
     cache = Path(cache_dir) if cache_dir else default_cache_dir(input_path)
     kind, shards = build_base(input_path, cache, storage_options=storage_options)
     run_files = [build_results(d, cache) for d in runs]
-    build_table(cache, run_files)
-    return Catalog(input_path, kind, cache, shards, storage_options, runs, run_files)
+    build_table(cache, run_files, build_scores(scored, cache) if scored else None)
+    return Catalog(input_path, kind, cache, shards, storage_options, runs, run_files, scored)
 
 
-def build_table(cache: Path, results: list[Path]) -> Path:
-    """``cache/table.parquet``: ``base.parquet`` joined with decode results (``run-*.parquet``, in order) plus the
-    derived columns and sort ranks, and ``vocab.json``; kept when neither input changed."""
-    from corpus_io.explore.results import RESULT_COLUMNS
+def build_table(cache: Path, results: list[Path], scores: Path | None = None) -> Path:
+    """``cache/table.parquet``: ``base.parquet`` joined with decode results (``run-*.parquet``, in order) and score
+    figures (``scores-*.parquet``) plus the derived columns and sort ranks, and ``vocab.json``; kept when no input
+    changed."""
+    from corpus_io.explore.results import RESULT_COLUMNS, SCORE_COLUMNS
     from corpus_io.storage.files import temp_name
 
     table = cache / "table.parquet"
     want = {"version": CATALOG_VERSION, "base": file_stamp(str(cache / "base.parquet")),
             "runs": [[str(p), file_stamp(str(p))] for p in results]}
+    if scores is not None:
+        want["scores"] = [str(scores), file_stamp(str(scores))]
     if table.is_file() and read_stamp(cache / "table.json") == want:
         return table
     base = sql_str(cache / "base.parquet")
@@ -519,6 +525,9 @@ def build_table(cache: Path, results: list[Path]) -> Path:
         joins.append(f"LEFT JOIN read_parquet({sql_str(path)}) r{n} ON r{n}.key = b.key")
     if len(results) >= 2:
         selects.append("r2.cer - r1.cer AS cer_delta")
+    if scores is not None:
+        selects.append(", ".join(f"s.{c} AS {c}" for c in SCORE_COLUMNS))
+        joins.append(f"LEFT JOIN read_parquet({sql_str(scores)}) s ON s.key = b.key")
     tmp = temp_name(table)
     con = connect(cache)
     try:
@@ -530,7 +539,7 @@ def build_table(cache: Path, results: list[Path]) -> Path:
         # speaker -> its rank: a speaker filter becomes an integer comparison over the table
         con.execute(f"COPY (SELECT DISTINCT speaker, speaker_rank FROM read_parquet({sql_str(tmp)}) WHERE speaker IS "
                     f"NOT NULL) TO {sql_str(cache / 'speakers.parquet')} (FORMAT parquet)")
-        _write_page_rows(con, tmp, cache, len(results))
+        _write_page_rows(con, tmp, cache, len(results), scores is not None)
     finally:
         con.close()
     os.replace(tmp, table)
@@ -544,14 +553,16 @@ PAGE_FIELDS = ("row_id", "key", "shard_id", "duration", "sample_rate", "text", "
 RUN_PAGE_FIELDS = ("hyp", "cer", "wer")
 
 
-def page_fields(runs: int) -> list[str]:
+def page_fields(runs: int, scores: bool = False) -> list[str]:
+    from corpus_io.explore.results import SCORE_COLUMNS
+
     cols = list(PAGE_FIELDS)
     for n in range(1, runs + 1):
         cols += [f"{c}{'' if n == 1 else n}" for c in RUN_PAGE_FIELDS]
-    return cols + (["cer_delta"] if runs >= 2 else [])
+    return cols + (["cer_delta"] if runs >= 2 else []) + (list(SCORE_COLUMNS) if scores else [])
 
 
-def _write_page_rows(con: Any, table: Path, cache: Path, runs: int) -> None:
+def _write_page_rows(con: Any, table: Path, cache: Path, runs: int, scores: bool = False) -> None:
     """``rows.jsonl`` (one JSON object per row, in row_id order) and ``rows.idx`` (its line offsets, .npy): a
     page of 50 rows is 50 seeks, whatever the sort, instead of the engine decompressing every text to fetch
     them (see :mod:`corpus_io.explore.query`)."""
@@ -562,8 +573,8 @@ def _write_page_rows(con: Any, table: Path, cache: Path, runs: int) -> None:
 
     rows, idx = cache / "rows.jsonl", cache / "rows.idx"
     tmp_rows, tmp_idx = temp_name(rows), temp_name(idx)
-    con.execute(f"COPY (SELECT {', '.join(page_fields(runs))} FROM read_parquet({sql_str(table)}) ORDER BY row_id) "
-                f"TO {sql_str(tmp_rows)} (FORMAT json)")
+    con.execute(f"COPY (SELECT {', '.join(page_fields(runs, scores))} FROM read_parquet({sql_str(table)}) ORDER BY "
+                f"row_id) TO {sql_str(tmp_rows)} (FORMAT json)")
     with open(tmp_idx, "wb") as f:
         np.save(f, build_offsets(str(tmp_rows)))
     os.replace(tmp_rows, rows)

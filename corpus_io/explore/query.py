@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from corpus_io.explore.catalog import Catalog
 from corpus_io.explore.engine import read_stamp, sql_str
-from corpus_io.explore.results import words_path
+from corpus_io.explore.results import SCORE_FIGURES, words_path
 
 MAX_PAGE_SIZE = 1000
 MAX_BINS = 200
@@ -26,6 +26,8 @@ SORT_EXPR = {"row_id": "row_id", "key": "key_rank", "text": "text_rank", "speake
              "words": "words", "cps": "cps", "text_count": "text_count"}
 RUN_SORTS = ("cer", "wer", "wmr", "char_errors", "word_errors")
 HIST_COLUMNS = ("duration", "cps", "chars", "words", "sample_rate", "text_count")
+#: the score figures (``++scores``) the page sorts, filters (``<column>_min``/``_max``) and draws
+SCORE_COLUMNS_SORTED = tuple(f"score_{f}" for f in SCORE_FIGURES)
 
 
 class BadRequest(ValueError):
@@ -86,6 +88,9 @@ class Explorer:
             self.sorts.update({f"{c}{suffix}": f"{c}{suffix}" for c in RUN_SORTS})
         if self.runs >= 2:
             self.sorts["cer_delta"] = "cer_delta"
+        self.scored = "score_flagged" in self.columns  # corpus-io score's figures joined in (++scores)
+        if self.scored:
+            self.sorts.update({c: c for c in ("score_flagged", *SCORE_COLUMNS_SORTED)})
         self._lock = threading.Lock()
         self._dataset_lock = threading.Lock()
 
@@ -124,6 +129,15 @@ class Explorer:
                     raise BadRequest(f"{name} needs decode results (++decode_dir=...)")
                 conds.append(f"{col} {op} ?")
                 args.append(value)
+        for col in SCORE_COLUMNS_SORTED:
+            for name, op in ((f"{col}_min", ">="), (f"{col}_max", "<=")):
+                value = float_param(params, name)
+                if value is not None:
+                    if not self.scored:
+                        raise BadRequest(f"{name} needs the figures of a score run: explore "
+                                         f"++scores=<its scores.jsonl>")
+                    conds.append(f"{col} {op} ?")
+                    args.append(value)
         text = params.get("text")
         if text:
             self.check_regex("text", text)
@@ -147,12 +161,16 @@ class Explorer:
             conds.append("chars = 0")
         elif flag == "error":
             conds.append("error IS NOT NULL")
+        elif flag in ("flagged", "unflagged"):
+            if not self.scored:
+                raise BadRequest(f"flag={flag} needs the figures of a score run: explore ++scores=<its scores.jsonl>")
+            conds.append("score_flagged" if flag == "flagged" else "NOT score_flagged")
         elif flag in ("better", "worse"):
             if "cer_delta" not in self.columns:
                 raise BadRequest(f"flag={flag} needs two decode runs (++decode_dir and ++compare_dir)")
             conds.append("cer_delta < 0" if flag == "better" else "cer_delta > 0")
         elif flag:
-            raise BadRequest(f"flag={flag!r}: use duplicate, empty, error, better or worse")
+            raise BadRequest(f"flag={flag!r}: use duplicate, empty, error, better, worse, flagged or unflagged")
         return (" WHERE " + " AND ".join(conds)) if conds else "", args
 
     # ----------------------------------------------------------------- answers
@@ -222,7 +240,8 @@ class Explorer:
 
     def histogram(self, params: Mapping[str, str]) -> dict:
         column = params.get("column", "duration")
-        allowed = HIST_COLUMNS + tuple(c for c in ("cer", "wer", "cer2", "wer2", "cer_delta") if c in self.columns)
+        allowed = HIST_COLUMNS + tuple(c for c in ("cer", "wer", "cer2", "wer2", "cer_delta", *SCORE_COLUMNS_SORTED)
+                                       if c in self.columns)
         if column not in allowed:
             raise BadRequest(f"column={column!r}: histograms exist for {', '.join(allowed)}")
         bins = int_param(params, "bins", 40, 1, MAX_BINS)
@@ -242,7 +261,7 @@ class Explorer:
     def info(self) -> dict:
         """What the page needs to draw its first table at once: the input, row count, runs and shards."""
         out: dict[str, Any] = {"input": self.catalog.input, "kind": self.catalog.kind, "utterances": self.size(),
-                               "runs": self.catalog.runs}
+                               "runs": self.catalog.runs, "scores": self.catalog.scores}
         if self.catalog.kind == "shard":
             out["shards"] = [{"id": i, "url": s.url, "utterances": s.num_utts, "hours": s.seconds / 3600,
                               "error": s.error} for i, s in enumerate(self.catalog.shards)]
@@ -274,6 +293,9 @@ class Explorer:
             if n - 1 < len(self.catalog.run_files):
                 words = read_stamp(words_path(self.catalog.run_files[n - 1])) or {}
                 out[f"run{n}"]["word_accuracy"] = words.get("words", [])
+        if self.scored:
+            scored, flagged = self._query("SELECT count(score_flagged), count(*) FILTER (score_flagged) FROM t")[0]
+            out["score"] = {"file": self.catalog.scores, "scored": scored, "flagged": flagged}
         if self.runs >= 2:
             better, worse = self._query("SELECT count(*) FILTER (cer_delta < 0), count(*) FILTER (cer_delta > 0) "
                                         "FROM t")[0]

@@ -176,3 +176,74 @@ def diff(ref: str, hyp: str) -> dict[str, Any]:
     chars = align(char_units(ref), char_units(hyp))
     count = {op: sum(1 for o, _, _ in words if o == op) for op in "SID"}
     return {"words": words, "chars": chars, "counts": count}
+
+
+#: the figures of ``corpus-io score`` (scores.jsonl) joined into the catalog, each as ``score_<figure>``
+SCORE_FIGURES = ("cer", "wer", "loss_per_frame", "loss_per_token", "chars_per_second", "tokens_per_second")
+SCORE_COLUMNS = ("score_flagged", "score_reasons", *(f"score_{f}" for f in SCORE_FIGURES), "score_alignable",
+                 "score_hyp")
+_SCORE_TYPES = {"key": "VARCHAR", "score_flagged": "BOOLEAN", "score_reasons": "VARCHAR",
+                **{f"score_{f}": "DOUBLE" for f in SCORE_FIGURES}, "score_alignable": "BOOLEAN", "score_hyp": "VARCHAR"}
+
+
+def scores_file(scores: str) -> Path:
+    """The ``scores.jsonl`` that ``++scores`` names: the file, or the output_dir of corpus-io score holding it."""
+    path = Path(scores)
+    if path.is_dir():
+        path = path / "scores.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"scores={scores}: no such file; pass the scores.jsonl of corpus-io score (or its "
+                          f"output_dir, which holds it).")
+    return path
+
+
+def build_scores(scores: str, cache_dir: Path) -> Path:
+    """``scores-<digest>.parquet`` (key + :data:`SCORE_COLUMNS`) of a score run's ``scores.jsonl``, rebuilt when
+    it or the base changes. A line that is not a JSON object with a key is a DataError naming ``file:line``; a key
+    scored twice too (joined, it would show its utterance twice)."""
+    from corpus_io.explore.engine import connect, file_stamp, read_stamp, sql_str, write_json
+    from corpus_io.storage.files import parse_json_object, temp_name
+
+    path = scores_file(scores)
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    out, stamp_path = cache_dir / f"scores-{digest}.parquet", cache_dir / f"scores-{digest}.json"
+    want = {"version": CATALOG_VERSION, "scores": file_stamp(str(path)),
+            "base": file_stamp(str(cache_dir / "base.parquet"))}
+    if out.is_file() and read_stamp(stamp_path) == want:
+        return out
+    tmp_rows, tmp_out = temp_name(cache_dir / "scores.jsonl"), temp_name(out)
+    seen: dict[str, int] = {}
+    try:
+        with open(path, encoding="utf-8") as src, open(tmp_rows, "w", encoding="utf-8") as f:
+            for lineno, line in enumerate(src, 1):
+                if not line.strip():
+                    continue
+                row = parse_json_object(line, f"{path}:{lineno}", "scores.jsonl of corpus-io score holds a JSON "
+                                                                  "object per line")
+                key = row.get("key")
+                if not isinstance(key, str) or not key:
+                    raise DataError(f"{path}:{lineno}: a row without a 'key'; scores.jsonl of corpus-io score has "
+                                    f"one per line. Pass that file.")
+                if key in seen:
+                    raise DataError(f"{path}:{lineno}: key '{key}' was scored on line {seen[key]} too; corpus-io "
+                                    f"score writes each key once. Keep one line per key.")
+                seen[key] = lineno
+                reasons = row.get("reasons") or []
+                f.write(json.dumps({"key": key, "score_flagged": bool(row.get("flagged")),
+                                    "score_reasons": "; ".join(map(str, reasons)) if isinstance(reasons, list)
+                                    else str(reasons),
+                                    **{f"score_{fig}": row.get(fig) for fig in SCORE_FIGURES},
+                                    "score_alignable": row.get("alignable"), "score_hyp": row.get("hyp")},
+                                   ensure_ascii=False) + "\n")
+        columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in _SCORE_TYPES.items()) + "}"
+        con = connect(cache_dir)
+        try:
+            con.execute(f"COPY (SELECT * FROM read_json({sql_str(tmp_rows)}, format='newline_delimited', "
+                        f"columns={columns})) TO {sql_str(tmp_out)} (FORMAT parquet)")
+        finally:
+            con.close()
+    finally:
+        tmp_rows.unlink(missing_ok=True)
+    os.replace(tmp_out, out)
+    write_json(stamp_path, want)
+    return out

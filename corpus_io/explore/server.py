@@ -241,7 +241,7 @@ def explore(cfg: Any) -> None:
     try:
         storage_options = dict(cfg.storage_options or {}) or None
         catalog = build(cfg.input, cache_dir=cfg.cache_dir, storage_options=storage_options,
-                        decode_dirs=[d for d in (cfg.decode_dir, cfg.compare_dir) if d])
+                        decode_dirs=[d for d in (cfg.decode_dir, cfg.compare_dir) if d], scores=cfg.scores)
         explorer = Explorer(catalog, token_list=cfg.token_list, dump_audio_dir=cfg.dump_audio_dir)
         server.RequestHandlerClass.explorer = explorer
         host, port = server.server_address[:2]

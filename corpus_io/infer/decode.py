@@ -189,6 +189,7 @@ class Forward:
     segments: list | None = None
     speech: list | None = None  # per utterance, which input frames hold speech (fbank energy), for word onsets
     speech_seconds: float = 0.01  # seconds between those frames (the frame shift)
+    targets: list = field(default_factory=list)  # each utterance's label as the loader tokenized it (token ids)
 
 
 #: an utterance longer than this (seconds) goes through the model in pieces of this length (``++chunk_seconds``): the
@@ -241,7 +242,8 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
                     chunked(model, feats, feats_lengths, step=step, piece=piece, context=context)
             sync_device(device)
             target, tlen = batch["target"].tolist(), batch["target_lengths"].tolist()
-            refs = [_reference(batch, i, tokenizer, target[i][: int(tlen[i])]) for i in range(len(batch["keys"]))]
+            targets = [target[i][: int(tlen[i])] for i in range(len(batch["keys"]))]
+            refs = [_reference(batch, i, tokenizer, ids) for i, ids in enumerate(targets)]
             utts += len(refs)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(utts=utts)
@@ -252,7 +254,7 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
                 frames = _speech(*energy_feats, conf)
             yield Forward(list(batch["keys"]), refs, float(batch.get("audio_seconds", 0.0)), log_probs, lengths,
                           enc, seconds, _durations(batch, conf), batch.get("segments"), frames,
-                          input_frame_seconds(conf))
+                          input_frame_seconds(conf), targets)
 
 
 def streaming_options(cfg: Any, model: Any) -> tuple[int, int]:
@@ -341,7 +343,8 @@ def _durations(batch: dict, conf: Any) -> list[float]:
 
 
 def run_search(dconf: Any, batches: Iterable[Forward], tokenizer: Any, search: Any, *, where: str,
-               skipped: Callable[[], str] = lambda: "none", frame_seconds: float | None = None) -> DecodeRun:
+               skipped: Callable[[], str] = lambda: "none", frame_seconds: float | None = None,
+               command: str = "decode") -> DecodeRun:
     """The search over the model's outputs (timed apart from the model); n-best lists by key. With
     ``frame_seconds`` (seconds per output frame) each best hypothesis is also aligned: times and confidences in
     ``run.timed``."""
@@ -366,7 +369,7 @@ def run_search(dconf: Any, batches: Iterable[Forward], tokenizer: Any, search: A
     run.wall_s = time.perf_counter() - t_start
     run.skipped = skipped()
     if not run.nbest:
-        raise DataError(f"decode read 0 utterances from {where} (loader skips/filters: {run.skipped}); nothing "
+        raise DataError(f"{command} read 0 utterances from {where} (loader skips/filters: {run.skipped}); nothing "
                         f"was scored or written. Check the list, its paths or URLs and dataset_conf.on_error.")
     if run.repeats:
         first = next(iter(run.repeats))

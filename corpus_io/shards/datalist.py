@@ -25,6 +25,7 @@ import glob
 import json
 import os
 import re
+import sys
 from array import array
 from pathlib import Path
 from typing import Any, Iterator
@@ -263,15 +264,16 @@ def _probe(rec: dict, where: str) -> Any:
                         f"line.") from None
 
 
-def make_raw_list(inputs: list[str], output: str) -> Summary:
+def make_raw_list(inputs: list[str], output: str, exclude_keys: str | None = None) -> Summary:
     """WeNet raw lines ``{key, wav, txt, duration, source_len[, start, end]}`` from inputs of any kind of
     :mod:`corpus_io.tables.inputs` (FunASR/WeNet jsonl, Kaldi dir, NeMo, Lhotse); a line without transcript is skipped
-    and counted."""
+    and counted; a key of ``exclude_keys`` (a file, :class:`corpus_io.keys.ExcludedKeys`) is left out and counted."""
     from corpus_io.audio import io as audio
-    from corpus_io.keys import key_hash
+    from corpus_io.keys import ExcludedKeys, key_hash
     from corpus_io.tables.inputs import Skipped, iter_records, raise_if_duplicate_keys
 
     summary = Summary()
+    excluded = ExcludedKeys(exclude_keys) if exclude_keys else None
     probed: dict[str, Any] = {}  # the last recording probed for segments
     hashes = array("q")  # 8 bytes per utterance, for the duplicate-key check
     with atomic_write(output) as out:  # an error below leaves no output behind
@@ -287,6 +289,9 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
                                       f"++data_type=shard ++input={path}) to train on them directly, or pack them "
                                       f"(pack-shards ++input={path}).")
                 hashes.append(key_hash(rec["key"]))
+                if excluded is not None and excluded.excludes(rec["key"]):
+                    summary.skip(excluded.reason)
+                    continue
                 if rec.get("target") is None:
                     raise DataError(f"{where}: key '{rec['key']}' has no transcript ('target' or 'txt').")
                 start, end = rec.get("start"), rec.get("end")
@@ -319,7 +324,13 @@ def make_raw_list(inputs: list[str], output: str) -> Summary:
             if len(hashes) == before:
                 raise skipped.nothing_left(path, "there is nothing to list", "++input")
         raise_if_duplicate_keys(inputs, hashes)
+        if excluded is not None and not summary.kept:
+            raise DataError(f"make-datalist: every utterance of {', '.join(map(str, inputs))} is in ++exclude_keys="
+                            f"{exclude_keys} ({len(excluded.met)} left out), so the list would be empty (nothing was "
+                            f"written). Check that the file is the one for this input.")
     summary.print("make-datalist")
+    if excluded is not None:
+        print(excluded.report("make-datalist"), file=sys.stderr, flush=True)
     return summary
 
 
@@ -357,10 +368,15 @@ def make_datalist(cfg: Any) -> None:
     if cfg.output in ("", "???"):
         raise ConfigError("make-datalist needs ++output=data.list.")
     refuse_remote_output(cfg.output, "++output", "make-datalist")
-    refuse_overwriting_inputs(_outputs(cfg), _inputs(inputs))
+    refuse_overwriting_inputs(_outputs(cfg), [*_inputs(inputs), ("++exclude_keys", cfg.exclude_keys)])
     Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
+    if cfg.exclude_keys and cfg.data_type != "raw":
+        raise ConfigError(f"make-datalist ++exclude_keys={cfg.exclude_keys} leaves utterances out of a raw list; a "
+                          f"shard list names whole shards, whose utterances are packed inside. Re-pack without "
+                          f"them (pack-shards ++exclude_keys={cfg.exclude_keys}), then list the new shards, or make "
+                          f"a raw list (++data_type=raw).")
     if cfg.data_type == "raw":
-        make_raw_list(inputs, cfg.output)
+        make_raw_list(inputs, cfg.output, cfg.exclude_keys)
     else:
         make_shard_list(inputs, cfg.output, cfg.prefix, columns=dict(cfg.columns or {}),
                         storage_options=dict(cfg.storage_options or {}))

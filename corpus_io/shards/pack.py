@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -50,6 +51,7 @@ from corpus_io.jobs.parts import (
     summary_data,
     write_part,
 )
+from corpus_io.keys import ExcludedKeys
 from corpus_io.shards import format as fmt
 from corpus_io.shards.pack_list import clean_temp_files, refuse_other_prefix, withdraw_list, write_list
 from corpus_io.shards.pack_merge import absent_object, publish_record
@@ -81,9 +83,10 @@ def parse_filter_group(specs: list[str]) -> list[tuple[int, int]]:
 
 def _pack_dir(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
               keep: Callable[[dict], bool] | None, summary: Summary, desc: str,
-              wanted: range | None = None, url: str = "") -> list[ShardStat]:
+              wanted: range | None = None, url: str = "", excluded: ExcludedKeys | None = None) -> list[ShardStat]:
     """Pack one directory's shards; ``wanted``: a job's shard numbers (only those are written, and no list);
-    ``url``: an object-storage prefix (``out_dir`` is then its local state dir)."""
+    ``url``: an object-storage prefix (``out_dir`` is then its local state dir); ``excluded``: the keys of
+    ``++exclude_keys``, left out and counted."""
     ensure_dir(out_dir, what="output_dir")
     refuse_other_prefix(out_dir, cfg.shard_prefix)
     if wanted is None:
@@ -102,7 +105,7 @@ def _pack_dir(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
         return t
 
     # a job over a jsonl (every line one record, no filter) starts reading at its first shard's first line
-    index = wanted.start if wanted is not None and keep is None and not inp.may_skip else 0
+    index = wanted.start if wanted is not None and keep is None and excluded is None and not inp.may_skip else 0
 
     def tasks() -> Iterator[ShardTask]:
         nonlocal index
@@ -116,6 +119,10 @@ def _pack_dir(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
                     summary.skip(rec.reason)
                 continue
             if keep is not None and not keep(rec):
+                continue
+            if excluded is not None and excluded.excludes(rec["key"]):
+                if wanted is None or index in wanted:
+                    summary.skip(excluded.reason)
                 continue
             if wanted is not None and index >= wanted.stop:
                 return  # a job: the rest of the input is other jobs' shards
@@ -166,19 +173,21 @@ def _refuse_other_run(task: ShardTask) -> None:
 
 
 def _fingerprint(cfg: Any, opts: PackOptions, inp: Input) -> str:
+    excluded = [files_digest([cfg.exclude_keys])] if cfg.exclude_keys else []  # other keys left out: other shards
     return fingerprint(["pack-shards", opts.digest_part(), opts.on_error, cfg.num_utts_per_shard, bool(cfg.shuffle),
-                        cfg.seed, list(cfg.filter_group), cfg.shard_prefix, files_digest(inp.files)])
+                        cfg.seed, list(cfg.filter_group), cfg.shard_prefix, files_digest(inp.files), *excluded])
 
 
 def _group_dirs(out_dir: Path, groups: list[tuple[int, int]]) -> list[str]:
     return [f"{lo}_{hi}" for lo, hi in groups] or [""]
 
 
-def _plan(inp: Input, cfg: Any, total: int, keeps: list[Callable[[dict], bool] | None]) -> list[int]:
+def _plan(inp: Input, cfg: Any, total: int, keeps: list[Callable[[dict], bool] | None],
+          excluded: ExcludedKeys | None = None) -> list[int]:
     """The number of shards of each group, as a one-job run makes them (a job needs the global numbering):
     from the line count when every line is one record, else from a counting pass over the input."""
     per = cfg.num_utts_per_shard
-    if keeps == [None] and not inp.may_skip:
+    if keeps == [None] and not inp.may_skip and excluded is None:
         return [-(-total // per)]
     counts = [0] * len(keeps)
     for rec in inp.records(cfg.shuffle, cfg.seed):
@@ -186,6 +195,8 @@ def _plan(inp: Input, cfg: Any, total: int, keeps: list[Callable[[dict], bool] |
             if cfg.on_error == "fail":
                 raise DataError(f"{rec.where}: {rec.what} ({inp.describe}). Fix the data dir, or "
                                 f"pass ++on_error=skip to drop such utterances (they are counted).")
+            continue
+        if excluded is not None and rec["key"] in excluded.keys:
             continue
         for g, keep in enumerate(keeps):
             if keep is None or keep(rec):
@@ -201,7 +212,9 @@ def pack_shards(cfg: Any) -> Summary:
     writes the list and index a one-job run writes."""
     check_values(cfg)  # num_utts_per_shard, resample, ...: their ranges, also for configs built in Python
     refuse_overwriting_inputs([(f"++output_dir's {name}", os.path.join(str(cfg.output_dir), name))
-                               for name in ("data.list", "index.jsonl")], [("++input", cfg.input)])
+                               for name in ("data.list", "index.jsonl")],
+                              [("++input", cfg.input), ("++exclude_keys", cfg.exclude_keys)])
+    excluded = ExcludedKeys(cfg.exclude_keys) if cfg.exclude_keys else None
     job = job_of(cfg)
     feats = bool(getattr(cfg, "feats", False))
     if feats and (cfg.audio_format != "keep" or cfg.resample):
@@ -243,12 +256,12 @@ def pack_shards(cfg: Any) -> Summary:
             summary.print(f"pack-shards {job} (already complete)")
             return summary
     if not job.single:
-        return _pack_job(inp, out_dir, cfg, opts, total, keeps, dirs, job, place, fp, url)
+        return _pack_job(inp, out_dir, cfg, opts, total, keeps, dirs, job, place, fp, url, excluded)
     all_stats: list[ShardStat] = []
     for keep, sub in zip(keeps, dirs):
         desc = "pack-shards" + (f" {sub.replace('_', ':')}" if sub else "")
         all_stats += _pack_dir(inp, out_dir / sub, cfg, opts, total, keep, summary, desc,
-                               url=objects.join(url, sub) if url else "")
+                               url=objects.join(url, sub) if url else "", excluded=excluded)
     if groups:
         grouped = summary.kept + sum(summary.skipped.values())
         if grouped < total:
@@ -257,6 +270,8 @@ def pack_shards(cfg: Any) -> Summary:
     summary.extra["shards"] = sum(1 for s in all_stats if s.num_utts)
     summary.extra["resumed"] = sum(1 for s in all_stats if s.resumed)
     summary.print("pack-shards")
+    if excluded is not None:
+        print(excluded.report("pack-shards"), file=sys.stderr, flush=True)
     summary.raise_if_empty("pack-shards", f"No shard was listed in {out_dir}: check {cfg.input} (an earlier step "
                                           f"may have written it empty) and the skip reasons above (audio paths, "
                                           f"transcripts, filter_group).")
@@ -265,11 +280,11 @@ def pack_shards(cfg: Any) -> Summary:
 
 def _pack_job(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int,
               keeps: list[Callable[[dict], bool] | None], dirs: list[str], job: Job, place: Place,
-              fp: str, url: str = "") -> Summary:
+              fp: str, url: str = "", excluded: ExcludedKeys | None = None) -> Summary:
     """One job of N: the shards of its range of global shard numbers (over the groups in order), a record.
     With ``url`` (object storage) the record's outputs are the shards' local sidecars (the objects' size and
     sha256), and its entries name the shards relative to ``url``."""
-    counts = _plan(inp, cfg, total, keeps)
+    counts = _plan(inp, cfg, total, keeps, excluded)
     lo, hi = job.span(sum(counts))
     summary = Summary()
     groups: list[dict] = []
@@ -281,7 +296,7 @@ def _pack_job(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
         entries: list[dict] = []
         if len(wanted):
             stats = _pack_dir(inp, out_dir / sub, cfg, opts, total, keep, summary, f"pack-shards {job}", wanted,
-                              url=objects.join(url, sub) if url else "")
+                              url=objects.join(url, sub) if url else "", excluded=excluded)
             for stat in stats:
                 if stat.num_utts > 0:
                     local = out_dir / sub / Path(stat.path).name
@@ -299,6 +314,8 @@ def _pack_job(inp: Input, out_dir: Path, cfg: Any, opts: PackOptions, total: int
     if url:
         publish_record(record, url, opts.storage_options)
     summary.print(f"pack-shards {job}")
+    if excluded is not None:  # a job reads only its part of the input: the keys it did not meet may be others'
+        print(excluded.report(f"pack-shards {job}", whole_input=False), file=sys.stderr, flush=True)
     print(f"pack-shards {job}: shards {lo}..{hi - 1} of {sum(counts)} -> {record}", flush=True)
     return summary
 

@@ -21,6 +21,9 @@
 #   9 serve (--streaming true: stage 6 trains a streaming model, stage 7 also decodes it chunk by chunk): export
 #     for sherpa-onnx, offline and online (corpus-io export-model [++streaming=true]), and decode test_digits with
 #     sherpa-onnx itself (recipes/tools/sherpa_decode.py), words compared with stage 7's
+#  11 clean (run it on its own: --stage 11 --stop_stage 11): the training set scored with the stage-6 model (stage 7's
+#     average; corpus-io score: wrong labels found by CTC loss, greedy CER/WER, rates), the flagged keys left out of
+#     a re-pack (pack-shards ++exclude_keys) into $data/train_clean/shard.list, the counts printed
 # Usage: ./run.sh [--stage N] [--stop_stage N] [--nj N] [--cmd local|slurm] [--max_epoch N] ...   (run from anywhere)
 # Example: ./run.sh --stage 6 --stop_stage 7 --max_epoch 5
 set -euo pipefail
@@ -267,4 +270,23 @@ if stage_on 9; then
       serve_with_sherpa "$real_exp" "$real_exp/model.pt.avg1" "$data/real"
     fi
   fi
+fi
+
+if stage_on 11; then
+  # Cleaning: every training utterance scored with the stage-6 model (stage 7's average); the ones flagged (a wrong
+  # label: high CTC loss per token, greedy CER/WER, a rate far from the rest, or one that cannot be aligned) are left
+  # out of a re-pack. Train on $data/train_clean/shard.list to drop them (++train_data_set_list).
+  score_dir=$exp/score_train
+  corpus-io score "++data_list=$data/train/shard.list" "++checkpoint=$exp/model.pt.avg$average_num" \
+    "++output_dir=$score_dir" ++dataset_conf.data_type=shard
+  clean=$data/train_clean
+  corpus-io pack-shards "++input=$data/train/data.jsonl" "++output_dir=$clean/shards" \
+    "++num_utts_per_shard=$num_utts_per_shard" ++shuffle=true "++exclude_keys=$score_dir/flagged" "++num_workers=$nj"
+  make_shard_lists 11 "$clean"
+  scored=$(grep -c . "$score_dir/scores.jsonl")
+  flagged=$(grep -c . "$score_dir/flagged" || true)
+  kept=$(python -c 'import json, sys; print(sum(json.loads(l)["num_utts"] for l in open(sys.argv[1])))' \
+    "$clean/shards/index.jsonl")
+  log 11 "scored $scored training utterances, flagged $flagged ($(sed -n 2p "$score_dir/summary.txt")): kept $kept" \
+    "in $clean/shard.list; the flagged keys and their reasons: $score_dir/flagged"
 fi

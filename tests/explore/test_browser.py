@@ -257,3 +257,44 @@ def test_a_raw_list_shows_each_audio_file_instead_of_a_shard_and_no_speaker_coun
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_score_figures_sort_by_their_headers_filter_to_the_flagged_and_play_a_flagged_row(browser, packed,
+                                                                                         tmp_path):
+    """++scores (corpus-io score's scores.jsonl): its columns sort by a click, show: flagged keeps the flagged,
+    the figure filter bounds one figure, and a flagged row opens with its reasons and plays its audio."""
+    import json
+
+    keys = sorted(fixture_texts())
+    rows = [{"key": k, "flagged": i in (3, 17), "reasons": ["loss_per_token 9 > 1"] if i in (3, 17) else [],
+             "cer": 0.0, "wer": 0.0, "loss_per_frame": 0.01, "loss_per_token": 9.0 if i in (3, 17) else 0.1 + i / 100,
+             "chars_per_second": 10.0, "tokens_per_second": 2.0, "alignable": True, "hyp": "x"}
+            for i, k in enumerate(keys)]
+    scores = tmp_path / "scores.jsonl"
+    scores.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    server = Explore(f"++input={packed}/data.list", f"++scores={scores}", f"++cache_dir={tmp_path / 'cache'}")
+    try:
+        browser.get(server.url)
+        wait_for(browser, "return document.body.dataset.ready==='1'")
+        head = browser.find_element("css selector", "th[data-col=score_loss_per_token]")
+        head.click()
+        head = browser.find_element("css selector", "th[data-col=score_loss_per_token]")
+        head.click()
+        wait_for(browser, "return document.querySelector('th.sorted.desc')?.dataset.col==='score_loss_per_token' && "
+                 + IDLE)
+        assert sorted(rows_text(browser, "key")[:2]) == [keys[3], keys[17]]
+        assert rows_text(browser, "score_flagged")[:3] == ["yes", "yes", "no"]
+        browser.execute_script("document.getElementById('f-flag').value='flagged'")
+        browser.find_element("id", "apply").click()
+        wait_for(browser, "return " + IDLE + " && document.querySelectorAll('#body tr').length===2")
+        browser.execute_script("const f=document.getElementById('f-flag'); f.value='';"
+                               "document.getElementById('f-score-fig').value='score_loss_per_token';"
+                               "document.getElementById('f-score-max').value='0.2'")
+        browser.find_element("id", "apply").click()
+        want = sum(1 for i in range(len(keys)) if i not in (3, 17) and 0.1 + i / 100 <= 0.2)
+        wait_for(browser, "return " + IDLE + f" && document.querySelectorAll('#body tr').length==={want}")
+        play_and_check(browser, keys[3], *member(packed, keys[3]), tmp_path, "explore-score-row.png")
+        meta = browser.find_element("id", "row-meta").text
+        assert "loss_per_token 9 > 1" in meta and "score: flagged yes" in meta
+    finally:
+        server.close()

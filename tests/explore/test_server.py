@@ -340,3 +340,46 @@ def test_a_parquet_or_lhotse_shar_list_lists_every_row_and_plays_its_stored_audi
         # pyarrow's garbage collected in a later test's forked DataLoader worker (after duckdb ran in this process)
         # segfaults it: collect it here, in the process that made it
         gc.collect()
+
+
+def test_the_figures_of_corpus_io_score_sort_filter_and_flag_with_the_audio_a_click_away(packed, tmp_path):
+    """++scores: scores.jsonl of corpus-io score joined by key (a row it lacks shows none): every figure sorts and
+    filters, flag=flagged keeps the flagged rows, the row view carries the reasons and plays the audio."""
+    keys = sorted(fixture_texts())
+    out = tmp_path / "score"
+    out.mkdir()
+    rows = [{"key": k, "flagged": i % 6 == 0, "reasons": [f"loss_per_token {i}.5 > 1"] if i % 6 == 0 else [],
+             "cer": i / 100, "wer": i / 50, "loss_per_frame": 0.01 * i, "loss_per_token": 0.1 * (23 - i),
+             "chars_per_second": 10.0 + i, "tokens_per_second": 2.0 + i / 10, "alignable": True, "hyp": "h"}
+            for i, k in enumerate(keys[:-1])]  # the last key was not scored
+    (out / "scores.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    s = Served(build(str(packed / "data.list"), cache_dir=tmp_path / "cache", scores=str(out)))
+    try:
+        assert json.loads(get(s.base + "/api/info")[2])["scores"] == str((out / "scores.jsonl").resolve())
+        page = json.loads(get(s.base + "/api/rows?size=100&sort=score_loss_per_token&desc=1")[2])
+        ranked = [r["key"] for r in page["rows"]]
+        assert ranked[:-1] == keys[:-1] and ranked[-1] == keys[-1]  # unscored: last (nulls last)
+        assert page["rows"][0]["score_flagged"] is True and page["rows"][0]["score_reasons"] == "loss_per_token 0.5 > 1"
+        for figure in ("cer", "wer", "loss_per_frame", "loss_per_token", "chars_per_second", "tokens_per_second"):
+            col = f"score_{figure}"
+            got = json.loads(get(f"{s.base}/api/rows?size=100&sort={col}")[2])["rows"]
+            values = [r[col] for r in got if r[col] is not None]
+            assert values == sorted(values) and len(values) == 23, figure
+            assert json.loads(get(f"{s.base}/api/hist?column={col}&bins=4")[2])["counts"]
+        got = json.loads(get(s.base + "/api/rows?size=100&score_loss_per_token_min=1.05&score_cer_max=0.05")[2])
+        assert {r["key"] for r in got["rows"]} == {keys[i] for i in range(23) if 0.1 * (23 - i) >= 1.05 and i <= 5}
+        flagged = json.loads(get(s.base + "/api/rows?size=100&flag=flagged")[2])["rows"]
+        assert [r["key"] for r in flagged] == [keys[i] for i in range(0, 23, 6)]
+        assert json.loads(get(s.base + "/api/rows?size=100&flag=unflagged")[2])["total"] == 23 - len(flagged)
+        status, headers, _ = get(f"{s.base}/api/audio/{flagged[0]['row_id']}")  # the audio, a click away
+        assert status == 200 and headers["Content-Type"].startswith("audio/")
+        assert json.loads(get(f"{s.base}/api/dataset")[2])["score"]["flagged"] == len(flagged)
+    finally:
+        s.close()
+    s = Served(build(str(packed / "data.list"), cache_dir=tmp_path / "cache"))  # without ++scores: none of it
+    try:
+        status, _, body = get(s.base + "/api/rows?flag=flagged")
+        assert status == 400 and "++scores" in json.loads(body)["error"]
+        assert get(s.base + "/api/rows?sort=score_cer")[0] == 400
+    finally:
+        s.close()

@@ -351,3 +351,34 @@ def test_librispeech_recipe_prepares_trains_and_decodes_a_lookalike_tree(pipelin
     assert re.search(r"^\| test_clean \| ctc_beam_lm \| [0-9.]+ \| [0-9.]+ \|", table, re.M), table
     # a word 3-gram over the BPE pieces' words (lm_unit auto -> word)
     assert "lm_unit=word" in (tmp_path / "exp" / "decode_test_clean.ctc_beam_lm" / "cer.txt").read_text()
+
+
+@pytest.mark.slow
+def test_the_cleaning_stage_scores_the_training_set_and_repacks_it_without_the_flagged_keys(smoke, tmp_path):
+    """Stage 11 on the smoke run's training set and model (its own data and exp dirs: the smoke run's are read
+    only): scores.jsonl has a row per training utterance, the re-packed list holds every one but the flagged, and
+    the counts are printed."""
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    data.mkdir()
+    exp.mkdir()
+    (data / "train").symlink_to(smoke["data"] / "train")
+    (exp / "model.pt.avg1").symlink_to(smoke["exp"] / "model.pt.avg1")
+    result = run_recipe("espeak", "--stage", "11", "--stop_stage", "11", "--average_num", "1", "--data", str(data),
+                        "--exp", str(exp), timeout=hang_limit(300))
+    assert result.returncode == 0, result.stderr[-3000:]
+    trained = (smoke["data"] / "train" / "data.jsonl").read_text().splitlines()
+    scores = [json.loads(line) for line in (exp / "score_train" / "scores.jsonl").read_text().splitlines()]
+    assert sorted(r["key"] for r in scores) == sorted(json.loads(line)["key"] for line in trained)
+    flagged = {line.split()[0] for line in (exp / "score_train" / "flagged").read_text().splitlines()}
+    assert flagged == {r["key"] for r in scores if r["flagged"]}
+    kept = {k for url in (data / "train_clean" / "shard.list").read_text().split()
+            for k in _shard_keys(url)}
+    assert kept == {r["key"] for r in scores} - flagged
+    assert re.search(rf"\[stage 11\] scored {len(scores)} training utterances, flagged {len(flagged)} \(flagged by: "
+                     rf".*\): kept {len(kept)} in ", result.stderr), result.stderr[-3000:]
+
+
+def _shard_keys(url: str) -> list[str]:
+    from corpus_io.shards.reader import read_shard
+
+    return [sample["key"] for sample in read_shard(url)]

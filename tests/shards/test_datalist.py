@@ -287,3 +287,20 @@ def test_raw_mode_names_the_line_and_key_of_audio_it_cannot_list_and_writes_noth
     for needle in needles:
         assert needle in str(error.value), str(error.value)
     assert list(out.iterdir()) == [] and sorted(p.name for p in given.iterdir()) == before
+
+
+def test_raw_mode_exclude_keys_leaves_out_the_flagged_keys_and_shard_mode_says_to_repack(tmp_path, capfd):
+    src = tmp_path / "t.jsonl"
+    src.write_text("".join(json.dumps({"key": f"k{i}", "source": "/a.wav", "source_len": 100, "target": "hi"}) + "\n"
+                           for i in range(5)))
+    flagged = tmp_path / "flagged"
+    flagged.write_text("k1 cer 1 > 0.3\nk3 unalignable: 40 tokens need 40 frames, the audio has 25\nk9 wer 1 > 0.3\n")
+    make_datalist(MakeDatalistConfig(data_type="raw", input=str(src), output=str(tmp_path / "raw.list"),
+                                     exclude_keys=str(flagged)))
+    assert [json.loads(x)["key"] for x in (tmp_path / "raw.list").read_text().splitlines()] == ["k0", "k2", "k4"]
+    err = capfd.readouterr().err
+    assert "3 utterances" in err and "skipped 2 (excluded by ++exclude_keys: 2)" in err
+    assert "2 of its 3 keys left out; 1 is not in the input (e.g. 'k9')" in err
+    with pytest.raises(Exception, match=r"shard list names whole shards.*pack-shards \+\+exclude_keys="):
+        make_datalist(MakeDatalistConfig(data_type="shard", input=[str(tmp_path)], output=str(tmp_path / "s.list"),
+                                         exclude_keys=str(flagged)))

@@ -381,3 +381,25 @@ def test_a_kaldi_dir_utterance_without_a_transcript_is_named_by_key_and_line(tmp
     result = run_cli("corpus-io", "pack-shards", f"++input={kaldi_dir}", f"++output_dir={tmp_path / 'out'}",
                      "++on_error=skip", cwd=REPO)
     assert result.returncode == 0 and "missing transcript: 1" in result.stderr, result.stderr
+
+
+def test_exclude_keys_leaves_out_the_keys_of_a_flagged_file_counting_them_and_naming_keys_not_in_the_input(
+        tmp_path, fixture_jsonl, capfd):
+    keys = [json.loads(line)["key"] for line in fixture_jsonl.read_text().splitlines()]
+    flagged = tmp_path / "flagged"  # score's format: the key, then its reasons
+    flagged.write_text(f"{keys[0]} cer 0.8 > 0.3; loss_per_token 9.1 > 1.1\n{keys[5]} unalignable: 9 tokens\n\n"
+                       f"not-in-this-input wer 1 > 0.3\n", encoding="utf-8")
+    summary = pack_shards(_cfg(fixture_jsonl, tmp_path / "out", exclude_keys=str(flagged)))
+    packed = [s["key"] for s in _all_samples(tmp_path / "out" / "data.list")]
+    assert packed == [k for k in keys if k not in (keys[0], keys[5])]
+    assert summary.skipped["excluded by ++exclude_keys"] == 2
+    err = capfd.readouterr().err
+    assert "skipped 2 (excluded by ++exclude_keys: 2)" in err
+    assert f"++exclude_keys={flagged}: 2 of its 3 keys left out; 1 is not in the input (e.g. " \
+           f"'not-in-this-input')" in err
+
+
+def test_exclude_keys_that_does_not_exist_is_one_paragraph(tmp_path, fixture_jsonl):
+    with pytest.raises(DataError, match=r"\+\+exclude_keys=.*nope does not exist. Give a file of keys"):
+        pack_shards(_cfg(fixture_jsonl, tmp_path / "out", exclude_keys=str(tmp_path / "nope")))
+    assert not (tmp_path / "out").exists()

@@ -3,6 +3,7 @@ nothing, kill -9."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -350,3 +351,14 @@ def test_a_key_repeated_in_the_input_is_refused_by_one_job_and_by_the_merge_of_n
         pack(jsonl, tmp_path / "one")
     pack_jobs(jsonl, tmp_path / "two", 2)
     refused(tmp_path / "two", f"key '{recs[0]['key']}' is held by two parts")
+
+
+def test_n_jobs_with_exclude_keys_merge_to_the_bytes_of_one_job(tmp_path, fixture_jsonl):
+    keys = [json.loads(line)["key"] for line in fixture_jsonl.read_text().splitlines()]
+    flagged = tmp_path / "flagged"
+    flagged.write_text("".join(f"{k} loss_per_token 9 > 1\n" for k in keys[1::5]), encoding="utf-8")
+    pack(fixture_jsonl, tmp_path / "one", exclude_keys=str(flagged))
+    reference = tree(tmp_path / "one")
+    pack_jobs(fixture_jsonl, tmp_path / "n3", 3, exclude_keys=str(flagged))
+    merge(tmp_path / "n3")
+    assert tree(tmp_path / "n3") == reference

@@ -2,7 +2,7 @@
 "use strict";
 const $ = (id) => document.getElementById(id);
 const state = { seq: 0, page: 0, size: 50, sort: "row_id", desc: false, total: 0, filters: {}, open: null, runs: 0,
-  kind: "shard" };
+  kind: "shard", scored: false };
 const COLUMNS = [
   ["row_id", "#", "num"], ["key", "key"], ["duration", "dur (s)", "num"], ["text", "text"],
   ["speaker", "speaker"], ["shard", "shard"], ["chars", "chars", "num"], ["cps", "chars/s", "num"],
@@ -11,6 +11,12 @@ const COLUMNS = [
 const AUDIO_COLUMN = ["source", "audio"];  // a raw list or Kaldi dir has one pseudo-shard: show each file instead
 const RUN_COLUMNS = [["cer", "CER", "num"], ["wer", "WER", "num"], ["hyp", "hypothesis"]];
 const CMP_COLUMNS = [["cer2", "CER 2", "num"], ["cer_delta", "CER \u0394", "num"]];
+// corpus-io score's figures (++scores): each column sorts; the filter form's figure select filters any of them
+const SCORE_COLUMNS = [["score_flagged", "flagged"], ["score_loss_per_token", "loss/token", "num"],
+  ["score_loss_per_frame", "loss/frame", "num"], ["score_cer", "label CER", "num"], ["score_wer", "label WER", "num"],
+  ["score_tokens_per_second", "tokens/s", "num"], ["score_chars_per_second", "label chars/s", "num"],
+  ["score_reasons", "reasons"]];
+const SCORE_NUMBERS = SCORE_COLUMNS.filter((c) => c[2] === "num").map((c) => c[0]);
 
 async function api(path) {
   const r = await fetch(path);
@@ -26,6 +32,7 @@ function columns() {
   let cols = COLUMNS.map((col) => (col[0] === "shard" && state.kind !== "shard" ? AUDIO_COLUMN : col));
   if (state.runs >= 1) cols = cols.concat(RUN_COLUMNS);
   if (state.runs >= 2) cols = cols.concat(CMP_COLUMNS);
+  if (state.scored) cols = cols.concat(SCORE_COLUMNS);
   return cols;
 }
 
@@ -34,7 +41,7 @@ function renderHead() {
     `<th data-col="${c}" class="${state.sort === c ? "sorted" + (state.desc ? " desc" : "") : ""}">${esc(label)}</th>`).join("");
   for (const th of $("head").children) {
     th.onclick = () => {
-      const col = { hyp: "cer", source: "row_id" }[th.dataset.col] || th.dataset.col;  // files sort in list order
+      const col = { hyp: "cer", source: "row_id", score_reasons: "score_flagged" }[th.dataset.col] || th.dataset.col;  // files sort in list order
       if (state.sort === col) state.desc = !state.desc; else { state.sort = col; state.desc = false; }
       state.page = 0; load();
     };
@@ -67,7 +74,8 @@ async function load() {
     columns().map(([c, , cls]) => {
       let v = c === "shard" || c === "source" ? base(r[c]) : r[c];
       if (c === "duration") v = fmt(v, 2);
-      else if (["cps", "cer", "wer", "cer2", "cer_delta"].includes(c)) v = fmt(v, 3);
+      else if (["cps", "cer", "wer", "cer2", "cer_delta"].includes(c) || SCORE_NUMBERS.includes(c)) v = fmt(v, 3);
+      else if (c === "score_flagged") v = v === null || v === undefined ? "" : v ? "yes" : "no";
       return `<td class="${cls || ""}" title="${esc(r[c] ?? "")}">${esc(v)}</td>`;
     }).join("") + "</tr>").join("");
   for (const tr of $("body").children) tr.onclick = () => openRow(Number(tr.dataset.row));
@@ -119,7 +127,11 @@ async function openRow(id) {
   $("row-diff").innerHTML = runBlock("Reference vs hypothesis", r, "", r.diff) + runBlock("Run 2", r, "2", r.diff2);
   const meta = { duration: fmt(r.duration, 3) + " s", sample_rate: r.sample_rate, speaker: r.speaker, characters: r.chars,
     words: r.words, "chars/s": fmt(r.cps, 2), "rows with this text": r.text_count, format: r.audio_format,
-    playing: r.audio_dumped ? "the dumped waveform (++dump_audio_dir: after augmentation)" : undefined, ...r.extra };
+    playing: r.audio_dumped ? "the dumped waveform (++dump_audio_dir: after augmentation)" : undefined,
+    "score: flagged": r.score_flagged === null || r.score_flagged === undefined ? undefined : (r.score_flagged ? "yes" : "no"),
+    "score: reasons": r.score_reasons, "score: hypothesis": r.score_hyp, "score: loss/token": fmt(r.score_loss_per_token, 3),
+    "score: loss/frame": fmt(r.score_loss_per_frame, 4), "score: label CER": fmt(r.score_cer, 3),
+    "score: tokens/s": fmt(r.score_tokens_per_second, 2), ...r.extra };
   $("row-meta").innerHTML = Object.entries(meta).filter(([, v]) => v !== null && v !== undefined && v !== "")
     .map(([k, v]) => `<tr><th>${esc(k)}</th><td>${esc(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("");
 }
@@ -163,6 +175,7 @@ async function loadDataset() {
   if (d.run1) { cards["CER run 1"] = fmt(100 * d.run1.cer, 2) + " %"; cards["WER run 1"] = fmt(100 * d.run1.wer, 2) + " %"; }
   if (d.run2) { cards["CER run 2"] = fmt(100 * d.run2.cer, 2) + " %"; }
   if (d.compare) { cards["better in run 2"] = d.compare.better; cards["worse in run 2"] = d.compare.worse; }
+  if (d.score) { cards["scored"] = d.score.scored; cards["flagged by score"] = d.score.flagged; }
   $("totals").innerHTML = Object.entries(cards).map(([k, v]) => `<div class="card"><b>${esc(v)}</b>${esc(k)}</div>`).join("");
   for (const col of ["duration", "cps", "chars"].concat(state.runs ? ["cer"] : [])) {
     api(`/api/hist?column=${col}&bins=40`).then((h) => barChart($("h-" + col), h));
@@ -188,6 +201,9 @@ async function loadDataset() {
 function readFilters() {
   state.filters = {};
   for (const el of $("filters").elements) if (el.name && el.value !== "") state.filters[el.name] = el.value;
+  const fig = $("f-score-fig").value;  // one figure of score at a time: <figure>_min / <figure>_max
+  if (fig && $("f-score-min").value !== "") state.filters[fig + "_min"] = $("f-score-min").value;
+  if (fig && $("f-score-max").value !== "") state.filters[fig + "_max"] = $("f-score-max").value;
 }
 
 async function init() {
@@ -198,6 +214,10 @@ async function init() {
   document.body.classList.toggle("has-runs", state.runs > 0);
   for (const el of document.querySelectorAll(".run-only")) el.hidden = state.runs === 0;
   for (const el of document.querySelectorAll(".cmp-only")) el.hidden = state.runs < 2;
+  state.scored = Boolean(d.scores);
+  for (const el of document.querySelectorAll(".score-only")) el.hidden = !state.scored;
+  $("f-score-fig").innerHTML = SCORE_COLUMNS.filter((c) => c[2] === "num")
+    .map(([c, label]) => `<option value="${c}">${esc(label)}</option>`).join("");
   $("summary").textContent = `${d.input} \u00b7 ${d.utterances} utterances`;
   api("/api/dataset").then((t) => {
     $("summary").textContent = `${t.input} \u00b7 ${t.utterances} utterances \u00b7 ${fmt(t.hours, 2)} h` +

@@ -1,0 +1,61 @@
+"""Schema of ``corpus-io score``: every utterance of a list scored with a model, to find wrong labels."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from corpus_io.config.checks import schema
+from corpus_io.config.dataset import DatasetConf
+from corpus_io.config.fields import opt
+from corpus_io.config.training import keep_every_utterance
+
+
+def _limit(figure: str, side: str) -> str:
+    where = "above" if side == "max" else "below"
+    return (f"flag an utterance whose {figure} is {where} this; null: from the data (its median "
+            f"{'+' if side == 'max' else '-'} ++deviations robust deviations)")
+
+
+@schema
+class ScoreConfig:
+    data_list: str = opt("???", "the list to score: a shard data.list, or with dataset_conf.data_type=raw a raw list "
+                                "or any input decode reads (FunASR/WeNet JSONL, Kaldi dir, ...)")
+    checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N} (or an export-model file) trained on "
+                                 "the same language and token list as the labels")
+    output_dir: str = opt("???", "writes scores.jsonl (a row per utterance: its figures, flagged, reasons), flagged "
+                                 "(a key a line, then its reasons: pack-shards and make-datalist ++exclude_keys "
+                                 "take it as it is) and summary.txt (counts and the thresholds used); not the "
+                                 "directory of the list")
+    # decode's: no filter leaves an utterance out; unreadable audio is skipped, then listed and flagged as unreadable
+    dataset_conf: DatasetConf = opt(factory=lambda: DatasetConf(batch_size=32, filter_conf=keep_every_utterance(),
+                                                                on_error="skip"))
+    device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
+    chunk_seconds: float = opt(60.0, "an utterance longer than this goes through the model in pieces of this length "
+                                     "(as decode's chunk_seconds); 0: always whole", unit="seconds", range="[0, inf)")
+    deviations: float = opt(5.0, "k of the thresholds taken from the data: a figure more than k robust deviations "
+                                 "from its median is out of line (robust deviation: 1.4826 x the median absolute "
+                                 "deviation, or 1.2533 x the mean absolute deviation when that is 0; for the "
+                                 "losses, of their logarithms)",
+                            range="(0, 1000]")
+    min_errors: int = opt(2, "a CER or WER above its threshold flags an utterance only when the hypothesis has at "
+                             "least this many word errors (one misheard word in a short utterance is the model's "
+                             "error, not the label's)", range="[0, 1000000]")
+    max_cer: Optional[float] = opt(None, _limit("greedy-hypothesis CER against its label", "max"),
+                                   range="[0, inf)")
+    max_wer: Optional[float] = opt(None, _limit("greedy-hypothesis WER against its label", "max"),
+                                   range="[0, inf)")
+    max_loss_per_token: Optional[float] = opt(None, _limit("CTC loss of its label per label token (nats)", "max"),
+                                              range="[0, inf)")
+    max_loss_per_frame: Optional[float] = opt(None, _limit("CTC loss of its label per output frame (nats)", "max"),
+                                              range="[0, inf)")
+    min_chars_per_second: Optional[float] = opt(None, _limit("label characters per second of audio", "min"),
+                                                range="[0, inf)")
+    max_chars_per_second: Optional[float] = opt(None, _limit("label characters per second of audio", "max"),
+                                                range="[0, inf)")
+    min_tokens_per_second: Optional[float] = opt(None, _limit("label tokens per second of audio", "min"),
+                                                 range="[0, inf)")
+    max_tokens_per_second: Optional[float] = opt(None, _limit("label tokens per second of audio", "max"),
+                                                 range="[0, inf)")
+    max_unknown_share: float = opt(0.5, "when more than this share of the utterances hold label tokens outside the "
+                                        "checkpoint's token list, the checkpoint cannot spell the labels: an error, "
+                                        "nothing written (below it, such an utterance is flagged)", range="[0, 1]")

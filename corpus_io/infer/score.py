@@ -1,0 +1,347 @@
+"""``corpus-io score``: find wrong labels with a model. Every utterance of a list goes through the model once
+(decode's loader and :func:`~corpus_io.infer.decode.forward_batches`); each gets its figures:
+
+* ``duration`` (seconds), ``chars`` and ``tokens`` of its label, ``chars_per_second``, ``tokens_per_second``;
+* ``cer``/``wer`` (and their error counts) of the greedy hypothesis against the label
+  (:mod:`corpus_io.decoding.scoring`, as decode scores);
+* ``loss_per_frame``/``loss_per_token``: the label's CTC loss (``-log P(label | audio)``, every alignment summed:
+  :func:`corpus_io.decoding.beam.ctc_scores`) per output frame and per label token;
+* ``alignable``: whether CTC can place the label in the frames at all (a token per frame, a blank between two
+  equal tokens: ``tokens + repeats <= frames``); ``unknown``: label tokens outside the checkpoint's token list.
+
+An utterance is flagged by absolute rules (a label that cannot be aligned, is empty, or holds unknown tokens; audio
+that could not be read) and by thresholds: each ``++max_*``/``++min_*`` key, or when it is null, one taken from the
+data itself: the median plus (minus) ``++deviations`` robust deviations (1.4826 x the median absolute deviation,
+or 1.2533 x the mean absolute deviation when that is 0; the losses' of their logarithms), so a few percent of wrong
+labels do not move it.
+
+Outputs in ``++output_dir``: ``scores.jsonl`` (a row per utterance of the input, in key order: ``key``, the
+figures, ``flagged``, ``reasons``, the label and the hypothesis), ``flagged`` (``<key> <reason>; <reason>`` a line:
+``++exclude_keys`` of pack-shards and make-datalist takes it as it is) and ``summary.txt`` (counts, thresholds).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from corpus_io.errors import ConfigError, DataError
+
+OUTPUTS = ("scores.jsonl", "flagged", "summary.txt")
+
+#: the figures with thresholds: (figure, side) -> the key that sets it; "max": flagged above, "min": below
+LIMITS = (("cer", "max"), ("wer", "max"), ("loss_per_token", "max"), ("loss_per_frame", "max"),
+          ("chars_per_second", "min"), ("chars_per_second", "max"), ("tokens_per_second", "min"),
+          ("tokens_per_second", "max"))
+
+#: the share of the robust deviation's estimate: 1 / the normal's 0.75 quantile (MAD), sqrt(pi / 2) (mean AD)
+MAD_SCALE, MEAN_AD_SCALE = 1.4826, 1.2533
+
+
+def score(cfg: Any) -> dict:
+    """Score ``cfg.data_list`` with ``cfg.checkpoint``; write scores.jsonl, flagged and summary.txt."""
+    refuse_outputs(cfg)  # first: before torch is imported or anything is read
+    from corpus_io.infer.decode import (
+        decode_dataset_conf,
+        decode_device,
+        forward_batches,
+        load_model,
+        loader_dropped,
+        run_search,
+        skipped_summary,
+        undecoded,
+    )
+    from corpus_io.loader.dataset import build_dataloader
+
+    require_utterances(cfg.data_list, cfg.dataset_conf)
+    device = decode_device(cfg.device)
+    model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
+    conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
+    loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
+    measured: dict[str, dict] = {}
+    batches = forward_batches(loader, model, tokenizer, conf, device, desc="score", chunk_seconds=cfg.chunk_seconds)
+    run = run_search(None, label_losses(batches, tokenizer, measured, cfg), tokenizer, Greedy(),
+                     where=cfg.data_list, skipped=skipped_summary(loader), command="score")
+    undecoded(run, cfg.data_list, conf, loader_dropped(loader))
+    spell_check(measured, cfg)
+    rows = figures(run, measured)
+    limits = thresholds(rows, cfg)
+    flag(rows, limits, cfg.min_errors)
+    out = Path(cfg.output_dir)
+    summary = write_scores(out, rows, limits, run, cfg)
+    print(summary.rstrip())
+    print(f"score: a row per utterance -> {out / 'scores.jsonl'}, flagged keys -> {out / 'flagged'} (to leave "
+          f"them out: pack-shards or make-datalist ++exclude_keys={out / 'flagged'})")
+    flagged = [r for r in rows if r["flagged"]]
+    return {"utts": len(rows), "flagged": len(flagged), "unreadable": len(run.missing), "thresholds": limits,
+            "audio_seconds": run.audio, "wall_seconds": run.wall_s}
+
+
+def refuse_outputs(cfg: Any) -> None:
+    """Before loading anything: an ``output_dir`` that is a URL, that holds the list (its inputs), or whose outputs
+    would replace an input (the list, its index, the checkpoint) is a ConfigError."""
+    import os
+
+    from corpus_io.config import require
+    from corpus_io.model.cmvn import loader_inputs
+    from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
+    from corpus_io.storage.urls import is_remote
+
+    require(cfg, "data_list", "checkpoint", "output_dir")
+    refuse_remote_output(cfg.output_dir, "++output_dir", "score")
+    out = Path(cfg.output_dir)
+    inputs = [*loader_inputs(cfg.data_list, cfg.dataset_conf), ("++checkpoint", cfg.checkpoint)]
+    if not is_remote(str(cfg.data_list)):
+        listed = os.path.abspath(cfg.data_list)
+        holder = listed if os.path.isdir(listed) else os.path.dirname(listed)
+        if os.path.realpath(out) == os.path.realpath(holder):
+            raise ConfigError(f"++output_dir={out} holds the input ++data_list={cfg.data_list}: score's "
+                              f"scores.jsonl, flagged and summary.txt would sit among the data they judge (and a "
+                              f"Kaldi dir's tables or a list's shards would be mixed with them). Give score its "
+                              f"own directory, e.g. ++output_dir=exp/score_train.")
+    refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in OUTPUTS], inputs)
+
+
+class Greedy:
+    """The best path of each utterance's CTC outputs (decode's greedy method, without its options): the search
+    :func:`corpus_io.infer.decode.run_search` runs for score."""
+
+    context = None
+    hotwords: list = []
+
+    def __call__(self, log_probs: Any, lengths: Any, encoder: Any = None) -> list:
+        from corpus_io.decoding.beam import Hyp, best_path_ids
+
+        return [[Hyp(ids, 0.0, 0.0)] for ids in best_path_ids(log_probs, lengths)]
+
+
+def require_utterances(data_list: str, dataset_conf: Any) -> None:
+    """A list with no utterance (a raw list without a line, a shard list without a shard) is a DataError before the
+    model is loaded."""
+    if dataset_conf.data_type == "raw":
+        from corpus_io.loader.rawlist import RawList
+
+        if len(RawList(data_list)):
+            return
+        what = "no utterance"
+    else:
+        from corpus_io.shards.index import read_datalist
+
+        if read_datalist(data_list, storage_options=dataset_conf.storage_options or None):
+            return
+        what = "no shard"
+    raise DataError(f"score: ++data_list={data_list} holds {what}: there is nothing to score, and nothing was "
+                    f"written. Give the list of the utterances to score (a shard data.list, or a raw list with "
+                    f"++dataset_conf.data_type=raw).")
+
+
+def label_losses(batches: Iterable[Any], tokenizer: Any, measured: dict, cfg: Any) -> Iterator[Any]:
+    """Pass the model's batches on, measuring each utterance's label on the way: its CTC loss, frames, tokens,
+    whether it can be aligned and its unknown tokens (into ``measured`` by key)."""
+    from corpus_io.decoding.beam import ctc_scores
+
+    checked = False
+    for fw in batches:
+        log_probs = fw.log_probs.float() if hasattr(fw.log_probs, "float") else fw.log_probs
+        scores = ctc_scores(log_probs, fw.lengths, list(range(len(fw.keys))), fw.targets).tolist()
+        frames = fw.lengths.tolist()
+        for i, key in enumerate(fw.keys):
+            ids = fw.targets[i]
+            measured[key] = {"duration": fw.durations[i] if i < len(fw.durations) else None,
+                             "frames": int(frames[i]), "tokens": len(ids),
+                             "needed_frames": len(ids) + sum(a == b for a, b in zip(ids, ids[1:])),
+                             "loss": -float(scores[i]), "unknown": unknown_tokens(tokenizer, fw.refs[i], ids)}
+        if not checked and len(measured) >= SPELL_CHECK_AFTER:
+            spell_check(measured, cfg)
+            checked = True
+        yield fw
+
+
+def unknown_tokens(tokenizer: Any, text: str, ids: list) -> list:
+    """The label's tokens outside the token list (they became ``<unk>``), as text where the tokenizer can say."""
+    count = sum(1 for i in ids if i == tokenizer.unk_id)
+    if not count:
+        return []
+    listed = getattr(tokenizer, "ids", None)
+    if listed is not None and hasattr(tokenizer, "tokenize"):
+        named = [t for t in tokenizer.tokenize(text) if t not in listed]
+        if named:
+            return named
+    return ["<unk>"] * count
+
+
+#: utterances seen before a checkpoint that cannot spell most labels stops the run (the first batches)
+SPELL_CHECK_AFTER = 64
+
+
+def spell_check(measured: dict, cfg: Any) -> None:
+    """A ConfigError when more than ``cfg.max_unknown_share`` of the utterances hold tokens the checkpoint's token
+    list lacks: its tokens cannot spell these labels (another language or token list), and nothing it says about
+    them means anything. Checked on the first ``SPELL_CHECK_AFTER`` utterances and at the end."""
+    if not measured:
+        return
+    bad = {k: m["unknown"] for k, m in measured.items() if m["unknown"]}
+    if len(bad) <= cfg.max_unknown_share * len(measured):
+        return
+    examples = sorted({t for tokens in bad.values() for t in tokens})
+    key = next(iter(bad))
+    raise ConfigError(f"checkpoint {cfg.checkpoint}'s token list cannot spell the labels of {cfg.data_list}: "
+                      f"{len(bad)} of the {len(measured)} utterances read so far hold tokens it lacks (e.g. "
+                      f"'{key}': {', '.join(repr(t) for t in bad[key][:5])}; in all {len(examples)} distinct, "
+                      f"{', '.join(repr(t) for t in examples[:10])}). Score with a checkpoint trained on this "
+                      f"language and tokenization (tokenizer.type, latin_unit), or raise ++max_unknown_share="
+                      f"{cfg.max_unknown_share} to flag such utterances instead. Nothing was written.")
+
+
+def figures(run: Any, measured: dict) -> list[dict]:
+    """A row per utterance of the input (key order): the scored ones' figures, the unreadable ones marked."""
+    from corpus_io.decoding.scoring import Scorer, char_units, normalize
+
+    scorer = Scorer()
+    rows = []
+    for key in sorted(set(run.nbest) | set(run.missing)):
+        if key not in run.nbest:
+            rows.append({"key": key, "text": run.missing[key], "readable": False,
+                         "error": f"not read (loader: {run.skipped})"})
+            continue
+        m = measured[key]
+        ref, hyp = run.refs[key], run.nbest[key][0][0]
+        c, w = scorer.add(key, ref, hyp)
+        duration = m["duration"] or 0.0
+        chars = len(char_units(normalize(ref)))
+        rows.append({
+            "key": key, "readable": True, "duration": round(duration, 3), "frames": m["frames"],
+            "chars": chars, "tokens": m["tokens"],
+            "chars_per_second": _ratio(chars, duration), "tokens_per_second": _ratio(m["tokens"], duration),
+            "cer": _ratio(c.errors, c.ref, 4, empty=float(c.errors > 0)), "char_errors": c.errors,
+            "wer": _ratio(w.errors, w.ref, 4, empty=float(w.errors > 0)), "word_errors": w.errors,
+            "loss_per_frame": _ratio(m["loss"], m["frames"], 4), "loss_per_token": _ratio(m["loss"], m["tokens"], 4),
+            "alignable": m["needed_frames"] <= m["frames"], "needed_frames": m["needed_frames"],
+            "unknown": m["unknown"], "text": ref, "hyp": hyp})
+    return rows
+
+
+def _ratio(num: float, den: float, digits: int = 3, *, empty: float | None = None) -> float | None:
+    """``num / den`` rounded; None where it is not a number (no denominator, an infinite loss), ``empty`` when
+    the denominator is 0 and ``empty`` is given."""
+    if not den:
+        return empty
+    value = num / den
+    return round(value, digits) if math.isfinite(value) else None
+
+
+def robust_limit(values: list[float], k: float, side: str, *, log: bool = False) -> float | None:
+    """The median plus (``side`` max) or minus (min) ``k`` robust deviations of ``values``; None without values.
+    ``log``: of the values' logarithms (a loss spreads over orders of magnitude: a right label's is 0.02 or 0.4),
+    the limit turned back into a value."""
+    import numpy as np
+
+    if not values:
+        return None
+    x = np.asarray(values, dtype=np.float64)
+    if log:
+        x = np.log(np.maximum(x, LOG_FLOOR))
+    median = float(np.median(x))
+    spread = MAD_SCALE * float(np.median(np.abs(x - median)))
+    if spread == 0.0:
+        spread = MEAN_AD_SCALE * float(np.mean(np.abs(x - median)))
+    limit = median + k * spread if side == "max" else median - k * spread
+    return round(float(np.exp(limit)) if log else max(0.0, limit), 4)
+
+
+#: the least value a figure thresholded on its logarithm counts as (a loss of 0)
+LOG_FLOOR = 1e-6
+#: the figures whose thresholds come from their logarithms
+LOG_FIGURES = frozenset({"loss_per_token", "loss_per_frame"})
+
+
+def thresholds(rows: list[dict], cfg: Any) -> dict:
+    """Each figure's threshold: the config key's value, or from the scored utterances (:func:`robust_limit`).
+    ``{"max_cer": (value, "data" | "given"), ...}``"""
+    limits = {}
+    for figure, side in LIMITS:
+        name = f"{side}_{figure}"
+        given = getattr(cfg, name)
+        if given is not None:
+            limits[name] = (float(given), "given")
+            continue
+        values = [r[figure] for r in rows if r.get("readable") and r[figure] is not None and r["alignable"]]
+        limits[name] = (robust_limit(values, cfg.deviations, side, log=figure in LOG_FIGURES), "data")
+    return limits
+
+
+def flag(rows: list[dict], limits: dict, min_errors: int) -> None:
+    """Set each row's ``flagged`` and ``reasons``: absolute rules first, then the thresholds."""
+    for row in rows:
+        reasons = []
+        if not row["readable"]:
+            reasons.append(f"unreadable: {row['error']}")
+        else:
+            if not row["tokens"]:
+                reasons.append("empty label")
+            if not row["alignable"]:
+                reasons.append(f"unalignable: {row['tokens']} tokens need {row['needed_frames']} frames, the audio "
+                               f"has {row['frames']}")
+            if row["unknown"]:
+                reasons.append(f"tokens outside the token list: {' '.join(row['unknown'][:5])}")
+            for figure, side in LIMITS:
+                value, (limit, _) = row[figure], limits[f"{side}_{figure}"]
+                if value is None or limit is None:
+                    continue
+                if figure in ("cer", "wer") and row["word_errors"] < min_errors:
+                    continue
+                if (value > limit) if side == "max" else (value < limit):
+                    reasons.append(f"{figure} {value:g} {'>' if side == 'max' else '<'} {limit:g}")
+        row["flagged"] = bool(reasons)
+        row["reasons"] = reasons
+
+
+#: the order of a scores.jsonl row's fields
+ROW_FIELDS = ("key", "flagged", "reasons", "duration", "chars", "tokens", "frames", "chars_per_second",
+              "tokens_per_second", "cer", "wer", "char_errors", "word_errors", "loss_per_frame", "loss_per_token",
+              "alignable", "needed_frames", "unknown", "readable", "error", "text", "hyp")
+
+
+def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any) -> str:
+    """``scores.jsonl``, ``flagged`` and ``summary.txt``; returns the summary."""
+    from corpus_io.storage.files import atomic_write, ensure_dir
+
+    ensure_dir(out, what="output_dir")
+    with atomic_write(out / "scores.jsonl") as f:
+        for row in rows:
+            f.write(json.dumps({k: row[k] for k in ROW_FIELDS if k in row}, ensure_ascii=False) + "\n")
+    flagged = [r for r in rows if r["flagged"]]
+    with atomic_write(out / "flagged") as f:
+        f.write("".join(f"{r['key']} {'; '.join(r['reasons'])}\n" for r in flagged))
+    counts: dict[str, int] = {}
+    for r in flagged:
+        for reason in r["reasons"]:
+            name = reason.split(":")[0].split(" ")[0] if not reason.startswith("empty") else "empty label"
+            counts[name] = counts.get(name, 0) + 1
+    readable = sum(1 for r in rows if r["readable"])
+    lines = [f"score: {len(rows)} utterances of {cfg.data_list} ({run.audio / 3600:.3f} h) with {cfg.checkpoint}: "
+             f"{readable} scored, {len(rows) - readable} unreadable; {len(flagged)} flagged "
+             f"({100 * len(flagged) / max(1, len(rows)):.1f} %)",
+             "flagged by: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing"),
+             f"thresholds (data: median +- {cfg.deviations:g} robust deviations, the losses' of their logarithms; "
+             f"given: a key):"]
+    for name, (value, source) in limits.items():
+        lines.append(f"  {name} {'-' if value is None else f'{value:g}'} ({source})")
+    if run.repeats:
+        first = next(iter(run.repeats))
+        lines.append(f"warning: {len(run.repeats)} keys were read more than once (e.g. '{first}'); each has one row")
+    for why in run.unread:
+        lines.append(f"unread: {why}")
+    summary = "\n".join(lines) + "\n"
+    with atomic_write(out / "summary.txt") as f:
+        f.write(summary)
+    if len(rows) - readable:
+        print(f"warning: {len(rows) - readable} utterances could not be read (loader: {run.skipped}); each is in "
+              f"scores.jsonl and flagged as unreadable.", file=sys.stderr, flush=True)
+    return summary
+
+
+__all__ = ["score", "robust_limit", "thresholds", "flag", "LIMITS", "OUTPUTS"]
