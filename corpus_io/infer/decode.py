@@ -101,7 +101,7 @@ def decode(cfg: Any) -> dict:
     timing = cfg.timestamps or cfg.min_confidence > 0
     batches = forward_batches(loader, model, tokenizer, conf, device, encoder=cfg.decoding.method in NEEDS_ENCODER,
                               desc=f"decode ({cfg.decoding.method})", speech=timing, chunk_seconds=cfg.chunk_seconds,
-                              streaming=streaming_options(cfg, model))
+                              streaming=streaming_options(cfg, model), source=(cfg.checkpoint, cfg.data_list))
     run = run_search(cfg.decoding, batches, tokenizer, search, where=cfg.data_list, skipped=skipped_summary(loader),
                      frame_seconds=output_frame_seconds(model, conf) if timing else None)
     undecoded(run, cfg.data_list, conf, loader_dropped(loader))
@@ -211,15 +211,18 @@ CHUNK_CONTEXT_SECONDS = 2.0
 
 def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: Any, *,
                     encoder: bool = False, desc: str = "decode", speech: bool = False,
-                    chunk_seconds: float = CHUNK_SECONDS, streaming: tuple[int, int] = (0, -1)) -> Iterator[Forward]:
+                    chunk_seconds: float = CHUNK_SECONDS, streaming: tuple[int, int] = (0, -1),
+                    source: tuple[str, str] = ("in use", "the list")) -> Iterator[Forward]:
     """The model over every batch of ``loader`` (with progress), timed. ``speech``: also each utterance's speech
     frames (word times move their starts back over them). A batch holding an utterance longer than
     ``chunk_seconds`` (0: none) goes through the model in pieces (:func:`chunked`). ``streaming``
     ``(decoding_chunk_size, num_decoding_left_chunks)`` with a chunk > 0: each utterance chunk by chunk with
-    caches (:func:`chunk_by_chunk`)."""
+    caches (:func:`chunk_by_chunk`). A batch whose log-probs are not finite (a diverged model) is a DataError
+    naming ``source`` (the model, the list) and the utterances, not empty hypotheses."""
     import torch
 
     from corpus_io.model.frontend import FrontEnd, build_front_end, model_inputs, sync_device
+    from corpus_io.model.model import nonfinite_message, nonfinite_rows
     from corpus_io.storage.progress import progress
 
     # an exported model with the front end inside takes the waveforms themselves
@@ -251,6 +254,12 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
                 log_probs, lengths = model(feats, feats_lengths) if whole else \
                     chunked(model, feats, feats_lengths, step=step, piece=piece, context=context)
             sync_device(device)
+            bad = nonfinite_rows(log_probs, lengths)
+            if bad:
+                keys = [str(batch["keys"][i]) for i in bad]
+                raise DataError(nonfinite_message(source[0], f"{source[1]} (utterances {', '.join(keys[:3])}"
+                                                  f"{' ...' if len(keys) > 3 else ''})", len(bad), len(batch["keys"]))
+                                + " Nothing was written.")
             target, tlen = batch["target"].tolist(), batch["target_lengths"].tolist()
             refs = [_reference(batch, i, tokenizer, target[i][: int(tlen[i])]) for i in range(len(batch["keys"]))]
             utts += len(refs)
