@@ -436,8 +436,11 @@ def refuse_replacing_others(outputs: Named, writer: str, *, way_out: str) -> Non
     for name, path in _local(outputs):
         if not os.path.lexists(path) or written_by(path, writer) is not None:
             continue
-        why = ("changed since" if sidecar_path(path).is_file() else
-               f"no record {sidecar_path(path).name} beside it says it did")
+        try:
+            other = json.loads(sidecar_path(path).read_text(encoding="utf-8")).get("writer")
+            why = f"{other} wrote it" if isinstance(other, str) and other != writer else "changed since"
+        except (OSError, ValueError, AttributeError):
+            why = f"no record {sidecar_path(path).name} beside it says it did"
         raise DataError(f"{name} {path} exists, and {writer} did not write it ({why}): it may be the transcripts "
                         f"of a data dir, a token list or a file someone edited, and {writer} would replace it. "
                         f"{way_out} Nothing was written.")
