@@ -20,6 +20,7 @@ EXTRA_OF_MODULE = {
     "distributed": ("dask", "executor=dask"),
     "onnx": ("onnx", "export-model ++format=onnx and decoding an exported .onnx model"),
     "onnxruntime": ("onnx", "decoding an exported .onnx model (decode ++checkpoint=model.onnx)"),
+    "sherpa_onnx": ("deploy", "serving an export with sherpa-onnx (recipes/tools/sherpa_decode.py)"),
     "pyarrow": ("parquet", "Hugging Face parquet inputs, training on them and export ++format=hf-parquet"),
 }
 

@@ -72,6 +72,14 @@ def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
     return model.to(device).eval(), tokenizer, tcfg
 
 
+def checkpoint_inputs(checkpoint: str, tcfg: Any) -> list[tuple[str, str | None]]:
+    """``(name, path)`` of the files a checkpoint's config names and a door reads with it (the token list, BPE
+    model, CMVN stats): outputs must not be these (a door writing beside a model dir)."""
+    return [(f"tokenizer.token_list of checkpoint {checkpoint}", tcfg.tokenizer.token_list),
+            (f"tokenizer.bpe_model of checkpoint {checkpoint}", tcfg.tokenizer.bpe_model),
+            (f"cmvn_file of checkpoint {checkpoint}", tcfg.cmvn_file)]
+
+
 def decode(cfg: Any) -> dict:
     """Decode ``cfg.data_list`` with ``cfg.checkpoint`` by ``cfg.decoding.method``; write ``text`` (best
     hypotheses), ``nbest`` (key, rank, score, text), ``ref`` and ``cer.txt`` / ``wer.txt`` to output_dir."""
@@ -79,18 +87,21 @@ def decode(cfg: Any) -> dict:
     from corpus_io.config import require
     from corpus_io.decoding.search import NEEDS_ENCODER, Search, check_options
     from corpus_io.loader.dataset import build_dataloader
+    from corpus_io.storage.files import refuse_overwriting_inputs
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     check_options(cfg.decoding)
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
+    refuse_overwriting_inputs([(f"++output_dir's {name}", Path(cfg.output_dir) / name) for name in DECODE_OUTPUTS],
+                              checkpoint_inputs(cfg.checkpoint, tcfg))
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
     search = Search(cfg.decoding, tokenizer, model, device)
     timing = cfg.timestamps or cfg.min_confidence > 0
     batches = forward_batches(loader, model, tokenizer, conf, device, encoder=cfg.decoding.method in NEEDS_ENCODER,
                               desc=f"decode ({cfg.decoding.method})", speech=timing, chunk_seconds=cfg.chunk_seconds,
-                              streaming=streaming_options(cfg, model))
+                              streaming=streaming_options(cfg, model), source=(cfg.checkpoint, cfg.data_list))
     run = run_search(cfg.decoding, batches, tokenizer, search, where=cfg.data_list, skipped=skipped_summary(loader),
                      frame_seconds=output_frame_seconds(model, conf) if timing else None)
     undecoded(run, cfg.data_list, conf, loader_dropped(loader))
@@ -201,15 +212,18 @@ CHUNK_CONTEXT_SECONDS = 2.0
 
 def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: Any, *,
                     encoder: bool = False, desc: str = "decode", speech: bool = False,
-                    chunk_seconds: float = CHUNK_SECONDS, streaming: tuple[int, int] = (0, -1)) -> Iterator[Forward]:
+                    chunk_seconds: float = CHUNK_SECONDS, streaming: tuple[int, int] = (0, -1),
+                    source: tuple[str, str] = ("in use", "the list")) -> Iterator[Forward]:
     """The model over every batch of ``loader`` (with progress), timed. ``speech``: also each utterance's speech
     frames (word times move their starts back over them). A batch holding an utterance longer than
     ``chunk_seconds`` (0: none) goes through the model in pieces (:func:`chunked`). ``streaming``
     ``(decoding_chunk_size, num_decoding_left_chunks)`` with a chunk > 0: each utterance chunk by chunk with
-    caches (:func:`chunk_by_chunk`)."""
+    caches (:func:`chunk_by_chunk`). A batch whose log-probs are not finite (a diverged model) is a DataError
+    naming ``source`` (the model, the list) and the utterances, not empty hypotheses."""
     import torch
 
     from corpus_io.model.frontend import FrontEnd, build_front_end, model_inputs, sync_device
+    from corpus_io.model.model import nonfinite_message, nonfinite_rows
     from corpus_io.storage.progress import progress
 
     # an exported model with the front end inside takes the waveforms themselves
@@ -241,6 +255,12 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
                 log_probs, lengths = model(feats, feats_lengths) if whole else \
                     chunked(model, feats, feats_lengths, step=step, piece=piece, context=context)
             sync_device(device)
+            bad = nonfinite_rows(log_probs, lengths)
+            if bad:
+                keys = [str(batch["keys"][i]) for i in bad]
+                raise DataError(nonfinite_message(source[0], f"{source[1]} (utterances {', '.join(keys[:3])}"
+                                                  f"{' ...' if len(keys) > 3 else ''})", len(bad), len(batch["keys"]))
+                                + " Nothing was written.")
             target, tlen = batch["target"].tolist(), batch["target_lengths"].tolist()
             targets = [target[i][: int(tlen[i])] for i in range(len(batch["keys"]))]
             refs = [_reference(batch, i, tokenizer, ids) for i, ids in enumerate(targets)]
@@ -484,12 +504,13 @@ def write_results(out: Path, run: DecodeRun, tokenizer: Any, method: str, nbest:
 
     ensure_dir(out, what="output_dir")
     keys = sorted(run.nbest)
-    with atomic_write(out / "text") as f:
+    with atomic_write(out / "text", owner=WRITER) as f:
         f.write("".join(f"{k} {run.nbest[k][0][0]}\n" for k in keys))
-    with atomic_write(out / "nbest") as f:
+    with atomic_write(out / "nbest", owner=WRITER) as f:
         f.write("".join(f"{k} {r} {sc:.4f} {text}\n" for k in keys
                         for r, (text, sc) in enumerate(run.nbest[k][:nbest], 1)))
-    with atomic_write(out / "ref") as f:  # the whole reference: an utterance not decoded has no line in text
+    # the whole reference: an utterance not decoded has no line in text
+    with atomic_write(out / "ref", owner=WRITER) as f:
         refs = {**run.refs, **run.missing}
         f.write("".join(f"{k} {refs[k]}\n" for k in sorted(refs)))
     scorer = score(run, tokenizer)
@@ -500,7 +521,7 @@ def write_results(out: Path, run: DecodeRun, tokenizer: Any, method: str, nbest:
             f"{timing['rtf_model']:.4f}, search {timing['rtf_search']:.4f})\n")
     report = head + scorer.report()
     for name in ("cer.txt", "wer.txt"):
-        with atomic_write(out / name) as f:
+        with atomic_write(out / name, owner=WRITER) as f:
             f.write(report)
     kept = write_timed(out, run, timestamps=timestamps, min_confidence=min_confidence)
     return {"utts": len(keys), "missing": sorted(run.missing), "kept": kept, "cer": scorer.cer.rate,
@@ -523,12 +544,12 @@ def write_timed(out: Path, run: DecodeRun, *, timestamps: bool, min_confidence: 
 
     keys = sorted(run.timed, key=lambda k: (placed(k), k))
     if timestamps:
-        with atomic_write(out / "ctm") as f:
+        with atomic_write(out / "ctm", owner=WRITER) as f:
             for key in keys:
                 name, offset = placed(key)
                 for w in run.timed[key].words:
                     f.write(ctm_line(key, name, w.start + offset, w.end - w.start, w.text, w.confidence))
-        with atomic_write(out / "timestamps.jsonl") as f:
+        with atomic_write(out / "timestamps.jsonl", owner=WRITER) as f:
             for key in keys:
                 name, offset = placed(key)
                 timed = run.timed[key]
@@ -544,10 +565,10 @@ def write_timed(out: Path, run: DecodeRun, *, timestamps: bool, min_confidence: 
     if min_confidence <= 0:
         return len(run.timed)
     ordered = sorted(run.timed)
-    with atomic_write(out / "confidence") as f:
+    with atomic_write(out / "confidence", owner=WRITER) as f:
         f.write("".join(f"{k} {run.timed[k].confidence:.4f}\n" for k in ordered))
     kept = [k for k in ordered if run.timed[k].confidence >= min_confidence]
-    with atomic_write(out / "kept_text") as f:
+    with atomic_write(out / "kept_text", owner=WRITER) as f:
         f.write("".join(f"{k} {run.nbest[k][0][0]}\n" for k in kept))
     return len(kept)
 
@@ -575,7 +596,7 @@ def write_kept_list(data_list: str, path: Path, run: DecodeRun, min_confidence: 
     from corpus_io.tables.inputs import record_of_line
 
     base = os.path.dirname(os.path.abspath(data_list))
-    with open(data_list, encoding="utf-8") as src, atomic_write(path) as f:
+    with open(data_list, encoding="utf-8") as src, atomic_write(path, owner=WRITER) as f:
         for lineno, line in enumerate(src, 1):
             if not line.strip():
                 continue
@@ -598,20 +619,36 @@ def _reference(batch: dict, i: int, tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode(ids)
 
 
+#: the name decode's outputs are recorded under (storage/files.py record_written): the files decode may replace
+WRITER = "decode"
 KALDI_TABLES = ("text", "wav.scp", "segments", "utt2spk", "spk2utt", "feats.scp", "utt2dur", "reco2dur")
 DECODE_OUTPUTS = ("text", "nbest", "ref", "cer.txt", "wer.txt", "ctm", "timestamps.jsonl", "confidence", "kept_text",
                   "kept.list")
 
 
+def decode_outputs(cfg: Any) -> list[str]:
+    """The names of the files this decode writes into ``output_dir`` (by its options)."""
+    names = ["text", "nbest", "ref", "cer.txt", "wer.txt"]
+    if cfg.timestamps:
+        names += ["ctm", "timestamps.jsonl"]
+    if cfg.min_confidence > 0:
+        names += ["confidence", "kept_text"]
+        if cfg.dataset_conf.data_type == "raw" and "://" not in str(cfg.data_list):
+            names.append("kept.list")
+    return names
+
+
 def refuse_overwrites(cfg: Any) -> None:
     """Before loading anything: refuse an ``output_dir`` that is a URL, a Kaldi data dir (its ``text`` would
-    become hypotheses), or where an output file is one of the inputs: the list, its index, the checkpoint,
-    or a Kaldi table beside the list (the data dir the list was made from)."""
+    become hypotheses), where an output file is one of the inputs (the list, its index, the checkpoint, or a
+    Kaldi table beside the list: the data dir the list was made from), or where a file under an output's name
+    exists that decode has no record of writing (a data dir's transcripts beside its JSONL, an edited file):
+    decode replaces only its own outputs (``refuse_replacing_others``)."""
     import os
 
     from corpus_io.config import require
     from corpus_io.model.cmvn import loader_inputs
-    from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
+    from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output, refuse_replacing_others
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     refuse_remote_output(cfg.output_dir, "++output_dir", "decode")
@@ -627,3 +664,7 @@ def refuse_overwrites(cfg: Any) -> None:
         inputs += [(f"the Kaldi table {name} beside ++data_list", os.path.join(data_dir, name))
                    for name in KALDI_TABLES]
     refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in DECODE_OUTPUTS], inputs)
+    refuse_replacing_others([(f"++output_dir's {name}", out / name) for name in decode_outputs(cfg)], WRITER,
+                            way_out="Give decode its own directory (e.g. ++output_dir=exp/decode_test); if the "
+                                    "file is an earlier decode's output you mean to replace (one written before "
+                                    "decode kept these records), delete it first.")

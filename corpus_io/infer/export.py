@@ -34,11 +34,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from corpus_io.errors import ConfigError
-from corpus_io.infer.exported import FORMAT, META_PREFIX, SUFFIXES, load_exported
+from corpus_io.errors import ConfigError, DataError
+from corpus_io.infer.exported import FORMAT, META_PREFIX, SUFFIXES, load_exported, read_metadata
 
 SUBSAMPLING = 4
 ONNX_OPSET = 17
+#: the largest |log-prob difference| between the written file and the PyTorch model on the check batch that export
+#: accepts (ONNX float32 kernels give about 1e-5); more, or a NaN, and nothing is written
+CHECK_TOLERANCE = 1e-3
+#: the name export-model's outputs are recorded under (storage/files.py record_written): the files it may replace
+WRITER = "export-model"
 
 
 # --------------------------------------------------------------------------- the exported module
@@ -172,15 +177,20 @@ def export_model(cfg: Any) -> dict:
     if cfg.frontend and dconf.feats_type not in ("fbank", "mfcc"):
         raise ConfigError(f"++frontend=true exports the fbank/mfcc front end, but checkpoint {cfg.checkpoint} was "
                           f"trained on dataset_conf.feats_type={dconf.feats_type}; export without the front end.")
+    tokens_text = sherpa_tokens(tokenizer) if tokens_txt is not None else ""
+    if not claim_outputs(cfg.output, cfg.format, tokens_txt, tokens_text):
+        tokens_txt = None  # already there, the same tokens: left as it is
     meta = metadata(tcfg, tokenizer, frontend=bool(cfg.frontend))
     if cfg.streaming:
-        return export_streaming(cfg, model, tokenizer, meta, tokens_txt)
+        return export_streaming(cfg, model, tokenizer, meta, tokens_txt, tokens_path(cfg.output))
     front = None
     if cfg.frontend:
         front = ExportFrontEnd(dconf.feats_type, feature_options(dconf), dconf.resample_conf.resample_rate,
                                exact_fft=cfg.format == "torchscript")
     module = ExportedCTC(model, front).eval()
     example = example_inputs(module, model.input_dim)
+    with torch.no_grad():
+        refuse_nonfinite(module(*example)[0], cfg.checkpoint)
     buffer = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and exporter warnings about shapes the tests check dynamic
@@ -198,19 +208,90 @@ def export_model(cfg: Any) -> dict:
 
     def check(path: Path) -> float:  # the file as decode will load it, on another batch shape
         exported = load_exported(str(path), torch.device("cpu"), kind=cfg.format)[0]
-        return check_against(module, exported, model.input_dim)
+        return within_tolerance(check_against(module, exported, model.input_dim), cfg.output)
 
     gap = write_output(cfg.output, data, check)
     beside = ""
     if tokens_txt is not None:
-        write_output(tokens_txt, sherpa_tokens(tokenizer).encode("utf-8"), lambda path: None)
-        beside = f" and {tokens_txt} (sherpa-onnx's tokens.txt, for OfflineRecognizer.from_wenet_ctc)"
+        write_tokens(tokens_txt, tokens_text, cfg.output)
+    if cfg.format == "onnx" and not cfg.frontend:
+        beside = f" and {tokens_path(cfg.output)} (sherpa-onnx's tokens.txt, for OfflineRecognizer.from_wenet_ctc)"
     what = "waveform" if front is not None else "features"
     print(f"export-model: {cfg.checkpoint} -> {cfg.output}{beside} ({cfg.format}, {what} in, log-probs out; "
           f"{tokenizer.vocab_size} tokens, {meta[META_PREFIX + 'sample_rate']} Hz, subsampling {SUBSAMPLING}); "
           f"max |log-prob difference| to PyTorch on a check batch {gap:.2e}")
     return {"output": str(cfg.output), "format": cfg.format, "frontend": bool(cfg.frontend), "max_abs_diff": gap,
-            "tokens": str(tokens_txt) if tokens_txt is not None else None}
+            "tokens": tokens_path(cfg.output) if cfg.format == "onnx" and not cfg.frontend else None}
+
+
+def claim_outputs(output: str, fmt: str, tokens_txt: str | None, tokens_text: str) -> bool:
+    """Before the export is computed: refuse to replace a file at ``output`` that is not an export (neither
+    corpus-io's metadata inside nor export-model's record), and a ``tokens.txt`` beside it whose content differs
+    from this export's unless export-model wrote it for this same ``output`` name (another model's token list, or
+    a checkpoint's own token list copied into a model dir, are never replaced). Returns whether tokens.txt is to be
+    written (False: it already holds exactly these tokens and is left as it is). Object URLs are not checked."""
+    import os
+
+    from corpus_io.storage.files import is_url, written_by
+
+    if not is_url(output) and os.path.isfile(output) and written_by(output, WRITER) is None:
+        try:
+            read_metadata(str(output), fmt)
+        except ConfigError:
+            raise DataError(f"++output {output} exists and is not a model of corpus-io export-model (it carries no "
+                            f"corpus-io metadata, and export-model has no record of writing it), so export-model "
+                            f"will not replace it. Give ++output another name, or delete {output} first if you mean "
+                            f"to replace it. Nothing was written.") from None
+    if tokens_txt is None or is_url(tokens_txt) or not os.path.lexists(tokens_txt):
+        return True
+    try:
+        if Path(tokens_txt).read_bytes() == tokens_text.encode("utf-8"):
+            return False
+    except OSError:
+        pass
+    stat = written_by(tokens_txt, WRITER)
+    if stat is not None and stat.get("output") == Path(output).name:
+        return True
+    why = (f"export-model wrote it for {stat.get('output')}" if stat is not None else
+           "export-model did not write it: it may be the checkpoint's own token list (a model dir's tokens.txt, in "
+           "corpus-io's form) or another model's")
+    raise DataError(f"tokens.txt beside ++output ({tokens_txt}) exists and holds other tokens than this export's "
+                    f"(sherpa-onnx's form of the checkpoint's token list), and {why}; export-model never replaces "
+                    f"a token list it did not write for this ++output. Export into a directory of its own (e.g. "
+                    f"++output={Path(output).parent / 'onnx' / Path(output).name}), or delete {tokens_txt} first if "
+                    f"it is an old export's. Nothing was written.")
+
+
+def write_tokens(tokens_txt: str, text: str, output: str) -> None:
+    """sherpa-onnx's ``tokens.txt`` written beside ``output`` (checked by :func:`claim_outputs`) and recorded as
+    export-model's for that output."""
+    from corpus_io.storage.files import is_url, record_written
+
+    write_output(tokens_txt, text.encode("utf-8"), lambda path: None)
+    if not is_url(tokens_txt):
+        record_written(tokens_txt, WRITER, output=Path(output).name)
+
+
+def refuse_nonfinite(log_probs: torch.Tensor, checkpoint: str) -> None:
+    """A DataError when the model's log-probs on the check batch are not finite (a diverged model): nothing is
+    exported."""
+    from corpus_io.model.model import nonfinite_message, nonfinite_rows
+
+    bad = nonfinite_rows(log_probs)
+    if bad:
+        raise DataError(nonfinite_message(checkpoint, "export-model's check batch", len(bad), log_probs.shape[0])
+                        + " Nothing was exported.")
+
+
+def within_tolerance(gap: float, output: str) -> float:
+    """``gap`` (the check's largest |log-prob difference|) when it is finite and at most :data:`CHECK_TOLERANCE`,
+    else a ConfigError: the written file does not compute the model, and is not renamed into place."""
+    if not math.isfinite(gap) or gap > CHECK_TOLERANCE:
+        raise ConfigError(f"export-model: the written file for {output} differs from the PyTorch model by up to "
+                          f"{gap:.3g} in log-probability on the check batch (the tolerance is {CHECK_TOLERANCE:g}; "
+                          f"NaN never passes), so it is not written. If the model's own outputs are finite this is a "
+                          f"bug of the exporter or the runtime: please report it with the checkpoint's config.")
+    return gap
 
 
 def tokens_path(output: str) -> str:
@@ -489,7 +570,7 @@ def onnx_chunk_log_probs(session: Any, feats: torch.Tensor, chunk: int, left_chu
 
 
 def export_streaming(cfg: Any, model: nn.Module, tokenizer: Any, meta: dict[str, str],
-                     tokens_txt: str | None) -> dict:
+                     tokens_txt: str | None, beside: str) -> dict:
     """``export-model ++streaming=true``: the chunk model (:class:`ExportedChunkCTC`) as ONNX, checked by running
     the written file as sherpa-onnx does against :meth:`ConformerCTC.encode_streaming` (16-frame chunks, 4 left
     chunks), then renamed into place; sherpa-onnx's ``tokens.txt`` beside it."""
@@ -510,6 +591,8 @@ def export_streaming(cfg: Any, model: nn.Module, tokenizer: Any, meta: dict[str,
     mask = torch.ones(1, 1, cache + CHECK_CHUNK, dtype=torch.bool)
     mask[..., :cache] = False
     example = (torch.randn(1, frames, model.input_dim), torch.tensor([cache]), torch.tensor([cache]), att, cnn, mask)
+    with torch.no_grad():
+        refuse_nonfinite(module(*example)[0], cfg.checkpoint)
     buffer = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -530,15 +613,14 @@ def export_streaming(cfg: Any, model: nn.Module, tokenizer: Any, meta: dict[str,
         got = onnx_chunk_log_probs(session, feats, CHECK_CHUNK, CHECK_LEFT_CHUNKS)
         with torch.no_grad():
             ref = model.ctc_log_probs(*model.encode_streaming(feats, CHECK_CHUNK, CHECK_LEFT_CHUNKS))[0][0]
-        return float((got - ref[:got.shape[0]]).abs().max())
+        return within_tolerance(float((got - ref[:got.shape[0]]).abs().max()), cfg.output)
 
     gap = write_output(cfg.output, data, check)
     if tokens_txt is not None:
-        write_output(tokens_txt, sherpa_tokens(tokenizer).encode("utf-8"), lambda path: None)
-    print(f"export-model: {cfg.checkpoint} -> {cfg.output} and {tokens_txt} (onnx, streaming: sherpa-onnx's online "
+        write_tokens(tokens_txt, sherpa_tokens(tokenizer), cfg.output)
+    print(f"export-model: {cfg.checkpoint} -> {cfg.output} and {beside} (onnx, streaming: sherpa-onnx's online "
           f"WeNet CTC "
           f"interface, one chunk of features in, its log-probs and the caches out; {tokenizer.vocab_size} tokens, "
           f"{meta[META_PREFIX + 'sample_rate']} Hz); max |log-prob difference| to the PyTorch chunk-by-chunk "
           f"decode ({CHECK_CHUNK}-frame chunks, {CHECK_LEFT_CHUNKS} left) {gap:.2e}")
-    return {"output": str(cfg.output), "format": "onnx", "streaming": True, "max_abs_diff": gap,
-            "tokens": str(tokens_txt) if tokens_txt is not None else None}
+    return {"output": str(cfg.output), "format": "onnx", "streaming": True, "max_abs_diff": gap, "tokens": beside}

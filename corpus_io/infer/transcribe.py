@@ -67,6 +67,7 @@ class StreamingTranscriber:
         from corpus_io.model.frontend import FrontEnd
 
         refuse_exported(checkpoint)
+        self.checkpoint = checkpoint
         self.chunk, self.left = int(decoding_chunk_size), int(num_decoding_left_chunks)
         self.device = decode_device(str(device)) if isinstance(device, str) else device
         self.model, self.tokenizer, tcfg = load_model(checkpoint, self.device)
@@ -182,6 +183,7 @@ class StreamingTranscriber:
         with torch.no_grad():
             encoded = self._stream(feats[None].to(self.device))
             log_probs = self.model.ctc_log_probs(encoded, None)[0][0].cpu()
+        self._finite(log_probs, f"chunk {len(self._latency) + 1} of the audio")
         self._tail = self._tail[self._stream.shift:]
         before = len(self._ids)
         self._greedy(log_probs)
@@ -193,6 +195,14 @@ class StreamingTranscriber:
         text = self.tokenizer.decode(self._ids)
         changed, self._text = text != self._text, text
         return changed
+
+    def _finite(self, log_probs: Any, what: str) -> None:
+        """A DataError when the model's log-probs (T, V) are not finite: a diverged model's text would be empty."""
+        from corpus_io.model.model import nonfinite_message, nonfinite_rows
+
+        if nonfinite_rows(log_probs[None]):
+            self.reset()
+            raise DataError(nonfinite_message(self.checkpoint, what, 1, 1))
 
     def _greedy(self, log_probs: Any) -> None:
         """CTC best path continued over ``log_probs`` (t, V): repeats merged (across chunks too), blanks dropped."""
@@ -228,6 +238,7 @@ class StreamingTranscriber:
                 lengths = torch.tensor([feats.shape[0]], device=self.device)
                 log_probs = self.model.ctc_log_probs(*self.model.encode(feats[None].to(self.device), lengths))[0][0]
                 log_probs = log_probs.cpu()
+            self._finite(log_probs, "the audio (full context)")
         else:
             log_probs = torch.zeros(0, self.tokenizer.vocab_size)
         ids = best_path_ids(log_probs[None], torch.tensor([log_probs.shape[0]]))[0]

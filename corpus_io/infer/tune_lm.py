@@ -46,7 +46,8 @@ def tune_lm(cfg: Any) -> dict:
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
-    batches = list(forward_batches(loader, model, tokenizer, conf, device, desc="tune-lm (model)"))
+    batches = list(forward_batches(loader, model, tokenizer, conf, device, desc="tune-lm (model)",
+                                   source=(cfg.checkpoint, cfg.data_list)))
     rows = []
     for lm_weight in cfg.lm_weights:
         for word_score in cfg.word_scores:

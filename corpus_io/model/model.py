@@ -295,6 +295,26 @@ def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def nonfinite_rows(log_probs: torch.Tensor, lengths: torch.Tensor | None = None) -> list[int]:
+    """The rows of a (B, T, V) batch of log-probs (``lengths``: each row's valid frames; None: all) holding a NaN
+    or an infinity: a model whose forward gives them has diverged (finite but huge weights), and every hypothesis
+    it gives is empty or noise."""
+    bad = ~torch.isfinite(log_probs.detach())
+    if lengths is not None:
+        frames = torch.arange(log_probs.shape[1], device=log_probs.device)
+        bad = bad & (frames[None, :] < lengths.to(log_probs.device)[:, None])[..., None]
+    return torch.nonzero(bad.flatten(1).any(dim=1)).flatten().tolist()
+
+
+def nonfinite_message(model: str, what: str, rows: int, total: int) -> str:
+    """The one paragraph of a model whose forward is not finite (:func:`nonfinite_rows`) on ``what``."""
+    return (f"the model {model} gives non-finite log-probabilities (NaN or infinity) on {what} ({rows} of {total} "
+            f"{'utterance' if total == 1 else 'utterances'}): its weights have diverged (finite but huge values, "
+            f"e.g. a training run that blew up), so every hypothesis would be empty or noise. Use a checkpoint from "
+            f"before the divergence (an earlier model.pt.ep{{E}} of the run, or an average of good epochs), or "
+            f"retrain with a lower learning rate (optim_conf.lr) or gradient clipping (train_conf.grad_clip).")
+
+
 class ConformerCTCAttention(ConformerCTC):
     """Hybrid CTC/attention (WeNet's U2 without streaming): the Conformer-CTC encoder and head, plus a
     Transformer decoder over the encoder output trained with label-smoothed cross-entropy on

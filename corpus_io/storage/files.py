@@ -149,11 +149,12 @@ def _fsync_dir(directory: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | None = "utf-8",
-                 newline: str | None = "\n", fsync: bool = False) -> Iterator[IO]:
+                 newline: str | None = "\n", fsync: bool = False, owner: str | None = None) -> Iterator[IO]:
     """Write an :class:`UnnamedFile`; it becomes ``path`` only if the block succeeds (nothing is left
     behind otherwise, even when the process is killed). ``fsync``: the file and its directory entry are on disk
     when the block ends (checkpoints). A binary ``mode`` gives a binary file that any writer takes
-    (``torch.save(state, f)``, ``shutil.copyfileobj(src, f)``).
+    (``torch.save(state, f)``, ``shutil.copyfileobj(src, f)``). ``owner`` (a command name): the file is then
+    recorded as that command's (:func:`record_written`), which a rerun may replace (:func:`refuse_replacing_others`).
 
     An output that cannot be written (a directory in the way, no permission) is a :class:`DataError`
     naming ``path``, raised before anything is written.
@@ -173,6 +174,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | No
     except BaseException:
         out.abort()
         raise
+    if owner is not None:
+        record_written(final, owner)
 
 
 def write_checked(path: str | os.PathLike, data: bytes, check: Callable[[Path], T]) -> T:
@@ -399,6 +402,48 @@ class HashingWriter:
     @property
     def sha256(self) -> str:
         return self._sha.hexdigest()
+
+
+# --------------------------------------------------------------------------- outputs a command owns
+# A command that writes fixed names into a directory the user names (decode's text, export-model's tokens.txt)
+# replaces an existing file under such a name only when it wrote that file itself: each output it writes gets a
+# sidecar (``.<name>.json``: the writer, size and sha256), and an existing output without one, or changed since
+# (a data dir's transcripts, a file a person edited, a model dir's token list), is refused before any work.
+
+
+def writer_digest(writer: str) -> str:
+    """The sidecar digest of the outputs ``writer`` (a command name) wrote: :func:`completed_output` with it says
+    whether a file is one of that command's, unchanged."""
+    return inputs_digest({"written by": writer})
+
+
+def record_written(path: str | os.PathLike, writer: str, **extra: object) -> None:
+    """Mark ``path``, just written, as ``writer``'s own output (its sidecar: size, sha256, ``extra`` fields), so a
+    rerun of ``writer`` may replace it (:func:`refuse_replacing_others`)."""
+    write_sidecar(path, {"digest": writer_digest(writer), "writer": writer, "bytes": os.path.getsize(path),
+                         "sha256": file_sha256(path), **extra})
+
+
+def written_by(path: str | os.PathLike, writer: str) -> dict | None:
+    """The sidecar of ``path`` when ``writer`` wrote it and it has not changed since (size and sha256), else None."""
+    return completed_output(path, writer_digest(writer))
+
+
+def refuse_replacing_others(outputs: Named, writer: str, *, way_out: str) -> None:
+    """Before any work: a :class:`DataError` for the first of ``outputs`` (``(name, path)`` pairs, URLs skipped)
+    that exists and that ``writer`` has no record of writing (:func:`written_by`), naming the file, why it is
+    kept, and ``way_out`` (what to do)."""
+    for name, path in _local(outputs):
+        if not os.path.lexists(path) or written_by(path, writer) is not None:
+            continue
+        try:
+            other = json.loads(sidecar_path(path).read_text(encoding="utf-8")).get("writer")
+            why = f"{other} wrote it" if isinstance(other, str) and other != writer else "changed since"
+        except (OSError, ValueError, AttributeError):
+            why = f"no record {sidecar_path(path).name} beside it says it did"
+        raise DataError(f"{name} {path} exists, and {writer} did not write it ({why}): it may be the transcripts "
+                        f"of a data dir, a token list or a file someone edited, and {writer} would replace it. "
+                        f"{way_out} Nothing was written.")
 
 
 # --------------------------------------------------------------------------- outputs vs inputs

@@ -34,6 +34,34 @@ def test_decode_writes_kaldi_text_and_a_cer_report(trained, corpus, tmp_path):
     assert "%CER" in result.stdout
 
 
+def test_decode_replaces_only_its_own_outputs_never_a_data_dirs_text_or_an_edited_file(trained, corpus, tmp_path,
+                                                                                       capfd):
+    """A data dir of a JSONL and its reference ``text`` given as ++output_dir is refused (rc 2, one paragraph naming
+    the file, the text kept); decode's own outputs are recorded, so a rerun replaces them, but not once edited."""
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(corpus["raw"], data / "data.jsonl")
+    (data / "text").write_text("spk0-utt000 the reference\n", encoding="utf-8")
+    kept = (data / "text").read_bytes()
+    args = [f"++checkpoint={trained['out'] / 'model.pt.avg2'}", "++dataset_conf.data_type=raw",
+            "++dataset_conf.num_workers=0"]
+    rc, err = in_process("decode", f"++data_list={data / 'data.jsonl'}", f"++output_dir={data}", *args, capfd=capfd)
+    assert rc == 2 and f"++output_dir's text {data / 'text'} exists, and decode did not write it" in err, err
+    assert "Traceback" not in err and "Nothing was written" in err
+    assert (data / "text").read_bytes() == kept and not (data / "cer.txt").exists()
+    out = tmp_path / "decode"
+    for _ in range(2):  # the second run replaces the first's files: decode wrote them
+        rc, err = in_process("decode", f"++data_list={corpus['raw']}", f"++output_dir={out}", *args, capfd=capfd)
+        assert rc == 0, err
+    assert (out / ".text.json").is_file() and (out / ".cer.txt.json").is_file()
+    with open(out / "text", "a", encoding="utf-8") as f:
+        f.write("spk0-utt000 a corrected hypothesis\n")
+    edited = (out / "text").read_bytes()
+    rc, err = in_process("decode", f"++data_list={corpus['raw']}", f"++output_dir={out}", *args, capfd=capfd)
+    assert rc == 2 and f"{out / 'text'} exists, and decode did not write it (changed since)" in err, err
+    assert (out / "text").read_bytes() == edited
+
+
 def test_decode_user_errors_have_no_traceback(tmp_path, corpus):
     result = run_cli("corpus-io", "decode", f"++data_list={corpus['raw']}", f"++checkpoint={tmp_path / 'none.pt'}",
                      f"++output_dir={tmp_path}")

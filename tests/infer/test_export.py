@@ -337,6 +337,42 @@ def test_an_output_that_is_the_checkpoints_token_list_or_cmvn_or_of_the_wrong_su
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no temp file left
 
 
+def test_export_never_replaces_a_model_dirs_token_list_or_a_user_file_and_leaves_an_identical_tokens_txt(
+        trained, corpus, tmp_path, capfd):
+    """A shipped model dir (the checkpoint and its token list copied, so no path of the training machine matches):
+    export beside them is refused and tokens.txt kept; a file at ++output that is not an export is kept; a re-export
+    replaces its own files, a second model with the same tokens leaves tokens.txt as it is, an edited one is kept."""
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    shutil.copy(trained["out"] / "model.pt.avg2", shipped / "model.pt")
+    shutil.copy(corpus["tokens"], shipped / "tokens.txt")
+    kept = (shipped / "tokens.txt").read_bytes()
+    rc, err = in_process("export-model", f"++checkpoint={shipped / 'model.pt'}", f"++output={shipped / 'model.onnx'}",
+                         capfd=capfd)
+    assert rc == 2 and f"tokens.txt beside ++output ({shipped / 'tokens.txt'}) exists and holds other tokens" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert (shipped / "tokens.txt").read_bytes() == kept and not (shipped / "model.onnx").exists()
+    user = tmp_path / "user" / "model.ts"
+    user.parent.mkdir()
+    user.write_text("my notes\n")
+    rc, err = in_process("export-model", f"++checkpoint={shipped / 'model.pt'}", f"++output={user}",
+                         "++format=torchscript", capfd=capfd)
+    assert rc == 2 and f"++output {user} exists and is not a model of corpus-io export-model" in err, err
+    assert user.read_text() == "my notes\n"
+    served = tmp_path / "served"
+    for name in ("m.onnx", "m.onnx", "other.onnx"):  # a re-export, then a second model with the same tokens
+        rc, err = in_process("export-model", f"++checkpoint={shipped / 'model.pt'}", f"++output={served / name}",
+                             capfd=capfd)
+        assert rc == 0, err
+    written = (served / "tokens.txt").read_bytes()
+    assert written.startswith(b"<blank> 0\n") and written != kept
+    (served / "tokens.txt").write_bytes(written + b"extra 999\n")  # edited by hand
+    rc, err = in_process("export-model", f"++checkpoint={shipped / 'model.pt'}", f"++output={served / 'm.onnx'}",
+                         capfd=capfd)
+    assert rc == 2 and "exists and holds other tokens" in err and "(changed since)" not in err, err
+    assert (served / "tokens.txt").read_bytes() == written + b"extra 999\n"
+
+
 def test_an_s3_output_is_uploaded_as_one_checked_object_and_nothing_written_locally(
         exported, seaweed, tmp_path, monkeypatch, capfd):
     from corpus_io.infer.exported import read_metadata

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from corpus_io.tokenizer import is_cjk
-from tests.conftest import run_bounded, run_cli
+from tests.conftest import REPO, run_bounded, run_cli
 from tests.recipes.test_smoke import smoke  # noqa: F401  (the session's `make smoke` run: its model and test sets)
 
 SETS = ("test_digits", "test_digits_newvoice")  # the smoke model's held-out digit sets (its test_mixed CER is >100 %)
@@ -213,4 +213,96 @@ def test_export_writes_tokens_txt_beside_the_onnx_file_and_refuses_one_that_is_a
     written = (out.parent / "tokens.txt").read_text(encoding="utf-8").splitlines()
     assert len(written) == len(symbols) and written[0] == "<blank> 0"
     assert [line.rsplit(" ", 1)[0].lstrip("\u2581") for line in written] == symbols
-    assert sorted(p.name for p in out.parent.iterdir()) == ["m.onnx", "tokens.txt"]  # no temp file left
+    # no temp file left; tokens.txt's record (export-model wrote it for m.onnx, so a re-export may replace it)
+    assert sorted(p.name for p in out.parent.iterdir()) == [".tokens.txt.json", "m.onnx", "tokens.txt"]
+
+
+# --------------------------------------------------------------------------- recipes/tools/sherpa_decode.py
+
+TOOL = REPO / "recipes" / "tools" / "sherpa_decode.py"
+
+
+def _tool(args: list, capfd, monkeypatch) -> tuple[int, str]:
+    """sherpa_decode.py ARGS in this process (its main, as its command line runs it): (exit code, stderr)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sherpa_decode_tool", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", [str(TOOL), *map(str, args)])
+    capfd.readouterr()
+    try:
+        code = module.main()
+    except SystemExit as exc:
+        code = exc.code
+    return code, capfd.readouterr().err
+
+
+def test_sherpa_decode_checks_its_arguments_and_inputs_in_one_paragraph_and_never_writes_over_an_input(
+        trained, streaming_trained, corpus, tmp_path, capfd, monkeypatch):
+    """Each mistake the hostile round found is one paragraph and exit 2, before sherpa-onnx is given anything (it
+    ends the process on a bad argument: --chunk-size 0 was a SIGFPE) and before anything is written: the wrong
+    --feature-dim, an offline recognizer on a streaming export and the reverse, chunk sizes below 1, a missing
+    --compare file, OUT_DIR/text that is --compare, the list or a decode's text, NaN audio. A FunASR
+    source/target JSONL is read, and a rerun replaces the tool's own outputs."""
+    import numpy as np
+    import onnx
+    import soundfile as sf
+
+    from tests.test_hostile import corpus_io as in_process
+
+    _sherpa()
+    off, on = tmp_path / "off" / "model.onnx", tmp_path / "on" / "model.onnx"
+    for ckpt, path, extra in ((trained["out"], off, ()), (streaming_trained["out"], on, ("++streaming=true",))):
+        rc, err = in_process("export-model", f"++checkpoint={ckpt / 'model.pt.avg2'}", f"++output={path}", *extra,
+                             capfd=capfd)
+        assert rc == 0, err
+    dim = int({p.key: p.value for p in onnx.load(str(off), load_external_data=False).metadata_props}["feature_dim"])
+    rows = [json.loads(line) for line in Path(corpus["raw"]).read_text(encoding="utf-8").splitlines()[:3]]
+    funasr = tmp_path / "list.jsonl"
+    funasr.write_text("".join(json.dumps({"key": r["key"], "source": r["wav"], "target": r["txt"]}) + "\n"
+                              for r in rows), encoding="utf-8")
+    decoded = tmp_path / "dec"
+    decoded.mkdir()
+    (decoded / "text").write_text("".join(f"{r['key']} {r['txt']}\n" for r in rows), encoding="utf-8")
+    kept = (decoded / "text").read_bytes()
+    nan = tmp_path / "nan.wav"
+    sf.write(nan, np.array([0.1, float("nan")] * 8000, np.float32), 16000, subtype="FLOAT")
+    nan_list = tmp_path / "nan.jsonl"
+    nan_list.write_text(json.dumps({"key": "nan", "source": str(nan), "target": "x"}) + "\n")
+    offline = [off, off.parent / "tokens.txt", funasr]
+    online = [on, on.parent / "tokens.txt", funasr]
+    cases = [([*offline, tmp_path / "o1", "--feature-dim", dim + 1], f"give {dim} (--feature-dim {dim})"),
+             ([*online, tmp_path / "o2", "--feature-dim", dim], "is a streaming export"),
+             ([*offline, tmp_path / "o3", "--feature-dim", dim, "--online"], "is a full-context export"),
+             ([*online, tmp_path / "o4", "--feature-dim", dim, "--online", "--chunk-size", "-3"], "chunk size is -3"),
+             ([*online, tmp_path / "o5", "--feature-dim", dim, "--online", "--left-chunks", "-1"],
+              "number of left chunks is -1"),
+             ([*offline, tmp_path / "o6", "--feature-dim", dim, "--compare", tmp_path / "none"],
+              f"--compare {tmp_path / 'none'} does not exist"),
+             ([*offline, decoded, "--feature-dim", dim, "--compare", decoded / "text"],
+              f"OUT_DIR/text ({decoded / 'text'}) is the input --compare"),
+             ([*offline, decoded, "--feature-dim", dim], f"OUT_DIR/text {decoded / 'text'} exists, and "
+                                                        f"sherpa_decode.py did not write it"),
+             ([off, off.parent / "tokens.txt", decoded / "text", decoded, "--feature-dim", dim],
+              f"OUT_DIR/text ({decoded / 'text'}) is the input LIST"),
+             ([off, off.parent / "tokens.txt", nan_list, tmp_path / "o7", "--feature-dim", dim],
+              "the audio holds 8000 non-finite samples")]
+    for args, message in cases:
+        code, err = _tool(args, capfd, monkeypatch)
+        assert code == 2 and message in err and "Traceback" not in err, (args, err)
+        assert len(err.strip().splitlines()) == 1, err
+    assert (decoded / "text").read_bytes() == kept
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 8))
+    out = tmp_path / "served"
+    zero = run_bounded([sys.executable, str(TOOL), *map(str, online), str(out), "--feature-dim", str(dim),
+                        "--online", "--chunk-size", "0"], 120)
+    assert zero.returncode == 2 and "the chunk size is 0" in zero.stderr and "Traceback" not in zero.stderr, zero
+    for _ in range(2):  # the second run replaces the first's outputs
+        result = run_bounded([sys.executable, str(TOOL), *map(str, online), str(out), "--feature-dim", str(dim),
+                              "--online", "--compare", str(decoded / "text")], 300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(line.split(" ")[0] for line in (out / "text").read_text(encoding="utf-8").splitlines()) == \
+        sorted(r["key"] for r in rows)
+    assert f"same words as corpus-io decode ({decoded / 'text'}): " in (out / "summary.txt").read_text()
+    assert (decoded / "text").read_bytes() == kept

@@ -14,6 +14,7 @@ from corpus_io.storage.files import (
     file_sha256,
     inputs_digest,
     parse_json_object,
+    refuse_replacing_others,
     sidecar_path,
     write_sidecar,
 )
@@ -135,6 +136,24 @@ def test_an_output_is_reused_only_with_its_sidecar_and_the_same_inputs_and_bytes
     assert completed_output(out, digest) is None
     sidecar_path(out).write_text("{trunc")
     assert completed_output(out, digest) is None
+
+
+def test_a_writer_replaces_only_files_it_recorded_writing_and_not_once_they_changed(tmp_path):
+    """atomic_write(owner=) records the file; refuse_replacing_others lets that writer (not another) replace it,
+    refuses a file without a record or changed since, and passes a path that does not exist."""
+    ours, theirs = tmp_path / "text", tmp_path / "ref"
+    theirs.write_text("a reference\n")
+    with atomic_write(ours, owner="decode") as f:
+        f.write("a hypothesis\n")
+    refuse_replacing_others([("text", ours), ("new", tmp_path / "new")], "decode", way_out="Move it.")
+    for path, writer, why in ((theirs, "decode", "no record .ref.json beside it says it did"),
+                              (ours, "export-model", "decode wrote it")):
+        with pytest.raises(DataError, match=f"exists, and {writer} did not write it \\({why}\\).* Move it. "
+                                            f"Nothing was written."):
+            refuse_replacing_others([("out", path)], writer, way_out="Move it.")
+    ours.write_text("edited\n")
+    with pytest.raises(DataError, match="changed since"):
+        refuse_replacing_others([("text", ours)], "decode", way_out="")
 
 
 def test_a_table_that_never_ends_a_line_is_refused_at_the_named_line_bound(tmp_path):

@@ -72,3 +72,46 @@ def test_average_refuses_a_non_finite_epoch_checkpoint(tmp_path):
     assert not (tmp_path / "model.pt.avg2").exists()
     ckpt.write_metrics(tmp_path, 1, {"loss": float("nan")})  # a nan cv loss ranks nowhere
     assert ckpt.ranked_epochs(tmp_path, "loss") == [0]
+
+
+def _diverged(checkpoint, out):
+    """``checkpoint`` with every floating-point weight times 1e30: finite (load_checkpoint takes it), but its
+    forward overflows to inf and NaN, as a run that blew up without a non-finite step would leave it."""
+    state = ckpt.load_checkpoint(checkpoint)
+    state["model"] = {k: v * 1e30 if v.is_floating_point() else v for k, v in state["model"].items()}
+    assert ckpt.nonfinite_tensor(state["model"]) is None
+    ckpt.save_checkpoint(out, state)
+    return out
+
+
+def test_a_diverged_model_is_never_exported_decoded_or_transcribed_in_silence(trained, streaming_trained, corpus,
+                                                                               tmp_path, capfd):
+    """Finite weights times 1e30: export-model, decode and transcribe (full context and chunk by chunk) each
+    exit 2 with one paragraph naming the model, instead of empty text at rc 0; nothing is written."""
+    from tests.infer.test_transcribe import WAV
+    from tests.test_hostile import corpus_io as in_process
+
+    bad = _diverged(trained["out"] / "model.pt.avg2", tmp_path / "diverged.pt")
+    said = f"the model {bad} gives non-finite log-probabilities (NaN or infinity)"
+    rc, err = in_process("export-model", f"++checkpoint={bad}", f"++output={tmp_path / 'm.onnx'}", capfd=capfd)
+    assert rc == 2 and said in err and "Nothing was exported" in err and "Traceback" not in err, err
+    assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "tokens.txt").exists()
+    rc, err = in_process("decode", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
+                         f"++checkpoint={bad}", f"++output_dir={tmp_path / 'dec'}", "++dataset_conf.num_workers=0",
+                         capfd=capfd)
+    assert rc == 2 and said in err and f"on {corpus['raw']} (utterances " in err and "Traceback" not in err, err
+    assert not (tmp_path / "dec" / "text").exists()
+    rc, err = in_process("transcribe", f"++model={bad}", f"++input={WAV}", "++stream=false", capfd=capfd)
+    assert rc == 2 and said in err and "the audio (full context)" in err and "Traceback" not in err, err
+    bad = _diverged(streaming_trained["out"] / "model.pt.avg2", tmp_path / "diverged_streaming.pt")
+    rc, err = in_process("transcribe", f"++model={bad}", f"++input={WAV}", "++stream=true", capfd=capfd)
+    assert rc == 2 and f"the model {bad} gives non-finite" in err and "chunk 1 of the audio" in err, err
+
+
+def test_the_export_check_fails_on_nan_or_a_difference_above_its_tolerance():
+    from corpus_io.infer.export import CHECK_TOLERANCE, within_tolerance
+
+    assert within_tolerance(2e-5, "m.onnx") == 2e-5
+    for gap in (float("nan"), float("inf"), CHECK_TOLERANCE * 2):
+        with pytest.raises(ConfigError, match="differs from the PyTorch model by up to .* NaN never passes"):
+            within_tolerance(gap, "m.onnx")
