@@ -224,6 +224,9 @@ class TranscribeConfig:
     piece_seconds: float = opt(0.1, "stream=true: the audio is fed in pieces of this length, as a microphone "
                                     "would deliver it", unit="seconds", range="(0, 3600]")
     device: str = opt("cpu", "cpu, cuda or auto", choices=("auto", "cpu", "cuda"))
+    num_threads: int = opt(1, "torch intra-op threads while transcribing: 1 keeps each chunk's latency steady on a "
+                              "busy machine (a chunk is too small to gain from more); 0: torch's default (one per "
+                              "core)", range="[0, 1024]")
 
 
 @schema
