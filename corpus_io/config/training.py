@@ -281,7 +281,7 @@ class ExportModelConfig:
     checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N} of a ConformerCTC (CTC-only) model")
     output: str = opt("???", "the file to write (model.onnx, model.ts); it holds the token list, sample rate, "
                              "feature config and subsampling")
-    format: str = opt("onnx", "onnx (run by onnxruntime: pip install 'corpus-io[onnx]') or torchscript",
+    format: str = opt("onnx", "onnx (run by onnxruntime: the [onnx] extra) or torchscript",
                       choices=("onnx", "torchscript"))
     frontend: bool = opt(False, "include the Kaldi fbank/mfcc front end: waveforms (float32 in [-1, 1] at the "
                                 "model's sample rate) in, log-probs out; false: features in")
