@@ -112,6 +112,6 @@ def _invoker(cmd: Command) -> Callable[..., None]:
 
 def _target(spec: str) -> Callable[[Any], Any]:
     """The function ``"module:function"`` names, imported now (inside run_with_errors, so a missing
-    extra is reported as "install corpus-io[EXTRA]")."""
+    extra is reported with its install line, corpus_io.extras.install_line)."""
     module, _, function = spec.partition(":")
     return getattr(importlib.import_module(module), function)

@@ -8,7 +8,6 @@ A subcommand takes Hydra overrides for its schema, composed over ``conf/<name wi
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 
 from corpus_io import config
@@ -112,6 +111,6 @@ def train(cfg: config.TrainConfig) -> None:
         # destroyed. Skip the interpreter's teardown, where the C++ threads of gloo and of the TCPStore can
         # abort a rank ("terminate called without an active exception", exit -6; pytorch#190489, #179291)
         # and turn a finished run into a failed one.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        from corpus_io.train.distributed import exit_now
+
+        exit_now(0)  # multiprocessing's clean-up first: no leaked-semaphore warnings from the resource tracker

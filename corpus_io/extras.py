@@ -1,4 +1,7 @@
-"""Optional dependencies: which ``pip install 'corpus-io[EXTRA]'`` brings a missing module.
+"""Optional dependencies: which extra (``pip install -e '.[EXTRA]'`` in a checkout) brings a missing module.
+
+The distribution name ``corpus-io`` is another project's in the public registry, so no install line names
+it: :func:`install_line` names this checkout (or asks for one); tests/test_docs.py scans the pages for such lines.
 
 The core install (data preparation) has no torch; the loader, training and remote storage come
 with extras. A command that reaches a missing module fails with one paragraph naming the extra
@@ -28,6 +31,17 @@ EXTRA_OF_MODULE = {
 _FSSPEC_HINTS = {"s3fs": "s3fs", "aiohttp": "aiohttp", "HTTPFileSystem": "aiohttp"}
 
 
+def install_line(extra: str) -> str:
+    """``pip install -e '/path/to/checkout[EXTRA]'`` for the checkout this package runs from, else with a
+    placeholder for it (the name ``corpus-io`` in the public registry is another project)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if (root / "pyproject.toml").is_file() and (root / "corpus_io" / "extras.py").is_file():
+        return f"pip install -e '{root}[{extra}]'"
+    return f"pip install -e '<path-to-corpus-io-checkout>[{extra}]'"
+
+
 def missing_extra_message(exc: ImportError) -> str | None:
     """One paragraph for an ImportError of an optional module, or None when it is not one of ours."""
     name = (exc.name or "").split(".")[0]
@@ -38,5 +52,5 @@ def missing_extra_message(exc: ImportError) -> str | None:
             return None
     extra, what = EXTRA_OF_MODULE[name]
     return (f"this command needs the optional package '{name}' ({what}), which is not installed in "
-            f"this environment. Install it with: pip install 'corpus-io[{extra}]' "
-            f"(or 'corpus-io[all]' for every extra).")
+            f"this environment. Install it with: {install_line(extra)} (or [all] for every extra; the name "
+            f"corpus-io in the public registry is another project).")

@@ -269,7 +269,9 @@ def run_stats(cfg: Any) -> CorpusStats:
     print(render(stats, bins=cfg.bins), flush=True)
     if cfg.output is None and importlib.util.find_spec("matplotlib") is None:
         # the core install has no matplotlib: the table is the result, the PNG is a bonus
-        print("\nduration histogram: not drawn (matplotlib is not installed: pip install 'corpus-io[plots]', "
+        from corpus_io.extras import install_line
+
+        print(f"\nduration histogram: not drawn (matplotlib is not installed: {install_line('plots')}, "
               "or pass ++output=FILE.png to require it)", flush=True)
     else:
         out = plot(stats, output, bins=cfg.bins)

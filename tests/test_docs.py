@@ -62,3 +62,39 @@ def test_every_relative_link_of_the_docs_names_a_file_and_heading_that_exist():
             elif anchor and target in anchors and anchor not in anchors[target]:
                 broken.append(f"{path}: no heading #{anchor} in {target.relative_to(REPO)}")
     assert not broken, "\n".join(broken)
+
+
+#: a requirement that names the distribution itself: resolved by the public registry, where ``corpus-io`` is
+#: another project (an install from the checkout names a path: ``pip install -e '.[deploy]'``)
+BY_NAME = re.compile(r"corpus[-_.]io(\[[^\]]*\])?([<>=~!;@].*)?", re.I)
+
+
+def _install_lines_by_name(text: str) -> list[str]:
+    found = []
+    for line in text.splitlines():
+        for command in re.findall(r"pip3?\s+install\s+([^`\n#();,\"]*)", line):  # up to a comment, prose or code
+            words = [w.strip("'\"(),") for w in command.split()]
+            if any(BY_NAME.fullmatch(w) for w in words if w and not w.startswith("-")):
+                found.append(line.strip())
+    return found
+
+
+def test_no_page_message_or_script_prints_an_install_line_that_resolves_to_another_project():
+    files = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), REPO / "Makefile",
+             *[p for d in ("corpus_io", "cli", "recipes") for p in (REPO / d).rglob("*") if p.suffix in (".py", ".sh")]]
+    offending = {str(p.relative_to(REPO)): found for p in files
+                 if (found := _install_lines_by_name(p.read_text(encoding="utf-8", errors="replace")))}
+    assert not offending, offending
+    # the scan sees the forms that did resolve to the registry's corpus-io
+    assert _install_lines_by_name("pip install 'corpus-io[deploy]'   # sherpa-onnx") and \
+        _install_lines_by_name("(`pip install corpus-io[dask]`; `dask scheduler`)") and \
+        _install_lines_by_name("| `pip install corpus-io` (the core) |")
+    assert not _install_lines_by_name("pip install -e '.[deploy]'   # in the checkout")
+
+
+def test_a_missing_extra_names_this_checkout_to_install_it_from():
+    from corpus_io.extras import install_line, missing_extra_message
+
+    assert install_line("deploy") == f"pip install -e '{REPO.resolve()}[deploy]'"
+    message = missing_extra_message(ModuleNotFoundError("No module named 'duckdb'", name="duckdb"))
+    assert f"pip install -e '{REPO.resolve()}[explore]'" in message and not _install_lines_by_name(message)

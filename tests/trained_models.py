@@ -93,6 +93,7 @@ def streaming_trained(corpus, tmp_path_factory) -> dict:
                            "++model.use_dynamic_chunk=true", "++model.use_dynamic_left_chunk=true")
         result = run_train(cmd)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+        assert "leaked semaphore" not in result.stderr, result.stderr[-3000:]  # 2 ranks x 1 worker, then os._exit
         return {"out": str(out), "stdout": result.stdout, "stderr": result.stderr}
 
     built = built_once(tmp_path_factory, "streaming_trained", build)

@@ -224,6 +224,9 @@ class TranscribeConfig:
     piece_seconds: float = opt(0.1, "stream=true: the audio is fed in pieces of this length, as a microphone "
                                     "would deliver it", unit="seconds", range="(0, 3600]")
     device: str = opt("cpu", "cpu, cuda or auto", choices=("auto", "cpu", "cuda"))
+    num_threads: int = opt(1, "torch intra-op threads while transcribing: 1 keeps each chunk's latency steady on a "
+                              "busy machine (a chunk is too small to gain from more); 0: torch's default (one per "
+                              "core)", range="[0, 1024]")
 
 
 @schema
@@ -278,7 +281,7 @@ class ExportModelConfig:
     checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N} of a ConformerCTC (CTC-only) model")
     output: str = opt("???", "the file to write (model.onnx, model.ts); it holds the token list, sample rate, "
                              "feature config and subsampling")
-    format: str = opt("onnx", "onnx (run by onnxruntime: pip install 'corpus-io[onnx]') or torchscript",
+    format: str = opt("onnx", "onnx (run by onnxruntime: the [onnx] extra) or torchscript",
                       choices=("onnx", "torchscript"))
     frontend: bool = opt(False, "include the Kaldi fbank/mfcc front end: waveforms (float32 in [-1, 1] at the "
                                 "model's sample rate) in, log-probs out; false: features in")

@@ -4,7 +4,7 @@ arguments but ``feature_dim``, the audio fed as 16-bit-scale floats in [-1, 1] (
 sherpa's usual tail of silence so its last chunk is complete).
 
 Used by the espeak recipe's serving stage, ``make bench BENCH=stream`` and the tests (the ``[deploy]`` extra:
-``pip install 'corpus-io[deploy]'``). Times: seconds.
+``pip install -e '.[deploy]'`` in a checkout). Times: seconds.
 """
 
 from __future__ import annotations

@@ -304,6 +304,20 @@ def transcribe(cfg: Any) -> dict:
     if not Path(cfg.input).is_file():
         raise DataError(f"++input={cfg.input} does not exist or is not a file; give the recording to transcribe "
                         f"(any format soundfile reads: wav, flac, ogg, ...).")
+    import torch
+
+    threads = torch.get_num_threads()
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+    try:
+        return _transcribe(cfg)
+    finally:
+        torch.set_num_threads(threads)  # a Python caller's own setting, back as it was
+
+
+def _transcribe(cfg: Any) -> dict:
+    import torch
+
     transcriber = StreamingTranscriber(cfg.model, decoding_chunk_size=cfg.decoding_chunk_size if cfg.stream else 0,
                                        num_decoding_left_chunks=cfg.num_decoding_left_chunks, device=cfg.device)
     samples = read_recording(cfg.input, transcriber.sample_rate)
@@ -318,6 +332,7 @@ def transcribe(cfg: Any) -> dict:
     print(f"final: {result.text}")
     for w in result.words:
         print(f"  {w.start:.2f} {w.end:.2f} {w.text} ({w.confidence:.2f})")
-    print(latency_line(result), flush=True)
+    threads = torch.get_num_threads()
+    print(f"{latency_line(result)}; {threads} torch thread{'s' if threads != 1 else ''} (num_threads)", flush=True)
     return {"text": result.text, "words": len(result.words), "partials": partials, "rtf": result.rtf,
-            "chunks": len(result.chunk_latency)}
+            "chunks": len(result.chunk_latency), "num_threads": threads}

@@ -128,6 +128,18 @@ def _forbidden_global(message: str) -> str | None:
     return f"the global {m.group(1)}" if m else None
 
 
+def saved_model_conf(state: dict) -> dict | None:
+    """The ``model`` block of the training config a checkpoint carries, or None (a hand-made checkpoint)."""
+    from omegaconf import OmegaConf
+
+    try:
+        trained = OmegaConf.to_container(OmegaConf.create(state.get("config") or ""), resolve=True)
+    except Exception:  # noqa: BLE001 - no readable config: nothing to compare
+        return None
+    model = trained.get("model") if isinstance(trained, dict) else None
+    return model if isinstance(model, dict) and model else None
+
+
 def token_list_record(tokenizer: Any) -> dict:
     """What a checkpoint records of the token list it is trained with (``"token_list"``): the file, the number of
     tokens and the sha256 of its canonical form (:func:`corpus_io.tokenizer.token_list_sha256`)."""
@@ -297,9 +309,11 @@ def average_checkpoints(output_dir: str | os.PathLike, num: int, metric: str = "
     avg: dict[str, Any] = {}
     last: dict = {}
     token_lists: dict[tuple, int] = {}  # (size, sha256) -> an epoch trained with that token list
+    models: dict[int, dict] = {}  # an epoch -> its model config
     for epoch in chosen:
         last = load_checkpoint(ckpts[epoch], finite=False)  # the average is checked below, naming the epochs
         _one_token_list(token_lists, last, epoch, out_dir, key)
+        _one_model(models, last, epoch, out_dir, key)
         for k, v in last["model"].items():
             if k not in avg:
                 avg[k] = v.detach().clone().double() if v.is_floating_point() else v.detach().clone()
@@ -339,6 +353,26 @@ def _one_token_list(seen: dict[tuple, int], state: dict, epoch: int, out_dir: Pa
         raise DataError(f"epochs {first} and {other} of {out_dir} were trained with different token lists, so their "
                         f"weights do not average into one model (nothing was written). Average the epochs of one "
                         f"token list ({fewer}), or train again with one token list.")
+
+
+def _one_model(seen: dict[int, dict], state: dict, epoch: int, out_dir: Path, key: str | None) -> None:
+    """Refuse to average epochs of different models (a streaming and a full-context run, a resume with other
+    ``model.*`` keys): weights of the same shapes would average into a model that is neither."""
+    from corpus_io.model.model import model_conf_changes
+
+    conf = saved_model_conf(state)
+    if conf is None:
+        return
+    for first, other in seen.items():
+        changes = model_conf_changes(other, conf)
+        if changes:
+            named = "; ".join(f"{k}={a} in epoch {first}, {b} in epoch {epoch}" for k, a, b in changes[:4])
+            fewer = f"a smaller ++{key}" if key else "fewer epochs"
+            raise DataError(f"epochs {first} and {epoch} of {out_dir} are checkpoints of different models ({named}), "
+                            f"so their weights do not average into one model (nothing was written). Average the "
+                            f"epochs of one run ({fewer}), or keep each run in its own output_dir.")
+        break
+    seen.setdefault(epoch, conf)
 
 
 def _shortfall_warning(num: int, chosen: list[int], metric: str, path: str | os.PathLike, *,

@@ -16,6 +16,7 @@ passed to its constructor. ``cmvn_file`` may be ignored by models that normalise
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -273,6 +274,7 @@ def build_model(model_conf: dict, input_dim: int, vocab_size: int, cmvn_file: st
                           "(decode and tune-lm read the model block saved in the checkpoint).")
     conf = {k: v for k, v in model_conf.items() if k not in ("input_dim", "vocab_size", "cmvn_file")}
     conf["_target_"] = current_target(conf["_target_"])
+    check_model_types(conf)
     try:
         model = instantiate(conf, input_dim=input_dim, vocab_size=vocab_size, cmvn_file=cmvn_file,
                             _convert_="all")
@@ -283,6 +285,98 @@ def build_model(model_conf: dict, input_dim: int, vocab_size: int, cmvn_file: st
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model._target_={model_conf['_target_']} did not return a torch.nn.Module")
     return model
+
+
+_PLAIN_TYPES = {bool: "a boolean: true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def check_model_types(conf: dict) -> None:
+    """Refuse a ``model`` key whose value is not of the type its constructor annotates (``causal=no`` is a string,
+    and a non-empty string would build a causal model): booleans are booleans, integers integers, numbers numbers.
+    The annotations are read from the ``_target_`` class's ``__init__`` and those of its bases (``**kwargs``
+    passed up, as ConformerCTCAttention does); a key without a plain annotation is left to the constructor."""
+    import typing
+
+    from hydra.utils import get_class
+
+    from corpus_io.errors import ConfigError
+
+    try:
+        cls = get_class(str(conf["_target_"]))
+    except Exception:  # noqa: BLE001 - not importable, or a function: instantiate names the problem
+        return
+    hints: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            hints.update(typing.get_type_hints(klass.__init__))
+        except Exception:  # noqa: BLE001 - unresolvable annotations: that class's keys are not checked
+            continue
+    for key, value in conf.items():
+        allowed = _plain_types(hints.get(key)) if key != "_target_" else None
+        if not allowed or any(_is_a(value, t) for t in allowed):
+            continue
+        what = " or ".join(_PLAIN_TYPES[t] if t is not type(None) else "null" for t in allowed)
+        example = {bool: "true", int: "4", float: "0.1", str: "abs_pos"}.get(allowed[0], "null")
+        raise ConfigError(f"model.{key}={value!r} ({type(value).__name__}): {cls.__name__}'s {key} takes {what}, "
+                          f"so the model would not be the one asked for. Set it as such on the command line "
+                          f"(e.g. ++model.{key}={example}) or in the model config.")
+
+
+def _plain_types(hint: Any) -> tuple | None:
+    """The plain types a hint allows (``bool``, ``str | None``), or None where it names others."""
+    import types
+    import typing
+
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if not args or any(a not in _PLAIN_TYPES and a is not type(None) for a in args):
+        return None
+    return tuple(args)
+
+
+def _is_a(value: Any, t: type) -> bool:
+    if t is type(None):
+        return value is None
+    if isinstance(value, bool) or t is bool:
+        return isinstance(value, bool) and t is bool
+    return isinstance(value, (int, float)) if t is float else isinstance(value, t)
+
+
+def model_conf_changes(before: dict, after: dict) -> list[tuple[str, Any, Any]]:
+    """The ``model.*`` keys whose values differ between two model blocks, as ``(key, before, after)``: each block
+    completed by its ``_target_`` constructor's defaults, so a key set to its default is no change."""
+    one, two = _effective(before), _effective(after)
+    return [(k, one.get(k, "(unset)"), two.get(k, "(unset)")) for k in sorted(set(one) | set(two))
+            if one.get(k, "(unset)") != two.get(k, "(unset)")]
+
+
+def _effective(conf: dict) -> dict[str, Any]:
+    import inspect
+
+    from hydra.utils import get_class
+
+    conf = {k: v for k, v in (conf or {}).items() if k not in ("input_dim", "vocab_size", "cmvn_file")}
+    if "_target_" in conf:
+        conf["_target_"] = current_target(conf["_target_"])
+    defaults: dict[str, Any] = {}
+    try:
+        for klass in reversed(get_class(str(conf.get("_target_"))).__mro__):
+            init = klass.__dict__.get("__init__")
+            for name, p in (inspect.signature(init).parameters.items() if init is not None else ()):
+                if p.default is not inspect.Parameter.empty and name != "cmvn_file":
+                    defaults[name] = p.default
+    except Exception:  # noqa: BLE001 - no such class here: the blocks are compared as written
+        pass
+    return _flat({**defaults, **conf}, "model")
+
+
+def _flat(d: Mapping, prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}.{k}"))
+        else:
+            out[f"{prefix}.{k}"] = v
+    return out
 
 
 def current_target(target: str) -> str:

@@ -64,6 +64,7 @@ class VerifyTask:
     decode_audio: bool
     storage_options: dict = field(default_factory=dict)
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
+    durations_expected: bool = False  # another entry of the index records ``durations``: each entry must
 
 
 @dataclass
@@ -145,6 +146,11 @@ def verify_one(task: VerifyTask) -> VerifyResult:
         if entry.get("num_utts") is not None and entry["num_utts"] != result.num_utts:
             problems.append(f"{task.url}: {result.num_utts} samples, the index says {entry['num_utts']}.")
         problems.extend(_index_keys_problems(task.url, entry.get("keys"), keys))
+        if task.durations_expected and "durations" not in entry:
+            problems.append(f"{task.url}: the index entry has no 'durations' while other entries of the index have "
+                            f"them, so the loader refuses the list (its bucket edges would come from a part of the "
+                            f"corpus). Regenerate the index with the command that wrote it (pack-shards into the "
+                            f"same output_dir; make-datalist for Lhotse Shar and parquet lists).")
         if None not in durations:
             problems.extend(_duration_problems(task.url, entry, durations))  # type: ignore[arg-type]
             problems.extend(_per_utterance_problems(task.url, entry.get("durations"), durations, keys))
@@ -252,7 +258,9 @@ def verify_shards(cfg: Any) -> list[VerifyResult]:
         fp = jobs.fingerprint(["verify-shards", jobs.files_digest([cfg.input]), index, cfg.decode_audio,
                                cfg.report])
         jobs.check_place(place, job, fp)  # a rerun checks the shards again: they may have changed
-    tasks = (VerifyTask(u, (index or {}).get(u), index is not None, cfg.decode_audio, options) for u in urls[lo:hi])
+    expected = any("durations" in entry for entry in (index or {}).values())
+    tasks = (VerifyTask(u, (index or {}).get(u), index is not None, cfg.decode_audio, options,
+                        durations_expected=expected) for u in urls[lo:hi])
     workers = min(resolve_num_workers(cfg.num_workers), max(1, hi - lo))
     results: list[VerifyResult] = []
     desc = "verify-shards" if job.single else f"verify-shards {job}"

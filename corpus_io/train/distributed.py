@@ -263,4 +263,22 @@ class PeerStop:
             try:
                 self.store.add(self.KEY + "/told", 1)
             finally:
-                os._exit(CorpusIOError.exit_code)
+                exit_now(CorpusIOError.exit_code)
+
+
+def exit_now(code: int) -> None:
+    """``os._exit(code)``: no interpreter teardown (where gloo's and the TCPStore's C++ threads can abort a rank),
+    but multiprocessing's own clean-up first. Loader workers started from a forkserver share Events and queues
+    whose named semaphores the resource tracker holds until their finalizers run; os._exit skips them, and the
+    tracker then ends the run with ``resource_tracker: ... leaked semaphore objects``. So: unreachable objects
+    collected, and the finalizers multiprocessing runs at exit (``exitpriority >= 0``: the semaphores unlinked)."""
+    import gc
+    from multiprocessing import util
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        gc.collect()
+        util._run_finalizers(0)
+    finally:
+        os._exit(code)

@@ -231,19 +231,30 @@ def _names(state: dict) -> str:
     return _few(list(state), 3)
 
 
-def model_mismatch(path: Path, state: dict, cfg: Any, module: Any) -> str:
-    """The one paragraph for a resumed checkpoint whose weights do not fit the model this run built: the model.*
-    keys that differ from the checkpoint's config, else the tensors that differ."""
-    from omegaconf import OmegaConf
+def load_resumed_model(path: Path, state: dict, cfg: Any, module: Any) -> None:
+    """Load a resumed checkpoint's weights into the model this run built, refused (one paragraph) when the run's
+    ``model.*`` keys differ from the checkpoint's: a resume continues the same model, even where the weights would
+    fit (``model.causal`` changes no shape, and the epochs of both would be averaged as one model)."""
+    from corpus_io.model.checkpoint import saved_model_conf
+    from corpus_io.model.model import model_conf_changes
 
+    saved = saved_model_conf(state)
+    if saved is not None and model_conf_changes(saved, dict(cfg.model)):
+        raise ConfigError(model_mismatch(path, state, cfg, module))
     try:
-        trained = OmegaConf.to_container(OmegaConf.create(state.get("config") or ""), resolve=True)
-    except Exception:  # noqa: BLE001 - a hand-made checkpoint: name the tensors instead
-        trained = {}
-    theirs = _flat((trained or {}).get("model") or {}, "model")
-    ours = _flat(dict(cfg.model), "model")
-    keys = [f"{k}={theirs.get(k, '(unset)')} in the checkpoint, {ours.get(k, '(unset)')} now"
-            for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
+        module.load_state_dict(state["model"])
+    except RuntimeError:  # missing, unexpected or reshaped tensors: the run's model.* keys changed
+        raise ConfigError(model_mismatch(path, state, cfg, module)) from None
+
+
+def model_mismatch(path: Path, state: dict, cfg: Any, module: Any) -> str:
+    """The one paragraph for a resumed checkpoint whose model is not the one this run builds: the model.* keys that
+    differ from the checkpoint's config, else the tensors that differ."""
+    from corpus_io.model.checkpoint import saved_model_conf
+    from corpus_io.model.model import model_conf_changes
+
+    changes = model_conf_changes(saved_model_conf(state) or {}, dict(cfg.model))
+    keys = [f"{k}={a} in the checkpoint, {b} now" for k, a, b in changes]
     if keys:
         what = f"its model.* keys differ: {'; '.join(keys[:6])}" + (f" and {len(keys) - 6} more" if len(keys) > 6
                                                                     else "")
@@ -258,13 +269,3 @@ def model_mismatch(path: Path, state: dict, cfg: Any, module: Any) -> str:
             f"continues the same model: drop or restore those keys on the command line, or start a new run in "
             f"another ++output_dir (++init_param={path}, with ++train_conf.ignore_init_mismatch=true, to start from "
             f"its weights).")
-
-
-def _flat(d: dict, prefix: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}.{k}"))
-        else:
-            out[f"{prefix}.{k}"] = v
-    return out

@@ -50,7 +50,7 @@ from corpus_io.train.distributed import (
     init_distributed,
     rank_disagreement,
 )
-from corpus_io.train.init_param import Start, load_weights, model_mismatch, prepare
+from corpus_io.train.init_param import Start, load_resumed_model, load_weights, prepare
 from corpus_io.train.metrics import Board, Meter, RankLog, epoch_report, interval_report
 from corpus_io.train.optim import build_optimizer, build_scheduler
 from corpus_io.train.output_dir import claim_output_dir, run_inputs
@@ -190,10 +190,7 @@ class Trainer:
         if state is None:
             self.keys_file = open_keys_file(self.out, None, self.ctx) if self.tc.dump_trained_keys else None
             return
-        try:
-            self.module.load_state_dict(state["model"])
-        except RuntimeError:  # missing, unexpected or reshaped tensors: the run's model.* keys changed
-            raise ConfigError(model_mismatch(latest, state, self.cfg, self.module)) from None
+        load_resumed_model(latest, state, self.cfg, self.module)  # refused if the run's model.* keys changed
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):

@@ -236,6 +236,7 @@ if stage_on 8; then
       decode_sets 8 "$real_exp" "$real_exp/model.pt.avg1" "$real"
   fi
   results_table "$real_exp" "$real/data.jsonl" real > "$real_exp/RESULTS.md"
+  mkdir -p "$exp"  # stage 8 alone (--stage 8 --stop_stage 8): the synthetic sets' exp dir is stage 6's
   { echo; echo "Real recordings (pocketsphinx 5.1.1 sdist: LibriVox + CMU; overfit: trained and decoded on the same"
     echo "10 utterances, so this shows real audio flows through every stage, not generalization):"; echo
     cat "$real_exp/RESULTS.md"; } | tee -a "$exp/RESULTS.md"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Simulated room impulse responses for ``dataset_conf.add_reverb`` when you have no recorded set.
 
-    pip install 'corpus-io[rir]'        # pyroomacoustics, from PyPI
+    pip install -e '.[rir]'             # in a corpus-io checkout: pyroomacoustics, from PyPI
     python recipes/tools/make_rirs.py OUT_DIR [--num 200] [--rate 16000] [--seed 0] [--rt60 0.2 0.9]
 
 Each response is a shoebox room (sides 3-10 m x 3-10 m x 2.5-4 m) with a reverberation time drawn in
@@ -67,7 +67,8 @@ def main(argv: list[str]) -> int:
     try:
         import pyroomacoustics  # noqa: F401
     except ImportError:
-        print("make_rirs.py needs pyroomacoustics: pip install 'corpus-io[rir]'", file=sys.stderr)
+        print("make_rirs.py needs pyroomacoustics: pip install -e '.[rir]' (in the corpus-io checkout)",
+              file=sys.stderr)
         return 2
     print(make_rirs(args.out, num=args.num, rate=args.rate, seed=args.seed, rt60=tuple(args.rt60)))
     return 0

@@ -155,7 +155,7 @@ def test_transcribe_prints_partials_words_and_latency_and_its_text_is_decodes(vo
     decode_text = (tmp_path / "decode" / "text").read_text(encoding="utf-8").rstrip("\n").partition(" ")[2]
 
     result = run_cli("corpus-io", "transcribe", f"++model={voiced}", f"++input={WAV}", "++stream=true",
-                     "++decoding_chunk_size=16", "++piece_seconds=0.1")
+                     "++decoding_chunk_size=16", "++piece_seconds=0.1", env={"OMP_NUM_THREADS": "2"})
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     partials = [line for line in lines if line.startswith("partial ")]
@@ -165,12 +165,15 @@ def test_transcribe_prints_partials_words_and_latency_and_its_text_is_decodes(vo
     words = [line for line in lines if re.fullmatch(r"  \d+\.\d\d \d+\.\d\d \S+ \(\d\.\d\d\)", line)]
     assert [w.split()[2] for w in words] == word_units(decode_text)
     assert re.fullmatch(r"latency per chunk: mean \d+\.\d ms, p95 \d+\.\d ms, max \d+\.\d ms over 5 chunks of "
-                        r"640 ms; RTF \d+\.\d{4}", lines[-1]), lines[-1]
+                        r"640 ms; RTF \d+\.\d{4}; 1 torch thread \(num_threads\)", lines[-1]), lines[-1]
 
-    whole = run_cli("corpus-io", "transcribe", f"++model={voiced}", f"++input={WAV}", "++stream=false")
+    # a latency tool: one intra-op thread by default, even where torch's default would take every core
+    whole = run_cli("corpus-io", "transcribe", f"++model={voiced}", f"++input={WAV}", "++stream=false",
+                    "++num_threads=3", env={"OMP_NUM_THREADS": "2"})
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert not [line for line in whole.stdout.splitlines() if line.startswith("partial")]
-    assert "final:" in whole.stdout and re.search(r"^full context: RTF \d+\.\d{4}", whole.stdout, re.M)
+    assert "final:" in whole.stdout and re.search(r"^full context: RTF \d+\.\d{4} .*; 3 torch threads "
+                                                  r"\(num_threads\)$", whole.stdout, re.M), whole.stdout
 
 
 def test_transcribe_user_errors_are_one_paragraph_with_exit_code_2(trained, tmp_path):

@@ -229,3 +229,18 @@ def test_a_checkpoint_save_killed_midway_leaves_no_file_behind(tmp_path):
     assert proc.returncode == -9, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
     assert torch.equal(ckpt.load_checkpoint(tmp_path / "model.pt")["model"]["w"], torch.zeros(2))
+
+
+def test_average_refuses_epochs_of_a_streaming_and_a_full_context_model_through_the_cli(tmp_path):
+    write_epochs(tmp_path, [0.9, 0.2, 0.5])
+    target = "_target_: corpus_io.model.model.ConformerCTC"
+    for epoch, model in ((0, f"{target}\n  causal: true"), (1, f"{target}\n  causal: false"), (2, target)):
+        state = ckpt.load_checkpoint(tmp_path / f"model.pt.ep{epoch}")
+        state["config"] = f"model:\n  {model}\n"  # epoch 0 from a streaming run; 1 and 2 full context
+        ckpt.save_checkpoint(tmp_path / f"model.pt.ep{epoch}", state)
+    # causal unset and causal=false are one model (the constructor's default)
+    assert ckpt.load_checkpoint(ckpt.average_checkpoints(tmp_path, 2, "loss"))["averaged_epochs"] == [1, 2]
+    result = run_cli("corpus-io", "average", f"++output_dir={tmp_path}", "++num=3")
+    assert_user_error(result, "epochs 1 and 0 of", "are checkpoints of different models",
+                      "model.causal=False in epoch 1, True in epoch 0", "nothing was written", "a smaller ++num")
+    assert not (tmp_path / "model.pt.avg3").exists()

@@ -382,3 +382,16 @@ def _shard_keys(url: str) -> list[str]:
     from corpus_io.shards.reader import read_shard
 
     return [sample["key"] for sample in read_shard(url)]
+
+
+def test_stage_8_runs_alone_streaming_and_makes_the_dirs_it_writes_into(tmp_path):
+    """The real recordings' stage needs no earlier stage: one training step, then its CER appended to an exp dir
+    that only stage 6 made before (its last ``tee`` exited 1 there)."""
+    data, exp = tmp_path / "data", tmp_path / "exp" / "conformer_ctc"
+    result = run_recipe("espeak", "--stage", "8", "--stop_stage", "8", "--streaming", "true", "--real_epochs", "1",
+                        "--max_steps_per_epoch", "1", "--data", str(data), "--exp", str(exp),
+                        timeout=hang_limit(300))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert stage_lines(result.stderr) == {8}
+    assert re.search(r"^\| real \| [0-9.]+ \|", (exp / "RESULTS.md").read_text(), re.M)
+    assert (tmp_path / "exp" / "real_overfit" / "decode_real.chunk16" / "text").is_file()  # decoded chunk by chunk

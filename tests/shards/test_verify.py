@@ -120,3 +120,22 @@ def test_index_durations_that_differ_from_the_audio_fail_naming_the_utterance(pa
     assert "the index's durations differ from the audio for 2 of 10 utterances" in message
     assert lines[0]["keys"][i] in message and "pack-shards" in message
     assert "2 ok, 1 failed" in capsys.readouterr().out
+
+
+def test_an_index_entry_without_durations_beside_entries_with_them_fails_as_the_loader_refuses_it(packed, capsys):
+    import json
+
+    from corpus_io.shards.index import index_path_for
+
+    index = index_path_for(packed / "data.list")
+    lines = [json.loads(line) for line in index.read_text().splitlines()]
+    original = list(lines)
+    del lines[1]["durations"]
+    index.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    message = _verify(packed)
+    assert f"{lines[1]['file']}: the index entry has no 'durations' while other entries" in message, message
+    assert "2 ok, 1 failed" in capsys.readouterr().out
+    # an older index, without durations in any entry, is one the loader reads (its first shards give the edges)
+    index.write_text("".join(json.dumps({k: v for k, v in line.items() if k != "durations"}) + "\n"
+                             for line in original))
+    verify_shards(VerifyShardsConfig(input=str(packed / "data.list"), num_workers=2))

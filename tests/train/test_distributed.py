@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from corpus_io.train.distributed import rank_disagreement
 
 
@@ -99,3 +102,31 @@ def test_train_whose_loader_workers_cannot_start_in_time_stops_every_rank_with_o
     frames = [line for line in result.stderr.splitlines() if line.lstrip().startswith('File "')]
     assert not [f for f in frames if "corpus_io" in f], frames  # the ranks' own: torchrun's report has its own
     assert not [m for m in ("third_party/gloo", "Connection closed by peer", "Timed out waiting") if m in result.stderr]
+
+
+EXIT_WITH_WORKER_EVENTS = """
+import os, sys
+from corpus_io.loader.dataset import worker_context
+from corpus_io.train.distributed import exit_now
+started = [worker_context("forkserver").Event() for _ in range(2)]  # as a multi-worker loader's epoch holds them
+(os._exit if sys.argv[1] == "os._exit" else exit_now)(0)
+"""
+
+
+def test_a_rank_that_exits_without_teardown_leaves_the_resource_tracker_no_leaked_semaphore():
+    """Multi-rank train ends with os._exit (no interpreter teardown, see corpus_io.commands.train); the named
+    semaphores of its loader workers' Events and queues are then never unlinked, and the resource tracker says
+    so on stderr at the end of the run. exit_now runs multiprocessing's finalizers first."""
+    import subprocess
+
+    from tests.conftest import REPO
+
+    def stderr_of(how: str) -> str:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        result = subprocess.run([sys.executable, "-c", EXIT_WITH_WORKER_EVENTS, how], capture_output=True, text=True,
+                                timeout=120, env=env)
+        assert result.returncode == 0, result.stderr
+        return result.stderr  # the tracker writes before it exits: it has, once every holder of its pipe is gone
+
+    assert "leaked semaphore" in stderr_of("os._exit")  # what every 2-rank multi-worker run risked
+    assert "leaked semaphore" not in stderr_of("exit_now")

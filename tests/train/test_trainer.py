@@ -460,20 +460,34 @@ def test_a_lock_log_or_key_record_that_is_a_symbolic_link_is_refused_and_its_tar
     assert victim.read_text() == "a file outside output_dir\n" and (out / name).is_symlink()
 
 
-def test_resuming_with_changed_model_keys_names_them_in_one_paragraph_and_writes_nothing(one_process_run, tmp_path):
+@pytest.mark.parametrize("override, named", [
+    ("++model.num_blocks=2", "model.num_blocks=1 in the checkpoint, 2 now"),
+    # same tensor shapes: it loaded, and the run went on as another model, averaged with the first one's epochs
+    ("++model.causal=true", "model.causal=False in the checkpoint, True now")])
+def test_resuming_with_changed_model_keys_names_them_in_one_paragraph_and_writes_nothing(one_process_run, tmp_path,
+                                                                                         override, named):
     from tests.conftest import assert_user_error
 
     out = tmp_path / "exp"
     shutil.copytree(one_process_run["out"], out)
     cmd = [a.replace(str(one_process_run["out"]), str(out)) for a in one_process_run["cmd"]]
     before = _files(out)
-    result = run_train([*[a for a in cmd if "model.num_blocks" not in a], "++model.num_blocks=2",
-                        "++train_conf.max_epoch=3"])
-    assert_user_error(result, f"train_conf.resume: {out / 'model.pt'} holds a model that does not fit",
-                      "model.num_blocks=1 in the checkpoint, 2 now")
+    result = run_train([*[a for a in cmd if "model.num_blocks" not in a], override, "++train_conf.max_epoch=3"])
+    assert_user_error(result, f"train_conf.resume: {out / 'model.pt'} holds a model that does not fit", named,
+                      "start a new run in another ++output_dir")
     assert "load_state_dict" not in result.stderr
     assert {k: v for k, v in _files(out).items() if k != "train.log"} == \
         {k: v for k, v in before.items() if k != "train.log"}
+
+
+def test_a_model_key_of_the_wrong_type_stops_train_before_its_output_dir_is_made(one_process_run, tmp_path):
+    from tests.conftest import assert_user_error
+
+    out = tmp_path / "exp"
+    cmd = [a.replace(str(one_process_run["out"]), str(out)) for a in one_process_run["cmd"]]
+    result = run_train([*cmd, "++model.causal=no"])  # a string: it built a causal model
+    assert_user_error(result, "model.causal='no' (str): ConformerCTC's causal takes a boolean: true or false")
+    assert result.returncode == 2 and not out.exists()
 
 
 def _ranks(launcher: int) -> list:
