@@ -95,6 +95,7 @@ SITE_RULES: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
 NO_COMMAND = {
     "corpus_io.api": "the Python API: its callers pass Python arguments",
     "corpus_io.tables.synth": "speech for tests, demos and benches",
+    "corpus_io.infer.sherpa": "sherpa-onnx serving: recipes/tools/sherpa_decode.py and the stream bench call it",
 }
 _NAME = "|".join(sorted((re.escape(c.name) for c in COMMANDS), key=len, reverse=True)) + "|the loader"
 #: ``make-datalist: ++a ++key``, ``pack-shards or make-datalist with ++key``, ``scp2jsonl ++key``
