@@ -135,7 +135,7 @@ def _running(pid: int) -> bool:
 def start_forkserver(method: str) -> None:
     """Start the forkserver of ``method`` now, if it is one and not running: it imports torch and the readers
     (seconds) while this process reads its lists, instead of when the first epoch starts its workers."""
-    if method != "forkserver":
+    if method != "forkserver" or multiprocessing.current_process().daemon:  # a daemon's loader runs inline
         return
     from multiprocessing import forkserver
 
