@@ -61,7 +61,7 @@ COMMANDS: tuple[Command, ...] = (
             "s3://), waveform, spectrogram, dataset view, decode errors marked. Prints its URL."),
     Command("make-tokenizer", config.MakeTokenizerConfig, "corpus_io.tokenizer:make_tokenizer",
             "Build a token list (char/word) or train a sentencepiece model (bpe) from Kaldi text or JSONL."),
-    Command("bench-loader", config.BenchLoaderConfig, "corpus_io.loader.dataset:bench_loader",
+    Command("bench-loader", config.BenchLoaderConfig, "corpus_io.loader.bench:bench_loader",
             "Iterate the training loader exactly as train builds it: utterances/s, audio-seconds/s, padding, "
             "drop counts; dump keys per rank and epoch; save or resume the loader state."),
     Command("compute-cmvn", config.ComputeCmvnConfig, "corpus_io.model.cmvn:compute_cmvn",

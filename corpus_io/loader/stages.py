@@ -310,7 +310,7 @@ def _batched_feats(samples: Iterable[dict], compute: Callable[[torch.Tensor, tor
     """What :func:`_with_feats` gives, in the same order, with ``feats`` computed in batches: each window of
     :data:`FEATURE_WINDOW` utterances is sorted by length and cut into batches of :data:`FEATURE_BATCH` (little
     padding), ``compute(wav (B, N), lengths (B,), sample_rate)`` gives ``(feats (B, T, D), frames (B,))`` and each
-    utterance gets its rows (a view). One batched call costs much less than FEATURE_BATCH per-utterance ones."""
+    utterance gets a copy of its rows. One batched call costs much less than FEATURE_BATCH per-utterance ones."""
     window: list[dict] = []
     for sample in samples:
         window.append(sample)
@@ -337,7 +337,9 @@ def _window_feats(window: list[dict], compute: Callable, frame_length: float, fr
         lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)
         out, frames = compute(torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths, rate)
         for j, i in enumerate(group):
-            feats[i] = out[j, :int(frames[j])]
+            # a copy: a view would keep the whole batch's tensor alive while any of its utterances waits in the
+            # shuffle and sort buffers (about 20 MB more per worker with the bench's raw-list buffers, issue 53)
+            feats[i] = out[j, :int(frames[j])].clone()
     for sample, computed in zip(window, feats):
         if computed is None:
             _count(counts, "features.shorter_than_window")

@@ -176,7 +176,7 @@ def test_a_noise_pool_from_shards_holds_its_budget_in_the_same_memory_whatever_t
 
 def test_bench_loader_dumps_the_same_waveforms_from_the_device_path_as_from_the_loader_path(data, tmp_path):
     from corpus_io.config import BenchLoaderConfig
-    from corpus_io.loader.dataset import bench_loader
+    from corpus_io.loader.bench import bench_loader
 
     dumps = {}
     for feats_on in ("loader", "model"):
@@ -341,7 +341,7 @@ def test_bench_loader_dump_audio_dir_writes_each_utterances_draws_the_same_from_
     import json
 
     from corpus_io.config import BenchLoaderConfig
-    from corpus_io.loader.dataset import bench_loader
+    from corpus_io.loader.bench import bench_loader
 
     rir_keys = [line.split()[0] for line in Path(data["rir"]).read_text().splitlines()]
     drawn = {}

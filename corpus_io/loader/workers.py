@@ -1,0 +1,181 @@
+"""DataLoader worker processes: how they start, what the forkserver preloads, and how they watch their rank.
+
+* :func:`worker_context`: the multiprocessing context of ``dataset_conf.worker_start_method``; the default,
+  forkserver, never forks the training process (the hang of issue 47), and preloads what a worker needs.
+* :func:`start_forkserver`: start that forkserver early (:func:`corpus_io.loader.dataset.build_dataloader` calls it
+  before it reads the lists), so its imports overlap the loader's set-up instead of the first epoch;
+  :func:`forkserver_ready` waits until it can fork a worker (the bench times the start apart with it).
+* :class:`WorkerStart` (``worker_init_fn``): a worker says it started and takes the main process's environment;
+  not forked by its rank, it ends when the rank is gone (:func:`_exit_when_gone`).
+* :func:`release_freed_memory`: a worker hands the pages it freed back to the system after each batch (glibc's
+  heap otherwise keeps the peak of the batched features' temporaries in every worker).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import importlib.machinery
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from typing import Any, Iterator
+
+from corpus_io.errors import DataError
+
+
+class WorkerStartTimeout(DataError):
+    """A DataLoader worker did not start within ``dataset_conf.worker_start_timeout`` (or exited before it did).
+    ``train`` says it on every rank (corpus_io.train.distributed.PeerStop), not only on this one."""
+
+
+#: imported once in the forkserver, before it forks a worker: a worker's start is then a fork and an unpickling
+_FORKSERVER_PRELOAD = ["__main__", "torch", "numpy.random", "multiprocessing.queues", "multiprocessing.synchronize",
+                       "corpus_io.tokenizer", "corpus_io.loader.dataset", "corpus_io.loader.workers",
+                       "corpus_io.loader.stages", "corpus_io.loader.waveaug", "corpus_io.loader.shapes",
+                       "corpus_io.shards.kinds", "corpus_io.shards.reader", "corpus_io.tables.shar",
+                       "corpus_io.audio.features"]
+_preloaded = False
+
+
+def worker_context(method: str) -> Any:
+    """The multiprocessing context DataLoader workers start with (``dataset_conf.worker_start_method``).
+
+    The default, forkserver, never forks this process: its workers are forked from one helper process started
+    (fork + exec) at the first use, which runs no threads. A fork of a process whose other threads hold a lock
+    (TensorBoard's writer, a DataLoader queue's feeder, gloo's, an OpenMP pool, fsspec's loop) can leave the child
+    waiting forever for it before it runs a line of Python: the hang of issue 47, a cv worker stuck in
+    ``Popen._launch`` at a random epoch."""
+    global _preloaded
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver" and not _preloaded:
+        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD + _main_imports())  # ignored once the forkserver runs
+        _preloaded = True
+    return ctx
+
+
+def _main_imports() -> list[str]:
+    """The modules the main script took its functions from (``corpus-io``: ``cli.main``). Each worker runs the main
+    script again (as ``__mp_main__``), and Python 3.11's forkserver never preloads it (it looks for a
+    ``main_path`` its preparation data calls ``init_main_from_path``): preloaded, what it imports is already there
+    (a worker's start: 0.1 s instead of 0.5 s with the CLI's imports)."""
+    main = sys.modules.get("__main__")
+    names = {getattr(value, "__module__", None) for value in vars(main).values() if callable(value)} if main else set()
+    return sorted(n for n in names if isinstance(n, str) and n not in ("__main__", "builtins") and n in sys.modules)
+
+
+class WorkerStart:
+    """The DataLoader's ``worker_init_fn``: the worker says it started (the main process waits for it, bounded);
+    from a forkserver it first takes the main process's environment as of now, as a forked worker would (the
+    forkserver's is the one of the first loader's start)."""
+
+    def __init__(self, started: list, environ: dict | None):
+        self.started = started
+        self.environ = environ
+        self.main_pid = os.getpid()
+
+    def __call__(self, worker: int) -> None:
+        if self.environ is not None and self.environ != os.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+        if os.getppid() != self.main_pid:
+            threading.Thread(target=_exit_when_gone, args=(self.main_pid,), daemon=True).start()
+        self.started[worker].set()
+
+
+@contextlib.contextmanager
+def main_not_run_again(starting: bool) -> Iterator[None]:
+    """While forkserver/spawn workers start: they do not run the main script again. multiprocessing runs it in each
+    worker (as ``__mp_main__``) before unpickling, so a script without ``if __name__ == "__main__":`` would build
+    its loader again in every worker (a RuntimeError), and one that trains at top level would train there. The
+    dataset and tokenizer are corpus_io's, found by module name: nothing the workers need lives in the script. A
+    main module whose spec is named ``__main__`` is the one multiprocessing leaves alone."""
+    main = sys.modules.get("__main__")
+    if not starting or main is None:
+        yield
+        return
+    spec = getattr(main, "__spec__", None)
+    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+    try:
+        yield
+    finally:
+        main.__spec__ = spec
+
+
+def _exit_when_gone(main_pid: int, interval: float = 1.0) -> None:
+    """A worker not forked by its main process (forkserver, spawn) ends when that process is gone (kill -9).
+    torch's worker watches only its parent, here the forkserver, which lives as long as a worker holds its
+    alive pipe: without this, the workers of a killed rank and their forkserver would live on, forever."""
+    while True:
+        time.sleep(interval)
+        if not _running(main_pid):
+            os._exit(0)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: a killed process its parent has not reaped yet (a zombie) does not."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # the pid was reused by another user's process: ours is gone
+            return False
+        return True
+
+
+def start_forkserver(method: str) -> None:
+    """Start the forkserver of ``method`` now, if it is one and not running: it imports torch and the readers
+    (seconds) while this process reads its lists, instead of when the first epoch starts its workers."""
+    if method != "forkserver" or multiprocessing.current_process().daemon:  # a daemon's loader runs inline
+        return
+    from multiprocessing import forkserver
+
+    worker_context(method)  # the preload list, before the server starts
+    with main_not_run_again(True):
+        forkserver.ensure_running()
+
+
+def forkserver_ready(method: str) -> float:
+    """Seconds until a process of ``method`` has started and ended (a forkserver's preload done): how long a
+    worker start waits for the server. 0 without a forkserver."""
+    if method != "forkserver":
+        return 0.0
+    t = time.perf_counter()
+    start_forkserver(method)
+    with main_not_run_again(True):
+        probe = worker_context(method).Process(target=_nothing)
+        probe.start()
+    probe.join()
+    return time.perf_counter() - t
+
+
+def _nothing() -> None:
+    """The forkserver's readiness probe (:func:`forkserver_ready`)."""
+
+
+_malloc_trim: Any = None
+
+
+def release_freed_memory() -> None:
+    """Give the heap pages free in this process back to the system (glibc ``malloc_trim``; nothing elsewhere).
+
+    A worker's batched features allocate tens of MB of temporaries per call; glibc serves them from its heap
+    (after the first, its mmap threshold rises to their size) and keeps what they freed: without this, every
+    worker held 200-300 MB of freed heap (issue 53). Called in a worker after each batch it hands over."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
