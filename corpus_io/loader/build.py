@@ -21,7 +21,6 @@ filter/skip count deltas (``__counts__``).
 """
 
 from __future__ import annotations
-import os
 
 import dataclasses
 import inspect
@@ -304,7 +303,7 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
                "budget": slot_budget_seconds(conf, slot),
                "batch_order": batching.batch_order(seed, epoch, slot.rank, slot.worker), "epoch": epoch}
     chain = loader_chain(conf, tokenizer, train=train, dump_audio_dir=dump_audio_dir)
-    runtime["int16"], runtime["batched"] = int16_decode(chain), reads_ahead(conf) and not os.environ.get("H3_PERUTT")
+    runtime["int16"], runtime["batched"] = int16_decode(chain), reads_ahead(conf)
     for stage in chain:
         samples = stage(samples, runtime)
         if prof is not None:
