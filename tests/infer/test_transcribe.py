@@ -123,8 +123,9 @@ def test_partial_results_arrive_as_each_chunk_completes_before_finish(voiced):
     for k in range(1, result.log_probs.shape[0] // 16 + 1):
         text = greedy_text(transcriber, result.log_probs[: 16 * k])
         if text != last:
-            # the chunk's last input frame (k - 1) * 64 + 66 ends at this sample
-            needed = ((k - 1) * 64 + 66) * transcriber.shift + transcriber.window
+            # the chunk's last input frame (k - 1) * 64 + 66 ends at this sample (snip_edges=false, the default:
+            # frames centred on each shift start offset = shift / 2 - window / 2 samples earlier)
+            needed = ((k - 1) * 64 + 66) * transcriber.shift + transcriber.offset + transcriber.window
             expected.append((needed, text, round(0.64 * k, 2)))
         last = text
     assert expected, "the voiced model shows no partial text; the test would prove nothing"
