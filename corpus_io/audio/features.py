@@ -22,6 +22,7 @@ Units: frame_length/frame_shift in ms, sample rates in Hz, lengths in samples (w
 from __future__ import annotations
 
 import math
+import random
 from typing import Sequence
 
 import torch
@@ -30,6 +31,12 @@ INT16_SCALE = float(1 << 15)  # WeNet/Kaldi feed the samples as 16-bit integers
 EPSILON = torch.finfo(torch.float32).eps  # Kaldi's log floor (numeric_limits<float>::epsilon)
 PREEMPHASIS = 0.97
 LOW_FREQ = 20.0  # Hz, fbank's default low cutoff
+
+
+def dither_seed(seed: int, epoch: int, key: str) -> int:
+    """The seed of one utterance's training dither in ``epoch`` (``dataset_conf.seed``): the same whatever rank,
+    worker, batch or read position it lands in, and whether the loader or the device front end computes it."""
+    return random.Random(f"{seed}:{epoch}:{key}:dither").getrandbits(63)
 
 
 def window_geometry(sample_rate: int, frame_length: float = 25.0, frame_shift: float = 10.0) -> tuple[int, int, int]:

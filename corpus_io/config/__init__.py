@@ -35,6 +35,7 @@ from corpus_io.config.data import (
     VerifyShardsConfig,
 )
 from corpus_io.config.dataset import (
+    SAVED_FEATURE_DEFAULTS,
     AddNoiseConf,
     AddReverbConf,
     DatasetConf,
@@ -52,6 +53,7 @@ from corpus_io.config.dataset import (
     SpeedPerturbConf,
     TokenizerConf,
     VolumePerturbConf,
+    saved_features,
 )
 from corpus_io.config.describe import describe, group_presets
 from corpus_io.config.fields import CONF_DIR, FAILURE_CHOICES, all_keys, in_range, opt, parse_range
@@ -80,13 +82,14 @@ __all__ = [
     "FUNASR_KEYS", "FUNASR_TOP_KEYS",
     "FbankConf", "FilterConf", "FunasrKey", "Jsonl2ScpConfig", "MakeDatalistConfig", "MakeLmConfig",
     "MakeTokenizerConfig", "MergeJobsConfig", "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig",
-    "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "ScoreConfig",
+    "PrepareConfig", "RENAMED_KEYS", "SAVED_FEATURE_DEFAULTS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf",
+    "ScoreConfig",
     "Scp2JsonlConfig",
     "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
     "AddNoiseConf", "AddReverbConf", "NoiseSetConf", "VolumePerturbConf",
     "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "TranscribeConfig", "TuneLmConfig",
     "VerifyShardsConfig", "all_keys",
     "check_keys", "check_values", "coerce_fields", "compose", "compose_raw", "describe", "group_presets",
-    "in_range", "keep_given_model", "opt", "override_keys", "parse_range", "require", "resolve_intervals", "schema",
-    "to_dict", "to_yaml", "validate",
+    "in_range", "keep_given_model", "opt", "override_keys", "parse_range", "require", "resolve_intervals",
+    "saved_features", "schema", "to_dict", "to_yaml", "validate",
 ]

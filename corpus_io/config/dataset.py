@@ -80,15 +80,18 @@ class FbankConf:
     num_mel_bins: int = opt(80, "mel filterbank channels (Kaldi needs at least 4)", range="[4, 512]")
     frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
     frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="[1, 1000]")
-    dither: float = opt(0.0, "dither added before the FFT (0 = deterministic)", range="[0, inf)")
+    dither: float = opt(1.0, "Gaussian dither added before the FFT in training, on the 16-bit sample scale (1: one "
+                             "step, WeNet's and sherpa-onnx's; drawn by (seed, epoch, key)); cv, decode, "
+                             "compute-cmvn and export use 0. 0: deterministic training features",
+                        range="[0, inf)")
     low_freq: float = opt(20.0, "low cutoff, below the high cutoff", unit="Hz", range="[0, 192000)")
-    high_freq: float = opt(0.0, "high cutoff (<= 0: offset from Nyquist, 0 = Nyquist; sherpa-onnx's default is "
-                                "-400); low_freq < high cutoff <= Nyquist",
+    high_freq: float = opt(-400.0, "high cutoff (<= 0: offset from Nyquist, 0 = Nyquist; -400 is sherpa-onnx's, "
+                                   "kaldi-native-fbank's and Lhotse's default); low_freq < high cutoff <= Nyquist",
                            unit="Hz", range="(-192000, 192000]")  # -192000: no band even at 384 kHz
-    snip_edges: bool = opt(True, "true: only frames that fit in the audio, frame k from sample k * shift (Kaldi's "
-                                 "and WeNet's default); false: a frame centred on every shift, (n + shift/2) // "
-                                 "shift of them, the samples past either end reflected (kaldi-native-fbank's and "
-                                 "sherpa-onnx's default: with high_freq=-400 their default features exactly)")
+    snip_edges: bool = opt(False, "true: only frames that fit in the audio, frame k from sample k * shift (Kaldi's "
+                                  "and WeNet's default); false: a frame centred on every shift, (n + shift/2) // "
+                                  "shift of them, the samples past either end reflected (kaldi-native-fbank's, "
+                                  "sherpa-onnx's and Lhotse's default: with high_freq=-400 their features exactly)")
 
 
 @schema
@@ -97,7 +100,8 @@ class MfccConf:
     num_ceps: int = opt(40, "cepstral coefficients kept (at most num_mel_bins)", range="[1, 512]")
     frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
     frame_shift: float = opt(10.0, "hop between frames", unit="ms", range="[1, 1000]")
-    dither: float = opt(0.0, "dither added before the FFT", range="[0, inf)")
+    dither: float = opt(1.0, "Gaussian dither added before the FFT in training, on the 16-bit sample scale (drawn "
+                             "by (seed, epoch, key)); cv, decode, compute-cmvn and export use 0", range="[0, inf)")
     high_freq: float = opt(-200.0, "high cutoff (<= 0: offset from Nyquist); low_freq < high cutoff <= Nyquist",
                            unit="Hz", range="(-192000, 192000]")  # -192000: no band even at 384 kHz
     low_freq: float = opt(20.0, "low cutoff, below the high cutoff", unit="Hz", range="[0, 192000)")
@@ -276,6 +280,26 @@ class DatasetConf:
             raise ConfigError(f"{prefix}add_reverb=true needs ++{prefix}add_reverb_conf.rir_list=LIST (a wav.scp, "
                               f"Kaldi dir, JSONL or shard data.list of impulse responses; recipes/tools/make_rirs.py "
                               f"simulates a set).")
+
+
+#: the feature settings of configs saved before sherpa-onnx's features and training-time dither became the defaults
+#: (issue 52): a checkpoint's or an export's config that lacks one of these keys was trained with this value
+SAVED_FEATURE_DEFAULTS = {"fbank_conf": {"dither": 0.0, "high_freq": 0.0, "snip_edges": True},
+                          "mfcc_conf": {"dither": 0.0}}
+
+
+def saved_features(config: Any) -> Any:
+    """A saved training config (the plain dict a checkpoint or an export carries) with every feature key it lacks
+    set to the value it was trained with (:data:`SAVED_FEATURE_DEFAULTS`), not today's default: an old model keeps
+    its features. A config that names a key keeps it; anything but a dict is returned as it is."""
+    if not isinstance(config, dict) or not isinstance(config.get("dataset_conf", {}), dict):
+        return config
+    dataset = dict(config.get("dataset_conf") or {})
+    for block, keys in SAVED_FEATURE_DEFAULTS.items():
+        given = dataset.get(block)
+        if given is None or isinstance(given, dict):
+            dataset[block] = {**keys, **(given or {})}
+    return {**config, "dataset_conf": dataset}
 
 
 # --------------------------------------------------------------------------- tokenizer

@@ -25,13 +25,13 @@ def training_config(state: dict, where: str) -> Any:
     """The checkpoint's resolved ``TrainConfig``."""
     from omegaconf import OmegaConf
 
-    from corpus_io.config import TrainConfig, validate
+    from corpus_io.config import TrainConfig, saved_features, validate
 
     text = state.get("config")
     if not text:
         raise ConfigError(f"checkpoint {where} holds no training config; decode needs a checkpoint written by "
                           f"corpus-io train (model.pt, model.pt.ep{{E}} or model.pt.avg{{N}}).")
-    return validate(TrainConfig, OmegaConf.to_container(OmegaConf.create(text), resolve=True))
+    return validate(TrainConfig, saved_features(OmegaConf.to_container(OmegaConf.create(text), resolve=True)))
 
 
 def decode_dataset_conf(user: Any, trained: Any) -> Any:
@@ -43,7 +43,7 @@ def decode_dataset_conf(user: Any, trained: Any) -> Any:
     conf.fbank_conf = trained.fbank_conf
     conf.mfcc_conf = trained.mfcc_conf
     conf.resample_conf = trained.resample_conf
-    conf.fbank_conf.dither = 0.0
+    conf.fbank_conf.dither = conf.mfcc_conf.dither = 0.0
     return conf
 
 

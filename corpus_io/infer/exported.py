@@ -115,7 +115,7 @@ def load_exported(path: str, device: Any, kind: str | None = None) -> tuple[Any,
 
     from omegaconf import OmegaConf
 
-    from corpus_io.config import TrainConfig, validate
+    from corpus_io.config import TrainConfig, saved_features, validate
     from corpus_io.tokenizer import build_tokenizer
 
     kind, meta = read_metadata(path, kind)
@@ -124,8 +124,8 @@ def load_exported(path: str, device: Any, kind: str | None = None) -> tuple[Any,
                           f"per call, for sherpa-onnx's OnlineRecognizer), which is not run here. Decode the PyTorch "
                           f"checkpoint chunk by chunk (corpus-io decode ++decoding_chunk_size=16), or give the file "
                           f"of an export without streaming.")
-    tcfg = validate(TrainConfig, OmegaConf.to_container(OmegaConf.create(meta[META_PREFIX + "config"]),
-                                                        resolve=True))
+    tcfg = validate(TrainConfig, saved_features(OmegaConf.to_container(OmegaConf.create(meta[META_PREFIX + "config"]),
+                                                                       resolve=True)))
     tmp = tempfile.mkdtemp(prefix="corpus-io-exported-")
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     (Path(tmp) / "tokens.txt").write_text(meta[META_PREFIX + "tokens"], encoding="utf-8")

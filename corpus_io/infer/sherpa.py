@@ -1,7 +1,7 @@
 """Decode with sherpa-onnx as a deployer does: the files of ``export-model`` loaded by sherpa-onnx's own
 recognizers (``OfflineRecognizer.from_wenet_ctc``, ``OnlineRecognizer.from_wenet_ctc``) with their default
 arguments but ``feature_dim``, the audio fed as 16-bit-scale floats in [-1, 1] (online: in pieces, then
-sherpa's usual tail of silence so its last chunk is complete).
+the tail of zeros sherpa's own examples feed so its last chunk is complete).
 
 Used by the espeak recipe's serving stage, ``make bench BENCH=stream`` and the tests (the ``[deploy]`` extra:
 ``pip install -e '.[deploy]'`` in a checkout). Times: seconds.
@@ -19,19 +19,10 @@ from corpus_io.errors import ConfigError, DataError
 if TYPE_CHECKING:
     import numpy as np
 
-#: audio fed after the utterance so sherpa's online recognizer completes its last chunk (a chunk of 16 frames
-#: reads 67 feature frames: 0.67 s), as sherpa-onnx's own online examples do; it is silence as a microphone
-#: records it (one 16-bit step of triangular dither), not digital zeros, a sound a model may never have heard
-#: (the smoke model reads a word into 0.7 s of exact zeros)
-TAIL_SECONDS = 0.7
-
-
-def silence(seconds: float, rate: int, seed: int = 0) -> np.ndarray:
-    """``seconds`` of recorded silence at ``rate``: float32 triangular dither of one 16-bit step, seeded."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return (rng.triangular(-1.0, 0.0, 1.0, int(seconds * rate)) / 32768).astype(np.float32)
+#: zeros fed after the utterance so sherpa's online recognizer completes its last chunk (a chunk of 16 frames
+#: reads 67 feature frames; the last one may lack 66), as sherpa-onnx's own online examples feed them
+#: (``np.zeros(int(0.66 * sample_rate))``, python-api-examples/online-decode-files.py)
+TAIL_SECONDS = 0.66
 
 
 @dataclass
@@ -167,6 +158,8 @@ def decode_wavs(rec: Any, wavs: Iterable[Utterance | tuple[str, str]], *, online
                 piece_seconds: float = 0.1) -> SherpaRun:
     """Utterances (or ``(key, wav path)`` pairs) through ``rec``: each read by :func:`read_samples` (float32 in
     [-1, 1], its own rate), online fed in ``piece_seconds`` pieces, decoding whenever a chunk is ready."""
+    import numpy as np
+
     run = SherpaRun()
     for utt in wavs:
         key = utt[0]
@@ -181,7 +174,7 @@ def decode_wavs(rec: Any, wavs: Iterable[Utterance | tuple[str, str]], *, online
             run.texts[key] = stream.result.text.strip()
             continue
         piece = max(1, int(piece_seconds * rate))
-        tail = silence(TAIL_SECONDS, rate)
+        tail = np.zeros(int(TAIL_SECONDS * rate), dtype=np.float32)
         pieces = [samples[i:i + piece] for i in range(0, len(samples), piece)] + [tail]
         pending = 0.0  # feature seconds since the last chunk
         for i, chunk in enumerate(pieces):

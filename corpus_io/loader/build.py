@@ -114,7 +114,7 @@ def emit(batches: Iterator[list[dict]], *, state: SlotState) -> Iterator[list[di
 
 #: what a fold supplies to the stages that name it: per slot and epoch, not config (int16: see int16_decode;
 #: batched: see reads_ahead)
-RUNTIME = ("counts", "rng", "generator", "state", "budget", "batch_order", "epoch", "int16", "batched")
+RUNTIME = ("counts", "rng", "state", "budget", "batch_order", "epoch", "int16", "batched")
 
 
 @dataclass(frozen=True)
@@ -204,8 +204,11 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool, dump_audio_d
         elif conf.feats_type == "raw":  # a frame is a sample: the token ratio counts samples, after features
             chain += [Stage("raw_features", stages.raw_features), *tokens]
         else:  # the exact feature frame count first, so the token filter counts what it did after features
+            # dither: training's only, drawn by (seed, epoch, key); cv and test compute the features without
+            dither = {"seed": conf.seed} if train else {"dither": 0.0}
             chain += [Stage("count_frames", stages.count_frames, frames), *tokens,
-                      Stage(conf.feats_type, stages.fbank if conf.feats_type == "fbank" else stages.mfcc, frames)]
+                      Stage(conf.feats_type, stages.fbank if conf.feats_type == "fbank" else stages.mfcc, frames,
+                            args=dither)]
     if train and conf.feats_on != "model":  # feats_on=model: the device front end augments (auto: train settles it)
         for name in ("spec_aug", "spec_sub", "spec_trim"):
             if getattr(conf, name):
@@ -276,11 +279,6 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
     # seeded by (seed, epoch, rank, worker) and, on resume, by the position (a resumed worker's buffers
     # are refilled in a new order; the *set* of utterances is what resume keeps exact)
     tag = f"{seed}:{epoch}:{slot.rank}:{slot.worker}:{sum(state.taken.values())}"
-    generator = None
-    if (conf.fbank_conf.dither if conf.feats_type == "fbank" else conf.mfcc_conf.dither) and train:
-        import torch
-
-        generator = torch.Generator().manual_seed(random.Random(tag + ":dither").getrandbits(63))
     shuffle = train and conf.shuffle
     infinite = continues_streams(conf)
     mark_pass_end = marks_pass_end(conf)
@@ -299,7 +297,7 @@ def build_pipeline(sources: list[Source], conf: DatasetConf, tokenizer: Any, *, 
     prof = profile.current()  # CORPUS_IO_LOADER_PROFILE: every stage timed (corpus_io.loader.profile)
     if prof is not None:
         samples = prof.stage(samples, "tar parse")
-    runtime = {"counts": counts, "rng": random.Random(tag), "generator": generator, "state": state,
+    runtime = {"counts": counts, "rng": random.Random(tag), "state": state,
                "budget": slot_budget_seconds(conf, slot),
                "batch_order": batching.batch_order(seed, epoch, slot.rank, slot.worker), "epoch": epoch}
     chain = loader_chain(conf, tokenizer, train=train, dump_audio_dir=dump_audio_dir)

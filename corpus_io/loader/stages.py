@@ -12,10 +12,9 @@ precomputed_features instead of decode..features), spec_aug, spec_sub, spec_trim
 shuffle_batches (train) (or bucket_batch instead of sort+batch), pad. Tokens are filtered before features, so
 no features are computed for an utterance the token filter drops.
 
-Randomness: every random stage takes its generator (``random.Random``, or a
-``torch.Generator`` for dither) from the caller, seeded from (seed, epoch, rank, worker), except
-the waveform's (speed_perturb here, reverb/noise/volume in corpus_io.loader.waveaug): each utterance
-draws from its own generator (:func:`draws`, by seed, epoch and key).
+Randomness: every random stage takes its generator (``random.Random``) from the caller, seeded from (seed,
+epoch, rank, worker), except the waveform's and the features' (speed_perturb and dither here, reverb/noise/volume
+in corpus_io.loader.waveaug): each utterance draws from its own generator (:func:`draws`, by seed, epoch and key).
 A stage draws a fixed number of values per sample in input order, so replaying the same
 input with a generator in the same state reproduces the same output.
 
@@ -304,17 +303,18 @@ FEATURE_WINDOW = 64
 FEATURE_BATCH = 16
 
 
-def _batched_feats(samples: Iterable[dict], compute: Callable[[torch.Tensor, torch.Tensor, int], tuple],
+def _batched_feats(samples: Iterable[dict], compute: Callable[[torch.Tensor, torch.Tensor, int, list], tuple],
                    frame_length: float, frame_shift: float, counts: Counter | None,
-                   snip_edges: bool = True) -> Iterator[dict]:
+                   snip_edges: bool = True, window_size: int = FEATURE_WINDOW) -> Iterator[dict]:
     """What :func:`_with_feats` gives, in the same order, with ``feats`` computed in batches: each window of
-    :data:`FEATURE_WINDOW` utterances is sorted by length and cut into batches of :data:`FEATURE_BATCH` (little
-    padding), ``compute(wav (B, N), lengths (B,), sample_rate)`` gives ``(feats (B, T, D), frames (B,))`` and each
-    utterance gets a copy of its rows. One batched call costs much less than FEATURE_BATCH per-utterance ones."""
+    ``window_size`` utterances is sorted by length and cut into batches of :data:`FEATURE_BATCH` (little
+    padding), ``compute(wav (B, N), lengths (B,), sample_rate, keys)`` gives ``(feats (B, T, D), frames (B,))`` and
+    each utterance gets a copy of its rows. One batched call costs much less than FEATURE_BATCH per-utterance ones;
+    ``window_size=1`` reads no sample ahead."""
     window: list[dict] = []
     for sample in samples:
         window.append(sample)
-        if len(window) >= FEATURE_WINDOW:
+        if len(window) >= window_size:
             yield from _window_feats(window, compute, frame_length, frame_shift, counts, snip_edges)
             window = []
     yield from _window_feats(window, compute, frame_length, frame_shift, counts, snip_edges)
@@ -335,7 +335,8 @@ def _window_feats(window: list[dict], compute: Callable, frame_length: float, fr
         if len({r.dtype for r in rows}) > 1:  # int16 rows (k / 32768) join float rows at their scale
             rows = [as_float(r) for r in rows]
         lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)
-        out, frames = compute(torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths, rate)
+        out, frames = compute(torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths, rate,
+                              [window[i]["key"] for i in group])
         for j, i in enumerate(group):
             # a copy: a view would keep the whole batch's tensor alive while any of its utterances waits in the
             # shuffle and sort buffers (about 20 MB more per worker with the bench's raw-list buffers, issue 53)
@@ -350,52 +351,68 @@ def _window_feats(window: list[dict], compute: Callable, frame_length: float, fr
         yield sample
 
 
+def _dither_seeds(dither: float, seed: int | None, epoch: int) -> Callable[[list], list[int]] | None:
+    """The per-utterance dither seeds of a batch's keys (:func:`corpus_io.audio.features.dither_seed`); None
+    without dither or without a seed (not the training loader)."""
+    if not dither or seed is None:
+        return None
+    return lambda keys: [features.dither_seed(seed, epoch, key) for key in keys]
+
+
 def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: float = 25.0, frame_shift: float = 10.0,
           dither: float = 0.0, low_freq: float = features.LOW_FREQ, high_freq: float = 0.0, snip_edges: bool = True,
-          generator: torch.Generator | None = None, batched: bool = True,
+          seed: int | None = None, epoch: int = 0, batched: bool = True,
           counts: Counter | None = None) -> Iterator[dict]:
     """Kaldi fbank (:func:`corpus_io.audio.features.fbank`) of ``wav`` as WeNet computes it: ``feats``
     (num_frames, num_mel_bins), num_frames = 1 + (n - frame_length_samples) // shift_samples (snip_edges=false:
     (n + shift_samples // 2) // shift_samples, :func:`corpus_io.audio.features.num_frames`).
 
-    Without dither and with ``batched`` the features are computed in batches (:func:`_batched_feats`, equal to
-    the per-utterance ones within 1e-3), which reads :data:`FEATURE_WINDOW` utterances ahead; else per utterance
-    (dither: the noise drawn from ``generator`` in order). ``batched=False`` where the reader's state must follow
-    each sample into the buffers (:func:`corpus_io.loader.build.reads_ahead`)."""
-    if not dither and batched:
-        def batched(wav: torch.Tensor, lengths: torch.Tensor, rate: int) -> tuple:
+    The features are computed in batches (:func:`_batched_feats`, equal to the per-utterance ones within 1e-3),
+    which reads :data:`FEATURE_WINDOW` utterances ahead; ``batched=False`` where the reader's state must follow
+    each sample into the buffers (:func:`corpus_io.loader.build.reads_ahead`): per utterance. ``dither`` (the
+    training loader gives ``seed``; without it there is none) is drawn per utterance by ``(seed, epoch, key)``
+    (:func:`corpus_io.audio.features.dither_seed`), as the device front end draws it."""
+    seeds_of = _dither_seeds(dither, seed, epoch)
+    if seeds_of is not None or batched:
+        def compute_batch(wav: torch.Tensor, lengths: torch.Tensor, rate: int, keys: list) -> tuple:
+            seeds = seeds_of(keys) if seeds_of is not None else None
             return features.batch_fbank(wav, lengths, rate, num_mel_bins=num_mel_bins, frame_length=frame_length,
-                                        frame_shift=frame_shift, low_freq=low_freq, high_freq=high_freq,
-                                        snip_edges=snip_edges)
+                                        frame_shift=frame_shift, dither=dither if seeds else 0.0, seeds=seeds,
+                                        low_freq=low_freq, high_freq=high_freq, snip_edges=snip_edges)
 
-        return _batched_feats(samples, batched, frame_length, frame_shift, counts, snip_edges)
+        return _batched_feats(samples, compute_batch, frame_length, frame_shift, counts, snip_edges,
+                              FEATURE_WINDOW if batched else 1)
 
     def compute(sample: dict) -> torch.Tensor:
         return features.fbank(as_float(sample["wav"]), sample["sample_rate"], num_mel_bins=num_mel_bins,
-                              frame_length=frame_length, frame_shift=frame_shift, dither=dither, low_freq=low_freq,
-                              high_freq=high_freq, snip_edges=snip_edges, generator=generator)
+                              frame_length=frame_length, frame_shift=frame_shift, low_freq=low_freq,
+                              high_freq=high_freq, snip_edges=snip_edges)
 
     return _with_feats(samples, compute, counts)
 
 
 def mfcc(samples: Iterable[dict], *, num_mel_bins: int = 40, num_ceps: int = 40, frame_length: float = 25.0,
          frame_shift: float = 10.0, dither: float = 0.0, high_freq: float = -200.0, low_freq: float = 20.0,
-         generator: torch.Generator | None = None, batched: bool = True,
+         seed: int | None = None, epoch: int = 0, batched: bool = True,
          counts: Counter | None = None) -> Iterator[dict]:
     """Kaldi MFCC (:func:`corpus_io.audio.features.mfcc`) of ``wav``: ``feats`` (num_frames, num_ceps); batched
-    without dither, like :func:`fbank`."""
-    if not dither and batched:
-        def batched(wav: torch.Tensor, lengths: torch.Tensor, rate: int) -> tuple:
+    and dithered like :func:`fbank`."""
+    seeds_of = _dither_seeds(dither, seed, epoch)
+    if seeds_of is not None or batched:
+        def compute_batch(wav: torch.Tensor, lengths: torch.Tensor, rate: int, keys: list) -> tuple:
+            seeds = seeds_of(keys) if seeds_of is not None else None
             return features.batch_mfcc(wav, lengths, rate, num_mel_bins=num_mel_bins, num_ceps=num_ceps,
-                                       frame_length=frame_length, frame_shift=frame_shift, high_freq=high_freq,
+                                       frame_length=frame_length, frame_shift=frame_shift,
+                                       dither=dither if seeds else 0.0, seeds=seeds, high_freq=high_freq,
                                        low_freq=low_freq)
 
-        return _batched_feats(samples, batched, frame_length, frame_shift, counts)
+        return _batched_feats(samples, compute_batch, frame_length, frame_shift, counts,
+                              window_size=FEATURE_WINDOW if batched else 1)
 
     def compute(sample: dict) -> torch.Tensor:
         return features.mfcc(as_float(sample["wav"]), sample["sample_rate"], num_mel_bins=num_mel_bins,
-                             num_ceps=num_ceps, frame_length=frame_length, frame_shift=frame_shift, dither=dither,
-                             high_freq=high_freq, low_freq=low_freq, generator=generator)
+                             num_ceps=num_ceps, frame_length=frame_length, frame_shift=frame_shift,
+                             high_freq=high_freq, low_freq=low_freq)
 
     return _with_feats(samples, compute, counts)
 

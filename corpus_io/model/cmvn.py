@@ -138,8 +138,9 @@ def eval_dataset_conf(dataset_conf: Any) -> Any:
     conf.spec_aug = False
     conf.spec_sub = False
     conf.spec_trim = False
-    if getattr(conf, "fbank_conf", None) is not None:
-        conf.fbank_conf.dither = 0.0
+    for block in ("fbank_conf", "mfcc_conf"):  # dither is training's: cv, decode and CMVN see the features as served
+        if getattr(conf, block, None) is not None:
+            getattr(conf, block).dither = 0.0
     return conf
 
 

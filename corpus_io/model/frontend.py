@@ -9,9 +9,10 @@ waveform augmentation the loader drew (``augment``: impulse response, noise samp
 there (:func:`corpus_io.audio.mix.apply_plans`, the function the loader path applies per utterance). With
 ``feats_on=loader`` the batch already carries ``feats`` and passes through unchanged.
 
-Randomness: each utterance draws its augmentation (and its dither seed) from
-``random.Random(f"{seed}:{epoch}:{key}")`` with ``dataset_conf.seed``: the same utterance in the same
-epoch is augmented the same way whatever batch, rank or worker it lands in, and after a resume.
+Randomness: each utterance draws its augmentation from ``random.Random(f"{seed}:{epoch}:{key}")`` and its
+dither from :func:`corpus_io.audio.features.dither_seed` (the loader's fbank/mfcc stages use the same seed), with
+``dataset_conf.seed``: the same utterance in the same epoch is augmented and dithered the same way whatever batch,
+rank or worker it lands in, and after a resume. Dither is training's only: cv and decode compute it without.
 """
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ class FrontEnd:
         if train and batch.get("augment"):  # reverb, noise, volume as the loader drew them (audio.mix)
             wav = mix.apply_plans(mix.as_float(wav), lengths, batch["augment"], int(batch["sample_rate"]))
         rngs = None
-        if train and (self.augment or self.dither):
+        if train and self.augment:
             rngs = [random.Random(f"{self.conf.seed}:{self.epoch}:{key}") for key in batch["keys"]]
-        seeds = [rng.getrandbits(63) for rng in rngs] if rngs is not None and self.dither else None
+        seeds = ([features.dither_seed(self.conf.seed, self.epoch, key) for key in batch["keys"]]
+                 if train and self.dither else None)
         compute = features.batch_fbank if self.kind == "fbank" else features.batch_mfcc
         feats, frames = compute(wav, lengths, int(batch["sample_rate"]), dither=self.dither if seeds else 0.0,
                                 seeds=seeds, **self.options)
-        if rngs is not None and self.augment:
+        if rngs is not None:
             plans = [augment.plan(rng, int(n), self.bins, **self.augment)
                      for rng, n in zip(rngs, batch["feats_lengths"].tolist())]
             feats, frames = augment.apply(feats, frames, plans)

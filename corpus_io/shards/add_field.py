@@ -328,11 +328,9 @@ def add_field(cfg: Any) -> Any:
     elif cfg.field in ("fbank", "mfcc"):
         mode = cfg.field
         conf = dc.fbank_conf if mode == "fbank" else dc.mfcc_conf
-        if conf.dither:
-            raise ConfigError(f"dataset_conf.{mode}_conf.dither={conf.dither}: stored features are computed once, "
-                              f"so they cannot be dithered per epoch. Set ++dataset_conf.{mode}_conf.dither=0.")
+        # stored features are computed once, as cv and decode compute them: dither (training's, per epoch) is 0
         options = {"resample_rate": dc.resample_conf.resample_rate,
-                   f"{mode}_conf": {k: getattr(conf, k) for k in conf.__dataclass_fields__}}
+                   f"{mode}_conf": {**{k: getattr(conf, k) for k in conf.__dataclass_fields__}, "dither": 0.0}}
     else:
         raise ConfigError(f"field '{cfg.field}' is not computed by add-field (only fbank and mfcc are): pass "
                           f"++from_scp=feats.scp or ++from_jsonl=values.jsonl with it.")

@@ -151,12 +151,14 @@ def feature_differences(trained: dict, conf: Any) -> list[str]:
     """``dataset_conf.<key>: <here> here, <there> in the checkpoint`` for each feature setting that differs."""
     import dataclasses
 
+    from corpus_io.config import SAVED_FEATURE_DEFAULTS
+
     ours, defaults = dataclasses.asdict(conf), dataclasses.asdict(type(conf)())
     out = []
     for key in FEATURE_KEYS:
         mine, theirs = ours.get(key), trained.get(key)
         if isinstance(mine, dict) and isinstance(theirs, dict):  # a key the checkpoint's config predates: its default
-            theirs = {**(defaults.get(key) or {}), **theirs}
+            theirs = {**(defaults.get(key) or {}), **SAVED_FEATURE_DEFAULTS.get(key, {}), **theirs}
             out += [f"dataset_conf.{key}.{k}: {mine.get(k)} here, {theirs.get(k)} in the checkpoint"
                     for k in sorted(set(mine) | set(theirs)) if k not in _NOT_FEATURES and mine.get(k) != theirs.get(k)]
         elif key in trained and mine != theirs:

@@ -65,8 +65,10 @@ streaming=false           # true: a streaming model (causal convolution, dynamic
                           # chunk by chunk (--decoding_chunk_size), stage 9 exports it for sherpa-onnx and decodes with it
 decoding_chunk_size=16    # --streaming true: the chunk of stage 7's chunk-by-chunk decode (encoder frames, 40 ms each)
 num_decoding_left_chunks=4  # ... and the chunks before it attention sees (4: sherpa-onnx's default; -1: all)
-sherpa_features=          # true: train on sherpa-onnx's default fbank (high_freq -400, snip_edges false), so sherpa
-                          # with default arguments computes exactly the model's features; empty: as --streaming
+sherpa_features=          # empty: the features of $train_config (the defaults: sherpa-onnx's fbank, high_freq -400,
+                          # snip_edges false, so sherpa with default arguments computes exactly the model's
+                          # features); true: sherpa's named on the command line; false: Kaldi's and WeNet's
+                          # (high_freq 0, snip_edges true)
 decode_methods="greedy ctc_prefix_beam ctc_beam_lm"  # + attention_rescoring with --model conformer_ctc_att
 beam=10                   # prefix beam width of the beam methods
 lm_order=3                # order of the training-text n-gram for ctc_beam_lm
@@ -94,11 +96,14 @@ esac
 # WeNet's U2 streaming: a causal convolution, and a random chunk mask per batch (full context half the time)
 streaming_args=()
 [ "$streaming" = true ] && streaming_args=(++model.causal=true ++model.use_dynamic_chunk=true)
-case "${sherpa_features:-$streaming}" in  # (the CMVN stats of stage 3 stay those of the default fbank: close enough)
-  true) streaming_args+=(++dataset_conf.fbank_conf.high_freq=-400 ++dataset_conf.fbank_conf.snip_edges=false) ;;
-  false) ;;
+feature_args=()  # training's features, given to every compute-cmvn too (stages 3 and 8)
+case "$sherpa_features" in
+  true) feature_args=(++dataset_conf.fbank_conf.high_freq=-400 ++dataset_conf.fbank_conf.snip_edges=false) ;;
+  false) feature_args=(++dataset_conf.fbank_conf.high_freq=0 ++dataset_conf.fbank_conf.snip_edges=true) ;;
+  "") ;;
   *) echo "$0: --sherpa_features must be true, false or empty, not '$sherpa_features'" >&2; exit 2 ;;
 esac
+streaming_args+=("${feature_args[@]}")
 case "$noise" in
   true) noise_dirs=("$data/noise") ;;
   false) noise_dirs=() ;;
@@ -139,7 +144,7 @@ if stage_on 2; then
 fi
 
 if stage_on 3; then
-  make_cmvn 3 "$data/train" "$num_mel_bins"
+  make_cmvn 3 "$data/train" "$num_mel_bins" 0 "${feature_args[@]}"
 fi
 
 if stage_on 4; then
@@ -213,8 +218,10 @@ if stage_on 8; then
   make_jsonl 8 "$real"
   corpus-io make-tokenizer "++input=$real/data.jsonl" "++output=$real/tokens.txt" ++tokenizer.type=char \
     ++tokenizer.latin_unit=letter
+  mapfile -t train_features < <(train_feature_args)
   corpus-io compute-cmvn "++data_list=$real/data.jsonl" "++output=$real/cmvn.json" ++dataset_conf.data_type=raw \
-    "++dataset_conf.fbank_conf.num_mel_bins=$num_mel_bins" ++dataset_conf.num_workers=0
+    "${train_features[@]}" "++dataset_conf.fbank_conf.num_mel_bins=$num_mel_bins" "${feature_args[@]}" \
+    ++dataset_conf.num_workers=0
   make_shards 8 5 false "$real"
   make_shard_lists 8 "$real"
   make_raw_lists 8 "$real"

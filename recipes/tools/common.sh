@@ -84,11 +84,25 @@ make_jsonl() {  # make_jsonl STAGE DIR...: DIR/{wav.scp,text} -> DIR/data.jsonl 
   done
 }
 
-make_cmvn() {  # make_cmvn STAGE DIR NUM_MEL_BINS [MAX_UTTS]: DIR/data.jsonl -> DIR/cmvn.json (compute-cmvn)
+train_feature_args() {  # train_feature_args: ++dataset_conf.fbank_conf.KEY=VALUE, one a line, for each key that
+  # $train_config's fbank_conf names (dither aside: training's only), so CMVN is of the features the model trains on
+  python -c 'import sys; from omegaconf import OmegaConf
+conf = OmegaConf.select(OmegaConf.load(sys.argv[1]), "dataset_conf.fbank_conf") or {}
+for key, value in conf.items():
+    if key != "dither":
+        print(f"++dataset_conf.fbank_conf.{key}={str(value).lower() if isinstance(value, bool) else value}")' \
+    "$train_config"
+}
+
+make_cmvn() {  # make_cmvn STAGE DIR NUM_MEL_BINS [MAX_UTTS [OVERRIDE...]]: DIR/data.jsonl -> DIR/cmvn.json
+  # (compute-cmvn on the features of $train_config's fbank_conf, then the OVERRIDEs: those training adds).
   # MAX_UTTS > 0 (the first utterances only) is one job: a slice of the list is not what jobs split
-  local st=$1 dir=$2 bins=$3 max_utts=${4:-0}
+  local st=$1 dir=$2 bins=$3 max_utts=${4:-0} features
+  shift $(($# < 4 ? $# : 4))
+  mapfile -t features < <(train_feature_args)
   local cmvn=(corpus-io compute-cmvn "++data_list=$dir/data.jsonl" "++output=$dir/cmvn.json"
-              ++dataset_conf.data_type=raw "++dataset_conf.fbank_conf.num_mel_bins=$bins" "++max_utts=$max_utts")
+              ++dataset_conf.data_type=raw "${features[@]}" "++dataset_conf.fbank_conf.num_mel_bins=$bins" "$@"
+              "++max_utts=$max_utts")
   if as_jobs && [ "$max_utts" -eq 0 ]; then
     # in-process reading (dataset_conf.num_workers=0): each job is a process of its own
     "${job_cmd[@]}" "JOB=1:$nj" "$dir/log/cmvn.JOB.log" --merge "$dir/cmvn.json" -- \

@@ -7,6 +7,7 @@ frames, so the batch holds utterances of 40+ different lengths.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -145,15 +146,14 @@ def test_waveform_frames_ships_16_bit_sources_as_int16_and_resampled_ones_as_flo
 def test_the_fbank_band_settings_reach_torchaudio_the_batched_fbank_and_the_loader_stage_alike(waveforms):
     """dataset_conf.fbank_conf.low_freq/high_freq (sherpa-onnx's default band is high_freq=-400: 400 Hz below
     Nyquist) change the per-utterance fbank, batch_fbank (feats_on=model) and the loader's fbank stage (batched and
-    per utterance) the same way, as torchaudio's kaldi.fbank computes them; the default stays Kaldi's 20 Hz-Nyquist."""
+    per utterance) the same way, as torchaudio's kaldi.fbank computes them (snip_edges=true, Kaldi's framing)."""
     from corpus_io.config import DatasetConf
     from corpus_io.loader.build import Stage
 
     kept = [dict(s) for s in waveforms if s["wav"].shape[1] >= 8000][:5]
     assert len(kept) == 5
     conf = DatasetConf().fbank_conf
-    assert (conf.low_freq, conf.high_freq) == (20.0, 0.0)
-    conf.num_mel_bins, conf.low_freq, conf.high_freq = 40, 60.0, -400.0
+    conf.num_mel_bins, conf.low_freq, conf.high_freq, conf.snip_edges = 40, 60.0, -400.0, True
     batch = pad(list(stages.waveform_frames([dict(s) for s in kept])))
     batched, frames = features.batch_fbank(batch["wav"], batch["wav_lengths"], 16000, num_mel_bins=40,
                                            low_freq=60.0, high_freq=-400.0)
@@ -219,6 +219,32 @@ def test_snip_edges_false_gives_the_frames_of_torchaudio_and_kaldi_native_fbank_
         assert snipped.shape[0] == 1 + (n - 400) // 160 < ours.shape[0]  # the default is unchanged: snip_edges
 
 
+def test_the_default_features_are_sherpa_onnxs_own_in_the_loader_and_on_the_device(waveforms):
+    """With dataset_conf's defaults the features a model trains and is decoded on are those sherpa-onnx computes with
+    its default arguments (kaldi-native-fbank: high_freq -400, snip_edges false), through the loader's fbank stage
+    (cv/decode: no dither) and the device front end; training dithers them (one 16-bit step), cv and decode not."""
+    from corpus_io.config import DatasetConf
+    from corpus_io.model.frontend import FrontEnd
+
+    conf = DatasetConf(feats_on="model")
+    assert (conf.fbank_conf.high_freq, conf.fbank_conf.snip_edges, conf.fbank_conf.dither) == (-400.0, False, 1.0)
+    kept = [dict(s) for s in waveforms if s["wav"].shape[1] >= 8000][:3]
+    loader = {s["key"]: s["feats"] for s in stages.fbank([dict(s) for s in kept], **{
+        k: v for k, v in dataclasses.asdict(conf.fbank_conf).items() if k != "dither"})}
+    batch = pad(list(stages.waveform_frames([dict(s) for s in kept], snip_edges=False)))
+    front = FrontEnd(conf)
+    served, frames = front(batch, train=False)
+    trained, _ = front(batch, train=True)
+    for i, key in enumerate(batch["keys"]):
+        wav = next(s["wav"] for s in kept if s["key"] == key)
+        sherpa = knf_fbank(wav, 16000, 80, -400.0)
+        n = int(frames[i])
+        assert n == sherpa.shape[0] == loader[key].shape[0]
+        for ours in (loader[key], served[i, :n]):
+            assert (ours - sherpa).abs().mean() < 1e-4 and (ours - sherpa).abs().max() < 0.1, key
+        assert (trained[i, :n] - served[i, :n]).abs().max() > 0.1, key  # training's dither
+
+
 def test_batched_snip_edges_false_equals_per_utterance_for_every_length_padding_never_counting(waveforms):
     """batch_fbank (feats_on=model) and the loader's batched fbank stage with snip_edges=false: every row reflected
     at its own length (utterances shorter than a window too, as kaldi-native-fbank does), padding never changing a
@@ -241,7 +267,6 @@ def test_batched_snip_edges_false_equals_per_utterance_for_every_length_padding_
     again, _ = features.batch_fbank(torch.nn.functional.pad(noisy, (0, 999), value=0.5), lengths, 16000,
                                     num_mel_bins=40, high_freq=-400.0, snip_edges=False)
     conf = DatasetConf().fbank_conf
-    assert conf.snip_edges is True
     conf.num_mel_bins, conf.high_freq, conf.snip_edges = 40, -400.0, False
     stage = Stage("fbank", stages.fbank, conf)
     loader = {s["key"]: s["feats"] for s in stage.fn([dict(s) for s in kept], **stage.config_kwargs())}

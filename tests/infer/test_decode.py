@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -480,3 +481,34 @@ def test_an_utterances_seconds_from_its_frames_are_its_audios_with_snip_edges_fa
             frames = num_frames(n, 16000, snip_edges=snip)
             seconds = _durations({"feats_lengths": torch.tensor([frames])}, conf)[0]
             assert abs(seconds - n / 16000) <= (0.01 if snip else 0.005) + 1e-9, (snip, n)
+
+
+def test_a_checkpoint_whose_config_predates_the_feature_defaults_keeps_the_features_it_was_trained_on(trained,
+                                                                                                      tmp_path):
+    """sherpa-onnx's features and training dither became the defaults (issue 52): a checkpoint whose saved config
+    lacks fbank_conf.high_freq / snip_edges / dither (written before those keys) was trained on Kaldi's features
+    (high_freq 0, snip_edges true, dither 0), and decode, transcribe, export and fine-tuning read it that way; a
+    config that names them keeps what it names."""
+    from omegaconf import OmegaConf
+
+    from corpus_io.infer.decode import load_model
+    from corpus_io.model.checkpoint import load_checkpoint, save_checkpoint
+    from corpus_io.train.init_param import feature_differences
+
+    state = load_checkpoint(trained["out"] / "model.pt.avg2")
+    saved = OmegaConf.to_container(OmegaConf.create(state["config"]))
+    assert saved["dataset_conf"]["fbank_conf"]["snip_edges"] is False  # trained on today's defaults
+    old = copy.deepcopy(saved)
+    for key in ("high_freq", "snip_edges", "dither"):
+        del old["dataset_conf"]["fbank_conf"][key]
+    named = copy.deepcopy(old)
+    named["dataset_conf"]["fbank_conf"]["high_freq"] = -100.0
+    for name, config, expected in (("old.pt", old, (0.0, True)), ("named.pt", named, (-100.0, True)),
+                                   ("today.pt", saved, (-400.0, False))):
+        save_checkpoint(tmp_path / name, {**state, "config": OmegaConf.to_yaml(OmegaConf.create(config))})
+        _, _, tcfg = load_model(str(tmp_path / name), torch.device("cpu"))
+        fbank = tcfg.dataset_conf.fbank_conf
+        assert (fbank.high_freq, fbank.snip_edges) == expected, name
+    assert sorted(feature_differences(old["dataset_conf"], small_conf())) == [
+        "dataset_conf.fbank_conf.high_freq: -400.0 here, 0.0 in the checkpoint",
+        "dataset_conf.fbank_conf.snip_edges: False here, True in the checkpoint"]

@@ -145,10 +145,11 @@ def test_with_the_front_end_inside_the_file_equals_feats_on_model(exported, corp
     print(f"max |log-prob difference| with the front end, over 20 utterances: {gaps}")
 
 
-def test_a_snip_edges_false_model_exports_its_reflected_frames_front_end_in_onnx_and_torchscript(
+def test_the_front_end_of_either_framing_exports_in_onnx_and_torchscript_and_the_file_says_which(
         trained, corpus, tmp_path):
-    """fbank_conf.snip_edges=false (sherpa-onnx's default features, with high_freq=-400): the front end inside the
-    file reflects each row at its own length as feats_on=model does, and the file says snip_edges false."""
+    """The trained model has the default features (sherpa-onnx's: snip_edges=false, each row reflected at its own
+    length); the same weights with Kaldi's framing (fbank_conf.snip_edges=true, high_freq=0): the front end inside
+    the file computes only the frames that fit, as feats_on=model does, and each file says its snip_edges."""
     from omegaconf import OmegaConf
 
     from corpus_io.infer.exported import load_exported
@@ -156,12 +157,12 @@ def test_a_snip_edges_false_model_exports_its_reflected_frames_front_end_in_onnx
 
     state = torch.load(trained["out"] / "model.pt.avg2", map_location="cpu", weights_only=True)
     config = OmegaConf.create(state["config"])
-    config.dataset_conf.fbank_conf.high_freq, config.dataset_conf.fbank_conf.snip_edges = -400.0, False
+    config.dataset_conf.fbank_conf.high_freq, config.dataset_conf.fbank_conf.snip_edges = 0.0, True
     state["config"] = OmegaConf.to_yaml(config)
     ckpt = tmp_path / "model.pt"
     torch.save(state, ckpt)
     batches, model, conf = _batches(ckpt, _twenty(corpus, tmp_path), feats_on="model")
-    assert conf.fbank_conf.snip_edges is False
+    assert conf.fbank_conf.snip_edges is True
     front_end = build_front_end(conf, torch.device("cpu"))
     for fmt, limit in (("onnx", 1e-4), ("torchscript", 1e-5)):
         path = tmp_path / f"model.{'onnx' if fmt == 'onnx' else 'ts'}"
@@ -170,7 +171,7 @@ def test_a_snip_edges_false_model_exports_its_reflected_frames_front_end_in_onnx
         assert result.returncode == 0, result.stderr[-3000:]
         runner = load_exported(str(path), torch.device("cpu"))[0]
         for batch in batches:
-            assert torch.equal(batch["feats_lengths"], (batch["wav_lengths"] + 80) // 160)
+            assert torch.equal(batch["feats_lengths"], (batch["wav_lengths"] - 400) // 160 + 1)
             with torch.no_grad():
                 ref = model(*model_inputs(front_end, batch, torch.device("cpu"), train=False))
             got = runner(batch["wav"], batch["wav_lengths"])
@@ -180,9 +181,9 @@ def test_a_snip_edges_false_model_exports_its_reflected_frames_front_end_in_onnx
     from corpus_io.infer.export import deploy_metadata
 
     _, tokenizer, tcfg = load_model(str(ckpt), torch.device("cpu"))
-    assert deploy_metadata(tcfg, tokenizer)["snip_edges"] == "false"  # a features-in file tells sherpa-onnx
+    assert deploy_metadata(tcfg, tokenizer)["snip_edges"] == "true"  # a features-in file tells sherpa-onnx
     _, tokenizer, tcfg = load_model(str(trained["out"] / "model.pt.avg2"), torch.device("cpu"))
-    assert deploy_metadata(tcfg, tokenizer)["snip_edges"] == "true"
+    assert deploy_metadata(tcfg, tokenizer)["snip_edges"] == "false"
 
 
 def test_decode_of_the_exported_files_gives_the_checkpoints_text_and_nbest(exported, corpus, tmp_path, capfd):

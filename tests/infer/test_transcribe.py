@@ -40,16 +40,16 @@ def voiced(streaming_trained, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sherpa_features(streaming_trained, tmp_path_factory) -> Path:
-    """streaming_trained's averaged model, its config set to sherpa-onnx's default features
-    (fbank_conf.high_freq=-400, snip_edges=false): every weight the trained one."""
+def kaldi_features(streaming_trained, tmp_path_factory) -> Path:
+    """streaming_trained's averaged model (trained on the defaults, sherpa-onnx's features), its config set to
+    Kaldi's framing and band (fbank_conf.high_freq=0, snip_edges=true): every weight the trained one."""
     from omegaconf import OmegaConf
 
     state = torch.load(streaming_trained["out"] / "model.pt.avg2", map_location="cpu", weights_only=True)
     config = OmegaConf.create(state["config"])
-    config.dataset_conf.fbank_conf.high_freq, config.dataset_conf.fbank_conf.snip_edges = -400.0, False
+    config.dataset_conf.fbank_conf.high_freq, config.dataset_conf.fbank_conf.snip_edges = 0.0, True
     state["config"] = OmegaConf.to_yaml(config)
-    out = tmp_path_factory.mktemp("sherpa_features") / "model.pt.avg2"
+    out = tmp_path_factory.mktemp("kaldi_features") / "model.pt.avg2"
     torch.save(state, out)
     return out
 
@@ -81,9 +81,10 @@ def greedy_text(transcriber: StreamingTranscriber, log_probs: torch.Tensor) -> s
 @pytest.mark.parametrize("piece_seconds, left, snip_edges", [(0.1, -1, True), (0.037, 1, True),
                                                              (0.1, -1, False), (0.037, 1, False)])
 def test_audio_fed_in_pieces_gives_the_whole_utterances_chunk_by_chunk_and_chunk_masked_log_probs(
-        streaming_trained, sherpa_features, piece_seconds, left, snip_edges):
-    """snip_edges=false (sherpa-onnx's features): the first frames reflect the start, the last ones the end."""
-    checkpoint = streaming_trained["out"] / "model.pt.avg2" if snip_edges else sherpa_features
+        streaming_trained, kaldi_features, piece_seconds, left, snip_edges):
+    """snip_edges=false (sherpa-onnx's features, the default): the first frames reflect the start, the last ones the
+    end; snip_edges=true (Kaldi's): only frames that fit."""
+    checkpoint = kaldi_features if snip_edges else streaming_trained["out"] / "model.pt.avg2"
     transcriber = StreamingTranscriber(str(checkpoint), decoding_chunk_size=16, num_decoding_left_chunks=left)
     samples = read_recording(str(WAV), transcriber.sample_rate)
     _, result = fed(transcriber, samples, piece_seconds)
@@ -122,8 +123,9 @@ def test_partial_results_arrive_as_each_chunk_completes_before_finish(voiced):
     for k in range(1, result.log_probs.shape[0] // 16 + 1):
         text = greedy_text(transcriber, result.log_probs[: 16 * k])
         if text != last:
-            # the chunk's last input frame (k - 1) * 64 + 66 ends at this sample
-            needed = ((k - 1) * 64 + 66) * transcriber.shift + transcriber.window
+            # the chunk's last input frame (k - 1) * 64 + 66 ends at this sample (snip_edges=false, the default:
+            # frames centred on each shift start offset = shift / 2 - window / 2 samples earlier)
+            needed = ((k - 1) * 64 + 66) * transcriber.shift + transcriber.offset + transcriber.window
             expected.append((needed, text, round(0.64 * k, 2)))
         last = text
     assert expected, "the voiced model shows no partial text; the test would prove nothing"

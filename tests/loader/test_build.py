@@ -116,11 +116,14 @@ def test_the_chain_prints_one_named_stage_per_line_with_the_config_it_runs_with(
     lines = text.splitlines()
     assert lines[0].strip().startswith("1. decode(on_error='fail')")
     assert any("filter_tokens(token_max_length=200, token_min_length=0" in line for line in lines)
-    assert any("fbank(num_mel_bins=80, frame_length=25.0, frame_shift=10.0, dither=0.0, low_freq=20.0, "
-               "high_freq=0.0, snip_edges=True)" in line for line in lines)
+    # sherpa-onnx's features by default, dithered in training by (seed, epoch, key), never in cv or decode
+    assert any(f"fbank(num_mel_bins=80, frame_length=25.0, frame_shift=10.0, dither=1.0, low_freq=20.0, "
+               f"high_freq=-400.0, snip_edges=False, seed={conf.seed})" in line for line in lines)
     assert lines[-1].strip().endswith("pad(frame_shift=0.01, frame_length_ms=25.0, frame_shift_ms=10.0, "
-                                      "snip_edges=True)")
+                                      "snip_edges=False)")
     assert "tokenizer" not in text and "rng" not in text
+    assert "fbank(num_mel_bins=80, frame_length=25.0, frame_shift=10.0, dither=0.0, low_freq=20.0, " \
+           "high_freq=-400.0, snip_edges=False)" in describe_chain(loader_chain(conf, tokenizer, train=False))
 
 
 def test_a_shard_list_without_an_index_is_warned_once(tmp_path, capfd):

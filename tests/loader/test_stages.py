@@ -149,12 +149,32 @@ def test_mfcc_and_raw_features_shapes(fixture_corpus):
     assert r["feats"].shape == (n, 1)
 
 
-def test_dither_is_reproducible_with_a_seeded_generator(fixture_corpus):
-    def feats(seed: int) -> torch.Tensor:
-        decoded = stages.decode(_read(fixture_corpus, 1))
-        return next(stages.fbank(decoded, dither=1.0, generator=torch.Generator().manual_seed(seed)))["feats"]
+def test_dither_is_drawn_per_utterance_by_seed_epoch_and_key_as_the_device_front_end_draws_it(fixture_corpus):
+    """The training loader's dither (fbank and mfcc stages, batched or not) is one draw per utterance by (seed, epoch,
+    key): reproducible, another epoch or seed another draw, the features batch_fbank gives with that seed (what
+    feats_on=model computes), and none without a seed (cv, decode)."""
+    from corpus_io.audio import features
 
-    assert torch.equal(feats(5), feats(5)) and not torch.equal(feats(5), feats(6))
+    decoded = list(stages.decode(_read(fixture_corpus, 3)))
+
+    def feats(stage=stages.fbank, **kwargs) -> dict:
+        return {s["key"]: s["feats"] for s in stage([dict(s) for s in decoded], num_mel_bins=40, dither=1.0,
+                                                    **kwargs)}
+
+    plain = feats()
+    once, again = feats(seed=5, epoch=0), feats(seed=5, epoch=0, batched=False)
+    other_epoch, other_seed = feats(seed=5, epoch=1), feats(seed=6, epoch=0)
+    for sample in decoded:
+        key = sample["key"]
+        wav = sample["wav"].reshape(1, -1)
+        device, _ = features.batch_fbank(wav, torch.tensor([wav.shape[1]]), sample["sample_rate"], num_mel_bins=40,
+                                         dither=1.0, seeds=[features.dither_seed(5, 0, key)])
+        assert (once[key] - device[0]).abs().max() < 1e-4 and (again[key] - once[key]).abs().max() < 1e-4, key
+        assert (once[key] - plain[key]).abs().max() > 0.1, key  # dithered
+        assert (once[key] - other_epoch[key]).abs().max() > 0.1 and (once[key] - other_seed[key]).abs().max() > 0.1
+    mfcc, one_by_one = feats(stages.mfcc, seed=5, epoch=0), feats(stages.mfcc, seed=5, epoch=0, batched=False)
+    assert all((mfcc[k] - v).abs().max() < 1e-3 for k, v in one_by_one.items())
+    assert all((mfcc[k] - v).abs().max() > 0.1 for k, v in feats(stages.mfcc).items())
 
 
 def test_precomputed_features_never_decode_audio():

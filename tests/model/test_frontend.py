@@ -68,11 +68,13 @@ def test_model_side_features_equal_the_loader_side_ones_with_the_same_frames_and
 
 
 def test_sub_window_cuts_are_counted_as_empty_in_both_modes(cut_shards):
+    """Kaldi's framing (snip_edges=true): a cut shorter than one window has no frame (the default, snip_edges=false,
+    frames every 10 ms centred)."""
     data_list, _ = cut_shards
     conf = dict(shuffle=False, num_workers=0)
     for mode in ("loader", "model"):
         c = small_conf(feats_on=mode, **conf)
-        c.filter_conf.min_length = 0
+        c.filter_conf.min_length, c.fbank_conf.snip_edges = 0, True
         feats, counts, _ = features_by_key(data_list, c)
         assert counts["features.shorter_than_window"] == 3, counts  # 399 at 16 kHz, 199 at 8 kHz, 1099 at 44.1 kHz
         assert min(f.shape[0] for f in feats.values()) == 1
@@ -83,9 +85,10 @@ def test_budgets_and_length_filters_count_the_front_end_frames(cut_shards):
     conf = small_conf(feats_on="model", shuffle=False, num_workers=0, batch_type="length", batch_size=700)
     conf.filter_conf.min_length = 150
     conf.filter_conf.max_length = 250
+    conf.fbank_conf.snip_edges = True  # Kaldi's framing: the sub-window cuts have no frame (counted below)
     feats, counts, batches = features_by_key(data_list, conf)
     unfiltered = small_conf(feats_on="model", shuffle=False, num_workers=0)
-    unfiltered.filter_conf.min_length = 0
+    unfiltered.filter_conf.min_length, unfiltered.fbank_conf.snip_edges = 0, True
     everything, no_frames, _ = features_by_key(data_list, unfiltered)
     frames = Counter("short" if f.shape[0] < 150 else "long" if f.shape[0] > 250 else "kept"
                      for f in everything.values())

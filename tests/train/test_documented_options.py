@@ -20,7 +20,7 @@ FEATS_ON = ("loader", "model")
 #: docs/LOADER.md's augmentations (dataset_conf table: speed perturb, spec_aug, spec_sub, spec_trim, and the fbank
 #: dither of train mode), each alone, and all of them at once
 AUGMENTATIONS = {
-    "none": {},
+    "none": {"dataset_conf.fbank_conf.dither": 0.0},  # training dithers by default
     "speed_perturb": {"dataset_conf.speed_perturb": True, "dataset_conf.speed_perturb_conf.speeds": [0.9, 1.0, 1.1]},
     "spec_aug": {"dataset_conf.spec_aug": True},
     "spec_sub": {"dataset_conf.spec_sub": True},

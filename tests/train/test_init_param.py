@@ -292,15 +292,18 @@ def test_a_url_init_param_is_downloaded_once_per_node_and_every_rank_starts_from
 
 
 def test_a_checkpoint_from_before_the_fbank_band_keys_counts_as_their_defaults_not_as_different_features():
-    """A checkpoint saved before fbank_conf.low_freq/high_freq existed was trained on their defaults (20 Hz to
-    Nyquist): no warning for the same features, one naming high_freq for another band."""
+    """A checkpoint saved before fbank_conf.low_freq/high_freq/snip_edges existed was trained on their values then
+    (20 Hz to Nyquist, Kaldi's framing), not today's defaults (sherpa-onnx's): no warning for the same features, one
+    naming each key that differs."""
     from corpus_io.config import DatasetConf
     from corpus_io.train.init_param import feature_differences
 
     older = {"feats_type": "fbank", "fbank_conf": {"num_mel_bins": 80, "frame_length": 25.0, "frame_shift": 10.0,
                                                    "dither": 0.0}}
     conf = DatasetConf()
+    conf.fbank_conf.high_freq, conf.fbank_conf.snip_edges = 0.0, True
     assert feature_differences(older, conf) == []
     conf.fbank_conf.high_freq = -400.0
     assert feature_differences(older, conf) == ["dataset_conf.fbank_conf.high_freq: -400.0 here, 0.0 in the "
                                                 "checkpoint"]
+    assert len(feature_differences(older, DatasetConf())) == 2  # today's defaults: high_freq and snip_edges

@@ -268,7 +268,7 @@ def test_two_ranks_train_cv_and_decode_with_features_on_the_model_device_and_los
     assert len(losses) == 3 and losses[-1] < losses[0], losses
     assert log.count("cv epoch") == 3 and "input_dim 80" in log
     assert "loader chain (train):" in log
-    assert "waveform_frames(frame_length=25.0, frame_shift=10.0, snip_edges=True)" in log
+    assert "waveform_frames(frame_length=25.0, frame_shift=10.0, snip_edges=False)" in log
     config = (out / "config.yaml").read_text(encoding="utf-8")
     assert "feats_on: model" in config and "use_dynamic_chunk: true" in config and "bucketing: true" in config
     for name, chunk in (("dec", []), ("dec_chunk4", ["++decoding_chunk_size=4", "++num_decoding_left_chunks=2"])):
