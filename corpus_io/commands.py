@@ -78,6 +78,14 @@ COMMANDS: tuple[Command, ...] = (
     Command("decode", config.DecodeConfig, "corpus_io.infer.decode:decode",
             "Decode a raw or shard list with a checkpoint (++decoding.method=greedy, ctc_prefix_beam, ctc_beam_lm "
             "or attention_rescoring; hotwords); writes a Kaldi text, the n-best and a CER/WER report with RTF."),
+    Command("align", config.AlignConfig, "corpus_io.infer.align:align",
+            "Force-align known transcripts with a checkpoint (CTC Viterbi over the reference tokens, long recordings "
+            "in windows): a CTM and alignment.jsonl with each word's start, end and score; words that cannot be "
+            "aligned (not spoken, no path, tokens outside the token list) listed in unaligned, never placed."),
+    Command("segment", config.SegmentConfig, "corpus_io.infer.segment:segment",
+            "Cut long recordings with one transcript each into utterances: aligned with a checkpoint, cut in pauses "
+            "(never through a word), at most ++max_segment_seconds; writes a Kaldi dir (wav.scp, segments, text), "
+            "segments.jsonl with scores, and the transcript words placed in no segment (unaligned)."),
     Command("transcribe", config.TranscribeConfig, "corpus_io.infer.transcribe:transcribe",
             "Transcribe one recording with a checkpoint as a stream: fed in pieces (++piece_seconds), chunk by chunk "
             "with caches (++stream=true, a model trained with model.causal=true), printing partial results, the "
