@@ -75,12 +75,14 @@ from corpus_io.config.training import (
 )
 
 __all__ = [
-    "AddFieldConfig", "AlignConfig", "AverageConfig", "BenchLoaderConfig", "CONF_DIR", "ComputeCmvnConfig", "DatasetConf",
+    "AddFieldConfig", "AlignConfig", "AverageConfig", "BenchLoaderConfig", "CONF_DIR", "ComputeCmvnConfig",
+    "DatasetConf",
     "DecodeConfig", "DecodingConf", "ExploreConfig", "ExportConfig", "ExportModelConfig", "FAILURE_CHOICES",
     "FUNASR_KEYS", "FUNASR_TOP_KEYS",
     "FbankConf", "FilterConf", "FunasrKey", "Jsonl2ScpConfig", "MakeDatalistConfig", "MakeLmConfig",
     "MakeTokenizerConfig", "MergeJobsConfig", "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig",
-    "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig", "SegmentConfig",
+    "PrepareConfig", "RENAMED_KEYS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf", "Scp2JsonlConfig",
+    "SegmentConfig",
     "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
     "AddNoiseConf", "AddReverbConf", "NoiseSetConf", "VolumePerturbConf",
     "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "TranscribeConfig", "TuneLmConfig",
