@@ -104,7 +104,7 @@ def cut(recording: str, placed: list, duration: float, *, max_seconds: float, ma
     return segments
 
 
-def read_recordings(path: str, tokenizer: Any) -> dict:
+def read_recordings(path: str) -> dict:
     """``{recording: record}`` of the input (a Kaldi dir or a JSONL), checked before anything runs: every
     transcript line has audio and every recording a non-empty transcript, and no recording is a segment."""
     from corpus_io.tables.inputs import Skip, open_input
@@ -140,7 +140,7 @@ def read_recordings(path: str, tokenizer: Any) -> dict:
                             f"recordings to wav.scp, or remove the lines; nothing was written.")
     if not recs:
         raise DataError(f"segment: {path} holds no recording; nothing was written.")
-    empty = [k for k, r in recs.items() if not tokenizer.normalize(str(r.get("target") or "")).strip()]
+    empty = [k for k, r in recs.items() if not str(r.get("target") or "").strip()]
     if empty:
         raise DataError(f"segment: {len(empty)} recordings of {path} have an empty transcript (e.g. '{empty[0]}'); "
                         f"segment cuts a recording by its text. Give each its words, or leave it out; nothing was "
@@ -205,8 +205,8 @@ def segment(cfg: Any) -> dict:
 
     require(cfg, "input", "checkpoint", "output_dir")
     refuse_overwrites(cfg)
+    recs = read_recordings(cfg.input)  # before torch is imported: a bad input costs a second
     m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf)
-    recs = read_recordings(cfg.input, m.tokenizer)
     transcripts = check_spoken_in_time(recs, m.tokenizer, m.frame_seconds, cfg.input, cfg.checkpoint)
     window = window_frames(cfg.window_seconds, m.frame_seconds)
     t_start = time.perf_counter()
