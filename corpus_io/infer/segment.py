@@ -89,7 +89,8 @@ def cut(recording: str, placed: list, duration: float, *, max_seconds: float, ma
     """The segments of one recording's placed words (module doc)."""
     timed = [i for i, p in enumerate(placed) if p.start is not None]  # low-score words keep their audio out too
     segments = []
-    for piece in (p for r in runs(placed, max_pause) for p in split(r, placed, max_seconds)):
+    span = max(0.5 * max_seconds, max_seconds - 2 * padding)  # the words' extent, so that with padding it fits
+    for piece in (p for r in runs(placed, max_pause) for p in split(r, placed, span)):
         first, last = placed[piece[0]], placed[piece[-1]]
         before = [placed[i].end for i in timed if i < piece[0]]
         after = [placed[i].start for i in timed if i > piece[-1]]
