@@ -10,7 +10,6 @@ import shutil
 import pytest
 
 from tests.conftest import run_cli
-from tests.recipes.test_smoke import smoke  # noqa: F401  (the session's `make smoke`, built once)
 
 
 @pytest.mark.slow

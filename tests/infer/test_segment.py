@@ -12,7 +12,6 @@ import pytest
 
 from corpus_io.tables import synth
 from tests.conftest import REPO, run_cli
-from tests.recipes.test_smoke import smoke  # noqa: F401  (the session's `make smoke`, built once)
 
 _spec = importlib.util.spec_from_file_location("score_segments", REPO / "recipes" / "tools" / "score_segments.py")
 score_segments = importlib.util.module_from_spec(_spec)
