@@ -232,7 +232,7 @@ def align(log_probs: torch.Tensor, ids: list[int], decode: Callable[[list[int]],
         tokens.append(Span(decode([tok]), round(start, 3), round(end, 3), _unit(post)))
     words = _words(ids, tokens, decode, words_of)
     if speech is not None:
-        words = _sound_bounds(words, speech, speech_seconds)
+        words = sound_bounds(words, speech, speech_seconds)
     conf = sum(w.confidence for w in words) / len(words) if words else _unit(
         sum(t.confidence for t in tokens) / len(tokens))
     return Timed(tokens, words, _unit(conf))
@@ -273,7 +273,7 @@ def _words(ids: list[int], tokens: list[Span], decode: Callable[[list[int]], str
     return out
 
 
-def _sound_bounds(words: list[Span], speech: torch.Tensor, step: float) -> list[Span]:
+def sound_bounds(words: list[Span], speech: torch.Tensor, step: float) -> list[Span]:
     """Each word's start and end moved from its tokens' CTC frames to its sound, by the speech frames (``step``
     seconds apart) between it and its neighbours (module doc: *Word bounds*)."""
     flags = speech.tolist()
@@ -360,4 +360,5 @@ def _unit(x: float) -> float:
     return float(min(1.0, max(0.0, x)))
 
 
-__all__ = ["Span", "Timed", "align", "ctc_viterbi", "speech_frames", "token_frames", "windowed_token_frames"]
+__all__ = ["Span", "Timed", "align", "ctc_viterbi", "sound_bounds", "speech_frames", "token_frames",
+           "windowed_token_frames"]

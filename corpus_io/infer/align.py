@@ -90,7 +90,7 @@ def place_words(log_probs: Any, tr: Transcript, *, frame_seconds: float, duratio
                 speech: Any = None, speech_seconds: float = 0.01, window: int, min_word_score: float) -> list[Placed]:
     """Every word of ``tr`` placed on the Viterbi path of its tokens through ``log_probs`` (T, V), or unaligned
     with its reason (module doc)."""
-    from corpus_io.decoding.align import Span, _sound_bounds, token_frames, windowed_token_frames
+    from corpus_io.decoding.align import Span, sound_bounds, token_frames, windowed_token_frames
 
     lp = log_probs.detach().float().cpu()
     frames: list[list[int] | None] | None = None
@@ -120,7 +120,7 @@ def place_words(log_probs: Any, tr: Transcript, *, frame_seconds: float, duratio
         spans.append(Span(word, start, end, score))
         owners.append(w)
     if speech is not None and spans:
-        for w, span in zip(owners, _sound_bounds(spans, speech, speech_seconds)):
+        for w, span in zip(owners, sound_bounds(spans, speech, speech_seconds)):
             placed[w].start, placed[w].end = span.start, span.end
     for p in placed:
         if not p.reason and p.score < min_word_score:
