@@ -62,6 +62,10 @@ class SegmentConfig:
                                  unit="seconds", range="[0, 5]")
     min_word_score: float = opt(0.05, _MIN_WORD_SCORE + "; a segment never holds the audio of an unaligned word",
                                 range="[0, 1]")
+    phrase_pause_seconds: float = opt(0.3, "an unaligned word takes its phrase with it: the words between the pauses "
+                                           "at least this long around it are left out too (listed in unaligned), so "
+                                           "that every cut still falls in a pause", unit="seconds",
+                                      range="(0, inf)")
     window_seconds: float = opt(60.0, _WINDOW, unit="seconds", range="[4, 3600]")
     chunk_seconds: float = opt(60.0, "a recording goes through the model in pieces of this length (2 s of context "
                                      "each side): memory stays bounded for an hour-long recording", unit="seconds",

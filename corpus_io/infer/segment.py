@@ -4,9 +4,11 @@ Each recording goes through the model in ``chunk_seconds`` pieces and its whole 
 window (:func:`corpus_io.infer.align.place_words`: the CTC Viterbi path of its tokens, bounded memory for an hour).
 Then:
 
-* a *run* is a stretch of consecutive aligned words; an unaligned word (its tokens outside the token list, no path,
-  or a score below ``min_word_score``) or a pause longer than ``max_pause_seconds`` ends one (the segment never holds
-  the unaligned word's audio, nor the long silence);
+* an unaligned word (its tokens outside the token list, no path, or a score below ``min_word_score``) takes its
+  whole *phrase* with it: the words between the pauses of at least ``phrase_pause_seconds`` around it are left out
+  too (reason ``in a phrase with an unaligned word``), so that segments still start and end in pauses;
+* a *run* is a stretch of consecutive aligned words; a left-out word or a pause longer than ``max_pause_seconds``
+  ends one (the segment never holds the unaligned word's audio, nor the long silence);
 * a run longer than ``max_segment_seconds`` is cut at its longest pause between two words, again and again until
   every piece fits: cuts fall between words, in the pause where there is one;
 * a segment spans its words' sound with ``padding_seconds`` each side, at most half the pause to the neighbouring
@@ -49,6 +51,33 @@ class Segment:
         return " ".join(p.word for _, p in self.words)
 
 
+#: why a word that aligned is still left out: it is in one phrase with an unaligned word
+BESIDE = "in a phrase with an unaligned word"
+
+
+def drop_phrases(placed: list, phrase_pause: float) -> None:
+    """Mark unaligned every aligned word of a *phrase* (words between two pauses of at least ``phrase_pause``
+    seconds) that holds an unaligned word: a segment then starts and ends in pauses, never beside a word whose audio
+    is uncertain (a word with no times joins the phrase it lies in, in the text's order)."""
+    phrase: list[int] = []
+    last_end = None
+
+    def close() -> None:
+        if any(placed[i].reason for i in phrase):
+            for i in phrase:
+                if not placed[i].reason:
+                    placed[i].reason = BESIDE
+        phrase.clear()
+
+    for i, p in enumerate(placed):
+        if p.start is not None:
+            if last_end is not None and p.start - last_end >= phrase_pause:
+                close()
+            last_end = p.end
+        phrase.append(i)
+    close()
+
+
 def runs(placed: list, max_pause: float) -> list[list[int]]:
     """The stretches of consecutive aligned words (their positions), ended by an unaligned word or a long pause."""
     out: list[list[int]] = []
@@ -85,8 +114,10 @@ def split(run: list[int], placed: list, max_seconds: float) -> list[list[int]]:
 
 
 def cut(recording: str, placed: list, duration: float, *, max_seconds: float, max_pause: float,
-        padding: float) -> list[Segment]:
-    """The segments of one recording's placed words (module doc)."""
+        padding: float, phrase_pause: float) -> list[Segment]:
+    """The segments of one recording's placed words (module doc); ``placed`` gets the reasons of the words
+    :func:`drop_phrases` leaves out."""
+    drop_phrases(placed, phrase_pause)
     timed = [i for i, p in enumerate(placed) if p.start is not None]  # low-score words keep their audio out too
     segments = []
     span = max(0.5 * max_seconds, max_seconds - 2 * padding)  # the words' extent, so that with padding it fits
@@ -223,7 +254,8 @@ def segment(cfg: Any) -> dict:
                              blank=m.tokenizer.blank_id, speech=p.speech, speech_seconds=p.speech_seconds,
                              window=window, min_word_score=cfg.min_word_score)
         segments += cut(p.key, placed, duration, max_seconds=cfg.max_segment_seconds,
-                        max_pause=cfg.max_pause_seconds, padding=cfg.padding_seconds)
+                        max_pause=cfg.max_pause_seconds, padding=cfg.padding_seconds,
+                        phrase_pause=cfg.phrase_pause_seconds)
         for i, w in enumerate(placed):
             if w.reason:
                 unaligned.append(f"{p.key} {i} {w.word} {w.reason}\n")
