@@ -118,3 +118,18 @@ def test_segment_refuses_bad_input_in_one_paragraph_and_writes_nothing(smoke, jo
     result = segment(smoke["exp"], d, d)
     assert result.returncode == 2 and "is ++input" in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()} == before
+
+
+def test_an_unaligned_word_takes_its_phrase_with_it_so_that_cuts_stay_in_pauses():
+    """Three phrases parted by 0.5 s pauses; the middle one holds a word scored below min_word_score: its whole
+    phrase is left out (listed with its reason), the others are segments bounded in the pauses around them."""
+    from corpus_io.infer.align import LOW_SCORE, Placed
+    from corpus_io.infer.segment import BESIDE, cut
+
+    placed = [Placed("one", 0.5, 1.0, 0.9), Placed("two", 1.05, 2.0, 0.9),  # phrase A
+              Placed("three", 2.5, 3.0, 0.9), Placed("four", 3.05, 3.5, 0.01, LOW_SCORE),  # phrase B
+              Placed("five", 3.55, 4.0, 0.9),
+              Placed("six", 4.5, 5.0, 0.9)]  # phrase C
+    segments = cut("rec", placed, 6.0, max_seconds=20, max_pause=3, padding=0.2, phrase_pause=0.3)
+    assert [(s.text, s.start, s.end) for s in segments] == [("one two", 0.3, 2.2), ("six", 4.3, 5.2)]
+    assert [p.reason for p in placed] == ["", "", BESIDE, LOW_SCORE, BESIDE, ""]
