@@ -77,6 +77,14 @@ COMMANDS: tuple[Command, ...] = (
     Command("decode", config.DecodeConfig, "corpus_io.infer.decode:decode",
             "Decode a raw or shard list with a checkpoint (++decoding.method=greedy, ctc_prefix_beam, ctc_beam_lm "
             "or attention_rescoring; hotwords); writes a Kaldi text, the n-best and a CER/WER report with RTF."),
+    Command("align", config.AlignConfig, "corpus_io.infer.align:align",
+            "Force-align known transcripts with a checkpoint (CTC Viterbi over the reference tokens, long recordings "
+            "in windows): a CTM and alignment.jsonl with each word's start, end and score; words that cannot be "
+            "aligned (not spoken, no path, tokens outside the token list) listed in unaligned, never placed."),
+    Command("segment", config.SegmentConfig, "corpus_io.infer.segment:segment",
+            "Cut long recordings with one transcript each into utterances: aligned with a checkpoint, cut in pauses "
+            "(never through a word), at most ++max_segment_seconds; writes a Kaldi dir (wav.scp, segments, text), "
+            "segments.jsonl with scores, and the transcript words placed in no segment (unaligned)."),
     Command("score", config.ScoreConfig, "corpus_io.infer.score:score",
             "Find wrong labels with a checkpoint: every utterance's duration, characters and tokens per second, the "
             "greedy hypothesis' CER/WER against its label, the label's CTC loss per frame and per token, whether it "

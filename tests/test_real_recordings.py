@@ -174,7 +174,12 @@ def librivox_decoded(real_dir, tmp_path_factory) -> dict:
                      f"++checkpoint={root / 'exp' / 'model.pt.avg1'}", f"++output_dir={out}",
                      "++dataset_conf.num_workers=0", "++timestamps=true")
     assert result.returncode == 0, result.stderr
-    return {"ctm": out / "ctm", "jsonl": out / "timestamps.jsonl", "reference": real_dir / "word_alignments.ctm"}
+    aligned = root / "align"  # the known transcripts force-aligned by the same model (corpus-io align)
+    result = run_cli("corpus-io", "align", f"++data_list={raw}", f"++checkpoint={root / 'exp' / 'model.pt.avg1'}",
+                     f"++output_dir={aligned}", "++dataset_conf.num_workers=0")
+    assert result.returncode == 0, result.stderr
+    return {"ctm": out / "ctm", "jsonl": out / "timestamps.jsonl", "reference": real_dir / "word_alignments.ctm",
+            "aligned": aligned, "model": root / "exp" / "model.pt.avg1", "raw": raw}
 
 
 def test_decoded_word_times_of_the_librivox_recordings_are_near_pocketsphinx_alignments(librivox_decoded):
@@ -207,3 +212,65 @@ def test_decoded_word_times_of_the_librivox_recordings_are_near_pocketsphinx_ali
               f"{statistics.mean(abs(d) for d in deltas):.3f} s, {100 * within:.0f}% within 0.1 s")
         assert abs(statistics.median(deltas)) <= 0.1, (name, statistics.median(deltas))
         assert within >= 0.45, (name, within)
+
+
+def test_aligned_word_times_of_the_librivox_recordings_are_near_pocketsphinx_alignments(librivox_decoded):
+    """corpus-io align on the 5 LibriVox recordings with their known transcripts (the model decode's word times
+    come from), against pocketsphinx's alignments: every reference word is aligned (none unaligned), and at least
+    45 % of word starts and of word ends are within 0.1 s (2026-11-29: 52 % and 52 %, as decode's word times with
+    the same model; the figures are printed and in docs/BENCHMARKS.md)."""
+    import statistics
+
+    ctm = librivox_decoded["aligned"] / "ctm"
+    starts, ends, total = word_time_deltas(ctm, librivox_decoded["reference"])
+    assert len(starts) >= 0.95 * total, (len(starts), total)  # the reference words themselves, aligned
+    assert not (librivox_decoded["aligned"] / "unaligned").read_text().strip()
+    for name, deltas in (("starts", starts), ("ends", ends)):
+        within = sum(abs(d) <= 0.1 + 1e-9 for d in deltas) / len(deltas)
+        print(f"aligned word {name}: {len(deltas)} of {total} words, median {statistics.median(deltas):+.3f} s, "
+              f"mean |delta| {statistics.mean(abs(d) for d in deltas):.3f} s, {100 * within:.0f}% within 0.1 s")
+        assert within >= 0.45, (name, within)
+
+
+def test_segment_cuts_the_librivox_recordings_joined_with_pauses_where_they_were_joined(librivox_decoded, tmp_path):
+    """The 5 LibriVox recordings joined into one with pauses of 0.3-1.2 s (synth.join), their text one line, cut by
+    corpus-io segment with the model trained on them: no cut inside an utterance's speech, every word placed once or
+    listed unaligned (<= 2 %); the share of exact segments is printed (see below)."""
+    import json
+
+    from corpus_io.tables import synth
+
+    spec = importlib.util.spec_from_file_location("score_segments", REPO / "recipes" / "tools" / "score_segments.py")
+    score_segments = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(score_segments)
+    src = tmp_path / "utts"
+    src.mkdir()
+    rows = [json.loads(line) for line in librivox_decoded["raw"].read_text().splitlines()]
+    (src / "wav.scp").write_text("".join(f"{r['key']} {r['wav']}\n" for r in rows))
+    (src / "text").write_text("".join(f"{r['key']} {r['txt']}\n" for r in rows))
+    joined = synth.join(src, tmp_path / "long", per_recording=len(rows), seed=1)
+    # where each recording's speech is: pocketsphinx's first and last word (its files start and end in noise and
+    # a cut-off neighbour's click, which join's 1 %-of-peak rule counts as speech)
+    reference: dict = {}
+    for line in librivox_decoded["reference"].read_text().splitlines():
+        key, _, start, dur = line.split()[:4]
+        reference.setdefault(key, []).append((float(start), float(start) + float(dur)))
+    truth = [json.loads(line) for line in (joined / "joins.jsonl").read_text().splitlines()]
+    for t in truth:
+        words = reference[t["key"]]
+        t["speech_start"], t["speech_end"] = t["start"] + words[0][0], t["start"] + words[-1][1]
+    (joined / "joins.jsonl").write_text("".join(json.dumps(t) + "\n" for t in truth))
+    out = tmp_path / "seg"
+    # ++min_word_score=0: this model, overfit on the 5 files alone, is unsure (posteriors 0.1-0.5) of words it
+    # hears after another file's audio; the transcripts are right, so no word is left out for its score
+    result = run_cli("corpus-io", "segment", f"++input={joined}", f"++checkpoint={librivox_decoded['model']}",
+                     f"++output_dir={out}", "++dataset_conf.num_workers=0", "++min_word_score=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = score_segments.score(joined, out)
+    print(f"segment (LibriVox joined): {json.dumps(figures)}")
+    assert figures["cuts_in_speech"] == 0, figures
+    assert figures["order_ok"] and figures["unaligned"] <= 0.02, figures
+    # not asserted: >= 95 % of segments exact. This model (25 s of audio, 150 epochs) scores most words it hears
+    # after another file's audio below 0.05 and misplaces some across a join (2026-11-29: "had", the first word of
+    # librivox-0920, aligned 0.9 s early with posterior 0.003, so neither of the 2 segments was exact); the espeak
+    # acceptance (tests/infer/test_segment.py) holds it with a model that hears its test set

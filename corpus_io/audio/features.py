@@ -219,10 +219,39 @@ def batch_fbank(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, n
     ``lengths`` (B,) samples. Equals :func:`fbank` of each row cut to its length (dither 0), frame
     for frame; frames past a row's count are 0. ``dither`` > 0 needs ``seeds`` (one per row).
     """
+    window, shift, fft_size = window_geometry(sample_rate, frame_length, frame_shift)
+    block = max(1, BLOCK_VALUES // max(1, wav.shape[0] * fft_size))  # frames framed and transformed at once
+    if snip_edges and not dither and wav.shape[1] >= window and (wav.shape[1] - window) // shift + 1 > block:
+        return _blocked_fbank(wav, lengths, sample_rate, block, window, shift, num_mel_bins=num_mel_bins,
+                              frame_length=frame_length, frame_shift=frame_shift, low_freq=low_freq,
+                              high_freq=high_freq)
     strided, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds, snip_edges)
     if strided.shape[1] == 0:  # the FFT refuses empty input
         return strided.new_zeros(strided.shape[0], 0, num_mel_bins), frames
     return _valid(_log_mel(strided, sample_rate, num_mel_bins, low_freq, high_freq), frames), frames
+
+
+#: at most this many framed values (batch x frames x FFT size) at once: a 1-hour recording's frames in one piece
+#: would take 0.76 GB as windows and as much again as spectra, so a long batch is framed block by block
+BLOCK_VALUES = 1 << 24
+
+
+def _blocked_fbank(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, block: int, window: int, shift: int,
+                   **options: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`batch_fbank` (snip_edges, no dither) of ``block`` frames at a time: frame k is its own samples
+    ``[k * shift, k * shift + window)`` whichever block computes it, so the blocks joined are the whole's frames."""
+    total = (wav.shape[1] - window) // shift + 1
+    frames = torch.where(lengths >= window, torch.div(lengths - window, shift, rounding_mode="floor") + 1, 0)
+    out = None
+    for first in range(0, total, block):
+        last = min(total, first + block)
+        piece = wav[:, first * shift:(last - 1) * shift + window]
+        sub = (lengths - first * shift).clamp(0, piece.shape[1])
+        feats, _ = batch_fbank(piece, sub, sample_rate, **options)
+        if out is None:
+            out = feats.new_zeros(wav.shape[0], total, feats.shape[-1])
+        out[:, first:first + feats.shape[1]] = feats
+    return _valid(out, frames), frames
 
 
 def _dct(num_mel_bins: int, num_ceps: int, device: torch.device) -> torch.Tensor:

@@ -7,6 +7,7 @@ Where each concern lives (import from here; the modules are the homes):
 * :mod:`.dataset`: ``dataset_conf`` and ``tokenizer`` (the loader's blocks, shared by many commands);
 * :mod:`.data`: the data-preparation commands' schemas (no torch);
 * :mod:`.training`: train, decode, compute-cmvn, average, export-model, bench-loader;
+* :mod:`.alignment`: align and segment (long recordings, known transcripts);
 * :mod:`.scoring`: score (wrong labels found with a model);
 * :mod:`.funasr`: FunASR's keys and our old spellings, applied before keys are checked;
 * :mod:`.checks`: unknown keys (with the closest valid one), required keys, choices and ranges;
@@ -18,6 +19,7 @@ import time, so ``--help`` is fast. Units follow Kaldi/WeNet: lengths in 10 ms f
 rates in Hz.
 """
 
+from corpus_io.config.alignment import AlignConfig, SegmentConfig
 from corpus_io.config.checks import SUGGEST_CUTOFF, check_keys, check_values, coerce_fields, require, schema
 from corpus_io.config.compose import compose, compose_raw, keep_given_model, to_dict, to_yaml, validate
 from corpus_io.config.data import (
@@ -77,14 +79,14 @@ from corpus_io.config.training import (
 )
 
 __all__ = [
-    "AddFieldConfig", "AverageConfig", "BenchLoaderConfig", "CONF_DIR", "ComputeCmvnConfig", "DatasetConf",
+    "AddFieldConfig", "AlignConfig", "AverageConfig", "BenchLoaderConfig", "CONF_DIR", "ComputeCmvnConfig",
+    "DatasetConf",
     "DecodeConfig", "DecodingConf", "ExploreConfig", "ExportConfig", "ExportModelConfig", "FAILURE_CHOICES",
     "FUNASR_KEYS", "FUNASR_TOP_KEYS",
     "FbankConf", "FilterConf", "FunasrKey", "Jsonl2ScpConfig", "MakeDatalistConfig", "MakeLmConfig",
     "MakeTokenizerConfig", "MergeJobsConfig", "MfccConf", "OLD_FAIL", "OptimConf", "PackShardsConfig",
     "PrepareConfig", "RENAMED_KEYS", "SAVED_FEATURE_DEFAULTS", "ResampleConf", "SUGGEST_CUTOFF", "SchedulerConf",
-    "ScoreConfig",
-    "Scp2JsonlConfig",
+    "ScoreConfig", "Scp2JsonlConfig", "SegmentConfig",
     "ShuffleConf", "SortConf", "SourceConf", "SpecAugConf", "SpecSubConf", "SpecTrimConf", "SpeedPerturbConf",
     "AddNoiseConf", "AddReverbConf", "NoiseSetConf", "VolumePerturbConf",
     "StatsConfig", "TokenizerConf", "TrainConf", "TrainConfig", "TranscribeConfig", "TuneLmConfig",

@@ -39,7 +39,7 @@ Confidence, in [0, 1] (the aligned-frame posterior):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -102,6 +102,103 @@ def token_frames(log_probs: torch.Tensor, ids: list[int], blank: int = 0) -> lis
     return frames
 
 
+def ctc_viterbi(log_probs: Any, ids: list[int], blank: int = 0, *, free_end: bool = False) -> list[list[int]] | None:
+    """Each token's output frames on the Viterbi CTC path of ``ids`` through ``log_probs`` (T, V), as
+    :func:`token_frames`, computed here (numpy, one frame at a time: ``T x (2 len(ids) + 1)`` bytes of back pointers).
+    ``free_end``: the path may end before the last token (the text goes on past these frames): the tokens it
+    consumed are returned, fewer than ``ids``. None when no path fits (more tokens, with the blanks between repeats,
+    than frames)."""
+    import numpy as np
+
+    lp = log_probs.detach().float().cpu().numpy() if hasattr(log_probs, "detach") else np.asarray(log_probs)
+    n, frames = len(ids), lp.shape[0]
+    if n == 0 or frames == 0:
+        return [] if n == 0 else None
+    states = 2 * n + 1
+    labels = np.full(states, blank, dtype=np.int64)
+    labels[1::2] = ids
+    arr = np.asarray(ids)
+    skip = np.zeros(states, dtype=bool)  # token state s may come from s - 2 (the token before, no blank between)
+    skip[3::2] = arr[1:] != arr[:-1]
+    neg = np.float32(-1e30)
+    emit = lp[:, labels]
+    back = np.zeros((frames, states), dtype=np.int8)
+    dp = np.full(states, neg, dtype=np.float32)
+    dp[:2] = emit[0, :2]
+    one = np.empty(states, dtype=np.float32)
+    two = np.empty(states, dtype=np.float32)
+    for t in range(1, frames):
+        one[0], one[1:] = neg, dp[:-1]
+        two[:2], two[2:] = neg, dp[:-2]
+        two[~skip] = neg
+        step = np.where(one > dp, 1, 0).astype(np.int8)
+        best = np.maximum(dp, one)
+        better = two > best
+        step[better] = 2
+        dp = np.maximum(best, two) + emit[t]
+        back[t] = step
+    ends = np.arange(states) if free_end else np.array([states - 1, states - 2])
+    end = int(ends[np.argmax(dp[ends])])
+    if dp[end] < neg / 2:
+        return None
+    path = np.empty(frames, dtype=np.int64)
+    state = end
+    for t in range(frames - 1, -1, -1):
+        path[t] = state
+        state -= int(back[t, state])
+    out: list[list[int]] = [[] for _ in range((end + 1) // 2)]
+    for t, state in enumerate(path.tolist()):
+        if state % 2:
+            out[state // 2].append(t)
+    return out
+
+
+def windowed_token_frames(log_probs: Any, ids: list[int], word_starts: list[int], blank: int = 0, *,
+                          window: int, progress: Callable[[int], None] | None = None) -> list[list[int] | None]:
+    """Each token's output frames on a CTC Viterbi path of ``ids`` through ``log_probs`` (T, V) computed window by
+    window, in bounded memory however long the recording: :func:`ctc_viterbi` over ``window`` frames and the text
+    that follows (free end), the whole words (``word_starts``: the token index each word starts at, ascending)
+    that end within the window's first two thirds committed, the next window starting at the frame after them
+    with the next word. A window that commits nothing moves on by two thirds (audio with no text). Tokens left
+    when the frames run out (text not spoken, or no path) are None. ``progress``: called with the frames done."""
+    n, frames = len(ids), int(log_probs.shape[0])
+    out: list[list[int] | None] = [None] * n
+    commit = max(1, (2 * window) // 3)
+    t0 = j0 = 0
+    starts = sorted(set(word_starts) | {n})
+    while j0 < n and t0 < frames:
+        t1 = min(frames, t0 + window)
+        last = t1 == frames
+        j1 = min(n, j0 + (t1 - t0))  # no more tokens than frames fit
+        path = ctc_viterbi(log_probs[t0:t1], ids[j0:j1], blank, free_end=True)
+        done = len(path) if path else 0
+        if last:
+            for k in range(done):
+                out[j0 + k] = [t0 + f for f in path[k]]
+            break
+        # whole words only, ending before the commit line (a word cut by the window's end waits for the next)
+        cut = j0
+        for s in starts:
+            if s <= j0:
+                continue
+            if s - j0 > done or path[s - j0 - 1][-1] >= commit:
+                break
+            cut = s
+        first = next(s for s in starts if s > j0)
+        if cut == j0 and first - j0 <= done and path[first - j0 - 1][-1] < t1 - t0 - 1:
+            cut = first  # the first word ends after the commit line, but whole within the window
+        if cut == j0:
+            t0 += commit
+        else:
+            for k in range(cut - j0):
+                out[j0 + k] = [t0 + f for f in path[k]]
+            t0 += path[cut - j0 - 1][-1] + 1
+            j0 = cut
+        if progress is not None:
+            progress(t0)
+    return out
+
+
 def speech_frames(energy_db: torch.Tensor) -> torch.Tensor:
     """Which frames of one utterance hold speech (bool, same length), from each frame's energy (dB): within
     :data:`SPEECH_TOP_DB` of the loudest and :data:`SPEECH_FLOOR_DB` above the quietest tenth."""
@@ -135,7 +232,7 @@ def align(log_probs: torch.Tensor, ids: list[int], decode: Callable[[list[int]],
         tokens.append(Span(decode([tok]), round(start, 3), round(end, 3), _unit(post)))
     words = _words(ids, tokens, decode, words_of)
     if speech is not None:
-        words = _sound_bounds(words, speech, speech_seconds)
+        words = sound_bounds(words, speech, speech_seconds)
     conf = sum(w.confidence for w in words) / len(words) if words else _unit(
         sum(t.confidence for t in tokens) / len(tokens))
     return Timed(tokens, words, _unit(conf))
@@ -176,7 +273,7 @@ def _words(ids: list[int], tokens: list[Span], decode: Callable[[list[int]], str
     return out
 
 
-def _sound_bounds(words: list[Span], speech: torch.Tensor, step: float) -> list[Span]:
+def sound_bounds(words: list[Span], speech: torch.Tensor, step: float) -> list[Span]:
     """Each word's start and end moved from its tokens' CTC frames to its sound, by the speech frames (``step``
     seconds apart) between it and its neighbours (module doc: *Word bounds*)."""
     flags = speech.tolist()
@@ -263,4 +360,5 @@ def _unit(x: float) -> float:
     return float(min(1.0, max(0.0, x)))
 
 
-__all__ = ["Span", "Timed", "align", "speech_frames", "token_frames"]
+__all__ = ["Span", "Timed", "align", "ctc_viterbi", "sound_bounds", "speech_frames", "token_frames",
+           "windowed_token_frames"]

@@ -638,7 +638,7 @@ def decode_outputs(cfg: Any) -> list[str]:
     return names
 
 
-def refuse_overwrites(cfg: Any) -> None:
+def refuse_overwrites(cfg: Any, outputs: tuple[str, ...] = DECODE_OUTPUTS, command: str = "decode") -> None:
     """Before loading anything: refuse an ``output_dir`` that is a URL, a Kaldi data dir (its ``text`` would
     become hypotheses), where an output file is one of the inputs (the list, its index, the checkpoint, or a
     Kaldi table beside the list: the data dir the list was made from), or where a file under an output's name
@@ -651,20 +651,21 @@ def refuse_overwrites(cfg: Any) -> None:
     from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output, refuse_replacing_others
 
     require(cfg, "data_list", "checkpoint", "output_dir")
-    refuse_remote_output(cfg.output_dir, "++output_dir", "decode")
+    refuse_remote_output(cfg.output_dir, "++output_dir", command)
     out = Path(cfg.output_dir)
     kaldi = [name for name in KALDI_TABLES[1:] if (out / name).is_file()]
     if kaldi and (out / "text").exists():
-        raise ConfigError(f"++output_dir={out} is a Kaldi data dir (it holds {', '.join(kaldi)}); decode would replace "
-                          f"its transcripts ({out / 'text'}) with hypotheses. Give decode its own directory, e.g. "
-                          f"++output_dir=exp/decode_test.")
+        raise ConfigError(f"++output_dir={out} is a Kaldi data dir (it holds {', '.join(kaldi)}); {command} writes "
+                          f"its outputs into ++output_dir (decode would replace its transcripts, {out / 'text'}). "
+                          f"Give {command} its own directory, e.g. ++output_dir=exp/{command}_test.")
     inputs = [*loader_inputs(cfg.data_list, cfg.dataset_conf), ("++checkpoint", cfg.checkpoint)]
     data_dir = os.path.dirname(os.path.abspath(cfg.data_list)) if "://" not in str(cfg.data_list) else ""
     if data_dir and any(os.path.isfile(os.path.join(data_dir, name)) for name in ("wav.scp", "segments", "feats.scp")):
         inputs += [(f"the Kaldi table {name} beside ++data_list", os.path.join(data_dir, name))
                    for name in KALDI_TABLES]
-    refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in DECODE_OUTPUTS], inputs)
-    refuse_replacing_others([(f"++output_dir's {name}", out / name) for name in decode_outputs(cfg)], WRITER,
-                            way_out="Give decode its own directory (e.g. ++output_dir=exp/decode_test); if the "
-                                    "file is an earlier decode's output you mean to replace (one written before "
-                                    "decode kept these records), delete it first.")
+    refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in outputs], inputs)
+    if command == "decode":
+        refuse_replacing_others([(f"++output_dir's {name}", out / name) for name in decode_outputs(cfg)], WRITER,
+                                way_out="Give decode its own directory (e.g. ++output_dir=exp/decode_test); if the "
+                                        "file is an earlier decode's output you mean to replace (one written before "
+                                        "decode kept these records), delete it first.")

@@ -2,7 +2,8 @@
 
 Nothing is downloaded. ``python -m corpus_io.tables.synth fixture DIR`` rebuilds the committed
 fixture corpus; ``python -m corpus_io.tables.synth digits DIR --num N`` makes a digits corpus
-for the demo recipe; ``python -m corpus_io.tables.synth replicate`` multiplies a corpus for benchmarks.
+for the demo recipe; ``python -m corpus_io.tables.synth replicate`` multiplies a corpus for benchmarks;
+``python -m corpus_io.tables.synth join`` joins a corpus's utterances into long recordings (``corpus-io segment``).
 Every command runs espeak-ng and sox with argument lists, never through a shell.
 """
 
@@ -283,6 +284,60 @@ def replicate(src_dir: str | os.PathLike, out_dir: str | os.PathLike, copies: in
     return out
 
 
+#: the pauses join puts between two utterances (seconds, drawn uniformly)
+JOIN_PAUSE_SECONDS = (0.3, 1.2)
+
+
+def join(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, per_recording: int = 40, seed: int = 0,
+         pause: tuple[float, float] = JOIN_PAUSE_SECONDS) -> Path:
+    """Long recordings for ``corpus-io segment``: the utterances of the Kaldi dir ``src_dir`` (sorted by key, mono
+    WAV/FLAC at one rate) joined ``per_recording`` at a time with a pause of ``pause`` seconds between two (16-bit
+    silence: triangular dither of one step), as the Kaldi dir ``out_dir`` (``wav/<rec>.wav``, ``wav.scp``, ``text``
+    with all of a recording's words on one line) plus ``joins.jsonl``, the truth: each utterance's recording, start
+    and end in it, where its speech starts and ends (samples above 1 % of its peak), and its words."""
+    import json
+
+    import numpy as np
+    import soundfile as sf
+
+    from corpus_io.tables import kaldi
+
+    src, out = Path(src_dir), Path(out_dir).resolve()
+    wavs = sorted((line.key, line.value) for line in kaldi.iter_table(src / "wav.scp"))
+    texts = {line.key: line.value for line in kaldi.iter_table(src / "text")}
+    rng = np.random.default_rng(seed)
+    (out / "wav").mkdir(parents=True, exist_ok=True)
+    scp, text, truth = [], [], []
+    for r, first in enumerate(range(0, len(wavs), per_recording)):
+        rec = f"long{r:04d}"
+        pieces, words, at, rate = [], [], 0, None
+        for k, (key, path) in enumerate(wavs[first:first + per_recording]):
+            audio, sr = sf.read(path.strip(), dtype="float32")
+            rate = rate or sr
+            if sr != rate or audio.ndim != 1:
+                raise ValueError(f"{path}: join takes mono audio at one rate ({rate} Hz)")
+            if k:
+                n = int(rng.uniform(*pause) * rate)
+                pieces.append(((rng.uniform(-1, 1, n) + rng.uniform(-1, 1, n)) / 32768).astype(np.float32))
+                at += n
+            loud = np.flatnonzero(np.abs(audio) > 0.01 * max(1e-9, float(np.abs(audio).max())))
+            on, off = (int(loud[0]), int(loud[-1]) + 1) if len(loud) else (0, len(audio))
+            truth.append({"recording": rec, "key": key, "start": at / rate, "end": (at + len(audio)) / rate,
+                          "speech_start": (at + on) / rate, "speech_end": (at + off) / rate,
+                          "words": texts[key].split()})
+            words += texts[key].split()
+            pieces.append(audio)
+            at += len(audio)
+        target = out / "wav" / f"{rec}.wav"
+        sf.write(target, np.concatenate(pieces), rate, subtype="PCM_16")
+        scp.append(f"{rec} {target}\n")
+        text.append(f"{rec} {' '.join(words)}\n")
+    (out / "wav.scp").write_text("".join(scp), encoding="utf-8")
+    (out / "text").write_text("".join(text), encoding="utf-8")
+    (out / "joins.jsonl").write_text("".join(json.dumps(t) + "\n" for t in truth), encoding="utf-8")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m corpus_io.tables.synth", description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -311,6 +366,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("src_dir")
     p.add_argument("out_dir")
     p.add_argument("--copies", type=int, default=10)
+    p = sub.add_parser("join", help="long recordings: a Kaldi dir's utterances joined with pauses (corpus-io segment)")
+    p.add_argument("src_dir")
+    p.add_argument("out_dir")
+    p.add_argument("--per-recording", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.what == "fixture":
         make_fixture(args.out_dir)
@@ -325,6 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.what == "librispeech":
         make_librispeech_lookalike(args.root, readers_per_subset=args.readers_per_subset,
                                    utts_per_chapter=args.utts_per_chapter)
+    elif args.what == "join":
+        join(args.src_dir, args.out_dir, per_recording=args.per_recording, seed=args.seed)
     else:
         replicate(args.src_dir, args.out_dir, args.copies)
 

@@ -21,6 +21,9 @@
 #   9 serve (--streaming true: stage 6 trains a streaming model, stage 7 also decodes it chunk by chunk): export
 #     for sherpa-onnx, offline and online (corpus-io export-model [++streaming=true]), and decode test_digits with
 #     sherpa-onnx itself (recipes/tools/sherpa_decode.py), words compared with stage 7's
+#  10 long form: the digits test set joined 40 a recording with 0.3-1.2 s pauses, its text one line each
+#     (python -m corpus_io.tables.synth join), cut by corpus-io segment with stage 7's model, and scored against
+#     where the joins really are (recipes/tools/score_segments.py): exp dir segment_test_digits_long/score.json
 #  11 clean (run it on its own: --stage 11 --stop_stage 11): the training set scored with the stage-6 model (stage 7's
 #     average; corpus-io score: wrong labels found by CTC loss, greedy CER/WER, rates), the flagged keys left out of
 #     a re-pack (pack-shards ++exclude_keys) into $data/train_clean/shard.list, the counts printed
@@ -29,7 +32,7 @@
 set -euo pipefail
 
 stage=0
-stop_stage=9
+stop_stage=10
 nj=2                      # processes for synthesis; jobs for scp2jsonl, compute-cmvn and packing
 cmd=local                 # local | slurm: how the --nj data jobs run (cmd.sh: sbatch options)
 nproc=2                   # training processes (torchrun --nproc_per_node)
@@ -278,6 +281,20 @@ if stage_on 9; then
       serve_with_sherpa "$real_exp" "$real_exp/model.pt.avg1" "$data/real"
     fi
   fi
+fi
+
+if stage_on 10; then
+  # Long form: the test set as long recordings with one transcript each, segmented by the stage-7 model; the
+  # figures: cuts inside an utterance's speech, the share of segments holding exactly the words spoken in them,
+  # every word placed once or listed unaligned, the share unaligned.
+  long=$data/test_digits_long
+  out=$exp/segment_test_digits_long
+  rm -rf "$long" "$out"
+  python -m corpus_io.tables.synth join "$data/test_digits" "$long" --per-recording 40
+  corpus-io segment "++input=$long" "++checkpoint=$exp/model.pt.avg$average_num" "++output_dir=$out" \
+    ++dataset_conf.num_workers=0
+  python "$repo/recipes/tools/score_segments.py" "$long" "$out" > "$out/score.json"
+  log 10 "segmented $(wc -l < "$long/wav.scp") long recordings of test_digits: $(cat "$out/score.json")"
 fi
 
 if stage_on 11; then

@@ -292,3 +292,15 @@ def test_a_waveform_batch_padded_to_a_bucket_edge_holds_exactly_its_frames_eithe
         width = pad(rows, snip_edges=snip)["wav"].shape[1]
         assert features.num_frames(width, 16000, snip_edges=snip) == 50
         assert features.num_frames(width + 1, 16000, snip_edges=snip) == 51
+
+
+def test_a_long_batch_is_framed_block_by_block_with_the_same_features(monkeypatch):
+    """A batch longer than BLOCK_VALUES framed values (a 1-hour recording: 1.5 GB of windows and spectra at once) is
+    framed and transformed in blocks of frames: the same features, frame for frame, the padding rows' too."""
+    torch.manual_seed(0)
+    wav = (torch.randn(2, 16000 * 20) * 3000).to(torch.int16)
+    lengths = torch.tensor([16000 * 20, 16000 * 13 + 123])
+    whole, frames = features.batch_fbank(wav, lengths, 16000)
+    monkeypatch.setattr(features, "BLOCK_VALUES", 1 << 18)  # 256 frames a block: 8 blocks
+    blocked, blocked_frames = features.batch_fbank(wav, lengths, 16000)
+    assert torch.equal(frames, blocked_frames) and torch.equal(whole, blocked)

@@ -269,3 +269,30 @@ def test_bpe_pieces_group_into_the_words_the_hypothesis_text_has(tmp_path):
     ends = [(k - 1) for k in marks[1:]] + [len(ids) - 1]
     assert [(w.start, w.end) for w in timed.words] == [
         (round((3 + 4 * a) * FRAME, 3), round((4 + 4 * b) * FRAME, 3)) for a, b in zip(starts, ends)]
+
+
+def test_ctc_viterbi_finds_forced_aligns_path_and_none_when_the_tokens_cannot_fit():
+    from corpus_io.decoding.align import ctc_viterbi
+
+    torch.manual_seed(0)
+    lp = torch.randn(120, 9).log_softmax(-1)
+    ids = [3, 4, 4, 5, 1, 2, 7, 7, 7, 8]  # repeats need a blank between
+    assert ctc_viterbi(lp, ids) == token_frames(lp, ids)
+    assert ctc_viterbi(lp[:4], [1, 2, 3, 4, 5]) is None  # more tokens than frames
+    assert ctc_viterbi(lp[:4], [1, 1, 1]) is None  # three equal tokens need five frames: a blank between two
+    assert ctc_viterbi(lp[:5], [1, 1, 1]) == [[0], [2], [4]]
+
+
+def test_ctc_viterbi_free_end_stops_where_the_frames_end_and_windows_align_a_long_text_like_one_trellis():
+    from corpus_io.decoding.align import ctc_viterbi, windowed_token_frames
+
+    ids = [1 + (k * 7) % 11 for k in range(600)]  # 600 tokens, one every 8 frames: 4800 frames, 3 tokens a word
+    lp = spikes(8 * len(ids), 12, {8 * k + 3: tok for k, tok in enumerate(ids)}, p=0.95)
+    head = ctc_viterbi(lp[:100], ids, free_end=True)
+    assert head is not None and len(head) == 13 and head[-1] == [99]  # the tokens spoken in these frames only
+    words = list(range(0, len(ids), 3))
+    windowed = windowed_token_frames(lp, ids, words, window=300)
+    assert windowed == token_frames(lp, ids)  # windows of 300 frames, the whole path of one 4800 x 1201 trellis
+    # text the audio does not hold: the tokens after the speech are reported (None), not squeezed into its end
+    more = windowed_token_frames(lp, ids + [5, 6, 7], words + [600], window=300)
+    assert more[:600] == windowed and more[600:] == [None, None, None]

@@ -94,7 +94,7 @@ def smoke(tmp_path_factory) -> dict:
 
 @pytest.mark.slow
 def test_make_smoke_runs_every_stage_of_the_espeak_recipe(pipeline_commands, smoke):
-    assert stage_lines(smoke["stderr"]) == set(range(10)), smoke["stderr"][-3000:]  # 9: serving, skipped
+    assert stage_lines(smoke["stderr"]) == set(range(11)), smoke["stderr"][-3000:]  # 9: serving, skipped
     data, exp = smoke["data"], smoke["exp"]
     assert len(list((data / "train" / "shards").glob("*.tar"))) >= 2
     assert (data / "train" / "shard.list").read_text().count(".tar") >= 2
@@ -120,6 +120,9 @@ def test_make_smoke_runs_every_stage_of_the_espeak_recipe(pipeline_commands, smo
     assert speakers and not speakers & trained
     held_out = {voice for voice, _ in synth.HELD_OUT_SPEAKERS}
     assert not held_out & {voice for voice, _ in synth.SPEAKERS + synth.ZH_VOICES}  # no training set uses them
+    # stage 10: the test set joined into long recordings and segmented, scored against the joins
+    score = json.loads((exp / "segment_test_digits_long" / "score.json").read_text())
+    assert score["segments"] > 0 and score["order_ok"] and score["cuts_in_speech"] == 0, score
     assert smoke["elapsed"] < 200 * load_scale(), f"make smoke took {smoke['elapsed']:.0f} s"
 
 

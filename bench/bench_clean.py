@@ -1,0 +1,114 @@
+"""Long recordings (issue 54, ``make bench BENCH=clean``): ``corpus-io segment`` throughput (audio seconds per
+second) with 1 and 2 processes, and its peak RSS on a 1-hour recording.
+
+The corpus: espeak digit strings (``synth.make_digits``) joined into one 1-hour recording, and the same utterances
+as two 30-minute recordings for the 2-process run (each process segments one, side by side: what N jobs would do;
+segment has no ``++num_jobs`` yet). The model: the default train config's ConformerCTC (``conf/train.yaml``) with
+random weights over the corpus's token list: the model's and the Viterbi windows' cost are a trained model's, the
+segments are not (the figures here are speed and memory, not quality: the tests and the espeak recipe's stage 10
+measure that). Smoke mode: 12 utterances, one recording of 6 and two of 3.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from bench.common import BIN, OUT, mb, run_measured, sized
+
+UTTERANCES = sized(1200, 12)  # 3-7 digits each, ~2.3 s with their lead, ~0.75 s pause: ~1 hour
+
+
+def corpus() -> tuple[Path, Path, Path]:
+    """(the utterances, one long recording, two recordings of half each) under OUT, made once."""
+    from corpus_io.tables import synth
+
+    base = OUT / f"clean{UTTERANCES}"
+    utts, one, two = base / "utts", base / "one", base / "two"
+    if not (two / "wav.scp").exists():
+        shutil.rmtree(base, ignore_errors=True)
+        synth.make_digits(utts, UTTERANCES, seed=21)
+        synth.join(utts, one, per_recording=UTTERANCES, seed=0)
+        synth.join(utts, two, per_recording=(UTTERANCES + 1) // 2, seed=0)
+    return utts, one, two
+
+
+def untrained_checkpoint(utts: Path) -> Path:
+    """The default ConformerCTC with random weights over the corpus's token list, as train would write it."""
+    import subprocess
+
+    import torch
+
+    from corpus_io.config import TrainConfig, compose, to_yaml
+    from corpus_io.model.checkpoint import save_checkpoint, token_list_record
+    from corpus_io.model.model import build_model, feature_dim
+    from corpus_io.tokenizer import build_tokenizer
+
+    path = utts.parent / "model.pt"
+    if path.exists():
+        return path
+    tokens = utts.parent / "tokens.txt"
+    subprocess.run([str(BIN / "corpus-io"), "make-tokenizer", f"++input={utts / 'text'}", f"++output={tokens}"],
+                   check=True, capture_output=True)
+    cfg = compose(TrainConfig, "train", [f"++tokenizer.token_list={tokens}", "++dataset_conf.data_type=raw",
+                                         "++train_data_set_list=unused", "++output_dir=unused"])
+    tokenizer = build_tokenizer(cfg.tokenizer)
+    torch.manual_seed(0)
+    model = build_model(dict(cfg.model), feature_dim(cfg.dataset_conf), tokenizer.vocab_size, None)
+    save_checkpoint(path, {"model": model.state_dict(), "config": to_yaml(cfg),
+                           "token_list": token_list_record(tokenizer)})
+    return path
+
+
+def segment_argv(recordings: Path, checkpoint: Path, out: Path) -> list[str]:
+    return [str(BIN / "corpus-io"), "segment", f"++input={recordings}", f"++checkpoint={checkpoint}",
+            f"++output_dir={out}", "++dataset_conf.num_workers=0", "++device=cpu"]
+
+
+def audio_seconds(recordings: Path) -> float:
+    import soundfile as sf
+
+    return sum(sf.info(line.split(" ", 1)[1].strip()).duration
+               for line in (recordings / "wav.scp").read_text().splitlines())
+
+
+def main() -> None:
+    import subprocess
+    import tempfile
+    import time
+
+    utts, one, two = corpus()
+    checkpoint = untrained_checkpoint(utts)
+    with tempfile.TemporaryDirectory() as tmp:
+        seconds = audio_seconds(one)
+        wall, peak, result = run_measured(segment_argv(one, checkpoint, Path(tmp) / "one"))
+        if result.returncode != 0:
+            raise SystemExit(f"segment: {result.stderr[-3000:]}")
+        print(f"segment, 1 process, one {seconds / 60:.1f}-minute recording: {seconds / wall:.1f} audio s/s "
+              f"(wall {wall:.1f} s), peak RSS {mb(peak)}")
+        halves = []
+        for i, line in enumerate((two / "wav.scp").read_text().splitlines()[:2]):
+            part = Path(tmp) / f"half{i}"
+            part.mkdir()
+            key = line.split(" ", 1)[0]
+            (part / "wav.scp").write_text(line + "\n")
+            (part / "text").write_text("".join(t + "\n" for t in (two / "text").read_text().splitlines()
+                                               if t.split(" ", 1)[0] == key))
+            halves.append(part)
+        start = time.perf_counter()
+        procs = [subprocess.Popen(segment_argv(part, checkpoint, Path(tmp) / f"out{i}"), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for i, part in enumerate(halves)]
+        for p in procs:
+            _, err = p.communicate()
+            if p.returncode != 0:
+                raise SystemExit(f"segment: {err[-3000:]}")
+        wall2 = time.perf_counter() - start
+        total = sum(audio_seconds(part) for part in halves)
+        print(f"segment, 2 processes side by side, a recording each: {total / wall2:.1f} audio s/s "
+              f"(wall {wall2:.1f} s; 1 process: {seconds / wall:.1f})")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Schemas of the long-form family: align (known transcripts force-aligned with a checkpoint) and segment (long
+recordings with one transcript each cut into utterances). See docs/LONGFORM.md."""
+
+from __future__ import annotations
+
+from corpus_io.config.checks import schema
+from corpus_io.config.dataset import DatasetConf
+from corpus_io.config.fields import opt
+from corpus_io.config.training import keep_every_utterance
+
+#: shared help of the keys both commands take
+_CHECKPOINT = ("model.pt, model.pt.ep{E} or model.pt.avg{N} of corpus-io train (a CTC checkpoint; its token list "
+               "must spell the transcripts)")
+_WINDOW = ("the CTC Viterbi alignment runs over windows of this many seconds of model output (the text a window "
+           "can hold at most), committing the words that end in its first two thirds and starting the next window "
+           "after them: memory stays bounded however long the recording (a recording shorter than this: one "
+           "trellis)")
+_MIN_WORD_SCORE = ("a word whose score (the least of its tokens' mean aligned-frame posteriors, in [0, 1]) is below "
+                   "this is not placed: it is reported as unaligned (not spoken, or not what the model hears)")
+
+
+def _dataset_conf() -> DatasetConf:
+    """One recording at a time through the model, every utterance kept (no filter)."""
+    return DatasetConf(data_type="raw", batch_size=1, filter_conf=keep_every_utterance())
+
+
+@schema
+class AlignConfig:
+    data_list: str = opt("???", "the utterances with their known transcripts: a JSONL (FunASR/WeNet), a Kaldi dir "
+                                "(wav.scp + text) or any input decode reads (dataset_conf.data_type=shard: a shard "
+                                "data.list)")
+    checkpoint: str = opt("???", _CHECKPOINT)
+    output_dir: str = opt("???", "writes ctm (Kaldi CTM of the aligned words: '<utt> 1 <start> <dur> <word> "
+                                 "<score>'), alignment.jsonl (each utterance's words with start/end seconds and "
+                                 "score; an unaligned word with start/end null and its reason) and unaligned "
+                                 "('<utt> <word position> <word> <reason>')")
+    dataset_conf: DatasetConf = opt(factory=_dataset_conf)
+    device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
+    chunk_seconds: float = opt(60.0, "a recording longer than this goes through the model in pieces of this length "
+                                     "(2 s of context each side), so a long recording runs in bounded memory; 0: "
+                                     "always whole", unit="seconds", range="[0, inf)")
+    window_seconds: float = opt(60.0, _WINDOW, unit="seconds", range="[4, 3600]")
+    min_word_score: float = opt(0.05, _MIN_WORD_SCORE, range="[0, 1]")
+
+
+@schema
+class SegmentConfig:
+    input: str = opt("???", "long recordings with one transcript each (all the recording's words on one line): a "
+                            "Kaldi dir (wav.scp + text) or a JSONL (FunASR source/target, WeNet wav/txt)")
+    checkpoint: str = opt("???", _CHECKPOINT)
+    output_dir: str = opt("???", "writes a Kaldi dir of the segments (wav.scp, segments, text, utt2spk: what "
+                                 "scp2jsonl and pack-shards take), segments.jsonl (each segment's recording, "
+                                 "start, end, text and score) and unaligned ('<recording> <word position> <word> "
+                                 "<reason>': the transcript words placed in no segment)")
+    max_segment_seconds: float = opt(20.0, "a segment is at most this long: a longer stretch of aligned words is "
+                                           "cut at its longest pause between words (never through a word)",
+                                     unit="seconds", range="[1, 3600]")
+    max_pause_seconds: float = opt(3.0, "a pause between two words longer than this always ends a segment (the "
+                                        "silence is left out)", unit="seconds", range="(0, inf)")
+    padding_seconds: float = opt(0.2, "a segment starts this long before its first word's sound and ends this long "
+                                      "after its last word's, at most half the pause to the next word",
+                                 unit="seconds", range="[0, 5]")
+    min_word_score: float = opt(0.05, _MIN_WORD_SCORE + "; a segment never holds the audio of an unaligned word",
+                                range="[0, 1]")
+    phrase_pause_seconds: float = opt(0.3, "an unaligned word takes its phrase with it: the words between the pauses "
+                                           "at least this long around it are left out too (listed in unaligned), so "
+                                           "that every cut still falls in a pause", unit="seconds",
+                                      range="(0, inf)")
+    window_seconds: float = opt(60.0, _WINDOW, unit="seconds", range="[4, 3600]")
+    chunk_seconds: float = opt(60.0, "a recording goes through the model in pieces of this length (2 s of context "
+                                     "each side): memory stays bounded for an hour-long recording", unit="seconds",
+                               range="(0, inf)")
+    dataset_conf: DatasetConf = opt(factory=_dataset_conf)
+    device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))

@@ -1,0 +1,304 @@
+"""``corpus-io segment``: long recordings with one transcript each, cut into utterances.
+
+Each recording goes through the model in ``chunk_seconds`` pieces and its whole transcript is aligned to it window by
+window (:func:`corpus_io.infer.align.place_words`: the CTC Viterbi path of its tokens, bounded memory for an hour).
+Then:
+
+* an unaligned word (its tokens outside the token list, no path, or a score below ``min_word_score``) takes its
+  whole *phrase* with it: the words between the pauses of at least ``phrase_pause_seconds`` around it are left out
+  too (reason ``in a phrase with an unaligned word``), so that segments still start and end in pauses;
+* a *run* is a stretch of consecutive aligned words; a left-out word or a pause longer than ``max_pause_seconds``
+  ends one (the segment never holds the unaligned word's audio, nor the long silence);
+* a run longer than ``max_segment_seconds`` is cut at its longest pause between two words, again and again until
+  every piece fits: cuts fall between words, in the pause where there is one;
+* a segment spans its words' sound with ``padding_seconds`` each side, at most half the pause to the neighbouring
+  word, so two segments never share audio.
+
+Every transcript word lands in exactly one segment or in ``unaligned`` (``<recording> <word position> <word>
+<reason>``); audio in no segment (silence, speech with no text) is counted as skipped in the summary.
+Outputs (``output_dir``): ``wav.scp``, ``segments``, ``text``, ``utt2spk`` (a Kaldi dir that scp2jsonl and
+pack-shards take), ``segments.jsonl`` (each segment's recording, start, end, text, score: the mean of its words',
+and its least sure word's) and ``unaligned``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from corpus_io.errors import ConfigError, DataError
+
+SEGMENT_OUTPUTS = ("wav.scp", "segments", "text", "utt2spk", "segments.jsonl", "unaligned")
+
+
+@dataclass
+class Segment:
+    recording: str
+    start: float
+    end: float
+    words: list  # [(position, Placed)]
+
+    @property
+    def key(self) -> str:
+        return f"{self.recording}-{int(round(self.start * 100)):07d}-{int(round(self.end * 100)):07d}"
+
+    @property
+    def text(self) -> str:
+        return " ".join(p.word for _, p in self.words)
+
+
+#: why a word that aligned is still left out: it is in one phrase with an unaligned word
+BESIDE = "in a phrase with an unaligned word"
+
+
+def drop_phrases(placed: list, phrase_pause: float) -> None:
+    """Mark unaligned every aligned word of a *phrase* (words between two pauses of at least ``phrase_pause``
+    seconds) that holds an unaligned word: a segment then starts and ends in pauses, never beside a word whose audio
+    is uncertain (a word with no times joins the phrase it lies in, in the text's order)."""
+    phrase: list[int] = []
+    last_end = None
+
+    def close() -> None:
+        if any(placed[i].reason for i in phrase):
+            for i in phrase:
+                if not placed[i].reason:
+                    placed[i].reason = BESIDE
+        phrase.clear()
+
+    for i, p in enumerate(placed):
+        if p.start is not None:
+            if last_end is not None and p.start - last_end >= phrase_pause:
+                close()
+            last_end = p.end
+        phrase.append(i)
+    close()
+
+
+def runs(placed: list, max_pause: float) -> list[list[int]]:
+    """The stretches of consecutive aligned words (their positions), ended by an unaligned word or a long pause."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    for i, p in enumerate(placed):
+        if p.reason:
+            if current:
+                out.append(current)
+            current = []
+            continue
+        if current and p.start - placed[current[-1]].end > max_pause:
+            out.append(current)
+            current = []
+        current.append(i)
+    if current:
+        out.append(current)
+    return out
+
+
+def split(run: list[int], placed: list, max_seconds: float) -> list[list[int]]:
+    """``run`` cut at its longest pause between words until every piece lasts at most ``max_seconds`` (a single word
+    longer than that stays whole)."""
+    pieces, todo = [], [run]
+    while todo:
+        piece = todo.pop()
+        if len(piece) == 1 or placed[piece[-1]].end - placed[piece[0]].start <= max_seconds:
+            pieces.append(piece)
+            continue
+        gaps = [(placed[piece[k + 1]].start - placed[piece[k]].end, -abs(2 * k + 2 - len(piece)), k)
+                for k in range(len(piece) - 1)]
+        _, _, k = max(gaps)
+        todo += [piece[k + 1:], piece[: k + 1]]
+    return sorted(pieces)
+
+
+def cut(recording: str, placed: list, duration: float, *, max_seconds: float, max_pause: float,
+        padding: float, phrase_pause: float) -> list[Segment]:
+    """The segments of one recording's placed words (module doc); ``placed`` gets the reasons of the words
+    :func:`drop_phrases` leaves out."""
+    drop_phrases(placed, phrase_pause)
+    timed = [i for i, p in enumerate(placed) if p.start is not None]  # low-score words keep their audio out too
+    segments = []
+    span = max(0.5 * max_seconds, max_seconds - 2 * padding)  # the words' extent, so that with padding it fits
+    for piece in (p for r in runs(placed, max_pause) for p in split(r, placed, span)):
+        first, last = placed[piece[0]], placed[piece[-1]]
+        before = [placed[i].end for i in timed if i < piece[0]]
+        after = [placed[i].start for i in timed if i > piece[-1]]
+        start = first.start - padding
+        if before:
+            start = max(start, (before[-1] + first.start) / 2, before[-1])
+        end = last.end + padding
+        if after:
+            end = min(end, (last.end + after[0]) / 2)
+        start, end = max(0.0, min(start, first.start)), min(duration, max(end, last.end))
+        segments.append(Segment(recording, round(start, 2), round(end, 2), [(i, placed[i]) for i in piece]))
+    return segments
+
+
+def read_recordings(path: str) -> dict:
+    """``{recording: record}`` of the input (a Kaldi dir or a JSONL), checked before anything runs: every
+    transcript line has audio and every recording a non-empty transcript, and no recording is a segment."""
+    from corpus_io.tables.inputs import Skip, open_input
+
+    inp = open_input(path)
+    recs: dict = {}
+    no_text: list = []
+    for rec in inp.records():
+        if isinstance(rec, Skip):
+            if rec.reason == "missing transcript":
+                no_text.append(rec.key)
+                continue
+            raise DataError(f"segment: {rec.where}: {rec.what}. Fix the line, or leave "
+                            f"the recording out of {path}; nothing was written.")
+        if rec.get("start") is not None or rec.get("end") is not None:
+            raise DataError(f"segment: {rec.get('where') or path}: '{rec['key']}' is a segment of a recording (it "
+                            f"has start/end); segment takes whole recordings with one transcript each (a Kaldi dir "
+                            f"without a segments file). Nothing was written.")
+        recs[str(rec["key"])] = rec
+    if no_text:
+        raise DataError(f"segment: {len(no_text)} recordings of {path} have no transcript line (e.g. "
+                        f"'{no_text[0]}'), so none of their words could be placed. Add a line for each to the "
+                        f"text (all the recording's words on one line), or leave them out of wav.scp; nothing was "
+                        f"written.")
+    text_file = Path(path) / "text"
+    if text_file.is_file():  # a Kaldi dir: a transcript line whose recording is not in wav.scp
+        from corpus_io.tables.kaldi import iter_table
+
+        orphans = [line.key for line in iter_table(str(text_file)) if line.key not in recs]
+        if orphans:
+            raise DataError(f"segment: {len(orphans)} transcript lines of {text_file} have no recording in "
+                            f"{Path(path) / 'wav.scp'} (e.g. '{orphans[0]}'); their words would be lost. Add the "
+                            f"recordings to wav.scp, or remove the lines; nothing was written.")
+    if not recs:
+        raise DataError(f"segment: {path} holds no recording; nothing was written.")
+    empty = [k for k, r in recs.items() if not str(r.get("target") or "").strip()]
+    if empty:
+        raise DataError(f"segment: {len(empty)} recordings of {path} have an empty transcript (e.g. '{empty[0]}'); "
+                        f"segment cuts a recording by its text. Give each its words, or leave it out; nothing was "
+                        f"written.")
+    return recs
+
+
+def check_spoken_in_time(recs: dict, tokenizer: Any, frame_seconds: float, path: str, checkpoint: str) -> dict:
+    """Each recording's :class:`~corpus_io.infer.align.Transcript`, checked before the model runs: the token list
+    spells most of it, and the audio (its header's length) has frames enough for its tokens."""
+    from corpus_io.audio.io import probe
+    from corpus_io.infer.align import transcript
+
+    out = {}
+    for key, rec in recs.items():
+        tr = transcript(str(rec["target"]), tokenizer)
+        if len(tr.outside) * 2 > len(tr.words):
+            word = tr.words[next(iter(tr.outside))]
+            raise DataError(f"segment: the token list of ++checkpoint={checkpoint} cannot spell {len(tr.outside)} of "
+                            f"the {len(tr.words)} words of recording '{key}' ({path}; e.g. '{word}': "
+                            f"{' '.join(tr.outside[next(iter(tr.outside))])} not in it). Segment with a checkpoint "
+                            f"trained on this language and script; nothing was written.")
+        try:
+            seconds = probe(str(rec["source"]), allow_pipe=True).duration
+        except (DataError, OSError, RuntimeError) as exc:
+            raise DataError(f"segment: recording '{key}' ({rec['source']}) cannot be read: {exc}. Nothing was "
+                            f"written.") from None
+        if tr.min_frames() * frame_seconds > seconds:
+            raise DataError(f"segment: recording '{key}' lasts {seconds:.2f} s but its transcript is "
+                            f"{tr.min_frames()} tokens, which need at least {tr.min_frames() * frame_seconds:.2f} s "
+                            f"(one {frame_seconds * 1000:.0f} ms model frame each): the text is longer than the "
+                            f"audio can hold (another recording's text, or a cut recording?). Fix the pair in "
+                            f"{path}; nothing was written.")
+        out[key] = tr
+    return out
+
+
+def refuse_overwrites(cfg: Any) -> None:
+    from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
+    from corpus_io.tables.inputs import resolve_input
+
+    refuse_remote_output(cfg.output_dir, "++output_dir", "segment")
+    out = Path(cfg.output_dir)
+    typed = resolve_input(cfg.input)
+    inputs = [("++checkpoint", cfg.checkpoint), ("++input", cfg.input),
+              *((f"++input's {Path(f).name}", f) for f in typed.files)]
+    if Path(cfg.input).is_dir():
+        inputs += [(f"++input's {name}", str(Path(cfg.input) / name))
+                   for name in ("wav.scp", "text", "segments", "utt2spk", "spk2utt")]
+        if out.resolve() == Path(cfg.input).resolve():
+            raise ConfigError(f"++output_dir={out} is ++input, the recordings' Kaldi dir: segment would replace its "
+                              f"wav.scp and text with the segments'. Give segment its own directory, e.g. "
+                              f"++output_dir={out.parent / (out.name + '_segmented')}.")
+    refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in SEGMENT_OUTPUTS], inputs)
+
+
+def segment(cfg: Any) -> dict:
+    """``corpus-io segment`` (module doc)."""
+    from corpus_io.config import require
+    from corpus_io.infer.align import load, passes, place_words, window_frames
+    from corpus_io.storage.files import atomic_write, ensure_dir
+
+    require(cfg, "input", "checkpoint", "output_dir")
+    refuse_overwrites(cfg)
+    recs = read_recordings(cfg.input)  # before torch is imported: a bad input costs a second
+    m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf)
+    transcripts = check_spoken_in_time(recs, m.tokenizer, m.frame_seconds, cfg.input, cfg.checkpoint)
+    window = window_frames(cfg.window_seconds, m.frame_seconds)
+    t_start = time.perf_counter()
+    segments: list[Segment] = []
+    unaligned: list[str] = []
+    reasons: Counter = Counter()
+    audio = 0.0
+    done: set = set()
+    for p in passes(m, cfg.input, chunk_seconds=cfg.chunk_seconds, desc="segment"):
+        tr = transcripts[p.key]
+        duration = p.duration if p.duration is not None else p.log_probs.shape[0] * m.frame_seconds
+        placed = place_words(p.log_probs, tr, frame_seconds=m.frame_seconds, duration=duration,
+                             blank=m.tokenizer.blank_id, speech=p.speech, speech_seconds=p.speech_seconds,
+                             window=window, min_word_score=cfg.min_word_score)
+        segments += cut(p.key, placed, duration, max_seconds=cfg.max_segment_seconds,
+                        max_pause=cfg.max_pause_seconds, padding=cfg.padding_seconds,
+                        phrase_pause=cfg.phrase_pause_seconds)
+        for i, w in enumerate(placed):
+            if w.reason:
+                unaligned.append(f"{p.key} {i} {w.word} {w.reason}\n")
+                reasons[w.reason.split(" (")[0]] += 1
+        audio += duration
+        done.add(p.key)
+    for key in sorted(set(recs) - done):  # a recording the loader could not read: every word unaligned
+        for i, word in enumerate(transcripts[key].words):
+            unaligned.append(f"{key} {i} {word} recording not read\n")
+            reasons["recording not read"] += 1
+    segments.sort(key=lambda s: s.key)
+    out = ensure_dir(cfg.output_dir, what="output_dir")
+    used = sorted({s.recording for s in segments})
+    with atomic_write(out / "wav.scp") as f:
+        f.write("".join(f"{r} {recs[r]['source']}\n" for r in used))
+    with atomic_write(out / "segments") as f:
+        f.write("".join(f"{s.key} {s.recording} {s.start:.2f} {s.end:.2f}\n" for s in segments))
+    with atomic_write(out / "text") as f:
+        f.write("".join(f"{s.key} {s.text}\n" for s in segments))
+    with atomic_write(out / "utt2spk") as f:
+        f.write("".join(f"{s.key} {recs[s.recording].get('speaker') or s.recording}\n" for s in segments))
+    with atomic_write(out / "segments.jsonl") as f:
+        for s in segments:
+            scores = [w.score for _, w in s.words]
+            f.write(json.dumps({"key": s.key, "recording": s.recording, "start": s.start, "end": s.end,
+                                "text": s.text, "words": len(s.words), "first_word": s.words[0][0],
+                                "score": round(sum(scores) / len(scores), 4), "min_word_score": round(min(scores), 4)},
+                               ensure_ascii=False) + "\n")
+    with atomic_write(out / "unaligned") as f:
+        f.write("".join(unaligned))
+    wall = time.perf_counter() - t_start
+    words = sum(len(t.words) for t in transcripts.values())
+    placed_words = sum(len(s.words) for s in segments)
+    kept = sum(s.end - s.start for s in segments)
+    by_reason = ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items())) or "none"
+    print(f"segment: {len(recs)} recordings ({audio / 3600:.3f} h) in {wall:.1f} s "
+          f"({audio / max(wall, 1e-9):.1f} audio s/s); {len(segments)} segments ({kept / 3600:.3f} h, skipped audio "
+          f"{max(0.0, audio - kept):.1f} s); {words} transcript words: {placed_words} in segments, "
+          f"{words - placed_words} unaligned ({by_reason})")
+    print(f"segment: Kaldi dir -> {out} (wav.scp, segments, text, utt2spk), scores -> {out / 'segments.jsonl'}, "
+          f"unaligned words -> {out / 'unaligned'}")
+    return {"recordings": len(recs), "segments": len(segments), "words": words, "in_segments": placed_words,
+            "unaligned": dict(reasons), "audio": audio, "kept": kept, "wall": wall}
+
+
+__all__ = ["Segment", "cut", "segment"]

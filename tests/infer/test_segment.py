@@ -1,0 +1,135 @@
+"""corpus-io segment (corpus_io/infer/segment.py): long recordings made by joining utterances with pauses of 0.3-1.2 s
+(``synth.join``), their text known only as one line each, cut by the model `make smoke` trains; scored against where
+the joins really are (recipes/tools/score_segments.py). Bad input: one paragraph, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from corpus_io.tables import synth
+from tests.conftest import REPO, run_cli
+
+_spec = importlib.util.spec_from_file_location("score_segments", REPO / "recipes" / "tools" / "score_segments.py")
+score_segments = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(score_segments)
+
+
+@pytest.fixture(scope="module")
+def joined(tmp_path_factory) -> Path:
+    """80 espeak digit strings (the smoke model's voices, texts it never heard) joined 40 a recording."""
+    root = tmp_path_factory.mktemp("joined")
+    synth.make_digits(root / "utts", 80, seed=11)
+    return synth.join(root / "utts", root / "long", per_recording=40, seed=0)
+
+
+def segment(smoke_exp: Path, input_dir: Path, out: Path, *args: str):
+    return run_cli("corpus-io", "segment", f"++input={input_dir}", f"++checkpoint={smoke_exp / 'model.pt.avg1'}",
+                   f"++output_dir={out}", "++dataset_conf.num_workers=0", *args)
+
+
+@pytest.mark.slow
+def test_segment_cuts_joined_recordings_in_their_pauses_and_places_every_word_once(smoke, joined, tmp_path):
+    """The acceptance of issue 54 on espeak speech: no cut inside an utterance's speech, >= 95 % of segments hold
+    exactly the words spoken inside them, the segments' words in order are the transcript less `unaligned` (<= 2 %),
+    segments at most 20 s; the same with 8 s Viterbi windows (a window boundary every few utterances); the Kaldi dir
+    goes into scp2jsonl and pack-shards as it is."""
+    results = {}
+    for name, args in (("whole", ()), ("windows", ("++window_seconds=8",))):
+        out = tmp_path / name
+        result = segment(smoke["exp"], joined, out, *args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "transcript words:" in result.stdout and "skipped audio" in result.stdout, result.stdout
+        figures = score_segments.score(joined, out)
+        print(f"segment ({name}): {json.dumps(figures)}")
+        assert figures["cuts_in_speech"] == 0, figures
+        assert figures["exact"] >= 0.95, figures
+        assert figures["order_ok"] and figures["unaligned"] <= 0.02, figures
+        rows = [json.loads(line) for line in (out / "segments.jsonl").read_text().splitlines()]
+        assert rows and all(0 < r["end"] - r["start"] <= 20.0 and 0 <= r["score"] <= 1 for r in rows)
+        results[name] = [(r["key"], r["text"]) for r in rows]
+    assert results["windows"] == results["whole"]
+    out = tmp_path / "whole"
+    jsonl = tmp_path / "segments.jsonl"
+    result = run_cli("corpus-io", "scp2jsonl", f"++scp_file_list=[{out}/wav.scp,{out}/text]",
+                     "++data_type_list=[source,target]", f"++segments={out}/segments", f"++jsonl_file_out={jsonl}")
+    assert result.returncode == 0, result.stderr
+    assert len(jsonl.read_text().splitlines()) == len(results["whole"])
+    result = run_cli("corpus-io", "pack-shards", f"++input={out}", f"++output_dir={tmp_path / 'shards'}",
+                     "++num_workers=1")
+    assert result.returncode == 0, result.stderr
+    assert f"{len(results['whole'])} utterances" in result.stdout + result.stderr
+
+
+def copy_dir(src: Path, dst: Path, keep: int = 1) -> Path:
+    """The first ``keep`` recordings of a joined Kaldi dir."""
+    dst.mkdir(parents=True)
+    for name in ("wav.scp", "text"):
+        lines = (src / name).read_text().splitlines()[:keep]
+        (dst / name).write_text("".join(line + "\n" for line in lines))
+    return dst
+
+
+def bad_inputs(joined: Path, root: Path) -> dict:
+    """name -> (input dir, what the message must say)."""
+    cases = {}
+    d = copy_dir(joined, root / "text_without_audio")
+    (d / "text").write_text((d / "text").read_text() + "ghost one two three\n")
+    cases["text_without_audio"] = (d, "have no recording in")
+    d = copy_dir(joined, root / "audio_without_text", keep=2)
+    (d / "text").write_text((d / "text").read_text().splitlines()[0] + "\n")
+    cases["audio_without_text"] = (d, "have no transcript line")
+    d = copy_dir(joined, root / "empty_transcript")
+    (d / "text").write_text("long0000 \n")
+    cases["empty_transcript"] = (d, "key 'long0000' has no value")  # the Kaldi table reader's own message
+    jsonl = root / "empty_target.jsonl"
+    wav = (joined / "wav.scp").read_text().split()[1]
+    jsonl.write_text(json.dumps({"key": "long0000", "source": wav, "target": " "}) + "\n")
+    cases["empty_target"] = (jsonl, "empty transcript")
+    d = copy_dir(joined, root / "too_short")
+    wav = (d / "wav.scp").read_text().split()[1]
+    short = d / "short.wav"
+    import soundfile as sf
+
+    audio, rate = sf.read(wav, frames=16000)
+    sf.write(short, audio, rate)
+    (d / "wav.scp").write_text(f"long0000 {short}\n")
+    cases["too_short"] = (d, "lasts 1.00 s but its transcript is")
+    d = copy_dir(joined, root / "unspellable")
+    (d / "text").write_text("long0000 αβγ δεζ ηθι κλμ\n")
+    cases["unspellable"] = (d, "cannot spell 4 of the 4 words")
+    return cases
+
+
+@pytest.mark.slow
+def test_segment_refuses_bad_input_in_one_paragraph_and_writes_nothing(smoke, joined, tmp_path):
+    for name, (input_dir, said) in bad_inputs(joined, tmp_path / "in").items():
+        out = tmp_path / f"out_{name}"
+        result = segment(smoke["exp"], input_dir, out)
+        assert result.returncode == 2, (name, result.stdout[-2000:], result.stderr[-2000:])
+        assert said in result.stderr and "Traceback" not in result.stderr, (name, result.stderr)
+        assert not out.exists() or not any(out.iterdir()), name
+    # the output dir is the input: refused before the model is loaded, the inputs untouched
+    d = copy_dir(joined, tmp_path / "in" / "same")
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+    result = segment(smoke["exp"], d, d)
+    assert result.returncode == 2 and "is ++input" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()} == before
+
+
+def test_an_unaligned_word_takes_its_phrase_with_it_so_that_cuts_stay_in_pauses():
+    """Three phrases parted by 0.5 s pauses; the middle one holds a word scored below min_word_score: its whole
+    phrase is left out (listed with its reason), the others are segments bounded in the pauses around them."""
+    from corpus_io.infer.align import LOW_SCORE, Placed
+    from corpus_io.infer.segment import BESIDE, cut
+
+    placed = [Placed("one", 0.5, 1.0, 0.9), Placed("two", 1.05, 2.0, 0.9),  # phrase A
+              Placed("three", 2.5, 3.0, 0.9), Placed("four", 3.05, 3.5, 0.01, LOW_SCORE),  # phrase B
+              Placed("five", 3.55, 4.0, 0.9),
+              Placed("six", 4.5, 5.0, 0.9)]  # phrase C
+    segments = cut("rec", placed, 6.0, max_seconds=20, max_pause=3, padding=0.2, phrase_pause=0.3)
+    assert [(s.text, s.start, s.end) for s in segments] == [("one two", 0.3, 2.2), ("six", 4.3, 5.2)]
+    assert [p.reason for p in placed] == ["", "", BESIDE, LOW_SCORE, BESIDE, ""]
