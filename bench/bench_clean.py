@@ -1,5 +1,6 @@
-"""Long recordings (issue 54, ``make bench BENCH=clean``): ``corpus-io segment`` throughput (audio seconds per
-second) with 1 and 2 processes, and its peak RSS on a 1-hour recording.
+"""Long recordings and wrong labels (issue 54, ``make bench BENCH=clean``): ``corpus-io segment`` throughput (audio
+seconds per second) with 1 and 2 processes, and its peak RSS on a 1-hour recording; ``corpus-io score`` throughput
+on the same utterances with 1 and 2 processes (:func:`bench.bench_score.score_throughput`).
 
 The corpus: espeak digit strings (``synth.make_digits``) joined into one 1-hour recording, and the same utterances
 as two 30-minute recordings for the 2-process run (each process segments one, side by side: what N jobs would do;
@@ -15,6 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from bench.bench_score import score_throughput
 from bench.common import BIN, OUT, mb, run_measured, sized
 
 UTTERANCES = sized(1200, 12)  # 3-7 digits each, ~2.3 s with their lead, ~0.75 s pause: ~1 hour
@@ -107,6 +109,14 @@ def main() -> None:
         total = sum(audio_seconds(part) for part in halves)
         print(f"segment, 2 processes side by side, a recording each: {total / wall2:.1f} audio s/s "
               f"(wall {wall2:.1f} s; 1 process: {seconds / wall:.1f})")
+        data_list = Path(tmp) / "utts.jsonl"
+        subprocess.run([str(BIN / "corpus-io"), "scp2jsonl",
+                        f"++scp_file_list=[{utts / 'wav.scp'},{utts / 'text'}]", "++data_type_list=[source,target]",
+                        f"++jsonl_file_out={data_list}"], check=True, capture_output=True)
+        for processes in (1, 2):
+            got = score_throughput(checkpoint, data_list, Path(tmp) / f"score{processes}", processes=processes)
+            print(f"score, {processes} process(es) ({processes - 1} loader worker), {got['utterances']} utterances: "
+                  f"{got['audio_s_per_s']:.1f} audio s/s (wall {got['wall_s']:.1f} s), peak RSS {mb(got['rss'])}")
     sys.stdout.flush()
 
 
