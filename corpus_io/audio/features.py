@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -73,9 +73,21 @@ def reflect(index: torch.Tensor, length: torch.Tensor | int) -> torch.Tensor:
 
 def edge_samples(wav: torch.Tensor, lengths: torch.Tensor, frames: int, window: int, shift: int) -> torch.Tensor:
     """``(B, (frames - 1) * shift + window)``: the samples snip_edges=false frames 0..frames-1 read, each row
-    reflected at its own length, so that snip_edges framing of them gives Kaldi's snip_edges=false frames."""
-    index = torch.arange((frames - 1) * shift + window, device=wav.device) + frame_offset(window, shift, False)
-    return wav.gather(1, reflect(index[None, :], lengths.to(wav.device)[:, None]))
+    reflected at its own length, so that snip_edges framing of them gives Kaldi's snip_edges=false frames.
+
+    One copy of the samples: only each row's two edges are gathered (the ``-offset`` samples before its start and
+    the ``window + shift`` after its end, all that its frames read there); a padded row's samples past that band
+    are left as they are, read only by frames past its count, which the features zero."""
+    width = (frames - 1) * shift + window
+    first = frame_offset(window, shift, False)  # output position p reads sample p + first (first <= 0)
+    lengths = lengths.to(wav.device)[:, None]
+    band = torch.arange(window + shift, device=wav.device)[None, :] + lengths - first  # positions past each end
+    out = wav.new_zeros(wav.shape[0], max(width, int(band.max()) + 1 if band.numel() else 0))
+    n = max(0, min(width + first, wav.shape[1]))
+    out[:, -first:-first + n] = wav[:, :n]
+    edges = torch.cat([torch.arange(-first, device=wav.device)[None, :].expand(wav.shape[0], -1), band], dim=1)
+    out.scatter_(1, edges, wav.gather(1, reflect(edges + first, lengths)))
+    return out[:, :width]
 
 
 # --------------------------------------------------------------------------- per utterance (torchaudio)
@@ -152,15 +164,10 @@ def _mel(sample_rate: int, fft_size: int, num_mel_bins: int, low_freq: float, hi
 def _frame_samples(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, frame_length: float,
                    frame_shift: float, dither: float, seeds: Sequence[int] | None,
                    snip_edges: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Windowed frames ``(B, T, fft_size)`` (int16 scale, dithered, DC removed, pre-emphasised, povey
-    window, zero padded to the FFT size) and the valid frames per row ``(B,)``. ``snip_edges=False``:
-    framed from each row's reflected samples (:func:`edge_samples`, one gather).
-
-    Kaldi's order, frame by frame: s = x - mean(x), y[j] = s[j] - 0.97 s[j - 1], y[0] = 0.03 s[0],
-    then the window; the results are written straight into the zero-padded FFT input (no
-    concatenated or padded copies). Every frame is computed from its own samples only.
-    """
-    window, shift, fft_size = window_geometry(sample_rate, frame_length, frame_shift)
+    """The samples frames are cut from, ``(B, N')`` (int16 scale, dithered; ``snip_edges=False``: each row's
+    reflected samples, :func:`edge_samples`, one gather), and the valid frames per row ``(B,)``: frame k is
+    ``[k * shift, k * shift + window)`` of them."""
+    window, shift, _ = window_geometry(sample_rate, frame_length, frame_shift)
     x = wav.float() if wav.dtype == torch.int16 else wav.float() * INT16_SCALE
     if dither and seeds is not None:
         x = x + dither * _noise(lengths, x.shape[1], seeds, x.device)
@@ -171,17 +178,51 @@ def _frame_samples(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, f
         count = (x.shape[1] + shift // 2) // shift
         if count:
             x = edge_samples(x, lengths, count, window, shift)
-    if x.shape[1] < window:  # no row has a frame
-        return x.new_zeros(x.shape[0], 0, fft_size), frames
-    raw = x.unfold(1, window, shift)  # (B, T, window): a view, every frame its own samples
+    return x, frames
+
+
+def _windowed(raw: torch.Tensor, fft_size: int) -> torch.Tensor:
+    """Windowed frames ``(B, T, fft_size)`` of raw frames ``(B, T, window)`` (DC removed, pre-emphasised, povey
+    window, zero padded to the FFT size).
+
+    Kaldi's order, frame by frame: s = x - mean(x), y[j] = s[j] - 0.97 s[j - 1], y[0] = 0.03 s[0],
+    then the window; the results are written straight into the zero-padded FFT input (no
+    concatenated or padded copies). Every frame is computed from its own samples only.
+    """
+    window = raw.shape[-1]
     centred = raw - raw.mean(dim=-1, keepdim=True)
-    out = x.new_zeros(raw.shape[0], raw.shape[1], fft_size)
+    out = raw.new_zeros(raw.shape[0], raw.shape[1], fft_size)
     framed = out[..., :window]
     # written as torchaudio rounds it (no fused multiply-add): low-energy mel bins are ill-conditioned
     framed[..., 1:] = centred[..., 1:] - PREEMPHASIS * centred[..., :-1]
     framed[..., 0] = centred[..., 0] - PREEMPHASIS * centred[..., 0]
-    framed.mul_(_povey(window, x.device))
-    return out, frames
+    framed.mul_(_povey(window, raw.device))
+    return out
+
+
+#: at most this many framed values (batch x frames x FFT size) are windowed and transformed at once: the
+#: temporaries of one block (windows, spectra, power: about 6 x 4 bytes a value, 48 MB) bound a batch's features'
+#: memory whatever its length (a 1-hour recording, or a loader worker's batch of long utterances: glibc keeps what
+#: they freed, issue 53); every frame is computed from its own samples, so the blocks joined equal the whole
+BLOCK_VALUES = 1 << 21
+
+
+def _framewise(x: torch.Tensor, frames: torch.Tensor, sample_rate: int, frame_length: float, frame_shift: float,
+               width: int, per_frame: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``per_frame(windowed frames (B, t, fft_size)) -> (B, t, width)`` over every frame of ``x`` (B, N'), block by
+    block (:data:`BLOCK_VALUES`), into ``(B, T, width)`` with the frames past each row's count zeroed."""
+    window, shift, fft_size = window_geometry(sample_rate, frame_length, frame_shift)
+    if x.shape[1] < window:  # no row has a frame
+        return x.new_zeros(x.shape[0], 0, width)
+    raw = x.unfold(1, window, shift)  # (B, T, window): a view, every frame its own samples
+    total = raw.shape[1]
+    block = max(1, BLOCK_VALUES // max(1, x.shape[0] * fft_size))
+    if total <= block:
+        return _valid(per_frame(_windowed(raw, fft_size)), frames)
+    out = x.new_empty(x.shape[0], total, width)
+    for first in range(0, total, block):
+        out[:, first:first + block] = per_frame(_windowed(raw[:, first:first + block], fft_size))
+    return _valid(out, frames)
 
 
 def _noise(lengths: torch.Tensor, width: int, seeds: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -219,39 +260,9 @@ def batch_fbank(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, n
     ``lengths`` (B,) samples. Equals :func:`fbank` of each row cut to its length (dither 0), frame
     for frame; frames past a row's count are 0. ``dither`` > 0 needs ``seeds`` (one per row).
     """
-    window, shift, fft_size = window_geometry(sample_rate, frame_length, frame_shift)
-    block = max(1, BLOCK_VALUES // max(1, wav.shape[0] * fft_size))  # frames framed and transformed at once
-    if snip_edges and not dither and wav.shape[1] >= window and (wav.shape[1] - window) // shift + 1 > block:
-        return _blocked_fbank(wav, lengths, sample_rate, block, window, shift, num_mel_bins=num_mel_bins,
-                              frame_length=frame_length, frame_shift=frame_shift, low_freq=low_freq,
-                              high_freq=high_freq)
-    strided, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds, snip_edges)
-    if strided.shape[1] == 0:  # the FFT refuses empty input
-        return strided.new_zeros(strided.shape[0], 0, num_mel_bins), frames
-    return _valid(_log_mel(strided, sample_rate, num_mel_bins, low_freq, high_freq), frames), frames
-
-
-#: at most this many framed values (batch x frames x FFT size) at once: a 1-hour recording's frames in one piece
-#: would take 0.76 GB as windows and as much again as spectra, so a long batch is framed block by block
-BLOCK_VALUES = 1 << 24
-
-
-def _blocked_fbank(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, block: int, window: int, shift: int,
-                   **options: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`batch_fbank` (snip_edges, no dither) of ``block`` frames at a time: frame k is its own samples
-    ``[k * shift, k * shift + window)`` whichever block computes it, so the blocks joined are the whole's frames."""
-    total = (wav.shape[1] - window) // shift + 1
-    frames = torch.where(lengths >= window, torch.div(lengths - window, shift, rounding_mode="floor") + 1, 0)
-    out = None
-    for first in range(0, total, block):
-        last = min(total, first + block)
-        piece = wav[:, first * shift:(last - 1) * shift + window]
-        sub = (lengths - first * shift).clamp(0, piece.shape[1])
-        feats, _ = batch_fbank(piece, sub, sample_rate, **options)
-        if out is None:
-            out = feats.new_zeros(wav.shape[0], total, feats.shape[-1])
-        out[:, first:first + feats.shape[1]] = feats
-    return _valid(out, frames), frames
+    x, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds, snip_edges)
+    return _framewise(x, frames, sample_rate, frame_length, frame_shift, num_mel_bins,
+                      lambda framed: _log_mel(framed, sample_rate, num_mel_bins, low_freq, high_freq)), frames
 
 
 def _dct(num_mel_bins: int, num_ceps: int, device: torch.device) -> torch.Tensor:
@@ -279,9 +290,8 @@ def batch_mfcc(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, nu
                seeds: Sequence[int] | None = None, high_freq: float = -200.0,
                low_freq: float = 20.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Kaldi MFCC of padded waveforms: ``(feats (B, T, num_ceps), frames (B,))`` (see :func:`batch_fbank`)."""
-    strided, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds)
-    if strided.shape[1] == 0:
-        return strided.new_zeros(strided.shape[0], 0, num_ceps), frames
-    ceps = torch.matmul(_log_mel(strided, sample_rate, num_mel_bins, low_freq, high_freq),
-                        _dct(num_mel_bins, num_ceps, strided.device)) * _lifter(num_ceps, 22.0, strided.device)
-    return _valid(ceps, frames), frames
+    x, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds)
+    dct, lifter = _dct(num_mel_bins, num_ceps, x.device), _lifter(num_ceps, 22.0, x.device)
+    return _framewise(x, frames, sample_rate, frame_length, frame_shift, num_ceps,
+                      lambda framed: torch.matmul(_log_mel(framed, sample_rate, num_mel_bins, low_freq, high_freq),
+                                                  dct) * lifter), frames

@@ -294,13 +294,35 @@ def test_a_waveform_batch_padded_to_a_bucket_edge_holds_exactly_its_frames_eithe
         assert features.num_frames(width + 1, 16000, snip_edges=snip) == 51
 
 
-def test_a_long_batch_is_framed_block_by_block_with_the_same_features(monkeypatch):
-    """A batch longer than BLOCK_VALUES framed values (a 1-hour recording: 1.5 GB of windows and spectra at once) is
-    framed and transformed in blocks of frames: the same features, frame for frame, the padding rows' too."""
+@pytest.mark.parametrize("snip_edges", [True, False])
+def test_a_long_batch_is_framed_block_by_block_with_the_same_features(monkeypatch, snip_edges):
+    """A batch longer than BLOCK_VALUES framed values (a 1-hour recording: 1.5 GB of windows and spectra at once; a
+    loader worker's batch of long utterances, whose freed temporaries glibc keeps: issue 53) is windowed and
+    transformed in blocks of frames: the same features, frame for frame, the padding rows' too, with either framing,
+    with training dither, and for MFCC."""
     torch.manual_seed(0)
     wav = (torch.randn(2, 16000 * 20) * 3000).to(torch.int16)
     lengths = torch.tensor([16000 * 20, 16000 * 13 + 123])
-    whole, frames = features.batch_fbank(wav, lengths, 16000)
+    options = {"snip_edges": snip_edges, "dither": 1.0, "seeds": [7, 8]}
+    whole, frames = features.batch_fbank(wav, lengths, 16000, **options)
+    whole_mfcc, _ = features.batch_mfcc(wav, lengths, 16000)
     monkeypatch.setattr(features, "BLOCK_VALUES", 1 << 18)  # 256 frames a block: 8 blocks
-    blocked, blocked_frames = features.batch_fbank(wav, lengths, 16000)
+    blocked, blocked_frames = features.batch_fbank(wav, lengths, 16000, **options)
     assert torch.equal(frames, blocked_frames) and torch.equal(whole, blocked)
+    assert torch.equal(whole_mfcc, features.batch_mfcc(wav, lengths, 16000)[0])
+
+
+def test_a_padded_batch_without_snip_edges_gives_each_row_its_own_reflected_frames():
+    """snip_edges=false batched: each row is reflected at its own length (one copy of the samples, only the edges
+    gathered), so every row's frames equal its own per-utterance features, a row shorter than a window included."""
+    torch.manual_seed(1)
+    lengths = [16000 * 3 + 77, 16000 + 5, 300, 16000 * 2]
+    wav = torch.zeros(len(lengths), max(lengths))
+    for i, n in enumerate(lengths):
+        wav[i, :n] = torch.randn(n) * 0.1
+    batched, frames = features.batch_fbank(wav, torch.tensor(lengths), 16000, high_freq=-400.0, snip_edges=False)
+    for i, n in enumerate(lengths):
+        own = features.fbank(wav[i:i + 1, :n], 16000, high_freq=-400.0, snip_edges=False)
+        assert int(frames[i]) == own.shape[0] == features.num_frames(n, 16000, snip_edges=False)
+        assert (batched[i, :own.shape[0]] - own).abs().max() < 1e-3, i
+        assert not batched[i, own.shape[0]:].any()
