@@ -305,10 +305,18 @@ def _real_recordings() -> list[dict]:
 @pytest.mark.parametrize("corpus, int16, kinds", [("espeak", False, ("fbank", "mfcc")), ("espeak", True, ("fbank",)),
                                                    ("real recordings", True, ("fbank",))])
 def test_fbank_and_mfcc_stages_compute_in_batches_what_per_utterance_features_give(fixture_corpus, corpus, int16,
-                                                                                   kinds):
+                                                                                   kinds, monkeypatch):
     """The loader's features come from the batched functions (a window sorted by length, batches of 16), equal to
-    torchaudio's per-utterance ones within 1e-3, in the input order, for float and int16 (16-bit PCM) waveforms."""
+    torchaudio's per-utterance ones within 1e-3, in the input order, for float and int16 (16-bit PCM) waveforms.
+    Each utterance keeps a copy of its rows (a view would keep its whole batch alive in the buffers, issue 53)."""
     from corpus_io.audio import features
+
+    calls = []
+    for name in ("batch_fbank", "batch_mfcc"):
+        def counted(wav, *args, _real=getattr(features, name), **kwargs):
+            calls.append(wav.shape[0])
+            return _real(wav, *args, **kwargs)
+        monkeypatch.setattr(features, name, counted)
 
     read = _read(fixture_corpus) if corpus == "espeak" else _real_recordings()
     decoded = list(stages.resample(stages.decode(read, int16=int16), resample_rate=16000))
@@ -317,11 +325,12 @@ def test_fbank_and_mfcc_stages_compute_in_batches_what_per_utterance_features_gi
                "mfcc": (features.mfcc, {"num_mel_bins": 40, "num_ceps": 13})}
     for name in kinds:
         per_utterance, kwargs = options[name]
+        calls.clear()
         out = list(getattr(stages, name)([dict(s) for s in decoded], **kwargs))
         assert [s["key"] for s in out] == [s["key"] for s in decoded]
         for sample, source in zip(out, decoded):
             reference = per_utterance(stages.as_float(source["wav"]), 16000, **kwargs)
             assert sample["feats"].shape == reference.shape and "wav" not in sample
             assert (sample["feats"] - reference).abs().max() < 1e-3, (name, sample["key"])
-        batches = {s["feats"].untyped_storage().data_ptr() for s in out}
-        assert len(batches) <= -(-len(out) // stages.FEATURE_BATCH)  # one tensor per batch, not per utterance
+        assert sum(calls) == len(out) and len(calls) <= -(-len(out) // stages.FEATURE_BATCH)  # batches, not one by
+        assert len({s["feats"].untyped_storage().data_ptr() for s in out}) == len(out)  # one; a copy each
