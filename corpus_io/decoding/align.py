@@ -38,7 +38,7 @@ Confidence, in [0, 1] (the aligned-frame posterior):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -211,13 +211,16 @@ def speech_frames(energy_db: torch.Tensor) -> torch.Tensor:
 
 def align(log_probs: torch.Tensor, ids: list[int], decode: Callable[[list[int]], str],
           words_of: Callable[[str], list[str]], *, frame_seconds: float, duration: float | None = None,
-          blank: int = 0, speech: torch.Tensor | None = None, speech_seconds: float = 0.01) -> Timed:
+          blank: int = 0, speech: torch.Tensor | None = None, speech_seconds: float = 0.01,
+          offset_seconds: float = 0.0) -> Timed:
     """The tokens and words of hypothesis ``ids`` with times (seconds from the utterance's start) and
     confidences. ``log_probs``: (T, V) CTC log-softmax of the utterance's valid frames; ``decode``: token ids ->
     text (the tokenizer's, so words are the hypothesis text's); ``words_of``: text -> its words (decode passes
     scoring's ``word_units``); ``frame_seconds``: seconds per output frame;
     ``duration``: the audio's seconds (times are clipped to it); ``speech``: which input frames (``speech_seconds``
-    apart, the feature frame shift) hold speech, to move word starts back to their sound (None: the CTC path's)."""
+    apart, the feature frame shift) hold speech, to move word starts back to their sound (None: the CTC path's);
+    ``offset_seconds``: where input frame 0 starts (:func:`corpus_io.infer.decode.input_frame_offset_seconds`:
+    -7.5 ms for 25/10 ms frames without snip_edges, whose frames are centred on every shift), added to every time."""
     lp = log_probs.detach().float().cpu()
     limit = duration if duration is not None else lp.shape[0] * frame_seconds
     if not ids:
@@ -233,9 +236,19 @@ def align(log_probs: torch.Tensor, ids: list[int], decode: Callable[[list[int]],
     words = _words(ids, tokens, decode, words_of)
     if speech is not None:
         words = sound_bounds(words, speech, speech_seconds)
+    if offset_seconds:
+        tokens, words = shifted(tokens, offset_seconds, limit), shifted(words, offset_seconds, limit)
     conf = sum(w.confidence for w in words) / len(words) if words else _unit(
         sum(t.confidence for t in tokens) / len(tokens))
     return Timed(tokens, words, _unit(conf))
+
+
+def shifted(spans: list[Span], seconds: float, limit: float) -> list[Span]:
+    """``spans`` moved by ``seconds`` (frame times to audio times), kept inside ``[0, limit]``."""
+    def at(x: float) -> float:
+        return round(min(max(0.0, x + seconds), limit), 3)
+
+    return [replace(s, start=at(s.start), end=at(s.end)) for s in spans]
 
 
 def _words(ids: list[int], tokens: list[Span], decode: Callable[[list[int]], str],

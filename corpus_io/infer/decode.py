@@ -136,6 +136,15 @@ def input_frame_seconds(conf: Any) -> float:
     return frame.frame_shift / 1000.0
 
 
+def input_frame_offset_seconds(conf: Any) -> float:
+    """Where input frame 0 starts, in seconds (frame k starts k frame shifts later): 0 with Kaldi's framing
+    (snip_edges), half a shift minus half a window without it (-7.5 ms for 25/10 ms: frames centred on every shift,
+    sherpa-onnx's framing, the default since issue 52)."""
+    if conf.feats_type != "fbank" or conf.fbank_conf.snip_edges:
+        return 0.0
+    return (conf.fbank_conf.frame_shift / 2 - conf.fbank_conf.frame_length / 2) / 1000.0
+
+
 def subsampling_of(model: Any) -> int:
     """Input frames per output frame: measured on the model's own length rule (``embed.output_lengths``,
     ConformerCTC's ``((T - 1) // 2 - 1) // 2``: 4), else 4."""
@@ -201,6 +210,7 @@ class Forward:
     speech: list | None = None  # per utterance, which input frames hold speech (fbank energy), for word onsets
     speech_seconds: float = 0.01  # seconds between those frames (the frame shift)
     targets: list = field(default_factory=list)  # each utterance's label as the loader tokenized it (token ids)
+    frame_offset: float = 0.0  # seconds where input frame 0 starts (input_frame_offset_seconds)
 
 
 #: an utterance longer than this (seconds) goes through the model in pieces of this length (``++chunk_seconds``): the
@@ -274,7 +284,7 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
                 frames = _speech(*energy_feats, conf)
             yield Forward(list(batch["keys"]), refs, float(batch.get("audio_seconds", 0.0)), log_probs, lengths,
                           enc, seconds, _durations(batch, conf), batch.get("segments"), frames,
-                          input_frame_seconds(conf), targets)
+                          input_frame_seconds(conf), targets, input_frame_offset_seconds(conf))
 
 
 def streaming_options(cfg: Any, model: Any) -> tuple[int, int]:
@@ -411,7 +421,7 @@ def _align_batch(run: DecodeRun, fw: Forward, nbest: list, tokenizer: Any, frame
         speech = fw.speech[i] if fw.speech is not None else None
         run.timed[key] = align(fw.log_probs[i, : int(lengths[i])], ids, tokenizer.decode, word_units,
                                frame_seconds=frame_seconds, duration=duration, blank=tokenizer.blank_id,
-                               speech=speech, speech_seconds=fw.speech_seconds)
+                               speech=speech, speech_seconds=fw.speech_seconds, offset_seconds=fw.frame_offset)
         if fw.segments is not None and fw.segments[i] is not None:
             run.segments[key] = fw.segments[i]
             if fw.segments[i][0] not in run.recordings:  # a list's field was checked when read; a file's name is not

@@ -220,7 +220,7 @@ class StreamingTranscriber:
         from corpus_io.decoding.align import align
         from corpus_io.decoding.beam import best_path_ids
         from corpus_io.decoding.scoring import word_units
-        from corpus_io.infer.decode import _speech, input_frame_seconds
+        from corpus_io.infer.decode import _speech, input_frame_offset_seconds, input_frame_seconds
 
         t0 = time.perf_counter()
         least = self.model.RIGHT_CONTEXT + 1 if hasattr(self.model, "RIGHT_CONTEXT") else 7
@@ -247,7 +247,8 @@ class StreamingTranscriber:
         speech = _speech(feats[None], torch.tensor([feats.shape[0]]), self.conf) if feats.shape[0] else None
         timed = align(log_probs, ids, self.tokenizer.decode, word_units, frame_seconds=self.frame_seconds,
                       duration=duration, blank=self.tokenizer.blank_id, speech=speech[0] if speech else None,
-                      speech_seconds=input_frame_seconds(self.conf))
+                      speech_seconds=input_frame_seconds(self.conf),
+                      offset_seconds=input_frame_offset_seconds(self.conf))
         compute = self._compute + time.perf_counter() - t0
         result = Result(text=text, words=list(timed.words), chunk_latency=list(self._latency),
                         rtf=compute / duration if duration > 0 else 0.0, audio_seconds=duration,

@@ -297,3 +297,25 @@ def test_ctc_viterbi_free_end_stops_where_the_frames_end_and_windows_align_a_lon
     # text the audio does not hold: the tokens after the speech are reported (None), not squeezed into its end
     more = windowed_token_frames(lp, ids + [5, 6, 7], words + [600], window=300)
     assert more[:600] == windowed and more[600:] == [None, None, None]
+
+
+def test_word_times_of_frames_centred_on_every_shift_start_half_a_window_earlier():
+    """Without snip_edges (sherpa-onnx's framing, the default since issue 52) input frame k starts 7.5 ms before
+    k * 10 ms: every token and word time moves by that offset, kept inside the audio; Kaldi's framing moves none."""
+    from corpus_io.config import DatasetConf
+    from corpus_io.infer.decode import input_frame_offset_seconds
+
+    conf = DatasetConf()
+    assert input_frame_offset_seconds(conf) == pytest.approx(-0.0075)
+    conf.fbank_conf.snip_edges = True
+    assert input_frame_offset_seconds(conf) == 0.0
+    at = {0: 1, 5: 2, 9: 3}
+    ids = [1, 2, 3]
+    kwargs = {"frame_seconds": 0.04, "duration": 0.4}
+    plain = align(spikes(10, 8, at), ids, lambda s: " ".join(f"w{i}" for i in s), word_units, **kwargs)
+    moved = align(spikes(10, 8, at), ids, lambda s: " ".join(f"w{i}" for i in s), word_units, offset_seconds=-0.0075,
+                  **kwargs)
+    for a, b in zip(plain.words + plain.tokens, moved.words + moved.tokens):
+        assert b.start == pytest.approx(max(0.0, a.start - 0.0075), abs=1e-3)  # times: ms
+        assert b.end == pytest.approx(a.end - 0.0075, abs=1e-3) and b.end < a.end
+    assert moved.words[0].start == 0.0 and moved.confidence == plain.confidence
