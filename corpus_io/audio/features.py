@@ -79,13 +79,15 @@ def edge_samples(wav: torch.Tensor, lengths: torch.Tensor, frames: int, window: 
     the ``window + shift`` after its end, all that its frames read there); a padded row's samples past that band
     are left as they are, read only by frames past its count, which the features zero."""
     width = (frames - 1) * shift + window
-    first = frame_offset(window, shift, False)  # output position p reads sample p + first (first <= 0)
+    first = frame_offset(window, shift, False)  # output position p reads sample p + first (> 0 for a short window)
     lengths = lengths.to(wav.device)[:, None]
-    band = torch.arange(window + shift, device=wav.device)[None, :] + lengths - first  # positions past each end
+    # positions past each row's end (a row whose end lies before position 0 has no frame: its values are unread)
+    band = torch.arange(window + shift, device=wav.device)[None, :] + (lengths - first).clamp_min(0)
     out = wav.new_zeros(wav.shape[0], max(width, int(band.max()) + 1 if band.numel() else 0))
-    n = max(0, min(width + first, wav.shape[1]))
-    out[:, -first:-first + n] = wav[:, :n]
-    edges = torch.cat([torch.arange(-first, device=wav.device)[None, :].expand(wav.shape[0], -1), band], dim=1)
+    lo = max(0, -first)  # the first position that reads a sample at or after 0
+    n = max(0, min(width - lo, wav.shape[1] - (lo + first)))
+    out[:, lo:lo + n] = wav[:, lo + first:lo + first + n]
+    edges = torch.cat([torch.arange(lo, device=wav.device)[None, :].expand(wav.shape[0], -1), band], dim=1)
     out.scatter_(1, edges, wav.gather(1, reflect(edges + first, lengths)))
     return out[:, :width]
 
