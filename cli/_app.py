@@ -103,6 +103,7 @@ def _invoker(cmd: Command) -> Callable[..., None]:
                 _target("corpus_io.jobs.executors:run_on_dask")(cmd.name, list(ctx.args), cfg)
                 return
             _target(cmd.run)(cfg)  # imported after the config is checked: a config error costs no torch import
+            _target("corpus_io.commands:leave_process_group")()
 
         run_with_errors(job)
 

@@ -110,15 +110,24 @@ SCHEMAS: dict[str, type] = {c.name: c.schema for c in COMMANDS}
 
 
 def train(cfg: config.TrainConfig) -> None:
-    """``corpus-io train``: :func:`corpus_io.train.trainer.train`, then, under torchrun, the process exits."""
+    """``corpus-io train``: :func:`corpus_io.train.trainer.train` (the process exits by :func:`leave_process_group`)."""
     from corpus_io.train.trainer import train as run
 
     run(cfg)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # The run is complete: checkpoints, logs and TensorBoard are closed and the process group is
-        # destroyed. Skip the interpreter's teardown, where the C++ threads of gloo and of the TCPStore can
-        # abort a rank ("terminate called without an active exception", exit -6; pytorch#190489, #179291)
-        # and turn a finished run into a failed one.
-        from corpus_io.train.distributed import exit_now
 
-        exit_now(0)  # multiprocessing's clean-up first: no leaked-semaphore warnings from the resource tracker
+
+def leave_process_group() -> None:
+    """After a command that ran under torchrun (``train``, ``bench-loader``): destroy the process group if it is
+    still up, then exit without the interpreter's teardown, where the C++ threads of gloo and of the TCPStore can
+    abort a rank ("terminate called without an active exception", exit -6; pytorch#190489, #179291) and turn a
+    finished run into a failed one. Without torchrun, or before torch was imported, it does nothing."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    from corpus_io.train.distributed import exit_now
+
+    exit_now(0)  # multiprocessing's clean-up first: no leaked-semaphore warnings from the resource tracker
