@@ -4,7 +4,8 @@ Each utterance goes through the model as decode runs it (:func:`corpus_io.infer.
 ``chunk_seconds`` pieces), and its *reference* tokens, not a search's hypothesis, are aligned to the CTC
 log-probabilities by the Viterbi path (:mod:`corpus_io.decoding.align`: ``torchaudio.functional.forced_align`` when
 the utterance fits one window; longer ones window by window, :func:`~corpus_io.decoding.align.windowed_token_frames`,
-in bounded memory). Word bounds move from the tokens' frames to the words' sound as decode's word times do.
+in bounded memory). Word bounds move from the tokens' frames to the words' sound, then by where input frame 0
+starts (-7.5 ms for frames centred on every shift, ``snip_edges=false``, the default), as decode's word times do.
 
 A word is *unaligned*, reported with its reason and never placed, when
 
@@ -87,10 +88,12 @@ class Placed:
 
 
 def place_words(log_probs: Any, tr: Transcript, *, frame_seconds: float, duration: float | None, blank: int,
-                speech: Any = None, speech_seconds: float = 0.01, window: int, min_word_score: float) -> list[Placed]:
+                speech: Any = None, speech_seconds: float = 0.01, window: int, min_word_score: float,
+                offset_seconds: float = 0.0) -> list[Placed]:
     """Every word of ``tr`` placed on the Viterbi path of its tokens through ``log_probs`` (T, V), or unaligned
-    with its reason (module doc)."""
-    from corpus_io.decoding.align import Span, sound_bounds, token_frames, windowed_token_frames
+    with its reason (module doc). ``offset_seconds``: where input frame 0 starts, added to every time as decode's
+    word times (:func:`corpus_io.decoding.align.shifted`; :attr:`Pass.frame_offset`, -7.5 ms without snip_edges)."""
+    from corpus_io.decoding.align import Span, shifted, sound_bounds, token_frames, windowed_token_frames
 
     lp = log_probs.detach().float().cpu()
     frames: list[list[int] | None] | None = None
@@ -120,8 +123,11 @@ def place_words(log_probs: Any, tr: Transcript, *, frame_seconds: float, duratio
         spans.append(Span(word, start, end, score))
         owners.append(w)
     if speech is not None and spans:
-        for w, span in zip(owners, sound_bounds(spans, speech, speech_seconds)):
-            placed[w].start, placed[w].end = span.start, span.end
+        spans = sound_bounds(spans, speech, speech_seconds)
+    if offset_seconds and spans:
+        spans = shifted(spans, offset_seconds, limit)
+    for w, span in zip(owners, spans):
+        placed[w].start, placed[w].end = round(span.start, 3), round(span.end, 3)
     for p in placed:
         if not p.reason and p.score < min_word_score:
             p.reason = LOW_SCORE
@@ -131,7 +137,7 @@ def place_words(log_probs: Any, tr: Transcript, *, frame_seconds: float, duratio
 @dataclass
 class Pass:
     """One utterance (or recording) through the model: its key, transcript as read, CTC log-probabilities (T, V),
-    audio seconds, speech frames, and for a raw segment ``[recording id, start]``."""
+    audio seconds, speech frames, for a raw segment ``[recording id, start]``, and where its input frame 0 starts."""
 
     key: str
     text: str
@@ -140,6 +146,7 @@ class Pass:
     speech: Any
     speech_seconds: float
     segment: Any = None
+    frame_offset: float = 0.0  # seconds where input frame 0 starts (decode.input_frame_offset_seconds)
 
 
 @dataclass
@@ -167,10 +174,10 @@ def load(checkpoint: str, device_name: str, dataset_conf: Any) -> Model:
     return Model(model, tokenizer, conf, device, output_frame_seconds(model, conf))
 
 
-def passes(m: Model, data_list: str, *, chunk_seconds: float, desc: str, loader_out: list | None = None
-           ) -> Iterator[Pass]:
-    """Every utterance of ``data_list`` through the model (with progress), one :class:`Pass` each.
-    ``loader_out``: the loader is appended to it (its counts, afterwards)."""
+def passes(m: Model, data_list: str, *, chunk_seconds: float, desc: str, loader_out: list | None = None,
+           total: int | None = None) -> Iterator[Pass]:
+    """Every utterance of ``data_list`` through the model (with progress: ``total`` batches, when known), one
+    :class:`Pass` each. ``loader_out``: the loader is appended to it (its counts, afterwards)."""
     from corpus_io.infer.decode import forward_batches
     from corpus_io.loader.dataset import build_dataloader
 
@@ -178,13 +185,13 @@ def passes(m: Model, data_list: str, *, chunk_seconds: float, desc: str, loader_
     if loader_out is not None:
         loader_out.append(loader)
     for fw in forward_batches(loader, m.model, m.tokenizer, m.conf, m.device, desc=desc, speech=True,
-                              chunk_seconds=chunk_seconds):
+                              chunk_seconds=chunk_seconds, total=total):
         lengths = fw.lengths.tolist()
         for i, key in enumerate(fw.keys):
             yield Pass(str(key), fw.refs[i], fw.log_probs[i, : int(lengths[i])],
                        fw.durations[i] if i < len(fw.durations) else None,
                        fw.speech[i] if fw.speech is not None else None, fw.speech_seconds,
-                       fw.segments[i] if fw.segments is not None else None)
+                       fw.segments[i] if fw.segments is not None else None, fw.frame_offset)
 
 
 def window_frames(window_seconds: float, frame_seconds: float) -> int:
@@ -220,7 +227,7 @@ def align(cfg: Any) -> dict:
             tr = transcript(p.text, m.tokenizer)
             placed = place_words(p.log_probs, tr, frame_seconds=m.frame_seconds, duration=p.duration,
                                  blank=m.tokenizer.blank_id, speech=p.speech, speech_seconds=p.speech_seconds,
-                                 window=window, min_word_score=cfg.min_word_score)
+                                 window=window, min_word_score=cfg.min_word_score, offset_seconds=p.frame_offset)
             name, offset = (str(p.segment[0]), float(p.segment[1])) if p.segment else (p.key, 0.0)
             rec: dict = {"key": p.key, "text": p.text}
             if p.segment:

@@ -223,13 +223,15 @@ CHUNK_CONTEXT_SECONDS = 2.0
 def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: Any, *,
                     encoder: bool = False, desc: str = "decode", speech: bool = False,
                     chunk_seconds: float = CHUNK_SECONDS, streaming: tuple[int, int] = (0, -1),
-                    source: tuple[str, str] = ("in use", "the list")) -> Iterator[Forward]:
+                    source: tuple[str, str] = ("in use", "the list"), total: int | None = None
+                    ) -> Iterator[Forward]:
     """The model over every batch of ``loader`` (with progress), timed. ``speech``: also each utterance's speech
     frames (word times move their starts back over them). A batch holding an utterance longer than
     ``chunk_seconds`` (0: none) goes through the model in pieces (:func:`chunked`). ``streaming``
     ``(decoding_chunk_size, num_decoding_left_chunks)`` with a chunk > 0: each utterance chunk by chunk with
     caches (:func:`chunk_by_chunk`). A batch whose log-probs are not finite (a diverged model) is a DataError
-    naming ``source`` (the model, the list) and the utterances, not empty hypotheses."""
+    naming ``source`` (the model, the list) and the utterances, not empty hypotheses. ``total``: the batches the
+    progress bar counts to, when the caller knows it."""
     import torch
 
     from corpus_io.model.frontend import FrontEnd, build_front_end, model_inputs, sync_device
@@ -248,7 +250,7 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
     context = int(CHUNK_CONTEXT_SECONDS / unit) // step * step
     utts = 0
     with torch.no_grad():
-        bar = progress(loader, desc=desc, unit="batch")
+        bar = progress(loader, total=total, desc=desc, unit="batch")
         for batch in bar:
             t0 = time.perf_counter()
             feats, feats_lengths = model_inputs(front_end, batch, device, train=False)

@@ -46,3 +46,64 @@ def test_align_places_every_spoken_word_in_order_and_reports_the_words_it_cannot
     placed_words = sum(w["start"] is not None for k in others for w in rows[k]["words"])
     assert placed_words >= 0.98 * sum(len(texts[k].split()) for k in others)  # the model's own test set
     assert "unaligned" in result.stdout and "no path" in result.stdout, result.stdout
+
+
+def test_placed_words_start_where_input_frame_0_starts_as_decodes_do():
+    """place_words (align's and segment's) moves every word by ``offset_seconds`` through decode's own rule
+    (decoding.align.shifted): the 7.5 ms of frames centred on every shift (snip_edges=false, the default), none with
+    Kaldi's framing; clipped at the audio's start."""
+    from corpus_io.config import DatasetConf
+    from corpus_io.infer.align import Transcript, place_words
+    from corpus_io.infer.decode import input_frame_offset_seconds
+    from tests.decoding.test_align import spikes
+
+    lp = spikes(12, 4, {0: 1, 4: 2, 9: 3})
+    tr = Transcript(["a", "b", "c"], [1, 2, 3], [[0], [1], [2]])
+    conf = DatasetConf()
+    kwargs = {"frame_seconds": 0.04, "duration": 0.48, "blank": 0, "window": 100, "min_word_score": 0.0}
+    kaldi = place_words(lp, tr, offset_seconds=input_frame_offset_seconds(DatasetConf(fbank_conf={"snip_edges": True})),
+                        **kwargs)
+    centred = place_words(lp, tr, offset_seconds=input_frame_offset_seconds(conf), **kwargs)
+    assert input_frame_offset_seconds(conf) == pytest.approx(-0.0075)
+    assert [(w.start, w.end) for w in kaldi] == [(0.0, 0.04), (0.16, 0.2), (0.36, 0.4)]
+    for a, b in zip(kaldi, centred):  # times in ms, as decode's
+        assert b.start == pytest.approx(max(0.0, a.start - 0.0075), abs=1e-3) and b.end < a.end
+        assert b.end == pytest.approx(a.end - 0.0075, abs=1e-3) and (b.start < a.start or a.start == 0.0)
+    assert [w.score for w in centred] == [w.score for w in kaldi]
+
+
+@pytest.mark.slow
+def test_align_moves_word_times_by_the_offset_of_the_checkpoints_features(smoke, tmp_path):
+    """`corpus-io align` with the smoke model (fbank without snip_edges, the default): each utterance's words are
+    placed on its log-probs and moved by input_frame_offset_seconds (-7.5 ms), as decode's are; without the offset
+    the same path gives the times 7.5 ms later."""
+    from corpus_io import config
+    from corpus_io.infer.align import load, passes, place_words, transcript, window_frames
+    from corpus_io.infer.decode import input_frame_offset_seconds
+
+    data = smoke["data"] / "test_digits"
+    out = tmp_path / "align"
+    args = [f"++data_list={data}", f"++checkpoint={smoke['exp'] / 'model.pt.avg1'}", f"++output_dir={out}",
+            "++dataset_conf.num_workers=0", "++device=cpu"]
+    result = run_cli("corpus-io", "align", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {r["key"]: r for r in map(json.loads, (out / "alignment.jsonl").read_text().splitlines())}
+    cfg = config.compose(config.AlignConfig, "align", args)
+    m = load(cfg.checkpoint, "cpu", cfg.dataset_conf)
+    assert input_frame_offset_seconds(m.conf) == pytest.approx(-0.0075)
+    checked = 0
+    for p in passes(m, str(data), chunk_seconds=cfg.chunk_seconds, desc="test"):
+        assert p.frame_offset == input_frame_offset_seconds(m.conf)
+        kwargs = {"frame_seconds": m.frame_seconds, "duration": p.duration, "blank": m.tokenizer.blank_id,
+                  "speech": p.speech, "speech_seconds": p.speech_seconds,
+                  "window": window_frames(cfg.window_seconds, m.frame_seconds), "min_word_score": cfg.min_word_score}
+        tr = transcript(p.text, m.tokenizer)
+        moved, plain = place_words(p.log_probs, tr, offset_seconds=p.frame_offset, **kwargs), \
+            place_words(p.log_probs, tr, **kwargs)
+        assert [(w["start"], w["end"]) for w in rows[p.key]["words"]] == [(w.start, w.end) for w in moved]
+        for a, b in zip(plain, moved):
+            if a.start is not None:
+                assert b.start == pytest.approx(max(0.0, a.start - 0.0075), abs=1e-3)
+                assert b.end == pytest.approx(a.end - 0.0075, abs=1e-3)
+                checked += 1
+    assert checked >= len(rows)
