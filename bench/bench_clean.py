@@ -3,11 +3,11 @@ seconds per second) with 1 and 2 processes, and its peak RSS on a 1-hour recordi
 on the same utterances with 1 and 2 processes (:func:`bench.bench_score.score_throughput`).
 
 The corpus: espeak digit strings (``synth.make_digits``) joined into one 1-hour recording, and the same utterances
-as two 30-minute recordings for the 2-process run (each process segments one, side by side: what N jobs would do;
-segment has no ``++num_jobs`` yet). The model: the default train config's ConformerCTC (``conf/train.yaml``) with
-random weights over the corpus's token list: the model's and the Viterbi windows' cost are a trained model's, the
-segments are not (the figures here are speed and memory, not quality: the tests and the espeak recipe's stage 10
-measure that). Smoke mode: 12 utterances, one recording of 6 and two of 3.
+as two 30-minute recordings for the 2-process run (``++num_jobs=2``, the two jobs side by side, then
+``merge-jobs``). The model: the default train config's ConformerCTC (``conf/train.yaml``) with random weights
+over the corpus's token list: the model's and the Viterbi windows' cost are a trained model's, the segments are not
+(the figures here are speed and memory, not quality: the tests and the espeak recipe's stage 10 measure that).
+Smoke mode: 12 utterances, one recording of 6 and two of 3.
 """
 
 from __future__ import annotations
@@ -89,26 +89,22 @@ def main() -> None:
             raise SystemExit(f"segment: {result.stderr[-3000:]}")
         print(f"segment, 1 process, one {seconds / 60:.1f}-minute recording: {seconds / wall:.1f} audio s/s "
               f"(wall {wall:.1f} s), peak RSS {mb(peak)}")
-        halves = []
-        for i, line in enumerate((two / "wav.scp").read_text().splitlines()[:2]):
-            part = Path(tmp) / f"half{i}"
-            part.mkdir()
-            key = line.split(" ", 1)[0]
-            (part / "wav.scp").write_text(line + "\n")
-            (part / "text").write_text("".join(t + "\n" for t in (two / "text").read_text().splitlines()
-                                               if t.split(" ", 1)[0] == key))
-            halves.append(part)
-        start = time.perf_counter()
-        procs = [subprocess.Popen(segment_argv(part, checkpoint, Path(tmp) / f"out{i}"), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for i, part in enumerate(halves)]
+        start = time.perf_counter()  # the two 30-minute recordings as 2 jobs side by side, then merge-jobs
+        jobs = Path(tmp) / "jobs"
+        procs = [subprocess.Popen(segment_argv(two, checkpoint, jobs) + ["++num_jobs=2", f"++job_index={j}"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for j in (1, 2)]
         for p in procs:
             _, err = p.communicate()
             if p.returncode != 0:
                 raise SystemExit(f"segment: {err[-3000:]}")
+        merged = subprocess.run([str(BIN / "corpus-io"), "merge-jobs", f"++path={jobs}"], capture_output=True,
+                                text=True)
+        if merged.returncode != 0:
+            raise SystemExit(f"merge-jobs: {merged.stderr[-3000:]}")
         wall2 = time.perf_counter() - start
-        total = sum(audio_seconds(part) for part in halves)
-        print(f"segment, 2 processes side by side, a recording each: {total / wall2:.1f} audio s/s "
-              f"(wall {wall2:.1f} s; 1 process: {seconds / wall:.1f})")
+        total = audio_seconds(two)
+        print(f"segment, ++num_jobs=2 side by side (a {total / 120:.1f}-minute recording each) + merge-jobs: "
+              f"{total / wall2:.1f} audio s/s (wall {wall2:.1f} s; 1 process: {seconds / wall:.1f})")
         data_list = Path(tmp) / "utts.jsonl"
         subprocess.run([str(BIN / "corpus-io"), "scp2jsonl",
                         f"++scp_file_list=[{utts / 'wav.scp'},{utts / 'text'}]", "++data_type_list=[source,target]",

@@ -3,9 +3,11 @@ recordings with one transcript each cut into utterances). See docs/LONGFORM.md."
 
 from __future__ import annotations
 
+from typing import Any
+
 from corpus_io.config.checks import schema
 from corpus_io.config.dataset import DatasetConf
-from corpus_io.config.fields import opt
+from corpus_io.config.fields import executor_address_opt, executor_opt, job_index_opt, num_jobs_opt, opt
 from corpus_io.config.training import keep_every_utterance
 
 #: shared help of the keys both commands take
@@ -72,3 +74,7 @@ class SegmentConfig:
                                range="(0, inf)")
     dataset_conf: DatasetConf = opt(factory=_dataset_conf)
     device: str = opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
+    executor: str = executor_opt()
+    executor_address: str = executor_address_opt()

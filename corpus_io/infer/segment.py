@@ -19,6 +19,10 @@ Every transcript word lands in exactly one segment or in ``unaligned`` (``<recor
 Outputs (``output_dir``): ``wav.scp``, ``segments``, ``text``, ``utt2spk`` (a Kaldi dir that scp2jsonl and
 pack-shards take), ``segments.jsonl`` (each segment's recording, start, end, text, score: the mean of its words',
 and its least sure word's) and ``unaligned``.
+
+``++num_jobs=N`` splits the recordings (in key order) into N contiguous shares, one a job (:mod:`corpus_io.jobs`):
+job J writes those six files into ``output_dir/segment.part-J-of-N/`` and a part record; ``merge-jobs`` merges each
+file of the parts in its one-job :data:`ORDER` into ``output_dir``, the bytes one job writes.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.storage.progress import Summary
 
 SEGMENT_OUTPUTS = ("wav.scp", "segments", "text", "utt2spk", "segments.jsonl", "unaligned")
 
@@ -230,44 +235,141 @@ def refuse_overwrites(cfg: Any) -> None:
 
 
 def segment(cfg: Any) -> dict:
-    """``corpus-io segment`` (module doc)."""
+    """``corpus-io segment`` (module doc). With ``++num_jobs=N`` (N > 1) this is job J of N
+    (:mod:`corpus_io.jobs.parts`): it segments its contiguous share of the recordings (in key order) into the six
+    files of ``output_dir/segment.part-J-of-N/`` plus a part record; ``merge-jobs ++path=<output_dir>`` joins the
+    parts into the bytes one job writes. Returns the run's figures (:func:`figures_line`)."""
     from corpus_io.config import require
-    from corpus_io.infer.align import load, passes, place_words, window_frames
-    from corpus_io.storage.files import atomic_write, ensure_dir
+    from corpus_io.jobs import parts as jobs
 
     require(cfg, "input", "checkpoint", "output_dir")
+    job = jobs.job_of(cfg)
     refuse_overwrites(cfg)
     recs = read_recordings(cfg.input)  # before torch is imported: a bad input costs a second
-    m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf)
-    transcripts = check_spoken_in_time(recs, m.tokenizer, m.frame_seconds, cfg.input, cfg.checkpoint)
-    window = window_frames(cfg.window_seconds, m.frame_seconds)
+    place = jobs.Place(str(cfg.output_dir), TAG, True)
+    fp = ""
+    if not job.single or place.records():
+        fp = fingerprint(cfg)
+        done = jobs.begin(place, job, fp)
+        if done is not None:
+            print(f"segment {job}: already complete ({done.where})", flush=True)
+            return done.data["figures"]
+    keys = sorted(recs)  # the units of the jobs: recordings in key order, job J a contiguous range
+    lo, hi = job.span(len(keys))
+    mine = {k: recs[k] for k in keys[lo:hi]}
     t_start = time.perf_counter()
+    segments, unaligned, figures = run(cfg, mine, whole=len(mine) == len(recs))
+    out = Path(cfg.output_dir) if job.single else place.data(job)
+    write_outputs(out, segments, mine, unaligned)
+    figures["wall"] = round(time.perf_counter() - t_start, 3)
+    if not job.single:
+        outputs = [jobs.output_entry(out / name, place.directory) for name in SEGMENT_OUTPUTS]
+        summary = Summary(what="segments", kept=figures["segments"], seconds=figures["kept"],
+                          skipped=Counter(figures["unaligned"]))
+        jobs.write_part(place, jobs.Part(TAG, place.tag, job.count, job.index, fp, [lo, hi], len(keys), outputs,
+                                         {"keys": list(mine), "summary": jobs.summary_data(summary),
+                                          "figures": figures}))
+    report("segment" if job.single else f"segment {job}", figures, out)
+    return figures
+
+
+#: the part records' tag (jobs.Place)
+TAG = "segment"
+
+
+def _first_field(line: str) -> str:
+    return line.split(" ", 1)[0]
+
+
+def _jsonl_key(line: str) -> str:
+    return json.loads(line)["key"]
+
+
+def _word_place(line: str) -> tuple[str, int]:
+    recording, position = line.split(" ", 2)[:2]
+    return recording, int(position)
+
+
+#: the one-job order of each output file (the sort key of a line), which merge_parts keeps: a segment's files by
+#: segment key, wav.scp by recording, unaligned by recording and word position
+ORDER = {"wav.scp": _first_field, "segments": _first_field, "text": _first_field, "utt2spk": _first_field,
+         "segments.jsonl": _jsonl_key, "unaligned": _word_place}
+
+
+def fingerprint(cfg: Any) -> str:
+    """The options' and inputs' digest that the parts of one run share: the input's tables (or JSONL), the
+    checkpoint's bytes, every key that changes what is written (not the device, nor the loader's workers)."""
+    from corpus_io.config import to_dict
+    from corpus_io.jobs import parts as jobs
+    from corpus_io.tables.inputs import resolve_input
+
+    files = list(resolve_input(cfg.input).files) or [cfg.input]
+    conf = {k: v for k, v in to_dict(cfg.dataset_conf).items() if k not in ("num_workers", "prefetch")}
+    options = [cfg.max_segment_seconds, cfg.max_pause_seconds, cfg.padding_seconds, cfg.min_word_score,
+               cfg.phrase_pause_seconds, cfg.window_seconds, cfg.chunk_seconds]
+    return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest([cfg.checkpoint]), options, conf])
+
+
+def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple[str, int, str]], dict]:
+    """The segments of ``recs`` (all the input's when ``whole``, else a job's share, read from a JSONL of them),
+    the unaligned words ``(recording, position, "<word> <reason>")`` and the figures of :func:`figures_line`."""
+    import tempfile
+
+    from corpus_io.infer.align import load, passes, place_words, window_frames
+
     segments: list[Segment] = []
-    unaligned: list[str] = []
+    unaligned: list[tuple[str, int, str]] = []
     reasons: Counter = Counter()
     audio = 0.0
-    done: set = set()
-    for p in passes(m, cfg.input, chunk_seconds=cfg.chunk_seconds, desc="segment"):
-        tr = transcripts[p.key]
-        duration = p.duration if p.duration is not None else p.log_probs.shape[0] * m.frame_seconds
-        placed = place_words(p.log_probs, tr, frame_seconds=m.frame_seconds, duration=duration,
-                             blank=m.tokenizer.blank_id, speech=p.speech, speech_seconds=p.speech_seconds,
-                             window=window, min_word_score=cfg.min_word_score)
-        segments += cut(p.key, placed, duration, max_seconds=cfg.max_segment_seconds,
-                        max_pause=cfg.max_pause_seconds, padding=cfg.padding_seconds,
-                        phrase_pause=cfg.phrase_pause_seconds)
-        for i, w in enumerate(placed):
-            if w.reason:
-                unaligned.append(f"{p.key} {i} {w.word} {w.reason}\n")
-                reasons[w.reason.split(" (")[0]] += 1
-        audio += duration
-        done.add(p.key)
-    for key in sorted(set(recs) - done):  # a recording the loader could not read: every word unaligned
-        for i, word in enumerate(transcripts[key].words):
-            unaligned.append(f"{key} {i} {word} recording not read\n")
-            reasons["recording not read"] += 1
-    segments.sort(key=lambda s: s.key)
-    out = ensure_dir(cfg.output_dir, what="output_dir")
+    words = 0
+    if recs:  # a job past the recordings loads no model
+        m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf)
+        transcripts = check_spoken_in_time(recs, m.tokenizer, m.frame_seconds, cfg.input, cfg.checkpoint)
+        window = window_frames(cfg.window_seconds, m.frame_seconds)
+        done: set = set()
+        with tempfile.TemporaryDirectory(prefix="segment-job-") as tmp:
+            data_list = cfg.input if whole else job_list(recs, Path(tmp) / "recordings.jsonl")
+            for p in passes(m, data_list, chunk_seconds=cfg.chunk_seconds, desc="segment", total=len(recs)):
+                tr = transcripts[p.key]
+                duration = p.duration if p.duration is not None else p.log_probs.shape[0] * m.frame_seconds
+                placed = place_words(p.log_probs, tr, frame_seconds=m.frame_seconds, duration=duration,
+                                     blank=m.tokenizer.blank_id, speech=p.speech, speech_seconds=p.speech_seconds,
+                                     window=window, min_word_score=cfg.min_word_score, offset_seconds=p.frame_offset)
+                segments += cut(p.key, placed, duration, max_seconds=cfg.max_segment_seconds,
+                                max_pause=cfg.max_pause_seconds, padding=cfg.padding_seconds,
+                                phrase_pause=cfg.phrase_pause_seconds)
+                for i, w in enumerate(placed):
+                    if w.reason:
+                        unaligned.append((p.key, i, f"{w.word} {w.reason}"))
+                        reasons[w.reason.split(" (")[0]] += 1
+                audio += duration
+                done.add(p.key)
+        for key in sorted(set(recs) - done):  # a recording the loader could not read: every word unaligned
+            for i, word in enumerate(transcripts[key].words):
+                unaligned.append((key, i, f"{word} recording not read"))
+                reasons["recording not read"] += 1
+        words = sum(len(t.words) for t in transcripts.values())
+    kept = round(sum(s.end - s.start for s in segments), 3)
+    return segments, unaligned, {"recordings": len(recs), "audio": round(audio, 3), "segments": len(segments),
+                                 "kept": kept, "words": words, "in_segments": sum(len(s.words) for s in segments),
+                                 "unaligned": dict(sorted(reasons.items()))}
+
+
+def job_list(recs: dict, path: Path) -> str:
+    """A JSONL of a job's recordings (the input's records as read), what its loader reads."""
+    with open(path, "w", encoding="utf-8") as f:
+        for rec in recs.values():
+            f.write(json.dumps({k: v for k, v in rec.items() if k != "where"}, ensure_ascii=False) + "\n")
+    return str(path)
+
+
+def write_outputs(out: Path, segments: list[Segment], recs: dict, unaligned: list[tuple[str, int, str]]) -> None:
+    """The files of :data:`SEGMENT_OUTPUTS` in ``out``, each to a temp name then renamed, in the :data:`ORDER`
+    that merge_parts keeps."""
+    from corpus_io.storage.files import atomic_write, ensure_dir
+
+    ensure_dir(out, what="output_dir")
+    segments = sorted(segments, key=lambda s: s.key)
     used = sorted({s.recording for s in segments})
     with atomic_write(out / "wav.scp") as f:
         f.write("".join(f"{r} {recs[r]['source']}\n" for r in used))
@@ -285,20 +387,88 @@ def segment(cfg: Any) -> dict:
                                 "score": round(sum(scores) / len(scores), 4), "min_word_score": round(min(scores), 4)},
                                ensure_ascii=False) + "\n")
     with atomic_write(out / "unaligned") as f:
-        f.write("".join(unaligned))
-    wall = time.perf_counter() - t_start
-    words = sum(len(t.words) for t in transcripts.values())
-    placed_words = sum(len(s.words) for s in segments)
-    kept = sum(s.end - s.start for s in segments)
-    by_reason = ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items())) or "none"
-    print(f"segment: {len(recs)} recordings ({audio / 3600:.3f} h) in {wall:.1f} s "
-          f"({audio / max(wall, 1e-9):.1f} audio s/s); {len(segments)} segments ({kept / 3600:.3f} h, skipped audio "
-          f"{max(0.0, audio - kept):.1f} s); {words} transcript words: {placed_words} in segments, "
-          f"{words - placed_words} unaligned ({by_reason})")
-    print(f"segment: Kaldi dir -> {out} (wav.scp, segments, text, utt2spk), scores -> {out / 'segments.jsonl'}, "
-          f"unaligned words -> {out / 'unaligned'}")
-    return {"recordings": len(recs), "segments": len(segments), "words": words, "in_segments": placed_words,
-            "unaligned": dict(reasons), "audio": audio, "kept": kept, "wall": wall}
+        f.write("".join(f"{r} {i} {rest}\n" for r, i, rest in sorted(unaligned, key=lambda u: u[:2])))
 
 
-__all__ = ["Segment", "cut", "segment"]
+def figures_line(figures: dict) -> str:
+    """The closing line's figures: recordings and hours, speed, segments, skipped audio, words placed."""
+    audio, wall, kept = figures["audio"], figures["wall"], figures["kept"]
+    unaligned = sum(figures["unaligned"].values())
+    by_reason = ", ".join(f"{r}: {n}" for r, n in sorted(figures["unaligned"].items())) or "none"
+    return (f"{figures['recordings']} recordings ({audio / 3600:.3f} h) in {wall:.1f} s "
+            f"({audio / max(wall, 1e-9):.1f} audio s/s); {figures['segments']} segments ({kept / 3600:.3f} h, "
+            f"skipped audio {max(0.0, audio - kept):.1f} s); {figures['words']} transcript words: "
+            f"{figures['in_segments']} in segments, {unaligned} unaligned ({by_reason})")
+
+
+def report(what: str, figures: dict, out: Path) -> None:
+    print(f"{what}: {figures_line(figures)}")
+    print(f"{what}: Kaldi dir -> {out} (wav.scp, segments, text, utt2spk), scores -> {out / 'segments.jsonl'}, "
+          f"unaligned words -> {out / 'unaligned'}", flush=True)
+
+
+# --------------------------------------------------------------------------- merge-jobs
+
+
+def part_keys(data: dict) -> list[str]:
+    """The recordings of a segment part (merge-jobs refuses a recording two parts hold)."""
+    return data["keys"]
+
+
+FIGURES = ("recordings", "segments", "words", "in_segments")
+
+
+def check_part(part: Any) -> None:
+    """merge-jobs: a segment record's recordings (keys, as many as its span), its figures and its six files, in
+    :data:`SEGMENT_OUTPUTS` order inside its part directory (:class:`corpus_io.jobs.parts.RecordProblem` on the first
+    field that cannot be trusted)."""
+    from corpus_io.jobs import parts as jobs
+
+    data = part.data
+    keys = jobs.of_type(data.get("keys"), "data.keys", list, "a list")
+    for i, key in enumerate(keys):
+        if not isinstance(key, str) or not key or " " in key:
+            raise jobs.bad(f"data.keys[{i}]", key, "not a recording key")
+    if len(keys) != part.span[1] - part.span[0]:
+        raise jobs.bad("data.keys", f"{len(keys)} recordings", f"but its span {part.span} holds "
+                                                               f"{part.span[1] - part.span[0]}")
+    figures = jobs.of_type(data.get("figures"), "data.figures", dict, "a JSON object")
+    for name in FIGURES:
+        jobs.whole(figures.get(name), f"data.figures.{name}")
+    for name in ("audio", "kept", "wall"):
+        jobs.seconds(figures.get(name), f"data.figures.{name}")
+    for reason, n in jobs.of_type(figures.get("unaligned"), "data.figures.unaligned", dict, "a JSON object").items():
+        jobs.whole(n, f"data.figures.unaligned[{reason!r}]")
+    folder = Path(part.where).name[: -len(".json")]  # the job's directory beside its record
+    want = [f"{folder}/{name}" for name in SEGMENT_OUTPUTS]
+    if [out.get("file") for out in part.outputs] != want:
+        raise jobs.bad("outputs", [out.get("file") for out in part.outputs], f"but a segment job writes {want}")
+
+
+def merge_parts(place: Any, parts: list) -> dict:
+    """``merge-jobs`` of segment: each of the parts' files merged in its :data:`ORDER` (every part's is in it) into
+    ``output_dir``, the bytes one job writes; the figures summed."""
+    import heapq
+    from contextlib import ExitStack
+
+    from corpus_io.storage.files import atomic_write
+
+    out = Path(place.path)
+    for k, name in enumerate(SEGMENT_OUTPUTS):
+        with ExitStack() as stack:
+            sources = [stack.enter_context(open(Path(p.where).parent / p.outputs[k]["file"], encoding="utf-8",
+                                                newline="")) for p in parts]
+            with atomic_write(out / name) as f:
+                f.writelines(heapq.merge(*sources, key=ORDER[name]))
+    figures: dict = {"unaligned": Counter()}
+    for p in parts:
+        got = p.payload()["figures"]
+        for key, value in got.items():
+            figures[key] = figures.get(key, 0) + (Counter(value) if key == "unaligned" else value)
+    figures["unaligned"] = dict(sorted(figures["unaligned"].items()))
+    figures["wall"] = max(p.payload()["figures"]["wall"] for p in parts)
+    report(f"segment (merged {len(parts)} jobs)", figures, out)
+    return figures
+
+
+__all__ = ["Segment", "cut", "merge_parts", "segment"]

@@ -2,27 +2,29 @@
 
 The interface (what an engine, recipe or executor needs):
 
-* ``++num_jobs=N ++job_index=J`` on ``pack-shards``, ``scp2jsonl``, ``compute-cmvn``, ``add-field`` and
-  ``verify-shards``; J counts from 1. ``auto`` (both keys) reads a scheduler's array variables
-  (:func:`scheduler_job`: Slurm, SGE/UGE, PBS Pro with ``num_jobs`` given, LSF); ``auto`` outside an
+* ``++num_jobs=N ++job_index=J`` on ``pack-shards``, ``scp2jsonl``, ``compute-cmvn``, ``add-field``,
+  ``verify-shards``, ``export`` and ``segment``; J counts from 1. ``auto`` (both keys) reads a scheduler's array
+  variables (:func:`scheduler_job`: Slurm, SGE/UGE, PBS Pro with ``num_jobs`` given, LSF); ``auto`` outside an
   array is a :class:`ConfigError`. ``N = 1`` (the default) is the one-job run: it writes the final
   outputs (``data.list``, the jsonl, the CMVN file, ...) itself.
 * Job J of N is a pure function of (input, options, N, J): :func:`Job.span` gives its contiguous slice
   of the command's N-independent units (pack-shards: global shard numbers; scp2jsonl: lines of the first
-  table; compute-cmvn, add-field, verify-shards: entries of the data.list). It writes only its own outputs
-  plus a **part record** (:class:`Part`, JSON, by temp + rename, written last), never the final list/file.
+  table; compute-cmvn, add-field, verify-shards: entries of the data.list; segment: recordings in key order).
+  It writes only its own outputs plus a **part record** (:class:`Part`, JSON, by temp + rename, written last),
+  never the final list/file.
 * :func:`run_job` ``(command, overrides, job_index, num_jobs)`` composes the command's config exactly as
   the CLI does and runs that one job: the function an executor (Dask, a local pool) submits; it needs
   nothing but the same filesystem.
 * ``corpus-io merge-jobs ++path=P`` (:func:`merge_jobs`), where P is what one job would have written
-  (pack-shards' ``output_dir``, scp2jsonl's ``jsonl_file_out``, compute-cmvn's ``output``, add-field's and
-  verify-shards' ``input`` list), checks the parts (:func:`load_parts`: none missing, one N, one options
+  (pack-shards' and segment's ``output_dir``, scp2jsonl's ``jsonl_file_out``, compute-cmvn's ``output``,
+  add-field's and verify-shards' ``input`` list), checks the parts (:func:`load_parts`: none missing, one N, one options
   fingerprint, outputs present and unchanged, no key in two parts) and only then writes exactly the bytes
   ``++num_jobs=1`` writes. It changes nothing when it refuses, and a second merge rewrites the same bytes.
 
 Part records live beside P: ``P/<tag>.part-JJJJJJ-of-NNNNNN.json`` when P is a directory (pack-shards),
 else ``P.<tag>.part-JJJJJJ-of-NNNNNN.json`` (``<tag>`` is the command, add-field's is ``add-field-<field>``).
-A job's per-job data file, where it has one (scp2jsonl), is the record's name without ``.json``.
+A job's per-job data file, where it has one (scp2jsonl; segment's is a directory of its six files), is the
+record's name without ``.json``.
 A rerun of a job whose record proves its outputs complete (size and sha256) does nothing; any other rerun
 redoes what is missing (pack-shards and add-field also keep each complete shard). A job that finds a record
 of other options or of another N in its place stops before writing anything.
@@ -67,6 +69,8 @@ JOB_COMMANDS: dict[str, tuple[str, str, str, str, str]] = {  # command -> (schem
                "corpus_io.shards.export:part_keys", "corpus_io.shards.export:check_part"),
     "verify-shards": ("VerifyShardsConfig", "corpus_io.shards.verify:verify_shards",
                       "corpus_io.shards.verify:merge_parts", "", "corpus_io.shards.verify:check_part"),
+    "segment": ("SegmentConfig", "corpus_io.infer.segment:segment", "corpus_io.infer.segment:merge_parts",
+                "corpus_io.infer.segment:part_keys", "corpus_io.infer.segment:check_part"),
 }
 
 # merge-jobs' ++check levels, each doing what the one before does and more: ``stat`` (the default; ``size`` is its

@@ -133,3 +133,47 @@ def test_an_unaligned_word_takes_its_phrase_with_it_so_that_cuts_stay_in_pauses(
     segments = cut("rec", placed, 6.0, max_seconds=20, max_pause=3, padding=0.2, phrase_pause=0.3)
     assert [(s.text, s.start, s.end) for s in segments] == [("one two", 0.3, 2.2), ("six", 4.3, 5.2)]
     assert [p.reason for p in placed] == ["", "", BESIDE, LOW_SCORE, BESIDE, ""]
+
+
+@pytest.mark.slow
+def test_segment_as_two_jobs_merges_to_the_bytes_of_one_job(smoke, joined, tmp_path):
+    """``++num_jobs=2``: each job segments its recording into its part directory and writes no final file;
+    merge-jobs refuses while a part is missing or a part's file changed (changing nothing), a job of other options
+    beside the parts is refused before it writes, a rerun of a done job does nothing, and the merge writes the files
+    one job writes, byte for byte."""
+    from corpus_io.infer.segment import SEGMENT_OUTPUTS
+
+    one = tmp_path / "one"
+    result = segment(smoke["exp"], joined, one)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "jobs"
+    result = segment(smoke["exp"], joined, out, "++num_jobs=2", "++job_index=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "segment job 1 of 2: 1 recordings" in result.stdout, result.stdout
+    assert not any((out / name).exists() for name in SEGMENT_OUTPUTS)
+    assert (out / "segment.part-000001-of-000002.json").is_file()
+    merge = run_cli("corpus-io", "merge-jobs", f"++path={out}")
+    assert merge.returncode == 2 and "part 2 of 2 is missing" in merge.stderr, merge.stderr
+    assert "Traceback" not in merge.stderr and not any((out / name).exists() for name in SEGMENT_OUTPUTS)
+    stale = segment(smoke["exp"], joined, out, "++num_jobs=2", "++job_index=2", "++padding_seconds=0.1")
+    assert stale.returncode == 2 and "other options" in stale.stderr and "Traceback" not in stale.stderr, stale.stderr
+    assert not (out / "segment.part-000002-of-000002").exists()
+    result = segment(smoke["exp"], joined, out, "++num_jobs=2", "++job_index=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    again = segment(smoke["exp"], joined, out, "++num_jobs=2", "++job_index=2")
+    assert again.returncode == 0 and "already complete" in again.stdout, again.stdout + again.stderr[-2000:]
+    part_text = out / "segment.part-000001-of-000002" / "text"  # a part's file changed since its job wrote it
+    kept = part_text.read_bytes()
+    part_text.write_bytes(kept + b"long0000-9999998-9999999 one\n")
+    merge = run_cli("corpus-io", "merge-jobs", f"++path={out}")
+    assert merge.returncode == 2 and "Rerun job 1" in merge.stderr and "Traceback" not in merge.stderr, merge.stderr
+    assert not any((out / name).exists() for name in SEGMENT_OUTPUTS)
+    part_text.write_bytes(kept)
+    merge = run_cli("corpus-io", "merge-jobs", f"++path={out}")
+    assert merge.returncode == 0, merge.stderr[-3000:]
+    assert "[merge-jobs] 2 parts of segment" in merge.stdout + merge.stderr
+    assert "transcript words:" in merge.stdout, merge.stdout
+    for name in SEGMENT_OUTPUTS:
+        assert (out / name).read_bytes() == (one / name).read_bytes(), name
+    assert len((one / "segments").read_text().splitlines()) >= 10
+    assert {line.split()[1] for line in (one / "segments").read_text().splitlines()} == {"long0000", "long0001"}

@@ -5,7 +5,8 @@ scheduler for the module:
   may not start the commands' worker processes) with the commands' default num_workers: pack-shards and compute-cmvn
   give one local job's bytes;
 * pack-shards' jobs on two `--no-nanny` workers, one killed mid-run: the merged result equals one job's bytes; then
-  compute-cmvn's jobs on the worker left."""
+  compute-cmvn's jobs on the worker left;
+* segment's jobs (the model `make smoke` trains, two joined espeak recordings) on a default worker: one job's bytes."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 
 from corpus_io import api
 from tests.conftest import BIN, doc_search, free_port, hang_limit, run_cli, wait_for_port
+from tests.recipes.test_smoke import smoke  # noqa: F401  (`make smoke`, built once a session: segment's model)
 from tests.shards.conftest import fixture_records, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -183,3 +185,24 @@ def test_dask_executor_survives_a_killed_worker_and_merges_to_one_jobs_bytes(clu
     assert jobs.returncode == 0, jobs.stderr
     assert "[merge-jobs] 3 parts of compute-cmvn" in jobs.stdout + jobs.stderr
     assert (tmp_path / "jobs.cmvn.json").read_bytes() == (tmp_path / "one.cmvn.json").read_bytes()
+
+
+def test_segment_jobs_on_dask_give_one_local_jobs_bytes(cluster, smoke, tmp_path):  # noqa: F811
+    """``corpus-io segment ++num_jobs=2 ++executor=dask``: a recording a job, on a default `dask worker` (nanny on,
+    the loader inline), merged here into the files one local job writes, byte for byte."""
+    from corpus_io.infer.segment import SEGMENT_OUTPUTS
+    from corpus_io.tables import synth
+
+    _, log = cluster.start_worker("--nthreads", "1")
+    synth.make_digits(tmp_path / "utts", 40, seed=11)
+    joined = synth.join(tmp_path / "utts", tmp_path / "long", per_recording=20, seed=0)
+    args = [f"++input={joined}", f"++checkpoint={smoke['exp'] / 'model.pt.avg1'}", "++dataset_conf.num_workers=0"]
+    one = run_cli("corpus-io", "segment", *args, f"++output_dir={tmp_path / 'one'}", timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    result = run_cli("corpus-io", "segment", *args, f"++output_dir={tmp_path / 'dask'}", "++num_jobs=2",
+                     "++executor=dask", f"++executor_address={cluster.address}", timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:] + log.read_text(errors="replace")[-5000:]
+    assert "[merge-jobs] 2 parts of segment" in result.stdout + result.stderr
+    for name in SEGMENT_OUTPUTS:
+        assert (tmp_path / "dask" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+    assert len((tmp_path / "one" / "wav.scp").read_text().splitlines()) == 2
