@@ -448,18 +448,14 @@ def check_part(part: Any) -> None:
 def merge_parts(place: Any, parts: list) -> dict:
     """``merge-jobs`` of segment: each of the parts' files merged in its :data:`ORDER` (every part's is in it) into
     ``output_dir``, the bytes one job writes; the figures summed."""
-    import heapq
-    from contextlib import ExitStack
+    import tempfile
 
     from corpus_io.storage.files import atomic_write
 
     out = Path(place.path)
     for k, name in enumerate(SEGMENT_OUTPUTS):
-        with ExitStack() as stack:
-            sources = [stack.enter_context(open(Path(p.where).parent / p.outputs[k]["file"], encoding="utf-8",
-                                                newline="")) for p in parts]
-            with atomic_write(out / name) as f:
-                f.writelines(heapq.merge(*sources, key=ORDER[name]))
+        with atomic_write(out / name) as f, tempfile.TemporaryDirectory(prefix=".segment-merge-", dir=out) as tmp:
+            merge_sorted([Path(p.where).parent / p.outputs[k]["file"] for p in parts], ORDER[name], f, Path(tmp))
     figures: dict = {"unaligned": Counter()}
     for p in parts:
         got = p.payload()["figures"]
@@ -469,6 +465,33 @@ def merge_parts(place: Any, parts: list) -> dict:
     figures["wall"] = max(p.payload()["figures"]["wall"] for p in parts)
     report(f"segment (merged {len(parts)} jobs)", figures, out)
     return figures
+
+
+#: the most files merge_sorted holds open at once
+FAN_IN = 256
+
+
+def merge_sorted(paths: list[Path], key: Any, out: Any, tmp: Path, fan_in: int = FAN_IN) -> None:
+    """The lines of the files ``paths`` (each in ``key`` order) written to ``out`` in ``key`` order, lines of equal
+    keys in the files' order; at most ``fan_in`` files open at once (more are merged in groups into files in
+    ``tmp`` first, as an external sort's passes)."""
+    import heapq
+    from contextlib import ExitStack
+
+    def merge(group: list[Path], into: Any) -> None:
+        with ExitStack() as stack:
+            into.writelines(heapq.merge(*(stack.enter_context(open(p, encoding="utf-8", newline=""))
+                                          for p in group), key=key))
+
+    passes = 0
+    while len(paths) > fan_in:
+        merged = []
+        for g in range(0, len(paths), fan_in):
+            merged.append(tmp / f"pass{passes}-{g // fan_in}")
+            with open(merged[-1], "w", encoding="utf-8", newline="") as f:
+                merge(paths[g: g + fan_in], f)
+        paths, passes = merged, passes + 1
+    merge(paths, out)
 
 
 __all__ = ["Segment", "cut", "merge_parts", "segment"]

@@ -177,3 +177,26 @@ def test_segment_as_two_jobs_merges_to_the_bytes_of_one_job(smoke, joined, tmp_p
         assert (out / name).read_bytes() == (one / name).read_bytes(), name
     assert len((one / "segments").read_text().splitlines()) >= 10
     assert {line.split()[1] for line in (one / "segments").read_text().splitlines()} == {"long0000", "long0001"}
+
+
+def test_merge_sorted_keeps_the_one_job_order_with_few_files_open(tmp_path):
+    """merge-jobs' merge of segment's part files: the lines of 5 sorted files in one sorted order whether all are
+    open at once or 2 at a time (3 passes), ties in the files' order; recordings 'a' and 'a+b' interleave by segment
+    key ('a+b-...' < 'a-...'), so the parts' files are merged, not concatenated."""
+    import io
+
+    from corpus_io.infer.segment import ORDER, merge_sorted
+
+    parts = [["a+b-0000000-0000100 x\n", "a-0000000-0000200 y\n"], ["a+b-0000300-0000400 z\n", "a-0000100-0000300 w\n"],
+             [], ["b-0000000-0000100 v\n"], ["a-0000100-0000300 tie\n", "c-0000000-0000001 u\n"]]
+    paths = []
+    for i, lines in enumerate(parts):
+        paths.append(tmp_path / f"part{i}")
+        paths[-1].write_text("".join(lines))
+    want = sorted((line for lines in parts for line in lines), key=ORDER["segments"])  # a stable sort
+    for fan_in in (256, 2):
+        out = io.StringIO()
+        (tmp_path / f"tmp{fan_in}").mkdir()
+        merge_sorted(paths, ORDER["segments"], out, tmp_path / f"tmp{fan_in}", fan_in=fan_in)
+        assert out.getvalue() == "".join(want), fan_in
+    assert want.index("a-0000100-0000300 w\n") < want.index("a-0000100-0000300 tie\n")
