@@ -57,9 +57,11 @@ N_MIXED = sized(int(os.environ.get("BENCH_LOADER_N_MIXED", 4000)), 32)  # uttera
 # smoke mode runs each loader once (each variant is a process that imports torch): the code paths, not the grid
 CACHES = sized(("cold", "warm"), ("cold",))
 WORKERS = sized((1, 2), (2,))  # DataLoader workers of the IO-only and end-to-end runs
+# the profiled chains (smoke: end to end only, which profiles every step IO-only does and the features too)
+PROFILE_CHAINS = sized((("IO only", False), ("end to end", True)), (("end to end", True),))
 E2E_MODES = sized(("corpus-io", "webdataset", "raw"), ("corpus-io",))  # the baselines' chains: IO-only's + fbank
 RAW_LINES = sized((10_000, 10_000_000), (2000,))  # raw lists whose memory per worker is compared
-RAW_WORKERS = sized((1, 4), (1, 2))
+RAW_WORKERS = sized((1, 4), (2,))  # smoke: one run (the per-worker growth is a full run's figure)
 RAW_BATCHES = sized(60, 4)
 RAW_BUFFERS = sized((200, 50), (16, 8))  # shuffle and sort sizes of the raw-list loader runs
 # batches prefetched per DataLoader worker, the same for every loader: DataLoader hands batches over in
@@ -419,7 +421,7 @@ def main() -> None:
     if "profile" in ONLY:
         print(f"Profile (CORPUS_IO_LOADER_PROFILE=1; warm, {N_E2E} utterances per run): shares of wall time per "
               f"worker (summed over workers) and in the main process", flush=True)
-    for chain, feats in (("IO only", False), ("end to end", True)) if "profile" in ONLY else ():
+    for chain, feats in PROFILE_CHAINS if "profile" in ONLY else ():
         for mode in ("corpus-io", "raw"):
             for nw in WORKERS:
                 key = ("profile", chain, mode, nw)
