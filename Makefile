@@ -3,10 +3,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Serial by default: on 2 cores the suite is CPU-bound (~48 CPU-minutes), so 3 pytest-xdist workers gained ~15% in
-# one run; with more cores, PYTEST_ARGS="-n 4" (tests/conftest.py one_at_a_time keeps what is one per machine, Slurm
-# and the in-tree build, to one worker at a time). PYTEST_ARGS="tests/x.py" runs one file.
-PYTEST_ARGS ?=
+# Three pytest-xdist workers by default: the suite is CPU-bound (~48 CPU-minutes), yet its tests also wait on
+# servers and child processes, so on 2 cores 3 workers take ~15% off a serial run (tests/conftest.py one_at_a_time
+# keeps what is one per machine, Slurm and the in-tree build, to one worker at a time; slow tests go first).
+# PYTEST_ARGS="-n 0" runs serially; PYTEST_ARGS="tests/x.py" runs one file, serially.
+PYTEST_ARGS ?= -n 3
 
 .PHONY: install system-packages real-recordings test demo smoke lint bench bench-smoke fixture clean
 
