@@ -63,7 +63,9 @@ E2E_MODES = sized(("corpus-io", "webdataset", "raw"), ("corpus-io",))  # the bas
 RAW_LINES = sized((10_000, 10_000_000), (2000,))  # raw lists whose memory per worker is compared
 RAW_WORKERS = sized((1, 4), (2,))  # smoke: one run (the per-worker growth is a full run's figure)
 RAW_BATCHES = sized(60, 4)
-RAW_BUFFERS = sized((200, 50), (16, 8))  # shuffle and sort sizes of the raw-list loader runs
+# shuffle and sort sizes of the raw-list loader runs; with bucketing (the default) the sort size is unused and a
+# worker's buckets hold up to 2 x 30 x 16 = 960 utterances (docs/BENCHMARKS.md, issue 53)
+RAW_BUFFERS = sized((200, 50), (16, 8))
 # batches prefetched per DataLoader worker, the same for every loader: DataLoader hands batches over in
 # worker order, and block buffers (sort 500: 31 batches at once) and buckets (7 at once) emit in bursts; with
 # a prefetch below the burst the other worker idles (bucketing, 2 workers: 0.50 of the limit at 4, 0.61-0.65 at 16)

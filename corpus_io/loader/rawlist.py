@@ -5,7 +5,8 @@ A line is WeNet's ``{"key", "wav", "txt"[, "start", "end"]}``, FunASR's ``{"key"
 :class:`RawList` keeps one int64 byte offset per non-blank line in a numpy array,
 cached next to the list as ``<list>.idx`` (a ``.npy`` file, memory-mapped; rebuilt when the list's
 size or mtime changes, or kept in memory when the directory is read-only). A 10M-line list costs
-80 MB of offsets; a line is parsed only when its utterance is read.
+80 MB of offsets on disk; reading an entry reads its 8 bytes (``pread``), so a worker's random reads keep no pages
+of the ``.idx``; a line is parsed only when its utterance is read.
 
 FunASR's multi-file list (one JSONL path per line, e.g. from ``data_split_num``) is read as the
 concatenation of those files, in order: each file keeps its own ``.idx``. A relative path is taken
@@ -163,10 +164,17 @@ class RawList:
             lines = _as_jsonl(typed, self) if _needs_conversion(typed) else self.path
         self.lines = lines
         self.files = jsonl_paths_of(self.lines) or [self.lines]
-        self._offsets = [self._load_or_build(f, cache) for f in self.files]
+        loaded = [self._load_or_build(f, cache) for f in self.files]
+        self._offsets = [offsets for offsets, _ in loaded]
+        # where entry 0 of each file's offsets lies in its .idx, and which file that is (None: in memory): record()
+        # reads the one offset it needs with pread, never through the mmap, whose page faults map 64 KB of the .idx
+        # around each entry read (the kernel's fault-around): random reads of a 10M-line list's 80 MB .idx left
+        # ~55 MB of it in every worker (issue 53)
+        self._idx_at = [at for _, at in loaded]
         # entry i lives in file k where starts[k] <= i < starts[k + 1]
         self._starts = np.cumsum([0] + [len(o) for o in self._offsets], dtype=np.int64)
         self._handles: dict[int, object] = {}
+        self._idx_fds: dict[int, int] = {}
 
     @property
     def offsets(self) -> np.ndarray:
@@ -174,14 +182,22 @@ class RawList:
         return self._offsets[0] if len(self._offsets) == 1 else np.concatenate(self._offsets)
 
     @staticmethod
-    def _load_or_build(path: str, cache: bool) -> np.ndarray:
+    def _load_or_build(path: str, cache: bool) -> tuple[np.ndarray, tuple | None]:
+        """The offsets of ``path`` (memory-mapped from its ``.idx``, built and cached when stale) and where entry 0
+        lies in the ``.idx``: ``(byte position, (st_dev, st_ino))``, None when they are kept in memory."""
         idx = path + ".idx"
         sig = _signature(path)
+
+        def mapped() -> tuple[np.ndarray, tuple]:
+            arr = np.load(idx, mmap_mode="r")
+            st = os.stat(idx)
+            return arr, (arr.offset + 3 * arr.itemsize, (st.st_dev, st.st_ino))
+
         if cache and os.path.isfile(idx):
             try:
-                arr = np.load(idx, mmap_mode="r")
+                arr, at = mapped()
                 if len(arr) >= 3 and np.array_equal(np.asarray(arr[:3]), sig):
-                    return arr[3:]
+                    return arr[3:], at
             except (OSError, ValueError):
                 pass
         offsets = build_offsets(path)
@@ -191,13 +207,34 @@ class RawList:
                 with open(tmp, "wb") as f:
                     np.save(f, np.concatenate([sig, offsets]))
                 os.replace(tmp, idx)
-                return np.load(idx, mmap_mode="r")[3:]
+                arr, at = mapped()
+                return arr[3:], at
             except OSError:
                 try:
                     os.unlink(tmp)
                 except OSError:
                     pass
-        return offsets
+        return offsets, None
+
+    def _offset(self, k: int, j: int) -> int:
+        """Byte offset of line ``j`` of file ``k``: one 8-byte pread of its ``.idx`` (see ``_idx_at``)."""
+        at = self._idx_at[k]
+        if at is None:
+            return int(self._offsets[k][j])
+        fd = self._idx_fds.get(k)
+        if fd is None:
+            fd = os.open(self.files[k] + ".idx", os.O_RDONLY)
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != at[1]:  # replaced since it was mapped (the list changed): the mapped one
+                os.close(fd)
+                self._idx_at[k] = None
+                return int(self._offsets[k][j])
+            self._idx_fds[k] = fd
+        dtype = self._offsets[k].dtype
+        raw = os.pread(fd, dtype.itemsize, at[0] + dtype.itemsize * j)
+        if len(raw) != dtype.itemsize:  # the .idx was cut since it was opened: the mapped array says what it can
+            return int(self._offsets[k][j])
+        return int(np.frombuffer(raw, dtype)[0])
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -247,6 +284,9 @@ class RawList:
         for f in self._handles.values():
             f.close()  # type: ignore[attr-defined]
         self._handles.clear()
+        for fd in self._idx_fds.values():
+            os.close(fd)
+        self._idx_fds.clear()
 
     def __getstate__(self) -> dict:  # workers re-open the file (and the mmap) themselves, never re-convert
         return {"path": self.path, "lines": self.lines}
@@ -263,7 +303,7 @@ class RawList:
         """``file:line`` of entry ``i`` (a read up to the line: for error messages only); for a converted input
         (a Kaldi dir, a .gz, a Lhotse pair) the place in that input, never the temporary jsonl."""
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
-        off = int(self._offsets[k][i - int(self._starts[k])])
+        off = self._offset(k, i - int(self._starts[k]))
         if self.lines != self.path:
             return self._origin(self.files[k], off)
         return f"{self.files[k]}:{self._lineno(self.files[k], off)}"
@@ -283,7 +323,7 @@ class RawList:
         f = self._handles.get(k)
         if f is None:
             f = self._handles[k] = open(path, "rb")
-        off = int(self._offsets[k][i - int(self._starts[k])])
+        off = self._offset(k, i - int(self._starts[k]))
         f.seek(off)
         raw = f.readline()
         # the line number costs a read up to the line: found only on error

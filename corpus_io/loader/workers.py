@@ -38,6 +38,8 @@ _FORKSERVER_PRELOAD = ["__main__", "torch", "numpy.random", "multiprocessing.que
                        "corpus_io.loader.stages", "corpus_io.loader.waveaug", "corpus_io.loader.shapes",
                        "corpus_io.shards.kinds", "corpus_io.shards.reader", "corpus_io.tables.shar",
                        "corpus_io.audio.features"]
+#: imported after the preload (and the main script's imports): freezes what they made (gc.freeze)
+_FORKSERVER_LAST = ["corpus_io.loader.preloaded"]
 _preloaded = False
 
 
@@ -52,7 +54,8 @@ def worker_context(method: str) -> Any:
     global _preloaded
     ctx = multiprocessing.get_context(method)
     if method == "forkserver" and not _preloaded:
-        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD + _main_imports())  # ignored once the forkserver runs
+        # ignored once the forkserver runs
+        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD + _main_imports() + _FORKSERVER_LAST)
         _preloaded = True
     return ctx
 

@@ -459,6 +459,28 @@ def test_a_worker_that_has_not_started_within_worker_start_timeout_fails_naming_
     assert "worker_start_method=spawn" in message and "\n" not in message
 
 
+def _frozen_objects(queue) -> None:
+    import gc
+
+    queue.put(gc.get_freeze_count())
+
+
+def test_a_forkserver_worker_never_walks_what_the_forkserver_preloaded():
+    """The forkserver freezes what its preload made (gc.freeze, issue 53): a worker's full collections would write
+    to every one of torch's objects and so copy their pages into every worker."""
+    from corpus_io.loader.workers import main_not_run_again, start_forkserver, worker_context
+
+    ctx = worker_context("forkserver")
+    start_forkserver("forkserver")
+    queue = ctx.Queue()
+    with main_not_run_again(True):
+        proc = ctx.Process(target=_frozen_objects, args=(queue,))
+        proc.start()
+    frozen = queue.get(timeout=hang_limit(120))
+    proc.join(timeout=hang_limit(30))
+    assert frozen > 50_000, frozen  # torch's and the loader's objects
+
+
 def test_a_thread_holding_torchs_generator_lock_stops_a_forked_worker_but_not_a_forkserver_one(shards):
     """Issue 47's hang, reproduced: a fork taken while another thread of the rank holds a lock leaves the lock held
     in the child forever. torch's CPU generator is one such lock (every DataLoader worker seeds torch first)."""

@@ -167,3 +167,19 @@ def test_a_kaldi_dir_read_as_a_raw_list_names_an_utterance_without_text_and_the_
     (data / "text").write_text("u1 hello\n")
     with pytest.raises(DataError, match=r"u2.*make-datalist \+\+data_type=raw \+\+input=.*kaldi \+\+output"):
         RawList(data, cache=False)
+
+
+def test_an_entry_is_read_from_the_index_it_was_opened_with_even_when_another_process_rebuilt_it(tmp_path):
+    """record() reads an entry's offset with pread (issue 53: through the mmap, every worker kept the pages around
+    each entry it read); a .idx replaced since (the list changed, another process rebuilt it) is not read: the
+    offsets the list was opened with still are."""
+    path = tmp_path / "a.list"
+    path.write_text('{"key": "a", "wav": "x.wav"}\n{"key": "b", "wav": "y.wav"}\n')
+    lst = RawList(path)
+    assert lst._idx_at[0] is not None and lst.record(1)["key"] == "b"
+    lst.close()
+    path.write_text('{"key": "longer-key-a", "wav": "x.wav"}\n{"key": "c", "wav": "z.wav"}\n{"key": "d"}\n')
+    os.utime(path, ns=(2, 2))
+    assert len(RawList(path)) == 3  # rebuilt: a new .idx file in place of the one lst mapped
+    assert lst._offset(0, 1) == int(lst.offsets[1]) == len('{"key": "a", "wav": "x.wav"}\n')
+    assert lst._idx_at[0] is None  # the replaced file was seen and left alone
