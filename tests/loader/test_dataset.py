@@ -6,7 +6,6 @@ import importlib.util
 import json
 import math
 import os
-import random
 import signal
 import sys
 import time
@@ -489,29 +488,29 @@ def test_a_thread_holding_torchs_generator_lock_stops_a_forked_worker_but_not_a_
     import torch
 
     data_list, keys, tok = shards
-    stop, drawing = threading.Event(), threading.Event()
+    stop, entering = threading.Event(), threading.Event()
 
     def draw() -> None:  # inside torch.randn, holding the generator's lock, nearly all the time
         while not stop.is_set():
+            entering.set()
             torch.randn(20_000_000)
-            drawing.set()
 
     thread = threading.Thread(target=draw)
     thread.start()
-    drawing.wait()
     stuck, read = [], []
     try:
-        # a fork finds the lock held in about half the draws' time: up to 24 forks until one is stuck, each after a
-        # random wait (a fork in step with the draws can miss the lock every time), then 2 forkservers
-        jitter = random.Random(47)
+        # each fork is taken just after the thread entered a draw (torch releases the GIL inside it, and the main
+        # thread waits for the GIL until then), so the lock is held then unless the draw already ended: a race
+        # the fork nearly always loses, even when other tests load the machine (a random time between draws lost
+        # it 24 times in a row beside 3 pytest-xdist workers). Up to 24 forks until one is stuck, then 2 forkservers
         for method in ["fork"] * 24 + ["forkserver"] * 2:
             if method == "fork" and stuck:
                 continue
-            if method == "fork":
-                time.sleep(jitter.uniform(0.0, 0.2))
             bound = hang_limit(2) if method == "fork" else hang_limit(60)  # the forkserver's first start imports torch
             conf = small_conf(num_workers=1, worker_start_method=method, worker_start_timeout=bound)
             loader = build_dataloader(str(data_list), conf, tok, train=False, rank=0, world_size=1)
+            entering.clear()
+            entering.wait()
             try:
                 read.append((method, sum(len(batch["keys"]) for batch in loader)))
             except WorkerStartTimeout as err:
