@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import typer
 
+from corpus_io.commands import leave_process_group
 from corpus_io.config import compose, describe
 from corpus_io.errors import CorpusIOError
 from corpus_io.extras import missing_extra_message
@@ -103,7 +104,7 @@ def _invoker(cmd: Command) -> Callable[..., None]:
                 _target("corpus_io.jobs.executors:run_on_dask")(cmd.name, list(ctx.args), cfg)
                 return
             _target(cmd.run)(cfg)  # imported after the config is checked: a config error costs no torch import
-            _target("corpus_io.commands:leave_process_group")()
+            leave_process_group()  # under torchrun: the process group down, then out without the teardown
 
         run_with_errors(job)
 

@@ -67,7 +67,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("compute-cmvn", config.ComputeCmvnConfig, "corpus_io.model.cmvn:compute_cmvn",
             "Global CMVN (mean, istd) over the feature frames of a training list, as JSON for train's "
             "cmvn_file."),
-    Command("train", config.TrainConfig, "corpus_io.commands:train",
+    Command("train", config.TrainConfig, "corpus_io.train.trainer:train",
             "Train a CTC model (Conformer by default) from a shard or raw list; one process or under torchrun: "
             "torchrun --nproc_per_node=N --no-python corpus-io train ++train_data_set_list=... "
             "++output_dir=..."),
@@ -107,13 +107,6 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 SCHEMAS: dict[str, type] = {c.name: c.schema for c in COMMANDS}
-
-
-def train(cfg: config.TrainConfig) -> None:
-    """``corpus-io train``: :func:`corpus_io.train.trainer.train` (the process exits by :func:`leave_process_group`)."""
-    from corpus_io.train.trainer import train as run
-
-    run(cfg)
 
 
 def leave_process_group() -> None:

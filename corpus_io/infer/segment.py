@@ -457,12 +457,14 @@ def merge_parts(place: Any, parts: list) -> dict:
         with atomic_write(out / name) as f, tempfile.TemporaryDirectory(prefix=".segment-merge-", dir=out) as tmp:
             merge_sorted([Path(p.where).parent / p.outputs[k]["file"] for p in parts], ORDER[name], f, Path(tmp))
     figures: dict = {"unaligned": Counter()}
+    walls = []
     for p in parts:
-        got = p.payload()["figures"]
+        got = p.payload()["figures"]  # read again from its record when load_parts let it go: once a part
+        walls.append(got["wall"])
         for key, value in got.items():
             figures[key] = figures.get(key, 0) + (Counter(value) if key == "unaligned" else value)
     figures["unaligned"] = dict(sorted(figures["unaligned"].items()))
-    figures["wall"] = max(p.payload()["figures"]["wall"] for p in parts)
+    figures["wall"] = max(walls)  # the jobs ran side by side
     report(f"segment (merged {len(parts)} jobs)", figures, out)
     return figures
 

@@ -114,8 +114,8 @@ started = [worker_context("forkserver").Event() for _ in range(2)]  # as a multi
 
 
 def test_a_rank_that_exits_without_teardown_leaves_the_resource_tracker_no_leaked_semaphore():
-    """Multi-rank train ends with os._exit (no interpreter teardown, see corpus_io.commands.train); the named
-    semaphores of its loader workers' Events and queues are then never unlinked, and the resource tracker says
+    """Multi-rank train ends with os._exit (no interpreter teardown, see corpus_io.commands.leave_process_group);
+    the named semaphores of its loader workers' Events and queues are then never unlinked, and the resource tracker says
     so on stderr at the end of the run. exit_now runs multiprocessing's finalizers first."""
     import subprocess
 
