@@ -258,13 +258,23 @@ def _agreement(summary: Path) -> tuple[int, int]:
 
 @pytest.mark.slow
 def test_one_streaming_checkpoint_decodes_full_context_and_chunk_by_chunk_with_word_times(smoke_streaming):
-    """Issue 45: the recipe with --streaming true trains one checkpoint that decodes both ways; chunk 16 is within
-    15 % relative (or 1 point) of full context on test_digits, and the chunk decode writes word times too."""
+    """Issue 45: the recipe with --streaming true trains one checkpoint that decodes both ways; chunk 16 is close to
+    full context on test_digits, and the chunk decode writes word times too.
+
+    Issue 45's 15 % relative (or 1 point) is the recipe model's figure (docs/BENCHMARKS.md). The smoke set has 20
+    utterances and 353 characters, so one word ("eight", 1.4 points) decides 1 point, and the smoke training is not
+    bit-reproducible under pytest-xdist (the same commit gave 1.98 / 2.55 and 5.95 / 7.37, one word apart each
+    time). Here: at most 2 of the 20 utterances decode differently, and chunk CER within 15 % or 2 points."""
     exp = smoke_streaming["exp"]
     assert stage_lines(smoke_streaming["stderr"]) >= {6, 7, 9}, smoke_streaming["stderr"][-3000:]  # 8: stage_8_alone
     assert "use_dynamic_chunk: true" in (exp / "config.yaml").read_text()
     full, chunk = _cer(exp / "decode_test_digits"), _cer(exp / "decode_test_digits.chunk16")
-    assert chunk <= max(full * 1.15, full + 1.0), (full, chunk)
+    assert chunk <= max(full * 1.15, full + 2.0), (full, chunk)
+    hypotheses = [dict(line.partition(" ")[::2] for line in (exp / name / "text").read_text().splitlines())
+                  for name in ("decode_test_digits", "decode_test_digits.chunk16")]
+    assert hypotheses[0].keys() == hypotheses[1].keys()
+    differ = sorted(key for key in hypotheses[0] if hypotheses[0][key].split() != hypotheses[1][key].split())
+    assert len(differ) <= max(2, len(hypotheses[0]) // 10), differ
     text = (exp / "decode_test_digits.chunk16" / "text").read_text().splitlines()
     words = sum(len(line.split()) - 1 for line in text)
     ctm = (exp / "decode_test_digits.chunk16" / "ctm").read_text().splitlines()
