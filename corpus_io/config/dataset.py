@@ -212,8 +212,10 @@ class DatasetConf:
                                range="[0, 604800]")
     worker_start_method: str = opt("forkserver", "how DataLoader workers start: forkserver (forked from one helper "
                                                  "process without threads: safe beside TensorBoard's and gloo's "
-                                                 "threads, cheap), spawn (a fresh interpreter each), fork (a copy "
-                                                 "of this process: can deadlock when it has threads)",
+                                                 "threads, cheap; the helper is a fork of this process while it "
+                                                 "runs no other thread, sharing its torch), spawn (a fresh "
+                                                 "interpreter each), fork (a copy of this process: can deadlock "
+                                                 "when it has threads)",
                                    choices=("forkserver", "spawn", "fork"))
     worker_start_timeout: float = opt(120.0, "longest wait for a DataLoader worker to start; past it the rank fails "
                                              "naming rank, loader and epoch (every rank of a training says it)",

@@ -232,6 +232,22 @@ def refuse_overwrites(cfg: Any) -> None:
                               f"wav.scp and text with the segments'. Give segment its own directory, e.g. "
                               f"++output_dir={out.parent / (out.name + '_segmented')}.")
     refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in SEGMENT_OUTPUTS], inputs)
+    refuse_others_files(out, "++output_dir's ", f"Give segment its own directory, e.g. "
+                                                f"++output_dir={out.parent / (out.name + '_segmented')}")
+
+
+#: the name segment's outputs are recorded under (storage/files.py record_written): the files segment may replace
+WRITER = "segment"
+
+
+def refuse_others_files(out: Path, label: str, way_out: str) -> None:
+    """Before any work: segment (and the merge of its jobs) replaces only its own outputs in ``out`` (another Kaldi
+    dir's ``wav.scp`` and ``text``, a hand-edited ``segments``: refused, naming the file as ``label`` + its name)."""
+    from corpus_io.storage.files import refuse_replacing_others
+
+    refuse_replacing_others([(label + name, out / name) for name in SEGMENT_OUTPUTS], WRITER,
+                            way_out=f"{way_out}; if the file is an earlier segment's output you mean to replace, "
+                                    f"delete it first.")
 
 
 def segment(cfg: Any) -> dict:
@@ -260,7 +276,7 @@ def segment(cfg: Any) -> dict:
     t_start = time.perf_counter()
     segments, unaligned, figures = run(cfg, mine, whole=len(mine) == len(recs))
     out = Path(cfg.output_dir) if job.single else place.data(job)
-    write_outputs(out, segments, mine, unaligned)
+    write_outputs(out, segments, mine, unaligned, final=job.single)
     figures["wall"] = round(time.perf_counter() - t_start, 3)
     if not job.single:
         outputs = [jobs.output_entry(out / name, place.directory) for name in SEGMENT_OUTPUTS]
@@ -363,10 +379,11 @@ def job_list(recs: dict, path: Path) -> str:
     return str(path)
 
 
-def write_outputs(out: Path, segments: list[Segment], recs: dict, unaligned: list[tuple[str, int, str]]) -> None:
+def write_outputs(out: Path, segments: list[Segment], recs: dict, unaligned: list[tuple[str, int, str]], *,
+                  final: bool = True) -> None:
     """The files of :data:`SEGMENT_OUTPUTS` in ``out``, each to a temp name then renamed, in the :data:`ORDER`
-    that merge_parts keeps."""
-    from corpus_io.storage.files import atomic_write, ensure_dir
+    that merge_parts keeps. ``final`` (not a job's part): each is recorded as segment's (:data:`WRITER`)."""
+    from corpus_io.storage.files import atomic_write, ensure_dir, record_written
 
     ensure_dir(out, what="output_dir")
     segments = sorted(segments, key=lambda s: s.key)
@@ -388,6 +405,8 @@ def write_outputs(out: Path, segments: list[Segment], recs: dict, unaligned: lis
                                ensure_ascii=False) + "\n")
     with atomic_write(out / "unaligned") as f:
         f.write("".join(f"{r} {i} {rest}\n" for r, i, rest in sorted(unaligned, key=lambda u: u[:2])))
+    for name in SEGMENT_OUTPUTS if final else ():
+        record_written(out / name, WRITER)
 
 
 def figures_line(figures: dict) -> str:
@@ -450,12 +469,14 @@ def merge_parts(place: Any, parts: list) -> dict:
     ``output_dir``, the bytes one job writes; the figures summed."""
     import tempfile
 
-    from corpus_io.storage.files import atomic_write
+    from corpus_io.storage.files import atomic_write, record_written
 
     out = Path(place.path)
+    refuse_others_files(out, "the merged ", "Run the segment jobs into a directory of their own")
     for k, name in enumerate(SEGMENT_OUTPUTS):
         with atomic_write(out / name) as f, tempfile.TemporaryDirectory(prefix=".segment-merge-", dir=out) as tmp:
             merge_sorted([Path(p.where).parent / p.outputs[k]["file"] for p in parts], ORDER[name], f, Path(tmp))
+        record_written(out / name, WRITER)
     figures: dict = {"unaligned": Counter()}
     walls = []
     for p in parts:

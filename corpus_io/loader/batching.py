@@ -362,7 +362,7 @@ def _synced(samples: Iterable[dict], buckets: list[_Open], budgets: list[Budget]
     The buckets take turns by a schedule every reader computes alike: next is the bucket furthest below its share
     of batches (``shares[b]``: the expected batches of bucket ``b`` per batch, from the corpus's durations), so
     DDP ranks step on batches of one padded length and about one size. Full batches of other buckets wait for
-    their turn. When the readers hold more than two batches per bucket, the due bucket leaves with what it has
+    their turn. When the readers hold more than one batch per bucket, the due bucket leaves with what it has
     (a smaller batch of the same length); only when it has nothing does the fullest bucket go out of turn
     (counted as ``batch.unsynced``). Utterances above the top edge leave when their batch is full, out of turn.
     At the end the buckets are emptied one by one, in an order drawn from ``tail`` (seed and epoch: the same on
@@ -372,8 +372,8 @@ def _synced(samples: Iterable[dict], buckets: list[_Open], budgets: list[Budget]
 
     ready: list[deque] = [deque() for _ in buckets]
     held = 0
-    cap = 2 * sum(max(1, budgets[b].max_batch_size if budgets[b].batch_type != "example" else budgets[b].batch_size)
-                  for b in turns.buckets)
+    cap = sum(max(1, budgets[b].max_batch_size if budgets[b].batch_type != "example" else budgets[b].batch_size)
+              for b in turns.buckets)  # one batch per bucket: what num_buckets' help promises
 
     def take(b: int, in_turn: bool = True) -> Batch:
         nonlocal held

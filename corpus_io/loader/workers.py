@@ -136,15 +136,132 @@ def _running(pid: int) -> bool:
 
 
 def start_forkserver(method: str) -> None:
-    """Start the forkserver of ``method`` now, if it is one and not running: it imports torch and the readers
-    (seconds) while this process reads its lists, instead of when the first epoch starts its workers."""
+    """Start the forkserver of ``method`` now, if it is one and not running, so the first epoch does not wait for it.
+
+    Forked from this process when that is safe (:func:`_forkable`): the server then shares this process's torch
+    (about 250 MB a process holds privately once it imports torch) with every worker, instead of importing its
+    own. Otherwise started as Python's forkserver is (fork + exec: a fresh interpreter importing the preload, in
+    seconds, while this process reads its lists). ``train`` calls it before it joins its process group."""
     if method != "forkserver" or multiprocessing.current_process().daemon:  # a daemon's loader runs inline
         return
     from multiprocessing import forkserver
 
     worker_context(method)  # the preload list, before the server starts
     with main_not_run_again(True):
-        forkserver.ensure_running()
+        if not _fork_forkserver():
+            forkserver.ensure_running()
+
+
+#: a process holding more than this (RSS, bytes) starts its forkserver by exec: a forked server would keep a
+#: copy of each page this process later writes (a model built before the loader, then trained)
+FORK_SERVER_MAX_RSS = 2 << 30
+
+
+def _forkable() -> str:
+    """Why this process must not fork its forkserver ("" when it may). A fork is safe while no other thread can
+    hold a lock the child needs: no other Python thread, no process group (gloo's and NCCL's threads), no CUDA
+    context. Threads of OpenBLAS and torch's OpenMP pool may run: they reset themselves in a forked child (a
+    DataLoader's fork workers rely on it too)."""
+    if sys.version_info >= (3, 13):  # the server's private layout checked below is Python 3.11/3.12's
+        return "Python >= 3.13"
+    if threading.active_count() > 1:
+        return f"{threading.active_count() - 1} other Python thread(s)"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return "a process group"
+        if torch.cuda.is_initialized():
+            return "a CUDA context"
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return "no /proc"
+    return "over 2 GiB resident" if resident > FORK_SERVER_MAX_RSS else ""
+
+
+def _fork_forkserver() -> bool:
+    """Start Python's forkserver as a fork of this process (:func:`start_forkserver`), when :func:`_forkable`;
+    False when it was not (the caller starts it the usual way). The server runs ``multiprocessing.forkserver.main``
+    as the exec'd one would, with only its listener, its alive pipe and stdio open, and the default signal
+    handlers (a worker must not run this process's)."""
+    from multiprocessing import connection, forkserver, resource_tracker, util
+
+    server = forkserver._forkserver
+    if not all(hasattr(server, name) for name in ("_lock", "_forkserver_pid", "_forkserver_alive_fd",
+                                                  "_forkserver_address")):
+        return False
+    with server._lock:
+        if server._forkserver_pid is not None:
+            return False  # started: ensure_running checks that it still runs
+        if _forkable():
+            return False
+        resource_tracker.ensure_running()  # fork + exec of its own, before the server forks
+        preload = [name for name in _FORKSERVER_PRELOAD + _main_imports() + _FORKSERVER_LAST if name != "__main__"]
+        import socket
+
+        listener = socket.socket(socket.AF_UNIX)
+        address = connection.arbitrary_address("AF_UNIX")
+        listener.bind(address)
+        if not util.is_abstract_socket_namespace(address):
+            os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        for stream in (sys.stdout, sys.stderr):  # else the server's children would print this process's buffer
+            with contextlib.suppress(Exception):
+                stream.flush()
+        import gc
+
+        # what this process holds now (torch's objects, mostly) is never walked by its collector again: a
+        # collection writes to each object it visits, and so would copy their shared pages into this process
+        gc.collect()
+        gc.freeze()
+        pid = os.fork()
+        if pid == 0:
+            _run_forked_server(listener.fileno(), alive_r, alive_w, preload)
+        listener.close()
+        os.close(alive_r)
+        server._forkserver_address = address
+        server._forkserver_alive_fd = alive_w
+        server._forkserver_pid = pid
+    return True
+
+
+def _run_forked_server(listener_fd: int, alive_r: int, alive_w: int, preload: list[str]) -> None:
+    """The forked forkserver's life (never returns): what this process had open and its signal handlers are
+    dropped first, then the server loop runs until every client is gone."""
+    import gc
+    import signal
+
+    code = 0
+    try:
+        gc.freeze()  # this process's objects stay as they are: none is collected (and its file closed) here
+        os.close(alive_w)
+        keep = {0, 1, 2, listener_fd, alive_r}
+        for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+            if int(name) not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(int(name))
+        for sig in signal.valid_signals():
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                if sig == signal.SIGINT:
+                    signal.signal(sig, signal.default_int_handler)
+                elif callable(signal.getsignal(sig)):
+                    signal.signal(sig, signal.SIG_DFL)
+        from multiprocessing import forkserver
+
+        forkserver.main(listener_fd, alive_r, preload)
+    except SystemExit:
+        pass  # every client is gone
+    except BaseException:
+        code = 1
+        with contextlib.suppress(Exception):
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def forkserver_ready(method: str) -> float:

@@ -511,6 +511,10 @@ def train(cfg: Any) -> None:
     if not cfg.dataset_conf.sources:  # a weighted mix names its own lists
         require(cfg, "train_data_set_list")
     resolve_intervals(cfg.train_conf)
+    if cfg.dataset_conf.num_workers > 0:  # forked now, while no thread runs (loader.workers): it shares our torch
+        from corpus_io.loader.workers import start_forkserver
+
+        start_forkserver(cfg.dataset_conf.worker_start_method)
     ctx = init_distributed(cfg.train_conf.device, cfg.train_conf.timeout_s)
     launcher = LauncherWatch()
     peers = PeerStop(ctx)

@@ -118,6 +118,13 @@ def test_segment_refuses_bad_input_in_one_paragraph_and_writes_nothing(smoke, jo
     result = segment(smoke["exp"], d, d)
     assert result.returncode == 2 and "is ++input" in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()} == before
+    # the output dir is another Kaldi dir (its wav.scp and text are not segment's): refused, nothing replaced
+    other = copy_dir(joined, tmp_path / "in" / "other")
+    before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()}
+    result = segment(smoke["exp"], joined, other)
+    assert result.returncode == 2 and "segment did not write it" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "_segmented" in result.stderr, result.stderr
+    assert {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()} == before
 
 
 def test_an_unaligned_word_takes_its_phrase_with_it_so_that_cuts_stay_in_pauses():
@@ -175,6 +182,11 @@ def test_segment_as_two_jobs_merges_to_the_bytes_of_one_job(smoke, joined, tmp_p
     assert "transcript words:" in merge.stdout, merge.stdout
     for name in SEGMENT_OUTPUTS:
         assert (out / name).read_bytes() == (one / name).read_bytes(), name
+    # its own outputs, unchanged since: a rerun of segment, and of the merge, replaces them
+    again = segment(smoke["exp"], joined, one)
+    assert again.returncode == 0, again.stderr[-3000:]
+    merge = run_cli("corpus-io", "merge-jobs", f"++path={out}")
+    assert merge.returncode == 0, merge.stderr[-3000:]
     assert len((one / "segments").read_text().splitlines()) >= 10
     assert {line.split()[1] for line in (one / "segments").read_text().splitlines()} == {"long0000", "long0001"}
 
