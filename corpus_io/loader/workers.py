@@ -216,7 +216,11 @@ def _fork_forkserver() -> bool:
         # collection writes to each object it visits, and so would copy their shared pages into this process
         gc.collect()
         gc.freeze()
-        pid = os.fork()
+        import warnings
+
+        with warnings.catch_warnings():  # Python 3.12 warns of any fork beside threads (OpenBLAS's: see _forkable)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:
             _run_forked_server(listener.fileno(), alive_r, alive_w, preload)
         listener.close()

@@ -22,7 +22,7 @@
 #     for sherpa-onnx, offline and online (corpus-io export-model [++streaming=true]), and decode test_digits with
 #     sherpa-onnx itself (recipes/tools/sherpa_decode.py), words compared with stage 7's
 #  10 long form: the digits test set joined 40 a recording with 0.3-1.2 s pauses, its text one line each
-#     (python -m corpus_io.tables.synth join), cut by corpus-io segment with stage 7's model, and scored against
+#     (python -m corpus_io.tables.synth join), cut by corpus-io segment with stage 7's model (--nj jobs), scored against
 #     where the joins really are (recipes/tools/score_segments.py): exp dir segment_test_digits_long/score.json
 #  11 clean (run it on its own: --stage 11 --stop_stage 11): the training set scored with the stage-6 model (stage 7's
 #     average; corpus-io score: wrong labels found by CTC loss, greedy CER/WER, rates), the flagged keys left out of
@@ -33,7 +33,7 @@ set -euo pipefail
 
 stage=0
 stop_stage=10
-nj=2                      # processes for synthesis; jobs for scp2jsonl, compute-cmvn and packing
+nj=2                      # processes for synthesis; jobs for scp2jsonl, compute-cmvn, packing and segment
 cmd=local                 # local | slurm: how the --nj data jobs run (cmd.sh: sbatch options)
 nproc=2                   # training processes (torchrun --nproc_per_node)
 data=data                 # relative to this recipe dir
@@ -291,8 +291,13 @@ if stage_on 10; then
   out=$exp/segment_test_digits_long
   rm -rf "$long" "$out"
   python -m corpus_io.tables.synth join "$data/test_digits" "$long" --per-recording 40
-  corpus-io segment "++input=$long" "++checkpoint=$exp/model.pt.avg$average_num" "++output_dir=$out" \
-    ++dataset_conf.num_workers=0
+  seg=(corpus-io segment "++input=$long" "++checkpoint=$exp/model.pt.avg$average_num" "++output_dir=$out"
+       ++dataset_conf.num_workers=0)
+  if as_jobs; then  # --nj jobs (recordings split by key) joined by merge-jobs: the bytes one job writes
+    "${job_cmd[@]}" "JOB=1:$nj" "$out/log/segment.JOB.log" --merge "$out" -- "${seg[@]}"
+  else
+    "${seg[@]}"
+  fi
   python "$repo/recipes/tools/score_segments.py" "$long" "$out" > "$out/score.json"
   log 10 "segmented $(wc -l < "$long/wav.scp") long recordings of test_digits: $(cat "$out/score.json")"
 fi
