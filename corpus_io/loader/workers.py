@@ -1,10 +1,13 @@
 """DataLoader worker processes: how they start, what the forkserver preloads, and how they watch their rank.
 
 * :func:`worker_context`: the multiprocessing context of ``dataset_conf.worker_start_method``; the default,
-  forkserver, never forks the training process (the hang of issue 47), and preloads what a worker needs.
-* :func:`start_forkserver`: start that forkserver early (:func:`corpus_io.loader.dataset.build_dataloader` calls it
-  before it reads the lists), so its imports overlap the loader's set-up instead of the first epoch;
-  :func:`forkserver_ready` waits until it can fork a worker (the bench times the start apart with it).
+  forkserver, never forks a worker from the training process once its threads run (the hang of issue 47), and
+  preloads what a worker needs.
+* :func:`start_forkserver`: start that forkserver early (``train`` before it joins its process group,
+  :func:`corpus_io.loader.dataset.build_dataloader` before it reads the lists): a fork of the rank while no other
+  thread runs (:func:`_forkable`; it shares the rank's torch with the workers), else exec'd, its imports then
+  overlapping the loader's set-up; :func:`forkserver_ready` waits until it can fork a worker (the bench times the
+  start apart with it).
 * :class:`WorkerStart` (``worker_init_fn``): a worker says it started and takes the main process's environment;
   not forked by its rank, it ends when the rank is gone (:func:`_exit_when_gone`).
 * :func:`release_freed_memory`: a worker hands the pages it freed back to the system after each batch (glibc's
@@ -46,8 +49,9 @@ _preloaded = False
 def worker_context(method: str) -> Any:
     """The multiprocessing context DataLoader workers start with (``dataset_conf.worker_start_method``).
 
-    The default, forkserver, never forks this process: its workers are forked from one helper process started
-    (fork + exec) at the first use, which runs no threads. A fork of a process whose other threads hold a lock
+    The default, forkserver, never forks a worker from this process: its workers are forked from one helper
+    process, which runs no threads (:func:`start_forkserver`: forked from this process before any other thread
+    runs, else exec'd). A fork of a process whose other threads hold a lock
     (TensorBoard's writer, a DataLoader queue's feeder, gloo's, an OpenMP pool, fsspec's loop) can leave the child
     waiting forever for it before it runs a line of Python: the hang of issue 47, a cv worker stuck in
     ``Popen._launch`` at a random epoch."""
@@ -218,10 +222,17 @@ def _fork_forkserver() -> bool:
         gc.freeze()
         import warnings
 
-        with warnings.catch_warnings():  # Python 3.12 warns of any fork beside threads (OpenBLAS's: see _forkable)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        try:
+            with warnings.catch_warnings():  # Python 3.12 warns of any fork beside threads (OpenBLAS's: _forkable)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:  # no memory or process left for it: the usual start says why, if it fails too
+            listener.close()
+            os.close(alive_r)
+            os.close(alive_w)
+            return False
         if pid == 0:
+            server._lock = threading.Lock()  # held by the parent's ``with`` at the fork
             _run_forked_server(listener.fileno(), alive_r, alive_w, preload)
         listener.close()
         os.close(alive_r)
