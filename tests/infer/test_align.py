@@ -100,7 +100,10 @@ def test_align_moves_word_times_by_the_offset_of_the_checkpoints_features(smoke,
         tr = transcript(p.text, m.tokenizer)
         moved, plain = place_words(p.log_probs, tr, offset_seconds=p.frame_offset, **kwargs), \
             place_words(p.log_probs, tr, **kwargs)
-        assert [(w["start"], w["end"]) for w in rows[p.key]["words"]] == [(w.start, w.end) for w in moved]
+        # align writes no times for an unaligned word (a smoke training may score a spoken word under
+        # min_word_score); the path's times are still there to compare for the offset
+        assert [(w["start"], w["end"], w.get("reason", "")) for w in rows[p.key]["words"]] == \
+            [(None, None, w.reason) if w.reason else (w.start, w.end, "") for w in moved]
         for a, b in zip(plain, moved):
             if a.start is not None:
                 assert b.start == pytest.approx(max(0.0, a.start - 0.0075), abs=1e-3)
