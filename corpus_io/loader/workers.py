@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import importlib.machinery
+import logging
 import multiprocessing
 import os
 import sys
@@ -28,6 +29,8 @@ import time
 from typing import Any, Iterator
 
 from corpus_io.errors import DataError
+
+log = logging.getLogger(__name__)
 
 
 class WorkerStartTimeout(DataError):
@@ -59,9 +62,15 @@ def worker_context(method: str) -> Any:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver" and not _preloaded:
         # ignored once the forkserver runs
-        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD + _main_imports() + _FORKSERVER_LAST)
+        ctx.set_forkserver_preload(_preload_modules())
         _preloaded = True
     return ctx
+
+
+def _preload_modules() -> list[str]:
+    """What the forkserver imports before it forks a worker: the preload, the main script's imports, then the
+    freeze (:data:`_FORKSERVER_LAST`)."""
+    return _FORKSERVER_PRELOAD + _main_imports() + _FORKSERVER_LAST
 
 
 def _main_imports() -> list[str]:
@@ -198,10 +207,12 @@ def _fork_forkserver() -> bool:
     with server._lock:
         if server._forkserver_pid is not None:
             return False  # started: ensure_running checks that it still runs
-        if _forkable():
+        why_not = _forkable()
+        if why_not:
+            log.debug("forkserver started by exec, not forked from this process: %s", why_not)
             return False
         resource_tracker.ensure_running()  # fork + exec of its own, before the server forks
-        preload = [name for name in _FORKSERVER_PRELOAD + _main_imports() + _FORKSERVER_LAST if name != "__main__"]
+        preload = [name for name in _preload_modules() if name != "__main__"]  # forked: __main__ is there
         import socket
 
         listener = socket.socket(socket.AF_UNIX)
