@@ -6,8 +6,9 @@ The corpus: espeak digit strings (``synth.make_digits``) joined into one 1-hour 
 as two 30-minute recordings for the 2-process run (``++num_jobs=2``, the two jobs side by side, then
 ``merge-jobs``). The model: the default train config's ConformerCTC (``conf/train.yaml``) with random weights
 over the corpus's token list: the model's and the Viterbi windows' cost are a trained model's, the segments are not
-(the figures here are speed and memory, not quality: the tests and the espeak recipe's stage 10 measure that).
-Smoke mode: 12 utterances, one recording of 6 and two of 3.
+(the figures here are speed and memory, not quality: the tests and the espeak recipe's stage 10 measure that);
+segment again with that model's output layer padded to a BPE model's 5,000 tokens (its memory). Smoke mode: 12
+utterances, one recording of 6 and two of 3.
 """
 
 from __future__ import annotations
@@ -36,8 +37,13 @@ def corpus() -> tuple[Path, Path, Path]:
     return utts, one, two
 
 
-def untrained_checkpoint(utts: Path) -> Path:
-    """The default ConformerCTC with random weights over the corpus's token list, as train would write it."""
+#: the output layer of a typical BPE model (WeNet's and icefall's LibriSpeech recipes: 5,000 tokens)
+WIDE_VOCAB = 5000
+
+
+def untrained_checkpoint(utts: Path, vocab: int = 0) -> Path:
+    """The default ConformerCTC with random weights over the corpus's token list, as train would write it;
+    ``vocab`` > 0: the list padded with tokens the text never uses to that many (a BPE model's output layer)."""
     import subprocess
 
     import torch
@@ -47,12 +53,17 @@ def untrained_checkpoint(utts: Path) -> Path:
     from corpus_io.model.model import build_model, feature_dim
     from corpus_io.tokenizer import build_tokenizer
 
-    path = utts.parent / "model.pt"
+    path = utts.parent / (f"model-{vocab}.pt" if vocab else "model.pt")
     if path.exists():
         return path
-    tokens = utts.parent / "tokens.txt"
+    tokens = utts.parent / (f"tokens-{vocab}.txt" if vocab else "tokens.txt")
     subprocess.run([str(BIN / "corpus-io"), "make-tokenizer", f"++input={utts / 'text'}", f"++output={tokens}"],
                    check=True, capture_output=True)
+    if vocab:
+        lines = tokens.read_text(encoding="utf-8").split("\n")
+        used = [line.rsplit(" ", 1)[0] for line in lines if line.strip()]
+        names = used[:-1] + [f"unused{i}" for i in range(vocab - len(used))] + used[-1:]  # <sos/eos> stays last
+        tokens.write_text("".join(f"{name} {i}\n" for i, name in enumerate(names)), encoding="utf-8")
     cfg = compose(TrainConfig, "train", [f"++tokenizer.token_list={tokens}", "++dataset_conf.data_type=raw",
                                          "++train_data_set_list=unused", "++output_dir=unused"])
     tokenizer = build_tokenizer(cfg.tokenizer)
@@ -89,6 +100,12 @@ def main() -> None:
             raise SystemExit(f"segment: {result.stderr[-3000:]}")
         print(f"segment, 1 process, one {seconds / 60:.1f}-minute recording: {seconds / wall:.1f} audio s/s "
               f"(wall {wall:.1f} s), peak RSS {mb(peak)}")
+        wide = untrained_checkpoint(utts, WIDE_VOCAB)
+        wall_w, peak_w, result = run_measured(segment_argv(one, wide, Path(tmp) / "wide"))
+        if result.returncode != 0:
+            raise SystemExit(f"segment ({WIDE_VOCAB} tokens): {result.stderr[-3000:]}")
+        print(f"segment, 1 process, the same recording, a {WIDE_VOCAB}-token output layer: {seconds / wall_w:.1f} "
+              f"audio s/s (wall {wall_w:.1f} s), peak RSS {mb(peak_w)}")
         start = time.perf_counter()  # the two 30-minute recordings as 2 jobs side by side, then merge-jobs
         jobs = Path(tmp) / "jobs"
         procs = [subprocess.Popen(segment_argv(two, checkpoint, jobs) + ["++num_jobs=2", f"++job_index={j}"],

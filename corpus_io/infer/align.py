@@ -4,8 +4,10 @@ Each utterance goes through the model as decode runs it (:func:`corpus_io.infer.
 ``chunk_seconds`` pieces), and its *reference* tokens, not a search's hypothesis, are aligned to the CTC
 log-probabilities by the Viterbi path (:mod:`corpus_io.decoding.align`: ``torchaudio.functional.forced_align`` when
 the utterance fits one window; longer ones window by window, :func:`~corpus_io.decoding.align.windowed_token_frames`,
-in bounded memory). Word bounds move from the tokens' frames to the words' sound, then by where input frame 0
-starts (-7.5 ms for frames centred on every shift, ``snip_edges=false``, the default), as decode's word times do.
+in bounded memory). Only the log-probs of the transcript's tokens and blank are kept, piece by piece
+(:func:`columns_for`, :func:`narrowed`): an hour of a 5,000-token model's whole vocabulary would be 1.8 GB. Word
+bounds move from the tokens' frames to the words' sound, then by where input frame 0 starts (-7.5 ms for frames
+centred on every shift, ``snip_edges=false``, the default), as decode's word times do.
 
 A word is *unaligned*, reported with its reason and never placed, when
 
@@ -73,6 +75,25 @@ def transcript(text: str, tokenizer: Any) -> Transcript:
         out.members.append(list(range(len(out.ids), len(out.ids) + len(tokens))))
         out.ids.extend(tokenizer.ids[t] for t in tokens)
     return out
+
+
+def columns_for(tr: Transcript, blank: int) -> list[int]:
+    """The token ids whose log-probs aligning ``tr`` reads: its tokens' and blank's (sorted; the rest of the
+    vocabulary is never on its path, and :func:`corpus_io.infer.decode.forward_batches` need not keep it)."""
+    return sorted(set(tr.ids) | {blank})
+
+
+def narrowed(tr: Transcript, columns: list[int] | None, blank: int) -> tuple[Transcript, int]:
+    """``tr`` and ``blank`` with their token ids as column indices of log-probs that kept only ``columns`` (the
+    token id of each column; None: every column, ids unchanged)."""
+    from dataclasses import replace
+
+    if columns is None:
+        return tr, blank
+    at: dict = {}
+    for i, token in enumerate(columns):
+        at.setdefault(token, i)
+    return replace(tr, ids=[at[t] for t in tr.ids]), at[blank]
 
 
 @dataclass
@@ -147,6 +168,7 @@ class Pass:
     speech_seconds: float
     segment: Any = None
     frame_offset: float = 0.0  # seconds where input frame 0 starts (decode.input_frame_offset_seconds)
+    columns: list | None = None  # the token id of each column of log_probs (None: the whole vocabulary)
 
 
 @dataclass
@@ -175,9 +197,10 @@ def load(checkpoint: str, device_name: str, dataset_conf: Any) -> Model:
 
 
 def passes(m: Model, data_list: str, *, chunk_seconds: float, desc: str, loader_out: list | None = None,
-           total: int | None = None) -> Iterator[Pass]:
+           total: int | None = None, columns: Any = None) -> Iterator[Pass]:
     """Every utterance of ``data_list`` through the model (with progress: ``total`` batches, when known), one
-    :class:`Pass` each. ``loader_out``: the loader is appended to it (its counts, afterwards)."""
+    :class:`Pass` each. ``loader_out``: the loader is appended to it (its counts, afterwards). ``columns(key,
+    text)``: the token ids each utterance's log-probs keep (:func:`columns_for`; :attr:`Pass.columns`)."""
     from corpus_io.infer.decode import forward_batches
     from corpus_io.loader.dataset import build_dataloader
 
@@ -185,13 +208,14 @@ def passes(m: Model, data_list: str, *, chunk_seconds: float, desc: str, loader_
     if loader_out is not None:
         loader_out.append(loader)
     for fw in forward_batches(loader, m.model, m.tokenizer, m.conf, m.device, desc=desc, speech=True,
-                              chunk_seconds=chunk_seconds, total=total):
+                              chunk_seconds=chunk_seconds, total=total, columns=columns):
         lengths = fw.lengths.tolist()
         for i, key in enumerate(fw.keys):
             yield Pass(str(key), fw.refs[i], fw.log_probs[i, : int(lengths[i])],
                        fw.durations[i] if i < len(fw.durations) else None,
                        fw.speech[i] if fw.speech is not None else None, fw.speech_seconds,
-                       fw.segments[i] if fw.segments is not None else None, fw.frame_offset)
+                       fw.segments[i] if fw.segments is not None else None, fw.frame_offset,
+                       fw.columns[i] if fw.columns is not None else None)
 
 
 def window_frames(window_seconds: float, frame_seconds: float) -> int:
@@ -223,10 +247,18 @@ def align(cfg: Any) -> dict:
     t_start = time.perf_counter()
     with atomic_write(out / "ctm") as ctm, atomic_write(out / "alignment.jsonl") as rows, \
             atomic_write(out / "unaligned") as missing:
-        for p in passes(m, cfg.data_list, chunk_seconds=cfg.chunk_seconds, desc="align", loader_out=loaders):
-            tr = transcript(p.text, m.tokenizer)
-            placed = place_words(p.log_probs, tr, frame_seconds=m.frame_seconds, duration=p.duration,
-                                 blank=m.tokenizer.blank_id, speech=p.speech, speech_seconds=p.speech_seconds,
+        pending: dict = {}  # key -> its transcript, tokenized once for its columns and its alignment
+
+        def columns(key: str, text: str) -> list[int]:
+            pending[key] = transcript(text, m.tokenizer)
+            return columns_for(pending[key], m.tokenizer.blank_id)
+
+        for p in passes(m, cfg.data_list, chunk_seconds=cfg.chunk_seconds, desc="align", loader_out=loaders,
+                        columns=columns):
+            tr = pending.pop(p.key, None) or transcript(p.text, m.tokenizer)
+            ids, blank = narrowed(tr, p.columns, m.tokenizer.blank_id)
+            placed = place_words(p.log_probs, ids, frame_seconds=m.frame_seconds, duration=p.duration,
+                                 blank=blank, speech=p.speech, speech_seconds=p.speech_seconds,
                                  window=window, min_word_score=cfg.min_word_score, offset_seconds=p.frame_offset)
             name, offset = (str(p.segment[0]), float(p.segment[1])) if p.segment else (p.key, 0.0)
             rec: dict = {"key": p.key, "text": p.text}
@@ -282,4 +314,4 @@ def align(cfg: Any) -> dict:
             "wall": wall}
 
 
-__all__ = ["Placed", "Transcript", "align", "place_words", "transcript"]
+__all__ = ["Placed", "Transcript", "align", "columns_for", "narrowed", "place_words", "transcript"]

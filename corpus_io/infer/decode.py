@@ -211,6 +211,8 @@ class Forward:
     speech_seconds: float = 0.01  # seconds between those frames (the frame shift)
     targets: list = field(default_factory=list)  # each utterance's label as the loader tokenized it (token ids)
     frame_offset: float = 0.0  # seconds where input frame 0 starts (input_frame_offset_seconds)
+    # with forward_batches(columns=...): per utterance, the token id of each column of its log_probs
+    columns: list | None = None
 
 
 #: an utterance longer than this (seconds) goes through the model in pieces of this length (``++chunk_seconds``): the
@@ -223,15 +225,17 @@ CHUNK_CONTEXT_SECONDS = 2.0
 def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: Any, *,
                     encoder: bool = False, desc: str = "decode", speech: bool = False,
                     chunk_seconds: float = CHUNK_SECONDS, streaming: tuple[int, int] = (0, -1),
-                    source: tuple[str, str] = ("in use", "the list"), total: int | None = None
-                    ) -> Iterator[Forward]:
+                    source: tuple[str, str] = ("in use", "the list"), total: int | None = None,
+                    columns: Callable[[str, str], list[int]] | None = None) -> Iterator[Forward]:
     """The model over every batch of ``loader`` (with progress), timed. ``speech``: also each utterance's speech
     frames (word times move their starts back over them). A batch holding an utterance longer than
     ``chunk_seconds`` (0: none) goes through the model in pieces (:func:`chunked`). ``streaming``
     ``(decoding_chunk_size, num_decoding_left_chunks)`` with a chunk > 0: each utterance chunk by chunk with
     caches (:func:`chunk_by_chunk`). A batch whose log-probs are not finite (a diverged model) is a DataError
     naming ``source`` (the model, the list) and the utterances, not empty hypotheses. ``total``: the batches the
-    progress bar counts to, when the caller knows it."""
+    progress bar counts to, when the caller knows it. ``columns(key, transcript)``: the token ids an utterance's
+    log-probs keep (a forced alignment needs its transcript's and blank's, not the whole vocabulary: an hour of a
+    5,000-token model's is 1.8 GB), kept piece by piece; :attr:`Forward.columns` says which."""
     import torch
 
     from corpus_io.model.frontend import FrontEnd, build_front_end, model_inputs, sync_device
@@ -253,9 +257,14 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
         bar = progress(loader, total=total, desc=desc, unit="batch")
         for batch in bar:
             t0 = time.perf_counter()
+            target, tlen = batch["target"].tolist(), batch["target_lengths"].tolist()
+            targets = [target[i][: int(tlen[i])] for i in range(len(batch["keys"]))]
+            refs = [_reference(batch, i, tokenizer, ids) for i, ids in enumerate(targets)]
+            kept = None if columns is None else \
+                column_ids([columns(str(k), r) for k, r in zip(batch["keys"], refs)], device)
             feats, feats_lengths = model_inputs(front_end, batch, device, train=False)
             whole = not piece or int(feats_lengths.max()) <= piece
-            enc = None
+            enc, narrowed = None, False
             if streaming[0] > 0:
                 enc = chunk_by_chunk(model, feats, feats_lengths, *streaming)
                 log_probs, lengths = model.ctc_log_probs(*enc)
@@ -263,9 +272,14 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
                 enc = model.encode(feats, feats_lengths) if whole else \
                     chunked(model.encode, feats, feats_lengths, step=step, piece=piece, context=context)
                 log_probs, lengths = model.ctc_log_probs(*enc)
+            elif whole:
+                log_probs, lengths = model(feats, feats_lengths)
             else:
-                log_probs, lengths = model(feats, feats_lengths) if whole else \
-                    chunked(model, feats, feats_lengths, step=step, piece=piece, context=context)
+                log_probs, lengths = chunked(model, feats, feats_lengths, step=step, piece=piece, context=context,
+                                             columns=kept)
+                narrowed = True
+            if kept is not None and not narrowed:
+                log_probs = torch.gather(log_probs, 2, kept[:, None, :].expand(-1, log_probs.shape[1], -1))
             sync_device(device)
             bad = nonfinite_rows(log_probs, lengths)
             if bad:
@@ -273,9 +287,6 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
                 raise DataError(nonfinite_message(source[0], f"{source[1]} (utterances {', '.join(keys[:3])}"
                                                   f"{' ...' if len(keys) > 3 else ''})", len(bad), len(batch["keys"]))
                                 + " Nothing was written.")
-            target, tlen = batch["target"].tolist(), batch["target_lengths"].tolist()
-            targets = [target[i][: int(tlen[i])] for i in range(len(batch["keys"]))]
-            refs = [_reference(batch, i, tokenizer, ids) for i, ids in enumerate(targets)]
             utts += len(refs)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(utts=utts)
@@ -286,7 +297,8 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
                 frames = _speech(*energy_feats, conf)
             yield Forward(list(batch["keys"]), refs, float(batch.get("audio_seconds", 0.0)), log_probs, lengths,
                           enc, seconds, _durations(batch, conf), batch.get("segments"), frames,
-                          input_frame_seconds(conf), targets, input_frame_offset_seconds(conf))
+                          input_frame_seconds(conf), targets, input_frame_offset_seconds(conf),
+                          None if kept is None else kept.tolist())
 
 
 def streaming_options(cfg: Any, model: Any) -> tuple[int, int]:
@@ -315,12 +327,23 @@ def chunk_by_chunk(model: Any, feats: Any, lengths: Any, chunk: int, left: int) 
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), out_lengths
 
 
-def chunked(fn: Callable, x: Any, lengths: Any, *, step: int, piece: int, context: int) -> tuple[Any, Any]:
+def column_ids(rows: list[list[int]], device: Any) -> Any:
+    """``(B, K)`` long tensor of each row's columns to keep, a shorter row padded with its own last id (a repeated
+    column, which no one asks for: every value stays a log-probability)."""
+    import torch
+
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [r[-1]] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
+
+
+def chunked(fn: Callable, x: Any, lengths: Any, *, step: int, piece: int, context: int,
+            columns: Any = None) -> tuple[Any, Any]:
     """``fn(x, lengths) -> (out (B, T', ...), out_lengths)`` run on pieces of each row: ``piece`` input units (a
     multiple of ``step``, the input units per output frame) and ``context`` units each side, whose outputs are
     dropped. The pieces' outputs joined are as many frames as the whole row's, each at the same time (a piece
     starts on an output frame's first input unit); at most ``len(x)`` pieces go through ``fn`` at once, so memory
-    is bounded by the batch size times the piece, not by the longest utterance."""
+    is bounded by the batch size times the piece, not by the longest utterance, and the joined output is held about
+    once. ``columns`` ``(B, K)``: each row's output keeps only these columns of its last dimension, piece by piece."""
     import torch
 
     pieces = []  # (row, first input unit fed, last fed, output frames to skip, output frames kept or -1: the rest)
@@ -339,10 +362,22 @@ def chunked(fn: Callable, x: Any, lengths: Any, *, step: int, piece: int, contex
                                                dtype=lengths.dtype, device=lengths.device))
         for j, (row, _, _, skip, keep) in enumerate(group):
             end = int(out_lengths[j]) if keep < 0 else min(int(out_lengths[j]), skip + keep)
-            outs[row].append(out[j, skip:end])
-    rows = [torch.cat(parts) for parts in outs]
-    out_lengths = torch.tensor([r.shape[0] for r in rows], dtype=lengths.dtype, device=lengths.device)
-    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), out_lengths
+            outs[row].append(out[j, skip:end] if columns is None else out[j, skip:end][:, columns[row]])
+    # one padded tensor, filled piece by piece, each piece let go once copied: the output held about once, not three
+    # times (pieces, each row joined, then padded; 1.8 GB each for an hour of 5,000-token log-probs)
+    frames = [sum(int(part.shape[0]) for part in parts) for parts in outs]
+    like = next(part for parts in outs for part in parts)
+    joined = like.new_empty((len(outs), max(frames), *like.shape[1:]))  # empty: its pages are touched as filled
+    del like
+    for row, parts in enumerate(outs):
+        at = 0
+        while parts:
+            part = parts.pop(0)
+            joined[row, at:at + part.shape[0]] = part
+            at += int(part.shape[0])
+            del part
+        joined[row, at:] = 0  # the padding
+    return joined, torch.tensor(frames, dtype=lengths.dtype, device=lengths.device)
 
 
 def _speech(feats: Any, feats_lengths: Any, conf: Any) -> list | None:

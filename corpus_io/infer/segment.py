@@ -331,7 +331,7 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
     the unaligned words ``(recording, position, "<word> <reason>")`` and the figures of :func:`figures_line`."""
     import tempfile
 
-    from corpus_io.infer.align import load, passes, place_words, window_frames
+    from corpus_io.infer.align import columns_for, load, narrowed, passes, place_words, window_frames
 
     segments: list[Segment] = []
     unaligned: list[tuple[str, int, str]] = []
@@ -345,11 +345,13 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
         done: set = set()
         with tempfile.TemporaryDirectory(prefix="segment-job-") as tmp:
             data_list = cfg.input if whole else job_list(recs, Path(tmp) / "recordings.jsonl")
-            for p in passes(m, data_list, chunk_seconds=cfg.chunk_seconds, desc="segment", total=len(recs)):
-                tr = transcripts[p.key]
+            blank_id = m.tokenizer.blank_id
+            for p in passes(m, data_list, chunk_seconds=cfg.chunk_seconds, desc="segment", total=len(recs),
+                            columns=lambda key, _text: columns_for(transcripts[key], blank_id)):
+                tr, blank = narrowed(transcripts[p.key], p.columns, blank_id)
                 duration = p.duration if p.duration is not None else p.log_probs.shape[0] * m.frame_seconds
                 placed = place_words(p.log_probs, tr, frame_seconds=m.frame_seconds, duration=duration,
-                                     blank=m.tokenizer.blank_id, speech=p.speech, speech_seconds=p.speech_seconds,
+                                     blank=blank, speech=p.speech, speech_seconds=p.speech_seconds,
                                      window=window, min_word_score=cfg.min_word_score, offset_seconds=p.frame_offset)
                 segments += cut(p.key, placed, duration, max_seconds=cfg.max_segment_seconds,
                                 max_pause=cfg.max_pause_seconds, padding=cfg.padding_seconds,

@@ -393,11 +393,17 @@ def nonfinite_rows(log_probs: torch.Tensor, lengths: torch.Tensor | None = None)
     """The rows of a (B, T, V) batch of log-probs (``lengths``: each row's valid frames; None: all) holding a NaN
     or an infinity: a model whose forward gives them has diverged (finite but huge weights), and every hypothesis
     it gives is empty or noise."""
-    bad = ~torch.isfinite(log_probs.detach())
+    lp = log_probs.detach()
+    # frames in blocks of about 2^22 values: a (B, T) mask, not (B, T, V) ones (3 GB of them for an hour of
+    # 5,000-token log-probs)
+    bad = torch.zeros(lp.shape[:2], dtype=torch.bool, device=lp.device)
+    block = max(1, (1 << 22) // max(1, lp.shape[0] * lp.shape[2]))
+    for t in range(0, lp.shape[1], block):
+        bad[:, t:t + block] = ~torch.isfinite(lp[:, t:t + block]).all(dim=-1)
     if lengths is not None:
         frames = torch.arange(log_probs.shape[1], device=log_probs.device)
-        bad = bad & (frames[None, :] < lengths.to(log_probs.device)[:, None])[..., None]
-    return torch.nonzero(bad.flatten(1).any(dim=1)).flatten().tolist()
+        bad = bad & (frames[None, :] < lengths.to(log_probs.device)[:, None])
+    return torch.nonzero(bad.any(dim=1)).flatten().tolist()
 
 
 def nonfinite_message(model: str, what: str, rows: int, total: int) -> str:

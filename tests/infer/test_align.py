@@ -110,3 +110,38 @@ def test_align_moves_word_times_by_the_offset_of_the_checkpoints_features(smoke,
                 assert b.end == pytest.approx(a.end - 0.0075, abs=1e-3)
                 checked += 1
     assert checked >= len(rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk_seconds", [0.0, 0.8])
+def test_log_probs_kept_to_the_transcripts_tokens_align_every_word_as_the_whole_vocabulary_does(smoke, chunk_seconds):
+    """align and segment keep only the transcript's tokens' and blank's log-probs (an hour of a 5,000-token model's
+    whole vocabulary is 1.8 GB): whole (chunk_seconds 0) or piece by piece (0.8 s pieces), the kept columns are the
+    whole vocabulary's values and every word is placed at the same times with the same score and reason."""
+    import torch
+
+    from corpus_io import config
+    from corpus_io.infer.align import columns_for, load, narrowed, passes, place_words, transcript, window_frames
+
+    data = smoke["data"] / "test_digits"
+    cfg = config.compose(config.AlignConfig, "align", [f"++data_list={data}",
+                                                       f"++checkpoint={smoke['exp'] / 'model.pt.avg1'}",
+                                                       "++output_dir=unused", "++dataset_conf.num_workers=0"])
+    m = load(cfg.checkpoint, "cpu", cfg.dataset_conf)
+    blank = m.tokenizer.blank_id
+    full = {p.key: p for p in passes(m, str(data), chunk_seconds=chunk_seconds, desc="test")}
+    kept = list(passes(m, str(data), chunk_seconds=chunk_seconds, desc="test",
+                       columns=lambda key, text: columns_for(transcript(text, m.tokenizer), blank)))
+    assert len(kept) == len(full) >= 20
+    for p in kept:
+        whole = full[p.key]
+        tr = transcript(p.text, m.tokenizer)
+        assert p.columns == columns_for(tr, blank) and whole.columns is None
+        assert p.log_probs.shape[1] == len(p.columns) < whole.log_probs.shape[1]
+        assert torch.equal(p.log_probs, whole.log_probs[:, p.columns])
+        kwargs = {"frame_seconds": m.frame_seconds, "duration": p.duration, "speech": p.speech,
+                  "speech_seconds": p.speech_seconds, "window": window_frames(cfg.window_seconds, m.frame_seconds),
+                  "min_word_score": cfg.min_word_score, "offset_seconds": p.frame_offset}
+        ids, kept_blank = narrowed(tr, p.columns, blank)
+        assert place_words(p.log_probs, ids, blank=kept_blank, **kwargs) == \
+            place_words(whole.log_probs, tr, blank=blank, **kwargs)

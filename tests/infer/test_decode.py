@@ -450,7 +450,7 @@ def test_decode_scores_every_utterance_a_long_one_decoded_a_dropped_one_as_delet
 
 def test_a_long_utterance_through_the_model_in_pieces_keeps_every_output_frame_of_the_whole(trained):
     """chunked: the pieces' outputs joined have exactly the whole utterance's frame count (each frame at its time),
-    and a piece as long as the utterance is the whole forward."""
+    a piece as long as the utterance is the whole forward, and a shorter row is padded with zeros."""
     from corpus_io.infer.decode import chunked, load_model
 
     model, _, _ = load_model(str(trained["out"] / "model.pt.avg2"), torch.device("cpu"))
@@ -465,6 +465,7 @@ def test_a_long_utterance_through_the_model_in_pieces_keeps_every_output_frame_o
         assert torch.allclose(same[i, :n], whole[i, :n], atol=1e-4)
         # away from the pieces' edges the frames see most of what the whole did: the same best token
         assert (pieces[i, :n].argmax(-1) == whole[i, :n].argmax(-1)).float().mean() > 0.8
+        assert not pieces[i, n:].any() and not same[i, n:].any()  # past a row's frames: padding, zeros
 
 
 def test_an_utterances_seconds_from_its_frames_are_its_audios_with_snip_edges_false_too():
