@@ -146,17 +146,30 @@ def word_time_deltas(ctm: Path, reference: Path) -> tuple[list[float], list[floa
     return starts, ends, sum(len(r) for r in ref.values())
 
 
+def librivox_train_cmd(exp: Path, data: Path, tokens: Path, *overrides: str) -> list[str]:
+    """The torchrun command both LibriVox models train with (a tiny ConformerCTC on letters, one process)."""
+    from tests.trained_models import torchrun_cmd
+
+    return torchrun_cmd(exp, {"shards": data, "tokens": tokens}, "++dataset_conf.data_type=raw",
+                        "++tokenizer.latin_unit=letter", "++dataset_conf.batch_size=5", "++optim_conf.lr=0.003",
+                        "++scheduler_conf.warmup_steps=10", "++train_conf.log_interval=50",
+                        "++train_conf.keep_nbest_models=1", "++train_conf.avg_nbest_model=1",
+                        # Kaldi's framing, undithered: the features issue 47's word-time figures were measured on;
+                        # with the issue 52 defaults these overfit models do worse (docs/DECODING.md)
+                        "++dataset_conf.fbank_conf.snip_edges=true", "++dataset_conf.fbank_conf.high_freq=0",
+                        "++dataset_conf.fbank_conf.dither=0", *overrides, nproc=1)
+
+
 @pytest.fixture(scope="module")
 def librivox_decoded(real_dir, tmp_path_factory) -> dict:
     """A tiny ConformerCTC (letters) trained once on the 5 LibriVox recordings, and its decode of them with
     ++timestamps=true: the CTM users get."""
     import json
 
-    from tests.trained_models import run_train, torchrun_cmd
+    from tests.trained_models import run_train
 
     root = tmp_path_factory.mktemp("librivox")
-    wavs = dict(line.split(" ", 1) for line in (real_dir / "wav.scp").read_text().splitlines())
-    texts = dict(line.split(" ", 1) for line in (real_dir / "text").read_text().splitlines())
+    wavs, texts = read_table(real_dir / "wav.scp"), read_table(real_dir / "text")
     raw = root / "raw.list"
     raw.write_text("".join(json.dumps({"key": k, "wav": wavs[k], "txt": texts[k]}) + "\n"
                            for k in sorted(wavs) if k.startswith("librivox-")))
@@ -164,15 +177,7 @@ def librivox_decoded(real_dir, tmp_path_factory) -> dict:
     result = run_cli("corpus-io", "make-tokenizer", f"++input={raw}", f"++output={tokens}",
                      "++tokenizer.latin_unit=letter")
     assert result.returncode == 0, result.stderr
-    cmd = torchrun_cmd(root / "exp", {"shards": raw, "tokens": tokens}, "++dataset_conf.data_type=raw",
-                       "++tokenizer.latin_unit=letter", "++dataset_conf.batch_size=5", "++train_conf.max_epoch=150",
-                       "++optim_conf.lr=0.003", "++scheduler_conf.warmup_steps=10", "++train_conf.log_interval=50",
-                       "++train_conf.keep_nbest_models=1", "++train_conf.avg_nbest_model=1",
-                       # Kaldi's framing, undithered: the features issue 47's word-time figures were measured on;
-                       # with the issue 52 defaults this 10-utterance overfit model does worse (docs/DECODING.md)
-                       "++dataset_conf.fbank_conf.snip_edges=true", "++dataset_conf.fbank_conf.high_freq=0",
-                       "++dataset_conf.fbank_conf.dither=0", nproc=1)
-    result = run_train(cmd, timeout=600)
+    result = run_train(librivox_train_cmd(root / "exp", raw, tokens, "++train_conf.max_epoch=150"), timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = root / "dec"
     result = run_cli("corpus-io", "decode", f"++data_list={raw}", "++dataset_conf.data_type=raw",
@@ -237,6 +242,25 @@ def test_aligned_word_times_of_the_librivox_recordings_are_near_pocketsphinx_ali
         assert within >= 0.45, (name, within)
 
 
+def read_table(path: Path) -> dict:
+    """A Kaldi table (wav.scp, text) as key -> value, by the project's reader."""
+    from corpus_io.tables import kaldi
+
+    return {line.key: line.value for line in kaldi.iter_table(path)}
+
+
+def join_in_order(utterances: list[tuple[str, str, str]], out: Path, *, seed: int) -> Path:
+    """``(key, wav, text)`` utterances joined in this order into one recording (synth.join, which takes a Kaldi dir
+    in key order: each key gets its position as a prefix, ``007-<key>``)."""
+    from corpus_io.tables import synth
+
+    src = out.parent / f"{out.name}-utts"
+    src.mkdir()
+    (src / "wav.scp").write_text("".join(f"{i:03d}-{k} {w}\n" for i, (k, w, _) in enumerate(utterances)))
+    (src / "text").write_text("".join(f"{i:03d}-{k} {t}\n" for i, (k, _, t) in enumerate(utterances)))
+    return synth.join(src, out, per_recording=len(utterances), seed=seed)
+
+
 #: the joined triples of LibriVox recordings the fixture model also trains on (librivox_training_list)
 TRAINING_JOINS = 16
 #: the joined model's training seeds, the next tried when a training has not converged: its last epoch's train loss
@@ -255,20 +279,13 @@ def librivox_training_list(real_dir: Path, root: Path) -> Path:
     import json
     import random
 
-    from corpus_io.tables import synth
-
-    wavs = dict(line.split(" ", 1) for line in (real_dir / "wav.scp").read_text().splitlines())
-    texts = dict(line.split(" ", 1) for line in (real_dir / "text").read_text().splitlines())
+    wavs, texts = read_table(real_dir / "wav.scp"), read_table(real_dir / "text")
     keys = sorted(k for k in wavs if k.startswith("librivox-"))
     rows = [{"key": k, "wav": wavs[k], "txt": texts[k]} for k in keys]
     rng = random.Random(7)
     for j in range(TRAINING_JOINS):
-        src = root / f"join{j}"
-        src.mkdir()
-        order = rng.sample(keys, 3)  # join takes a dir in key order: the keys' prefixes set it
-        (src / "wav.scp").write_text("".join(f"{i}-{k} {wavs[k]}\n" for i, k in enumerate(order)))
-        (src / "text").write_text("".join(f"{i}-{k} {texts[k]}\n" for i, k in enumerate(order)))
-        joined = synth.join(src, root / f"join{j}-long", per_recording=3, seed=1000 + j)
+        order = rng.sample(keys, 3)
+        joined = join_in_order([(k, wavs[k], texts[k]) for k in order], root / f"join{j}", seed=1000 + j)
         rows.append({"key": f"join{j}", "wav": str(joined / "wav" / "long0000.wav"),
                      "txt": (joined / "text").read_text().split(" ", 1)[1].strip()})
     train_list = root / "train.list"
@@ -281,7 +298,7 @@ def librivox_joined_model(real_dir, tmp_path_factory) -> Path:
     """The model segment cuts the joined LibriVox recordings with: librivox_decoded's, trained on the 5 recordings
     and TRAINING_JOINS triples of them joined (librivox_training_list), 100 epochs. Not the word-time tests' model:
     on the 5 files alone its decoded word starts are 42 % within 0.1 s of pocketsphinx's, the plain one's 52 %."""
-    from tests.trained_models import run_train, torchrun_cmd
+    from tests.trained_models import run_train
 
     root = tmp_path_factory.mktemp("librivox-joined")
     train_list = librivox_training_list(real_dir, root)
@@ -291,15 +308,8 @@ def librivox_joined_model(real_dir, tmp_path_factory) -> Path:
     assert result.returncode == 0, result.stderr
     for seed in TRAINING_SEEDS:
         exp = root / f"exp-seed{seed}"
-        cmd = torchrun_cmd(exp, {"shards": train_list, "tokens": tokens}, "++dataset_conf.data_type=raw",
-                           "++tokenizer.latin_unit=letter", "++dataset_conf.batch_size=5", "++train_conf.max_epoch=100",
-                           f"++train_conf.seed={seed}", "++optim_conf.lr=0.003", "++scheduler_conf.warmup_steps=10",
-                           "++train_conf.log_interval=50", "++train_conf.keep_nbest_models=1",
-                           "++train_conf.avg_nbest_model=1",
-                           # librivox_decoded's features
-                           "++dataset_conf.fbank_conf.snip_edges=true", "++dataset_conf.fbank_conf.high_freq=0",
-                           "++dataset_conf.fbank_conf.dither=0",
-                           "++dataset_conf.filter_conf.token_max_length=600", nproc=1)  # a triple's letters
+        cmd = librivox_train_cmd(exp, train_list, tokens, "++train_conf.max_epoch=100", f"++train_conf.seed={seed}",
+                                 "++dataset_conf.filter_conf.token_max_length=600")  # a triple's letters
         result = run_train(cmd, timeout=900)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         losses = re.findall(r"train loss ([0-9.]+)", (exp / "train.log").read_text())
@@ -327,19 +337,13 @@ def test_segment_cuts_40_librivox_utterances_joined_with_pauses_where_they_were_
     import json
     import random
 
-    from corpus_io.tables import synth
-
     spec = importlib.util.spec_from_file_location("score_segments", REPO / "recipes" / "tools" / "score_segments.py")
     score_segments = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(score_segments)
     rows = [json.loads(line) for line in librivox_decoded["raw"].read_text().splitlines()]
     rng = random.Random(99)
     order = [r for _ in range(8) for r in rng.sample(rows, len(rows))]
-    src = tmp_path / "utts"
-    src.mkdir()
-    (src / "wav.scp").write_text("".join(f"{i:03d}-{r['key']} {r['wav']}\n" for i, r in enumerate(order)))
-    (src / "text").write_text("".join(f"{i:03d}-{r['key']} {r['txt']}\n" for i, r in enumerate(order)))
-    joined = synth.join(src, tmp_path / "long", per_recording=len(order), seed=1)
+    joined = join_in_order([(r["key"], r["wav"], r["txt"]) for r in order], tmp_path / "long", seed=1)
     # where each utterance's speech is: pocketsphinx's first and last word (its files start and end in noise and
     # a cut-off neighbour's click, which join's 1 %-of-peak rule counts as speech)
     reference: dict = {}

@@ -255,7 +255,7 @@ def align(cfg: Any) -> dict:
 
         for p in passes(m, cfg.data_list, chunk_seconds=cfg.chunk_seconds, desc="align", loader_out=loaders,
                         columns=columns):
-            tr = pending.pop(p.key, None) or transcript(p.text, m.tokenizer)
+            tr = pending.pop(p.key)  # asked for its columns when its batch went through the model
             ids, blank = narrowed(tr, p.columns, m.tokenizer.blank_id)
             placed = place_words(p.log_probs, ids, frame_seconds=m.frame_seconds, duration=p.duration,
                                  blank=blank, speech=p.speech, speech_seconds=p.speech_seconds,

@@ -401,8 +401,8 @@ def nonfinite_rows(log_probs: torch.Tensor, lengths: torch.Tensor | None = None)
     for t in range(0, lp.shape[1], block):
         bad[:, t:t + block] = ~torch.isfinite(lp[:, t:t + block]).all(dim=-1)
     if lengths is not None:
-        frames = torch.arange(log_probs.shape[1], device=log_probs.device)
-        bad = bad & (frames[None, :] < lengths.to(log_probs.device)[:, None])
+        frames = torch.arange(lp.shape[1], device=lp.device)
+        bad = bad & (frames[None, :] < lengths.to(lp.device)[:, None])
     return torch.nonzero(bad.any(dim=1)).flatten().tolist()
 
 

@@ -35,9 +35,8 @@ def segment(smoke_exp: Path, input_dir: Path, out: Path, *args: str):
 def test_segment_cuts_joined_recordings_in_their_pauses_and_places_every_word_once(smoke, joined, tmp_path):
     """The acceptance of issue 54 on espeak speech: no cut inside an utterance's speech, >= 95 % of segments hold
     exactly the words spoken inside them, the segments' words in order are the transcript less `unaligned` (<= 3 %
-    with this small model, see below),
-    segments at most 20 s; the same with 8 s Viterbi windows (a window boundary every few utterances); the Kaldi dir
-    goes into scp2jsonl and pack-shards as it is."""
+    with this small model, see below), segments at most 20 s; the same with 8 s Viterbi windows (a window boundary
+    every few utterances); the Kaldi dir goes into scp2jsonl and pack-shards as it is."""
     results = {}
     for name, args in (("whole", ()), ("windows", ("++window_seconds=8",))):
         out = tmp_path / name
