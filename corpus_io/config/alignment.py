@@ -54,20 +54,28 @@ class SegmentConfig:
                                  "scp2jsonl and pack-shards take), segments.jsonl (each segment's recording, "
                                  "start, end, text and score) and unaligned ('<recording> <word position> <word> "
                                  "<reason>': the transcript words placed in no segment)")
-    max_segment_seconds: float = opt(20.0, "a segment is at most this long: a longer stretch of aligned words is "
-                                           "cut at its longest pause between words (never through a word)",
+    vad: str = opt("energy", "where the audio pauses, the only places segment cuts: energy (the core: the fbank "
+                             "frames' energy, for clean recordings) or silero (silero-vad's shipped model, robust "
+                             "to room tone and breaths: pip install 'corpus-io[vad]')", choices=("energy", "silero"))
+    max_segment_seconds: float = opt(20.0, "a segment is at most this long (its padding shrinks first): a longer "
+                                           "stretch of speech is cut at its longest pause (a single pause-free "
+                                           "stretch longer than this, between words)",
                                      unit="seconds", range="[1, 3600]")
-    max_pause_seconds: float = opt(3.0, "a pause between two words longer than this always ends a segment (the "
-                                        "silence is left out)", unit="seconds", range="(0, inf)")
-    padding_seconds: float = opt(0.2, "a segment starts this long before its first word's sound and ends this long "
-                                      "after its last word's, at most half the pause to the next word",
+    max_pause_seconds: float = opt(3.0, "a pause longer than this always ends a segment (the silence is left out)",
+                                   unit="seconds", range="(0, inf)")
+    padding_seconds: float = opt(0.2, "a segment starts this long before its speech and ends this long after it, "
+                                      "at most half the pause to the neighbouring speech",
                                  unit="seconds", range="[0, 5]")
     min_word_score: float = opt(0.05, _MIN_WORD_SCORE + "; a segment never holds the audio of an unaligned word",
                                 range="[0, 1]")
-    phrase_pause_seconds: float = opt(0.3, "an unaligned word takes its phrase with it: the words between the pauses "
-                                           "at least this long around it are left out too (listed in unaligned), so "
-                                           "that every cut still falls in a pause", unit="seconds",
-                                      range="(0, inf)")
+    phrase_pause_seconds: float = opt(0.3, "the shortest pause ++vad reports: speech between two such pauses is a "
+                                           "phrase, and an unaligned word takes its phrase with it (its words are "
+                                           "listed in unaligned), so that every cut falls in a pause",
+                                      unit="seconds", range="(0, inf)")
+    max_unsaid_tokens: int = opt(2, "each segment is checked whole: its greedy path may emit at most this many "
+                                    "tokens in a row that its text lacks (speech the transcript does not say); a "
+                                    "segment with more is not written and its words are listed in unaligned",
+                                 range="[0, 1000]")
     window_seconds: float = opt(60.0, _WINDOW, unit="seconds", range="[4, 3600]")
     chunk_seconds: float = opt(60.0, "a recording goes through the model in pieces of this length (2 s of context "
                                      "each side): memory stays bounded for an hour-long recording", unit="seconds",

@@ -2,17 +2,20 @@
 
 Each recording goes through the model in ``chunk_seconds`` pieces and its whole transcript is aligned to it window by
 window (:func:`corpus_io.infer.align.place_words`: the CTC Viterbi path of its tokens, bounded memory for an hour).
-Then:
+Its speech regions come from the audio itself (``++vad``, :mod:`corpus_io.audio.vad`), parted by pauses of at least
+``phrase_pause_seconds``: cuts fall only there, never where the path's word times leave a gap (they run into pauses).
+Then (:func:`cut`):
 
-* an unaligned word (its tokens outside the token list, no path, or a score below ``min_word_score``) takes its
-  whole *phrase* with it: the words between the pauses of at least ``phrase_pause_seconds`` around it are left out
-  too (reason ``in a phrase with an unaligned word``), so that segments still start and end in pauses;
-* a *run* is a stretch of consecutive aligned words; a left-out word or a pause longer than ``max_pause_seconds``
-  ends one (the segment never holds the unaligned word's audio, nor the long silence);
-* a run longer than ``max_segment_seconds`` is cut at its longest pause between two words, again and again until
-  every piece fits: cuts fall between words, in the pause where there is one;
-* a segment spans its words' sound with ``padding_seconds`` each side, at most half the pause to the neighbouring
-  word, so two segments never share audio.
+* each aligned word belongs to the region holding most of its time; one the path put in a pause is unaligned;
+* an unaligned word takes its phrase (region) with it (reason ``in a phrase with an unaligned word``);
+* a region no word is in, where the model hears a token, is untranscribed speech: it ends the segment and is
+  skipped and counted; a region the model hears nothing in (a breath) ends nothing;
+* a stretch of regions is ended by a left-out region or a pause over ``max_pause_seconds``, and cut at its longest
+  pause until every piece lasts at most ``max_segment_seconds`` (a single longer region: between words);
+* a segment spans its regions with ``padding_seconds`` each side, at most half the pause to the neighbouring speech
+  and never past ``max_segment_seconds``;
+* each segment is checked whole (:func:`unsaid_run`): a run of more than ``max_unsaid_tokens`` tokens its greedy
+  path emits and its text lacks fails it, and its words are unaligned.
 
 Every transcript word lands in exactly one segment or in ``unaligned`` (``<recording> <word position> <word>
 <reason>``); audio in no segment (silence, speech with no text) is counted as skipped in the summary.
@@ -56,55 +59,125 @@ class Segment:
         return " ".join(p.word for _, p in self.words)
 
 
-#: why a word that aligned is still left out: it is in one phrase with an unaligned word
+#: why a word that aligned is still left out: it is in one phrase (speech region) with an unaligned word
 BESIDE = "in a phrase with an unaligned word"
+#: why a word is unaligned: the path put it where the audio holds no speech (a pause)
+IN_NO_SPEECH = "placed in a pause"
+#: why a word is unaligned: its segment, checked whole, holds speech its text does not say
+UNSAID = "in a segment with speech its text does not say"
+#: a word's sound may reach this far past the speech region it belongs to (seconds: a soft onset, a fading end)
+REGION_SLACK_SECONDS = 0.15
+#: a region with no word is untranscribed speech when the model hears a token in it: blank's posterior below this
+HEARD_BLANK_POSTERIOR = 0.5
 
 
-def drop_phrases(placed: list, phrase_pause: float) -> None:
-    """Mark unaligned every aligned word of a *phrase* (words between two pauses of at least ``phrase_pause``
-    seconds) that holds an unaligned word: a segment then starts and ends in pauses, never beside a word whose audio
-    is uncertain (a word with no times joins the phrase it lies in, in the text's order)."""
-    phrase: list[int] = []
-    last_end = None
+@dataclass
+class Cut:
+    """One recording cut: its segments, and the speech regions no transcript word was placed in (seconds)."""
 
-    def close() -> None:
-        if any(placed[i].reason for i in phrase):
-            for i in phrase:
-                if not placed[i].reason:
-                    placed[i].reason = BESIDE
-        phrase.clear()
+    segments: list
+    untranscribed: list  # [(start, end)] of the regions skipped as speech with no text
 
+
+def region_of(p: Any, regions: list, slack: float = REGION_SLACK_SECONDS) -> int | None:
+    """The index of the speech region that holds most of word ``p``'s time (one within ``slack`` seconds of it
+    when none overlaps it); None: the word lies in a pause."""
+    best, best_overlap = None, 0.0
+    for k, (s, e) in enumerate(regions):
+        overlap = min(e, p.end) - max(s, p.start)
+        if overlap > best_overlap or (best is None and overlap > -slack and overlap > best_overlap - slack):
+            best, best_overlap = k, overlap
+    return best
+
+
+def taint(placed: list, where: list) -> set[int]:
+    """The regions that hold an unaligned word, so that their aligned words are left out with it: a word with
+    times (a low score) taints its region; a word with none (no path, outside the token list, in a pause) taints
+    the regions of the timed words around it in the text and any between them."""
+    tainted: set[int] = set()
+    pending, prev = False, None
     for i, p in enumerate(placed):
-        if p.start is not None:
-            if last_end is not None and p.start - last_end >= phrase_pause:
-                close()
-            last_end = p.end
-        phrase.append(i)
-    close()
-
-
-def runs(placed: list, max_pause: float) -> list[list[int]]:
-    """The stretches of consecutive aligned words (their positions), ended by an unaligned word or a long pause."""
-    out: list[list[int]] = []
-    current: list[int] = []
-    for i, p in enumerate(placed):
-        if p.reason:
-            if current:
-                out.append(current)
-            current = []
+        r = where[i]
+        if r is None:
+            pending = True
             continue
-        if current and p.start - placed[current[-1]].end > max_pause:
-            out.append(current)
+        if pending:
+            tainted.update(range(prev if prev is not None else r, r + 1))
+            pending = False
+        if p.reason:
+            tainted.add(r)
+        prev = r
+    if pending and prev is not None:
+        tainted.add(prev)
+    return tainted
+
+
+def cut(recording: str, placed: list, duration: float, regions: list, *, max_seconds: float, max_pause: float,
+        padding: float, heard: list | None = None) -> Cut:
+    """The segments of one recording (module doc): ``placed``, its words; ``regions``, its speech regions (seconds,
+    from :mod:`corpus_io.audio.vad`); ``heard[k]``: whether the model hears a token in region ``k`` (None: in
+    every one). ``placed`` gets the reasons of the words left out."""
+    where = [region_of(p, regions) if p.start is not None else None for p in placed]
+    for i, p in enumerate(placed):
+        if p.start is not None and where[i] is None and not p.reason:
+            p.reason = IN_NO_SPEECH
+    tainted = taint(placed, where)
+    words_in: list[list[int]] = [[] for _ in regions]
+    for i, r in enumerate(where):
+        if r is None:
+            continue
+        if r in tainted and not placed[i].reason:
+            placed[i].reason = BESIDE
+        if not placed[i].reason:
+            words_in[r].append(i)
+    runs_of: list[list[int]] = []  # region indices, each run a stretch segments may span
+    current: list[int] = []
+    untranscribed = []
+    for k, (s, _) in enumerate(regions):
+        if not words_in[k] and k not in tainted:
+            if heard is None or heard[k]:
+                untranscribed.append(regions[k])
+            else:
+                continue  # a breath, a click: not speech to the model, it ends nothing
+        if not words_in[k] or (current and s - regions[current[-1]][1] > max_pause):
+            if current:
+                runs_of.append(current)
             current = []
-        current.append(i)
+        if words_in[k]:
+            current.append(k)
     if current:
-        out.append(current)
-    return out
+        runs_of.append(current)
+    span = max(0.5 * max_seconds, max_seconds - 2 * padding)  # the speech's extent, so that with padding it fits
+    segments = []
+    for run in runs_of:
+        for group in split_regions(run, regions, span):
+            words = [i for k in group for i in words_in[k]]
+            long = regions[group[-1]][1] - regions[group[0]][0] > max_seconds  # one region: cut between words
+            pieces = split(words, placed, span) if long else [words]
+            for piece in pieces:
+                segments.append(bounded(recording, piece, placed, group, regions, duration, padding, max_seconds))
+    return Cut(segments, untranscribed)
+
+
+def split_regions(run: list[int], regions: list, max_seconds: float) -> list[list[int]]:
+    """``run`` (region indices) cut at its longest pause until every group lasts at most ``max_seconds`` (a single
+    region longer than that stays whole: :func:`split` cuts its words)."""
+    groups, todo = [], [run]
+    while todo:
+        group = todo.pop()
+        if len(group) == 1 or regions[group[-1]][1] - regions[group[0]][0] <= max_seconds:
+            groups.append(group)
+            continue
+        gaps = [(regions[group[j + 1]][0] - regions[group[j]][1], -abs(2 * j + 2 - len(group)), j)
+                for j in range(len(group) - 1)]
+        _, _, j = max(gaps)
+        todo += [group[j + 1:], group[: j + 1]]
+    return sorted(groups)
 
 
 def split(run: list[int], placed: list, max_seconds: float) -> list[list[int]]:
-    """``run`` cut at its longest pause between words until every piece lasts at most ``max_seconds`` (a single word
-    longer than that stays whole)."""
+    """The words ``run`` of one speech region cut at their longest gap until every piece lasts at most
+    ``max_seconds`` (a single word longer than that stays whole)."""
     pieces, todo = [], [run]
     while todo:
         piece = todo.pop()
@@ -118,27 +191,28 @@ def split(run: list[int], placed: list, max_seconds: float) -> list[list[int]]:
     return sorted(pieces)
 
 
-def cut(recording: str, placed: list, duration: float, *, max_seconds: float, max_pause: float,
-        padding: float, phrase_pause: float) -> list[Segment]:
-    """The segments of one recording's placed words (module doc); ``placed`` gets the reasons of the words
-    :func:`drop_phrases` leaves out."""
-    drop_phrases(placed, phrase_pause)
-    timed = [i for i, p in enumerate(placed) if p.start is not None]  # low-score words keep their audio out too
-    segments = []
-    span = max(0.5 * max_seconds, max_seconds - 2 * padding)  # the words' extent, so that with padding it fits
-    for piece in (p for r in runs(placed, max_pause) for p in split(r, placed, span)):
-        first, last = placed[piece[0]], placed[piece[-1]]
-        before = [placed[i].end for i in timed if i < piece[0]]
-        after = [placed[i].start for i in timed if i > piece[-1]]
-        start = first.start - padding
-        if before:
-            start = max(start, (before[-1] + first.start) / 2, before[-1])
-        end = last.end + padding
-        if after:
-            end = min(end, (last.end + after[0]) / 2)
-        start, end = max(0.0, min(start, first.start)), min(duration, max(end, last.end))
-        segments.append(Segment(recording, round(start, 2), round(end, 2), [(i, placed[i]) for i in piece]))
-    return segments
+def bounded(recording: str, piece: list[int], placed: list, group: list[int], regions: list, duration: float,
+            padding: float, max_seconds: float) -> Segment:
+    """The segment of words ``piece`` (of regions ``group``): its speech (the regions', or the words' when a long
+    region was cut between words) with ``padding`` each side, at most half the pause to the neighbouring speech
+    (another region, or the region's next word), and at most ``max_seconds`` long (the padding shrinks first)."""
+    first, last = placed[piece[0]], placed[piece[-1]]
+    lo, hi = regions[group[0]][0], regions[group[-1]][1]
+    start, end = lo, hi  # the audio's pauses, not the path's word times (they run into the pauses)
+    before = regions[group[0] - 1][1] if group[0] > 0 else None
+    after = regions[group[-1] + 1][0] if group[-1] + 1 < len(regions) else None
+    inner_before = [p.end for p in placed[: piece[0]] if p.start is not None and lo < p.end <= first.start]
+    inner_after = [p.start for p in placed[piece[-1] + 1:] if p.start is not None and last.end <= p.start < hi]
+    if inner_before:  # a long region cut between words: this piece starts after a word of it
+        start, before = first.start, max(inner_before)
+    if inner_after:
+        end, after = last.end, min(inner_after)
+    lower = 0.0 if before is None else (before + start) / 2
+    upper = duration if after is None else (end + after) / 2
+    pad = min(padding, max(0.0, (max_seconds - 0.01 - (end - start)) / 2))  # 0.01: the times' rounding
+    s = min(start, max(lower, start - pad, 0.0))
+    e = max(min(end, duration), min(upper, end + pad, duration))
+    return Segment(recording, round(s, 2), round(e, 2), [(i, placed[i]) for i in piece])
 
 
 def read_recordings(path: str) -> dict:
@@ -185,7 +259,8 @@ def read_recordings(path: str) -> dict:
     return recs
 
 
-def check_spoken_in_time(recs: dict, tokenizer: Any, frame_seconds: float, path: str, checkpoint: str) -> dict:
+def check_spoken_in_time(recs: dict, tokenizer: Any, frame_seconds: float, path: str, checkpoint: str, *,
+                         allow_pipe: bool = False) -> dict:
     """Each recording's :class:`~corpus_io.infer.align.Transcript`, checked before the model runs: the token list
     spells most of it, and the audio (its header's length) has frames enough for its tokens."""
     from corpus_io.audio.io import probe
@@ -201,7 +276,7 @@ def check_spoken_in_time(recs: dict, tokenizer: Any, frame_seconds: float, path:
                             f"{' '.join(tr.outside[next(iter(tr.outside))])} not in it). Segment with a checkpoint "
                             f"trained on this language and script; nothing was written.")
         try:
-            seconds = probe(str(rec["source"]), allow_pipe=True).duration
+            seconds = probe(str(rec["source"]), allow_pipe=allow_pipe).duration
         except (DataError, OSError, RuntimeError) as exc:
             raise DataError(f"segment: recording '{key}' ({rec['source']}) cannot be read: {exc}. Nothing was "
                             f"written.") from None
@@ -322,7 +397,7 @@ def fingerprint(cfg: Any) -> str:
     files = list(resolve_input(cfg.input).files) or [cfg.input]
     conf = {k: v for k, v in to_dict(cfg.dataset_conf).items() if k not in ("num_workers", "prefetch")}
     options = [cfg.max_segment_seconds, cfg.max_pause_seconds, cfg.padding_seconds, cfg.min_word_score,
-               cfg.phrase_pause_seconds, cfg.window_seconds, cfg.chunk_seconds]
+               cfg.phrase_pause_seconds, cfg.window_seconds, cfg.chunk_seconds, cfg.vad, cfg.max_unsaid_tokens]
     return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest([cfg.checkpoint]), options, conf])
 
 
@@ -337,10 +412,12 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
     unaligned: list[tuple[str, int, str]] = []
     reasons: Counter = Counter()
     audio = 0.0
-    words = 0
+    words = failed = 0
+    untranscribed: list[float] = []
     if recs:  # a job past the recordings loads no model
         m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf)
-        transcripts = check_spoken_in_time(recs, m.tokenizer, m.frame_seconds, cfg.input, cfg.checkpoint)
+        transcripts = check_spoken_in_time(recs, m.tokenizer, m.frame_seconds, cfg.input, cfg.checkpoint,
+                                           allow_pipe=cfg.dataset_conf.allow_pipe)
         window = window_frames(cfg.window_seconds, m.frame_seconds)
         done: set = set()
         with tempfile.TemporaryDirectory(prefix="segment-job-") as tmp:
@@ -353,9 +430,18 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
                 placed = place_words(p.log_probs, tr, frame_seconds=m.frame_seconds, duration=duration,
                                      blank=blank, speech=p.speech, speech_seconds=p.speech_seconds,
                                      window=window, min_word_score=cfg.min_word_score, offset_seconds=p.frame_offset)
-                segments += cut(p.key, placed, duration, max_seconds=cfg.max_segment_seconds,
-                                max_pause=cfg.max_pause_seconds, padding=cfg.padding_seconds,
-                                phrase_pause=cfg.phrase_pause_seconds)
+                regions = speech_regions(cfg, recs[p.key], p, duration)
+                got = cut(p.key, placed, duration, regions, max_seconds=cfg.max_segment_seconds,
+                          max_pause=cfg.max_pause_seconds, padding=cfg.padding_seconds,
+                          heard=heard(p.log_probs, blank, regions, m.frame_seconds, p.frame_offset))
+                for seg in got.segments:
+                    if unsaid_run(p.log_probs, tr, blank, seg, m.frame_seconds, p.frame_offset) > cfg.max_unsaid_tokens:
+                        failed += 1
+                        for _, w in seg.words:
+                            w.reason = UNSAID
+                    else:
+                        segments.append(seg)
+                untranscribed += [e - s for s, e in got.untranscribed]
                 for i, w in enumerate(placed):
                     if w.reason:
                         unaligned.append((p.key, i, f"{w.word} {w.reason}"))
@@ -370,7 +456,69 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
     kept = round(sum(s.end - s.start for s in segments), 3)
     return segments, unaligned, {"recordings": len(recs), "audio": round(audio, 3), "segments": len(segments),
                                  "kept": kept, "words": words, "in_segments": sum(len(s.words) for s in segments),
-                                 "unaligned": dict(sorted(reasons.items()))}
+                                 "unaligned": dict(sorted(reasons.items())), "failed_segments": failed,
+                                 "untranscribed": round(sum(untranscribed), 3),
+                                 "untranscribed_regions": len(untranscribed)}
+
+
+def speech_regions(cfg: Any, rec: dict, p: Any, duration: float) -> list[tuple[float, float]]:
+    """Recording ``rec``'s speech regions (seconds, :mod:`corpus_io.audio.vad`) by ``++vad``: ``energy`` from the
+    pass's fbank speech frames, ``silero`` from its audio, read again (commands only with ``allow_pipe``)."""
+    from corpus_io.audio import vad
+
+    pause = cfg.phrase_pause_seconds
+    if cfg.vad == "silero":
+        from corpus_io.audio.io import decode_bytes, read_source_bytes, to_mono
+
+        data = read_source_bytes(str(rec["source"]), allow_pipe=cfg.dataset_conf.allow_pipe)
+        wave, rate = decode_bytes(data, where=str(rec["source"]))
+        return vad.silero_regions(to_mono(wave), rate, pause)
+    if p.speech is None:
+        raise ConfigError("++vad=energy reads the pauses from the model's fbank features, and this checkpoint takes "
+                          "other features: segment with ++vad=silero (pip install 'corpus-io[vad]').")
+    shift = p.frame_offset
+    return [(max(0.0, s + shift), min(duration, e + shift))
+            for s, e in vad.regions_from_frames(p.speech.tolist(), p.speech_seconds, pause)]
+
+
+def frame_range(start: float, end: float, frame_seconds: float, offset: float, frames: int) -> range:
+    """The model output frames of ``[start, end)`` seconds (frame ``t`` starts at ``t * frame_seconds + offset``)."""
+    import math
+
+    lo = max(0, int((start - offset) / frame_seconds))
+    return range(lo, min(frames, max(lo + 1, math.ceil((end - offset) / frame_seconds))))
+
+
+def heard(log_probs: Any, blank: int, regions: list, frame_seconds: float, offset: float) -> list[bool]:
+    """Whether the model hears a token in each region: a frame where blank's posterior is below
+    :data:`HEARD_BLANK_POSTERIOR` (a breath or a click is speech to an energy detector, not to the model)."""
+    import math
+
+    blank_lp = log_probs[:, blank].float()
+    bound = math.log(HEARD_BLANK_POSTERIOR)
+    out = []
+    for s, e in regions:
+        r = frame_range(s, e, frame_seconds, offset, blank_lp.shape[0])
+        out.append(bool((blank_lp[r.start:r.stop] < bound).any()))
+    return out
+
+
+def unsaid_run(log_probs: Any, tr: Any, blank: int, seg: Segment, frame_seconds: float, offset: float) -> int:
+    """The segment checked whole: the longest run of tokens its greedy path (over the kept columns: the
+    transcript's tokens and blank) emits that its text lacks, by an edit alignment of the two: speech inside the
+    segment that its text does not say (a word missing from the transcript)."""
+    import kaldialign
+
+    r = frame_range(seg.start, seg.end, frame_seconds, offset, log_probs.shape[0])
+    best = log_probs[r.start:r.stop].argmax(dim=-1).tolist()
+    hyp = [t for k, t in enumerate(best) if t != blank and (k == 0 or best[k - 1] != t)]
+    members = tr.members[seg.words[0][0]][0], tr.members[seg.words[-1][0]][-1]
+    ref = tr.ids[members[0]: members[1] + 1]
+    run = longest = 0
+    for a, _ in kaldialign.align(ref, hyp, -1):
+        run = run + 1 if a == -1 else 0
+        longest = max(longest, run)
+    return longest
 
 
 def job_list(recs: dict, path: Path) -> str:
@@ -418,7 +566,10 @@ def figures_line(figures: dict) -> str:
     by_reason = ", ".join(f"{r}: {n}" for r, n in sorted(figures["unaligned"].items())) or "none"
     return (f"{figures['recordings']} recordings ({audio / 3600:.3f} h) in {wall:.1f} s "
             f"({audio / max(wall, 1e-9):.1f} audio s/s); {figures['segments']} segments ({kept / 3600:.3f} h, "
-            f"skipped audio {max(0.0, audio - kept):.1f} s); {figures['words']} transcript words: "
+            f"skipped audio {max(0.0, audio - kept):.1f} s, of it untranscribed speech "
+            f"{figures.get('untranscribed', 0.0):.1f} s in {figures.get('untranscribed_regions', 0)} stretches); "
+            f"{figures.get('failed_segments', 0)} segments failed the whole-segment check; "
+            f"{figures['words']} transcript words: "
             f"{figures['in_segments']} in segments, {unaligned} unaligned ({by_reason})")
 
 
@@ -436,7 +587,7 @@ def part_keys(data: dict) -> list[str]:
     return data["keys"]
 
 
-FIGURES = ("recordings", "segments", "words", "in_segments")
+FIGURES = ("recordings", "segments", "words", "in_segments", "failed_segments", "untranscribed_regions")
 
 
 def check_part(part: Any) -> None:
@@ -456,7 +607,7 @@ def check_part(part: Any) -> None:
     figures = jobs.of_type(data.get("figures"), "data.figures", dict, "a JSON object")
     for name in FIGURES:
         jobs.whole(figures.get(name), f"data.figures.{name}")
-    for name in ("audio", "kept", "wall"):
+    for name in ("audio", "kept", "wall", "untranscribed"):
         jobs.seconds(figures.get(name), f"data.figures.{name}")
     for reason, n in jobs.of_type(figures.get("unaligned"), "data.figures.unaligned", dict, "a JSON object").items():
         jobs.whole(n, f"data.figures.unaligned[{reason!r}]")

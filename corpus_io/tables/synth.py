@@ -17,8 +17,12 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from corpus_io.storage.progress import parallel_imap, progress, resolve_num_workers
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 # (espeak voice variant, words per minute): each pair is one "speaker".
@@ -289,12 +293,13 @@ JOIN_PAUSE_SECONDS = (0.3, 1.2)
 
 
 def join(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, per_recording: int = 40, seed: int = 0,
-         pause: tuple[float, float] = JOIN_PAUSE_SECONDS) -> Path:
+         pause: tuple[float, float] = JOIN_PAUSE_SECONDS, room_tone: bool = False) -> Path:
     """Long recordings for ``corpus-io segment``: the utterances of the Kaldi dir ``src_dir`` (sorted by key, mono
     WAV/FLAC at one rate) joined ``per_recording`` at a time with a pause of ``pause`` seconds between two (16-bit
-    silence: triangular dither of one step), as the Kaldi dir ``out_dir`` (``wav/<rec>.wav``, ``wav.scp``, ``text``
-    with all of a recording's words on one line) plus ``joins.jsonl``, the truth: each utterance's recording, start
-    and end in it, where its speech starts and ends (samples above 1 % of its peak), and its words."""
+    silence: triangular dither of one step; ``room_tone``: the recordings' own room tone, :func:`room_tone_of`), as
+    the Kaldi dir ``out_dir`` (``wav/<rec>.wav``, ``wav.scp``, ``text`` with all of a recording's words on one line)
+    plus ``joins.jsonl``, the truth: each utterance's recording, start and end in it, where its speech starts and
+    ends (samples above 1 % of its peak), and its words."""
     import json
 
     import numpy as np
@@ -306,6 +311,7 @@ def join(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, per_recordin
     wavs = sorted((line.key, line.value) for line in kaldi.iter_table(src / "wav.scp"))
     texts = {line.key: line.value for line in kaldi.iter_table(src / "text")}
     rng = np.random.default_rng(seed)
+    tone = room_tone_of([sf.read(path.strip(), dtype="float32")[0] for _, path in wavs]) if room_tone else None
     (out / "wav").mkdir(parents=True, exist_ok=True)
     scp, text, truth = [], [], []
     for r, first in enumerate(range(0, len(wavs), per_recording)):
@@ -318,7 +324,11 @@ def join(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, per_recordin
                 raise ValueError(f"{path}: join takes mono audio at one rate ({rate} Hz)")
             if k:
                 n = int(rng.uniform(*pause) * rate)
-                pieces.append(((rng.uniform(-1, 1, n) + rng.uniform(-1, 1, n)) / 32768).astype(np.float32))
+                if tone is not None:
+                    at_tone = int(rng.integers(0, len(tone)))
+                    pieces.append(np.resize(np.roll(tone, -at_tone), n))
+                else:
+                    pieces.append(((rng.uniform(-1, 1, n) + rng.uniform(-1, 1, n)) / 32768).astype(np.float32))
                 at += n
             loud = np.flatnonzero(np.abs(audio) > 0.01 * max(1e-9, float(np.abs(audio).max())))
             on, off = (int(loud[0]), int(loud[-1]) + 1) if len(loud) else (0, len(audio))
@@ -336,6 +346,38 @@ def join(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, per_recordin
     (out / "text").write_text("".join(text), encoding="utf-8")
     (out / "joins.jsonl").write_text("".join(json.dumps(t) + "\n" for t in truth), encoding="utf-8")
     return out
+
+
+#: room tone is read in pieces of this many samples (10 ms at 16 kHz) ...
+ROOM_TONE_PIECE = 160
+#: ... and kept from the quietest fifth of each recording's pieces, in runs of at least 5 (50 ms: its own texture)
+ROOM_TONE_SHARE, ROOM_TONE_RUN = 0.2, 5
+
+
+def room_tone_of(waves: list) -> np.ndarray:
+    """The recordings' own room tone, one array: the runs of at least :data:`ROOM_TONE_RUN` consecutive 10 ms pieces
+    among each recording's quietest :data:`ROOM_TONE_SHARE` (by RMS), in their order."""
+    import numpy as np
+
+    parts = []
+    for wave in waves:
+        n = len(wave) // ROOM_TONE_PIECE
+        if n == 0:
+            continue
+        pieces = np.asarray(wave[: n * ROOM_TONE_PIECE], dtype=np.float32).reshape(n, ROOM_TONE_PIECE)
+        rms = np.sqrt((pieces ** 2).mean(axis=1))
+        quiet = rms <= np.quantile(rms, ROOM_TONE_SHARE)
+        start = None
+        for i, q in enumerate([*quiet, False]):
+            if q and start is None:
+                start = i
+            elif not q and start is not None:
+                if i - start >= ROOM_TONE_RUN:
+                    parts.append(pieces[start:i].reshape(-1))
+                start = None
+    if not parts:
+        raise ValueError("join --room-tone: the recordings hold no 50 ms of quiet to take their room tone from")
+    return np.concatenate(parts)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -371,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("out_dir")
     p.add_argument("--per-recording", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--room-tone", action="store_true", help="pauses of the recordings' own room tone, not silence")
     args = parser.parse_args(argv)
     if args.what == "fixture":
         make_fixture(args.out_dir)
@@ -386,7 +429,7 @@ def main(argv: list[str] | None = None) -> None:
         make_librispeech_lookalike(args.root, readers_per_subset=args.readers_per_subset,
                                    utts_per_chapter=args.utts_per_chapter)
     elif args.what == "join":
-        join(args.src_dir, args.out_dir, per_recording=args.per_recording, seed=args.seed)
+        join(args.src_dir, args.out_dir, per_recording=args.per_recording, seed=args.seed, room_tone=args.room_tone)
     else:
         replicate(args.src_dir, args.out_dir, args.copies)
 

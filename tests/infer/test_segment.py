@@ -116,6 +116,14 @@ def test_segment_refuses_bad_input_in_one_paragraph_and_writes_nothing(smoke, jo
         assert result.returncode == 2, (name, result.stdout[-2000:], result.stderr[-2000:])
         assert said in result.stderr and "Traceback" not in result.stderr, (name, result.stderr)
         assert not out.exists() or not any(out.iterdir()), name
+    # a wav.scp command runs only with allow_pipe, its length probe included: this one would leave a trace
+    d = copy_dir(joined, tmp_path / "in" / "pipe")
+    trace = tmp_path / "pipe-ran"
+    (d / "wav.scp").write_text(f"long0000 touch {trace} |\n")
+    result = segment(smoke["exp"], d, tmp_path / "out_pipe")
+    assert result.returncode == 2 and "allow_pipe" in result.stderr and "Traceback" not in result.stderr, \
+        result.stderr
+    assert not trace.exists(), "segment ran a wav.scp command while commands are off"
     # the output dir is the input: refused before the model is loaded, the inputs untouched
     d = copy_dir(joined, tmp_path / "in" / "same")
     before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
@@ -132,8 +140,9 @@ def test_segment_refuses_bad_input_in_one_paragraph_and_writes_nothing(smoke, jo
 
 
 def test_an_unaligned_word_takes_its_phrase_with_it_so_that_cuts_stay_in_pauses():
-    """Three phrases parted by 0.5 s pauses; the middle one holds a word scored below min_word_score: its whole
-    phrase is left out (listed with its reason), the others are segments bounded in the pauses around them."""
+    """Three phrases (speech regions) parted by 0.5 s pauses; the middle one holds a word scored below
+    min_word_score: its whole phrase is left out (listed with its reason), the others are segments bounded in the
+    pauses around them."""
     from corpus_io.infer.align import LOW_SCORE, Placed
     from corpus_io.infer.segment import BESIDE, cut
 
@@ -141,9 +150,61 @@ def test_an_unaligned_word_takes_its_phrase_with_it_so_that_cuts_stay_in_pauses(
               Placed("three", 2.5, 3.0, 0.9), Placed("four", 3.05, 3.5, 0.01, LOW_SCORE),  # phrase B
               Placed("five", 3.55, 4.0, 0.9),
               Placed("six", 4.5, 5.0, 0.9)]  # phrase C
-    segments = cut("rec", placed, 6.0, max_seconds=20, max_pause=3, padding=0.2, phrase_pause=0.3)
-    assert [(s.text, s.start, s.end) for s in segments] == [("one two", 0.3, 2.2), ("six", 4.3, 5.2)]
+    regions = [(0.5, 2.0), (2.5, 4.0), (4.5, 5.0)]
+    got = cut("rec", placed, 6.0, regions, max_seconds=20, max_pause=3, padding=0.2)
+    assert [(s.text, s.start, s.end) for s in got.segments] == [("one two", 0.3, 2.2), ("six", 4.3, 5.2)]
     assert [p.reason for p in placed] == ["", "", BESIDE, LOW_SCORE, BESIDE, ""]
+
+
+def test_segments_are_cut_in_the_audio_pauses_not_in_gaps_the_word_times_leave():
+    """The CTC path's word times fill a real 0.6 s pause ("two" ends 0.3 s into it, "three" starts 0.2 s early) and
+    leave a 0.15 s gap inside a phrase: the pause the audio has is where the cut falls, and the word the path put
+    across it stays on its side of the pause."""
+    from corpus_io.infer.align import Placed
+    from corpus_io.infer.segment import cut
+
+    placed = [Placed("one", 0.5, 1.0, 0.9), Placed("two", 1.15, 2.3, 0.9),  # the audio: one two | three four
+              Placed("three", 2.4, 3.0, 0.9), Placed("four", 3.0, 3.5, 0.9)]
+    regions = [(0.5, 2.0), (2.6, 3.5)]
+    got = cut("rec", placed, 4.0, regions, max_seconds=2.5, max_pause=3, padding=0.2)
+    assert [(s.text, s.start, s.end) for s in got.segments] == [("one two", 0.3, 2.2), ("three four", 2.4, 3.7)]
+    assert all(not p.reason for p in placed)
+
+
+def test_speech_no_word_was_placed_in_ends_the_segment_and_is_counted_not_kept():
+    """A sentence the transcript lacks (a region the model hears, no word in it) between two transcribed ones ends
+    the segment and is skipped and counted; a breath (a region the model hears nothing in) ends nothing."""
+    from corpus_io.infer.align import Placed
+    from corpus_io.infer.segment import cut
+
+    placed = [Placed("one", 0.5, 1.0, 0.9), Placed("two", 3.5, 4.0, 0.9), Placed("three", 5.5, 6.0, 0.9)]
+    regions = [(0.5, 1.0), (1.5, 3.0), (3.5, 4.0), (4.6, 4.9), (5.5, 6.0)]
+    got = cut("rec", placed, 7.0, regions, max_seconds=20, max_pause=3, padding=0.2,
+              heard=[True, True, True, False, True])
+    assert [(s.text, s.start, s.end) for s in got.segments] == [("one", 0.3, 1.2), ("two three", 3.3, 6.2)]
+    assert got.untranscribed == [(1.5, 3.0)]
+
+
+def test_padding_shrinks_so_that_no_segment_is_longer_than_max_segment_seconds():
+    """++padding_seconds=5 ++max_segment_seconds=3 wrote a 3.24 s segment: the padding gives way to the bound."""
+    from corpus_io.infer.align import Placed
+    from corpus_io.infer.segment import cut
+
+    placed = [Placed("one", 10.0, 10.5, 0.9), Placed("two", 10.6, 12.0, 0.9)]
+    got = cut("rec", placed, 30.0, [(10.0, 12.0)], max_seconds=3, max_pause=3, padding=5)
+    (seg,) = got.segments
+    assert seg.end - seg.start <= 3.0 and seg.start <= 10.0 and seg.end >= 12.0, seg
+
+
+def test_a_word_the_path_put_in_a_pause_is_unaligned_with_its_neighbours_phrases():
+    from corpus_io.infer.align import Placed
+    from corpus_io.infer.segment import BESIDE, IN_NO_SPEECH, cut
+
+    placed = [Placed("one", 0.5, 1.0, 0.9), Placed("two", 1.5, 1.7, 0.9), Placed("three", 2.5, 3.0, 0.9),
+              Placed("four", 4.0, 4.5, 0.9)]
+    got = cut("rec", placed, 5.0, [(0.5, 1.0), (2.5, 3.0), (4.0, 4.5)], max_seconds=20, max_pause=3, padding=0.2)
+    assert [p.reason for p in placed] == [BESIDE, IN_NO_SPEECH, BESIDE, ""]
+    assert [s.text for s in got.segments] == ["four"]
 
 
 @pytest.mark.slow
