@@ -1,5 +1,6 @@
 """Long recordings and wrong labels (issue 54, ``make bench BENCH=clean``): ``corpus-io segment`` throughput (audio
-seconds per second) with 1 and 2 processes, and its peak RSS on a 1-hour recording; ``corpus-io score`` throughput
+seconds per second) with 1 and 2 processes, and its peak RSS on a 1-hour recording, with each pause detector
+(``++vad=energy``, ``++vad=silero`` and silero-vad alone: the VAD's cost, issue 58); ``corpus-io score`` throughput
 on the same utterances with 1 and 2 processes (:func:`bench.bench_score.score_throughput`).
 
 The corpus: espeak digit strings (``synth.make_digits``) joined into one 1-hour recording, and the same utterances
@@ -86,6 +87,22 @@ def audio_seconds(recordings: Path) -> float:
                for line in (recordings / "wav.scp").read_text().splitlines())
 
 
+def vad_cost(recordings: Path) -> str:
+    """silero-vad alone over the first recording of ``recordings`` (read, resampled, every 32 ms window), timed in
+    this process: the share of ``++vad=silero`` in segment's wall."""
+    import time
+
+    import soundfile as sf
+
+    from corpus_io.audio.vad import silero_regions
+
+    wave, rate = sf.read((recordings / "wav.scp").read_text().split("\n")[0].split(" ", 1)[1].strip(), dtype="float32")
+    start = time.perf_counter()
+    regions = silero_regions(wave, rate, 0.3)
+    wall = time.perf_counter() - start
+    return f"{len(wave) / rate / wall:.0f} audio s/s ({len(regions)} speech regions, {wall:.1f} s)"
+
+
 def main() -> None:
     import subprocess
     import tempfile
@@ -100,6 +117,11 @@ def main() -> None:
             raise SystemExit(f"segment: {result.stderr[-3000:]}")
         print(f"segment, 1 process, one {seconds / 60:.1f}-minute recording: {seconds / wall:.1f} audio s/s "
               f"(wall {wall:.1f} s), peak RSS {mb(peak)}")
+        wall_v, peak_v, result = run_measured(segment_argv(one, checkpoint, Path(tmp) / "silero") + ["++vad=silero"])
+        if result.returncode != 0:
+            raise SystemExit(f"segment ++vad=silero: {result.stderr[-3000:]}")
+        print(f"segment ++vad=silero, the same recording: {seconds / wall_v:.1f} audio s/s (wall {wall_v:.1f} s), peak "
+              f"RSS {mb(peak_v)}; the VAD alone: {vad_cost(one)} (++vad=energy reuses the model's fbank: ~0)")
         wide = untrained_checkpoint(utts, WIDE_VOCAB)
         wall_w, peak_w, result = run_measured(segment_argv(one, wide, Path(tmp) / "wide"))
         if result.returncode != 0:

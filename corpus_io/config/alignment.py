@@ -72,10 +72,16 @@ class SegmentConfig:
                                            "phrase, and an unaligned word takes its phrase with it (its words are "
                                            "listed in unaligned), so that every cut falls in a pause",
                                       unit="seconds", range="(0, inf)")
-    max_unsaid_tokens: int = opt(2, "each segment is checked whole: its greedy path may emit at most this many "
-                                    "tokens in a row that its text lacks (speech the transcript does not say); a "
-                                    "segment with more is not written and its words are listed in unaligned",
-                                 range="[0, 1000]")
+    max_unsaid_words: int = opt(0, "each segment is checked whole: its greedy path may read at most this many "
+                                   "words in a row that its text lacks (speech the transcript does not say); a "
+                                   "segment with more is not written and its words are listed in unaligned",
+                                range="[0, 1000]")
+    pseudo_label: bool = opt(False, "a recording with no transcript line (or an empty one) is cut at the pauses "
+                                    "and transcribed by the checkpoint (greedy), each segment with its confidence; "
+                                    "off: such a recording is refused")
+    min_confidence: float = opt(0.5, "a pseudo-labelled segment whose confidence (its words' mean aligned-frame "
+                                     "posterior) is below this is listed in flagged ('<key> <reason>', what "
+                                     "pack-shards ++exclude_keys takes)", range="[0, 1]")
     window_seconds: float = opt(60.0, _WINDOW, unit="seconds", range="[4, 3600]")
     chunk_seconds: float = opt(60.0, "a recording goes through the model in pieces of this length (2 s of context "
                                      "each side): memory stays bounded for an hour-long recording", unit="seconds",

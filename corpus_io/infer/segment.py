@@ -14,8 +14,8 @@ Then (:func:`cut`):
   pause until every piece lasts at most ``max_segment_seconds`` (a single longer region: between words);
 * a segment spans its regions with ``padding_seconds`` each side, at most half the pause to the neighbouring speech
   and never past ``max_segment_seconds``;
-* each segment is checked whole (:func:`unsaid_run`): a run of more than ``max_unsaid_tokens`` tokens its greedy
-  path emits and its text lacks fails it, and its words are unaligned.
+* each segment is checked whole (:func:`unsaid_run`): a run of more than ``max_unsaid_words`` words its greedy
+  path reads and its text lacks fails it, and its words are unaligned.
 
 Every transcript word lands in exactly one segment or in ``unaligned`` (``<recording> <word position> <word>
 <reason>``); audio in no segment (silence, speech with no text) is counted as skipped in the summary.
@@ -40,7 +40,7 @@ from typing import Any
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.storage.progress import Summary
 
-SEGMENT_OUTPUTS = ("wav.scp", "segments", "text", "utt2spk", "segments.jsonl", "unaligned")
+SEGMENT_OUTPUTS = ("wav.scp", "segments", "text", "utt2spk", "segments.jsonl", "unaligned", "flagged")
 
 
 @dataclass
@@ -49,6 +49,7 @@ class Segment:
     start: float
     end: float
     words: list  # [(position, Placed)]
+    pseudo_label: bool = False  # its text is the checkpoint's transcription (the recording had none)
 
     @property
     def key(self) -> str:
@@ -215,9 +216,11 @@ def bounded(recording: str, piece: list[int], placed: list, group: list[int], re
     return Segment(recording, round(s, 2), round(e, 2), [(i, placed[i]) for i in piece])
 
 
-def read_recordings(path: str) -> dict:
+def read_recordings(path: str, *, pseudo_label: bool = False) -> dict:
     """``{recording: record}`` of the input (a Kaldi dir or a JSONL), checked before anything runs: every
-    transcript line has audio and every recording a non-empty transcript, and no recording is a segment."""
+    transcript line has audio and every recording a non-empty transcript, and no recording is a segment.
+    ``pseudo_label``: a recording with no transcript line (a Kaldi dir's) or an empty one is kept, marked
+    ``pseudo_label`` (the checkpoint transcribes it)."""
     from corpus_io.tables.inputs import Skip, open_input
 
     inp = open_input(path)
@@ -235,11 +238,18 @@ def read_recordings(path: str) -> dict:
                             f"has start/end); segment takes whole recordings with one transcript each (a Kaldi dir "
                             f"without a segments file). Nothing was written.")
         recs[str(rec["key"])] = rec
+    if no_text and pseudo_label:
+        from corpus_io.tables.kaldi import iter_table
+
+        sources = {line.key: line.value for line in iter_table(str(Path(path) / "wav.scp"))}
+        for key in no_text:
+            recs[key] = {"key": key, "source": sources[key], "target": "", "pseudo_label": True}
+        no_text = []
     if no_text:
         raise DataError(f"segment: {len(no_text)} recordings of {path} have no transcript line (e.g. "
                         f"'{no_text[0]}'), so none of their words could be placed. Add a line for each to the "
-                        f"text (all the recording's words on one line), or leave them out of wav.scp; nothing was "
-                        f"written.")
+                        f"text (all the recording's words on one line), leave them out of wav.scp, or have the "
+                        f"checkpoint transcribe them (++pseudo_label=true); nothing was written.")
     text_file = Path(path) / "text"
     if text_file.is_file():  # a Kaldi dir: a transcript line whose recording is not in wav.scp
         from corpus_io.tables.kaldi import iter_table
@@ -252,10 +262,14 @@ def read_recordings(path: str) -> dict:
     if not recs:
         raise DataError(f"segment: {path} holds no recording; nothing was written.")
     empty = [k for k, r in recs.items() if not str(r.get("target") or "").strip()]
+    if empty and pseudo_label:
+        for key in empty:
+            recs[key]["pseudo_label"] = True
+        empty = []
     if empty:
         raise DataError(f"segment: {len(empty)} recordings of {path} have an empty transcript (e.g. '{empty[0]}'); "
-                        f"segment cuts a recording by its text. Give each its words, or leave it out; nothing was "
-                        f"written.")
+                        f"segment cuts a recording by its text. Give each its words, leave it out, or have the "
+                        f"checkpoint transcribe it (++pseudo_label=true); nothing was written.")
     return recs
 
 
@@ -336,7 +350,7 @@ def segment(cfg: Any) -> dict:
     require(cfg, "input", "checkpoint", "output_dir")
     job = jobs.job_of(cfg)
     refuse_overwrites(cfg)
-    recs = read_recordings(cfg.input)  # before torch is imported: a bad input costs a second
+    recs = read_recordings(cfg.input, pseudo_label=cfg.pseudo_label)  # before torch: a bad input costs a second
     place = jobs.Place(str(cfg.output_dir), TAG, True)
     fp = ""
     if not job.single or place.records():
@@ -351,7 +365,7 @@ def segment(cfg: Any) -> dict:
     t_start = time.perf_counter()
     segments, unaligned, figures = run(cfg, mine, whole=len(mine) == len(recs))
     out = Path(cfg.output_dir) if job.single else place.data(job)
-    write_outputs(out, segments, mine, unaligned, final=job.single)
+    write_outputs(out, segments, mine, unaligned, final=job.single, min_confidence=cfg.min_confidence)
     figures["wall"] = round(time.perf_counter() - t_start, 3)
     if not job.single:
         outputs = [jobs.output_entry(out / name, place.directory) for name in SEGMENT_OUTPUTS]
@@ -384,7 +398,7 @@ def _word_place(line: str) -> tuple[str, int]:
 #: the one-job order of each output file (the sort key of a line), which merge_parts keeps: a segment's files by
 #: segment key, wav.scp by recording, unaligned by recording and word position
 ORDER = {"wav.scp": _first_field, "segments": _first_field, "text": _first_field, "utt2spk": _first_field,
-         "segments.jsonl": _jsonl_key, "unaligned": _word_place}
+         "segments.jsonl": _jsonl_key, "unaligned": _word_place, "flagged": _first_field}
 
 
 def fingerprint(cfg: Any) -> str:
@@ -397,7 +411,8 @@ def fingerprint(cfg: Any) -> str:
     files = list(resolve_input(cfg.input).files) or [cfg.input]
     conf = {k: v for k, v in to_dict(cfg.dataset_conf).items() if k not in ("num_workers", "prefetch")}
     options = [cfg.max_segment_seconds, cfg.max_pause_seconds, cfg.padding_seconds, cfg.min_word_score,
-               cfg.phrase_pause_seconds, cfg.window_seconds, cfg.chunk_seconds, cfg.vad, cfg.max_unsaid_tokens]
+               cfg.phrase_pause_seconds, cfg.window_seconds, cfg.chunk_seconds, cfg.vad, cfg.max_unsaid_words,
+               cfg.pseudo_label, cfg.min_confidence]
     return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest([cfg.checkpoint]), options, conf])
 
 
@@ -406,7 +421,7 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
     the unaligned words ``(recording, position, "<word> <reason>")`` and the figures of :func:`figures_line`."""
     import tempfile
 
-    from corpus_io.infer.align import columns_for, load, narrowed, passes, place_words, window_frames
+    from corpus_io.infer.align import columns_for, load, narrowed, passes, place_words, transcript, window_frames
 
     segments: list[Segment] = []
     unaligned: list[tuple[str, int, str]] = []
@@ -416,15 +431,25 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
     untranscribed: list[float] = []
     if recs:  # a job past the recordings loads no model
         m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf)
-        transcripts = check_spoken_in_time(recs, m.tokenizer, m.frame_seconds, cfg.input, cfg.checkpoint,
+        pseudo = {k for k, r in recs.items() if r.get("pseudo_label")}
+        transcripts = check_spoken_in_time({k: r for k, r in recs.items() if k not in pseudo}, m.tokenizer,
+                                           m.frame_seconds, cfg.input, cfg.checkpoint,
                                            allow_pipe=cfg.dataset_conf.allow_pipe)
         window = window_frames(cfg.window_seconds, m.frame_seconds)
         done: set = set()
+        blank_id = m.tokenizer.blank_id
+        vocabulary = list(range(m.tokenizer.vocab_size))  # a recording with no text: its transcription's search
+
+        def columns(key: str, _text: str) -> list[int]:
+            return vocabulary if key in pseudo else columns_for(transcripts[key], blank_id)
+
         with tempfile.TemporaryDirectory(prefix="segment-job-") as tmp:
-            data_list = cfg.input if whole else job_list(recs, Path(tmp) / "recordings.jsonl")
-            blank_id = m.tokenizer.blank_id
+            data_list = cfg.input if whole and not pseudo else job_list(recs, Path(tmp) / "recordings.jsonl")
             for p in passes(m, data_list, chunk_seconds=cfg.chunk_seconds, desc="segment", total=len(recs),
-                            columns=lambda key, _text: columns_for(transcripts[key], blank_id)):
+                            columns=columns):
+                if p.key in pseudo:
+                    transcripts[p.key] = transcript(greedy_text(p.log_probs, p.columns, blank_id, m.tokenizer),
+                                                    m.tokenizer)
                 tr, blank = narrowed(transcripts[p.key], p.columns, blank_id)
                 duration = p.duration if p.duration is not None else p.log_probs.shape[0] * m.frame_seconds
                 placed = place_words(p.log_probs, tr, frame_seconds=m.frame_seconds, duration=duration,
@@ -435,7 +460,10 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
                           max_pause=cfg.max_pause_seconds, padding=cfg.padding_seconds,
                           heard=heard(p.log_probs, blank, regions, m.frame_seconds, p.frame_offset))
                 for seg in got.segments:
-                    if unsaid_run(p.log_probs, tr, blank, seg, m.frame_seconds, p.frame_offset) > cfg.max_unsaid_tokens:
+                    seg.pseudo_label = p.key in pseudo
+                    unsaid = unsaid_run(p.log_probs, p.columns, blank_id, m.tokenizer, seg, m.frame_seconds,
+                                        p.frame_offset)
+                    if unsaid > cfg.max_unsaid_words:
                         failed += 1
                         for _, w in seg.words:
                             w.reason = UNSAID
@@ -448,17 +476,27 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
                         reasons[w.reason.split(" (")[0]] += 1
                 audio += duration
                 done.add(p.key)
-        for key in sorted(set(recs) - done):  # a recording the loader could not read: every word unaligned
+        for key in sorted(set(recs) - done - pseudo):  # a recording the loader could not read: its words unaligned
             for i, word in enumerate(transcripts[key].words):
                 unaligned.append((key, i, f"{word} recording not read"))
                 reasons["recording not read"] += 1
         words = sum(len(t.words) for t in transcripts.values())
     kept = round(sum(s.end - s.start for s in segments), 3)
-    return segments, unaligned, {"recordings": len(recs), "audio": round(audio, 3), "segments": len(segments),
-                                 "kept": kept, "words": words, "in_segments": sum(len(s.words) for s in segments),
+    pseudo_labelled = sum(bool(r.get("pseudo_label")) for r in recs.values())
+    return segments, unaligned, {"recordings": len(recs), "pseudo_labelled": pseudo_labelled,
+                                 "audio": round(audio, 3), "segments": len(segments), "kept": kept, "words": words,
+                                 "in_segments": sum(len(s.words) for s in segments),
                                  "unaligned": dict(sorted(reasons.items())), "failed_segments": failed,
                                  "untranscribed": round(sum(untranscribed), 3),
                                  "untranscribed_regions": len(untranscribed)}
+
+
+def greedy_text(log_probs: Any, columns: list | None, blank: int, tokenizer: Any) -> str:
+    """The checkpoint's transcription of a recording with no text: its greedy CTC path (each frame's best token,
+    repeats merged, blanks dropped), as decode's greedy method reads it."""
+    best = log_probs.argmax(dim=-1).tolist()
+    ids = best if columns is None else [columns[c] for c in best]
+    return tokenizer.decode([t for k, t in enumerate(ids) if t != blank and (k == 0 or ids[k - 1] != t)])
 
 
 def speech_regions(cfg: Any, rec: dict, p: Any, duration: float) -> list[tuple[float, float]]:
@@ -503,20 +541,21 @@ def heard(log_probs: Any, blank: int, regions: list, frame_seconds: float, offse
     return out
 
 
-def unsaid_run(log_probs: Any, tr: Any, blank: int, seg: Segment, frame_seconds: float, offset: float) -> int:
-    """The segment checked whole: the longest run of tokens its greedy path (over the kept columns: the
-    transcript's tokens and blank) emits that its text lacks, by an edit alignment of the two: speech inside the
-    segment that its text does not say (a word missing from the transcript)."""
+def unsaid_run(log_probs: Any, columns: list | None, blank: int, tokenizer: Any, seg: Segment,
+               frame_seconds: float, offset: float) -> int:
+    """The segment checked whole: the longest run of words its greedy path (over the kept columns: the
+    transcript's tokens and blank) reads that its text lacks, by an edit alignment of the two word sequences:
+    speech inside the segment that its text does not say (a word missing from the transcript, the speech a
+    transcript that ran out left to the path)."""
     import kaldialign
 
+    from corpus_io.decoding.scoring import word_units
+
     r = frame_range(seg.start, seg.end, frame_seconds, offset, log_probs.shape[0])
-    best = log_probs[r.start:r.stop].argmax(dim=-1).tolist()
-    hyp = [t for k, t in enumerate(best) if t != blank and (k == 0 or best[k - 1] != t)]
-    members = tr.members[seg.words[0][0]][0], tr.members[seg.words[-1][0]][-1]
-    ref = tr.ids[members[0]: members[1] + 1]
+    text = greedy_text(log_probs[r.start:r.stop], columns, blank, tokenizer)
     run = longest = 0
-    for a, _ in kaldialign.align(ref, hyp, -1):
-        run = run + 1 if a == -1 else 0
+    for ref, _ in kaldialign.align([p.word for _, p in seg.words], word_units(text), "<eps>"):
+        run = run + 1 if ref == "<eps>" else 0
         longest = max(longest, run)
     return longest
 
@@ -530,7 +569,7 @@ def job_list(recs: dict, path: Path) -> str:
 
 
 def write_outputs(out: Path, segments: list[Segment], recs: dict, unaligned: list[tuple[str, int, str]], *,
-                  final: bool = True) -> None:
+                  final: bool = True, min_confidence: float = 0.0) -> None:
     """The files of :data:`SEGMENT_OUTPUTS` in ``out``, each to a temp name then renamed, in the :data:`ORDER`
     that merge_parts keeps. ``final`` (not a job's part): each is recorded as segment's (:data:`WRITER`)."""
     from corpus_io.storage.files import atomic_write, ensure_dir, record_written
@@ -546,13 +585,21 @@ def write_outputs(out: Path, segments: list[Segment], recs: dict, unaligned: lis
         f.write("".join(f"{s.key} {s.text}\n" for s in segments))
     with atomic_write(out / "utt2spk") as f:
         f.write("".join(f"{s.key} {recs[s.recording].get('speaker') or s.recording}\n" for s in segments))
+    flagged = []
     with atomic_write(out / "segments.jsonl") as f:
         for s in segments:
             scores = [w.score for _, w in s.words]
-            f.write(json.dumps({"key": s.key, "recording": s.recording, "start": s.start, "end": s.end,
-                                "text": s.text, "words": len(s.words), "first_word": s.words[0][0],
-                                "score": round(sum(scores) / len(scores), 4), "min_word_score": round(min(scores), 4)},
-                               ensure_ascii=False) + "\n")
+            row = {"key": s.key, "recording": s.recording, "start": s.start, "end": s.end, "text": s.text,
+                   "words": len(s.words), "first_word": s.words[0][0], "score": round(sum(scores) / len(scores), 4),
+                   "min_word_score": round(min(scores), 4)}
+            if s.pseudo_label:
+                row["pseudo_label"] = True
+                if row["score"] < min_confidence:
+                    flagged.append(f"{s.key} pseudo-label confidence {row['score']} below min_confidence "
+                                   f"{min_confidence}\n")
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    with atomic_write(out / "flagged") as f:
+        f.write("".join(flagged))
     with atomic_write(out / "unaligned") as f:
         f.write("".join(f"{r} {i} {rest}\n" for r, i, rest in sorted(unaligned, key=lambda u: u[:2])))
     for name in SEGMENT_OUTPUTS if final else ():
@@ -564,7 +611,9 @@ def figures_line(figures: dict) -> str:
     audio, wall, kept = figures["audio"], figures["wall"], figures["kept"]
     unaligned = sum(figures["unaligned"].values())
     by_reason = ", ".join(f"{r}: {n}" for r, n in sorted(figures["unaligned"].items())) or "none"
-    return (f"{figures['recordings']} recordings ({audio / 3600:.3f} h) in {wall:.1f} s "
+    pseudo = figures.get("pseudo_labelled", 0)
+    return (f"{figures['recordings']} recordings ({audio / 3600:.3f} h"
+            f"{f', {pseudo} with no text, transcribed by the checkpoint' if pseudo else ''}) in {wall:.1f} s "
             f"({audio / max(wall, 1e-9):.1f} audio s/s); {figures['segments']} segments ({kept / 3600:.3f} h, "
             f"skipped audio {max(0.0, audio - kept):.1f} s, of it untranscribed speech "
             f"{figures.get('untranscribed', 0.0):.1f} s in {figures.get('untranscribed_regions', 0)} stretches); "
@@ -576,7 +625,8 @@ def figures_line(figures: dict) -> str:
 def report(what: str, figures: dict, out: Path) -> None:
     print(f"{what}: {figures_line(figures)}")
     print(f"{what}: Kaldi dir -> {out} (wav.scp, segments, text, utt2spk), scores -> {out / 'segments.jsonl'}, "
-          f"unaligned words -> {out / 'unaligned'}", flush=True)
+          f"unaligned words -> {out / 'unaligned'}, pseudo-labels below min_confidence -> {out / 'flagged'}",
+          flush=True)
 
 
 # --------------------------------------------------------------------------- merge-jobs

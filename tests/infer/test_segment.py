@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,129 @@ def test_a_word_the_path_put_in_a_pause_is_unaligned_with_its_neighbours_phrases
     got = cut("rec", placed, 5.0, [(0.5, 1.0), (2.5, 3.0), (4.0, 4.5)], max_seconds=20, max_pause=3, padding=0.2)
     assert [p.reason for p in placed] == [BESIDE, IN_NO_SPEECH, BESIDE, ""]
     assert [s.text for s in got.segments] == ["four"]
+
+
+def faulty_transcripts(joined: Path, root: Path) -> dict:
+    """name -> a Kaldi dir of recording long0000 (40 joined utterances) with a transcript wrong the way real ones
+    are, its joins.jsonl marking the utterances whose speech the transcript does not (wholly) say."""
+    truth = [json.loads(line) for line in (joined / "joins.jsonl").read_text().splitlines()]
+    utts = [t for t in truth if t["recording"] == "long0000"]
+    other = [w for t in truth if t["recording"] == "long0001" for w in t["words"]]
+    half = len(utts) // 2
+    shortest = min(range(5, len(utts) - 5), key=lambda i: len(utts[i]["words"]))  # spoken in a pause, unwritten
+    cases = {"first_half": ({i: None for i in range(half, len(utts))}, None),
+             "second_half": ({i: None for i in range(half)}, None),
+             "other_text": ({i: None for i in range(len(utts))}, other),
+             "word_deleted": ({i: len(utts[i]["words"]) // 2 for i in (3, 17, 30)}, None),
+             "word_in_pause": ({shortest: None}, None)}
+    out = {}
+    for name, (unsaid, replacement) in cases.items():
+        d = root / name
+        d.mkdir(parents=True)
+        (d / "wav.scp").write_text((joined / "wav.scp").read_text().splitlines()[0] + "\n")
+        words = []
+        for i, t in enumerate(utts):
+            if i in unsaid:
+                t = {**t, "untranscribed": True}
+                if unsaid[i] is not None:  # one word of the sentence missing from the transcript
+                    words += [w for k, w in enumerate(t["words"]) if k != unsaid[i]]
+                utts[i] = t
+                continue
+            words += t["words"]
+            utts[i] = {k: v for k, v in t.items() if k != "untranscribed"}
+        (d / "text").write_text(f"long0000 {' '.join(replacement or words)}\n")
+        (d / "joins.jsonl").write_text("".join(json.dumps(t) + "\n" for t in utts))
+        out[name] = (d, len(replacement or words))
+    return out
+
+
+@pytest.mark.slow
+def test_segment_puts_no_transcript_on_speech_that_did_not_say_it(smoke, joined, tmp_path):
+    """Issue 58's transcripts that run out, on 40 joined espeak utterances: only the first half of the words, only
+    the second half, other utterances' text, one word deleted in 3 sentences, a whole sentence spoken in a pause but
+    not written. No segment holds other words than those spoken inside it, no bound falls in speech, the speech the
+    transcript does not say lies in no segment and is counted, and what the transcript says of the audio is still
+    mostly segmented."""
+    for name, (d, words) in faulty_transcripts(joined, tmp_path / "in").items():
+        out = tmp_path / f"out_{name}"
+        result = segment(smoke["exp"], d, out)
+        assert result.returncode in (0, 2), result.stderr[-3000:]
+        if result.returncode == 2:  # nothing to segment: only other_text may end so
+            assert name == "other_text" and "Traceback" not in result.stderr, (name, result.stderr[-2000:])
+            continue
+        figures = score_segments.score(d, out)
+        rows = [json.loads(line) for line in (out / "segments.jsonl").read_text().splitlines()]
+        truth = [json.loads(line) for line in (d / "joins.jsonl").read_text().splitlines()]
+        unsaid_kept = [t["key"] for t in truth if t.get("untranscribed")
+                       for r in rows if r["start"] < t["speech_end"] and t["speech_start"] < r["end"]]
+        said = re.search(r"untranscribed speech ([0-9.]+) s in ([0-9]+) stretches; ([0-9]+) segments failed",
+                         result.stdout)
+        print(f"segment, transcript {name}: {json.dumps(figures)}; {said.group(0) if said else result.stdout}")
+        assert figures["cuts_in_speech"] == 0, (name, figures)
+        assert not figures["not_exact"], (name, figures)
+        assert not unsaid_kept, (name, unsaid_kept)
+        assert figures["order_ok"], (name, figures)
+        assert said and (float(said.group(1)) > 0 or int(said.group(3)) > 0), (name, result.stdout)
+        if name != "other_text":
+            in_segments = sum(len(r["text"].split()) for r in rows)
+            assert in_segments >= 0.6 * words, (name, in_segments, words)
+
+
+def word_errors(ref: list[str], hyp: list[str]) -> int:
+    import kaldialign
+
+    return kaldialign.edit_distance(ref, hyp)["total"]
+
+
+@pytest.mark.slow
+def test_segment_transcribes_recordings_with_no_text_at_the_models_own_wer(smoke, joined, tmp_path):
+    """++pseudo_label=true, a recording of 40 joined utterances with no transcript line: segments bounded in the
+    audio's pauses (none in speech), each at most max_segment_seconds, labelled by the checkpoint at its own WER on
+    the utterances one by one or better, each with its confidence; a low one is flagged as score flags."""
+    d = tmp_path / "no_text"
+    d.mkdir()
+    (d / "wav.scp").write_text((joined / "wav.scp").read_text().splitlines()[0] + "\n")
+    (d / "text").write_text("")
+    out = tmp_path / "out"
+    refused = segment(smoke["exp"], d, tmp_path / "refused")
+    assert refused.returncode == 2 and "++pseudo_label=true" in refused.stderr, refused.stderr[-2000:]
+    result = segment(smoke["exp"], d, out, "++pseudo_label=true", "++max_segment_seconds=10",
+                     "++min_confidence=0.99")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "1 with no text, transcribed by the checkpoint" in result.stdout, result.stdout
+    truth = [json.loads(line) for line in (joined / "joins.jsonl").read_text().splitlines()
+             if json.loads(line)["recording"] == "long0000"]
+    rows = [json.loads(line) for line in (out / "segments.jsonl").read_text().splitlines()]
+    assert len(rows) >= 5 and all(r["pseudo_label"] and 0 < r["score"] <= 1 for r in rows), rows[:3]
+    assert all(r["end"] - r["start"] <= 10.0 for r in rows), rows
+    errors = words = 0
+    for r in rows:
+        for bound in (r["start"], r["end"]):
+            assert not any(t["speech_start"] < bound < t["speech_end"] for t in truth), (r, bound)
+        spoken = [w for t in truth if r["start"] <= t["speech_start"] and t["speech_end"] <= r["end"]
+                  for w in t["words"]]
+        errors, words = errors + word_errors(spoken, r["text"].split()), words + len(spoken)
+    in_segments = {t["key"] for t in truth for r in rows if r["start"] <= t["speech_start"] < r["end"]}
+    errors += sum(len(t["words"]) for t in truth if t["key"] not in in_segments)  # speech left out: deletions
+    words += sum(len(t["words"]) for t in truth if t["key"] not in in_segments)
+    # the model's own WER: decode of the same 40 utterances one by one
+    utts = tmp_path / "utts.jsonl"
+    src = joined.parent / "utts"
+    wavs = dict(line.split(" ", 1) for line in (src / "wav.scp").read_text().splitlines())
+    utts.write_text("".join(json.dumps({"key": t["key"], "source": wavs[t["key"]].strip(), "target": " ".join(
+        t["words"])}) + "\n" for t in truth))
+    dec = run_cli("corpus-io", "decode", f"++data_list={utts}", "++dataset_conf.data_type=raw",
+                  f"++checkpoint={smoke['exp'] / 'model.pt.avg1'}", f"++output_dir={tmp_path / 'dec'}",
+                  "++dataset_conf.num_workers=0")
+    assert dec.returncode == 0, dec.stderr[-3000:]
+    hyps = dict((line.split(" ", 1) + [""])[:2] for line in (tmp_path / "dec" / "text").read_text().splitlines())
+    own = sum(word_errors(t["words"], hyps.get(t["key"], "").split()) for t in truth)
+    own_words = sum(len(t["words"]) for t in truth)
+    print(f"pseudo-labels: {len(rows)} segments, WER {100 * errors / words:.2f} % ({errors}/{words}); the model's "
+          f"own WER one by one {100 * own / own_words:.2f} % ({own}/{own_words})")
+    assert errors / words <= own / own_words + 0.01, (errors, words, own, own_words)
+    flagged = (out / "flagged").read_text().splitlines()
+    assert {line.split()[0] for line in flagged} == {r["key"] for r in rows if r["score"] < 0.99}, flagged
 
 
 @pytest.mark.slow
