@@ -223,6 +223,8 @@ def window_frames(window_seconds: float, frame_seconds: float) -> int:
 
 
 ALIGN_OUTPUTS = ("ctm", "alignment.jsonl", "unaligned")
+#: the name align's outputs are recorded under (storage/files.py record_written): the files align may replace
+WRITER = "align"
 
 
 def align(cfg: Any) -> dict:
@@ -245,8 +247,8 @@ def align(cfg: Any) -> dict:
     first_outside = ""
     loaders: list = []
     t_start = time.perf_counter()
-    with atomic_write(out / "ctm") as ctm, atomic_write(out / "alignment.jsonl") as rows, \
-            atomic_write(out / "unaligned") as missing:
+    with atomic_write(out / "ctm", owner=WRITER) as ctm, atomic_write(out / "alignment.jsonl", owner=WRITER) as rows, \
+            atomic_write(out / "unaligned", owner=WRITER) as missing:
         pending: dict = {}  # key -> its transcript, tokenized once for its columns and its alignment
 
         def columns(key: str, text: str) -> list[int]:

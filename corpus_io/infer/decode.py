@@ -695,7 +695,7 @@ def refuse_overwrites(cfg: Any, outputs: tuple[str, ...] = DECODE_OUTPUTS, comma
 
     from corpus_io.config import require
     from corpus_io.model.cmvn import loader_inputs
-    from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output, refuse_replacing_others
+    from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     refuse_remote_output(cfg.output_dir, "++output_dir", command)
@@ -711,8 +711,16 @@ def refuse_overwrites(cfg: Any, outputs: tuple[str, ...] = DECODE_OUTPUTS, comma
         inputs += [(f"the Kaldi table {name} beside ++data_list", os.path.join(data_dir, name))
                    for name in KALDI_TABLES]
     refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in outputs], inputs)
-    if command == "decode":
-        refuse_replacing_others([(f"++output_dir's {name}", out / name) for name in decode_outputs(cfg)], WRITER,
-                                way_out="Give decode its own directory (e.g. ++output_dir=exp/decode_test); if the "
-                                        "file is an earlier decode's output you mean to replace (one written before "
-                                        "decode kept these records), delete it first.")
+    refuse_others_outputs(out, decode_outputs(cfg) if command == "decode" else outputs, command)
+
+
+def refuse_others_outputs(out: Path, names: Iterable[str], command: str) -> None:
+    """Before any work: ``command`` (decode, align, score; its name is the writer its outputs are recorded under,
+    ``atomic_write(owner=command)``) replaces in ``out`` only the files it wrote, unchanged since (an edited ctm, a
+    hand-made flagged list, a data dir's text: refused, naming the file)."""
+    from corpus_io.storage.files import refuse_replacing_others
+
+    refuse_replacing_others([(f"++output_dir's {name}", out / name) for name in names], command,
+                            way_out=f"Give {command} its own directory (e.g. ++output_dir=exp/{command}_test); if the "
+                                    f"file is an earlier {command}'s output you mean to replace (one written before "
+                                    f"{command} kept these records), delete it first.")

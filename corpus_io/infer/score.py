@@ -31,6 +31,8 @@ from typing import Any, Iterable, Iterator
 from corpus_io.errors import ConfigError, DataError
 
 OUTPUTS = ("scores.jsonl", "flagged", "summary.txt")
+#: the name score's outputs are recorded under (storage/files.py record_written): the files score may replace
+WRITER = "score"
 
 #: the figures with thresholds: (figure, side) -> the key that sets it; "max": flagged above, "min": below
 LIMITS = (("cer", "max"), ("wer", "max"), ("loss_per_token", "max"), ("loss_per_frame", "max"),
@@ -86,6 +88,7 @@ def refuse_outputs(cfg: Any) -> None:
     import os
 
     from corpus_io.config import require
+    from corpus_io.infer.decode import refuse_others_outputs
     from corpus_io.model.cmvn import loader_inputs
     from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
     from corpus_io.storage.urls import is_remote
@@ -103,6 +106,7 @@ def refuse_outputs(cfg: Any) -> None:
                               f"Kaldi dir's tables or a list's shards would be mixed with them). Give score its "
                               f"own directory, e.g. ++output_dir=exp/score_train.")
     refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in OUTPUTS], inputs)
+    refuse_others_outputs(out, OUTPUTS, WRITER)
 
 
 class Greedy:
@@ -310,11 +314,11 @@ def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any) 
     from corpus_io.storage.files import atomic_write, ensure_dir
 
     ensure_dir(out, what="output_dir")
-    with atomic_write(out / "scores.jsonl") as f:
+    with atomic_write(out / "scores.jsonl", owner=WRITER) as f:
         for row in rows:
             f.write(json.dumps({k: row[k] for k in ROW_FIELDS if k in row}, ensure_ascii=False) + "\n")
     flagged = [r for r in rows if r["flagged"]]
-    with atomic_write(out / "flagged") as f:
+    with atomic_write(out / "flagged", owner=WRITER) as f:
         f.write("".join(f"{r['key']} {'; '.join(r['reasons'])}\n" for r in flagged))
     counts: dict[str, int] = {}
     for r in flagged:
@@ -336,7 +340,7 @@ def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any) 
     for why in run.unread:
         lines.append(f"unread: {why}")
     summary = "\n".join(lines) + "\n"
-    with atomic_write(out / "summary.txt") as f:
+    with atomic_write(out / "summary.txt", owner=WRITER) as f:
         f.write(summary)
     if len(rows) - readable:
         print(f"warning: {len(rows) - readable} utterances could not be read (loader: {run.skipped}); each is in "

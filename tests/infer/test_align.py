@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from tests.conftest import run_cli
+from tests.test_hostile import corpus_io as in_process
 
 
 @pytest.mark.slow
@@ -145,3 +146,34 @@ def test_log_probs_kept_to_the_transcripts_tokens_align_every_word_as_the_whole_
         ids, kept_blank = narrowed(tr, p.columns, blank)
         assert place_words(p.log_probs, ids, blank=kept_blank, **kwargs) == \
             place_words(whole.log_probs, tr, blank=blank, **kwargs)
+
+
+def align_args(one_step_run, data_list, out) -> list[str]:
+    """align of ``data_list`` with the one-step model (the cheapest checkpoint: its words may score anything, so
+    every path is placed: ++min_word_score=0)."""
+    return [f"++data_list={data_list}", f"++checkpoint={one_step_run['out'] / 'model.pt.ep0'}", f"++output_dir={out}",
+            "++dataset_conf.num_workers=0", "++device=cpu", "++min_word_score=0"]
+
+
+def test_align_replaces_only_its_own_outputs_never_an_edited_ctm_or_someone_elses_unaligned(
+        one_step_run, corpus, tmp_path, capfd):
+    """A file under an output's name that align did not write (a user's unaligned list) is refused before any work,
+    kept as it was; align's own outputs are recorded, so a rerun replaces them, but not once one is edited."""
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "unaligned").write_text("utt1 0 hello checked by hand\n", encoding="utf-8")
+    rc, err = in_process("align", *align_args(one_step_run, corpus["raw"], theirs), capfd=capfd)
+    assert rc == 2 and f"++output_dir's unaligned {theirs / 'unaligned'} exists, and align did not write it" in err, err
+    assert "Traceback" not in err and "Nothing was written" in err and not (theirs / "ctm").exists()
+    assert (theirs / "unaligned").read_text(encoding="utf-8") == "utt1 0 hello checked by hand\n"
+    out = tmp_path / "align"
+    for _ in range(2):  # the second run replaces the first's files: align wrote them
+        rc, err = in_process("align", *align_args(one_step_run, corpus["raw"], out), capfd=capfd)
+        assert rc == 0, err
+    with open(out / "ctm", "a", encoding="utf-8") as f:
+        f.write("spk0-utt000 1 0.00 0.10 corrected 1.00\n")
+    edited = (out / "ctm").read_bytes()
+    rc, err = in_process("align", *align_args(one_step_run, corpus["raw"], out), capfd=capfd)
+    assert rc == 2 and f"{out / 'ctm'} exists, and align did not write it (changed since)" in err, err
+    assert (out / "ctm").read_bytes() == edited

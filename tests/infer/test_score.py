@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.recipes.test_smoke import smoke  # noqa: F401  (the session's `make smoke` run: its model and data)
+from tests.test_hostile import corpus_io as in_process
 
 DIGITS = "zero one two three four five six seven eight nine".split()
 
@@ -154,3 +155,28 @@ def test_robust_limits_come_from_the_bulk_of_the_data_and_survive_a_zero_median_
     losses = [0.02] * 50 + [0.05] * 40 + [0.4] * 8 + [8.0] * 2  # spread over orders of magnitude: on their logs
     assert 0.4 < robust_limit(losses, 5, "max", log=True) < 8.0
     assert robust_limit([], 5, "max") is None
+
+
+def test_score_replaces_only_its_own_outputs_never_a_hand_edited_flagged_list(one_step_run, corpus, tmp_path, capfd):
+    """A ``flagged`` list score did not write is refused before any work and kept; score's own outputs are
+    recorded, so a rerun replaces them, but not a flagged list edited since."""
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    args = [f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=0",
+            f"++checkpoint={one_step_run['out'] / 'model.pt.ep0'}", "++device=cpu"]
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "flagged").write_text("spk0-utt000 wrong label, checked by hand\n", encoding="utf-8")
+    rc, err = in_process("score", *args, f"++output_dir={theirs}", capfd=capfd)
+    assert rc == 2 and f"++output_dir's flagged {theirs / 'flagged'} exists, and score did not write it" in err, err
+    assert "Traceback" not in err and not (theirs / "scores.jsonl").exists()
+    assert (theirs / "flagged").read_text(encoding="utf-8") == "spk0-utt000 wrong label, checked by hand\n"
+    out = tmp_path / "score"
+    for _ in range(2):  # the second run replaces the first's files: score wrote them
+        rc, err = in_process("score", *args, f"++output_dir={out}", capfd=capfd)
+        assert rc == 0, err
+    with open(out / "flagged", "a", encoding="utf-8") as f:
+        f.write("spk0-utt001 added by hand\n")
+    edited = (out / "flagged").read_bytes()
+    rc, err = in_process("score", *args, f"++output_dir={out}", capfd=capfd)
+    assert rc == 2 and f"{out / 'flagged'} exists, and score did not write it (changed since)" in err, err
+    assert (out / "flagged").read_bytes() == edited
