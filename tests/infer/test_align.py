@@ -177,3 +177,24 @@ def test_align_replaces_only_its_own_outputs_never_an_edited_ctm_or_someone_else
     rc, err = in_process("align", *align_args(one_step_run, corpus["raw"], out), capfd=capfd)
     assert rc == 2 and f"{out / 'ctm'} exists, and align did not write it (changed since)" in err, err
     assert (out / "ctm").read_bytes() == edited
+
+
+def test_align_of_a_kaldi_dir_with_segments_names_ctm_recordings_by_recording_id_not_wav_file(
+        one_step_run, fixture_corpus, tmp_path, capfd):
+    """A Kaldi dir's segments name their recording by its id (wav.scp's first field, segments' second): the CTM's
+    first field and alignment.jsonl's ``recording`` are that id, never the audio file's name (``long``)."""
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    src = fixture_corpus / "segments_dir"
+    data = tmp_path / "data"
+    data.mkdir()
+    wav = (src / "wav" / "long.wav").resolve()
+    (data / "wav.scp").write_text(f"meeting-7 {wav}\n", encoding="utf-8")
+    (data / "segments").write_text((src / "segments").read_text().replace(" long ", " meeting-7 "), encoding="utf-8")
+    shutil.copy(src / "text", data / "text")
+    out = tmp_path / "align"
+    rc, err = in_process("align", *align_args(one_step_run, data, out), capfd=capfd)
+    assert rc == 0, err
+    ctm = [line.split() for line in (out / "ctm").read_text().splitlines()]
+    assert ctm and {row[0] for row in ctm} == {"meeting-7"}
+    rows = [json.loads(line) for line in (out / "alignment.jsonl").read_text().splitlines()]
+    assert sorted((r["key"], r["recording"]) for r in rows) == [(f"long-seg{i:02d}", "meeting-7") for i in range(4)]
