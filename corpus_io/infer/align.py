@@ -289,7 +289,8 @@ def align(cfg: Any) -> dict:
         unread: list = []
         lost = 0
         if loaders and loader_dropped(loaders[0]):  # what the loader could not read is reported, word by word
-            for key, text in list_references(cfg.data_list, m.conf, unread):
+            shards: dict = {}
+            for key, text in list_references(cfg.data_list, m.conf, unread, shards):
                 if key in seen:
                     continue
                 seen.add(key)
@@ -298,6 +299,7 @@ def align(cfg: Any) -> dict:
                     missing.write(f"{key} {i} {word} utterance not read\n")
                     reasons["utterance not read"] += 1
                     words += 1
+            lost += sum(n or 0 for n in shards.values())  # a shard's utterances whose keys not even its index has
         if utts == 0:
             raise DataError(f"align read 0 utterances from {cfg.data_list}; nothing was written. Check the list, "
                             f"its paths and dataset_conf.data_type (raw: a JSONL or Kaldi dir; shard: a data.list).")

@@ -188,6 +188,8 @@ class DecodeRun:
     recordings: set = field(default_factory=set)  # the recording ids of raw segments, checked to be one token
     missing: dict = field(default_factory=dict)  # key -> reference of an utterance of the list not decoded
     unread: list = field(default_factory=list)  # why the references of a shard or list entry could not be read
+    # shard not read -> how many of its utterances no key names (list_references; None: unknown)
+    unread_shards: dict = field(default_factory=dict)
     hotwords: list = field(default_factory=list)
     unbiased: dict = field(default_factory=dict)  # key -> best hypothesis of the search without hotwords
 
@@ -496,14 +498,18 @@ def undecoded(run: DecodeRun, data_list: str, conf: Any, dropped: dict) -> None:
     named; why a shard's or an entry's references could not be read goes into ``run.unread``."""
     if not dropped:
         return
-    for key, ref in list_references(data_list, conf, run.unread):
+    for key, ref in list_references(data_list, conf, run.unread, run.unread_shards):
         if key not in run.nbest and key not in run.missing:
             run.missing[key] = ref
 
 
-def list_references(data_list: str, conf: Any, unread: list) -> Iterator[tuple[str, str]]:
+def list_references(data_list: str, conf: Any, unread: list,
+                    unread_shards: dict | None = None) -> Iterator[tuple[str, str]]:
     """``(key, transcript)`` of every utterance of a raw or shard list, without audio (a shard's from its meta
-    companion or its text members); a place that cannot be read is described in ``unread`` and passed over."""
+    companion or its text members); a place that cannot be read is described in ``unread`` and passed over. A
+    shard that cannot be read still counts: its keys come from the list's index (transcript ``""``), and
+    ``unread_shards[shard]`` is how many of its utterances have no key to name (0 when the index lists its keys;
+    its entry's ``num_utts`` less those read; None: not even the index says)."""
     if conf.data_type == "raw":
         from corpus_io.loader.rawlist import RawList
 
@@ -516,17 +522,42 @@ def list_references(data_list: str, conf: Any, unread: list) -> Iterator[tuple[s
                 continue
             yield str(rec["key"]), str(rec.get("target") or "")
         return
-    from corpus_io.shards.index import read_datalist
+    from corpus_io.shards.index import read_datalist, shard_identity
     from corpus_io.shards.kinds import iter_shard_metadata
 
     options = conf.storage_options or None
+    index: dict | None = None
     for url in read_datalist(data_list, storage_options=options):
+        got = 0
         try:
             for sample in iter_shard_metadata(url, storage_options=options):
                 text = sample.get("txt") or ""
+                got += 1
                 yield str(sample["key"]), text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
         except DataError as exc:
             unread.append(f"shard {url}: {exc}")
+        else:
+            continue
+        if index is None:
+            index = _index_by_shard(data_list, options)
+        entry = index.get(shard_identity(url), {})
+        n = entry.get("num_utts")
+        if isinstance(entry.get("keys"), list):
+            yield from ((str(k), "") for k in entry["keys"])  # the callers pass over keys already met
+            n = got = 0
+        if unread_shards is not None:
+            unread_shards[url] = max(0, n - got) if isinstance(n, int) else None
+
+
+def _index_by_shard(data_list: str, options: dict | None) -> dict:
+    """The entries of ``data_list``'s index (with their keys) by :func:`shard_identity`; empty without an index."""
+    from corpus_io.shards.index import load_index, shard_identity
+
+    try:
+        entries = load_index(data_list, keys=True, storage_options=options) or {}
+    except (DataError, OSError, ValueError):
+        return {}  # an index that cannot be read: the shards' counts stay unknown
+    return {shard_identity(path): entry for path, entry in entries.items()}
 
 
 def score(run: DecodeRun, tokenizer: Any) -> Any:

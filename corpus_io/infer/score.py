@@ -78,7 +78,8 @@ def score(cfg: Any) -> dict:
     print(f"score: a row per utterance -> {out / 'scores.jsonl'}, flagged keys -> {out / 'flagged'} (to leave "
           f"them out: pack-shards or make-datalist ++exclude_keys={out / 'flagged'})")
     flagged = [r for r in rows if r["flagged"]]
-    return {"utts": len(rows), "flagged": len(flagged), "unreadable": len(run.missing), "thresholds": limits,
+    total, readable, _ = tally(rows, run)
+    return {"utts": total, "flagged": len(flagged), "unreadable": total - readable, "thresholds": limits,
             "audio_seconds": run.audio, "wall_seconds": run.wall_s}
 
 
@@ -325,10 +326,10 @@ def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any) 
         for reason in r["reasons"]:
             name = reason.split(":")[0].split(" ")[0] if not reason.startswith("empty") else "empty label"
             counts[name] = counts.get(name, 0) + 1
-    readable = sum(1 for r in rows if r["readable"])
-    lines = [f"score: {len(rows)} utterances of {cfg.data_list} ({run.audio / 3600:.3f} h) with {cfg.checkpoint}: "
-             f"{readable} scored, {len(rows) - readable} unreadable; {len(flagged)} flagged "
-             f"({100 * len(flagged) / max(1, len(rows)):.1f} %)",
+    total, readable, shards = tally(rows, run)
+    lines = [f"score: {total} utterances of {cfg.data_list} ({run.audio / 3600:.3f} h) with {cfg.checkpoint}: "
+             f"{readable} scored, {total - readable} unreadable{shards}; {len(flagged)} flagged "
+             f"({100 * len(flagged) / max(1, total):.1f} %)",
              "flagged by: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing"),
              f"thresholds (data: median +- {cfg.deviations:g} robust deviations, the losses' of their logarithms; "
              f"given: a key):"]
@@ -342,10 +343,26 @@ def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any) 
     summary = "\n".join(lines) + "\n"
     with atomic_write(out / "summary.txt", owner=WRITER) as f:
         f.write(summary)
-    if len(rows) - readable:
-        print(f"warning: {len(rows) - readable} utterances could not be read (loader: {run.skipped}); each is in "
-              f"scores.jsonl and flagged as unreadable.", file=sys.stderr, flush=True)
+    if total - readable:
+        unnamed = total - len(rows)
+        print(f"warning: {total - readable} utterances could not be read (loader: {run.skipped}){shards}; each is in "
+              f"scores.jsonl and flagged as unreadable"
+              + (f", but for {unnamed} in shards whose keys not even the list's index names" if unnamed else "")
+              + ".", file=sys.stderr, flush=True)
     return summary
+
+
+def tally(rows: list[dict], run: Any) -> tuple[int, int, str]:
+    """``(utterances, scored, the shards not read)``: every utterance the list names, its rows and those of a shard
+    that could not be read whose keys no one knows (its index's count); the shards as `` (shards not read: ...)``."""
+    readable = sum(1 for r in rows if r["readable"])
+    unnamed = [n for n in run.unread_shards.values() if n]
+    unknown = any(n is None for n in run.unread_shards.values())
+    shards = ""
+    if run.unread_shards:
+        shards = (f" (shards not read: {', '.join(run.unread_shards)}"
+                  + ("; how many utterances some hold, no index says" if unknown else "") + ")")
+    return len(rows) + sum(unnamed), readable, shards
 
 
 __all__ = ["score", "robust_limit", "thresholds", "flag", "LIMITS", "OUTPUTS"]

@@ -180,3 +180,26 @@ def test_score_replaces_only_its_own_outputs_never_a_hand_edited_flagged_list(on
     rc, err = in_process("score", *args, f"++output_dir={out}", capfd=capfd)
     assert rc == 2 and f"{out / 'flagged'} exists, and score did not write it (changed since)" in err, err
     assert (out / "flagged").read_bytes() == edited
+
+
+def test_score_headline_counts_every_utterance_of_the_list_and_names_the_shards_it_could_not_read(
+        one_step_run, tmp_path, capfd):
+    """16 utterances in 4 shards of 4, two of them broken: the headline says 16 utterances, 8 scored, 8 unreadable
+    (scored + unreadable = all the list names, from the index where a shard cannot be read), naming both shards."""
+    from tests.loader_data import fixture_utts, make_shards
+
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    utts = fixture_utts(copies=2)[:16]
+    data_list, _ = make_shards(tmp_path / "shards", utts=utts, per_shard=4)
+    broken = [tmp_path / "shards" / f"shard-00000{i}.tar" for i in (1, 3)]
+    for shard in broken:
+        shard.write_bytes(b"not a tar file, the copy was cut" * 20)
+    out = tmp_path / "score"
+    rc, err = in_process("score", f"++data_list={data_list}", f"++checkpoint={one_step_run['out'] / 'model.pt.ep0'}",
+                         f"++output_dir={out}", "++dataset_conf.num_workers=0", "++device=cpu", capfd=capfd)
+    assert rc == 0, err
+    summary = (out / "summary.txt").read_text(encoding="utf-8")
+    head = summary.splitlines()[0]
+    assert head.startswith(f"score: 16 utterances of {data_list}") and "8 scored, 8 unreadable" in head, summary
+    assert all(str(shard) in head for shard in broken), summary
+    assert "8 utterances could not be read" in err and all(str(shard) in err for shard in broken), err
