@@ -232,11 +232,18 @@ def align(cfg: Any) -> dict:
     from collections import Counter
 
     from corpus_io.config import require
-    from corpus_io.infer.decode import ctm_line, list_references, loader_dropped, refuse_overwrites
+    from corpus_io.infer.decode import (
+        check_repeated_keys,
+        ctm_line,
+        list_references,
+        loader_dropped,
+        refuse_overwrites,
+    )
     from corpus_io.storage.files import atomic_write, ensure_dir
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     refuse_overwrites(cfg, ALIGN_OUTPUTS, "align")
+    check_repeated_keys(cfg.data_list, cfg.dataset_conf, "align")
     m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf)
     window = window_frames(cfg.window_seconds, m.frame_seconds)
     out = ensure_dir(cfg.output_dir, what="output_dir")

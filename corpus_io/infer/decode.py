@@ -91,6 +91,7 @@ def decode(cfg: Any) -> dict:
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     check_options(cfg.decoding)
+    check_repeated_keys(cfg.data_list, cfg.dataset_conf, "decode")
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
     refuse_overwriting_inputs([(f"++output_dir's {name}", Path(cfg.output_dir) / name) for name in DECODE_OUTPUTS],
@@ -301,6 +302,46 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
                           enc, seconds, _durations(batch, conf), batch.get("segments"), frames,
                           input_frame_seconds(conf), targets, input_frame_offset_seconds(conf),
                           None if kept is None else kept.tolist())
+
+
+def repeated_keys_of(data_list: str, conf: Any) -> dict[str, list[str]]:
+    """``{key: [place, place, ...]}`` for every key the list holds more than once: a raw list's ``file:line`` of
+    each entry (a Kaldi dir's own lines), a shard list's shards (as the loader finds them: :func:`shard_repeats`;
+    remote shards without keys in their index are left to the readers, which count the repeats they meet)."""
+    if conf.data_type == "raw":
+        from corpus_io.loader.rawlist import RawList
+
+        entries = RawList(data_list)
+        return {key: [entries.where(i) for i in at] for key, at in entries.repeated_entries().items()}
+    from corpus_io.loader.read import shard_repeats
+    from corpus_io.shards.index import load_index, read_datalist
+
+    options = conf.storage_options or None
+    urls = read_datalist(data_list, storage_options=options)
+    repeats, _, _ = shard_repeats(data_list, urls, load_index(data_list, storage_options=options) or {}, options)
+    return {key: [f"shard {shard}" for shard in shards] for key, shards in repeats.items()}
+
+
+def check_repeated_keys(data_list: str, conf: Any, command: str) -> dict[str, list[str]]:
+    """Before the model is loaded: a key the list holds twice (two utterances, or two labels of one) is a
+    DataError naming it and where both are; with ``dataset_conf.on_error=skip`` the loader keeps the first of each,
+    and the repeats are returned (for ``command`` to report them) after a warning naming the first."""
+    repeats = repeated_keys_of(data_list, conf)
+    if not repeats:
+        return {}
+    key, places = next(iter(repeats.items()))
+    where = (f"key '{key}' is at {places[0]} and {places[1]}" + (f" (and {len(places) - 2} more)" if len(places) > 2
+                                                                 else "")
+             + (f"; {len(repeats) - 1} more keys repeat" if len(repeats) > 1 else ""))
+    if conf.on_error != "skip":
+        raise DataError(f"{command}: {where} in ++data_list={data_list}. {command} names each output by its "
+                        f"utterance's key, and would keep the first and leave the other out. Give each utterance its "
+                        f"own key, or drop the repeated line or shard (verify-shards lists a shard list's repeats); "
+                        f"or set ++dataset_conf.on_error=skip to keep the first of each and have the others reported. "
+                        f"Nothing was written.")
+    print(f"warning: {where} in {data_list}; {command} keeps the first of each repeated key and leaves the "
+          f"others out (++dataset_conf.on_error=skip).", file=sys.stderr, flush=True)
+    return repeats
 
 
 def streaming_options(cfg: Any, model: Any) -> tuple[int, int]:

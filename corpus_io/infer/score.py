@@ -47,6 +47,7 @@ def score(cfg: Any) -> dict:
     """Score ``cfg.data_list`` with ``cfg.checkpoint``; write scores.jsonl, flagged and summary.txt."""
     refuse_outputs(cfg)  # first: before torch is imported or anything is read
     from corpus_io.infer.decode import (
+        check_repeated_keys,
         decode_dataset_conf,
         decode_device,
         forward_batches,
@@ -59,6 +60,7 @@ def score(cfg: Any) -> dict:
     from corpus_io.loader.dataset import build_dataloader
 
     require_utterances(cfg.data_list, cfg.dataset_conf)
+    repeats = check_repeated_keys(cfg.data_list, cfg.dataset_conf, "score")
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
@@ -71,7 +73,7 @@ def score(cfg: Any) -> dict:
     spell_check(measured, cfg)
     rows = figures(run, measured)
     limits = thresholds(rows, cfg)
-    flag(rows, limits, cfg.min_errors)
+    flag(rows, limits, cfg.min_errors, repeats)
     out = Path(cfg.output_dir)
     summary = write_scores(out, rows, limits, run, cfg)
     print(summary.rstrip())
@@ -278,10 +280,14 @@ def thresholds(rows: list[dict], cfg: Any) -> dict:
     return limits
 
 
-def flag(rows: list[dict], limits: dict, min_errors: int) -> None:
-    """Set each row's ``flagged`` and ``reasons``: absolute rules first, then the thresholds."""
+def flag(rows: list[dict], limits: dict, min_errors: int, repeats: dict | None = None) -> None:
+    """Set each row's ``flagged`` and ``reasons``: absolute rules first, then the thresholds. ``repeats`` (key:
+    its places): a key the list holds more than once is flagged, its other labels were not scored."""
     for row in rows:
         reasons = []
+        if repeats and row["key"] in repeats:
+            places = repeats[row["key"]]
+            reasons.append(f"repeated key: scored at {places[0]}, not at {', '.join(places[1:])}")
         if not row["readable"]:
             reasons.append(f"unreadable: {row['error']}")
         else:

@@ -198,3 +198,20 @@ def test_align_of_a_kaldi_dir_with_segments_names_ctm_recordings_by_recording_id
     assert ctm and {row[0] for row in ctm} == {"meeting-7"}
     rows = [json.loads(line) for line in (out / "alignment.jsonl").read_text().splitlines()]
     assert sorted((r["key"], r["recording"]) for r in rows) == [(f"long-seg{i:02d}", "meeting-7") for i in range(4)]
+
+
+def test_align_refuses_a_repeated_key_naming_both_lines_or_with_on_error_skip_keeps_the_first_and_says_so(
+        one_step_run, tmp_path, capfd):
+    from tests.loader_data import raw_with_a_repeated_key
+
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    data_list, key = raw_with_a_repeated_key(tmp_path)
+    out = tmp_path / "align"
+    rc, err = in_process("align", *align_args(one_step_run, data_list, out), capfd=capfd)
+    assert rc == 2 and f"align: key '{key}' is at {data_list}:1 and {data_list}:5" in err, err
+    assert "Traceback" not in err and "Nothing was written" in err and not out.exists()
+    rc, err = in_process("align", *align_args(one_step_run, data_list, out), "++dataset_conf.on_error=skip",
+                         capfd=capfd)
+    assert rc == 0 and f"warning: key '{key}' is at {data_list}:1 and {data_list}:5" in err, err
+    keys = [json.loads(line)["key"] for line in (out / "alignment.jsonl").read_text().splitlines()]
+    assert len(keys) == 4 and keys.count(key) == 1

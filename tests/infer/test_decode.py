@@ -513,3 +513,21 @@ def test_a_checkpoint_whose_config_predates_the_feature_defaults_keeps_the_featu
     assert sorted(feature_differences(old["dataset_conf"], small_conf())) == [
         "dataset_conf.fbank_conf.high_freq: -400.0 here, 0.0 in the checkpoint",
         "dataset_conf.fbank_conf.snip_edges: False here, True in the checkpoint"]
+
+
+def test_decode_refuses_a_repeated_key_naming_both_lines_or_with_on_error_skip_names_it_in_a_warning(
+        one_step_run, tmp_path, capfd):
+    """As align and score (one rule, decode.check_repeated_keys): refused unless ++dataset_conf.on_error=skip, which
+    decodes the first and names the key and both lines, not only a count of the loader's."""
+    from tests.loader_data import raw_with_a_repeated_key
+
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    data_list, key = raw_with_a_repeated_key(tmp_path)
+    args = [f"++data_list={data_list}", "++dataset_conf.data_type=raw", "++device=cpu", "++dataset_conf.num_workers=0",
+            f"++checkpoint={one_step_run['out'] / 'model.pt.ep0'}", f"++output_dir={tmp_path / 'dec'}"]
+    rc, err = in_process("decode", *args, capfd=capfd)
+    assert rc == 2 and f"decode: key '{key}' is at {data_list}:1 and {data_list}:5" in err, err
+    assert "Traceback" not in err and not (tmp_path / "dec").exists()
+    rc, err = in_process("decode", *args, "++dataset_conf.on_error=skip", capfd=capfd)
+    assert rc == 0 and f"warning: key '{key}' is at {data_list}:1 and {data_list}:5" in err, err
+    assert len((tmp_path / "dec" / "text").read_text(encoding="utf-8").splitlines()) == 4

@@ -203,3 +203,23 @@ def test_score_headline_counts_every_utterance_of_the_list_and_names_the_shards_
     assert head.startswith(f"score: 16 utterances of {data_list}") and "8 scored, 8 unreadable" in head, summary
     assert all(str(shard) in head for shard in broken), summary
     assert "8 utterances could not be read" in err and all(str(shard) in err for shard in broken), err
+
+
+def test_score_flags_a_repeated_key_naming_both_lines_instead_of_dropping_its_second_label(
+        one_step_run, tmp_path, capfd):
+    """score reads with on_error=skip: the first of a repeated key is scored, and the key is flagged (``flagged``
+    leaves it out) and named with both lines, on stderr and in its reasons; its second label is not lost in silence."""
+    from tests.loader_data import raw_with_a_repeated_key
+
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    data_list, key = raw_with_a_repeated_key(tmp_path)
+    out = tmp_path / "score"
+    rc, err = in_process("score", f"++data_list={data_list}", "++dataset_conf.data_type=raw", f"++output_dir={out}",
+                         f"++checkpoint={one_step_run['out'] / 'model.pt.ep0'}", "++dataset_conf.num_workers=0",
+                         "++device=cpu", capfd=capfd)
+    assert rc == 0, err
+    assert f"key '{key}' is at {data_list}:1 and {data_list}:5" in err, err
+    rows = [json.loads(line) for line in (out / "scores.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and [r["key"] for r in rows].count(key) == 1
+    flagged = dict(line.split(" ", 1) for line in (out / "flagged").read_text().splitlines())
+    assert f"repeated key: scored at {data_list}:1, not at {data_list}:5" in flagged[key]
