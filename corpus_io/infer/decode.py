@@ -35,16 +35,52 @@ def training_config(state: dict, where: str) -> Any:
 
 
 def decode_dataset_conf(user: Any, trained: Any) -> Any:
+    """The dataset_conf decode, align, segment and score read with: the user's, with the features the checkpoint was
+    trained on (:func:`refuse_other_features`); the user's ``feats_on`` (where they are computed) is honoured."""
     from corpus_io.model.cmvn import eval_dataset_conf
 
+    refuse_other_features(user, trained)
     conf = eval_dataset_conf(user)
     conf.feats_type = trained.feats_type
-    conf.feats_on = trained.feats_on if trained.feats_on != "auto" else "loader"  # train settles auto
+    if user.feats_on == "auto":  # the same features either way: the user's choice of where stands
+        conf.feats_on = trained.feats_on if trained.feats_on != "auto" else "loader"  # train settles auto
     conf.fbank_conf = trained.fbank_conf
     conf.mfcc_conf = trained.mfcc_conf
     conf.resample_conf = trained.resample_conf
     conf.fbank_conf.dither = conf.mfcc_conf.dither = 0.0
     return conf
+
+
+def refuse_other_features(user: Any, trained: Any) -> None:
+    """A ConfigError naming the first feature key the user set (not its default) to another value than the
+    checkpoint was trained with: a model fed other features (another rate, mel bins, framing) hears nothing it
+    knows, and the checkpoint's own would otherwise win in silence."""
+    from corpus_io.config import DatasetConf
+
+    default = DatasetConf()
+    for name, given, made, unset in _feature_values(user, trained, default, ""):
+        if given != unset and given != made:
+            raise ConfigError(f"++dataset_conf.{name}={given}: the checkpoint was trained with {name}={made}, and "
+                              f"decode, align, segment and score feed a model the features it was trained on (the "
+                              f"checkpoint's dataset_conf). Drop the override (audio at any rate is resampled to "
+                              f"the model's resample_conf.resample_rate), or train a model with these features.")
+
+
+def _feature_values(user: Any, trained: Any, default: Any, prefix: str) -> Iterator[tuple[str, Any, Any, Any]]:
+    """``(dotted key, user's value, trained value, default value)`` of every feature setting but dither."""
+    import dataclasses
+
+    from corpus_io.config.dataset import FEATURE_KEYS, NOT_FEATURES
+
+    names = FEATURE_KEYS if not prefix else [f.name for f in dataclasses.fields(default)]
+    for name in names:
+        if name in NOT_FEATURES:
+            continue
+        given, made, unset = (getattr(c, name, None) for c in (user, trained, default))
+        if dataclasses.is_dataclass(unset):
+            yield from _feature_values(given, made, unset, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", given, made, unset
 
 
 def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:

@@ -215,3 +215,17 @@ def test_align_refuses_a_repeated_key_naming_both_lines_or_with_on_error_skip_ke
     assert rc == 0 and f"warning: key '{key}' is at {data_list}:1 and {data_list}:5" in err, err
     keys = [json.loads(line)["key"] for line in (out / "alignment.jsonl").read_text().splitlines()]
     assert len(keys) == 4 and keys.count(key) == 1
+
+
+def test_align_refuses_a_feature_override_the_checkpoint_was_not_trained_with_naming_the_key(
+        one_step_run, corpus, tmp_path, capfd):
+    """Resampling to 8 kHz for a 16 kHz model was ignored in silence (the checkpoint's features won); now refused, one
+    paragraph naming the key, nothing written."""
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    out = tmp_path / "align"
+    rc, err = in_process("align", *align_args(one_step_run, corpus["raw"], out),
+                         "++dataset_conf.resample_conf.resample_rate=8000", capfd=capfd)
+    assert rc == 2, err
+    assert "++dataset_conf.resample_conf.resample_rate=8000: the checkpoint was trained with " \
+           "resample_conf.resample_rate=16000" in err, err
+    assert "Traceback" not in err and not out.exists()
