@@ -243,8 +243,8 @@ def align(cfg: Any) -> dict:
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     refuse_overwrites(cfg, ALIGN_OUTPUTS, "align")
-    check_repeated_keys(cfg.data_list, cfg.dataset_conf, "align")
     m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf)
+    check_repeated_keys(cfg.data_list, cfg.dataset_conf, "align")
     window = window_frames(cfg.window_seconds, m.frame_seconds)
     out = ensure_dir(cfg.output_dir, what="output_dir")
     reasons: Counter = Counter()

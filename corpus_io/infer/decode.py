@@ -127,9 +127,9 @@ def decode(cfg: Any) -> dict:
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     check_options(cfg.decoding)
-    check_repeated_keys(cfg.data_list, cfg.dataset_conf, "decode")
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
+    check_repeated_keys(cfg.data_list, cfg.dataset_conf, "decode")
     refuse_overwriting_inputs([(f"++output_dir's {name}", Path(cfg.output_dir) / name) for name in DECODE_OUTPUTS],
                               checkpoint_inputs(cfg.checkpoint, tcfg))
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
@@ -359,7 +359,7 @@ def repeated_keys_of(data_list: str, conf: Any) -> dict[str, list[str]]:
 
 
 def check_repeated_keys(data_list: str, conf: Any, command: str) -> dict[str, list[str]]:
-    """Before the model is loaded: a key the list holds twice (two utterances, or two labels of one) is a
+    """Before the list is read: a key it holds twice (two utterances, or two labels of one) is a
     DataError naming it and where both are; with ``dataset_conf.on_error=skip`` the loader keeps the first of each,
     and the repeats are returned (for ``command`` to report them) after a warning naming the first."""
     repeats = repeated_keys_of(data_list, conf)

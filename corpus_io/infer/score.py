@@ -60,9 +60,9 @@ def score(cfg: Any) -> dict:
     from corpus_io.loader.dataset import build_dataloader
 
     require_utterances(cfg.data_list, cfg.dataset_conf)
-    repeats = check_repeated_keys(cfg.data_list, cfg.dataset_conf, "score")
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
+    repeats = check_repeated_keys(cfg.data_list, cfg.dataset_conf, "score")
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
     measured: dict[str, dict] = {}
