@@ -186,3 +186,15 @@ def make_hf_parquet(out: Path, *, num_utts: int = 40, num_files: int = 2, row_gr
         ds.shard(num_files, i, contiguous=True).to_parquet(
             str(data / f"{split}-{i:05d}-of-{num_files:05d}.parquet"), batch_size=row_group)
     return data, {k: (Path(p).read_bytes(), t) for k, p, t in utts}
+
+
+def raw_with_a_repeated_key(out: Path) -> tuple[Path, str]:
+    """A raw JSONL list of 4 fixture utterances whose first key is repeated on line 5 with another label (a second
+    utterance, or a relabelling appended): ``(list, the repeated key)``."""
+    out.mkdir(parents=True, exist_ok=True)
+    utts = fixture_utts()[:4]
+    lines = [{"key": k, "source": a, "target": t} for k, a, t in utts]
+    lines.append({"key": utts[0][0], "source": utts[1][1], "target": utts[1][2]})
+    path = out / "repeat.jsonl"
+    path.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
+    return path, utts[0][0]

@@ -284,6 +284,11 @@ class DatasetConf:
                               f"simulates a set).")
 
 
+#: the dataset_conf keys that make a model's features (a checkpoint's own: fine-tuning warns, decoding refuses others)
+FEATURE_KEYS = ("feats_type", "fbank_conf", "mfcc_conf", "resample_conf")
+#: feature settings that differ between training and decoding by design
+NOT_FEATURES = ("dither",)
+
 #: the feature settings of configs saved before sherpa-onnx's features and training-time dither became the defaults
 #: (issue 52): a checkpoint's or an export's config that lacks one of these keys was trained with this value
 SAVED_FEATURE_DEFAULTS = {"fbank_conf": {"dither": 0.0, "high_freq": 0.0, "snip_edges": True},

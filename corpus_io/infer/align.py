@@ -223,6 +223,8 @@ def window_frames(window_seconds: float, frame_seconds: float) -> int:
 
 
 ALIGN_OUTPUTS = ("ctm", "alignment.jsonl", "unaligned")
+#: the name align's outputs are recorded under (storage/files.py record_written): the files align may replace
+WRITER = "align"
 
 
 def align(cfg: Any) -> dict:
@@ -230,12 +232,19 @@ def align(cfg: Any) -> dict:
     from collections import Counter
 
     from corpus_io.config import require
-    from corpus_io.infer.decode import ctm_line, list_references, loader_dropped, refuse_overwrites
+    from corpus_io.infer.decode import (
+        check_repeated_keys,
+        ctm_line,
+        list_references,
+        loader_dropped,
+        refuse_overwrites,
+    )
     from corpus_io.storage.files import atomic_write, ensure_dir
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     refuse_overwrites(cfg, ALIGN_OUTPUTS, "align")
     m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf)
+    check_repeated_keys(cfg.data_list, cfg.dataset_conf, "align")
     window = window_frames(cfg.window_seconds, m.frame_seconds)
     out = ensure_dir(cfg.output_dir, what="output_dir")
     reasons: Counter = Counter()
@@ -245,8 +254,8 @@ def align(cfg: Any) -> dict:
     first_outside = ""
     loaders: list = []
     t_start = time.perf_counter()
-    with atomic_write(out / "ctm") as ctm, atomic_write(out / "alignment.jsonl") as rows, \
-            atomic_write(out / "unaligned") as missing:
+    with atomic_write(out / "ctm", owner=WRITER) as ctm, atomic_write(out / "alignment.jsonl", owner=WRITER) as rows, \
+            atomic_write(out / "unaligned", owner=WRITER) as missing:
         pending: dict = {}  # key -> its transcript, tokenized once for its columns and its alignment
 
         def columns(key: str, text: str) -> list[int]:
@@ -287,7 +296,8 @@ def align(cfg: Any) -> dict:
         unread: list = []
         lost = 0
         if loaders and loader_dropped(loaders[0]):  # what the loader could not read is reported, word by word
-            for key, text in list_references(cfg.data_list, m.conf, unread):
+            shards: dict = {}
+            for key, text in list_references(cfg.data_list, m.conf, unread, shards):
                 if key in seen:
                     continue
                 seen.add(key)
@@ -296,6 +306,7 @@ def align(cfg: Any) -> dict:
                     missing.write(f"{key} {i} {word} utterance not read\n")
                     reasons["utterance not read"] += 1
                     words += 1
+            lost += sum(n or 0 for n in shards.values())  # a shard's utterances whose keys not even its index has
         if utts == 0:
             raise DataError(f"align read 0 utterances from {cfg.data_list}; nothing was written. Check the list, "
                             f"its paths and dataset_conf.data_type (raw: a JSONL or Kaldi dir; shard: a data.list).")

@@ -35,16 +35,52 @@ def training_config(state: dict, where: str) -> Any:
 
 
 def decode_dataset_conf(user: Any, trained: Any) -> Any:
+    """The dataset_conf decode, align, segment and score read with: the user's, with the features the checkpoint was
+    trained on (:func:`refuse_other_features`); the user's ``feats_on`` (where they are computed) is honoured."""
     from corpus_io.model.cmvn import eval_dataset_conf
 
+    refuse_other_features(user, trained)
     conf = eval_dataset_conf(user)
     conf.feats_type = trained.feats_type
-    conf.feats_on = trained.feats_on if trained.feats_on != "auto" else "loader"  # train settles auto
+    if user.feats_on == "auto":  # the same features either way: the user's choice of where stands
+        conf.feats_on = trained.feats_on if trained.feats_on != "auto" else "loader"  # train settles auto
     conf.fbank_conf = trained.fbank_conf
     conf.mfcc_conf = trained.mfcc_conf
     conf.resample_conf = trained.resample_conf
     conf.fbank_conf.dither = conf.mfcc_conf.dither = 0.0
     return conf
+
+
+def refuse_other_features(user: Any, trained: Any) -> None:
+    """A ConfigError naming the first feature key the user set (not its default) to another value than the
+    checkpoint was trained with: a model fed other features (another rate, mel bins, framing) hears nothing it
+    knows, and the checkpoint's own would otherwise win in silence."""
+    from corpus_io.config import DatasetConf
+
+    default = DatasetConf()
+    for name, given, made, unset in _feature_values(user, trained, default, ""):
+        if given != unset and given != made:
+            raise ConfigError(f"++dataset_conf.{name}={given}: the checkpoint was trained with {name}={made}, and "
+                              f"decode, align, segment and score feed a model the features it was trained on (the "
+                              f"checkpoint's dataset_conf). Drop the override (audio at any rate is resampled to "
+                              f"the model's resample_conf.resample_rate), or train a model with these features.")
+
+
+def _feature_values(user: Any, trained: Any, default: Any, prefix: str) -> Iterator[tuple[str, Any, Any, Any]]:
+    """``(dotted key, user's value, trained value, default value)`` of every feature setting but dither."""
+    import dataclasses
+
+    from corpus_io.config.dataset import FEATURE_KEYS, NOT_FEATURES
+
+    names = FEATURE_KEYS if not prefix else [f.name for f in dataclasses.fields(default)]
+    for name in names:
+        if name in NOT_FEATURES:
+            continue
+        given, made, unset = (getattr(c, name, None) for c in (user, trained, default))
+        if dataclasses.is_dataclass(unset):
+            yield from _feature_values(given, made, unset, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", given, made, unset
 
 
 def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
@@ -93,6 +129,7 @@ def decode(cfg: Any) -> dict:
     check_options(cfg.decoding)
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
+    check_repeated_keys(cfg.data_list, cfg.dataset_conf, "decode")
     refuse_overwriting_inputs([(f"++output_dir's {name}", Path(cfg.output_dir) / name) for name in DECODE_OUTPUTS],
                               checkpoint_inputs(cfg.checkpoint, tcfg))
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
@@ -188,6 +225,8 @@ class DecodeRun:
     recordings: set = field(default_factory=set)  # the recording ids of raw segments, checked to be one token
     missing: dict = field(default_factory=dict)  # key -> reference of an utterance of the list not decoded
     unread: list = field(default_factory=list)  # why the references of a shard or list entry could not be read
+    # shard not read -> how many of its utterances no key names (list_references; None: unknown)
+    unread_shards: dict = field(default_factory=dict)
     hotwords: list = field(default_factory=list)
     unbiased: dict = field(default_factory=dict)  # key -> best hypothesis of the search without hotwords
 
@@ -299,6 +338,46 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
                           enc, seconds, _durations(batch, conf), batch.get("segments"), frames,
                           input_frame_seconds(conf), targets, input_frame_offset_seconds(conf),
                           None if kept is None else kept.tolist())
+
+
+def repeated_keys_of(data_list: str, conf: Any) -> dict[str, list[str]]:
+    """``{key: [place, place, ...]}`` for every key the list holds more than once: a raw list's ``file:line`` of
+    each entry (a Kaldi dir's own lines), a shard list's shards (as the loader finds them: :func:`shard_repeats`;
+    remote shards without keys in their index are left to the readers, which count the repeats they meet)."""
+    if conf.data_type == "raw":
+        from corpus_io.loader.rawlist import RawList
+
+        entries = RawList(data_list)
+        return {key: [entries.where(i) for i in at] for key, at in entries.repeated_entries().items()}
+    from corpus_io.loader.read import shard_repeats
+    from corpus_io.shards.index import load_index, read_datalist
+
+    options = conf.storage_options or None
+    urls = read_datalist(data_list, storage_options=options)
+    repeats, _, _ = shard_repeats(data_list, urls, load_index(data_list, storage_options=options) or {}, options)
+    return {key: [f"shard {shard}" for shard in shards] for key, shards in repeats.items()}
+
+
+def check_repeated_keys(data_list: str, conf: Any, command: str) -> dict[str, list[str]]:
+    """Before the list is read: a key it holds twice (two utterances, or two labels of one) is a
+    DataError naming it and where both are; with ``dataset_conf.on_error=skip`` the loader keeps the first of each,
+    and the repeats are returned (for ``command`` to report them) after a warning naming the first."""
+    repeats = repeated_keys_of(data_list, conf)
+    if not repeats:
+        return {}
+    key, places = next(iter(repeats.items()))
+    where = (f"key '{key}' is at {places[0]} and {places[1]}" + (f" (and {len(places) - 2} more)" if len(places) > 2
+                                                                 else "")
+             + (f"; {len(repeats) - 1} more keys repeat" if len(repeats) > 1 else ""))
+    if conf.on_error != "skip":
+        raise DataError(f"{command}: {where} in ++data_list={data_list}. {command} names each output by its "
+                        f"utterance's key, and would keep the first and leave the other out. Give each utterance its "
+                        f"own key, or drop the repeated line or shard (verify-shards lists a shard list's repeats); "
+                        f"or set ++dataset_conf.on_error=skip to keep the first of each and have the others reported. "
+                        f"Nothing was written.")
+    print(f"warning: {where} in {data_list}; {command} keeps the first of each repeated key and leaves the "
+          f"others out (++dataset_conf.on_error=skip).", file=sys.stderr, flush=True)
+    return repeats
 
 
 def streaming_options(cfg: Any, model: Any) -> tuple[int, int]:
@@ -496,14 +575,18 @@ def undecoded(run: DecodeRun, data_list: str, conf: Any, dropped: dict) -> None:
     named; why a shard's or an entry's references could not be read goes into ``run.unread``."""
     if not dropped:
         return
-    for key, ref in list_references(data_list, conf, run.unread):
+    for key, ref in list_references(data_list, conf, run.unread, run.unread_shards):
         if key not in run.nbest and key not in run.missing:
             run.missing[key] = ref
 
 
-def list_references(data_list: str, conf: Any, unread: list) -> Iterator[tuple[str, str]]:
+def list_references(data_list: str, conf: Any, unread: list,
+                    unread_shards: dict | None = None) -> Iterator[tuple[str, str]]:
     """``(key, transcript)`` of every utterance of a raw or shard list, without audio (a shard's from its meta
-    companion or its text members); a place that cannot be read is described in ``unread`` and passed over."""
+    companion or its text members); a place that cannot be read is described in ``unread`` and passed over. A
+    shard that cannot be read still counts: its keys come from the list's index (transcript ``""``), and
+    ``unread_shards[shard]`` is how many of its utterances have no key to name (0 when the index lists its keys;
+    its entry's ``num_utts`` less those read; None: not even the index says)."""
     if conf.data_type == "raw":
         from corpus_io.loader.rawlist import RawList
 
@@ -516,17 +599,42 @@ def list_references(data_list: str, conf: Any, unread: list) -> Iterator[tuple[s
                 continue
             yield str(rec["key"]), str(rec.get("target") or "")
         return
-    from corpus_io.shards.index import read_datalist
+    from corpus_io.shards.index import read_datalist, shard_identity
     from corpus_io.shards.kinds import iter_shard_metadata
 
     options = conf.storage_options or None
+    index: dict | None = None
     for url in read_datalist(data_list, storage_options=options):
+        got = 0
         try:
             for sample in iter_shard_metadata(url, storage_options=options):
                 text = sample.get("txt") or ""
+                got += 1
                 yield str(sample["key"]), text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
         except DataError as exc:
             unread.append(f"shard {url}: {exc}")
+        else:
+            continue
+        if index is None:
+            index = _index_by_shard(data_list, options)
+        entry = index.get(shard_identity(url), {})
+        n = entry.get("num_utts")
+        if isinstance(entry.get("keys"), list):
+            yield from ((str(k), "") for k in entry["keys"])  # the callers pass over keys already met
+            n = got = 0
+        if unread_shards is not None:
+            unread_shards[url] = max(0, n - got) if isinstance(n, int) else None
+
+
+def _index_by_shard(data_list: str, options: dict | None) -> dict:
+    """The entries of ``data_list``'s index (with their keys) by :func:`shard_identity`; empty without an index."""
+    from corpus_io.shards.index import load_index, shard_identity
+
+    try:
+        entries = load_index(data_list, keys=True, storage_options=options) or {}
+    except (DataError, OSError, ValueError):
+        return {}  # an index that cannot be read: the shards' counts stay unknown
+    return {shard_identity(path): entry for path, entry in entries.items()}
 
 
 def score(run: DecodeRun, tokenizer: Any) -> Any:
@@ -695,7 +803,7 @@ def refuse_overwrites(cfg: Any, outputs: tuple[str, ...] = DECODE_OUTPUTS, comma
 
     from corpus_io.config import require
     from corpus_io.model.cmvn import loader_inputs
-    from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output, refuse_replacing_others
+    from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     refuse_remote_output(cfg.output_dir, "++output_dir", command)
@@ -711,8 +819,16 @@ def refuse_overwrites(cfg: Any, outputs: tuple[str, ...] = DECODE_OUTPUTS, comma
         inputs += [(f"the Kaldi table {name} beside ++data_list", os.path.join(data_dir, name))
                    for name in KALDI_TABLES]
     refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in outputs], inputs)
-    if command == "decode":
-        refuse_replacing_others([(f"++output_dir's {name}", out / name) for name in decode_outputs(cfg)], WRITER,
-                                way_out="Give decode its own directory (e.g. ++output_dir=exp/decode_test); if the "
-                                        "file is an earlier decode's output you mean to replace (one written before "
-                                        "decode kept these records), delete it first.")
+    refuse_others_outputs(out, decode_outputs(cfg) if command == "decode" else outputs, command)
+
+
+def refuse_others_outputs(out: Path, names: Iterable[str], command: str) -> None:
+    """Before any work: ``command`` (decode, align, score; its name is the writer its outputs are recorded under,
+    ``atomic_write(owner=command)``) replaces in ``out`` only the files it wrote, unchanged since (an edited ctm, a
+    hand-made flagged list, a data dir's text: refused, naming the file)."""
+    from corpus_io.storage.files import refuse_replacing_others
+
+    refuse_replacing_others([(f"++output_dir's {name}", out / name) for name in names], command,
+                            way_out=f"Give {command} its own directory (e.g. ++output_dir=exp/{command}_test); if the "
+                                    f"file is an earlier {command}'s output you mean to replace (one written before "
+                                    f"{command} kept these records), delete it first.")

@@ -31,6 +31,8 @@ from typing import Any, Iterable, Iterator
 from corpus_io.errors import ConfigError, DataError
 
 OUTPUTS = ("scores.jsonl", "flagged", "summary.txt")
+#: the name score's outputs are recorded under (storage/files.py record_written): the files score may replace
+WRITER = "score"
 
 #: the figures with thresholds: (figure, side) -> the key that sets it; "max": flagged above, "min": below
 LIMITS = (("cer", "max"), ("wer", "max"), ("loss_per_token", "max"), ("loss_per_frame", "max"),
@@ -45,6 +47,7 @@ def score(cfg: Any) -> dict:
     """Score ``cfg.data_list`` with ``cfg.checkpoint``; write scores.jsonl, flagged and summary.txt."""
     refuse_outputs(cfg)  # first: before torch is imported or anything is read
     from corpus_io.infer.decode import (
+        check_repeated_keys,
         decode_dataset_conf,
         decode_device,
         forward_batches,
@@ -59,6 +62,7 @@ def score(cfg: Any) -> dict:
     require_utterances(cfg.data_list, cfg.dataset_conf)
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
+    repeats = check_repeated_keys(cfg.data_list, cfg.dataset_conf, "score")
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
     measured: dict[str, dict] = {}
@@ -69,14 +73,15 @@ def score(cfg: Any) -> dict:
     spell_check(measured, cfg)
     rows = figures(run, measured)
     limits = thresholds(rows, cfg)
-    flag(rows, limits, cfg.min_errors)
+    flag(rows, limits, cfg.min_errors, repeats)
     out = Path(cfg.output_dir)
     summary = write_scores(out, rows, limits, run, cfg)
     print(summary.rstrip())
     print(f"score: a row per utterance -> {out / 'scores.jsonl'}, flagged keys -> {out / 'flagged'} (to leave "
           f"them out: pack-shards or make-datalist ++exclude_keys={out / 'flagged'})")
     flagged = [r for r in rows if r["flagged"]]
-    return {"utts": len(rows), "flagged": len(flagged), "unreadable": len(run.missing), "thresholds": limits,
+    total, readable, _ = tally(rows, run)
+    return {"utts": total, "flagged": len(flagged), "unreadable": total - readable, "thresholds": limits,
             "audio_seconds": run.audio, "wall_seconds": run.wall_s}
 
 
@@ -86,6 +91,7 @@ def refuse_outputs(cfg: Any) -> None:
     import os
 
     from corpus_io.config import require
+    from corpus_io.infer.decode import refuse_others_outputs
     from corpus_io.model.cmvn import loader_inputs
     from corpus_io.storage.files import refuse_overwriting_inputs, refuse_remote_output
     from corpus_io.storage.urls import is_remote
@@ -103,6 +109,7 @@ def refuse_outputs(cfg: Any) -> None:
                               f"Kaldi dir's tables or a list's shards would be mixed with them). Give score its "
                               f"own directory, e.g. ++output_dir=exp/score_train.")
     refuse_overwriting_inputs([(f"++output_dir's {name}", out / name) for name in OUTPUTS], inputs)
+    refuse_others_outputs(out, OUTPUTS, WRITER)
 
 
 class Greedy:
@@ -273,10 +280,14 @@ def thresholds(rows: list[dict], cfg: Any) -> dict:
     return limits
 
 
-def flag(rows: list[dict], limits: dict, min_errors: int) -> None:
-    """Set each row's ``flagged`` and ``reasons``: absolute rules first, then the thresholds."""
+def flag(rows: list[dict], limits: dict, min_errors: int, repeats: dict | None = None) -> None:
+    """Set each row's ``flagged`` and ``reasons``: absolute rules first, then the thresholds. ``repeats`` (key:
+    its places): a key the list holds more than once is flagged, its other labels were not scored."""
     for row in rows:
         reasons = []
+        if repeats and row["key"] in repeats:
+            places = repeats[row["key"]]
+            reasons.append(f"repeated key: scored at {places[0]}, not at {', '.join(places[1:])}")
         if not row["readable"]:
             reasons.append(f"unreadable: {row['error']}")
         else:
@@ -310,21 +321,21 @@ def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any) 
     from corpus_io.storage.files import atomic_write, ensure_dir
 
     ensure_dir(out, what="output_dir")
-    with atomic_write(out / "scores.jsonl") as f:
+    with atomic_write(out / "scores.jsonl", owner=WRITER) as f:
         for row in rows:
             f.write(json.dumps({k: row[k] for k in ROW_FIELDS if k in row}, ensure_ascii=False) + "\n")
     flagged = [r for r in rows if r["flagged"]]
-    with atomic_write(out / "flagged") as f:
+    with atomic_write(out / "flagged", owner=WRITER) as f:
         f.write("".join(f"{r['key']} {'; '.join(r['reasons'])}\n" for r in flagged))
     counts: dict[str, int] = {}
     for r in flagged:
         for reason in r["reasons"]:
             name = reason.split(":")[0].split(" ")[0] if not reason.startswith("empty") else "empty label"
             counts[name] = counts.get(name, 0) + 1
-    readable = sum(1 for r in rows if r["readable"])
-    lines = [f"score: {len(rows)} utterances of {cfg.data_list} ({run.audio / 3600:.3f} h) with {cfg.checkpoint}: "
-             f"{readable} scored, {len(rows) - readable} unreadable; {len(flagged)} flagged "
-             f"({100 * len(flagged) / max(1, len(rows)):.1f} %)",
+    total, readable, shards = tally(rows, run)
+    lines = [f"score: {total} utterances of {cfg.data_list} ({run.audio / 3600:.3f} h) with {cfg.checkpoint}: "
+             f"{readable} scored, {total - readable} unreadable{shards}; {len(flagged)} flagged "
+             f"({100 * len(flagged) / max(1, total):.1f} %)",
              "flagged by: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing"),
              f"thresholds (data: median +- {cfg.deviations:g} robust deviations, the losses' of their logarithms; "
              f"given: a key):"]
@@ -336,12 +347,28 @@ def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any) 
     for why in run.unread:
         lines.append(f"unread: {why}")
     summary = "\n".join(lines) + "\n"
-    with atomic_write(out / "summary.txt") as f:
+    with atomic_write(out / "summary.txt", owner=WRITER) as f:
         f.write(summary)
-    if len(rows) - readable:
-        print(f"warning: {len(rows) - readable} utterances could not be read (loader: {run.skipped}); each is in "
-              f"scores.jsonl and flagged as unreadable.", file=sys.stderr, flush=True)
+    if total - readable:
+        unnamed = total - len(rows)
+        print(f"warning: {total - readable} utterances could not be read (loader: {run.skipped}){shards}; each is in "
+              f"scores.jsonl and flagged as unreadable"
+              + (f", but for {unnamed} in shards whose keys not even the list's index names" if unnamed else "")
+              + ".", file=sys.stderr, flush=True)
     return summary
+
+
+def tally(rows: list[dict], run: Any) -> tuple[int, int, str]:
+    """``(utterances, scored, the shards not read)``: every utterance the list names, its rows and those of a shard
+    that could not be read whose keys no one knows (its index's count); the shards as `` (shards not read: ...)``."""
+    readable = sum(1 for r in rows if r["readable"])
+    unnamed = [n for n in run.unread_shards.values() if n]
+    unknown = any(n is None for n in run.unread_shards.values())
+    shards = ""
+    if run.unread_shards:
+        shards = (f" (shards not read: {', '.join(run.unread_shards)}"
+                  + ("; how many utterances some hold, no index says" if unknown else "") + ")")
+    return len(rows) + sum(unnamed), readable, shards
 
 
 __all__ = ["score", "robust_limit", "thresholds", "flag", "LIMITS", "OUTPUTS"]

@@ -72,9 +72,6 @@ class Source:
             describe_repeats,
             index_entry_problems,
             index_path_for,
-            index_records_keys,
-            index_shard_keys,
-            known_repeated_keys,
             load_index,
             read_datalist,
             repeated_shard,
@@ -104,23 +101,7 @@ class Source:
                                 f"directory>) and check the shards with verify-shards.")
         durations = [float(e["duration"]) if e and e.get("duration") else 0.0 for e in entries]
         num_utts = [int(e["num_utts"]) if e and e.get("num_utts") else 0 for e in entries]
-        keyed = index_records_keys(data_list, storage_options=storage_options)
-        found_in = index_file
-        unindexed = [u for u, e in zip(urls, entries) if e is None]
-        repeats = known_repeated_keys(data_list, storage_options=storage_options) if keyed and not unindexed else {}
-        if keyed and unindexed:
-            # shards the index has no entry for (a copy appended to the list?): their keys are not in it, so they
-            # come from their tar headers, checked against the index's keys of the other shards
-            listed = set(urls)
-            indexed = partial(index_shard_keys, data_list, storage_options=storage_options, only=listed)
-            scanned = _repeats_from_headers(unindexed, indexed) if all(_local_tar(u) for u in unindexed) else None
-            keyed, repeats = scanned is not None, scanned or {}
-            found_in += f" and the member names of the {len(unindexed)} listed shard(s) it has no entry for"
-        elif not keyed and all(_local_tar(u) for u in urls):
-            # no index names the keys, but the shards are local tars: their headers do, without reading audio
-            scanned = _repeats_from_headers(urls)
-            if scanned is not None:
-                keyed, repeats, found_in = True, scanned, "the shards' member names"
+        repeats, found_in, keyed = shard_repeats(data_list, urls, index, storage_options)
         if repeats and on_error == "fail":
             raise DataError(f"{data_list}: {describe_repeats(repeats)} (from {found_in}); training "
                             f"would see those utterances twice. Give each utterance its own key and re-pack, drop "
@@ -148,6 +129,33 @@ class Source:
     @property
     def num_units(self) -> int:
         return len(self.urls) if self.data_type == "shard" else len(self.raw)  # type: ignore[arg-type]
+
+
+def shard_repeats(data_list: str, urls: list[str], index: dict,
+                  storage_options: dict | None = None) -> tuple[dict[str, list[str]], str, bool]:
+    """``(repeats, found_in, keyed)`` of a shard list: ``{key: [shard, shard, ...]}`` for each key several shards
+    hold (the first owns it), from the index's keys, else the local tars' member names; where they were found;
+    whether every shard's keys are known (else readers track keys). ``index``: the list's index, by shard."""
+    from corpus_io.shards.index import index_path_for, index_records_keys, index_shard_keys, known_repeated_keys
+
+    keyed = index_records_keys(data_list, storage_options=storage_options)
+    found_in = str(index_path_for(data_list))
+    unindexed = [u for u in urls if index.get(u) is None]
+    repeats = known_repeated_keys(data_list, storage_options=storage_options) if keyed and not unindexed else {}
+    if keyed and unindexed:
+        # shards the index has no entry for (a copy appended to the list?): their keys are not in it, so they
+        # come from their tar headers, checked against the index's keys of the other shards
+        listed = set(urls)
+        indexed = partial(index_shard_keys, data_list, storage_options=storage_options, only=listed)
+        scanned = _repeats_from_headers(unindexed, indexed) if all(_local_tar(u) for u in unindexed) else None
+        keyed, repeats = scanned is not None, scanned or {}
+        found_in += f" and the member names of the {len(unindexed)} listed shard(s) it has no entry for"
+    elif not keyed and all(_local_tar(u) for u in urls):
+        # no index names the keys, but the shards are local tars: their headers do, without reading audio
+        scanned = _repeats_from_headers(urls)
+        if scanned is not None:
+            keyed, repeats, found_in = True, scanned, "the shards' member names"
+    return repeats, found_in, keyed
 
 
 def _local_tar(url: str) -> bool:

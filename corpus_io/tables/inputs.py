@@ -539,7 +539,8 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> Input:
             if source is None:
                 return Skip("recording missing from wav.scp", where, key,
                             f"its recording '{seg.recording}' has no line in {data_dir / 'wav.scp'}")
-            rec["source"], rec["start"], rec["end"] = source, seg.start, seg.end
+            # the recording id names a segment's recording (a CTM's first field), not its audio file's name
+            rec["source"], rec["start"], rec["end"], rec["recording"] = source, seg.start, seg.end, seg.recording
         else:
             rec["source"] = value
         target = text.get(key)

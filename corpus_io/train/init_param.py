@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from corpus_io.config.dataset import FEATURE_KEYS, NOT_FEATURES
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.model import checkpoint as ckpt
 from corpus_io.storage.urls import is_remote
 
 #: dataset_conf keys that decide the features a model was trained on (not the batching or augmentation)
-FEATURE_KEYS = ("feats_type", "fbank_conf", "mfcc_conf", "resample_conf")
-_NOT_FEATURES = ("dither",)  # differs between training and decoding by design
 _FIT = ("(a token list of another size changes the output layer, dataset_conf.fbank_conf.num_mel_bins the input "
         "layer, model.* sizes the rest)")
 
@@ -160,7 +159,7 @@ def feature_differences(trained: dict, conf: Any) -> list[str]:
         if isinstance(mine, dict) and isinstance(theirs, dict):  # a key the checkpoint's config predates: its default
             theirs = {**(defaults.get(key) or {}), **SAVED_FEATURE_DEFAULTS.get(key, {}), **theirs}
             out += [f"dataset_conf.{key}.{k}: {mine.get(k)} here, {theirs.get(k)} in the checkpoint"
-                    for k in sorted(set(mine) | set(theirs)) if k not in _NOT_FEATURES and mine.get(k) != theirs.get(k)]
+                    for k in sorted(set(mine) | set(theirs)) if k not in NOT_FEATURES and mine.get(k) != theirs.get(k)]
         elif key in trained and mine != theirs:
             out.append(f"dataset_conf.{key}: {mine} here, {theirs} in the checkpoint")
     return out

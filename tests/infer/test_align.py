@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from tests.conftest import run_cli
+from tests.test_hostile import corpus_io as in_process
 
 
 @pytest.mark.slow
@@ -145,3 +146,86 @@ def test_log_probs_kept_to_the_transcripts_tokens_align_every_word_as_the_whole_
         ids, kept_blank = narrowed(tr, p.columns, blank)
         assert place_words(p.log_probs, ids, blank=kept_blank, **kwargs) == \
             place_words(whole.log_probs, tr, blank=blank, **kwargs)
+
+
+def align_args(one_step_run, data_list, out) -> list[str]:
+    """align of ``data_list`` with the one-step model (the cheapest checkpoint: its words may score anything, so
+    every path is placed: ++min_word_score=0)."""
+    return [f"++data_list={data_list}", f"++checkpoint={one_step_run['out'] / 'model.pt.ep0'}", f"++output_dir={out}",
+            "++dataset_conf.num_workers=0", "++device=cpu", "++min_word_score=0"]
+
+
+def test_align_replaces_only_its_own_outputs_never_an_edited_ctm_or_someone_elses_unaligned(
+        one_step_run, corpus, tmp_path, capfd):
+    """A file under an output's name that align did not write (a user's unaligned list) is refused before any work,
+    kept as it was; align's own outputs are recorded, so a rerun replaces them, but not once one is edited."""
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "unaligned").write_text("utt1 0 hello checked by hand\n", encoding="utf-8")
+    rc, err = in_process("align", *align_args(one_step_run, corpus["raw"], theirs), capfd=capfd)
+    assert rc == 2 and f"++output_dir's unaligned {theirs / 'unaligned'} exists, and align did not write it" in err, err
+    assert "Traceback" not in err and "Nothing was written" in err and not (theirs / "ctm").exists()
+    assert (theirs / "unaligned").read_text(encoding="utf-8") == "utt1 0 hello checked by hand\n"
+    out = tmp_path / "align"
+    for _ in range(2):  # the second run replaces the first's files: align wrote them
+        rc, err = in_process("align", *align_args(one_step_run, corpus["raw"], out), capfd=capfd)
+        assert rc == 0, err
+    with open(out / "ctm", "a", encoding="utf-8") as f:
+        f.write("spk0-utt000 1 0.00 0.10 corrected 1.00\n")
+    edited = (out / "ctm").read_bytes()
+    rc, err = in_process("align", *align_args(one_step_run, corpus["raw"], out), capfd=capfd)
+    assert rc == 2 and f"{out / 'ctm'} exists, and align did not write it (changed since)" in err, err
+    assert (out / "ctm").read_bytes() == edited
+
+
+def test_align_of_a_kaldi_dir_with_segments_names_ctm_recordings_by_recording_id_not_wav_file(
+        one_step_run, fixture_corpus, tmp_path, capfd):
+    """A Kaldi dir's segments name their recording by its id (wav.scp's first field, segments' second): the CTM's
+    first field and alignment.jsonl's ``recording`` are that id, never the audio file's name (``long``)."""
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    src = fixture_corpus / "segments_dir"
+    data = tmp_path / "data"
+    data.mkdir()
+    wav = (src / "wav" / "long.wav").resolve()
+    (data / "wav.scp").write_text(f"meeting-7 {wav}\n", encoding="utf-8")
+    (data / "segments").write_text((src / "segments").read_text().replace(" long ", " meeting-7 "), encoding="utf-8")
+    shutil.copy(src / "text", data / "text")
+    out = tmp_path / "align"
+    rc, err = in_process("align", *align_args(one_step_run, data, out), capfd=capfd)
+    assert rc == 0, err
+    ctm = [line.split() for line in (out / "ctm").read_text().splitlines()]
+    assert ctm and {row[0] for row in ctm} == {"meeting-7"}
+    rows = [json.loads(line) for line in (out / "alignment.jsonl").read_text().splitlines()]
+    assert sorted((r["key"], r["recording"]) for r in rows) == [(f"long-seg{i:02d}", "meeting-7") for i in range(4)]
+
+
+def test_align_refuses_a_repeated_key_naming_both_lines_or_with_on_error_skip_keeps_the_first_and_says_so(
+        one_step_run, tmp_path, capfd):
+    from tests.loader_data import raw_with_a_repeated_key
+
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    data_list, key = raw_with_a_repeated_key(tmp_path)
+    out = tmp_path / "align"
+    rc, err = in_process("align", *align_args(one_step_run, data_list, out), capfd=capfd)
+    assert rc == 2 and f"align: key '{key}' is at {data_list}:1 and {data_list}:5" in err, err
+    assert "Traceback" not in err and "Nothing was written" in err and not out.exists()
+    rc, err = in_process("align", *align_args(one_step_run, data_list, out), "++dataset_conf.on_error=skip",
+                         capfd=capfd)
+    assert rc == 0 and f"warning: key '{key}' is at {data_list}:1 and {data_list}:5" in err, err
+    keys = [json.loads(line)["key"] for line in (out / "alignment.jsonl").read_text().splitlines()]
+    assert len(keys) == 4 and keys.count(key) == 1
+
+
+def test_align_refuses_a_feature_override_the_checkpoint_was_not_trained_with_naming_the_key(
+        one_step_run, corpus, tmp_path, capfd):
+    """Resampling to 8 kHz for a 16 kHz model was ignored in silence (the checkpoint's features won); now refused, one
+    paragraph naming the key, nothing written."""
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    out = tmp_path / "align"
+    rc, err = in_process("align", *align_args(one_step_run, corpus["raw"], out),
+                         "++dataset_conf.resample_conf.resample_rate=8000", capfd=capfd)
+    assert rc == 2, err
+    assert "++dataset_conf.resample_conf.resample_rate=8000: the checkpoint was trained with " \
+           "resample_conf.resample_rate=16000" in err, err
+    assert "Traceback" not in err and not out.exists()

@@ -513,3 +513,41 @@ def test_a_checkpoint_whose_config_predates_the_feature_defaults_keeps_the_featu
     assert sorted(feature_differences(old["dataset_conf"], small_conf())) == [
         "dataset_conf.fbank_conf.high_freq: -400.0 here, 0.0 in the checkpoint",
         "dataset_conf.fbank_conf.snip_edges: False here, True in the checkpoint"]
+
+
+def test_decode_refuses_a_repeated_key_naming_both_lines_or_with_on_error_skip_names_it_in_a_warning(
+        one_step_run, tmp_path, capfd):
+    """As align and score (one rule, decode.check_repeated_keys): refused unless ++dataset_conf.on_error=skip, which
+    decodes the first and names the key and both lines, not only a count of the loader's."""
+    from tests.loader_data import raw_with_a_repeated_key
+
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    data_list, key = raw_with_a_repeated_key(tmp_path)
+    args = [f"++data_list={data_list}", "++dataset_conf.data_type=raw", "++device=cpu", "++dataset_conf.num_workers=0",
+            f"++checkpoint={one_step_run['out'] / 'model.pt.ep0'}", f"++output_dir={tmp_path / 'dec'}"]
+    rc, err = in_process("decode", *args, capfd=capfd)
+    assert rc == 2 and f"decode: key '{key}' is at {data_list}:1 and {data_list}:5" in err, err
+    assert "Traceback" not in err and not (tmp_path / "dec").exists()
+    rc, err = in_process("decode", *args, "++dataset_conf.on_error=skip", capfd=capfd)
+    assert rc == 0 and f"warning: key '{key}' is at {data_list}:1 and {data_list}:5" in err, err
+    assert len((tmp_path / "dec" / "text").read_text(encoding="utf-8").splitlines()) == 4
+
+
+def test_a_feature_override_unlike_the_checkpoints_is_refused_naming_the_key_and_where_features_run_is_honoured():
+    """decode_dataset_conf (decode, align, segment, score): the checkpoint's features win, so a key the user set to
+    another value (another rate, mel bins, feature type) is a ConfigError naming it, not ignored in silence; one
+    restating the checkpoint's value, or left at its default, is not; ``feats_on`` (where the same features are
+    computed) is the user's when given."""
+    from corpus_io.config import DatasetConf
+    from corpus_io.errors import ConfigError
+    from corpus_io.infer.decode import decode_dataset_conf
+
+    trained = DatasetConf(fbank_conf={"num_mel_bins": 40}, feats_on="loader")
+    for user, key in ((DatasetConf(resample_conf={"resample_rate": 8000}), "resample_conf.resample_rate=8000"),
+                      (DatasetConf(fbank_conf={"num_mel_bins": 64}), "fbank_conf.num_mel_bins=64"),
+                      (DatasetConf(feats_type="mfcc"), "feats_type=mfcc")):
+        with pytest.raises(ConfigError, match=re.escape(f"++dataset_conf.{key}: the checkpoint was trained with")):
+            decode_dataset_conf(user, trained)
+    same = decode_dataset_conf(DatasetConf(fbank_conf={"num_mel_bins": 40, "dither": 1.0}), trained)
+    assert same.fbank_conf.num_mel_bins == 40 and same.fbank_conf.dither == 0.0 and same.feats_on == "loader"
+    assert decode_dataset_conf(DatasetConf(feats_on="model"), trained).feats_on == "model"

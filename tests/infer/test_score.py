@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.recipes.test_smoke import smoke  # noqa: F401  (the session's `make smoke` run: its model and data)
+from tests.test_hostile import corpus_io as in_process
 
 DIGITS = "zero one two three four five six seven eight nine".split()
 
@@ -154,3 +155,71 @@ def test_robust_limits_come_from_the_bulk_of_the_data_and_survive_a_zero_median_
     losses = [0.02] * 50 + [0.05] * 40 + [0.4] * 8 + [8.0] * 2  # spread over orders of magnitude: on their logs
     assert 0.4 < robust_limit(losses, 5, "max", log=True) < 8.0
     assert robust_limit([], 5, "max") is None
+
+
+def test_score_replaces_only_its_own_outputs_never_a_hand_edited_flagged_list(one_step_run, corpus, tmp_path, capfd):
+    """A ``flagged`` list score did not write is refused before any work and kept; score's own outputs are
+    recorded, so a rerun replaces them, but not a flagged list edited since."""
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    args = [f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw", "++dataset_conf.num_workers=0",
+            f"++checkpoint={one_step_run['out'] / 'model.pt.ep0'}", "++device=cpu"]
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "flagged").write_text("spk0-utt000 wrong label, checked by hand\n", encoding="utf-8")
+    rc, err = in_process("score", *args, f"++output_dir={theirs}", capfd=capfd)
+    assert rc == 2 and f"++output_dir's flagged {theirs / 'flagged'} exists, and score did not write it" in err, err
+    assert "Traceback" not in err and not (theirs / "scores.jsonl").exists()
+    assert (theirs / "flagged").read_text(encoding="utf-8") == "spk0-utt000 wrong label, checked by hand\n"
+    out = tmp_path / "score"
+    for _ in range(2):  # the second run replaces the first's files: score wrote them
+        rc, err = in_process("score", *args, f"++output_dir={out}", capfd=capfd)
+        assert rc == 0, err
+    with open(out / "flagged", "a", encoding="utf-8") as f:
+        f.write("spk0-utt001 added by hand\n")
+    edited = (out / "flagged").read_bytes()
+    rc, err = in_process("score", *args, f"++output_dir={out}", capfd=capfd)
+    assert rc == 2 and f"{out / 'flagged'} exists, and score did not write it (changed since)" in err, err
+    assert (out / "flagged").read_bytes() == edited
+
+
+def test_score_headline_counts_every_utterance_of_the_list_and_names_the_shards_it_could_not_read(
+        one_step_run, tmp_path, capfd):
+    """16 utterances in 4 shards of 4, two of them broken: the headline says 16 utterances, 8 scored, 8 unreadable
+    (scored + unreadable = all the list names, from the index where a shard cannot be read), naming both shards."""
+    from tests.loader_data import fixture_utts, make_shards
+
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    utts = fixture_utts(copies=2)[:16]
+    data_list, _ = make_shards(tmp_path / "shards", utts=utts, per_shard=4)
+    broken = [tmp_path / "shards" / f"shard-00000{i}.tar" for i in (1, 3)]
+    for shard in broken:
+        shard.write_bytes(b"not a tar file, the copy was cut" * 20)
+    out = tmp_path / "score"
+    rc, err = in_process("score", f"++data_list={data_list}", f"++checkpoint={one_step_run['out'] / 'model.pt.ep0'}",
+                         f"++output_dir={out}", "++dataset_conf.num_workers=0", "++device=cpu", capfd=capfd)
+    assert rc == 0, err
+    summary = (out / "summary.txt").read_text(encoding="utf-8")
+    head = summary.splitlines()[0]
+    assert head.startswith(f"score: 16 utterances of {data_list}") and "8 scored, 8 unreadable" in head, summary
+    assert all(str(shard) in head for shard in broken), summary
+    assert "8 utterances could not be read" in err and all(str(shard) in err for shard in broken), err
+
+
+def test_score_flags_a_repeated_key_naming_both_lines_instead_of_dropping_its_second_label(
+        one_step_run, tmp_path, capfd):
+    """score reads with on_error=skip: the first of a repeated key is scored, and the key is flagged (``flagged``
+    leaves it out) and named with both lines, on stderr and in its reasons; its second label is not lost in silence."""
+    from tests.loader_data import raw_with_a_repeated_key
+
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    data_list, key = raw_with_a_repeated_key(tmp_path)
+    out = tmp_path / "score"
+    rc, err = in_process("score", f"++data_list={data_list}", "++dataset_conf.data_type=raw", f"++output_dir={out}",
+                         f"++checkpoint={one_step_run['out'] / 'model.pt.ep0'}", "++dataset_conf.num_workers=0",
+                         "++device=cpu", capfd=capfd)
+    assert rc == 0, err
+    assert f"key '{key}' is at {data_list}:1 and {data_list}:5" in err, err
+    rows = [json.loads(line) for line in (out / "scores.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and [r["key"] for r in rows].count(key) == 1
+    flagged = dict(line.split(" ", 1) for line in (out / "flagged").read_text().splitlines())
+    assert f"repeated key: scored at {data_list}:1, not at {data_list}:5" in flagged[key]
