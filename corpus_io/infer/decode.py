@@ -533,7 +533,7 @@ def score(run: DecodeRun, tokenizer: Any) -> Any:
     from corpus_io.decoding.scoring import Scorer, token_list_covers
 
     scorer = Scorer(hotwords=run.hotwords, unread=list(run.unread))
-    covered = token_list_covers(tokenizer.symbols)
+    covered = token_list_covers([s for s in tokenizer.symbols if s not in tokenizer.specials])
     for key in sorted(run.nbest):
         scorer.add(key, run.refs[key], run.nbest[key][0][0], unbiased=run.unbiased.get(key))
         scorer.count_oov(tokenizer.tokenize(run.refs[key]), covered)
