@@ -47,8 +47,22 @@ def one_token(key: str, where: str, *, name: str = "key", tables: str = "a Kaldi
 def recording_id(value: str, where: str) -> str:
     """A recording id (a Kaldi ``segments`` line's second field, a list line's ``recording``): one token as a key
     is (:func:`one_token`), since decode's CTM names the recording in its first field."""
-    return one_token(value, where, name="recording id", tables="a CTM, segments or reco2dur file written from it",
-                     fix="A recording id is one token: rename the recording")
+    return _id(value, where, name="recording id", tables="a CTM, segments or reco2dur file written from it",
+               fix="A recording id is one token: rename the recording")
+
+
+def speaker_id(value: str, where: str) -> str:
+    """A speaker id (a list line's ``speaker``, a Kaldi ``utt2spk`` value): one token as a key is
+    (:func:`one_token`), since ``utt2spk`` and ``spk2utt`` (written by jsonl2scp, segment) hold it as one field."""
+    return _id(value, where, name="speaker", tables="an utt2spk or spk2utt file written from it",
+               fix="A speaker id is one token: rename the speaker")
+
+
+def _id(value: str, where: str, *, name: str, tables: str, fix: str) -> str:
+    if not value:  # a key's reader refuses an empty key itself; an empty id would leave its field out of a line
+        raise DataError(f"{where}: {name} is empty, and {tables} would lose that field. {fix} (any non-empty "
+                        f"word without spaces), or drop the field, then rerun.")
+    return one_token(value, where, name=name, tables=tables, fix=fix)
 
 
 def key_hash(key: str) -> int:

@@ -96,7 +96,8 @@ def token_list_sha256(symbols: list[str]) -> str:
 
 
 class Tokenizer:
-    """Text <-> ids over a token list. ``encode`` counts tokens and unknown tokens."""
+    """Text <-> ids over a token list. ``encode`` counts tokens and unknown tokens; a special token written in
+    the text is an unknown token like any word the list lacks (:meth:`token_id`)."""
 
     def __init__(self, symbols: list[str], split: Callable[[str], list[str]], conf: TokenizerConf,
                  *, join: Callable[[list[str]], str] | None = None, where: str = "") -> None:
@@ -115,6 +116,8 @@ class Tokenizer:
         self.blank_id = 0
         self.unk_id = self.ids[conf.unk]
         self.sos_eos_id = self.ids.get(SOS_EOS, len(symbols) - 1)
+        # the list's reserved symbols: a transcript that writes one means a word, never the symbol itself
+        self.specials = frozenset({conf.blank, conf.unk, SOS_EOS, symbols[self.sos_eos_id]})
         self.num_tokens = 0
         self.num_unknown = 0
         self._rebuild: tuple | None = None  # (symbols, conf, where) of a tokenizer build_tokenizer made
@@ -138,8 +141,14 @@ class Tokenizer:
     def tokenize(self, text: str) -> list[str]:
         return self._split(self.normalize(text))
 
+    def token_id(self, token: str) -> int | None:
+        """The id of a transcript's token; None for one outside the token list, a special token
+        (``<blank>``, ``<unk>``, ``<sos/eos>``) included: every command spells transcripts through here."""
+        return None if token in self.specials else self.ids.get(token)
+
     def encode(self, text: str) -> list[int]:
-        ids = [self.ids.get(t, self.unk_id) for t in self.tokenize(text)]
+        ids = [self.token_id(t) for t in self.tokenize(text)]
+        ids = [self.unk_id if i is None else i for i in ids]
         self.num_tokens += len(ids)
         self.num_unknown += sum(1 for i in ids if i == self.unk_id)
         return ids

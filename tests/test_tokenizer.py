@@ -8,7 +8,7 @@ import pytest
 
 from corpus_io.config import MakeTokenizerConfig, TokenizerConf
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.tokenizer import build_tokenizer, iter_texts, make_tokenizer, read_token_list
+from corpus_io.tokenizer import build_tokenizer, iter_texts, make_tokenizer, read_token_list, write_token_list
 from tests.conftest import assert_user_error, load_scale, run_cli
 
 
@@ -54,6 +54,27 @@ def test_unknown_tokens_are_counted(tmp_path, fixture_corpus):
     ids = tok.encode("今天 zebra 很好")
     assert ids.count(tok.unk_id) == 1
     assert (tok.num_unknown, tok.num_tokens) == (1, 5)
+
+
+def tiny_tokenizer(tmp_path, tokens=("你", "好", "hello"), **conf):
+    """A char tokenizer (Latin words whole) over ``<blank> <unk> tokens <sos/eos>``."""
+    path = tmp_path / "tiny_units.txt"
+    write_token_list(path, tokens, **{k: conf[k] for k in ("blank", "unk") if k in conf})
+    return build_tokenizer(TokenizerConf(type="char", token_list=str(path), **conf))
+
+
+def test_special_tokens_written_in_a_transcript_are_unknown_words_not_the_specials(tmp_path):
+    tok = tiny_tokenizer(tmp_path)
+    ids = tok.encode("你 <blank> 好 <unk> hello <sos/eos>")
+    assert ids == [2, tok.unk_id, 3, tok.unk_id, 4, tok.unk_id] and tok.blank_id not in ids
+    assert (tok.num_unknown, tok.num_tokens) == (3, 6)
+    assert [tok.token_id(t) for t in ("<blank>", "<unk>", "<sos/eos>", "hello")] == [None, None, None, 4]
+    assert tok.encode("<BLANK>") == [tok.unk_id] == tiny_tokenizer(tmp_path, lowercase=True).encode("<BLANK>")
+
+
+def test_renamed_blank_and_unk_are_special_in_a_transcript_too(tmp_path):
+    tok = tiny_tokenizer(tmp_path, blank="<eps>", unk="<oov>")
+    assert tok.encode("<eps> <oov> 你") == [tok.unk_id, tok.unk_id, 2] and tok.num_unknown == 2
 
 
 def test_cjk_spaces_are_removed_only_between_cjk(tmp_path, fixture_corpus):

@@ -133,13 +133,36 @@ def soundfile_why(exc: BaseException) -> str:
     return str(why) if why else _OPENING.sub("", str(exc))
 
 
-def non_finite(wave: np.ndarray, where: str) -> None:
-    """A DataError when ``wave`` (float samples) holds NaN or infinity: such samples play as clicks or make every
-    feature and loss NaN, so they are refused where they are decoded, naming ``where`` (file, row or member)."""
-    if wave.dtype.kind == "f" and not np.isfinite(wave).all():
+#: the loudest sample any audio holds: 32-bit integer samples written as floats (float audio stays within 1.0);
+#: Kaldi features of samples near 1e14 overflow float32 to NaN, which a model's output would blame on its weights
+MAX_SAMPLE = 2.0 ** 31
+
+
+def non_finite(wave: np.ndarray, where: str, header: str = "") -> None:
+    """A DataError when ``wave`` (float samples) holds NaN or infinity, or a sample beyond :data:`MAX_SAMPLE`: such
+    samples play as clicks or make every feature and loss NaN, so they are refused where they are decoded, naming
+    ``where`` (file, row or member) and what its ``header`` says it holds."""
+    if wave.dtype.kind != "f":
+        return
+    claim = f" (its header says {header})" if header else ""
+    if not np.isfinite(wave).all():
         bad = ~np.isfinite(wave.reshape(-1))
         raise DataError(f"{where}: the audio holds {int(bad.sum())} non-finite samples (NaN or infinity), the first "
-                        f"at sample {int(np.argmax(bad))}; such audio cannot be right.")
+                        f"at sample {int(np.argmax(bad))}{claim}; such audio cannot be right.")
+    peak = float(np.abs(wave).max()) if wave.size else 0.0
+    if peak > MAX_SAMPLE:
+        first = int(np.argmax(np.abs(wave.reshape(-1)) > MAX_SAMPLE))
+        raise DataError(f"{where}: the audio holds samples of magnitude up to {peak:.3g}, the first at sample "
+                        f"{first}{claim}, beyond any sample format's full scale (1.0 for float, 2^31 for 32-bit "
+                        f"integers): the audio is at fault, not the model (its features would overflow to NaN). "
+                        f"Re-export the recording with samples in range, or leave it out.")
+
+
+def _header_claim(f: Any) -> str:
+    """What a soundfile-opened file's header says it holds, for the message of audio that cannot be right."""
+    rate = int(f.samplerate)
+    return (f"{f.format} {f.subtype}, {rate} Hz, {f.channels} channel{'s' if f.channels != 1 else ''}, "
+            f"{int(f.frames)} samples ({int(f.frames) / max(rate, 1):.2f} s)")
 
 
 def _info_from_fileobj(f: Any, where: str) -> AudioInfo:
@@ -386,9 +409,10 @@ def decode_bytes(data: bytes, *, where: str = "<bytes>", start: int = 0, stop: i
             frames = -1 if stop is None else max(0, stop - start)
             wave = f.read(frames=frames, dtype=dtype, always_2d=False)
             rate = int(f.samplerate)
+            claim = _header_claim(f)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         raise DataError(f"{where}: cannot decode audio ({soundfile_why(exc)}).") from None
-    non_finite(wave, where)
+    non_finite(wave, where, claim)
     return wave, rate
 
 

@@ -115,7 +115,7 @@ def build_context(path: str, tokenizer: Any, weight: float, device: Any = "cpu")
     sequences, kept, dropped = [], [], []
     for word in words:
         tokens = tokenizer.tokenize(word)
-        ids = [tokenizer.ids.get(t) for t in tokens]
+        ids = [tokenizer.token_id(t) for t in tokens]
         if not ids or any(i is None for i in ids):
             dropped.append(word)
             continue

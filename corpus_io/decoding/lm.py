@@ -578,7 +578,7 @@ class WordLmFusion:
         ``▁``, left out: the search goes back to the root on it); words the tokens cannot spell are left out."""
         spelled = 0
         for word in sorted(self.arpa.known):
-            ids = [tokenizer.ids.get(t) for t in tokenizer.tokenize(word)]
+            ids = [tokenizer.token_id(t) for t in tokenizer.tokenize(word)]
             while ids and ids[0] is not None and self.starts[ids[0]] and not self.texts[ids[0]]:
                 ids = ids[1:]
             if (not ids or any(i is None or i == tokenizer.unk_id for i in ids) or any(self.starts[i] for i in ids[1:])

@@ -11,7 +11,8 @@ centred on every shift, ``snip_edges=false``, the default), as decode's word tim
 
 A word is *unaligned*, reported with its reason and never placed, when
 
-* its tokens are not in the checkpoint's token list (``tokens outside the token list``);
+* its tokens are not in the checkpoint's token list (``tokens outside the token list``), a special token written
+  in the transcript (``<blank>``, ``<unk>``, ``<sos/eos>``) included;
 * the path ran out of frames before it (``no path``: more tokens than the audio's frames, or text after the end of
   the speech that the windows never reached);
 * its score, the least of its tokens' mean aligned-frame posteriors, is below ``min_word_score`` (``score below
@@ -65,7 +66,8 @@ def transcript(text: str, tokenizer: Any) -> Transcript:
     sep = tokenizer.ids.get(pair[1]) if len(pair) == 3 else None
     for i, word in enumerate(words):
         tokens = tokenizer.tokenize(word)
-        missing = [t for t in tokens if t not in tokenizer.ids or tokenizer.ids[t] == tokenizer.unk_id]
+        ids = [tokenizer.token_id(t) for t in tokens]
+        missing = [t for t, k in zip(tokens, ids) if k is None]
         if missing or not tokens:
             out.outside[i] = missing or [word]
             out.members.append([])
@@ -73,7 +75,7 @@ def transcript(text: str, tokenizer: Any) -> Transcript:
         if sep is not None and out.ids:
             out.ids.append(sep)
         out.members.append(list(range(len(out.ids), len(out.ids) + len(tokens))))
-        out.ids.extend(tokenizer.ids[t] for t in tokens)
+        out.ids.extend(ids)
     return out
 
 

@@ -322,6 +322,7 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
             sync_device(device)
             bad = nonfinite_rows(log_probs, lengths)
             if bad:
+                raise_if_inputs_at_fault(feats, feats_lengths, bad, batch["keys"], source)
                 keys = [str(batch["keys"][i]) for i in bad]
                 raise DataError(nonfinite_message(source[0], f"{source[1]} (utterances {', '.join(keys[:3])}"
                                                   f"{' ...' if len(keys) > 3 else ''})", len(bad), len(batch["keys"]))
@@ -472,6 +473,19 @@ def _speech(feats: Any, feats_lengths: Any, conf: Any) -> list | None:
         return None
     energy_db = torch.logsumexp(feats.detach().float(), dim=-1) * (10.0 / math.log(10.0))
     return [speech_frames(energy_db[i, : int(n)]) for i, n in enumerate(feats_lengths.tolist())]
+
+
+def raise_if_inputs_at_fault(feats: Any, feats_lengths: Any, bad: list[int], keys: list, source: tuple) -> None:
+    """A DataError blaming the audio, not the model, when the rows whose log-probs are not finite had non-finite
+    inputs (features, or waveforms for a model fed them): no weights give a finite output of those."""
+    from corpus_io.model.model import nonfinite_inputs
+
+    unfit = [str(keys[i]) for i in nonfinite_inputs(feats, feats_lengths, bad)]
+    if unfit:
+        raise DataError(f"the model inputs of {len(unfit)} utterances of {source[1]} are not finite (NaN or infinity): "
+                        f"{', '.join(unfit[:3])}{' ...' if len(unfit) > 3 else ''}. Their audio (or feature matrix) is "
+                        f"at fault, not the model {source[0]} (samples far beyond full scale overflow the "
+                        f"features): fix those recordings or leave them out (++exclude_keys); nothing was written.")
 
 
 def _durations(batch: dict, conf: Any) -> list[float]:
@@ -641,7 +655,7 @@ def score(run: DecodeRun, tokenizer: Any) -> Any:
     from corpus_io.decoding.scoring import Scorer, token_list_covers
 
     scorer = Scorer(hotwords=run.hotwords, unread=list(run.unread))
-    covered = token_list_covers(tokenizer.symbols)
+    covered = token_list_covers([s for s in tokenizer.symbols if s not in tokenizer.specials])
     for key in sorted(run.nbest):
         scorer.add(key, run.refs[key], run.nbest[key][0][0], unbiased=run.unbiased.get(key))
         scorer.count_oov(tokenizer.tokenize(run.refs[key]), covered)

@@ -172,9 +172,8 @@ def unknown_tokens(tokenizer: Any, text: str, ids: list) -> list:
     count = sum(1 for i in ids if i == tokenizer.unk_id)
     if not count:
         return []
-    listed = getattr(tokenizer, "ids", None)
-    if listed is not None and hasattr(tokenizer, "tokenize"):
-        named = [t for t in tokenizer.tokenize(text) if t not in listed]
+    if hasattr(tokenizer, "token_id") and hasattr(tokenizer, "tokenize"):
+        named = [t for t in tokenizer.tokenize(text) if tokenizer.token_id(t) is None]
         if named:
             return named
     return ["<unk>"] * count

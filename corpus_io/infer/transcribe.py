@@ -121,6 +121,8 @@ class StreamingTranscriber:
         when its text changed, else None."""
         import torch
 
+        from corpus_io.audio.io import non_finite
+
         t0 = time.perf_counter()
         if int(sample_rate) != self.sample_rate:
             raise ConfigError(f"accept_waveform got audio at {sample_rate} Hz; the model takes {self.sample_rate} Hz. "
@@ -130,8 +132,7 @@ class StreamingTranscriber:
         if x.dim() != 1:
             raise DataError(f"accept_waveform takes one channel of samples (a 1-D array); got shape "
                             f"{tuple(x.shape)}. Average the channels first.")
-        if not bool(torch.isfinite(x).all()):
-            raise DataError("accept_waveform got non-finite samples (NaN or infinity); such audio cannot be right.")
+        non_finite(x.numpy(), "accept_waveform")  # NaN, infinity or beyond full scale: the audio's fault
         self._received += x.shape[0]
         self._samples = torch.cat([self._samples, x])
         self._add_features()

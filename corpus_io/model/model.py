@@ -406,6 +406,16 @@ def nonfinite_rows(log_probs: torch.Tensor, lengths: torch.Tensor | None = None)
     return torch.nonzero(bad.any(dim=1)).flatten().tolist()
 
 
+def nonfinite_inputs(inputs: torch.Tensor, lengths: torch.Tensor, rows: list[int]) -> list[int]:
+    """Of ``rows`` (:func:`nonfinite_rows` of the output), those whose model inputs, features (B, T, D) or
+    waveforms (B, N) within ``lengths``, hold a NaN or an infinity: their output is not finite because of their
+    audio (or feature matrix), whatever the weights."""
+    x = inputs.detach()
+    x = x if x.dim() == 3 else x[..., None]
+    picked = torch.tensor(rows, dtype=torch.long, device=x.device)
+    return [rows[i] for i in nonfinite_rows(x[picked], lengths.to(x.device)[picked])]
+
+
 def nonfinite_message(model: str, what: str, rows: int, total: int) -> str:
     """The one paragraph of a model whose forward is not finite (:func:`nonfinite_rows`) on ``what``."""
     return (f"the model {model} gives non-finite log-probabilities (NaN or infinity) on {what} ({rows} of {total} "

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.keys import speaker_id
 from corpus_io.storage.files import atomic_write, refuse_remote_output
 from corpus_io.storage.progress import progress
 from corpus_io.tables import kaldi
@@ -101,6 +102,7 @@ class _KaldiDirWriter:
         """``utts``: ``(key, audio path, text)`` sorted by key."""
         if not utts:
             return
+        speaker_id(spk, str(Path(utts[0][1]).parent))  # a field of utt2spk and spk2utt, as a key is
         f = self._files
         for key, path, text in utts:
             if self.last_key is not None and key <= self.last_key:

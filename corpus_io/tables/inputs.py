@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.keys import first_repeated_key
+from corpus_io.keys import first_repeated_key, speaker_id
 from corpus_io.storage.files import MAX_INFLATED_BYTES, UTF8_BOM, bounded_lines, copy_inflated, parse_json_object
 from corpus_io.tables import kaldi
 from corpus_io.tables.cuts import _SAME_TIME, Skip, _join_texts, _lhotse_span, _number, _utterance
@@ -547,9 +547,9 @@ def _kaldi_input(data_dir: Path, *, feats: bool) -> Input:
         if target is None:
             return Skip("missing transcript", where, key, f"no line in {data_dir / 'text'}")
         rec["target"] = target
-        speaker = utt2spk.get(key) if utt2spk is not None else None
+        speaker, at = utt2spk.get_where(key) if utt2spk is not None else (None, "")
         if speaker is not None:
-            rec["speaker"] = speaker
+            rec["speaker"] = speaker_id(speaker, f"{at}: key '{key}'")
         rec["where"] = where
         return rec
 

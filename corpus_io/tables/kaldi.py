@@ -178,6 +178,14 @@ class KeyedTable:
             self._used[i] = True
         return value
 
+    def get_where(self, key: str) -> tuple[str | None, str]:
+        """``(value, "file:line")`` of ``key`` (:meth:`get`); ``(None, file)`` when absent."""
+        i, value = self._lookup(key)
+        if i < 0:
+            return None, self.path
+        self._used[i] = True
+        return value, f"{self.path}:{int(self._linenos[i])}"
+
     def mark_present(self, key: str) -> bool:
         """Whether ``key`` is in the table, by its hash alone (no file read); marks it used.
 

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 from corpus_io.audio import io as audio
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.jobs import parts as jobs
-from corpus_io.keys import duplicate_hashes, first_repeated_key, key_hash, one_token, recording_id
+from corpus_io.keys import duplicate_hashes, first_repeated_key, key_hash, one_token, recording_id, speaker_id
 from corpus_io.storage import files, urls
 from corpus_io.storage.files import atomic_write, iter_raw_lines, parse_json_object
 from corpus_io.storage.progress import Summary, WorkerState, parallel_imap, progress, resolve_num_workers
@@ -58,9 +58,7 @@ def canonical(record: dict, where: str = "") -> dict:
         raise DataError(f"{where}: a line needs 'key' and 'source' (FunASR) or 'wav' (WeNet); "
                         f"it has {sorted(record)}.")
     out["key"] = key = line_key(out["key"], where)
-    for name in ("recording", "recording_id"):  # a segment's recording: the first field of decode's CTM
-        if isinstance(out.get(name), str):
-            recording_id(out[name], f"{where}: key '{key}': '{name}'")
+    check_id_fields(out, f"{where}: key '{key}'")
     for name, (kind, unit) in _NUMBER_FIELDS.items():
         if out.get(name) is not None:
             out[name] = _number(out[name], kind, f"{where}: key '{key}': {name}", unit)
@@ -73,6 +71,26 @@ def canonical(record: dict, where: str = "") -> dict:
             raise DataError(f"{where}: key '{key}': {name} is {out[name]}, below 0. Fix the line, or drop the field "
                             f"to have it computed.")
     return out
+
+
+#: a line's fields that name a speaker or recording, each a field of its own in the tables written from them
+#: (utt2spk and spk2utt; segments, decode's CTM): checked as keys are (corpus_io.keys.one_token)
+ID_FIELDS = {"speaker": speaker_id, "recording": recording_id, "recording_id": recording_id}
+
+
+def check_id_fields(record: dict, where: str) -> None:
+    """A DataError naming ``where`` and the field when a speaker or recording field of ``record`` (:data:`ID_FIELDS`)
+    is not one token: empty, or holding whitespace or a control character. An integer id is taken as its digits."""
+    for name, check in ID_FIELDS.items():
+        value = record.get(name)
+        if value is None:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str):
+            raise DataError(f"{where}: '{name}' is {json.dumps(value, ensure_ascii=False)}, not a string; a "
+                            f"{name} is one word naming it (e.g. \"spk1\"). Fix the line.")
+        check(value, f"{where}: '{name}'")
 
 
 def line_key(key: Any, where: str) -> str:
@@ -489,6 +507,7 @@ def jsonl2scp(cfg: Any) -> int:
             if "key" not in record:
                 raise DataError(f"{line.where}: the line has no 'key'.")
             record["key"] = line_key(record["key"], line.where)
+            check_id_fields(record, f"{line.where}: key '{record['key']}'")
             hashes.append(kaldi.key_hash(record["key"]))
             for name, f in zip(names, opened):
                 value = record.get(name, record.get({"source": "wav", "target": "txt"}.get(name, ""), None))

@@ -177,3 +177,21 @@ def test_an_endless_command_source_is_cut_at_the_named_byte_bound():
 def test_ark_offset_sources_are_recognised():
     assert audio.is_ark_offset("data/feats.ark:1234")
     assert not audio.is_ark_offset("a.wav")
+
+
+def test_samples_beyond_any_full_scale_are_blamed_on_the_audio_naming_the_file_and_its_header(fixture_corpus, tmp_path):
+    """Real speech times 1e30 in a float WAV: finite, but Kaldi features of it overflow to NaN and the model's
+    output with them, which decode blamed on the checkpoint's weights. Refused where it is decoded, naming the
+    file and what its header says; int32-scale float samples (up to 2^31) are still audio."""
+    speech, rate = sf.read(_real_wavs(fixture_corpus)[0], dtype="float32")
+    speech /= np.abs(speech).max()
+    path = tmp_path / "loud.wav"
+    sf.write(path, speech * np.float32(1e30), rate, subtype="FLOAT")
+    with pytest.raises(DataError) as err:
+        audio.decode_bytes(path.read_bytes(), where=str(path))
+    said = str(err.value)
+    assert said.startswith(f"{path}: the audio holds samples of magnitude up to 1e+30, the first at sample "), said
+    assert f"its header says WAV FLOAT, {rate} Hz, 1 channel, {len(speech)} samples" in said, said
+    assert "the audio is at fault, not the model" in said, said
+    sf.write(path, speech * np.float32(2.0 ** 31), rate, subtype="FLOAT")
+    assert np.abs(audio.decode_bytes(path.read_bytes(), where=str(path))[0]).max() == 2.0 ** 31

@@ -49,6 +49,20 @@ def test_align_places_every_spoken_word_in_order_and_reports_the_words_it_cannot
     assert "unaligned" in result.stdout and "no path" in result.stdout, result.stdout
 
 
+def test_special_tokens_in_a_transcript_are_unaligned_words_outside_the_token_list(tmp_path):
+    """A transcript word ``<blank>`` (or ``<unk>``, ``<sos/eos>``) is no token of the list: align reports it
+    unaligned, and segment (which shares ``transcript``) never puts it in a segment's text."""
+    from corpus_io.infer.align import OUTSIDE, transcript
+    from tests.test_tokenizer import tiny_tokenizer
+
+    tok = tiny_tokenizer(tmp_path)
+    tr = transcript("hello <blank> 你 <unk> <sos/eos>", tok)
+    assert tr.words == ["hello", "<blank>", "你", "<unk>", "<sos/eos>"]
+    assert tr.outside == {1: ["<blank>"], 3: ["<unk>"], 4: ["<sos/eos>"]} and tr.ids == [4, 2]
+    assert [bool(m) for m in tr.members] == [True, False, True, False, False]
+    assert OUTSIDE == "tokens outside the token list"
+
+
 def test_placed_words_start_where_input_frame_0_starts_as_decodes_do():
     """place_words (align's and segment's) moves every word by ``offset_seconds`` through decode's own rule
     (decoding.align.shifted): the 7.5 ms of frames centred on every shift (snip_edges=false, the default), none with

@@ -551,3 +551,38 @@ def test_a_feature_override_unlike_the_checkpoints_is_refused_naming_the_key_and
     same = decode_dataset_conf(DatasetConf(fbank_conf={"num_mel_bins": 40, "dither": 1.0}), trained)
     assert same.fbank_conf.num_mel_bins == 40 and same.fbank_conf.dither == 0.0 and same.feats_on == "loader"
     assert decode_dataset_conf(DatasetConf(feats_on="model"), trained).feats_on == "model"
+
+
+def test_output_that_is_not_finite_from_inputs_that_are_not_is_blamed_on_the_audio_not_the_weights():
+    """forward_batches (decode, align, segment, score) blames a non-finite output on the checkpoint's weights only
+    when the utterance's inputs were finite: features overflowed by absurd audio (or a feature matrix holding
+    infinity) are the audio's fault, and the error names the utterance."""
+    from corpus_io.config import DatasetConf
+    from corpus_io.errors import DataError
+    from corpus_io.infer.decode import forward_batches
+
+    class Mean(torch.nn.Module):  # any weights: the output is as finite as the input
+        def forward(self, feats, lengths):
+            return feats.mean(-1, keepdim=True).expand(-1, -1, 3).log_softmax(-1), lengths
+
+    conf = DatasetConf()
+    conf.feats_on, conf.feats_type = "loader", "precomputed"
+    feats = torch.zeros(2, 8, 4)
+    batch = {"keys": ["fine", "loud"], "txt": ["a", "b"], "target": torch.ones(2, 1, dtype=torch.long),
+             "target_lengths": torch.ones(2, dtype=torch.long), "feats": feats, "feats_lengths": torch.tensor([8, 8])}
+    feats[1, 3, 0] = float("inf")
+    with pytest.raises(DataError) as err:
+        list(forward_batches([batch], Mean(), None, conf, torch.device("cpu"), chunk_seconds=0,
+                             source=("m.pt", "list.jsonl")))
+    said = str(err.value)
+    assert "the model inputs of 1 utterances of list.jsonl are not finite" in said and ": loud." in said, said
+    assert "at fault, not the model m.pt" in said and "weights have diverged" not in said, said
+    feats[1, 3, 0] = 0.0
+
+    class Diverged(Mean):
+        def forward(self, feats, lengths):
+            return torch.full((feats.shape[0], feats.shape[1], 3), float("nan")), lengths
+
+    with pytest.raises(DataError, match="its weights have diverged"):
+        list(forward_batches([batch], Diverged(), None, conf, torch.device("cpu"), chunk_seconds=0,
+                             source=("m.pt", "list.jsonl")))

@@ -223,3 +223,26 @@ def test_score_flags_a_repeated_key_naming_both_lines_instead_of_dropping_its_se
     assert len(rows) == 4 and [r["key"] for r in rows].count(key) == 1
     flagged = dict(line.split(" ", 1) for line in (out / "flagged").read_text().splitlines())
     assert f"repeated key: scored at {data_list}:1, not at {data_list}:5" in flagged[key]
+
+
+def test_a_special_token_in_a_label_is_an_unknown_token_never_a_negative_loss(tmp_path):
+    """A label word ``<blank>`` is tokenized as a word the token list lacks: the utterance holds an unknown token
+    (so it is flagged) and its CTC loss is a real one, not the blank's read as a label."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from corpus_io.infer.score import label_losses
+    from tests.test_tokenizer import tiny_tokenizer
+
+    tok = tiny_tokenizer(tmp_path)
+    refs = ["你 <blank> 好", "hello <sos/eos>", "<blank>"]
+    frames = 6
+    log_probs = torch.full((3, frames, tok.vocab_size), -20.0)
+    log_probs[:, :, tok.blank_id] = 0.0  # a model sure of blank: the label "<blank>" read as blank scored < 0
+    fw = SimpleNamespace(log_probs=log_probs.log_softmax(-1), lengths=torch.tensor([frames] * 3),
+                         keys=["a", "b", "c"], targets=[tok.encode(r) for r in refs], durations=[0.24] * 3, refs=refs)
+    measured: dict = {}
+    list(label_losses([fw], tok, measured, SimpleNamespace(max_unknown_share=1.0)))
+    assert [measured[k]["unknown"] for k in "abc"] == [["<blank>"], ["<sos/eos>"], ["<blank>"]]
+    assert all(m["loss"] > 10 for m in measured.values())  # -log P of tokens the model never says

@@ -401,3 +401,17 @@ def test_merge_sorted_keeps_the_one_job_order_with_few_files_open(tmp_path):
         merge_sorted(paths, ORDER["segments"], out, tmp_path / f"tmp{fan_in}", fan_in=fan_in)
         assert out.getvalue() == "".join(want), fan_in
     assert want.index("a-0000100-0000300 w\n") < want.index("a-0000100-0000300 tie\n")
+
+
+@pytest.mark.parametrize("speaker", ["reader 1", "reader\n1", ""])
+def test_segment_refuses_a_speaker_its_utt2spk_could_not_hold_before_the_model_loads(tmp_path, speaker):
+    """segment writes each recording's ``speaker`` as the second field of utt2spk: one that is empty or holds
+    whitespace is refused when the recordings are read, naming the line and field, as a key would be."""
+    from corpus_io.errors import DataError
+    from corpus_io.infer.segment import read_recordings
+
+    src = tmp_path / "long.jsonl"
+    src.write_text(json.dumps({"key": "rec1", "source": "rec1.wav", "target": "one two", "speaker": speaker}) + "\n")
+    with pytest.raises(DataError) as err:
+        read_recordings(str(src))
+    assert f"{src}:1: key 'rec1': 'speaker'" in str(err.value) and "A speaker id is one token" in str(err.value)

@@ -278,6 +278,16 @@ def test_tokenize_counts_tokens_missing_from_the_token_list(tmp_path):
     assert counts["tokenize.unknown_tokens"] == 2
 
 
+def test_tokenize_counts_special_tokens_written_in_a_transcript_as_unknown(tmp_path):
+    from tests.test_tokenizer import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer(tmp_path)
+    counts: Counter = Counter()
+    out = list(stages.tokenize([{"key": "a", "txt": "你 <blank> 好 <sos/eos>"}], tokenizer=tokenizer, counts=counts))
+    assert out[0]["tokens"] == [2, tokenizer.unk_id, 3, tokenizer.unk_id]
+    assert counts["tokenize.unknown_tokens"] == 2
+
+
 def test_audio_shorter_than_one_analysis_window_is_dropped_and_counted_not_a_traceback(fixture_corpus):
     data = (fixture_corpus / "segments_dir" / "wav" / "long.wav").read_bytes()
     rate = sf.info(io.BytesIO(data)).samplerate

@@ -231,3 +231,17 @@ def test_prepared_dir_feeds_scp2jsonl(trees, tmp_path):
     lines = [json.loads(line) for line in (d / "data.jsonl").read_text().splitlines()]
     assert [x["key"] for x in lines] == [k for k, _ in read(d / "text")]
     assert all(x["source_len"] > 50 for x in lines)
+
+
+def test_a_speaker_directory_whose_name_is_not_one_token_is_refused_and_no_split_is_written(tmp_path):
+    """AISHELL's speaker is its directory's name, a field of utt2spk and spk2utt: 'S 0002' would split there."""
+    base = tmp_path / "data_aishell"
+    spk = base / "wav" / "train" / "S 0002"
+    spk.mkdir(parents=True)
+    sf.write(spk / "BAC009S0002W0121.wav", [0.0] * 1600, 16000)
+    (base / "transcript").mkdir()
+    aishell_transcript(tmp_path).write_text("BAC009S0002W0121 你好\n", encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        corpora.prepare_aishell(tmp_path, tmp_path / "data")
+    assert f"{spk}: speaker 'S 0002' is not one word" in str(err.value) and "rename the speaker" in str(err.value)
+    assert not (tmp_path / "data" / "train" / "utt2spk").exists()

@@ -521,3 +521,16 @@ def test_a_key_that_is_not_one_token_is_refused_by_the_first_reader_and_nothing_
             assert_user_error(result, says, "A key is one token")
             assert not (tmp_path / output).exists(), (kind, command)
         assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+
+
+def test_a_kaldi_dirs_speaker_that_is_not_one_token_is_refused_naming_its_utt2spk_line(tmp_path):
+    """An utt2spk line ``utt spk 1`` holds two words for one speaker: read as the speaker 'spk 1', every table
+    written from it (segment's utt2spk, a spk2utt) would be broken; refused as a key is, naming the line."""
+    utts = fixture_utts()[:3]
+    (tmp_path / "wav.scp").write_text("".join(f"{k} {p}\n" for k, p, _ in utts))
+    (tmp_path / "text").write_text("".join(f"{k} {t}\n" for k, _, t in utts), encoding="utf-8")
+    (tmp_path / "utt2spk").write_text(f"{utts[0][0]} spk1\n{utts[1][0]} spk 1\n{utts[2][0]} spk1\n")
+    with pytest.raises(DataError) as err:
+        list(iter_records(str(tmp_path)))
+    assert f"{tmp_path / 'utt2spk'}:2: key '{utts[1][0]}': speaker 'spk 1' is not one word" in str(err.value)
+    assert "A speaker id is one token" in str(err.value)

@@ -270,6 +270,32 @@ def test_jsonl2scp_names_a_line_without_the_field(tmp_path):
     assert not (tmp_path / "wav.scp").exists()
 
 
+@pytest.mark.parametrize("speaker, said", [("spk\n1", "holds whitespace (U+000A)"),
+                                           ("spk 1", "holds whitespace (U+0020)"), ("", "speaker is empty")])
+def test_a_speaker_that_is_not_one_token_is_refused_at_read_time_naming_file_line_and_field(tmp_path, speaker, said):
+    """A list line's ``speaker`` is a field of utt2spk and spk2utt: jsonl2scp refuses one that is empty or holds
+    whitespace, as a key, before writing any table (even one without the speaker), and so does every reader of
+    the list (segment's, whose utt2spk it is); an integer speaker is its digits."""
+    from corpus_io.errors import DataError
+    from corpus_io.tables.inputs import iter_records
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"key": "a", "source": "a.wav", "target": "hi", "speaker": 7}) + "\n" +
+                   json.dumps({"key": "b", "source": "b.wav", "target": "hi", "speaker": speaker}) + "\n")
+    for fields, tables in (("[source,speaker]", f"[{tmp_path}/wav.scp,{tmp_path}/utt2spk]"),
+                           ("[source]", f"[{tmp_path}/wav.scp]")):
+        result = run_cli("corpus-io", "jsonl2scp", f"++jsonl_file_in={src}", f"++data_type_list={fields}",
+                         f"++scp_file_list={tables}")
+        assert result.returncode == 2 and result.stderr.count("\n") <= 2, result.stderr
+        assert_user_error(result, "in.jsonl:2", "key 'b'", "'speaker'", said, "rename the speaker")
+        assert not (tmp_path / "wav.scp").exists() and not (tmp_path / "utt2spk").exists()
+    with pytest.raises(DataError) as err:
+        list(iter_records(str(src)))
+    assert "in.jsonl:2: key 'b': 'speaker'" in str(err.value) and said in str(err.value)
+    src.write_text(json.dumps({"key": "a", "source": "a.wav", "target": "hi", "speaker": 7}) + "\n")
+    assert [r["speaker"] for r in iter_records(str(src))] == [7]
+
+
 @pytest.mark.parametrize("line, needles", [
     ({"key": "utt 1", "source": "a.wav", "target": "hi"}, ["in.jsonl:2", "key 'utt 1' is not one word"]),
     ({"key": "", "source": "a.wav", "target": "hi"}, ["in.jsonl:2", "key '' is empty"]),
