@@ -8,8 +8,8 @@ Two detectors, chosen by segment's ``++vad``:
   rule (10 ms fbank frames within 50 dB of the loudest and 10 dB above the quietest tenth), pauses shorter than
   ``min_pause`` filled (a stop's closure, a breath between words). Fast and exact on clean recordings; in room tone
   louder than 10 dB below speech it hears speech everywhere.
-* ``silero``: silero-vad's model, which ships inside its wheel (``pip install 'corpus-io[vad]'``), run with
-  onnxruntime over the recording at 16 kHz in 32 ms windows: robust to room tone, breaths and music beds.
+* ``silero``: silero-vad's model, which ships inside its wheel (``pip install -e '.[vad]'`` in a checkout), run
+  with onnxruntime over the recording at 16 kHz in 32 ms windows: robust to room tone, breaths and music beds.
 
 Both return ``[(start, end), ...]`` in seconds, sorted, parted by at least ``min_pause``.
 """
@@ -53,16 +53,11 @@ _silero: list = []  # the loaded model, once a process
 
 
 def silero_model() -> Any:
-    """silero-vad's ONNX model from its wheel (loaded once a process); a ConfigError naming the extra when the
-    package is missing."""
+    """silero-vad's ONNX model from its wheel, loaded once a process (a missing package: the CLI names the ``[vad]``
+    extra, :mod:`corpus_io.extras`)."""
     if not _silero:
-        try:
-            from silero_vad import load_silero_vad
-        except ImportError:
-            from corpus_io.errors import ConfigError
+        from silero_vad import load_silero_vad
 
-            raise ConfigError("++vad=silero needs silero-vad (its model ships inside the wheel, nothing is "
-                              "downloaded): pip install 'corpus-io[vad]'. Or use ++vad=energy.") from None
         _silero.append(load_silero_vad(onnx=True))
     return _silero[0]
 

@@ -56,7 +56,7 @@ class SegmentConfig:
                                  "<reason>': the transcript words placed in no segment)")
     vad: str = opt("energy", "where the audio pauses, the only places segment cuts: energy (the core: the fbank "
                              "frames' energy, for clean recordings) or silero (silero-vad's shipped model, robust "
-                             "to room tone and breaths: pip install 'corpus-io[vad]')", choices=("energy", "silero"))
+                             "to room tone and breaths: pip install -e '.[vad]')", choices=("energy", "silero"))
     max_segment_seconds: float = opt(20.0, "a segment is at most this long (its padding shrinks first): a longer "
                                            "stretch of speech is cut at its longest pause (a single pause-free "
                                            "stretch longer than this, between words)",

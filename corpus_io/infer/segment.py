@@ -78,6 +78,7 @@ class Cut:
 
     segments: list
     untranscribed: list  # [(start, end)] of the regions skipped as speech with no text
+    failed: int = 0  # segments that failed the whole-segment check
 
 
 def region_of(p: Any, regions: list, slack: float = REGION_SLACK_SECONDS) -> int | None:
@@ -114,10 +115,12 @@ def taint(placed: list, where: list) -> set[int]:
 
 
 def cut(recording: str, placed: list, duration: float, regions: list, *, max_seconds: float, max_pause: float,
-        padding: float, heard: list | None = None) -> Cut:
+        padding: float, heard: list | None = None, check: Any = None) -> Cut:
     """The segments of one recording (module doc): ``placed``, its words; ``regions``, its speech regions (seconds,
     from :mod:`corpus_io.audio.vad`); ``heard[k]``: whether the model hears a token in region ``k`` (None: in
-    every one). ``placed`` gets the reasons of the words left out."""
+    every one); ``check(segment)``: whether a segment passes the whole-segment check (a failing one is bisected at
+    its longest pause and each side checked again, down to one region, whose words are then left out). ``placed``
+    gets the reasons of the words left out."""
     where = [region_of(p, regions) if p.start is not None else None for p in placed]
     for i, p in enumerate(placed):
         if p.start is not None and where[i] is None and not p.reason:
@@ -149,15 +152,36 @@ def cut(recording: str, placed: list, duration: float, regions: list, *, max_sec
     if current:
         runs_of.append(current)
     span = max(0.5 * max_seconds, max_seconds - 2 * padding)  # the speech's extent, so that with padding it fits
-    segments = []
-    for run in runs_of:
-        for group in split_regions(run, regions, span):
-            words = [i for k in group for i in words_in[k]]
-            long = regions[group[-1]][1] - regions[group[0]][0] > max_seconds  # one region: cut between words
-            pieces = split(words, placed, span) if long else [words]
-            for piece in pieces:
-                segments.append(bounded(recording, piece, placed, group, regions, duration, padding, max_seconds))
-    return Cut(segments, untranscribed)
+    segments, failed = [], 0
+    todo = [group for run in runs_of for group in split_regions(run, regions, span)][::-1]
+    while todo:
+        group = todo.pop()
+        words = [i for k in group for i in words_in[k]]
+        long = regions[group[-1]][1] - regions[group[0]][0] > max_seconds  # one region: cut between words
+        made = [bounded(recording, piece, placed, group, regions, duration, padding, max_seconds)
+                for piece in (split(words, placed, span) if long else [words])]
+        if check is None or len(group) == 1:
+            for seg in made:
+                if check is None or check(seg):
+                    segments.append(seg)
+                    continue
+                failed += 1
+                for _, w in seg.words:
+                    w.reason = UNSAID
+        elif all(check(seg) for seg in made):
+            segments += made
+        else:  # which side of its longest pause holds the speech its text does not say: each checked alone
+            j = longest_pause(group, regions)
+            todo += [group[j + 1:], group[: j + 1]]
+    return Cut(segments, untranscribed, failed)
+
+
+def longest_pause(group: list[int], regions: list) -> int:
+    """The position in ``group`` (region indices) of the region after which its longest pause falls (of equal
+    pauses, the one nearest its middle)."""
+    gaps = [(regions[group[j + 1]][0] - regions[group[j]][1], -abs(2 * j + 2 - len(group)), j)
+            for j in range(len(group) - 1)]
+    return max(gaps)[2]
 
 
 def split_regions(run: list[int], regions: list, max_seconds: float) -> list[list[int]]:
@@ -169,9 +193,7 @@ def split_regions(run: list[int], regions: list, max_seconds: float) -> list[lis
         if len(group) == 1 or regions[group[-1]][1] - regions[group[0]][0] <= max_seconds:
             groups.append(group)
             continue
-        gaps = [(regions[group[j + 1]][0] - regions[group[j]][1], -abs(2 * j + 2 - len(group)), j)
-                for j in range(len(group) - 1)]
-        _, _, j = max(gaps)
+        j = longest_pause(group, regions)
         todo += [group[j + 1:], group[: j + 1]]
     return sorted(groups)
 
@@ -456,19 +478,18 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
                                      blank=blank, speech=p.speech, speech_seconds=p.speech_seconds,
                                      window=window, min_word_score=cfg.min_word_score, offset_seconds=p.frame_offset)
                 regions = speech_regions(cfg, recs[p.key], p, duration)
+                def passes_check(seg: Segment, p: Any = p) -> bool:
+                    return unsaid_run(p.log_probs, p.columns, blank_id, m.tokenizer, seg, m.frame_seconds,
+                                      p.frame_offset) <= cfg.max_unsaid_words
+
                 got = cut(p.key, placed, duration, regions, max_seconds=cfg.max_segment_seconds,
                           max_pause=cfg.max_pause_seconds, padding=cfg.padding_seconds,
-                          heard=heard(p.log_probs, blank, regions, m.frame_seconds, p.frame_offset))
+                          heard=heard(p.log_probs, blank, regions, m.frame_seconds, p.frame_offset),
+                          check=passes_check)
                 for seg in got.segments:
                     seg.pseudo_label = p.key in pseudo
-                    unsaid = unsaid_run(p.log_probs, p.columns, blank_id, m.tokenizer, seg, m.frame_seconds,
-                                        p.frame_offset)
-                    if unsaid > cfg.max_unsaid_words:
-                        failed += 1
-                        for _, w in seg.words:
-                            w.reason = UNSAID
-                    else:
-                        segments.append(seg)
+                segments += got.segments
+                failed += got.failed
                 untranscribed += [e - s for s, e in got.untranscribed]
                 for i, w in enumerate(placed):
                     if w.reason:
@@ -513,7 +534,7 @@ def speech_regions(cfg: Any, rec: dict, p: Any, duration: float) -> list[tuple[f
         return vad.silero_regions(to_mono(wave), rate, pause)
     if p.speech is None:
         raise ConfigError("++vad=energy reads the pauses from the model's fbank features, and this checkpoint takes "
-                          "other features: segment with ++vad=silero (pip install 'corpus-io[vad]').")
+                          "other features: segment with ++vad=silero (pip install -e '.[vad]').")
     shift = p.frame_offset
     return [(max(0.0, s + shift), min(duration, e + shift))
             for s, e in vad.regions_from_frames(p.speech.tolist(), p.speech_seconds, pause)]
