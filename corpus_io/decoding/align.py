@@ -102,42 +102,66 @@ def token_frames(log_probs: torch.Tensor, ids: list[int], blank: int = 0) -> lis
     return frames
 
 
-def ctc_viterbi(log_probs: Any, ids: list[int], blank: int = 0, *, free_end: bool = False) -> list[list[int]] | None:
+#: a frame of free audio (said by no text token) scores as blank, or as its best token less this (nats) when that
+#: is more: CTC segmentation's skip cost. A CTC model hears speech in spikes among blank frames, so a text that ran
+#: out would otherwise jump to later spikes of its last words (blank over the untranscribed speech between costs only
+#: its spikes); a spike the text says still scores this much more on the text's path than as free audio
+FREE_END_PENALTY = 2.0
+
+
+def ctc_viterbi(log_probs: Any, ids: list[int], blank: int = 0, *, free_end: bool = False,
+                free_audio: tuple[bool, bool] = (False, False),
+                penalty: float = FREE_END_PENALTY) -> list[list[int]] | None:
     """Each token's output frames on the Viterbi CTC path of ``ids`` through ``log_probs`` (T, V), as
-    :func:`token_frames`, computed here (numpy, one frame at a time: ``T x (2 len(ids) + 1)`` bytes of back pointers).
+    :func:`token_frames`, computed here (numpy, one frame at a time: ``T x (2 len(ids) + 3)`` bytes of back pointers).
     ``free_end``: the path may end before the last token (the text goes on past these frames): the tokens it
-    consumed are returned, fewer than ``ids``. None when no path fits (more tokens, with the blanks between repeats,
-    than frames)."""
+    consumed are returned, fewer than ``ids``. ``free_audio`` (before, after): audio before the text starts (after it
+    ends) may be said by no token: such a frame scores as blank, or its best token's log-prob less ``penalty`` when
+    that is more (CTC segmentation's way: text that starts late or ends early is not stretched over speech it does
+    not say). None
+    when no path fits (more tokens, with the blanks between repeats, than frames)."""
     import numpy as np
 
     lp = log_probs.detach().float().cpu().numpy() if hasattr(log_probs, "detach") else np.asarray(log_probs)
     n, frames = len(ids), lp.shape[0]
     if n == 0 or frames == 0:
         return [] if n == 0 else None
-    states = 2 * n + 1
+    # states: 0 the free audio before the text, 1 .. 2n+1 the CTC states (blank, token, blank, ...), 2n+2 after it
+    states = 2 * n + 3
     labels = np.full(states, blank, dtype=np.int64)
-    labels[1::2] = ids
+    labels[2:-1:2] = ids
     arr = np.asarray(ids)
     skip = np.zeros(states, dtype=bool)  # token state s may come from s - 2 (the token before, no blank between)
-    skip[3::2] = arr[1:] != arr[:-1]
+    skip[4:-1:2] = arr[1:] != arr[:-1]
+    skip[2] = True  # the first token may follow the free audio before the text directly
     neg = np.float32(-1e30)
     emit = lp[:, labels]
+    free = np.maximum(lp[:, blank], lp.max(axis=1) - np.float32(penalty))  # silence as blank, a spike less penalty
+    emit[:, 0], emit[:, -1] = free, free
     back = np.zeros((frames, states), dtype=np.int8)
     dp = np.full(states, neg, dtype=np.float32)
-    dp[:2] = emit[0, :2]
+    dp[1:3] = emit[0, 1:3]
+    if free_audio[0]:
+        dp[0] = emit[0, 0]
     one = np.empty(states, dtype=np.float32)
     two = np.empty(states, dtype=np.float32)
     for t in range(1, frames):
         one[0], one[1:] = neg, dp[:-1]
         two[:2], two[2:] = neg, dp[:-2]
         two[~skip] = neg
+        two[-1] = dp[-3] if free_audio[1] else neg  # after the text: from its last token or its last blank
+        if not free_audio[1]:
+            one[-1] = neg
         step = np.where(one > dp, 1, 0).astype(np.int8)
         best = np.maximum(dp, one)
         better = two > best
         step[better] = 2
         dp = np.maximum(best, two) + emit[t]
         back[t] = step
-    ends = np.arange(states) if free_end else np.array([states - 1, states - 2])
+    last = states - 2  # the CTC states' last: the blank after the text
+    ends = np.arange(1, last + 1) if free_end else np.array([last, last - 1])
+    if free_audio[1]:
+        ends = np.append(ends, states - 1)
     end = int(ends[np.argmax(dp[ends])])
     if dp[end] < neg / 2:
         return None
@@ -146,21 +170,25 @@ def ctc_viterbi(log_probs: Any, ids: list[int], blank: int = 0, *, free_end: boo
     for t in range(frames - 1, -1, -1):
         path[t] = state
         state -= int(back[t, state])
-    out: list[list[int]] = [[] for _ in range((end + 1) // 2)]
+    consumed = n if end == states - 1 else end // 2
+    out: list[list[int]] = [[] for _ in range(consumed)]
     for t, state in enumerate(path.tolist()):
-        if state % 2:
-            out[state // 2].append(t)
+        if state % 2 == 0 and 0 < state < states - 1:
+            out[state // 2 - 1].append(t)
     return out
 
 
 def windowed_token_frames(log_probs: Any, ids: list[int], word_starts: list[int], blank: int = 0, *,
-                          window: int, progress: Callable[[int], None] | None = None) -> list[list[int] | None]:
+                          window: int, progress: Callable[[int], None] | None = None,
+                          free_audio: bool = False) -> list[list[int] | None]:
     """Each token's output frames on a CTC Viterbi path of ``ids`` through ``log_probs`` (T, V) computed window by
     window, in bounded memory however long the recording: :func:`ctc_viterbi` over ``window`` frames and the text
     that follows (free end), the whole words (``word_starts``: the token index each word starts at, ascending)
     that end within the window's first two thirds committed, the next window starting at the frame after them
     with the next word. A window that commits nothing moves on by two thirds (audio with no text). Tokens left
-    when the frames run out (text not spoken, or no path) are None. ``progress``: called with the frames done."""
+    when the frames run out (text not spoken, or no path) are None. ``progress``: called with the frames done.
+    ``free_audio``: each window's audio before its text and after it may be said by no token (:func:`ctc_viterbi`).
+    """
     n, frames = len(ids), int(log_probs.shape[0])
     out: list[list[int] | None] = [None] * n
     commit = max(1, (2 * window) // 3)
@@ -170,7 +198,7 @@ def windowed_token_frames(log_probs: Any, ids: list[int], word_starts: list[int]
         t1 = min(frames, t0 + window)
         last = t1 == frames
         j1 = min(n, j0 + (t1 - t0))  # no more tokens than frames fit
-        path = ctc_viterbi(log_probs[t0:t1], ids[j0:j1], blank, free_end=True)
+        path = ctc_viterbi(log_probs[t0:t1], ids[j0:j1], blank, free_end=True, free_audio=(free_audio, free_audio))
         done = len(path) if path else 0
         if last:
             for k in range(done):

@@ -101,32 +101,37 @@ def narrowed(tr: Transcript, columns: list[int] | None, blank: int) -> tuple[Tra
 @dataclass
 class Placed:
     """A transcript word: its start and end (seconds from the audio's start; None when it has no path) and score;
-    ``reason``: why it is unaligned (empty: aligned)."""
+    ``reason``: why it is unaligned (empty: aligned); ``heard``: the mean time of its tokens' frames on the CTC path
+    (seconds, where the model heard it; None: no path)."""
 
     word: str
     start: float | None
     end: float | None
     score: float
     reason: str = ""
+    heard: float | None = None
 
 
 def place_words(log_probs: Any, tr: Transcript, *, frame_seconds: float, duration: float | None, blank: int,
                 speech: Any = None, speech_seconds: float = 0.01, window: int, min_word_score: float,
-                offset_seconds: float = 0.0) -> list[Placed]:
+                offset_seconds: float = 0.0, free_ends: bool = False) -> list[Placed]:
     """Every word of ``tr`` placed on the Viterbi path of its tokens through ``log_probs`` (T, V), or unaligned
     with its reason (module doc). ``offset_seconds``: where input frame 0 starts, added to every time as decode's
-    word times (:func:`corpus_io.decoding.align.shifted`; :attr:`Pass.frame_offset`, -7.5 ms without snip_edges)."""
-    from corpus_io.decoding.align import Span, shifted, sound_bounds, token_frames, windowed_token_frames
+    word times (:func:`corpus_io.decoding.align.shifted`; :attr:`Pass.frame_offset`, -7.5 ms without snip_edges).
+    ``free_ends``: the text may start after the audio does and end before it (segment: a transcript that runs out is
+    not stretched over speech it does not say; :func:`corpus_io.decoding.align.ctc_viterbi`'s ``free_audio``)."""
+    from corpus_io.decoding.align import Span, ctc_viterbi, shifted, sound_bounds, token_frames, windowed_token_frames
 
     lp = log_probs.detach().float().cpu()
     frames: list[list[int] | None] | None = None
     if lp.shape[0] <= window and tr.min_frames() <= lp.shape[0]:
         try:
-            frames = list(token_frames(lp, tr.ids, blank))
+            frames = ctc_viterbi(lp, tr.ids, blank, free_audio=(True, True)) if free_ends else \
+                list(token_frames(lp, tr.ids, blank))
         except (ValueError, RuntimeError):  # no single path: the windows' free end reports what does not fit
             frames = None
     if frames is None:
-        frames = windowed_token_frames(lp, tr.ids, tr.word_starts, blank, window=window)
+        frames = windowed_token_frames(lp, tr.ids, tr.word_starts, blank, window=window, free_audio=free_ends)
     limit = duration if duration is not None else lp.shape[0] * frame_seconds
     placed: list[Placed] = []
     spans: list[Span] = []  # the words with a path, in order, for their sound bounds
@@ -142,7 +147,10 @@ def place_words(log_probs: Any, tr: Transcript, *, frame_seconds: float, duratio
             continue
         score = min(lp[f, tr.ids[k]].exp().mean().item() for k, f in zip(members, fr))
         start, end = min(fr[0][0] * frame_seconds, limit), min((fr[-1][-1] + 1) * frame_seconds, limit)
-        placed.append(Placed(word, round(start, 3), round(end, 3), float(min(1.0, max(0.0, score)))))
+        spikes = [f for k in fr for f in k]
+        heard = min(limit, (sum(spikes) / len(spikes) + 0.5) * frame_seconds + offset_seconds)
+        placed.append(Placed(word, round(start, 3), round(end, 3), float(min(1.0, max(0.0, score))),
+                             heard=round(max(0.0, heard), 3)))
         spans.append(Span(word, start, end, score))
         owners.append(w)
     if speech is not None and spans:

@@ -66,8 +66,8 @@ BESIDE = "in a phrase with an unaligned word"
 IN_NO_SPEECH = "placed in a pause"
 #: why a word is unaligned: its segment, checked whole, holds speech its text does not say
 UNSAID = "in a segment with speech its text does not say"
-#: a word's sound may reach this far past the speech region it belongs to (seconds: a soft onset, a fading end)
-REGION_SLACK_SECONDS = 0.15
+#: where the model heard a word may lie this far from the speech region it belongs to (seconds: CTC emits late)
+REGION_SLACK_SECONDS = 0.5
 #: a region with no word is untranscribed speech when the model hears a token in it: blank's posterior below this
 HEARD_BLANK_POSTERIOR = 0.5
 
@@ -82,13 +82,16 @@ class Cut:
 
 
 def region_of(p: Any, regions: list, slack: float = REGION_SLACK_SECONDS) -> int | None:
-    """The index of the speech region that holds most of word ``p``'s time (one within ``slack`` seconds of it
-    when none overlaps it); None: the word lies in a pause."""
-    best, best_overlap = None, 0.0
+    """The index of the speech region word ``p`` belongs to: the one holding where the model heard it (the mean of its
+    tokens' frames: :attr:`~corpus_io.infer.align.Placed.heard`; its span's middle without it), else the nearest
+    within ``slack`` seconds (a CTC model often emits a phrase's last word in the pause after its sound); None: the
+    word lies in a pause, far from any speech."""
+    at = p.heard if p.heard is not None else (p.start + p.end) / 2
+    best, distance = None, slack
     for k, (s, e) in enumerate(regions):
-        overlap = min(e, p.end) - max(s, p.start)
-        if overlap > best_overlap or (best is None and overlap > -slack and overlap > best_overlap - slack):
-            best, best_overlap = k, overlap
+        d = max(s - at, at - e, 0.0)
+        if d <= distance:
+            best, distance = k, d
     return best
 
 
@@ -476,7 +479,8 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
                 duration = p.duration if p.duration is not None else p.log_probs.shape[0] * m.frame_seconds
                 placed = place_words(p.log_probs, tr, frame_seconds=m.frame_seconds, duration=duration,
                                      blank=blank, speech=p.speech, speech_seconds=p.speech_seconds,
-                                     window=window, min_word_score=cfg.min_word_score, offset_seconds=p.frame_offset)
+                                     window=window, min_word_score=cfg.min_word_score, offset_seconds=p.frame_offset,
+                                     free_ends=True)
                 regions = speech_regions(cfg, recs[p.key], p, duration)
                 def passes_check(seg: Segment, p: Any = p) -> bool:
                     return unsaid_run(p.log_probs, p.columns, blank_id, m.tokenizer, seg, m.frame_seconds,

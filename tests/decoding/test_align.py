@@ -319,3 +319,26 @@ def test_word_times_of_frames_centred_on_every_shift_start_half_a_window_earlier
         assert b.start == pytest.approx(max(0.0, a.start - 0.0075), abs=1e-3)  # times: ms
         assert b.end == pytest.approx(a.end - 0.0075, abs=1e-3) and b.end < a.end
     assert moved.words[0].start == 0.0 and moved.confidence == plain.confidence
+
+
+def test_free_audio_ends_leave_speech_the_text_does_not_say_to_no_token():
+    """ctc_viterbi with free audio before and after the text (CTC segmentation's way): the model hears token 1 for
+    frames 0-7, then 3 at frame 10 and 4 at 14, then 5 for frames 17-21; 3 and 4 sound a little like what is said
+    around them. A transcript "3 4" (it starts late and ends early), forced, stretches 3 and 4 over the speech of 1
+    and 5 (repeats cost less than blank on speech); with free ends they hold their own frames, and the silence at
+    frames 8-9 and 11-13 still goes to blank."""
+    import torch
+
+    from corpus_io.decoding.align import ctc_viterbi
+
+    lp = torch.full((22, 6), -8.0)
+    lp[:, 0] = -0.01
+    for frames, token in ((range(0, 8), 1), ([10], 3), ([14], 4), (range(17, 22), 5)):
+        for t in frames:
+            lp[t, 0], lp[t, token] = -8.0, -0.01
+    lp[0:8, 3] = -3.0
+    lp[17:22, 4] = -3.0
+    forced = ctc_viterbi(lp, [3, 4])
+    assert forced[0][0] == 0 and forced[1][-1] == 21, forced  # stretched over speech that says 1 and 5
+    assert ctc_viterbi(lp, [3, 4], free_audio=(True, True)) == [[10], [14]]
+    assert ctc_viterbi(lp, [1, 3, 4, 5], free_audio=(True, True)) == [list(range(8)), [10], [14], list(range(17, 22))]
