@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import BIN, REPO, hang_limit
+from tests.conftest import BIN, REPO, hang_limit, run_cli
 from tests.loader_data import make_shards
 from tests.trained_models import run_train, torchrun_cmd
 
@@ -154,6 +154,16 @@ def test_training_without_the_metric_to_average_by_still_succeeds_and_says_so(on
     assert one_step_run["returncode"] == 0, stderr[-3000:]
     assert "not averaging: no epoch recorded a 'acc'" in stderr and "++metric=loss" in stderr
     assert (out / "model.pt.ep0").is_file() and not list(out.glob("model.pt.avg*"))
+
+
+def test_average_of_a_run_without_a_cv_set_says_it_ranked_by_training_loss(one_step_run, tmp_path):
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    out = tmp_path / "exp"  # a copy: the fixture's output_dir is shared and must hold no average
+    shutil.copytree(one_step_run["out"], out)
+    result = run_cli("corpus-io", "average", f"++output_dir={out}", "++num=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "best by training loss" in result.stdout and "cv loss" not in result.stdout, result.stdout
+    assert (out / "model.pt.avg1").is_file()
 
 
 def test_funasr_finetune_sh_overrides_train_without_an_unknown_key(corpus, tmp_path):
