@@ -37,6 +37,11 @@ class TrainConf:
     max_steps_per_epoch: int = opt(0, "step mode: an epoch ends after this many steps (0: one pass)",
                                    unit="steps", range="[0, 1000000000000]")
     seed: int = opt(1234, "seed of model init and dropout", range="[0, 4294967295]")
+    num_threads: int = opt(1, "torch intra-op threads of each rank: set by train, not inherited (OMP_NUM_THREADS, "
+                              "the machine's cores), because another count sums in another order and trains other "
+                              "weights; raise it for one-process CPU training", range="[1, 1024]")
+    deterministic: bool = opt(True, "deterministic kernels where torch has them (torch.use_deterministic_algorithms, "
+                                    "warning where it has none), so one command trains the same weights each run")
     device: str = opt("auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
     timeout_s: int = opt(600, "collective timeout", unit="seconds", range="[1, 604800]")
     dump_trained_keys: bool = opt(False, "debug: write output_dir/trained_keys.rank{R}.txt ('epoch key' per trained "

@@ -167,6 +167,8 @@ def decode_wavs(rec: Any, wavs: Iterable[Utterance | tuple[str, str]], *, online
         run.audio_seconds += len(samples) / rate
         stream = rec.create_stream()
         if not online:
+            # sherpa-onnx 2.0.1 dithers offline features from a per-process generator: each decode draws other
+            # noise, so a word the model is unsure of may change with the file's place (DECODING.md)
             t0 = time.perf_counter()
             stream.accept_waveform(rate, samples)
             rec.decode_stream(stream)

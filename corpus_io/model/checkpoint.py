@@ -396,9 +396,22 @@ def average(cfg: Any) -> Path:
     require(cfg, "output_dir")
     refuse_remote_output(cfg.output_dir, "++output_dir", "average")  # it reads and writes a local output_dir
     path = average_checkpoints(cfg.output_dir, cfg.num, cfg.metric, key="num")
-    chosen = load_checkpoint(path)["averaged_epochs"]
-    print(f"average: epochs {chosen} (best by cv {cfg.metric}) -> {path}")
+    state = load_checkpoint(path)
+    chosen = state["averaged_epochs"]
+    print(f"average: epochs {chosen} ({ranked_by(state.get('cv_metrics') or {}, cfg.metric)}) -> {path}")
     return path
+
+
+def ranked_by(metrics: dict[int, dict | None], metric: str) -> str:
+    """What the averaged epochs were ranked by: a run without a cv set records its training metrics
+    (``"source": "train"``), and saying "cv" for those would misreport the model's selection."""
+    train = [e for e, m in metrics.items() if (m or {}).get("source") == "train"]
+    if not train:
+        return f"best by cv {metric}"
+    if len(train) == len(metrics):
+        return f"best by training {metric}: the run had no cv set (valid_data_set_list)"
+    return (f"best by cv {metric}, but epochs {train} by their training {metric}: they were trained without "
+            f"a cv set (valid_data_set_list)")
 
 
 # --------------------------------------------------------------------------- RNG state (saved with checkpoints)

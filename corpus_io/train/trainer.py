@@ -79,6 +79,9 @@ class Trainer:
             raise ConfigError("train_conf.use_fp16 and use_bf16 are both true; choose one.")
         if tc.use_fp16 and ctx.device.type != "cuda":
             raise ConfigError("train_conf.use_fp16 needs a CUDA device; on CPU use ++train_conf.use_bf16=true.")
+        # the same command trains the same weights: the thread count and kernels decide the order of float sums
+        torch.set_num_threads(tc.num_threads)
+        torch.use_deterministic_algorithms(tc.deterministic, warn_only=True)
         torch.manual_seed(tc.seed)
         devices_note = resolve_device_defaults(cfg.dataset_conf, ctx.device)  # before config.yaml: it records them
         self.tokenizer = build_tokenizer(cfg.tokenizer)

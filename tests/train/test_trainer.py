@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import BIN, REPO, hang_limit
+from tests.conftest import BIN, REPO, hang_limit, run_bounded, run_cli
 from tests.loader_data import make_shards
 from tests.trained_models import run_train, torchrun_cmd
 
@@ -154,6 +154,16 @@ def test_training_without_the_metric_to_average_by_still_succeeds_and_says_so(on
     assert one_step_run["returncode"] == 0, stderr[-3000:]
     assert "not averaging: no epoch recorded a 'acc'" in stderr and "++metric=loss" in stderr
     assert (out / "model.pt.ep0").is_file() and not list(out.glob("model.pt.avg*"))
+
+
+def test_average_of_a_run_without_a_cv_set_says_it_ranked_by_training_loss(one_step_run, tmp_path):
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    out = tmp_path / "exp"  # a copy: the fixture's output_dir is shared and must hold no average
+    shutil.copytree(one_step_run["out"], out)
+    result = run_cli("corpus-io", "average", f"++output_dir={out}", "++num=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "best by training loss" in result.stdout and "cv loss" not in result.stdout, result.stdout
+    assert (out / "model.pt.avg1").is_file()
 
 
 def test_funasr_finetune_sh_overrides_train_without_an_unknown_key(corpus, tmp_path):
@@ -604,3 +614,19 @@ def test_ranks_whose_cv_splits_differ_in_batches_validate_and_finish(corpus, tmp
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     log = (out / "train.log").read_text(encoding="utf-8")
     assert re.findall(r"cv epoch \d+ step \d+: .*?, (\d+) utts", log) == ["1", "1"], log[-3000:]
+
+
+def test_the_same_training_command_trains_the_same_weights_whatever_the_threads_it_inherits(corpus, tmp_path):
+    """Two 2-rank trainings of one command, one inheriting 1 intra-op thread (torchrun's OMP_NUM_THREADS) and one
+    2: train sets its own count (train_conf.num_threads), so the weights are identical to the bit."""
+    weights = []
+    for threads in ("1", "2"):
+        out = tmp_path / f"exp{threads}"
+        cmd = torchrun_cmd(out, corpus, "++train_conf.max_epoch=1", "++train_conf.max_steps_per_epoch=3",
+                           "++train_conf.log_interval=1000", "++train_conf.avg_nbest_model=0")
+        result = run_bounded(cmd, 150, env=dict(os.environ, CORPUS_IO_NO_PROGRESS="1", OMP_NUM_THREADS=threads))
+        assert result.returncode == 0, result.stderr[-3000:]
+        weights.append(torch.load(out / "model.pt.ep0", map_location="cpu", weights_only=True)["model"])
+    assert weights[0].keys() == weights[1].keys()
+    differ = [k for k in weights[0] if not torch.equal(weights[0][k], weights[1][k])]
+    assert not differ, differ
