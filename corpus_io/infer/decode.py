@@ -485,7 +485,8 @@ def raise_if_inputs_at_fault(feats: Any, feats_lengths: Any, bad: list[int], key
         raise DataError(f"the model inputs of {len(unfit)} utterances of {source[1]} are not finite (NaN or infinity): "
                         f"{', '.join(unfit[:3])}{' ...' if len(unfit) > 3 else ''}. Their audio (or feature matrix) is "
                         f"at fault, not the model {source[0]} (samples far beyond full scale overflow the "
-                        f"features): fix those recordings or leave them out (++exclude_keys); nothing was written.")
+                        f"features): fix those recordings or leave them out of the list (pack-shards and make-datalist "
+                        f"take their keys as exclude_keys); nothing was written.")
 
 
 def _durations(batch: dict, conf: Any) -> list[float]:
