@@ -331,7 +331,7 @@ def test_segment_cuts_40_librivox_utterances_joined_with_their_room_tone_where_t
     trained on them: no cut inside an utterance's speech, at least 85 % of segments exactly the words spoken inside
     them, at least 85 % of the words in segments, every word placed once or listed unaligned.
 
-    What falls short of issue 58's 100 % exact and 90 % placed (2026-12-07: 17 segments, 15 exact, 89 % placed) is
+    What falls short of issue 58's 100 % exact and 90 % placed (2026-12-07: 17 segments, 15 exact, 89 % of the words placed) is
     this overfit 25 s model at its files' cut edges: it scores a file's first or last word ~0 (the pocketsphinx
     files are cut from a longer reading), emits it in the pause beside it (one segment took the next file's "he"),
     and reads letters the transcript does not have there (so the whole-segment check is off here,
