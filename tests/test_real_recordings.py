@@ -273,10 +273,11 @@ CONVERGED_LOSS = 1.0
 
 def librivox_training_list(real_dir: Path, root: Path) -> Path:
     """The raw list the LibriVox model trains on: the 5 recordings, plus TRAINING_JOINS triples of them in random
-    orders joined with 0.3-1.2 s pauses (synth.join, seeds 1000 on; the long-form augmentation of Lhotse's
-    CutConcatenate and NeMo's concatenated manifests). Without them this 25 s model hears each word only at its
-    file's own 40 ms frame phase and beside its own edges: joined at other offsets most words score below 0.05, and
-    a file's edge words ~0 wherever they are (docs/BENCHMARKS.md, align and segment)."""
+    orders joined with 0.3-1.2 s pauses of their own room tone (synth.join, seeds 1000 on; the long-form
+    augmentation of Lhotse's CutConcatenate and NeMo's concatenated manifests). Without them this 25 s model
+    hears each word only at its file's own 40 ms frame phase and beside its own edges: joined at other offsets
+    most words score below 0.05, and a file's edge words ~0 wherever they are (docs/BENCHMARKS.md, align and
+    segment)."""
     import json
     import random
 
@@ -286,7 +287,8 @@ def librivox_training_list(real_dir: Path, root: Path) -> Path:
     rng = random.Random(7)
     for j in range(TRAINING_JOINS):
         order = rng.sample(keys, 3)
-        joined = join_in_order([(k, wavs[k], texts[k]) for k in order], root / f"join{j}", seed=1000 + j)
+        joined = join_in_order([(k, wavs[k], texts[k]) for k in order], root / f"join{j}", seed=1000 + j,
+                               room_tone=True)
         rows.append({"key": f"join{j}", "wav": str(joined / "wav" / "long0000.wav"),
                      "txt": (joined / "text").read_text().split(" ", 1)[1].strip()})
     train_list = root / "train.list"
@@ -331,9 +333,9 @@ def test_segment_cuts_40_librivox_utterances_joined_with_their_room_tone_where_t
     trained on them: no cut inside an utterance's speech, at least 85 % of segments exactly the words spoken inside
     them, at least 85 % of the words in segments, every word placed once or listed unaligned.
 
-    What falls short of issue 58's 100 % exact and 90 % placed (2026-12-07: 17 segments, 15 exact, 89 % of the words placed) is
-    this overfit 25 s model at its files' cut edges: it scores a file's first or last word ~0 (the pocketsphinx
-    files are cut from a longer reading), emits it in the pause beside it (one segment took the next file's "he"),
+    What falls short of issue 58's 100 % exact and 90 % placed (2026-12-07: 17 segments, 15 exact, 89 % of the
+    words placed) is this overfit 25 s model at its files' cut edges: it scores a file's first or last word ~0 (the
+    pocketsphinx files are cut from a longer reading), emits it in the pause beside it (one took the next's "he"),
     and reads letters the transcript does not have there (so the whole-segment check is off here,
     ++max_unsaid_words=1000, and ++min_word_score=0: the espeak tests pin both down). ++vad=energy is printed for
     comparison: in room tone it finds fewer pauses (docs/LONGFORM.md)."""

@@ -2,7 +2,7 @@
 at least ``min_pause`` seconds. ``corpus-io segment`` cuts only in these pauses, never where a CTC path's word times
 happen to leave a gap (they fill real pauses: a word's last token is often emitted well after its sound ends).
 
-Two detectors, chosen by segment's ``++vad``:
+Two detectors, chosen by segment's ``++vad`` (``auto``, the default: silero when installed, else energy):
 
 * ``energy`` (the core, no extra): the frames whose energy is speech by :func:`corpus_io.decoding.align.speech_frames`'
   rule (10 ms fbank frames within 50 dB of the loudest and 10 dB above the quietest tenth), pauses shorter than
@@ -18,8 +18,18 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-#: segment's ++vad choices
-DETECTORS = ("energy", "silero")
+#: segment's ++vad choices (auto: silero when its package is installed, else energy)
+DETECTORS = ("auto", "energy", "silero")
+
+
+def detector(name: str) -> str:
+    """The detector ``name`` runs: ``auto`` is ``silero`` when silero-vad is installed (the ``[vad]`` extra, which
+    ``make install`` sets up), else ``energy``."""
+    if name != "auto":
+        return name
+    import importlib.util
+
+    return "silero" if importlib.util.find_spec("silero_vad") is not None else "energy"
 #: the sample rate silero-vad's model runs at (Hz)
 SILERO_RATE = 16000
 
@@ -83,4 +93,4 @@ def silero_regions(samples: Any, rate: int, min_pause: float, *, threshold: floa
     return [(round(s, 3), round(e, 3)) for s, e in join_close(regions, min_pause)]
 
 
-__all__ = ["DETECTORS", "join_close", "regions_from_frames", "silero_regions"]
+__all__ = ["DETECTORS", "detector", "join_close", "regions_from_frames", "silero_regions"]

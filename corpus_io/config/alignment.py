@@ -54,9 +54,10 @@ class SegmentConfig:
                                  "scp2jsonl and pack-shards take), segments.jsonl (each segment's recording, "
                                  "start, end, text and score) and unaligned ('<recording> <word position> <word> "
                                  "<reason>': the transcript words placed in no segment)")
-    vad: str = opt("energy", "where the audio pauses, the only places segment cuts: energy (the core: the fbank "
-                             "frames' energy, for clean recordings) or silero (silero-vad's shipped model, robust "
-                             "to room tone and breaths: pip install -e '.[vad]')", choices=("energy", "silero"))
+    vad: str = opt("auto", "where the audio pauses, the only places segment cuts: energy (the core: the fbank "
+                           "frames' energy, for clean recordings), silero (silero-vad's shipped model, robust to "
+                           "room tone and breaths: pip install -e '.[vad]'), or auto: silero when it is installed, "
+                           "else energy (the summary names the one used)", choices=("auto", "energy", "silero"))
     max_segment_seconds: float = opt(20.0, "a segment is at most this long (its padding shrinks first): a longer "
                                            "stretch of speech is cut at its longest pause (a single pause-free "
                                            "stretch longer than this, between words)",

@@ -429,6 +429,7 @@ ORDER = {"wav.scp": _first_field, "segments": _first_field, "text": _first_field
 def fingerprint(cfg: Any) -> str:
     """The options' and inputs' digest that the parts of one run share: the input's tables (or JSONL), the
     checkpoint's bytes, every key that changes what is written (not the device, nor the loader's workers)."""
+    from corpus_io.audio.vad import detector
     from corpus_io.config import to_dict
     from corpus_io.jobs import parts as jobs
     from corpus_io.tables.inputs import resolve_input
@@ -436,7 +437,8 @@ def fingerprint(cfg: Any) -> str:
     files = list(resolve_input(cfg.input).files) or [cfg.input]
     conf = {k: v for k, v in to_dict(cfg.dataset_conf).items() if k not in ("num_workers", "prefetch")}
     options = [cfg.max_segment_seconds, cfg.max_pause_seconds, cfg.padding_seconds, cfg.min_word_score,
-               cfg.phrase_pause_seconds, cfg.window_seconds, cfg.chunk_seconds, cfg.vad, cfg.max_unsaid_words,
+               cfg.phrase_pause_seconds, cfg.window_seconds, cfg.chunk_seconds, detector(cfg.vad),
+               cfg.max_unsaid_words,
                cfg.pseudo_label, cfg.min_confidence]
     return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest([cfg.checkpoint]), options, conf])
 
@@ -508,7 +510,9 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
         words = sum(len(t.words) for t in transcripts.values())
     kept = round(sum(s.end - s.start for s in segments), 3)
     pseudo_labelled = sum(bool(r.get("pseudo_label")) for r in recs.values())
-    return segments, unaligned, {"recordings": len(recs), "pseudo_labelled": pseudo_labelled,
+    from corpus_io.audio.vad import detector
+
+    return segments, unaligned, {"recordings": len(recs), "vad": detector(cfg.vad), "pseudo_labelled": pseudo_labelled,
                                  "audio": round(audio, 3), "segments": len(segments), "kept": kept, "words": words,
                                  "in_segments": sum(len(s.words) for s in segments),
                                  "unaligned": dict(sorted(reasons.items())), "failed_segments": failed,
@@ -530,7 +534,7 @@ def speech_regions(cfg: Any, rec: dict, p: Any, duration: float) -> list[tuple[f
     from corpus_io.audio import vad
 
     pause = cfg.phrase_pause_seconds
-    if cfg.vad == "silero":
+    if vad.detector(cfg.vad) == "silero":
         from corpus_io.audio.io import decode_bytes, read_source_bytes, to_mono
 
         data = read_source_bytes(str(rec["source"]), allow_pipe=cfg.dataset_conf.allow_pipe)
@@ -642,7 +646,8 @@ def figures_line(figures: dict) -> str:
             f"({audio / max(wall, 1e-9):.1f} audio s/s); {figures['segments']} segments ({kept / 3600:.3f} h, "
             f"skipped audio {max(0.0, audio - kept):.1f} s, of it untranscribed speech "
             f"{figures.get('untranscribed', 0.0):.1f} s in {figures.get('untranscribed_regions', 0)} stretches); "
-            f"{figures.get('failed_segments', 0)} segments failed the whole-segment check; "
+            f"{figures.get('failed_segments', 0)} segments failed the whole-segment check; pauses by "
+            f"++vad={figures.get('vad', 'energy')}; "
             f"{figures['words']} transcript words: "
             f"{figures['in_segments']} in segments, {unaligned} unaligned ({by_reason})")
 
@@ -711,6 +716,9 @@ def merge_parts(place: Any, parts: list) -> dict:
         got = p.payload()["figures"]  # read again from its record when load_parts let it go: once a part
         walls.append(got["wall"])
         for key, value in got.items():
+            if key == "vad":  # the detector's name (the parts share the fingerprint that holds it)
+                figures[key] = value
+                continue
             figures[key] = figures.get(key, 0) + (Counter(value) if key == "unaligned" else value)
     figures["unaligned"] = dict(sorted(figures["unaligned"].items()))
     figures["wall"] = max(walls)  # the jobs ran side by side

@@ -325,8 +325,8 @@ def join(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, per_recordin
             if k:
                 n = int(rng.uniform(*pause) * rate)
                 if tone is not None:
-                    at_tone = int(rng.integers(0, len(tone)))
-                    pieces.append(np.resize(np.roll(tone, -at_tone), n))
+                    at_tone = int(rng.integers(0, max(1, len(tone) - n)))  # one stretch of it, no wrap
+                    pieces.append(faded(np.resize(tone[at_tone:], n)))
                 else:
                     pieces.append(((rng.uniform(-1, 1, n) + rng.uniform(-1, 1, n)) / 32768).astype(np.float32))
                 at += n
@@ -336,7 +336,7 @@ def join(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, per_recordin
                           "speech_start": (at + on) / rate, "speech_end": (at + off) / rate,
                           "words": texts[key].split()})
             words += texts[key].split()
-            pieces.append(audio)
+            pieces.append(faded(audio) if tone is not None else audio)
             at += len(audio)
         target = out / "wav" / f"{rec}.wav"
         sf.write(target, np.concatenate(pieces), rate, subtype="PCM_16")
@@ -354,12 +354,18 @@ ROOM_TONE_PIECE = 160
 ROOM_TONE_SHARE, ROOM_TONE_RUN = 0.2, 5
 
 
+#: samples over which room tone's pieces cross-fade, and pauses and utterances fade in and out (5 ms at 16 kHz)
+ROOM_TONE_FADE = 80
+
+
 def room_tone_of(waves: list) -> np.ndarray:
     """The recordings' own room tone, one array: the runs of at least :data:`ROOM_TONE_RUN` consecutive 10 ms pieces
-    among each recording's quietest :data:`ROOM_TONE_SHARE` (by RMS), in their order."""
+    among each recording's quietest :data:`ROOM_TONE_SHARE` (by RMS), cross-faded end to start over
+    :data:`ROOM_TONE_FADE` samples (no click where two runs meet: a room's tone is continuous)."""
     import numpy as np
 
-    parts = []
+    ramp = 0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, ROOM_TONE_FADE, dtype=np.float32))
+    tone = np.zeros(0, dtype=np.float32)
     for wave in waves:
         n = len(wave) // ROOM_TONE_PIECE
         if n == 0:
@@ -373,11 +379,28 @@ def room_tone_of(waves: list) -> np.ndarray:
                 start = i
             elif not q and start is not None:
                 if i - start >= ROOM_TONE_RUN:
-                    parts.append(pieces[start:i].reshape(-1))
+                    run = pieces[start:i].reshape(-1)
+                    if len(tone) >= ROOM_TONE_FADE:
+                        run = run.copy()
+                        run[:ROOM_TONE_FADE] = run[:ROOM_TONE_FADE] * ramp + tone[-ROOM_TONE_FADE:] * ramp[::-1]
+                        tone = tone[:-ROOM_TONE_FADE]
+                    tone = np.concatenate([tone, run])
                 start = None
-    if not parts:
+    if not len(tone):
         raise ValueError("join --room-tone: the recordings hold no 50 ms of quiet to take their room tone from")
-    return np.concatenate(parts)
+    return tone
+
+
+def faded(wave: np.ndarray) -> np.ndarray:
+    """``wave`` faded in and out over :data:`ROOM_TONE_FADE` samples (a cut file's edge joins tone without a click)."""
+    import numpy as np
+
+    ramp = 0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, min(ROOM_TONE_FADE, len(wave) // 2), dtype=np.float32))
+    out = np.array(wave, dtype=np.float32)
+    if len(ramp):
+        out[: len(ramp)] *= ramp
+        out[len(out) - len(ramp):] *= ramp[::-1]
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
