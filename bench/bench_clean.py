@@ -75,11 +75,10 @@ def untrained_checkpoint(utts: Path, vocab: int = 0) -> Path:
     return path
 
 
-def segment_argv(recordings: Path, checkpoint: Path, out: Path) -> list[str]:
-    """segment with the core's pause detector (energy: no cost beyond the model's fbank); the silero row adds its
-    ``++vad=silero``."""
+def segment_argv(recordings: Path, checkpoint: Path, out: Path, vad: str = "energy") -> list[str]:
+    """segment with pause detector ``vad`` (energy, the core's: no cost beyond the model's own fbank)."""
     return [str(BIN / "corpus-io"), "segment", f"++input={recordings}", f"++checkpoint={checkpoint}",
-            f"++output_dir={out}", "++dataset_conf.num_workers=0", "++device=cpu", "++vad=energy"]
+            f"++output_dir={out}", "++dataset_conf.num_workers=0", "++device=cpu", f"++vad={vad}"]
 
 
 def audio_seconds(recordings: Path) -> float:
@@ -119,7 +118,7 @@ def main() -> None:
             raise SystemExit(f"segment: {result.stderr[-3000:]}")
         print(f"segment ++vad=energy, 1 process, one {seconds / 60:.1f}-minute recording: {seconds / wall:.1f} audio "
               f"s/s (wall {wall:.1f} s), peak RSS {mb(peak)}")
-        wall_v, peak_v, result = run_measured([*segment_argv(one, checkpoint, Path(tmp) / "silero"), "++vad=silero"])
+        wall_v, peak_v, result = run_measured(segment_argv(one, checkpoint, Path(tmp) / "silero", "silero"))
         if result.returncode != 0:
             raise SystemExit(f"segment ++vad=silero: {result.stderr[-3000:]}")
         print(f"segment ++vad=silero, the same recording: {seconds / wall_v:.1f} audio s/s (wall {wall_v:.1f} s), peak "
