@@ -261,7 +261,7 @@ def test_segment_puts_no_transcript_on_speech_that_did_not_say_it(smoke, joined,
         truth = [json.loads(line) for line in (d / "joins.jsonl").read_text().splitlines()]
         unsaid_kept = [t["key"] for t in truth if t.get("untranscribed")
                        for r in rows if r["start"] < t["speech_end"] and t["speech_start"] < r["end"]]
-        said = re.search(r"untranscribed speech ([0-9.]+) s in ([0-9]+) stretches; ([0-9]+) segments failed",
+        said = re.search(r"untranscribed speech ([0-9.]+) s in ([0-9]+) stretches\); ([0-9]+) segments failed",
                          result.stdout)
         print(f"segment, transcript {name}: {json.dumps(figures)}; {said.group(0) if said else result.stdout}")
         assert figures["cuts_in_speech"] == 0, (name, figures)
