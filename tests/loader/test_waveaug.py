@@ -63,6 +63,22 @@ def dump(data, out: Path, *, epoch: int = 0, num_workers: int = 0, rank: int = 0
     return {p.stem: sf.read(p, dtype="float32")[0] for p in sorted(out.glob("*.wav"))}
 
 
+def resumed(data, out: Path, **conf) -> tuple[list[str], list[str]]:
+    """Epoch 2 read for two batches on one rank, checkpointed, and its rest on two ranks dumped to ``out``: (the
+    keys seen, the keys of the rest)."""
+    c = conf_of(num_workers=0, **conf)
+    first = build_dataloader(data["speech"], c, None, train=True, rank=0, world_size=1)
+    seen, state = read_then_checkpoint(first, epoch=2, batches=2)
+    rest: list[str] = []
+    for rank in range(2):  # the rest on two ranks
+        loader = build_dataloader(data["speech"], c, None, train=True, rank=rank, world_size=2)
+        loader.load_rank_states([state])
+        loader.dataset.dump_audio_dir = str(out)
+        for batch in loader:
+            rest += batch["keys"]
+    return seen, rest
+
+
 def noisy(white: str, **more) -> dict:
     return {"add_noise": True, "add_noise_conf__noise_list": white, "add_noise_conf__snr_db": [5.0, 10.0],
             "add_noise_conf__prob": 1.0, **more}
@@ -129,16 +145,7 @@ def test_an_interrupted_epoch_resumed_on_another_world_size_reproduces_the_rest_
     conf = {**noisy(data["white"]), "add_reverb": True, "add_reverb_conf__rir_list": data["rir"],
             "add_reverb_conf__prob": 0.5, "volume_perturb": True, "speed_perturb": True}
     whole = dump(data, tmp_path / "whole", epoch=2, **conf)
-    c = conf_of(num_workers=0, **conf)
-    first = build_dataloader(data["speech"], c, None, train=True, rank=0, world_size=1)
-    seen, state = read_then_checkpoint(first, epoch=2, batches=2)
-    rest: list[str] = []
-    for rank in range(2):  # the rest on two ranks
-        loader = build_dataloader(data["speech"], c, None, train=True, rank=rank, world_size=2)
-        loader.load_rank_states([state])
-        loader.dataset.dump_audio_dir = str(tmp_path / "rest")
-        for batch in loader:
-            rest += batch["keys"]
+    seen, rest = resumed(data, tmp_path / "rest", **conf)
     assert seen and rest and sorted(seen + rest) == sorted(whole)
     for key in rest:
         assert (tmp_path / "rest" / f"{key}.wav").read_bytes() == (tmp_path / "whole" / f"{key}.wav").read_bytes()
@@ -446,16 +453,7 @@ def test_silence_pad_is_drawn_by_seed_epoch_and_key_the_same_after_a_resume_and_
     assert draws["a"] == draws["b"] != draws["e3"]
     padded = sum('"silence"' in line for line in draws["a"])
     assert 0 < padded < len(names)  # the default prob: some utterances, not all
-    c = conf_of(num_workers=0, **conf)
-    first = build_dataloader(data["speech"], c, None, train=True, rank=0, world_size=1)
-    seen, state = read_then_checkpoint(first, epoch=2, batches=2)
-    rest: list[str] = []
-    for rank in range(2):  # the rest on two ranks
-        loader = build_dataloader(data["speech"], c, None, train=True, rank=rank, world_size=2)
-        loader.load_rank_states([state])
-        loader.dataset.dump_audio_dir = str(tmp_path / "rest")
-        for batch in loader:
-            rest += batch["keys"]
+    seen, rest = resumed(data, tmp_path / "rest", **conf)
     assert seen and rest and sorted(seen + rest) == sorted(p.stem for p in (tmp_path / "a").glob("*.wav"))
     for key in rest:
         assert (tmp_path / "rest" / f"{key}.wav").read_bytes() == (tmp_path / "a" / f"{key}.wav").read_bytes()
