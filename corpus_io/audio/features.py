@@ -165,14 +165,17 @@ def _mel(sample_rate: int, fft_size: int, num_mel_bins: int, low_freq: float, hi
 
 def _frame_samples(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, frame_length: float,
                    frame_shift: float, dither: float, seeds: Sequence[int] | None,
-                   snip_edges: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                   snip_edges: bool = True,
+                   silence: Sequence[tuple[int, int] | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The samples frames are cut from, ``(B, N')`` (int16 scale, dithered; ``snip_edges=False``: each row's
     reflected samples, :func:`edge_samples`, one gather), and the valid frames per row ``(B,)``: frame k is
-    ``[k * shift, k * shift + window)`` of them."""
+    ``[k * shift, k * shift + window)`` of them. ``silence``: per row None or ``(before, after)``, the samples of
+    digital silence padded around the speech (``dataset_conf.silence_pad``): the dither covers the speech only,
+    so those samples stay exact zeros, as a runtime's padding is."""
     window, shift, _ = window_geometry(sample_rate, frame_length, frame_shift)
     x = wav.float() if wav.dtype == torch.int16 else wav.float() * INT16_SCALE
     if dither and seeds is not None:
-        x = x + dither * _noise(lengths, x.shape[1], seeds, x.device)
+        x = x + dither * _noise(lengths, x.shape[1], seeds, x.device, silence)
     if snip_edges:
         frames = torch.where(lengths >= window, torch.div(lengths - window, shift, rounding_mode="floor") + 1, 0)
     else:
@@ -229,13 +232,18 @@ def _framewise(x: torch.Tensor, frames: torch.Tensor, sample_rate: int, frame_le
     return _valid(out, frames)
 
 
-def _noise(lengths: torch.Tensor, width: int, seeds: Sequence[int], device: torch.device) -> torch.Tensor:
-    """Gaussian dither per utterance from its own seed, so it does not depend on the batch it is in."""
+def _noise(lengths: torch.Tensor, width: int, seeds: Sequence[int], device: torch.device,
+           silence: Sequence[tuple[int, int] | None] | None = None) -> torch.Tensor:
+    """Gaussian dither per utterance from its own seed, so it does not depend on the batch it is in. A row with
+    ``silence`` ``(before, after)`` gets it on its speech only (the samples between), the same values as the
+    speech would get unpadded; its padding stays 0."""
     noise = torch.zeros(len(seeds), width, device=device)
     generator = torch.Generator(device=device)
     for i, (seed, n) in enumerate(zip(seeds, lengths.tolist())):
+        before, after = (silence[i] or (0, 0)) if silence is not None else (0, 0)
+        speech = max(0, int(n) - int(before) - int(after))
         generator.manual_seed(int(seed))
-        noise[i, :n] = torch.randn(int(n), generator=generator, device=device)
+        noise[i, int(before):int(before) + speech] = torch.randn(speech, generator=generator, device=device)
     return noise
 
 
@@ -257,14 +265,17 @@ def _valid(feats: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
 def batch_fbank(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 80,
                 frame_length: float = 25.0, frame_shift: float = 10.0, dither: float = 0.0,
                 seeds: Sequence[int] | None = None, low_freq: float = LOW_FREQ,
-                high_freq: float = 0.0, snip_edges: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                high_freq: float = 0.0, snip_edges: bool = True,
+                silence: Sequence[tuple[int, int] | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Kaldi fbank of padded waveforms: ``(feats (B, T, num_mel_bins), frames (B,))``.
 
     ``wav`` (B, N): int16 samples, or float in [-1, 1] (scaled by 2^15 like :func:`fbank`);
     ``lengths`` (B,) samples. Equals :func:`fbank` of each row cut to its length (dither 0), frame
-    for frame; frames past a row's count are 0. ``dither`` > 0 needs ``seeds`` (one per row).
+    for frame; frames past a row's count are 0. ``dither`` > 0 needs ``seeds`` (one per row); ``silence``: per row
+    None or the ``(before, after)`` samples of digital silence around the speech, left undithered.
     """
-    x, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds, snip_edges)
+    x, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds, snip_edges,
+                               silence)
     return _framewise(x, frames, sample_rate, frame_length, frame_shift, num_mel_bins,
                       lambda framed: _log_mel(framed, sample_rate, num_mel_bins, low_freq, high_freq)), frames
 
@@ -291,10 +302,11 @@ def _lifter(num_ceps: int, lifter: float, device: torch.device) -> torch.Tensor:
 
 def batch_mfcc(wav: torch.Tensor, lengths: torch.Tensor, sample_rate: int, *, num_mel_bins: int = 40,
                num_ceps: int = 40, frame_length: float = 25.0, frame_shift: float = 10.0, dither: float = 0.0,
-               seeds: Sequence[int] | None = None, high_freq: float = -200.0,
-               low_freq: float = 20.0) -> tuple[torch.Tensor, torch.Tensor]:
+               seeds: Sequence[int] | None = None, high_freq: float = -200.0, low_freq: float = 20.0,
+               silence: Sequence[tuple[int, int] | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Kaldi MFCC of padded waveforms: ``(feats (B, T, num_ceps), frames (B,))`` (see :func:`batch_fbank`)."""
-    x, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds)
+    x, frames = _frame_samples(wav, lengths, sample_rate, frame_length, frame_shift, dither, seeds,
+                               silence=silence)
     dct, lifter = _dct(num_mel_bins, num_ceps, x.device), _lifter(num_ceps, 22.0, x.device)
     return _framewise(x, frames, sample_rate, frame_length, frame_shift, num_ceps,
                       lambda framed: torch.matmul(_log_mel(framed, sample_rate, num_mel_bins, low_freq, high_freq),

@@ -122,8 +122,18 @@ def _stack(rows: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor
 def apply_plans(wav: torch.Tensor, lengths: torch.Tensor, plans: list[dict | None], sample_rate: int) -> torch.Tensor:
     """Each row's drawn augmentation, in the chain's order: reverberation (``rir``: the impulse response),
     noise (``noise``: the samples already cut to the row's length, ``snr_db``), gain (``gain_db``); a plan
-    without a key (or None) skips that step. ``wav`` float (B, N); returns a new tensor."""
+    without a key (or None) skips that step. ``silence`` (``(before, after)``, the loader's silence_pad: the row
+    already holds that many zeros around its speech): the steps apply to the speech alone, as the loader path
+    applies them before it pads, and the padding stays exact zeros. ``wav`` float (B, N); returns a new tensor."""
     wav = wav.clone()
+    silent = [(i, *plans[i]["silence"]) for i in _rows(plans, "silence")]
+    if silent:  # each such row's speech moved to its start, its length the speech's
+        lengths = lengths.clone()
+        for i, before, after in silent:
+            speech = int(lengths[i]) - before - after
+            wav[i, :speech] = wav[i, before:before + speech].clone()
+            wav[i, speech:] = 0.0
+            lengths[i] = speech
     rows = _rows(plans, "rir")
     if rows:
         idx = torch.tensor(rows, device=wav.device)
@@ -140,4 +150,9 @@ def apply_plans(wav: torch.Tensor, lengths: torch.Tensor, plans: list[dict | Non
     if rows:
         idx = torch.tensor(rows, device=wav.device)
         wav[idx] = apply_gain(wav[idx], torch.tensor([float(plans[i]["gain_db"]) for i in rows], device=wav.device))
+    for i, before, _ in silent:  # and back between its zeros
+        speech = int(lengths[i])
+        row = wav[i, :speech].clone()
+        wav[i] = 0.0
+        wav[i, before:before + speech] = row
     return wav

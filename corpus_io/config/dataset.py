@@ -76,6 +76,15 @@ class VolumePerturbConf:
 
 
 @schema
+class SilencePadConf:
+    prob: float = opt(0.5, "share of utterances padded with digital silence (exact zeros) before the speech, after "
+                           "it or both (one of the three drawn alike)", range="[0, 1]")
+    seconds: List[float] = opt(help="[low, high]: each padded side's length, drawn uniformly in it (sherpa-onnx's "
+                                    "online tool pads 0.5 s before and 0.8 s after)", factory=lambda: [0.1, 1.0],
+                               unit="seconds", range="[0, 60]", min_items=2)
+
+
+@schema
 class FbankConf:
     num_mel_bins: int = opt(80, "mel filterbank channels (Kaldi needs at least 4)", range="[4, 512]")
     frame_length: float = opt(25.0, "analysis window", unit="ms", range="[1, 1000]")
@@ -161,6 +170,10 @@ class DatasetConf:
     add_noise_conf: AddNoiseConf = opt(factory=AddNoiseConf)
     volume_perturb: bool = opt(False, "scale by a gain drawn by (seed, epoch, key) (train only; after add_noise)")
     volume_perturb_conf: VolumePerturbConf = opt(factory=VolumePerturbConf)
+    silence_pad: bool = opt(False, "pad utterances with digital silence drawn by (seed, epoch, key), exact zeros that "
+                                   "the training dither leaves alone: the zeros runtimes pad with (train only; after "
+                                   "volume_perturb)")
+    silence_pad_conf: SilencePadConf = opt(factory=SilencePadConf)
     feats_type: str = opt("fbank", "features computed by the loader",
                           choices=("fbank", "mfcc", "raw", "precomputed"))
     feats_on: str = opt("auto", "where fbank/mfcc and spec_aug/sub/trim run: loader (DataLoader workers, per "
@@ -259,14 +272,17 @@ class DatasetConf:
 
     def _check_waveform_augmentation(self, prefix: str) -> None:
         ranges = [(f"{prefix}volume_perturb_conf.gain_db", self.volume_perturb_conf.gain_db),
-                  (f"{prefix}add_noise_conf.snr_db", self.add_noise_conf.snr_db)]
+                  (f"{prefix}add_noise_conf.snr_db", self.add_noise_conf.snr_db),
+                  (f"{prefix}silence_pad_conf.seconds", self.silence_pad_conf.seconds)]
         ranges += [(f"{prefix}add_noise_conf.sets[{i}].snr_db", s.snr_db)
                    for i, s in enumerate(self.add_noise_conf.sets) if s.snr_db is not None]
         for name, pair in ranges:
             if len(pair) != 2 or pair[0] > pair[1]:
                 raise ConfigError(f"{name}={list(pair)} must be [low, high] with low <= high, e.g. ++{name}=[5,20].")
-        if self.feats_type in ("raw", "precomputed") and (self.add_noise or self.add_reverb or self.volume_perturb):
-            raise ConfigError(f"{prefix}add_noise, add_reverb and volume_perturb change the waveform before features, "
+        if self.feats_type in ("raw", "precomputed") and (self.add_noise or self.add_reverb or self.volume_perturb
+                                                           or self.silence_pad):
+            raise ConfigError(f"{prefix}add_noise, add_reverb, volume_perturb and silence_pad change the waveform "
+                              f"before features, "
                               f"but {prefix}feats_type={self.feats_type} has none to change; use fbank or mfcc, or "
                               f"turn them off.")
         if self.add_noise:

@@ -155,7 +155,8 @@ def describe_chain(chain: list[Stage]) -> str:
 
 
 def waveform_augmentation(conf: DatasetConf, *, train: bool, dump_audio_dir: str | None = None) -> list[Stage]:
-    """reverb -> noise -> volume (train only; with feats_on=model drawn here, applied on the device), then the
+    """reverb -> noise -> volume -> silence_pad (train only; with feats_on=model drawn here, applied on the device;
+    the silence is padded here), then the
     waveforms written to ``dump_audio_dir`` (bench-loader) when given."""
     from corpus_io.loader import waveaug
 
@@ -169,6 +170,8 @@ def waveform_augmentation(conf: DatasetConf, *, train: bool, dump_audio_dir: str
             chain.append(Stage("add_noise", waveaug.add_noise, conf.add_noise_conf, args=reads))
         if conf.volume_perturb:
             chain.append(Stage("volume_perturb", waveaug.volume_perturb, conf.volume_perturb_conf, args=common))
+        if conf.silence_pad:  # last: no reverberation, noise or gain reaches the zeros
+            chain.append(Stage("silence_pad", waveaug.silence_pad, conf.silence_pad_conf, args=common))
     if dump_audio_dir and conf.feats_on != "model":  # feats_on=model: bench-loader writes them after the device's
         chain.append(Stage("dump_audio", waveaug.dump_audio, args={"dump_audio_dir": dump_audio_dir}))
     return chain
@@ -250,7 +253,7 @@ def loader_chain(conf: DatasetConf, tokenizer: Any, *, train: bool, dump_audio_d
 #: stages that take the int16 waveforms of ``decode(int16=True)`` (they convert where they need floats)
 TAKES_INT16 = frozenset({"filter_length", "resample", "speed_perturb", "count_frames", "tokenize", "filter_tokens",
                          "fbank", "mfcc", "waveform_frames", "drop_empty", "raw_features", "spec_aug", "spec_sub",
-                         "spec_trim"})
+                         "spec_trim", "silence_pad"})
 
 
 def reads_ahead(conf: DatasetConf) -> bool:

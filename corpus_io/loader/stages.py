@@ -256,6 +256,10 @@ def resample(samples: Iterable[dict], *, resample_rate: int = 16000, counts: Cou
 #: gain_db: plain values), written by bench-loader ``++dump_audio_dir`` as JSON lines
 DRAWS = "draws"
 
+#: the sample key holding ``(before, after)``: the samples of digital silence the silence_pad stage
+#: (:func:`corpus_io.loader.waveaug.silence_pad`) put around the speech, which the training dither leaves zero
+SILENCE = "silence"
+
 
 def draws(seed: int, epoch: int, key: str, what: str) -> random.Random:
     """The generator of one utterance's ``what`` draws in ``epoch``: the same whatever rank, worker, batch or
@@ -309,7 +313,7 @@ def _batched_feats(samples: Iterable[dict], compute: Callable[[torch.Tensor, tor
                    snip_edges: bool = True, window_size: int = FEATURE_WINDOW) -> Iterator[dict]:
     """What :func:`_with_feats` gives, in the same order, with ``feats`` computed in batches: each window of
     ``window_size`` utterances is sorted by length and cut into batches of :data:`FEATURE_BATCH` (little
-    padding), ``compute(wav (B, N), lengths (B,), sample_rate, keys)`` gives ``(feats (B, T, D), frames (B,))`` and
+    padding), ``compute(wav (B, N), lengths (B,), sample_rate, samples)`` gives ``(feats (B, T, D), frames (B,))`` and
     each utterance gets a copy of its rows. One batched call costs much less than FEATURE_BATCH per-utterance ones;
     ``window_size=1`` reads no sample ahead."""
     window: list[dict] = []
@@ -337,7 +341,7 @@ def _window_feats(window: list[dict], compute: Callable, frame_length: float, fr
             rows = [as_float(r) for r in rows]
         lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)
         out, frames = compute(torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths, rate,
-                              [window[i]["key"] for i in group])
+                              [window[i] for i in group])
         for j, i in enumerate(group):
             # a copy: a view would keep the whole batch's tensor alive while any of its utterances waits in the
             # shuffle and sort buffers (about 20 MB more per worker with the bench's raw-list buffers, issue 53)
@@ -357,11 +361,18 @@ def _window_feats(window: list[dict], compute: Callable, frame_length: float, fr
 
 
 def _dither_seeds(dither: float, seed: int | None, epoch: int) -> Callable[[list], list[int]] | None:
-    """The per-utterance dither seeds of a batch's keys (:func:`corpus_io.audio.features.dither_seed`); None
-    without dither or without a seed (not the training loader)."""
+    """The per-utterance dither seeds of a batch's samples (:func:`corpus_io.audio.features.dither_seed`, by
+    key); None without dither or without a seed (not the training loader)."""
     if not dither or seed is None:
         return None
-    return lambda keys: [features.dither_seed(seed, epoch, key) for key in keys]
+    return lambda samples: [features.dither_seed(seed, epoch, s["key"]) for s in samples]
+
+
+def _silence(samples: list[dict]) -> list | None:
+    """Each sample's digital silence ``(before, after)`` in samples (:data:`SILENCE`, the silence_pad stage's),
+    which the dither leaves exactly zero; None when no sample has any."""
+    spans = [s.get(SILENCE) for s in samples]
+    return spans if any(spans) else None
 
 
 def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: float = 25.0, frame_shift: float = 10.0,
@@ -376,14 +387,16 @@ def fbank(samples: Iterable[dict], *, num_mel_bins: int = 80, frame_length: floa
     which reads :data:`FEATURE_WINDOW` utterances ahead; ``batched=False`` where the reader's state must follow
     each sample into the buffers (:func:`corpus_io.loader.build.reads_ahead`): per utterance. ``dither`` (the
     training loader gives ``seed``; without it there is none) is drawn per utterance by ``(seed, epoch, key)``
-    (:func:`corpus_io.audio.features.dither_seed`), as the device front end draws it."""
+    (:func:`corpus_io.audio.features.dither_seed`), as the device front end draws it; the digital silence
+    the silence_pad stage added (:data:`SILENCE`) is not dithered: it stays exact zeros, as at decode."""
     seeds_of = _dither_seeds(dither, seed, epoch)
     if seeds_of is not None or batched:
-        def compute_batch(wav: torch.Tensor, lengths: torch.Tensor, rate: int, keys: list) -> tuple:
-            seeds = seeds_of(keys) if seeds_of is not None else None
+        def compute_batch(wav: torch.Tensor, lengths: torch.Tensor, rate: int, group: list) -> tuple:
+            seeds = seeds_of(group) if seeds_of is not None else None
             return features.batch_fbank(wav, lengths, rate, num_mel_bins=num_mel_bins, frame_length=frame_length,
                                         frame_shift=frame_shift, dither=dither if seeds else 0.0, seeds=seeds,
-                                        low_freq=low_freq, high_freq=high_freq, snip_edges=snip_edges)
+                                        low_freq=low_freq, high_freq=high_freq, snip_edges=snip_edges,
+                                        silence=_silence(group) if seeds else None)
 
         return _batched_feats(samples, compute_batch, frame_length, frame_shift, counts, snip_edges,
                               FEATURE_WINDOW if batched else 1)
@@ -404,12 +417,12 @@ def mfcc(samples: Iterable[dict], *, num_mel_bins: int = 40, num_ceps: int = 40,
     and dithered like :func:`fbank`."""
     seeds_of = _dither_seeds(dither, seed, epoch)
     if seeds_of is not None or batched:
-        def compute_batch(wav: torch.Tensor, lengths: torch.Tensor, rate: int, keys: list) -> tuple:
-            seeds = seeds_of(keys) if seeds_of is not None else None
+        def compute_batch(wav: torch.Tensor, lengths: torch.Tensor, rate: int, group: list) -> tuple:
+            seeds = seeds_of(group) if seeds_of is not None else None
             return features.batch_mfcc(wav, lengths, rate, num_mel_bins=num_mel_bins, num_ceps=num_ceps,
                                        frame_length=frame_length, frame_shift=frame_shift,
                                        dither=dither if seeds else 0.0, seeds=seeds, high_freq=high_freq,
-                                       low_freq=low_freq)
+                                       low_freq=low_freq, silence=_silence(group) if seeds else None)
 
         return _batched_feats(samples, compute_batch, frame_length, frame_shift, counts,
                               window_size=FEATURE_WINDOW if batched else 1)

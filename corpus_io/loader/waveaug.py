@@ -1,5 +1,5 @@
-"""Waveform augmentation stages (reverberation, noise, volume) and the pools of noise and impulse responses
-they draw from. The math is :mod:`corpus_io.audio.mix`; this module draws what each utterance gets.
+"""Waveform augmentation stages (reverberation, noise, volume, digital silence) and the pools of noise and impulse
+responses they draw from. The math is :mod:`corpus_io.audio.mix`; this module draws what each utterance gets.
 
 Draws: every utterance draws from its own ``random.Random(f"{seed}:{epoch}:{key}:<what>")``
 (:func:`corpus_io.loader.stages.draws`, as speed_perturb does), never from a reader's generator, so an
@@ -301,6 +301,32 @@ def volume_perturb(samples: Iterable[dict], *, gain_db: Sequence[float] = (-6.0,
         yield _apply(sample, {"gain_db": gain}, on_model)
 
 
+def silence_pad(samples: Iterable[dict], *, prob: float = 0.5, seconds: Sequence[float] = (0.1, 1.0), seed: int,
+                epoch: int, on_model: bool = False, counts: Counter | None = None) -> Iterator[dict]:
+    """With probability ``prob`` per utterance, pad ``wav`` with digital silence (exact zeros) before the speech,
+    after it, or both (one of the three drawn alike), each side's length drawn uniformly in ``seconds``: the
+    zeros runtimes (sherpa-onnx's online tool: 0.5 s before, 0.8 s after) and recorders pad with. The training
+    dither leaves them zero (``SILENCE``, :func:`corpus_io.audio.features.batch_fbank`), so the model hears
+    the features decode computes from zeros, not dithered silence. Runs after the other waveform augmentation:
+    no reverberation, noise or gain reaches the padding (``feats_on=model``: the plan's ``silence``, which
+    :func:`corpus_io.audio.mix.apply_plans` keeps the other steps off)."""
+    low, high = seconds
+    for sample in samples:
+        rng = draws(seed, epoch, sample["key"], "silence")
+        if rng.random() < prob:
+            side, first, last = rng.randrange(3), rng.uniform(low, high), rng.uniform(low, high)
+            rate = int(sample["sample_rate"])
+            before = int(round(first * rate)) if side != 1 else 0  # 0: before, 1: after, 2: both
+            after = int(round(last * rate)) if side != 0 else 0
+            if before or after:
+                sample["wav"] = torch.nn.functional.pad(sample["wav"], (before, after))  # exact zeros, any dtype
+                sample[stages.SILENCE] = (before, after)
+                _drawn(sample, silence=[before, after])
+                if on_model:
+                    sample.setdefault("augment", {})["silence"] = (before, after)
+        yield sample
+
+
 def dump_audio(samples: Iterable[dict], *, dump_audio_dir: str, epoch: int = 0,
                counts: Counter | None = None) -> Iterator[dict]:
     """Write each utterance's waveform as it stands (after augmentation, before features) to
@@ -317,7 +343,8 @@ DRAWS_FILE = "draws.jsonl"
 
 def write_draws(directory: str, key: str, epoch: int, drawn: dict | None) -> None:
     """Append ``{"key", "epoch", <what was drawn>}`` to ``<directory>/draws.jsonl``: ``speed``, ``rir`` (the impulse
-    response's key), ``noise`` (the noise's key), ``noise_offset`` (samples into it), ``snr_db``, ``gain_db``; a
+    response's key), ``noise`` (the noise's key), ``noise_offset`` (samples into it), ``snr_db``, ``gain_db``,
+    ``silence`` (``[before, after]``: samples of digital silence around the speech); a
     stage that was off or did not fire for the utterance leaves its fields out. One ``write`` of one line with
     O_APPEND, so the loader's worker processes append whole lines side by side."""
     import json

@@ -12,7 +12,8 @@ there (:func:`corpus_io.audio.mix.apply_plans`, the function the loader path app
 Randomness: each utterance draws its augmentation from ``random.Random(f"{seed}:{epoch}:{key}")`` and its
 dither from :func:`corpus_io.audio.features.dither_seed` (the loader's fbank/mfcc stages use the same seed), with
 ``dataset_conf.seed``: the same utterance in the same epoch is augmented and dithered the same way whatever batch,
-rank or worker it lands in, and after a resume. Dither is training's only: cv and decode compute it without.
+rank or worker it lands in, and after a resume. Dither is training's only: cv and decode compute it without; the
+digital silence the loader padded (``silence_pad``) is never dithered.
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ class FrontEnd:
         seeds = ([features.dither_seed(self.conf.seed, self.epoch, key) for key in batch["keys"]]
                  if train and self.dither else None)
         compute = features.batch_fbank if self.kind == "fbank" else features.batch_mfcc
+        # the loader's digital silence (silence_pad) is not dithered: exact zeros, as decode computes them
+        silence = [(plan or {}).get("silence") for plan in batch.get("augment") or []] if seeds else None
         feats, frames = compute(wav, lengths, int(batch["sample_rate"]), dither=self.dither if seeds else 0.0,
-                                seeds=seeds, **self.options)
+                                seeds=seeds, silence=silence if silence and any(silence) else None, **self.options)
         if rngs is not None:
             plans = [augment.plan(rng, int(n), self.bins, **self.augment)
                      for rng, n in zip(rngs, batch["feats_lengths"].tolist())]

@@ -63,6 +63,22 @@ def dump(data, out: Path, *, epoch: int = 0, num_workers: int = 0, rank: int = 0
     return {p.stem: sf.read(p, dtype="float32")[0] for p in sorted(out.glob("*.wav"))}
 
 
+def resumed(data, out: Path, **conf) -> tuple[list[str], list[str]]:
+    """Epoch 2 read for two batches on one rank, checkpointed, and its rest on two ranks dumped to ``out``: (the
+    keys seen, the keys of the rest)."""
+    c = conf_of(num_workers=0, **conf)
+    first = build_dataloader(data["speech"], c, None, train=True, rank=0, world_size=1)
+    seen, state = read_then_checkpoint(first, epoch=2, batches=2)
+    rest: list[str] = []
+    for rank in range(2):  # the rest on two ranks
+        loader = build_dataloader(data["speech"], c, None, train=True, rank=rank, world_size=2)
+        loader.load_rank_states([state])
+        loader.dataset.dump_audio_dir = str(out)
+        for batch in loader:
+            rest += batch["keys"]
+    return seen, rest
+
+
 def noisy(white: str, **more) -> dict:
     return {"add_noise": True, "add_noise_conf__noise_list": white, "add_noise_conf__snr_db": [5.0, 10.0],
             "add_noise_conf__prob": 1.0, **more}
@@ -129,16 +145,7 @@ def test_an_interrupted_epoch_resumed_on_another_world_size_reproduces_the_rest_
     conf = {**noisy(data["white"]), "add_reverb": True, "add_reverb_conf__rir_list": data["rir"],
             "add_reverb_conf__prob": 0.5, "volume_perturb": True, "speed_perturb": True}
     whole = dump(data, tmp_path / "whole", epoch=2, **conf)
-    c = conf_of(num_workers=0, **conf)
-    first = build_dataloader(data["speech"], c, None, train=True, rank=0, world_size=1)
-    seen, state = read_then_checkpoint(first, epoch=2, batches=2)
-    rest: list[str] = []
-    for rank in range(2):  # the rest on two ranks
-        loader = build_dataloader(data["speech"], c, None, train=True, rank=rank, world_size=2)
-        loader.load_rank_states([state])
-        loader.dataset.dump_audio_dir = str(tmp_path / "rest")
-        for batch in loader:
-            rest += batch["keys"]
+    seen, rest = resumed(data, tmp_path / "rest", **conf)
     assert seen and rest and sorted(seen + rest) == sorted(whole)
     for key in rest:
         assert (tmp_path / "rest" / f"{key}.wav").read_bytes() == (tmp_path / "whole" / f"{key}.wav").read_bytes()
@@ -366,3 +373,103 @@ def test_bench_loader_dump_audio_dir_writes_each_utterances_draws_the_same_from_
         assert d["epoch"] == 0 and d["speed"] in (0.9, 1.0, 1.1) and d["rir"] in rir_keys
         assert d["noise"] == "white" and 0 <= d["noise_offset"] < white and 5.0 <= d["snr_db"] <= 10.0
         assert -6.0 <= d["gain_db"] <= 6.0
+
+
+# --------------------------------------------------------------------------- digital silence (issue 60)
+
+
+def _padded(data, out: Path, **conf) -> tuple[dict, dict, dict]:
+    """One training epoch with silence_pad at prob 1: each key's features, and on the loader path its dumped
+    (padded) waveform and its drawn ``[before, after]`` samples of silence."""
+    import json
+
+    import torch
+
+    from corpus_io.model.frontend import build_front_end, model_inputs
+
+    c = conf_of(num_workers=0, shuffle=False, silence_pad=True, silence_pad_conf__prob=1.0, **conf)
+    loader = build_dataloader(data["speech"], c, None, train=True, rank=0, world_size=1)
+    loader.dataset.dump_audio_dir = str(out)
+    loader.set_epoch(0)
+    front_end = build_front_end(c, "cpu")
+    feats = {}
+    for batch in loader:
+        f, n = model_inputs(front_end, batch, torch.device("cpu"), train=True)
+        feats.update({k: f[i, :int(n[i])] for i, k in enumerate(batch["keys"])})
+    if c.feats_on == "model":  # the chain dumps no waveform (bench-loader does): the loader path's tell
+        return feats, {}, {}
+    wavs = {p.stem: sf.read(p, dtype="float32")[0] for p in sorted(out.glob("*.wav"))}
+    silence = {d["key"]: d.get("silence") for d in map(json.loads, (out / "draws.jsonl").read_text().splitlines())}
+    return feats, wavs, silence
+
+
+def test_silence_pad_adds_exact_zeros_whose_training_features_are_decodes_features_of_zeros(data, clean, tmp_path):
+    """The padding is digital silence: exact zeros in the waveform and, with the training dither on (the default),
+    in the features the model hears: the frames inside it equal what decode (no dither) computes from the same
+    samples, on both paths (loader and device front end); the speech's frames are dithered."""
+    import torch
+
+    from corpus_io.audio import features
+
+    feats, wavs, silence = _padded(data, tmp_path / "loader")
+    on_model, _, _ = _padded(data, tmp_path / "model", feats_on="model")
+    assert sorted(feats) == sorted(wavs) == sorted(data["keys"]) == sorted(on_model)
+    c = conf_of().fbank_conf
+    window, shift, _ = features.window_geometry(16000, c.frame_length, c.frame_shift)
+    sides = set()
+    for key, wav in wavs.items():
+        before, after = silence[key]
+        sides.add((before > 0, after > 0))
+        assert 1600 <= before + after <= 32000 and wav.size == clean[key].size + before + after, key
+        assert not wav[:before].any() and not wav[wav.size - after:].any(), key  # exact zeros
+        assert np.array_equal(wav[before:wav.size - after], clean[key]), key  # the speech untouched
+        decoded, frames = features.batch_fbank(torch.from_numpy(wav)[None], torch.tensor([wav.size]), 16000,
+                                               num_mel_bins=c.num_mel_bins, frame_length=c.frame_length,
+                                               frame_shift=c.frame_shift, low_freq=c.low_freq, high_freq=c.high_freq,
+                                               snip_edges=c.snip_edges)
+        decoded = decoded[0, :int(frames[0])]
+        assert feats[key].shape == decoded.shape == on_model[key].shape, key
+        # frame k reads samples [k * shift + shift // 2 - window // 2, + window) (reflected past the ends)
+        start = torch.arange(decoded.shape[0]) * shift + shift // 2 - window // 2
+        inside = (start + window <= before) | (start >= wav.size - after)
+        assert inside.sum() >= 5, key
+        zeros = torch.full_like(decoded[inside], float(np.log(np.finfo(np.float32).eps)))  # log of the floor
+        assert torch.equal(decoded[inside], zeros), key
+        assert torch.equal(feats[key][inside], zeros) and torch.equal(on_model[key][inside], zeros), key
+        assert (feats[key][~inside] - decoded[~inside]).abs().max() > 0.1, key  # the speech is dithered
+        assert (on_model[key] - feats[key]).abs().max() < 2e-3, key
+    assert len(sides) == 3  # before, after and both
+
+
+def test_silence_pad_is_drawn_by_seed_epoch_and_key_the_same_after_a_resume_and_off_at_prob_0(data, clean, tmp_path):
+    conf = {"silence_pad": True, "volume_perturb": True}
+    dump(data, tmp_path / "a", epoch=2, **conf)
+    dump(data, tmp_path / "b", epoch=2, num_workers=2, **conf)  # other workers, other batches: the same draws
+    dump(data, tmp_path / "e3", epoch=3, **conf)
+    names = sorted(p.name for p in (tmp_path / "a").glob("*.wav"))
+    assert names and names == sorted(p.name for p in (tmp_path / "b").glob("*.wav"))
+    assert all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes() for n in names)
+    draws = {d: sorted((tmp_path / d / "draws.jsonl").read_text().splitlines()) for d in ("a", "b", "e3")}
+    assert draws["a"] == draws["b"] != draws["e3"]
+    padded = sum('"silence"' in line for line in draws["a"])
+    assert 0 < padded < len(names)  # the default prob: some utterances, not all
+    seen, rest = resumed(data, tmp_path / "rest", **conf)
+    assert seen and rest and sorted(seen + rest) == sorted(p.stem for p in (tmp_path / "a").glob("*.wav"))
+    for key in rest:
+        assert (tmp_path / "rest" / f"{key}.wav").read_bytes() == (tmp_path / "a" / f"{key}.wav").read_bytes()
+    off = dump(data, tmp_path / "off", silence_pad=True, silence_pad_conf__prob=0.0)
+    assert sorted(off) == sorted(clean) and all(np.array_equal(off[k], clean[k]) for k in clean)
+    assert '"silence"' not in (tmp_path / "off" / "draws.jsonl").read_text()
+
+
+def test_the_espeak_recipe_trains_with_digital_silence():
+    """TRAINING.md's streaming line and `make smoke` train with recipes/espeak/conf/train.yaml."""
+    import yaml
+
+    from corpus_io.config.compose import validate
+
+    raw = yaml.safe_load((REPO / "recipes" / "espeak" / "conf" / "train.yaml").read_text())
+    conf = validate(DatasetConf, raw["dataset_conf"])
+    assert conf.silence_pad and conf.silence_pad_conf.prob > 0 and conf.silence_pad_conf.seconds[1] >= 0.8
+    assert "silence_pad(" in describe_chain(loader_chain(conf, None, train=True))
+    assert "silence_pad(" not in describe_chain(loader_chain(conf, None, train=False))

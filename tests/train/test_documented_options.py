@@ -28,6 +28,7 @@ AUGMENTATIONS = {
     "dither": {"dataset_conf.fbank_conf.dither": 1.0},
 }
 AUGMENTATIONS["all"] = {k: v for values in AUGMENTATIONS.values() for k, v in values.items()}
+AUGMENTATIONS["all"].update({"dataset_conf.silence_pad": True, "dataset_conf.silence_pad_conf.prob": 1.0})
 #: batch_size per batch type: a few utterances of the fixture corpus per batch
 BATCH_TYPES = {"example": 4, "length": 1200, "token": 1300}
 
