@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.infer.test_sherpa import _recognize, _test_sets, served  # noqa: F401  (the smoke model's export)
 from tests.loader_data import fixture_utts, make_raw
+from tests.recipes.test_smoke import smoke  # noqa: F401  (the session's `make smoke` run)
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ'"
 
@@ -168,3 +170,40 @@ def test_segment_with_a_hugging_face_model_keeps_every_transcript_word(hf_model,
         kept[recording].append(word)
     for key, text in transcripts.items():
         assert sorted(w.upper() for w in kept[key]) == sorted(w.upper() for w in text.split()), key
+
+
+@pytest.fixture(scope="module")
+def wenet_file(served, tmp_path_factory) -> dict:  # noqa: F811
+    """The smoke model's export as a plain sherpa-onnx WeNet CTC file: corpus-io's own metadata (the token list,
+    features, training config) taken out, sherpa-onnx's keys (model_type wenet_ctc, subsampling_factor) and
+    tokens.txt beside it kept: what a WeNet export gives."""
+    import shutil
+
+    import onnx
+
+    out = tmp_path_factory.mktemp("wenet")
+    proto = onnx.load(str(served["model"]))
+    kept = [p for p in proto.metadata_props if not p.key.startswith("corpus_io.")]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    onnx.save(proto, str(out / "model.onnx"))
+    shutil.copy(served["tokens"], out / "tokens.txt")
+    return {"model": out / "model.onnx", "tokens": out / "tokens.txt"}
+
+
+@pytest.mark.slow
+def test_a_sherpa_onnx_wenet_ctc_file_decodes_the_words_sherpa_onnx_gives(wenet_file, smoke, tmp_path):  # noqa: F811
+    rows, _ = _test_sets(smoke)
+    texts = _recognize(wenet_file["model"], wenet_file["tokens"], rows)
+    data = tmp_path / "list.jsonl"
+    data.write_text("".join(json.dumps({"key": r["key"], "wav": r["source"], "txt": r.get("target", "")}) + "\n"
+                            for r in rows))
+    out = tmp_path / "decode"
+    result = run_cli("corpus-io", "decode", f"++data_list={data}", f"++checkpoint={wenet_file['model']}",
+                     f"++output_dir={out}", "++dataset_conf.num_workers=0", "++dataset_conf.data_type=raw")
+    assert result.returncode == 0, result.stderr[-3000:]
+    hyps = dict(line.partition(" ")[::2] for line in (out / "text").read_text(encoding="utf-8").splitlines())
+    same = sum(hyps.get(k, "").split() == texts[k].split() for k in texts)
+    print(f"sherpa-onnx wenet_ctc: {same} of {len(texts)} utterances give sherpa-onnx's words")
+    assert same >= 0.95 * len(texts), [(k, hyps.get(k), texts[k]) for k in texts if hyps.get(k, "").split()
+                                       != texts[k].split()][:5]
