@@ -11,7 +11,7 @@ blank first) and how text becomes its tokens. :func:`load_foreign` gives them fo
   ``zipformer2_ctc`` (samples in [-1, 1]), fbank computed by kaldi-native-fbank as sherpa-onnx computes it for that
   type (80 bins or the file's ``feature_dim``, 25/10 ms povey frames centred on each shift, dither 0);
 * torchaudio's ``MMS_FA`` (``torchaudio:MMS_FA``, weights from torchaudio's cache, or
-  ``torchaudio:MMS_FA=/path/model.pt``): 1,130 languages' romanised text (``uroman``) as 27 lowercase letters.
+  ``torchaudio:MMS_FA:/path/model.pt``): 1,130 languages' romanised text (``uroman``) as 27 lowercase letters.
 
 behind the interface of an exported corpus-io model (:mod:`corpus_io.infer.exported`): ``model(waveforms,
 lengths) -> (log_probs, lengths)``, ``inputs == "waveform"``, plus ``frame_seconds`` (its output frame, 20 ms for
@@ -78,7 +78,7 @@ def checkpoint_files(checkpoint: str) -> list[str]:
     if kind == "hf":
         return sorted(str(p) for p in Path(name).iterdir() if p.is_file())
     if kind == "torchaudio":
-        weights = name.partition("=")[2]
+        weights = name[len(TORCHAUDIO):].partition(":")[2]
         return [weights] if weights else []
     if kind == "sherpa-onnx":
         path = name[len(SHERPA):] if name.startswith(SHERPA) else name
@@ -396,9 +396,9 @@ def _load_hf(path: str, device: Any, case: str) -> tuple[Any, Any, Any]:
 
 
 def mms_weights(checkpoint: str, bundle: Any) -> str:
-    """The weights file of ``torchaudio:MMS_FA[=path]``: the path given, else torchaudio's download cache (where
+    """The weights file of ``torchaudio:MMS_FA[:path]``: the path given, else torchaudio's download cache (where
     ``bundle.get_model()`` puts it: ``torch.hub.get_dir()/checkpoints/model.pt``)."""
-    given = checkpoint.partition("=")[2]
+    given = checkpoint[len(TORCHAUDIO):].partition(":")[2]
     if given:
         if not os.path.isfile(given):
             raise ConfigError(f"++checkpoint={checkpoint}: {given} does not exist.")
@@ -409,7 +409,7 @@ def mms_weights(checkpoint: str, bundle: Any) -> str:
                           f"nothing is downloaded here. Fetch them once where the network is open (python -c "
                           f"'import torchaudio; torchaudio.pipelines.MMS_FA.get_model()', or download "
                           f"{bundle._path}) and copy the file to {cached}, or name it: "
-                          f"++checkpoint=torchaudio:MMS_FA=/path/to/model.pt.")
+                          f"++checkpoint=torchaudio:MMS_FA:/path/to/model.pt.")
     return cached
 
 
@@ -417,7 +417,7 @@ def _load_torchaudio(checkpoint: str, device: Any, case: str) -> tuple[Any, Any,
     import torchaudio
     from torchaudio.pipelines._wav2vec2 import utils
 
-    name = checkpoint[len(TORCHAUDIO):].partition("=")[0]
+    name = checkpoint[len(TORCHAUDIO):].partition(":")[0]
     if name not in TORCHAUDIO_BUNDLES:
         raise ConfigError(f"++checkpoint={checkpoint}: torchaudio's CTC bundle here is one of "
                           f"{', '.join(TORCHAUDIO_BUNDLES)} (e.g. ++checkpoint=torchaudio:MMS_FA).")

@@ -207,3 +207,41 @@ def test_a_sherpa_onnx_wenet_ctc_file_decodes_the_words_sherpa_onnx_gives(wenet_
     print(f"sherpa-onnx wenet_ctc: {same} of {len(texts)} utterances give sherpa-onnx's words")
     assert same >= 0.95 * len(texts), [(k, hyps.get(k), texts[k]) for k in texts if hyps.get(k, "").split()
                                        != texts[k].split()][:5]
+
+
+@pytest.mark.slow
+def test_mms_fa_with_random_weights_aligns_as_torchaudios_own_pipeline(tmp_path):
+    """``torchaudio:MMS_FA:<weights>``: align's word times equal torchaudio's MMS_FA pipeline (its model extended as
+    the bundle does, its tokenizer and aligner) on the same audio, at 20 ms frames; a digit word is reported."""
+    import torch
+    import torchaudio
+    from torchaudio.pipelines._wav2vec2 import utils
+
+    from corpus_io.infer.transcribe import read_recording
+
+    bundle = torchaudio.pipelines.MMS_FA
+    torch.manual_seed(0)
+    model = utils._get_model(bundle._model_type, bundle._params).eval()
+    weights = tmp_path / "model.pt"
+    torch.save(model.state_dict(), weights)
+    model = utils._extend_model(model, normalize_waveform=True, apply_log_softmax=True, append_star=False).eval()
+    utts = [u for u in fixture_utts() if u[2].isascii() and u[0] in ("spk2-utt010", "spk3-utt011")]
+    data = tmp_path / "list.jsonl"
+    data.write_text("".join(json.dumps({"key": k, "wav": p, "txt": t.capitalize() + " 7"}) + "\n" for k, p, t in utts))
+    out = tmp_path / "align"
+    result = run_cli("corpus-io", "align", f"++data_list={data}", f"++checkpoint=torchaudio:MMS_FA:{weights}",
+                     f"++output_dir={out}", "++dataset_conf.num_workers=0", "++dataset_conf.data_type=raw",
+                     "++min_word_score=0", "++device=cpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {r["key"]: r for r in map(json.loads, (out / "alignment.jsonl").read_text().splitlines())}
+    tokenizer, aligner = bundle.get_tokenizer(), bundle.get_aligner()
+    for key, path, text in utts:
+        with torch.no_grad():
+            emission, _ = model(read_recording(path, 16000)[None])
+        spans = aligner(emission[0], tokenizer(text.split()))
+        words = rows[key]["words"]
+        assert [w["word"] for w in words] == (text.capitalize() + " 7").split()
+        assert words[-1]["start"] is None and words[-1]["reason"].startswith("tokens outside"), words[-1]
+        for w, span in zip(words, spans):
+            assert abs(w["start"] - span[0].start * 0.02) < 1e-6 and abs(w["end"] - span[-1].end * 0.02) < 1e-6, \
+                (key, w, span[0].start, span[-1].end)
