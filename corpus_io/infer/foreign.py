@@ -171,13 +171,13 @@ class VocabTokenizer(Tokenizer):
                                   unk=unk if unk in self.ids else self.symbols[0], lowercase=False)
         self.case = vocabulary_case(self.symbols) if case == "auto" else case
         self.delimiter = delimiter
-        plain = {s for s in self.symbols[1:] if s not in specials}
+        plain = {s for s in self.symbols[1:] if s not in specials or s == delimiter}
         self._split = VocabSplit(plain | ({delimiter} if delimiter else set()), delimiter)
         self._join = VocabJoin(delimiter)
         self.blank_id = 0
         self.unk_id = self.ids.get(unk, 0) if unk else 0
         self.sos_eos_id = 0  # no sentence symbol: decode skips the blank alone
-        self.specials = frozenset(specials | {self.symbols[0]})
+        self.specials = frozenset((specials - {delimiter}) | {self.symbols[0]})  # the delimiter spells text
         self.num_tokens = 0
         self.num_unknown = 0
         self._rebuild = None
