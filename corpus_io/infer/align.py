@@ -179,6 +179,17 @@ class Pass:
     segment: Any = None
     frame_offset: float = 0.0  # seconds where input frame 0 starts (decode.input_frame_offset_seconds)
     columns: list | None = None  # the token id of each column of log_probs (None: the whole vocabulary)
+    own_rule: bool = True  # corpus-io's word-time rule; False: another toolkit's model (its Viterbi path alone)
+
+    @property
+    def word_speech(self) -> Any:
+        """The speech frames word starts move to (corpus-io's own models only)."""
+        return self.speech if self.own_rule else None
+
+    @property
+    def word_offset(self) -> float:
+        """Where input frame 0 starts, for word times (0 for another toolkit's model: its frames start at 0)."""
+        return self.frame_offset if self.own_rule else 0.0
 
 
 @dataclass
@@ -195,8 +206,9 @@ class Model:
 def load(checkpoint: str, device_name: str, dataset_conf: Any) -> Model:
     from corpus_io.infer.decode import decode_dataset_conf, decode_device, load_model, output_frame_seconds
     from corpus_io.infer.exported import is_exported
+    from corpus_io.infer.foreign import foreign_kind
 
-    if is_exported(checkpoint):
+    if is_exported(checkpoint) and not foreign_kind(checkpoint):
         raise ConfigError(f"++checkpoint={checkpoint} is an exported file; align and segment need the PyTorch "
                           f"checkpoint of corpus-io train (model.pt, model.pt.ep{{E}} or model.pt.avg{{N}}).")
     device = decode_device(device_name)
@@ -225,7 +237,7 @@ def passes(m: Model, data_list: str, *, chunk_seconds: float, desc: str, loader_
                        fw.durations[i] if i < len(fw.durations) else None,
                        fw.speech[i] if fw.speech is not None else None, fw.speech_seconds,
                        fw.segments[i] if fw.segments is not None else None, fw.frame_offset,
-                       fw.columns[i] if fw.columns is not None else None)
+                       fw.columns[i] if fw.columns is not None else None, fw.own_rule)
 
 
 def window_frames(window_seconds: float, frame_seconds: float) -> int:
@@ -277,8 +289,8 @@ def align(cfg: Any) -> dict:
             tr = pending.pop(p.key)  # asked for its columns when its batch went through the model
             ids, blank = narrowed(tr, p.columns, m.tokenizer.blank_id)
             placed = place_words(p.log_probs, ids, frame_seconds=m.frame_seconds, duration=p.duration,
-                                 blank=blank, speech=p.speech, speech_seconds=p.speech_seconds,
-                                 window=window, min_word_score=cfg.min_word_score, offset_seconds=p.frame_offset)
+                                 blank=blank, speech=p.word_speech, speech_seconds=p.speech_seconds,
+                                 window=window, min_word_score=cfg.min_word_score, offset_seconds=p.word_offset)
             name, offset = (str(p.segment[0]), float(p.segment[1])) if p.segment else (p.key, 0.0)
             rec: dict = {"key": p.key, "text": p.text}
             if p.segment:

@@ -85,9 +85,13 @@ def _feature_values(user: Any, trained: Any, default: Any, prefix: str) -> Itera
 
 def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
     """``(model in eval mode, tokenizer, training config)`` from a checkpoint, or from a file of export-model
-    (``.onnx``: run by onnxruntime; ``.ts``: TorchScript)."""
+    (``.onnx``: run by onnxruntime; ``.ts``: TorchScript), or another toolkit's CTC model
+    (:mod:`corpus_io.infer.foreign`: a Hugging Face directory, a sherpa-onnx file, ``torchaudio:MMS_FA``)."""
     from corpus_io.infer.exported import is_exported, load_exported
+    from corpus_io.infer.foreign import foreign_kind, load_foreign
 
+    if foreign_kind(checkpoint):
+        return load_foreign(checkpoint, device)
     if is_exported(checkpoint):
         return load_exported(checkpoint, device)
     from corpus_io.model.checkpoint import check_token_list, load_checkpoint
@@ -195,7 +199,10 @@ def subsampling_of(model: Any) -> int:
 
 
 def output_frame_seconds(model: Any, conf: Any) -> float:
-    """Seconds per CTC output frame: the input frame shift times the model's subsampling (4 x 10 ms = 40 ms)."""
+    """Seconds per CTC output frame: the input frame shift times the model's subsampling (4 x 10 ms = 40 ms); another
+    toolkit's model says its own (``frame_seconds``: 20 ms for wav2vec2)."""
+    if getattr(model, "frame_seconds", None):
+        return float(model.frame_seconds)
     return input_frame_seconds(conf) * subsampling_of(model)
 
 
@@ -252,6 +259,9 @@ class Forward:
     frame_offset: float = 0.0  # seconds where input frame 0 starts (input_frame_offset_seconds)
     # with forward_batches(columns=...): per utterance, the token id of each column of its log_probs
     columns: list | None = None
+    # corpus-io's word-time rule (starts moved to the speech onsets, input frame 0's offset); False: another toolkit's
+    # model, whose word times follow its Viterbi path alone (speech frames are still given, for segment's pauses)
+    own_rule: bool = True
 
 
 #: an utterance longer than this (seconds) goes through the model in pieces of this length (``++chunk_seconds``): the
@@ -284,6 +294,8 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
     # an exported model with the front end inside takes the waveforms themselves
     waveform_model = getattr(model, "inputs", "") == "waveform"
     front_end = model.front_end if waveform_model else build_front_end(conf, device)
+    # another toolkit's model: word times follow its Viterbi path alone (no speech onsets, no input frame offset)
+    foreign = bool(getattr(model, "frame_seconds", None))
     # the fbank that speech frames come from: the model's inputs, or for a model fed waveforms the same Kaldi fbank
     energy_front_end = FrontEnd(conf) if speech and waveform_model and conf.feats_type == "fbank" else None
     # input units (feature frames, or samples for a model fed waveforms) per output frame, per piece, per context
@@ -338,7 +350,7 @@ def forward_batches(loader: Any, model: Any, tokenizer: Any, conf: Any, device: 
             yield Forward(list(batch["keys"]), refs, float(batch.get("audio_seconds", 0.0)), log_probs, lengths,
                           enc, seconds, _durations(batch, conf), batch.get("segments"), frames,
                           input_frame_seconds(conf), targets, input_frame_offset_seconds(conf),
-                          None if kept is None else kept.tolist())
+                          None if kept is None else kept.tolist(), own_rule=not foreign)
 
 
 def repeated_keys_of(data_list: str, conf: Any) -> dict[str, list[str]]:
@@ -549,10 +561,11 @@ def _align_batch(run: DecodeRun, fw: Forward, nbest: list, tokenizer: Any, frame
     for i, (key, hyps) in enumerate(zip(fw.keys, nbest)):
         ids = hyps[0].ids if hyps else []
         duration = fw.durations[i] if i < len(fw.durations) else None
-        speech = fw.speech[i] if fw.speech is not None else None
+        speech = fw.speech[i] if fw.speech is not None and fw.own_rule else None
         run.timed[key] = align(fw.log_probs[i, : int(lengths[i])], ids, tokenizer.decode, word_units,
                                frame_seconds=frame_seconds, duration=duration, blank=tokenizer.blank_id,
-                               speech=speech, speech_seconds=fw.speech_seconds, offset_seconds=fw.frame_offset)
+                               speech=speech, speech_seconds=fw.speech_seconds,
+                               offset_seconds=fw.frame_offset if fw.own_rule else 0.0)
         if fw.segments is not None and fw.segments[i] is not None:
             run.segments[key] = fw.segments[i]
             if fw.segments[i][0] not in run.recordings:  # a list's field was checked when read; a file's name is not

@@ -431,6 +431,7 @@ def fingerprint(cfg: Any) -> str:
     checkpoint's bytes, every key that changes what is written (not the device, nor the loader's workers)."""
     from corpus_io.audio.vad import detector
     from corpus_io.config import to_dict
+    from corpus_io.infer.foreign import checkpoint_files
     from corpus_io.jobs import parts as jobs
     from corpus_io.tables.inputs import resolve_input
 
@@ -440,7 +441,8 @@ def fingerprint(cfg: Any) -> str:
                cfg.phrase_pause_seconds, cfg.window_seconds, cfg.chunk_seconds, detector(cfg.vad),
                cfg.max_unsaid_words,
                cfg.pseudo_label, cfg.min_confidence]
-    return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest([cfg.checkpoint]), options, conf])
+    return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest(checkpoint_files(cfg.checkpoint)),
+                             options, conf])
 
 
 def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple[str, int, str]], dict]:
@@ -480,17 +482,17 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
                 tr, blank = narrowed(transcripts[p.key], p.columns, blank_id)
                 duration = p.duration if p.duration is not None else p.log_probs.shape[0] * m.frame_seconds
                 placed = place_words(p.log_probs, tr, frame_seconds=m.frame_seconds, duration=duration,
-                                     blank=blank, speech=p.speech, speech_seconds=p.speech_seconds,
-                                     window=window, min_word_score=cfg.min_word_score, offset_seconds=p.frame_offset,
+                                     blank=blank, speech=p.word_speech, speech_seconds=p.speech_seconds,
+                                     window=window, min_word_score=cfg.min_word_score, offset_seconds=p.word_offset,
                                      free_ends=True)
                 regions = speech_regions(cfg, recs[p.key], p, duration)
                 def passes_check(seg: Segment, p: Any = p) -> bool:
                     return unsaid_run(p.log_probs, p.columns, blank_id, m.tokenizer, seg, m.frame_seconds,
-                                      p.frame_offset) <= cfg.max_unsaid_words
+                                      p.word_offset) <= cfg.max_unsaid_words
 
                 got = cut(p.key, placed, duration, regions, max_seconds=cfg.max_segment_seconds,
                           max_pause=cfg.max_pause_seconds, padding=cfg.padding_seconds,
-                          heard=heard(p.log_probs, blank, regions, m.frame_seconds, p.frame_offset),
+                          heard=heard(p.log_probs, blank, regions, m.frame_seconds, p.word_offset),
                           check=passes_check)
                 for seg in got.segments:
                     seg.pseudo_label = p.key in pseudo

@@ -1,0 +1,247 @@
+"""Another toolkit's CTC model as the ``++checkpoint=`` of decode, align and segment (corpus_io/infer/foreign.py,
+issue 59): a tiny random-weight Hugging Face wav2vec2 saved with save_pretrained and its processor gives the words
+transformers' own greedy decode gives, and word times on torchaudio's forced_align path over its own log-probs; a
+sherpa-onnx WeNet CTC file gives the words sherpa-onnx's recognizer gives; torchaudio's MMS_FA (random weights)
+aligns as torchaudio's own forced-alignment pipeline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.infer.test_sherpa import _recognize, _test_sets, served  # noqa: F401  (the smoke model's export)
+from tests.loader_data import fixture_utts, make_raw
+from tests.recipes.test_smoke import smoke  # noqa: F401  (the session's `make smoke` run)
+
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ'"
+
+
+def _transformers():
+    return pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory) -> Path:
+    """A tiny random Wav2Vec2ForCTC (2 layers of 32, the wav2vec2 feature encoder's strides: 20 ms frames) with a
+    Wav2Vec2Processor over an uppercase letters vocabulary (wav2vec2-base-960h's layout: <pad> blank, | delimiter)."""
+    transformers = _transformers()
+    import torch
+
+    out = tmp_path_factory.mktemp("hf") / "w2v"
+    out.mkdir()
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "|": 4, **{c: 5 + i for i, c in enumerate(LETTERS)}}
+    (out / "vocab.json").write_text(json.dumps(vocab))
+    tokenizer = transformers.Wav2Vec2CTCTokenizer(str(out / "vocab.json"), unk_token="<unk>", pad_token="<pad>",
+                                                  word_delimiter_token="|")
+    extractor = transformers.Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0,
+                                                      do_normalize=True, return_attention_mask=False)
+    processor = transformers.Wav2Vec2Processor(feature_extractor=extractor, tokenizer=tokenizer)
+    config = transformers.Wav2Vec2Config(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, intermediate_size=64, conv_dim=(32,) * 7,
+                                         num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+                                         pad_token_id=0, feat_extract_norm="group", do_stable_layer_norm=False)
+    torch.manual_seed(0)
+    model = transformers.Wav2Vec2ForCTC(config).eval()
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def _hf_log_probs(model_dir: Path, paths: list[str]) -> tuple[dict, object]:
+    """transformers' own run: each file (resampled to 16 kHz as the loader does) through the processor and model:
+    log-probs by path, and the processor."""
+    import torch
+    import transformers
+
+    from corpus_io.infer.transcribe import read_recording
+
+    model = transformers.Wav2Vec2ForCTC.from_pretrained(model_dir).eval()
+    processor = transformers.Wav2Vec2Processor.from_pretrained(model_dir)
+    out = {}
+    with torch.no_grad():
+        for path in paths:
+            wave = read_recording(path, 16000).numpy()
+            inputs = processor(wave, sampling_rate=16000, return_tensors="pt")
+            out[path] = torch.log_softmax(model(inputs.input_values).logits[0].float(), dim=-1)
+    return out, processor
+
+
+def test_a_hugging_face_ctc_directory_decodes_as_transformers_greedy_decode(hf_model, tmp_path):
+    data, _ = make_raw(tmp_path / "data")
+    out = tmp_path / "decode"
+    result = run_cli("corpus-io", "decode", f"++data_list={data}", f"++checkpoint={hf_model}",
+                     f"++output_dir={out}", "++dataset_conf.num_workers=0", "++dataset_conf.data_type=raw",
+                     "++timestamps=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    hyps = {}
+    for line in (out / "text").read_text(encoding="utf-8").splitlines():
+        key, _, text = line.partition(" ")
+        hyps[key] = " ".join(text.split())
+    utts = fixture_utts()
+    log_probs, processor = _hf_log_probs(hf_model, [p for _, p, _ in utts])
+    same = 0
+    for key, path, _ in utts:
+        ids = log_probs[path].argmax(-1)
+        expected = " ".join(processor.batch_decode(ids[None])[0].split())
+        same += hyps.get(key) == expected
+    print(f"hf decode: {same} of {len(utts)} hypotheses equal transformers' greedy decode")
+    assert same >= 0.95 * len(utts)
+    # word times at the model's 20 ms frames
+    rows = [json.loads(line) for line in (out / "timestamps.jsonl").read_text().splitlines()]
+    starts = [w["start"] for r in rows for w in r["words"]]
+    assert starts and all(abs(s / 0.02 - round(s / 0.02)) < 1e-6 for s in starts)
+
+
+def _reference_word_times(log_probs, words: list[str], vocab: dict) -> list[tuple[float, float]]:
+    """torchaudio.functional.forced_align over the model's own log-probs: each word's first token's first frame and
+    last token's last frame + 1, times 20 ms."""
+    import torch
+    import torchaudio.functional as F
+
+    ids, owner = [], []
+    for w, word in enumerate(words):
+        if ids:
+            ids.append(vocab["|"])
+            owner.append(-1)
+        for c in word:
+            ids.append(vocab[c])
+            owner.append(w)
+    labels, _ = F.forced_align(log_probs[None], torch.tensor([ids], dtype=torch.int32), blank=0)
+    spans = F.merge_tokens(labels[0], torch.zeros(labels.shape[1]), blank=0)
+    times: dict = {}
+    for span, w in zip(spans, owner):
+        if w >= 0:
+            first, last = times.get(w, (span.start, span.end))
+            times[w] = (min(first, span.start), max(last, span.end))
+    return [(times[w][0] * 0.02, times[w][1] * 0.02) for w in range(len(words))]
+
+
+def test_align_with_a_hugging_face_model_follows_forced_align_over_its_log_probs(hf_model, tmp_path):
+    """English utterances: every word within 0.05 s of forced_align's; the Chinese ones: every word reported
+    unaligned as outside the vocabulary (none dropped); punctuation the vocabulary lacks left out of the tokens."""
+    data = tmp_path / "list.jsonl"
+    utts = fixture_utts()
+    texts = {k: (t + "," if t.isascii() else t) for k, _, t in utts}  # a comma the vocabulary lacks
+    data.write_text("".join(json.dumps({"key": k, "wav": p, "txt": texts[k]}) + "\n" for k, p, _ in utts))
+    out = tmp_path / "align"
+    result = run_cli("corpus-io", "align", f"++data_list={data}", f"++checkpoint={hf_model}", f"++output_dir={out}",
+                     "++dataset_conf.num_workers=0", "++dataset_conf.data_type=raw", "++min_word_score=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {r["key"]: r for r in map(json.loads, (out / "alignment.jsonl").read_text().splitlines())}
+    log_probs, _ = _hf_log_probs(hf_model, [p for _, p, _ in utts])
+    vocab = json.loads((hf_model / "vocab.json").read_text())
+    compared = 0
+    for key, path, text in utts:
+        words = rows[key]["words"]
+        if not text.isascii():  # each Chinese character a word, reported; the English words among them placed
+            assert all((w["start"] is None and w["reason"].startswith("tokens outside")) == (not w["word"].isascii())
+                       for w in words), words
+            continue
+        assert [w["word"] for w in words] == texts[key].split()
+        expected = _reference_word_times(log_probs[path], text.upper().split(), vocab)
+        for w, (start, end) in zip(words, expected):
+            assert abs(w["start"] - start) <= 0.05 and abs(w["end"] - end) <= 0.05, (key, w, start, end)
+            compared += 1
+    assert compared >= 10
+    unaligned = (out / "unaligned").read_text(encoding="utf-8").splitlines()
+    assert len(unaligned) == sum(not w["word"].isascii() for r in rows.values() for w in r["words"])
+
+
+def test_segment_with_a_hugging_face_model_keeps_every_transcript_word(hf_model, tmp_path):
+    """Every word of each recording's transcript is in a segment or in unaligned (random weights: where they land
+    says nothing; that none is lost does)."""
+    from corpus_io.tables import synth
+
+    synth.make_digits(tmp_path / "utts", 8, seed=3)
+    joined = synth.join(tmp_path / "utts", tmp_path / "long", per_recording=4, seed=0)
+    out = tmp_path / "segment"
+    result = run_cli("corpus-io", "segment", f"++input={joined}", f"++checkpoint={hf_model}", f"++output_dir={out}",
+                     "++dataset_conf.num_workers=0", "++min_word_score=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    transcripts = dict(line.split(" ", 1) for line in (joined / "text").read_text().splitlines())
+    kept: dict = {k: [] for k in transcripts}
+    for row in map(json.loads, (out / "segments.jsonl").read_text().splitlines()):
+        kept[row["recording"]].extend(row["text"].split())
+    for line in (out / "unaligned").read_text().splitlines():
+        recording, _, word, *_ = line.split()
+        kept[recording].append(word)
+    for key, text in transcripts.items():
+        assert sorted(w.upper() for w in kept[key]) == sorted(w.upper() for w in text.split()), key
+
+
+@pytest.fixture(scope="module")
+def wenet_file(served, tmp_path_factory) -> dict:  # noqa: F811
+    """The smoke model's export as a plain sherpa-onnx WeNet CTC file: corpus-io's own metadata (the token list,
+    features, training config) taken out, sherpa-onnx's keys (model_type wenet_ctc, subsampling_factor) and
+    tokens.txt beside it kept: what a WeNet export gives."""
+    import shutil
+
+    import onnx
+
+    out = tmp_path_factory.mktemp("wenet")
+    proto = onnx.load(str(served["model"]))
+    kept = [p for p in proto.metadata_props if not p.key.startswith("corpus_io.")]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    onnx.save(proto, str(out / "model.onnx"))
+    shutil.copy(served["tokens"], out / "tokens.txt")
+    return {"model": out / "model.onnx", "tokens": out / "tokens.txt"}
+
+
+@pytest.mark.slow
+def test_a_sherpa_onnx_wenet_ctc_file_decodes_the_words_sherpa_onnx_gives(wenet_file, smoke, tmp_path):  # noqa: F811
+    rows, _ = _test_sets(smoke)
+    texts = _recognize(wenet_file["model"], wenet_file["tokens"], rows)
+    data = tmp_path / "list.jsonl"
+    data.write_text("".join(json.dumps({"key": r["key"], "wav": r["source"], "txt": r.get("target", "")}) + "\n"
+                            for r in rows))
+    out = tmp_path / "decode"
+    result = run_cli("corpus-io", "decode", f"++data_list={data}", f"++checkpoint={wenet_file['model']}",
+                     f"++output_dir={out}", "++dataset_conf.num_workers=0", "++dataset_conf.data_type=raw")
+    assert result.returncode == 0, result.stderr[-3000:]
+    hyps = dict(line.partition(" ")[::2] for line in (out / "text").read_text(encoding="utf-8").splitlines())
+    same = sum(hyps.get(k, "").split() == texts[k].split() for k in texts)
+    print(f"sherpa-onnx wenet_ctc: {same} of {len(texts)} utterances give sherpa-onnx's words")
+    assert same >= 0.95 * len(texts), [(k, hyps.get(k), texts[k]) for k in texts if hyps.get(k, "").split()
+                                       != texts[k].split()][:5]
+
+
+@pytest.mark.slow
+def test_mms_fa_with_random_weights_aligns_as_torchaudios_own_pipeline(tmp_path):
+    """``torchaudio:MMS_FA:<weights>``: align's word times equal torchaudio's MMS_FA pipeline (its model extended as
+    the bundle does, its tokenizer and aligner) on the same audio, at 20 ms frames; a digit word is reported."""
+    import torch
+    import torchaudio
+    from torchaudio.pipelines._wav2vec2 import utils
+
+    from corpus_io.infer.transcribe import read_recording
+
+    bundle = torchaudio.pipelines.MMS_FA
+    torch.manual_seed(0)
+    model = utils._get_model(bundle._model_type, bundle._params).eval()
+    weights = tmp_path / "model.pt"
+    torch.save(model.state_dict(), weights)
+    model = utils._extend_model(model, normalize_waveform=True, apply_log_softmax=True, append_star=False).eval()
+    utts = [u for u in fixture_utts() if u[2].isascii() and u[0] in ("spk2-utt010", "spk3-utt011")]
+    data = tmp_path / "list.jsonl"
+    data.write_text("".join(json.dumps({"key": k, "wav": p, "txt": t.capitalize() + " 7"}) + "\n" for k, p, t in utts))
+    out = tmp_path / "align"
+    result = run_cli("corpus-io", "align", f"++data_list={data}", f"++checkpoint=torchaudio:MMS_FA:{weights}",
+                     f"++output_dir={out}", "++dataset_conf.num_workers=0", "++dataset_conf.data_type=raw",
+                     "++min_word_score=0", "++device=cpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {r["key"]: r for r in map(json.loads, (out / "alignment.jsonl").read_text().splitlines())}
+    tokenizer, aligner = bundle.get_tokenizer(), bundle.get_aligner()
+    for key, path, text in utts:
+        with torch.no_grad():
+            emission, _ = model(read_recording(path, 16000)[None])
+        spans = aligner(emission[0], tokenizer(text.split()))
+        words = rows[key]["words"]
+        assert [w["word"] for w in words] == (text.capitalize() + " 7").split()
+        assert words[-1]["start"] is None and words[-1]["reason"].startswith("tokens outside"), words[-1]
+        for w, span in zip(words, spans):
+            assert abs(w["start"] - span[0].start * 0.02) < 1e-6 and abs(w["end"] - span[-1].end * 0.02) < 1e-6, \
+                (key, w, span[0].start, span[-1].end)
