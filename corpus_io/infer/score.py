@@ -73,16 +73,34 @@ def score(cfg: Any) -> dict:
     spell_check(measured, cfg)
     rows = figures(run, measured)
     limits = thresholds(rows, cfg)
-    flag(rows, limits, cfg.min_errors, repeats)
+    flag(rows, limits, cfg.min_errors, repeats, loss_ceilings(cfg))
     out = Path(cfg.output_dir)
-    summary = write_scores(out, rows, limits, run, cfg)
+    warning = judgement(rows, cfg)
+    summary = write_scores(out, rows, limits, run, cfg, warning)
     print(summary.rstrip())
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     print(f"score: a row per utterance -> {out / 'scores.jsonl'}, flagged keys -> {out / 'flagged'} (to leave "
           f"them out: pack-shards or make-datalist ++exclude_keys={out / 'flagged'})")
     flagged = [r for r in rows if r["flagged"]]
     total, readable, _ = tally(rows, run)
     return {"utts": total, "flagged": len(flagged), "unreadable": total - readable, "thresholds": limits,
             "audio_seconds": run.audio, "wall_seconds": run.wall_s}
+
+
+def loss_ceilings(cfg: Any) -> dict:
+    """The losses above which a label its hypothesis equals is still flagged: their ceilings."""
+    return {f: getattr(cfg, f"{f}_ceiling") for f in ("loss_per_token", "loss_per_frame")}
+
+
+def check_bounds(cfg: Any) -> None:
+    """A floor above its ceiling is a ConfigError: no threshold could be between them."""
+    for figure in BOUNDED:
+        floor, ceiling = getattr(cfg, f"{figure}_floor"), getattr(cfg, f"{figure}_ceiling")
+        if floor > ceiling:
+            raise ConfigError(f"++{figure}_floor={floor:g} is above ++{figure}_ceiling={ceiling:g}: a {figure} "
+                              f"threshold taken from the data is held between the two. Lower the floor or raise "
+                              f"the ceiling. Nothing was written.")
 
 
 def refuse_outputs(cfg: Any) -> None:
@@ -97,6 +115,7 @@ def refuse_outputs(cfg: Any) -> None:
     from corpus_io.storage.urls import is_remote
 
     require(cfg, "data_list", "checkpoint", "output_dir")
+    check_bounds(cfg)
     refuse_remote_output(cfg.output_dir, "++output_dir", "score")
     out = Path(cfg.output_dir)
     inputs = [*loader_inputs(cfg.data_list, cfg.dataset_conf), ("++checkpoint", cfg.checkpoint)]
@@ -264,9 +283,15 @@ LOG_FLOOR = 1e-6
 LOG_FIGURES = frozenset({"loss_per_token", "loss_per_frame"})
 
 
+#: the figures whose data thresholds are held between ``++<figure>_floor`` and ``++<figure>_ceiling``
+BOUNDED = ("cer", "wer", "loss_per_token", "loss_per_frame")
+
+
 def thresholds(rows: list[dict], cfg: Any) -> dict:
-    """Each figure's threshold: the config key's value, or from the scored utterances (:func:`robust_limit`).
-    ``{"max_cer": (value, "data" | "given"), ...}``"""
+    """Each figure's threshold: the config key's value, or from the scored utterances (:func:`robust_limit`),
+    held between the figure's floor and ceiling (:data:`BOUNDED`): many wrong labels raise the data's threshold,
+    a model that fits its data lowers it to nothing. ``{"max_cer": (value, "data" | "given" | "floor" |
+    "ceiling"), ...}``"""
     limits = {}
     for figure, side in LIMITS:
         name = f"{side}_{figure}"
@@ -275,13 +300,55 @@ def thresholds(rows: list[dict], cfg: Any) -> dict:
             limits[name] = (float(given), "given")
             continue
         values = [r[figure] for r in rows if r.get("readable") and r[figure] is not None and r["alignable"]]
-        limits[name] = (robust_limit(values, cfg.deviations, side, log=figure in LOG_FIGURES), "data")
+        limits[name] = bounded(figure, robust_limit(values, cfg.deviations, side, log=figure in LOG_FIGURES), cfg)
     return limits
 
 
-def flag(rows: list[dict], limits: dict, min_errors: int, repeats: dict | None = None) -> None:
+def bounded(figure: str, value: float | None, cfg: Any) -> tuple:
+    """``(threshold, source)``: a data threshold of a :data:`BOUNDED` figure raised to its floor or cut to its
+    ceiling (the source says which); others as they are."""
+    if figure not in BOUNDED:
+        return value, "data"
+    floor, ceiling = getattr(cfg, f"{figure}_floor"), getattr(cfg, f"{figure}_ceiling")
+    if value is None:
+        return None, "data"
+    if value > ceiling:
+        return float(ceiling), "ceiling"
+    if value < floor:
+        return float(floor), "floor"
+    return value, "data"
+
+
+def judgement(rows: list[dict], cfg: Any) -> str | None:
+    """A warning when the model cannot judge these labels: their median CER above ``++max_median_cer``, or the
+    CERs spread wider than ``++max_cer_spread`` robust deviations; None when it can."""
+    import numpy as np
+
+    cers = np.asarray([r["cer"] for r in rows if r.get("readable") and r.get("cer") is not None], dtype=np.float64)
+    if not len(cers):
+        return None
+    median = float(np.median(cers))
+    spread = MAD_SCALE * float(np.median(np.abs(cers - median)))
+    if median > cfg.max_median_cer:
+        figure = f"the labels' median CER is {median:.3f} (above ++max_median_cer={cfg.max_median_cer:g})"
+    elif spread > cfg.max_cer_spread:
+        figure = (f"the labels' CERs spread {spread:.3f} robust deviations around their median {median:.3f} (above "
+                  f"++max_cer_spread={cfg.max_cer_spread:g})")
+    else:
+        return None
+    return (f"warning: the model cannot judge these labels: {figure}. Either most labels are wrong (a text file "
+            f"shifted by a line against its audio gives this: look at a few rows of scores.jsonl, text against "
+            f"hyp), or the model cannot transcribe this audio: score with a stronger model, trained on audio like "
+            f"this. Its flags here rest on the absolute ceilings (++cer_ceiling={cfg.cer_ceiling:g}, "
+            f"++loss_per_token_ceiling={cfg.loss_per_token_ceiling:g}, ...), not on what is usual in this data.")
+
+
+def flag(rows: list[dict], limits: dict, min_errors: int, repeats: dict | None = None,
+         extreme: dict | None = None) -> None:
     """Set each row's ``flagged`` and ``reasons``: absolute rules first, then the thresholds. ``repeats`` (key:
-    its places): a key the list holds more than once is flagged, its other labels were not scored."""
+    its places): a key the list holds more than once is flagged, its other labels were not scored. ``extreme``
+    (figure: value): a label its hypothesis equals (CER 0) is flagged by a loss only above this."""
+    extreme = extreme or {}
     for row in rows:
         reasons = []
         if repeats and row["key"] in repeats:
@@ -303,6 +370,8 @@ def flag(rows: list[dict], limits: dict, min_errors: int, repeats: dict | None =
                     continue
                 if figure in ("cer", "wer") and row["word_errors"] < min_errors:
                     continue
+                if figure in extreme and row["cer"] == 0 and side == "max":
+                    limit = max(limit, extreme[figure])  # the model says the label: its loss alone is weak evidence
                 if (value > limit) if side == "max" else (value < limit):
                     reasons.append(f"{figure} {value:g} {'>' if side == 'max' else '<'} {limit:g}")
         row["flagged"] = bool(reasons)
@@ -315,7 +384,7 @@ ROW_FIELDS = ("key", "flagged", "reasons", "duration", "chars", "tokens", "frame
               "alignable", "needed_frames", "unknown", "readable", "error", "text", "hyp")
 
 
-def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any) -> str:
+def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any, warning: str | None = None) -> str:
     """``scores.jsonl``, ``flagged`` and ``summary.txt``; returns the summary."""
     from corpus_io.storage.files import atomic_write, ensure_dir
 
@@ -336,8 +405,8 @@ def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any) 
              f"{readable} scored, {total - readable} unreadable{shards}; {len(flagged)} flagged "
              f"({100 * len(flagged) / max(1, total):.1f} %)",
              "flagged by: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing"),
-             f"thresholds (data: median +- {cfg.deviations:g} robust deviations, the losses' of their logarithms; "
-             f"given: a key):"]
+             f"thresholds (data: median +- {cfg.deviations:g} robust deviations, the losses' of their logarithms, "
+             f"held between floor and ceiling; given: a key):"]
     for name, (value, source) in limits.items():
         lines.append(f"  {name} {'-' if value is None else f'{value:g}'} ({source})")
     if run.repeats:
@@ -345,6 +414,8 @@ def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any) 
         lines.append(f"warning: {len(run.repeats)} keys were read more than once (e.g. '{first}'); each has one row")
     for why in run.unread:
         lines.append(f"unread: {why}")
+    if warning:
+        lines.append(warning)
     summary = "\n".join(lines) + "\n"
     with atomic_write(out / "summary.txt", owner=WRITER) as f:
         f.write(summary)
