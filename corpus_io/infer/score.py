@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -58,6 +59,7 @@ def score(cfg: Any) -> dict:
         undecoded,
     )
     from corpus_io.loader.dataset import build_dataloader
+    from corpus_io.storage.files import ensure_dir
 
     require_utterances(cfg.data_list, cfg.dataset_conf)
     device = decode_device(cfg.device)
@@ -71,21 +73,48 @@ def score(cfg: Any) -> dict:
                      where=cfg.data_list, skipped=skipped_summary(loader), command="score")
     undecoded(run, cfg.data_list, conf, loader_dropped(loader))
     spell_check(measured, cfg)
-    rows = figures(run, measured)
-    limits = thresholds(rows, cfg)
-    flag(rows, limits, cfg.min_errors, repeats, loss_ceilings(cfg))
     out = Path(cfg.output_dir)
-    warning = judgement(rows, cfg)
-    summary = write_scores(out, rows, limits, run, cfg, warning)
+    ensure_dir(out, what="output_dir")
+    # the rows go to disk as they are made: the thresholds need only each figure's bounded sketch, and flagging is
+    # a second pass over the file
+    with tempfile.TemporaryDirectory(prefix=".score-rows-", dir=out) as tmp:
+        sketches = write_rows(Path(tmp) / "rows.jsonl", figures(run, measured))
+        limits = limits_of(sketches, cfg)
+        warning = judgement_of(sketches["cer"], cfg)
+        summary, counts = write_scores(out, read_rows(Path(tmp) / "rows.jsonl"), limits, run, cfg, warning,
+                                       repeats)
     print(summary.rstrip())
     if warning:
         print(warning, file=sys.stderr, flush=True)
     print(f"score: a row per utterance -> {out / 'scores.jsonl'}, flagged keys -> {out / 'flagged'} (to leave "
           f"them out: pack-shards or make-datalist ++exclude_keys={out / 'flagged'})")
-    flagged = [r for r in rows if r["flagged"]]
-    total, readable, _ = tally(rows, run)
-    return {"utts": total, "flagged": len(flagged), "unreadable": total - readable, "thresholds": limits,
-            "audio_seconds": run.audio, "wall_seconds": run.wall_s}
+    return {"utts": counts["total"], "flagged": counts["flagged"], "unreadable": counts["total"] - counts["readable"],
+            "thresholds": limits, "audio_seconds": run.audio, "wall_seconds": run.wall_s}
+
+
+def write_rows(path: Path, rows: Iterable[dict]) -> dict:
+    """``rows`` (not flagged yet) a JSON line each into ``path``; returns each thresholded figure's
+    :class:`Sketch` of the rows that count (readable, alignable)."""
+    sketches = {figure: Sketch() for figure in dict.fromkeys(f for f, _ in LIMITS)}
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            counted(row, sketches)
+    return sketches
+
+
+def counted(row: dict, sketches: dict) -> None:
+    """Add ``row``'s figures to ``sketches`` when it counts for the thresholds (readable, alignable)."""
+    if row.get("readable") and row["alignable"]:
+        for figure, sketch in sketches.items():
+            if row[figure] is not None:
+                sketch.add(row[figure])
+
+
+def read_rows(path: Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)
 
 
 def loss_ceilings(cfg: Any) -> dict:
@@ -221,23 +250,22 @@ def spell_check(measured: dict, cfg: Any) -> None:
                       f"{cfg.max_unknown_share} to flag such utterances instead. Nothing was written.")
 
 
-def figures(run: Any, measured: dict) -> list[dict]:
+def figures(run: Any, measured: dict) -> Iterator[dict]:
     """A row per utterance of the input (key order): the scored ones' figures, the unreadable ones marked."""
-    from corpus_io.decoding.scoring import Scorer, char_units, normalize
+    from corpus_io.decoding.scoring import char_units, edit_counts, normalize, word_units
 
-    scorer = Scorer()
-    rows = []
     for key in sorted(set(run.nbest) | set(run.missing)):
         if key not in run.nbest:
-            rows.append({"key": key, "text": run.missing[key], "readable": False,
-                         "error": f"not read (loader: {run.skipped})"})
+            yield {"key": key, "text": run.missing[key], "readable": False,
+                   "error": f"not read (loader: {run.skipped})"}
             continue
         m = measured[key]
         ref, hyp = run.refs[key], run.nbest[key][0][0]
-        c, w = scorer.add(key, ref, hyp)
+        said, heard = normalize(ref), normalize(hyp)  # as decode's Scorer scores, without keeping its lines
+        c, w = edit_counts(char_units(said), char_units(heard)), edit_counts(word_units(said), word_units(heard))
         duration = m["duration"] or 0.0
-        chars = len(char_units(normalize(ref)))
-        rows.append({
+        chars = len(char_units(said))
+        yield {
             "key": key, "readable": True, "duration": round(duration, 3), "frames": m["frames"],
             "chars": chars, "tokens": m["tokens"],
             "chars_per_second": _ratio(chars, duration), "tokens_per_second": _ratio(m["tokens"], duration),
@@ -245,8 +273,7 @@ def figures(run: Any, measured: dict) -> list[dict]:
             "wer": _ratio(w.errors, w.ref, 4, empty=float(w.errors > 0)), "word_errors": w.errors,
             "loss_per_frame": _ratio(m["loss"], m["frames"], 4), "loss_per_token": _ratio(m["loss"], m["tokens"], 4),
             "alignable": m["needed_frames"] <= m["frames"], "needed_frames": m["needed_frames"],
-            "unknown": m["unknown"], "text": ref, "hyp": hyp})
-    return rows
+            "unknown": m["unknown"], "text": ref, "hyp": hyp}
 
 
 def _ratio(num: float, den: float, digits: int = 3, *, empty: float | None = None) -> float | None:
@@ -258,23 +285,125 @@ def _ratio(num: float, den: float, digits: int = 3, *, empty: float | None = Non
     return round(value, digits) if math.isfinite(value) else None
 
 
-def robust_limit(values: list[float], k: float, side: str, *, log: bool = False) -> float | None:
-    """The median plus (``side`` max) or minus (min) ``k`` robust deviations of ``values``; None without values.
-    ``log``: of the values' logarithms (a loss spreads over orders of magnitude: a right label's is 0.02 or 0.4),
-    the limit turned back into a value."""
+#: a figure's values kept exactly up to this many (its thresholds then are those of all its values); past it, a
+#: histogram of fixed log-spaced bins (relative width 0.5 %): memory flat in the list's size, and the same counts
+#: whether one job saw the values or N jobs did and merged
+EXACT_VALUES = 200_000
+#: the histogram's bins: BINS_PER_DECADE a decade from 10^LOWEST_DECADE; smaller values count as 0
+BINS_PER_DECADE, LOWEST_DECADE = 460, -6
+
+
+class Sketch:
+    """A bounded, mergeable summary of one figure's values: every value while they are few, else a histogram
+    (:data:`EXACT_VALUES`). ``robust_limit`` reads it."""
+
+    def __init__(self, values: list | None = None, bins: dict | None = None, zeros: int = 0) -> None:
+        self.values = list(values or []) if bins is None else None
+        self.bins: dict[int, int] | None = None if bins is None else {int(b): int(n) for b, n in bins.items()}
+        self.zeros = zeros
+
+    def __len__(self) -> int:
+        if self.bins is None:
+            return len(self.values)
+        return self.zeros + sum(self.bins.values())
+
+    def add(self, value: float) -> None:
+        if self.bins is None:
+            self.values.append(value)
+            if len(self.values) > EXACT_VALUES:
+                self._to_bins()
+        else:
+            self._count(value)
+
+    def _count(self, value: float) -> None:
+        if value <= 10.0 ** LOWEST_DECADE:
+            self.zeros += 1
+        else:
+            b = math.floor((math.log10(value) - LOWEST_DECADE) * BINS_PER_DECADE)
+            self.bins[b] = self.bins.get(b, 0) + 1
+
+    def _to_bins(self) -> None:
+        values, self.values, self.bins = self.values, None, {}
+        for v in values:
+            self._count(v)
+
+    def merge(self, other: Sketch) -> None:
+        """Add ``other``'s values (the same as had they been added here, in any order)."""
+        if self.bins is None and other.bins is None and len(self) + len(other) <= EXACT_VALUES:
+            self.values.extend(other.values)
+            return
+        if self.bins is None:
+            self._to_bins()
+        if other.bins is None:
+            for v in other.values:
+                self._count(v)
+        else:
+            self.zeros += other.zeros
+            for b, n in other.bins.items():
+                self.bins[b] = self.bins.get(b, 0) + n
+
+    def weighted(self) -> tuple:
+        """``(values, counts)``: the values, or each bin's middle (geometric) and count."""
+        if self.bins is None:
+            return self.values, None
+        items = sorted(self.bins.items())
+        middles = [10.0 ** (LOWEST_DECADE + (b + 0.5) / BINS_PER_DECADE) for b, _ in items]
+        return [0.0, *middles], [self.zeros, *(n for _, n in items)]
+
+    def to_json(self) -> dict:
+        if self.bins is None:
+            return {"values": self.values}
+        return {"zeros": self.zeros, "bins": {str(b): n for b, n in sorted(self.bins.items())}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Sketch:
+        if "bins" in data:
+            return cls(bins=data["bins"], zeros=data.get("zeros", 0))
+        return cls(values=data["values"])
+
+
+def robust_limit(values: Any, k: float, side: str, *, log: bool = False) -> float | None:
+    """The median plus (``side`` max) or minus (min) ``k`` robust deviations of ``values`` (a list, or a
+    :class:`Sketch`); None without values. ``log``: of the values' logarithms (a loss spreads over orders of
+    magnitude: a right label's is 0.02 or 0.4), the limit turned back into a value."""
     import numpy as np
 
-    if not values:
+    values, counts = values.weighted() if isinstance(values, Sketch) else (values, None)
+    if not len(values):
         return None
     x = np.asarray(values, dtype=np.float64)
     if log:
         x = np.log(np.maximum(x, LOG_FLOOR))
-    median = float(np.median(x))
-    spread = MAD_SCALE * float(np.median(np.abs(x - median)))
-    if spread == 0.0:
-        spread = MEAN_AD_SCALE * float(np.mean(np.abs(x - median)))
+    median, spread = median_and_spread(x, counts)
     limit = median + k * spread if side == "max" else median - k * spread
     return round(float(np.exp(limit)) if log else max(0.0, limit), 4)
+
+
+def median_and_spread(x: Any, counts: Any = None) -> tuple[float, float]:
+    """The median of ``x`` (each value ``counts`` times, when given) and its robust deviation: 1.4826 x the median
+    absolute deviation, or 1.2533 x the mean absolute deviation when that is 0."""
+    import numpy as np
+
+    if counts is None:
+        median = float(np.median(x))
+        spread = MAD_SCALE * float(np.median(np.abs(x - median)))
+        return median, spread or MEAN_AD_SCALE * float(np.mean(np.abs(x - median)))
+    w = np.asarray(counts, dtype=np.float64)
+    median = _weighted_median(x, w)
+    deviations = np.abs(x - median)
+    spread = MAD_SCALE * _weighted_median(deviations, w)
+    return median, spread or MEAN_AD_SCALE * float(np.sum(w * deviations) / np.sum(w))
+
+
+def _weighted_median(x: Any, w: Any) -> float:
+    """np.median of ``x`` with each value repeated ``w`` times (the two middle ones' mean for an even count)."""
+    import numpy as np
+
+    order = np.argsort(x, kind="stable")
+    x, cw = x[order], np.cumsum(w[order])
+    n = int(cw[-1])
+    lo, hi = (n - 1) // 2, n // 2
+    return float((x[np.searchsorted(cw, lo + 1)] + x[np.searchsorted(cw, hi + 1)]) / 2)
 
 
 #: the least value a figure thresholded on its logarithm counts as (a loss of 0)
@@ -287,11 +416,19 @@ LOG_FIGURES = frozenset({"loss_per_token", "loss_per_frame"})
 BOUNDED = ("cer", "wer", "loss_per_token", "loss_per_frame")
 
 
-def thresholds(rows: list[dict], cfg: Any) -> dict:
-    """Each figure's threshold: the config key's value, or from the scored utterances (:func:`robust_limit`),
-    held between the figure's floor and ceiling (:data:`BOUNDED`): many wrong labels raise the data's threshold,
-    a model that fits its data lowers it to nothing. ``{"max_cer": (value, "data" | "given" | "floor" |
-    "ceiling"), ...}``"""
+def thresholds(rows: Iterable[dict], cfg: Any) -> dict:
+    """Each figure's threshold from ``rows`` (:func:`limits_of` their sketches)."""
+    sketches = {figure: Sketch() for figure in dict.fromkeys(f for f, _ in LIMITS)}
+    for row in rows:
+        counted(row, sketches)
+    return limits_of(sketches, cfg)
+
+
+def limits_of(sketches: dict, cfg: Any) -> dict:
+    """Each figure's threshold: the config key's value, or from the scored utterances' :class:`Sketch` of it
+    (:func:`robust_limit`), held between the figure's floor and ceiling (:data:`BOUNDED`): many wrong labels raise
+    the data's threshold, a model that fits its data lowers it to nothing. ``{"max_cer": (value, "data" | "given"
+    | "floor" | "ceiling"), ...}``"""
     limits = {}
     for figure, side in LIMITS:
         name = f"{side}_{figure}"
@@ -299,8 +436,8 @@ def thresholds(rows: list[dict], cfg: Any) -> dict:
         if given is not None:
             limits[name] = (float(given), "given")
             continue
-        values = [r[figure] for r in rows if r.get("readable") and r[figure] is not None and r["alignable"]]
-        limits[name] = bounded(figure, robust_limit(values, cfg.deviations, side, log=figure in LOG_FIGURES), cfg)
+        limit = robust_limit(sketches[figure], cfg.deviations, side, log=figure in LOG_FIGURES)
+        limits[name] = bounded(figure, limit, cfg)
     return limits
 
 
@@ -319,16 +456,26 @@ def bounded(figure: str, value: float | None, cfg: Any) -> tuple:
     return value, "data"
 
 
-def judgement(rows: list[dict], cfg: Any) -> str | None:
+def judgement(rows: Iterable[dict], cfg: Any) -> str | None:
+    """:func:`judgement_of` the CERs of ``rows`` (those that count for the thresholds)."""
+    sketches = {"cer": Sketch()}
+    for row in rows:
+        counted(row, sketches)
+    return judgement_of(sketches["cer"], cfg)
+
+
+def judgement_of(cers: Sketch, cfg: Any) -> str | None:
     """A warning when the model cannot judge these labels: their median CER above ``++max_median_cer``, or the
-    CERs spread wider than ``++max_cer_spread`` robust deviations; None when it can."""
+    CERs spread wider than ``++max_cer_spread`` (their median absolute deviation x 1.4826); None when it can."""
     import numpy as np
 
-    cers = np.asarray([r["cer"] for r in rows if r.get("readable") and r.get("cer") is not None], dtype=np.float64)
-    if not len(cers):
+    values, counts = cers.weighted()
+    if not len(values):
         return None
-    median = float(np.median(cers))
-    spread = MAD_SCALE * float(np.median(np.abs(cers - median)))
+    x = np.asarray(values, dtype=np.float64)
+    w = np.ones(len(x)) if counts is None else np.asarray(counts, dtype=np.float64)
+    median = _weighted_median(x, w)
+    spread = MAD_SCALE * _weighted_median(np.abs(x - median), w)
     if median > cfg.max_median_cer:
         figure = f"the labels' median CER is {median:.3f} (above ++max_median_cer={cfg.max_median_cer:g})"
     elif spread > cfg.max_cer_spread:
@@ -348,34 +495,40 @@ def flag(rows: list[dict], limits: dict, min_errors: int, repeats: dict | None =
     """Set each row's ``flagged`` and ``reasons``: absolute rules first, then the thresholds. ``repeats`` (key:
     its places): a key the list holds more than once is flagged, its other labels were not scored. ``extreme``
     (figure: value): a label its hypothesis equals (CER 0) is flagged by a loss only above this."""
-    extreme = extreme or {}
     for row in rows:
-        reasons = []
-        if repeats and row["key"] in repeats:
-            places = repeats[row["key"]]
-            reasons.append(f"repeated key: scored at {places[0]}, not at {', '.join(places[1:])}")
-        if not row["readable"]:
-            reasons.append(f"unreadable: {row['error']}")
-        else:
-            if not row["tokens"]:
-                reasons.append("empty label")
-            if not row["alignable"]:
-                reasons.append(f"unalignable: {row['tokens']} tokens need {row['needed_frames']} frames, the audio "
-                               f"has {row['frames']}")
-            if row["unknown"]:
-                reasons.append(f"tokens outside the token list: {' '.join(row['unknown'][:5])}")
-            for figure, side in LIMITS:
-                value, (limit, _) = row[figure], limits[f"{side}_{figure}"]
-                if value is None or limit is None:
-                    continue
-                if figure in ("cer", "wer") and row["word_errors"] < min_errors:
-                    continue
-                if figure in extreme and row["cer"] == 0 and side == "max":
-                    limit = max(limit, extreme[figure])  # the model says the label: its loss alone is weak evidence
-                if (value > limit) if side == "max" else (value < limit):
-                    reasons.append(f"{figure} {value:g} {'>' if side == 'max' else '<'} {limit:g}")
-        row["flagged"] = bool(reasons)
-        row["reasons"] = reasons
+        flag_row(row, limits, min_errors, repeats, extreme)
+
+
+def flag_row(row: dict, limits: dict, min_errors: int, repeats: dict | None = None,
+             extreme: dict | None = None) -> None:
+    """:func:`flag` of one row."""
+    extreme = extreme or {}
+    reasons = []
+    if repeats and row["key"] in repeats:
+        places = repeats[row["key"]]
+        reasons.append(f"repeated key: scored at {places[0]}, not at {', '.join(places[1:])}")
+    if not row["readable"]:
+        reasons.append(f"unreadable: {row['error']}")
+    else:
+        if not row["tokens"]:
+            reasons.append("empty label")
+        if not row["alignable"]:
+            reasons.append(f"unalignable: {row['tokens']} tokens need {row['needed_frames']} frames, the audio "
+                           f"has {row['frames']}")
+        if row["unknown"]:
+            reasons.append(f"tokens outside the token list: {' '.join(row['unknown'][:5])}")
+        for figure, side in LIMITS:
+            value, (limit, _) = row[figure], limits[f"{side}_{figure}"]
+            if value is None or limit is None:
+                continue
+            if figure in ("cer", "wer") and row["word_errors"] < min_errors:
+                continue
+            if figure in extreme and row["cer"] == 0 and side == "max":
+                limit = max(limit, extreme[figure])  # the model says the label: its loss alone is weak evidence
+            if (value > limit) if side == "max" else (value < limit):
+                reasons.append(f"{figure} {value:g} {'>' if side == 'max' else '<'} {limit:g}")
+    row["flagged"] = bool(reasons)
+    row["reasons"] = reasons
 
 
 #: the order of a scores.jsonl row's fields
@@ -384,26 +537,31 @@ ROW_FIELDS = ("key", "flagged", "reasons", "duration", "chars", "tokens", "frame
               "alignable", "needed_frames", "unknown", "readable", "error", "text", "hyp")
 
 
-def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any, warning: str | None = None) -> str:
-    """``scores.jsonl``, ``flagged`` and ``summary.txt``; returns the summary."""
+def write_scores(out: Path, rows: Iterable[dict], limits: dict, run: Any, cfg: Any, warning: str | None = None,
+                 repeats: dict | None = None) -> tuple[str, dict]:
+    """``scores.jsonl``, ``flagged`` and ``summary.txt`` from ``rows`` (key order, not flagged yet: each is flagged
+    here, one at a time); returns the summary and the counts (``total``, ``readable``, ``flagged``)."""
     from corpus_io.storage.files import atomic_write, ensure_dir
 
     ensure_dir(out, what="output_dir")
-    with atomic_write(out / "scores.jsonl", owner=WRITER) as f:
-        for row in rows:
-            f.write(json.dumps({k: row[k] for k in ROW_FIELDS if k in row}, ensure_ascii=False) + "\n")
-    flagged = [r for r in rows if r["flagged"]]
-    with atomic_write(out / "flagged", owner=WRITER) as f:
-        f.write("".join(f"{r['key']} {'; '.join(r['reasons'])}\n" for r in flagged))
     counts: dict[str, int] = {}
-    for r in flagged:
-        for reason in r["reasons"]:
-            name = reason.split(":")[0].split(" ")[0] if not reason.startswith("empty") else "empty label"
-            counts[name] = counts.get(name, 0) + 1
-    total, readable, shards = tally(rows, run)
+    seen = readable = flagged = 0
+    with atomic_write(out / "scores.jsonl", owner=WRITER) as f, atomic_write(out / "flagged", owner=WRITER) as g:
+        for row in rows:
+            flag_row(row, limits, cfg.min_errors, repeats, loss_ceilings(cfg))
+            f.write(json.dumps({k: row[k] for k in ROW_FIELDS if k in row}, ensure_ascii=False) + "\n")
+            seen += 1
+            readable += bool(row["readable"])
+            if row["flagged"]:
+                flagged += 1
+                g.write(f"{row['key']} {'; '.join(row['reasons'])}\n")
+                for reason in row["reasons"]:
+                    name = reason.split(":")[0].split(" ")[0] if not reason.startswith("empty") else "empty label"
+                    counts[name] = counts.get(name, 0) + 1
+    total, shards = tally(seen, run)
     lines = [f"score: {total} utterances of {cfg.data_list} ({run.audio / 3600:.3f} h) with {cfg.checkpoint}: "
-             f"{readable} scored, {total - readable} unreadable{shards}; {len(flagged)} flagged "
-             f"({100 * len(flagged) / max(1, total):.1f} %)",
+             f"{readable} scored, {total - readable} unreadable{shards}; {flagged} flagged "
+             f"({100 * flagged / max(1, total):.1f} %)",
              "flagged by: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing"),
              f"thresholds (data: median +- {cfg.deviations:g} robust deviations, the losses' of their logarithms, "
              f"held between floor and ceiling; given: a key):"]
@@ -420,25 +578,24 @@ def write_scores(out: Path, rows: list[dict], limits: dict, run: Any, cfg: Any, 
     with atomic_write(out / "summary.txt", owner=WRITER) as f:
         f.write(summary)
     if total - readable:
-        unnamed = total - len(rows)
+        unnamed = total - seen
         print(f"warning: {total - readable} utterances could not be read (loader: {run.skipped}){shards}; each is in "
               f"scores.jsonl and flagged as unreadable"
               + (f", but for {unnamed} in shards whose keys not even the list's index names" if unnamed else "")
               + ".", file=sys.stderr, flush=True)
-    return summary
+    return summary, {"total": total, "readable": readable, "flagged": flagged}
 
 
-def tally(rows: list[dict], run: Any) -> tuple[int, int, str]:
-    """``(utterances, scored, the shards not read)``: every utterance the list names, its rows and those of a shard
+def tally(rows: int, run: Any) -> tuple[int, str]:
+    """``(utterances, the shards not read)``: every utterance the list names, its ``rows`` and those of a shard
     that could not be read whose keys no one knows (its index's count); the shards as `` (shards not read: ...)``."""
-    readable = sum(1 for r in rows if r["readable"])
     unnamed = [n for n in run.unread_shards.values() if n]
     unknown = any(n is None for n in run.unread_shards.values())
     shards = ""
     if run.unread_shards:
         shards = (f" (shards not read: {', '.join(run.unread_shards)}"
                   + ("; how many utterances some hold, no index says" if unknown else "") + ")")
-    return len(rows) + sum(unnamed), readable, shards
+    return rows + sum(unnamed), shards
 
 
-__all__ = ["score", "robust_limit", "thresholds", "flag", "LIMITS", "OUTPUTS"]
+__all__ = ["score", "robust_limit", "thresholds", "flag", "Sketch", "LIMITS", "OUTPUTS"]

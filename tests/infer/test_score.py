@@ -385,3 +385,34 @@ def test_the_model_cannot_judge_labels_whose_median_cer_is_high_and_a_floor_abov
                      "++cer_floor=0.5", "++cer_ceiling=0.3")
     assert result.returncode == 2 and "++cer_floor=0.5 is above ++cer_ceiling=0.3" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_figure_sketch_stays_bounded_past_its_exact_values_and_merges_to_one_jobs_thresholds(monkeypatch):
+    """A figure's values are kept while few (the thresholds those of all of them), then counted in fixed bins: the
+    memory stops growing with the list, the threshold stays within a bin of the exact one, and N jobs' sketches
+    merged give the one-job sketch's threshold, in any order."""
+    import numpy as np
+
+    from corpus_io.infer import score as scoring
+
+    monkeypatch.setattr(scoring, "EXACT_VALUES", 1000)
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.lognormal(-2.5, 0.6, 45_000), rng.lognormal(2.0, 0.5, 5_000)]).tolist()
+    whole = scoring.Sketch()
+    for v in values:
+        whole.add(v)
+    assert whole.values is None and len(whole.bins) < 3000 and len(whole) == len(values)
+    exact = scoring.robust_limit(values, 5, "max", log=True)
+    assert abs(scoring.robust_limit(whole, 5, "max", log=True) / exact - 1) < 0.01, exact
+    parts = [scoring.Sketch() for _ in range(7)]
+    for i, v in enumerate(values):
+        parts[i * 7 // len(values)].add(v)
+    for order in (parts, parts[::-1]):
+        merged = scoring.Sketch.from_json(order[0].to_json())
+        for part in order[1:]:
+            merged.merge(scoring.Sketch.from_json(part.to_json()))
+        assert merged.to_json() == whole.to_json()
+    few = [scoring.Sketch(values=values[:300]), scoring.Sketch(values=values[300:600])]
+    few[0].merge(few[1])
+    assert few[0].values is not None and scoring.robust_limit(few[0], 5, "max") == scoring.robust_limit(
+        values[:600], 5, "max")
