@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from corpus_io.config.checks import schema
 from corpus_io.config.dataset import DatasetConf
-from corpus_io.config.fields import opt
+from corpus_io.config.fields import executor_address_opt, executor_opt, job_index_opt, num_jobs_opt, opt
 from corpus_io.config.training import keep_every_utterance
 
 
@@ -82,6 +82,10 @@ class ScoreConfig:
                                      "audio): a warning in the summary and on stderr", range="[0, inf)")
     max_cer_spread: float = opt(0.25, "the model cannot judge the labels when their CERs' robust deviation is above "
                                       "this (a warning, as max_median_cer's)", range="[0, inf)")
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
+    executor: str = executor_opt()
+    executor_address: str = executor_address_opt()
     max_unknown_share: float = opt(0.5, "when more than this share of the utterances hold label tokens outside the "
                                         "checkpoint's token list, the checkpoint cannot spell the labels: an error, "
                                         "nothing written (below it, such an utterance is flagged)", range="[0, 1]")

@@ -18,6 +18,10 @@ labels do not move it.
 Outputs in ``++output_dir``: ``scores.jsonl`` (a row per utterance of the input, in key order: ``key``, the
 figures, ``flagged``, ``reasons``, the label and the hypothesis), ``flagged`` (``<key> <reason>; <reason>`` a line:
 ``++exclude_keys`` of pack-shards and make-datalist takes it as it is) and ``summary.txt`` (counts, thresholds).
+
+Memory is flat in the list's size: rows go to disk as they are made, the thresholds come from each figure's bounded
+:class:`Sketch`, and a second pass flags. ``++num_jobs=N``: each job writes its rows and sketches, and
+``merge-jobs`` flags them all (:func:`score`, :func:`merge_parts`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.storage.progress import Summary
 
 OUTPUTS = ("scores.jsonl", "flagged", "summary.txt")
 #: the name score's outputs are recorded under (storage/files.py record_written): the files score may replace
@@ -45,8 +50,109 @@ MAD_SCALE, MEAN_AD_SCALE = 1.4826, 1.2533
 
 
 def score(cfg: Any) -> dict:
-    """Score ``cfg.data_list`` with ``cfg.checkpoint``; write scores.jsonl, flagged and summary.txt."""
+    """Score ``cfg.data_list`` with ``cfg.checkpoint``; write scores.jsonl, flagged and summary.txt. With
+    ``++num_jobs=N`` (N > 1) this is job J of N (:mod:`corpus_io.jobs.parts`): it scores its contiguous share of
+    the list's entries (a raw list's lines, a shard list's shards) into ``output_dir/score.part-J-of-N/rows.jsonl``
+    (its rows, in key order, not flagged) and a part record holding each figure's :class:`Sketch`;
+    ``merge-jobs ++path=<output_dir>`` takes the thresholds from the merged sketches and flags in one pass over the
+    parts' rows: the bytes one job writes."""
+    from corpus_io.jobs import parts as jobs
+
+    job = jobs.job_of(cfg)
     refuse_outputs(cfg)  # first: before torch is imported or anything is read
+    out = Path(cfg.output_dir)
+    place = jobs.Place(str(out), TAG, True)
+    fp, done = jobs.started(place, job, lambda: fingerprint(cfg))
+    if done is not None:
+        print(f"score {job}: already complete ({done.where})", flush=True)
+        return done.data["result"]
+    if job.single:
+        return score_list(cfg, cfg.data_list, out)
+    with tempfile.TemporaryDirectory(prefix=".score-job-", dir=ensure_out(out)) as tmp:
+        data_list, lo, hi, total = job_list(cfg, job, Path(tmp))
+        folder = place.data(job)
+        result = score_list(cfg, data_list, folder, job=job) if hi > lo else empty_job(folder)
+    result["wall_seconds"] = round(result["wall_seconds"], 3)
+    outputs = [jobs.output_entry(folder / "rows.jsonl", place.directory)]
+    summary = Summary(what="utterances", kept=result["readable"], seconds=result["audio_seconds"])
+    jobs.write_part(place, jobs.Part(TAG, place.tag, job.count, job.index, fp, [lo, hi], total, outputs,
+                                     {"keys": result.pop("keys"), "summary": jobs.summary_data(summary),
+                                      "sketches": result.pop("sketches"), "run": result.pop("run"),
+                                      "options": {k: getattr(cfg, k) for k in MERGE_OPTIONS}, "result": result}))
+    print(f"score {job}: {result['rows']} utterances ({result['readable']} scored) -> {folder / 'rows.jsonl'}; "
+          f"merge-jobs ++path={out} flags them when all {job.count} are done", flush=True)
+    return result
+
+
+#: the part records' tag (jobs.Place)
+TAG = "score"
+#: the keys merge-jobs needs to flag and summarize (kept in each part record)
+MERGE_OPTIONS = ("data_list", "checkpoint", "deviations", "min_errors", *(f"{side}_{figure}" for figure, side in
+                                                                          LIMITS),
+                 *(f"{figure}_{end}" for figure in ("cer", "wer", "loss_per_token", "loss_per_frame")
+                   for end in ("floor", "ceiling")), "max_median_cer", "max_cer_spread")
+
+
+def ensure_out(out: Path) -> Path:
+    from corpus_io.storage.files import ensure_dir
+
+    ensure_dir(out, what="output_dir")
+    return out
+
+
+def fingerprint(cfg: Any) -> str:
+    """The options' and inputs' digest the parts of one run share: the list's bytes, the checkpoint's, every key
+    that changes a row or a threshold (not the device, nor the loader's workers)."""
+    from corpus_io.config import to_dict
+    from corpus_io.jobs import parts as jobs
+    from corpus_io.tables.inputs import resolve_input
+
+    files = list(resolve_input(cfg.data_list).files) or [cfg.data_list]
+    conf = {k: v for k, v in to_dict(cfg.dataset_conf).items() if k not in ("num_workers", "prefetch")}
+    options = [cfg.chunk_seconds, cfg.max_unknown_share, *(getattr(cfg, k) for k in MERGE_OPTIONS[2:])]
+    return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest([cfg.checkpoint]), options, conf])
+
+
+def job_list(cfg: Any, job: Any, tmp: Path) -> tuple[str, int, int, int]:
+    """``(list, lo, hi, total)``: job J's contiguous share ``[lo, hi)`` of the list's ``total`` entries (a raw
+    list's records, a shard list's shards), written to a list of its own in ``tmp``, a line at a time."""
+    if cfg.dataset_conf.data_type == "raw":
+        from corpus_io.loader.rawlist import RawList
+
+        entries = RawList(cfg.data_list)
+        total = len(entries)
+        lo, hi = job.span(total)
+        path = tmp / "list.jsonl"
+        with open(path, "w", encoding="utf-8") as f:
+            for i in range(lo, hi):
+                f.write(json.dumps(entries.record(i), ensure_ascii=False) + "\n")
+        return str(path), lo, hi, total
+    from corpus_io.shards.index import read_datalist
+
+    shards = read_datalist(cfg.data_list, storage_options=cfg.dataset_conf.storage_options or None)
+    lo, hi = job.span(len(shards))
+    path = tmp / "data.list"
+    path.write_text("".join(f"{s}\n" for s in shards[lo:hi]), encoding="utf-8")
+    return str(path), lo, hi, len(shards)
+
+
+def empty_job(folder: Path) -> dict:
+    """A job past the list's entries: an empty rows file, no model loaded."""
+    ensure_out(folder)
+    (folder / "rows.jsonl").write_bytes(b"")
+    return {"rows": 0, "readable": 0, "audio_seconds": 0.0, "wall_seconds": 0.0, "keys": [],
+            "sketches": {f: Sketch().to_json() for f in FIGURE_NAMES},
+            "run": {"audio": 0.0, "repeats": {}, "unread": [], "unread_shards": {}, "skipped": "none",
+                    "repeated": {}}}
+
+
+#: the figures with thresholds, each once
+FIGURE_NAMES = tuple(dict.fromkeys(f for f, _ in LIMITS))
+
+
+def score_list(cfg: Any, data_list: str, out: Path, *, job: Any = None) -> dict:
+    """Score ``data_list``: the whole run's outputs in ``out``, or with ``job`` a job's rows (not flagged) into
+    ``out/rows.jsonl`` and what its part record keeps."""
     from corpus_io.infer.decode import (
         check_repeated_keys,
         decode_dataset_conf,
@@ -59,30 +165,42 @@ def score(cfg: Any) -> dict:
         undecoded,
     )
     from corpus_io.loader.dataset import build_dataloader
-    from corpus_io.storage.files import ensure_dir
 
-    require_utterances(cfg.data_list, cfg.dataset_conf)
+    require_utterances(data_list, cfg.dataset_conf)
     device = decode_device(cfg.device)
     model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
-    repeats = check_repeated_keys(cfg.data_list, cfg.dataset_conf, "score")
+    repeats = check_repeated_keys(data_list, cfg.dataset_conf, "score")
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
-    loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
+    loader = build_dataloader(data_list, conf, tokenizer, train=False, rank=0, world_size=1)
     measured: dict[str, dict] = {}
     batches = forward_batches(loader, model, tokenizer, conf, device, desc="score", chunk_seconds=cfg.chunk_seconds)
     run = run_search(None, label_losses(batches, tokenizer, measured, cfg), tokenizer, Greedy(),
-                     where=cfg.data_list, skipped=skipped_summary(loader), command="score")
-    undecoded(run, cfg.data_list, conf, loader_dropped(loader))
+                     where=data_list, skipped=skipped_summary(loader), command="score")
+    undecoded(run, data_list, conf, loader_dropped(loader))
     spell_check(measured, cfg)
-    out = Path(cfg.output_dir)
-    ensure_dir(out, what="output_dir")
+    ensure_out(out)
+    if job is not None:
+        keys: list[str] = []
+        with atomic_write_to(out / "rows.jsonl") as f:
+            sketches = write_rows(f, (keys.append(r["key"]) or r for r in figures(run, measured)))
+        readable = len(run.nbest)
+        return {"rows": len(keys), "readable": readable, "audio_seconds": run.audio, "wall_seconds": run.wall_s,
+                "keys": keys, "sketches": {f: sk.to_json() for f, sk in sketches.items()},
+                "run": {"audio": run.audio, "repeats": run.repeats, "unread": run.unread,
+                        "unread_shards": run.unread_shards, "skipped": run.skipped, "repeated": repeats}}
     # the rows go to disk as they are made: the thresholds need only each figure's bounded sketch, and flagging is
     # a second pass over the file
     with tempfile.TemporaryDirectory(prefix=".score-rows-", dir=out) as tmp:
-        sketches = write_rows(Path(tmp) / "rows.jsonl", figures(run, measured))
-        limits = limits_of(sketches, cfg)
-        warning = judgement_of(sketches["cer"], cfg)
-        summary, counts = write_scores(out, read_rows(Path(tmp) / "rows.jsonl"), limits, run, cfg, warning,
-                                       repeats)
+        with open(Path(tmp) / "rows.jsonl", "w", encoding="utf-8") as f:
+            sketches = write_rows(f, figures(run, measured))
+        return finish(out, read_rows(Path(tmp) / "rows.jsonl"), sketches, run, cfg, repeats)
+
+
+def finish(out: Path, rows: Iterable[dict], sketches: dict, run: Any, cfg: Any, repeats: dict | None) -> dict:
+    """Thresholds from ``sketches``, then ``rows`` (key order) flagged and written; the summary printed."""
+    limits = limits_of(sketches, cfg)
+    warning = judgement_of(sketches["cer"], cfg)
+    summary, counts = write_scores(out, rows, limits, run, cfg, warning, repeats)
     print(summary.rstrip())
     if warning:
         print(warning, file=sys.stderr, flush=True)
@@ -92,14 +210,19 @@ def score(cfg: Any) -> dict:
             "thresholds": limits, "audio_seconds": run.audio, "wall_seconds": run.wall_s}
 
 
-def write_rows(path: Path, rows: Iterable[dict]) -> dict:
-    """``rows`` (not flagged yet) a JSON line each into ``path``; returns each thresholded figure's
+def atomic_write_to(path: Path) -> Any:
+    from corpus_io.storage.files import atomic_write
+
+    return atomic_write(path)
+
+
+def write_rows(f: Any, rows: Iterable[dict]) -> dict:
+    """``rows`` (not flagged yet) a JSON line each into the open file ``f``; returns each thresholded figure's
     :class:`Sketch` of the rows that count (readable, alignable)."""
-    sketches = {figure: Sketch() for figure in dict.fromkeys(f for f, _ in LIMITS)}
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            counted(row, sketches)
+    sketches = {figure: Sketch() for figure in FIGURE_NAMES}
+    for row in rows:
+        f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        counted(row, sketches)
     return sketches
 
 
@@ -596,6 +719,76 @@ def tally(rows: int, run: Any) -> tuple[int, str]:
         shards = (f" (shards not read: {', '.join(run.unread_shards)}"
                   + ("; how many utterances some hold, no index says" if unknown else "") + ")")
     return rows + sum(unnamed), shards
+
+
+# --------------------------------------------------------------------------- merge-jobs
+
+
+def part_keys(data: dict) -> list[str]:
+    """The utterances of a score part (merge-jobs refuses a key two parts hold)."""
+    return data["keys"]
+
+
+def check_part(part: Any) -> None:
+    """merge-jobs: a score record's keys, sketches, options and its rows file (:class:`RecordProblem` on the first
+    field that cannot be trusted)."""
+    from corpus_io.jobs import parts as jobs
+
+    data = part.data
+    for i, key in enumerate(jobs.of_type(data.get("keys"), "data.keys", list, "a list")):
+        if not isinstance(key, str) or not key:
+            raise jobs.bad(f"data.keys[{i}]", key, "not an utterance key")
+    sketches = jobs.of_type(data.get("sketches"), "data.sketches", dict, "a JSON object")
+    if sorted(sketches) != sorted(FIGURE_NAMES):
+        raise jobs.bad("data.sketches", sorted(sketches), f"but a score job sketches {list(FIGURE_NAMES)}")
+    for name, sketch in sketches.items():
+        jobs.of_type(sketch, f"data.sketches.{name}", dict, "a JSON object")
+        if not isinstance(sketch.get("values", sketch.get("bins")), (list, dict)):
+            raise jobs.bad(f"data.sketches.{name}", sketch, "neither values nor bins")
+    options = jobs.of_type(data.get("options"), "data.options", dict, "a JSON object")
+    if sorted(options) != sorted(MERGE_OPTIONS):
+        raise jobs.bad("data.options", sorted(options), f"but a score job keeps {list(MERGE_OPTIONS)}")
+    jobs.of_type(data.get("run"), "data.run", dict, "a JSON object")
+    want = [f"{Path(part.where).name[: -len('.json')]}/rows.jsonl"]
+    if [out.get("file") for out in part.outputs] != want:
+        raise jobs.bad("outputs", [out.get("file") for out in part.outputs], f"but a score job writes {want}")
+
+
+def merge_parts(place: Any, parts: list) -> dict:
+    """``merge-jobs`` of score: the thresholds from the parts' sketches merged, then their rows (each part's in key
+    order) merged in key order, flagged and written as one job writes them."""
+    from types import SimpleNamespace
+
+    from corpus_io.infer.decode import refuse_others_outputs
+    from corpus_io.infer.segment import _jsonl_key, merge_sorted
+
+    out = Path(place.path)
+    refuse_others_outputs(out, OUTPUTS, WRITER)
+    sketches = {f: Sketch() for f in FIGURE_NAMES}
+    run = SimpleNamespace(audio=0.0, repeats={}, unread=[], unread_shards={}, skipped=[], wall_s=0.0)
+    repeats: dict = {}
+    options: dict = {}
+    for p in parts:
+        data = p.payload()  # read again from its record when load_parts let it go: once a part
+        for f in FIGURE_NAMES:
+            sketches[f].merge(Sketch.from_json(data["sketches"][f]))
+        got = data["run"]
+        run.audio += got["audio"]
+        run.wall_s = max(run.wall_s, data["result"]["wall_seconds"])  # the jobs ran side by side
+        run.repeats.update(got["repeats"])
+        run.unread += got["unread"]
+        run.unread_shards.update(got["unread_shards"])
+        if got["skipped"] != "none":
+            run.skipped.append(got["skipped"])
+        repeats.update(got["repeated"])
+        options = data["options"]
+    run.skipped = "; ".join(run.skipped) or "none"
+    cfg = SimpleNamespace(**options)
+    with tempfile.TemporaryDirectory(prefix=".score-merge-", dir=out) as tmp:
+        merged = Path(tmp) / "rows.jsonl"
+        with open(merged, "w", encoding="utf-8", newline="") as f:
+            merge_sorted([Path(p.where).parent / p.outputs[0]["file"] for p in parts], _jsonl_key, f, Path(tmp))
+        return finish(out, read_rows(merged), sketches, run, cfg, repeats)
 
 
 __all__ = ["score", "robust_limit", "thresholds", "flag", "Sketch", "LIMITS", "OUTPUTS"]

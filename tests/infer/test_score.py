@@ -416,3 +416,29 @@ def test_a_figure_sketch_stays_bounded_past_its_exact_values_and_merges_to_one_j
     few[0].merge(few[1])
     assert few[0].values is not None and scoring.robust_limit(few[0], 5, "max") == scoring.robust_limit(
         values[:600], 5, "max")
+
+
+def test_score_as_jobs_merges_to_the_bytes_of_one_job(one_step_run, corpus, tmp_path, capfd):
+    """``++num_jobs=N``: each job scores its share of the list (a raw list's lines, a shard list's shards; a job past
+    them loads no model) into its part, writing no final file; merge-jobs takes the thresholds from the merged
+    sketches and flags: scores.jsonl, flagged and summary.txt are one job's bytes."""
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    checkpoint = f"++checkpoint={one_step_run['out'] / 'model.pt.ep0'}"
+    common = [checkpoint, "++dataset_conf.num_workers=0", "++device=cpu"]
+    for name, listed, n in (("raw", [f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw"], 2),
+                            ("shards", [f"++data_list={corpus['shards']}"], 4)):
+        one = tmp_path / f"{name}_one"
+        rc, err = in_process("score", *listed, *common, f"++output_dir={one}", capfd=capfd)
+        assert rc == 0, err
+        parts = tmp_path / f"{name}_parts"
+        for j in range(1, n + 1):
+            rc, err = in_process("score", *listed, *common, f"++output_dir={parts}", f"++num_jobs={n}",
+                                 f"++job_index={j}", capfd=capfd)
+            assert rc == 0, err
+        assert not any((parts / name).exists() for name in ("scores.jsonl", "flagged", "summary.txt"))
+        rc, err = in_process("merge-jobs", f"++path={parts}", capfd=capfd)
+        assert rc == 0, err
+        for output in ("scores.jsonl", "flagged", "summary.txt"):
+            assert (parts / output).read_bytes() == (one / output).read_bytes(), (name, output)
+        print(f"score as {n} jobs ({name}): {len((one / 'scores.jsonl').read_text().splitlines())} rows, "
+              f"one job's bytes")
