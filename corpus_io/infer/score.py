@@ -45,6 +45,9 @@ LIMITS = (("cer", "max"), ("wer", "max"), ("loss_per_token", "max"), ("loss_per_
           ("chars_per_second", "min"), ("chars_per_second", "max"), ("tokens_per_second", "min"),
           ("tokens_per_second", "max"))
 
+#: the figures whose data thresholds are held between ``++<figure>_floor`` and ``++<figure>_ceiling``
+BOUNDED = ("cer", "wer", "loss_per_token", "loss_per_frame")
+
 #: the share of the robust deviation's estimate: 1 / the normal's 0.75 quantile (MAD), sqrt(pi / 2) (mean AD)
 MAD_SCALE, MEAN_AD_SCALE = 1.4826, 1.2533
 
@@ -87,10 +90,10 @@ def score(cfg: Any) -> dict:
 #: the part records' tag (jobs.Place)
 TAG = "score"
 #: the keys merge-jobs needs to flag and summarize (kept in each part record)
-MERGE_OPTIONS = ("data_list", "checkpoint", "deviations", "min_errors", *(f"{side}_{figure}" for figure, side in
-                                                                          LIMITS),
-                 *(f"{figure}_{end}" for figure in ("cer", "wer", "loss_per_token", "loss_per_frame")
-                   for end in ("floor", "ceiling")), "max_median_cer", "max_cer_spread")
+MERGE_OPTIONS = ("data_list", "checkpoint", "deviations", "min_errors",
+                 *(f"{side}_{figure}" for figure, side in LIMITS),
+                 *(f"{figure}_{end}" for figure in BOUNDED for end in ("floor", "ceiling")),
+                 "max_median_cer", "max_cer_spread")
 
 
 def ensure_out(out: Path) -> Path:
@@ -165,6 +168,7 @@ def score_list(cfg: Any, data_list: str, out: Path, *, job: Any = None) -> dict:
         undecoded,
     )
     from corpus_io.loader.dataset import build_dataloader
+    from corpus_io.storage.files import atomic_write
 
     require_utterances(data_list, cfg.dataset_conf)
     device = decode_device(cfg.device)
@@ -181,7 +185,7 @@ def score_list(cfg: Any, data_list: str, out: Path, *, job: Any = None) -> dict:
     ensure_out(out)
     if job is not None:
         keys: list[str] = []
-        with atomic_write_to(out / "rows.jsonl") as f:
+        with atomic_write(out / "rows.jsonl") as f:
             sketches = write_rows(f, (keys.append(r["key"]) or r for r in figures(run, measured)))
         readable = len(run.nbest)
         return {"rows": len(keys), "readable": readable, "audio_seconds": run.audio, "wall_seconds": run.wall_s,
@@ -208,12 +212,6 @@ def finish(out: Path, rows: Iterable[dict], sketches: dict, run: Any, cfg: Any, 
           f"them out: pack-shards or make-datalist ++exclude_keys={out / 'flagged'})")
     return {"utts": counts["total"], "flagged": counts["flagged"], "unreadable": counts["total"] - counts["readable"],
             "thresholds": limits, "audio_seconds": run.audio, "wall_seconds": run.wall_s}
-
-
-def atomic_write_to(path: Path) -> Any:
-    from corpus_io.storage.files import atomic_write
-
-    return atomic_write(path)
 
 
 def write_rows(f: Any, rows: Iterable[dict]) -> dict:
@@ -533,10 +531,6 @@ def _weighted_median(x: Any, w: Any) -> float:
 LOG_FLOOR = 1e-6
 #: the figures whose thresholds come from their logarithms
 LOG_FIGURES = frozenset({"loss_per_token", "loss_per_frame"})
-
-
-#: the figures whose data thresholds are held between ``++<figure>_floor`` and ``++<figure>_ceiling``
-BOUNDED = ("cer", "wer", "loss_per_token", "loss_per_frame")
 
 
 def thresholds(rows: Iterable[dict], cfg: Any) -> dict:

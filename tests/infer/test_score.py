@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -322,6 +323,10 @@ def test_score_flags_none_of_twenty_right_labels_with_a_model_that_fits_them(smo
           f"CER 0: {sum(r['cer'] == 0 for r in scores.values())}")
     assert not flagged
     assert CANNOT_JUDGE not in result.stderr
+    # the data's own loss threshold sits a hair above these losses: the floor holds it up
+    limit = re.search(r"max_loss_per_token ([0-9.]+) \((\w+)\)", result.stdout)
+    print(f"score, 20 right labels: max_loss_per_token {limit.group(1)} ({limit.group(2)})")
+    assert float(limit.group(1)) >= 1.0, result.stdout
 
 
 def test_score_warns_that_a_weak_model_cannot_judge_the_labels(one_step_run, corpus, tmp_path, capfd):
