@@ -74,7 +74,7 @@ class ScoreConfig:
     loss_per_token_floor: float = opt(1.0, _floor("loss per token"), unit="nats", range="[0, inf)")
     loss_per_token_ceiling: float = opt(2.5, _ceiling("loss per token") + "; a label its hypothesis equals (CER 0) "
                                          "is flagged by its loss only above this", unit="nats", range="[0, inf)")
-    loss_per_frame_floor: float = opt(0.1, _floor("loss per frame"), unit="nats", range="[0, inf)")
+    loss_per_frame_floor: float = opt(0.2, _floor("loss per frame"), unit="nats", range="[0, inf)")
     loss_per_frame_ceiling: float = opt(0.4, _ceiling("loss per frame") + "; a label its hypothesis equals (CER 0) "
                                         "is flagged by its loss only above this", unit="nats", range="[0, inf)")
     max_median_cer: float = opt(0.3, "the model cannot judge the labels when their median CER is above this (most "
