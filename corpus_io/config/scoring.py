@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from corpus_io.config.checks import schema
 from corpus_io.config.dataset import DatasetConf
-from corpus_io.config.fields import opt
+from corpus_io.config.fields import executor_address_opt, executor_opt, job_index_opt, num_jobs_opt, opt
 from corpus_io.config.training import keep_every_utterance
 
 
@@ -14,6 +14,16 @@ def _limit(figure: str, side: str) -> str:
     where = "above" if side == "max" else "below"
     return (f"flag an utterance whose {figure} is {where} this; null: from the data (its median "
             f"{'+' if side == 'max' else '-'} ++deviations robust deviations)")
+
+
+def _floor(figure: str) -> str:
+    return (f"a {figure} threshold taken from the data is never below this (a model that fits its data makes the "
+            f"data's threshold flag near-perfect utterances)")
+
+
+def _ceiling(figure: str) -> str:
+    return (f"a {figure} threshold taken from the data is never above this (many wrong labels raise the data's "
+            f"threshold): a {figure} above it is flagged whatever the data's median")
 
 
 @schema
@@ -56,6 +66,26 @@ class ScoreConfig:
                                                  range="[0, inf)")
     max_tokens_per_second: Optional[float] = opt(None, _limit("label tokens per second of audio", "max"),
                                                  range="[0, inf)")
+    # absolute bounds around the data's thresholds: they hold when many labels are wrong or the model fits its data
+    cer_floor: float = opt(0.1, _floor("CER"), range="[0, inf)")
+    cer_ceiling: float = opt(0.4, _ceiling("CER"), range="[0, inf)")
+    wer_floor: float = opt(0.2, _floor("WER"), range="[0, inf)")
+    wer_ceiling: float = opt(0.6, _ceiling("WER"), range="[0, inf)")
+    loss_per_token_floor: float = opt(1.0, _floor("loss per token"), unit="nats", range="[0, inf)")
+    loss_per_token_ceiling: float = opt(2.5, _ceiling("loss per token") + "; a label its hypothesis equals (CER 0) "
+                                         "is flagged by its loss only above this", unit="nats", range="[0, inf)")
+    loss_per_frame_floor: float = opt(0.2, _floor("loss per frame"), unit="nats", range="[0, inf)")
+    loss_per_frame_ceiling: float = opt(0.4, _ceiling("loss per frame") + "; a label its hypothesis equals (CER 0) "
+                                        "is flagged by its loss only above this", unit="nats", range="[0, inf)")
+    max_median_cer: float = opt(0.3, "the model cannot judge the labels when their median CER is above this (most "
+                                     "labels wrong, e.g. a text file shifted by a line, or a model too weak for this "
+                                     "audio): a warning in the summary and on stderr", range="[0, inf)")
+    max_cer_spread: float = opt(0.25, "the model cannot judge the labels when their CERs' robust deviation is above "
+                                      "this (a warning, as max_median_cer's)", range="[0, inf)")
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
+    executor: str = executor_opt()
+    executor_address: str = executor_address_opt()
     max_unknown_share: float = opt(0.5, "when more than this share of the utterances hold label tokens outside the "
                                         "checkpoint's token list, the checkpoint cannot spell the labels: an error, "
                                         "nothing written (below it, such an utterance is flagged)", range="[0, 1]")

@@ -377,13 +377,10 @@ def segment(cfg: Any) -> dict:
     refuse_overwrites(cfg)
     recs = read_recordings(cfg.input, pseudo_label=cfg.pseudo_label)  # before torch: a bad input costs a second
     place = jobs.Place(str(cfg.output_dir), TAG, True)
-    fp = ""
-    if not job.single or place.records():
-        fp = fingerprint(cfg)
-        done = jobs.begin(place, job, fp)
-        if done is not None:
-            print(f"segment {job}: already complete ({done.where})", flush=True)
-            return done.data["figures"]
+    fp, done = jobs.started(place, job, lambda: fingerprint(cfg))
+    if done is not None:
+        print(f"segment {job}: already complete ({done.where})", flush=True)
+        return done.data["figures"]
     keys = sorted(recs)  # the units of the jobs: recordings in key order, job J a contiguous range
     lo, hi = job.span(len(keys))
     mine = {k: recs[k] for k in keys[lo:hi]}
