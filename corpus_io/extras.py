@@ -25,7 +25,7 @@ EXTRA_OF_MODULE = {
     "onnxruntime": ("onnx", "decoding an exported .onnx model (decode ++checkpoint=model.onnx)"),
     "sherpa_onnx": ("deploy", "serving an export with sherpa-onnx (recipes/tools/sherpa_decode.py)"),
     "silero_vad": ("vad", "segment ++vad=silero (silero-vad's model, shipped in its wheel)"),
-    "transformers": ("hf", "a Hugging Face CTC model directory as ++checkpoint= (decode, align, segment, score)"),
+    "transformers": ("hf", "a Hugging Face CTC model directory as the checkpoint of decode, align, segment or score"),
     "pyarrow": ("parquet", "Hugging Face parquet inputs, training on them and export ++format=hf-parquet"),
 }
 

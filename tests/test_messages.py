@@ -70,6 +70,11 @@ SITE_RULES: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("corpus_io.shards.pack_merge:_refuse_records_the_shards_deny", "job_index"): (("pack-shards",), _RERUN),
     ("corpus_io.train.trainer:Trainer", "train_conf.ignore_init_mismatch"): (
         ("train",), "only train builds a Trainer (the walk reaches it from make-tokenizer through a name it shares)"),
+    **{("corpus_io.infer.score:judgement_of", key): (("score",), "merge-jobs of score warns as score does: the keys "
+                                                                  "are score's")
+       for key in ("max_median_cer", "max_cer_spread", "cer_ceiling", "loss_per_token_ceiling")},
+    ("corpus_io.infer.decode:refuse_others_outputs", "output_dir"): (
+        ("decode", "align", "score"), "merge-jobs of score refuses as score does, naming score and its key"),
     ("corpus_io.shards.verify:_report", "input"): (
         ("verify-shards",), "merge-jobs reports the joined verification as one verify-shards run does, to its user"),
     ("corpus_io.commands:COMMANDS", "num_jobs"): (tuple(JOB_COMMANDS),

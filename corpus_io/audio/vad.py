@@ -9,7 +9,7 @@ Two detectors, chosen by segment's ``++vad`` (``auto``, the default: silero when
   ``min_pause`` filled (a stop's closure, a breath between words). Fast and exact on clean recordings; in room tone
   louder than 10 dB below speech it hears speech everywhere.
 * ``silero``: silero-vad's model, which ships inside its wheel (``pip install -e '.[vad]'`` in a checkout), run
-  with onnxruntime over the recording at 16 kHz in 32 ms windows: robust to room tone, breaths and music beds.
+  with torch over the recording at 16 kHz in 32 ms windows: robust to room tone, breaths and music beds.
 
 Both return ``[(start, end), ...]`` in seconds, sorted, parted by at least ``min_pause``.
 """
@@ -63,12 +63,12 @@ _silero: list = []  # the loaded model, once a process
 
 
 def silero_model() -> Any:
-    """silero-vad's ONNX model from its wheel, loaded once a process (a missing package: the CLI names the ``[vad]``
-    extra, :mod:`corpus_io.extras`)."""
+    """silero-vad's model (TorchScript) from its wheel, loaded once a process (a missing package: the CLI names the
+    ``[vad]`` extra, :mod:`corpus_io.extras`)."""
     if not _silero:
         from silero_vad import load_silero_vad
 
-        _silero.append(load_silero_vad(onnx=True))
+        _silero.append(load_silero_vad(onnx=False))  # TorchScript: torch is here already; onnxruntime is [onnx]'s
     return _silero[0]
 
 

@@ -345,7 +345,7 @@ def load_foreign(checkpoint: str, device: Any, *, text_case: str = "auto") -> tu
         return _load_torchaudio(checkpoint, device, text_case)
     if kind == "sherpa-onnx":
         return _load_sherpa(checkpoint, device, text_case)
-    raise ConfigError(f"++checkpoint={checkpoint} is no model of another toolkit.")
+    raise ConfigError(f"checkpoint {checkpoint} is no model of another toolkit.")
 
 
 def _load_hf(path: str, device: Any, case: str) -> tuple[Any, Any, Any]:
@@ -357,14 +357,14 @@ def _load_hf(path: str, device: Any, case: str) -> tuple[Any, Any, Any]:
         model = transformers.AutoModelForCTC.from_pretrained(path, local_files_only=True)
         processor = transformers.AutoProcessor.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"++checkpoint={path}: transformers cannot load a CTC model and its processor from this "
+        raise ConfigError(f"checkpoint {path}: transformers cannot load a CTC model and its processor from this "
                           f"directory ({' '.join(str(exc).split())[:300]}). Give a directory holding config.json, "
                           f"the weights and the processor's files (preprocessor_config.json, vocab.json, "
                           f"tokenizer_config.json), as save_pretrained writes them.") from None
     extractor = getattr(processor, "feature_extractor", None)
     tok = getattr(processor, "tokenizer", None)
     if extractor is None or tok is None:
-        raise ConfigError(f"++checkpoint={path}: its processor has no feature extractor and tokenizer (a CTC "
+        raise ConfigError(f"checkpoint {path}: its processor has no feature extractor and tokenizer (a CTC "
                           f"processor, e.g. Wav2Vec2Processor, has both); save the processor beside the model.")
     vocab = tok.get_vocab()
     size = int(model.config.vocab_size)
@@ -374,7 +374,7 @@ def _load_hf(path: str, device: Any, case: str) -> tuple[Any, Any, Any]:
             symbols[int(i)] = token
     blank = model.config.pad_token_id if model.config.pad_token_id is not None else tok.pad_token_id
     if blank is None:
-        raise ConfigError(f"++checkpoint={path}: neither config.json nor the tokenizer names the pad token, which "
+        raise ConfigError(f"checkpoint {path}: neither config.json nor the tokenizer names the pad token, which "
                           f"is the CTC blank of a transformers CTC model; set pad_token_id in config.json.")
     ordered, order = blank_first(symbols, int(blank))
     specials = {s for s in getattr(tok, "all_special_tokens", []) if s in vocab} | \
@@ -401,15 +401,15 @@ def mms_weights(checkpoint: str, bundle: Any) -> str:
     given = checkpoint[len(TORCHAUDIO):].partition(":")[2]
     if given:
         if not os.path.isfile(given):
-            raise ConfigError(f"++checkpoint={checkpoint}: {given} does not exist.")
+            raise ConfigError(f"checkpoint {checkpoint}: {given} does not exist.")
         return given
     cached = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(bundle._path))
     if not os.path.isfile(cached):
-        raise ConfigError(f"++checkpoint={checkpoint}: the weights are not in torchaudio's cache ({cached}), and "
+        raise ConfigError(f"checkpoint {checkpoint}: the weights are not in torchaudio's cache ({cached}), and "
                           f"nothing is downloaded here. Fetch them once where the network is open (python -c "
                           f"'import torchaudio; torchaudio.pipelines.MMS_FA.get_model()', or download "
                           f"{bundle._path}) and copy the file to {cached}, or name it: "
-                          f"++checkpoint=torchaudio:MMS_FA:/path/to/model.pt.")
+                          f"torchaudio:MMS_FA:/path/to/model.pt as the checkpoint.")
     return cached
 
 
@@ -419,8 +419,8 @@ def _load_torchaudio(checkpoint: str, device: Any, case: str) -> tuple[Any, Any,
 
     name = checkpoint[len(TORCHAUDIO):].partition(":")[0]
     if name not in TORCHAUDIO_BUNDLES:
-        raise ConfigError(f"++checkpoint={checkpoint}: torchaudio's CTC bundle here is one of "
-                          f"{', '.join(TORCHAUDIO_BUNDLES)} (e.g. ++checkpoint=torchaudio:MMS_FA).")
+        raise ConfigError(f"checkpoint {checkpoint}: torchaudio's CTC bundle here is one of "
+                          f"{', '.join(TORCHAUDIO_BUNDLES)} (e.g. torchaudio:MMS_FA).")
     bundle = getattr(torchaudio.pipelines, name)
     path = mms_weights(checkpoint, bundle)
     model = utils._get_model(bundle._model_type, bundle._params)
@@ -431,7 +431,7 @@ def _load_torchaudio(checkpoint: str, device: Any, case: str) -> tuple[Any, Any,
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
-        raise ConfigError(f"++checkpoint={checkpoint}: {path} is not {name}'s weights "
+        raise ConfigError(f"checkpoint {checkpoint}: {path} is not {name}'s weights "
                           f"({str(exc).splitlines()[0][:200]}).") from None
     model = utils._extend_model(model, normalize_waveform=bundle._normalize_waveform, apply_log_softmax=True,
                                 append_star=False)
@@ -453,12 +453,12 @@ def _load_sherpa(checkpoint: str, device: Any, case: str) -> tuple[Any, Any, Any
     path = checkpoint[len(SHERPA):] if checkpoint.startswith(SHERPA) else checkpoint
     tokens_path = os.path.join(os.path.dirname(os.path.abspath(path)), "tokens.txt")
     if not os.path.isfile(path) or not os.path.isfile(tokens_path):
-        raise ConfigError(f"++checkpoint={checkpoint}: a sherpa-onnx CTC model is a .onnx file with its tokens.txt "
+        raise ConfigError(f"checkpoint {checkpoint}: a sherpa-onnx CTC model is a .onnx file with its tokens.txt "
                           f"beside it; {path if not os.path.isfile(path) else tokens_path} does not exist.")
     meta = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
     model_type = meta.get("model_type", "wenet_ctc")
     if model_type not in SHERPA_TYPES:
-        raise ConfigError(f"++checkpoint={checkpoint}: model_type {model_type!r} (the file's metadata) is not read "
+        raise ConfigError(f"checkpoint {checkpoint}: model_type {model_type!r} (the file's metadata) is not read "
                           f"here; sherpa-onnx CTC files of model_type {', '.join(SHERPA_TYPES)} are.")
     symbols: dict[int, str] = {}
     for line in Path(tokens_path).read_text(encoding="utf-8").splitlines():
@@ -475,7 +475,7 @@ def _load_sherpa(checkpoint: str, device: Any, case: str) -> tuple[Any, Any, Any
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     width = session.get_outputs()[0].shape[-1]
     if isinstance(width, int) and width != len(listed):
-        raise ConfigError(f"++checkpoint={checkpoint}: the model gives {width} log-probs per frame and {tokens_path} "
+        raise ConfigError(f"checkpoint {checkpoint}: the model gives {width} log-probs per frame and {tokens_path} "
                           f"lists {len(listed)} tokens; give the tokens.txt exported with this model.")
     subsampling = int(meta.get("subsampling_factor", 4))
     unk = "<unk>" if "<unk>" in ordered else None

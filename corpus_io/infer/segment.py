@@ -645,8 +645,8 @@ def figures_line(figures: dict) -> str:
             f"({audio / max(wall, 1e-9):.1f} audio s/s); {figures['segments']} segments ({kept / 3600:.3f} h, "
             f"skipped audio {max(0.0, audio - kept):.1f} s, of it untranscribed speech "
             f"{figures.get('untranscribed', 0.0):.1f} s in {figures.get('untranscribed_regions', 0)} stretches); "
-            f"{figures.get('failed_segments', 0)} segments failed the whole-segment check; pauses by "
-            f"++vad={figures.get('vad', 'energy')}; "
+            f"{figures.get('failed_segments', 0)} segments failed the whole-segment check; pauses by the "
+            f"{figures.get('vad', 'energy')} detector; "
             f"{figures['words']} transcript words: "
             f"{figures['in_segments']} in segments, {unaligned} unaligned ({by_reason})")
 
