@@ -489,11 +489,18 @@ def test_a_thread_holding_torchs_generator_lock_stops_a_forked_worker_but_not_a_
 
     data_list, keys, tok = shards
     stop, entering = threading.Event(), threading.Event()
+    # one intra-op thread, and a draw sized to last about 0.3 s: on a many-core machine torch splits a draw across
+    # its threads, and a 20M draw (0.15 s on 2 cores) ends before the fork (CI's runner lost 24 races in a row)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    torch.randn(1_000_000)
+    draw_size = int(min(80_000_000, max(5_000_000, 0.3 / max(time.perf_counter() - started, 1e-6) * 1_000_000)))
 
     def draw() -> None:  # inside torch.randn, holding the generator's lock, nearly all the time
         while not stop.is_set():
             entering.set()
-            torch.randn(20_000_000)
+            torch.randn(draw_size)
 
     thread = threading.Thread(target=draw)
     thread.start()
@@ -518,6 +525,7 @@ def test_a_thread_holding_torchs_generator_lock_stops_a_forked_worker_but_not_a_
     finally:
         stop.set()
         thread.join()
+        torch.set_num_threads(threads_before)
     assert read.count(("forkserver", len(keys))) == 2, (read, stuck)
     assert stuck and {method for method, _ in stuck} == {"fork"}, "the hazard did not show: the test shows nothing"
     for _, message in stuck:
