@@ -101,8 +101,8 @@ def narrowed(tr: Transcript, columns: list[int] | None, blank: int) -> tuple[Tra
 @dataclass
 class Placed:
     """A transcript word: its start and end (seconds from the audio's start; None when it has no path) and score;
-    ``reason``: why it is unaligned (empty: aligned); ``heard``: the mean time of its tokens' frames on the CTC path
-    (seconds, where the model heard it; None: no path)."""
+    ``reason``: why it is unaligned (empty: aligned); ``heard``: where the model heard it (seconds, :func:`heard_frame`;
+    None: no path)."""
 
     word: str
     start: float | None
@@ -147,8 +147,7 @@ def place_words(log_probs: Any, tr: Transcript, *, frame_seconds: float, duratio
             continue
         score = min(lp[f, tr.ids[k]].exp().mean().item() for k, f in zip(members, fr))
         start, end = min(fr[0][0] * frame_seconds, limit), min((fr[-1][-1] + 1) * frame_seconds, limit)
-        spikes = [f for k in fr for f in k]
-        heard = min(limit, (sum(spikes) / len(spikes) + 0.5) * frame_seconds + offset_seconds)
+        heard = min(limit, (heard_frame(lp, tr.ids, members, fr) + 0.5) * frame_seconds + offset_seconds)
         placed.append(Placed(word, round(start, 3), round(end, 3), float(min(1.0, max(0.0, score))),
                              heard=round(max(0.0, heard), 3)))
         spans.append(Span(word, start, end, score))
@@ -163,6 +162,18 @@ def place_words(log_probs: Any, tr: Transcript, *, frame_seconds: float, duratio
         if not p.reason and p.score < min_word_score:
             p.reason = LOW_SCORE
     return placed
+
+
+def heard_frame(lp: Any, ids: list[int], members: list[int], frames: list[list[int]]) -> float:
+    """The frame where a word's tokens were heard: the mean of their frames on the path, each weighted by its token's
+    posterior there. A token the model cannot hear (a cut-off first word) is put by the path wherever it costs least,
+    often deep in the pause beside the word; the tokens it does hear say where the word is. Plain mean when the
+    model hears none of them."""
+    spikes = [(f, float(lp[f, ids[k]].exp())) for k, fr in zip(members, frames) for f in fr]
+    weight = sum(w for _, w in spikes)
+    if weight < 1e-3:
+        return sum(f for f, _ in spikes) / len(spikes)
+    return sum(f * w for f, w in spikes) / weight
 
 
 @dataclass

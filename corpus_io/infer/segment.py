@@ -83,9 +83,9 @@ class Cut:
 
 def region_of(p: Any, regions: list, slack: float = REGION_SLACK_SECONDS) -> int | None:
     """The index of the speech region word ``p`` belongs to: the one holding where the model heard it (the mean of its
-    tokens' frames: :attr:`~corpus_io.infer.align.Placed.heard`; its span's middle without it), else the nearest
-    within ``slack`` seconds (a CTC model often emits a phrase's last word in the pause after its sound); None: the
-    word lies in a pause, far from any speech."""
+    tokens' frames, weighted by their posteriors: :attr:`~corpus_io.infer.align.Placed.heard`; its span's middle
+    without it), else the nearest within ``slack`` seconds (a CTC model often emits a phrase's last word in the
+    pause after its sound, and its first before its sound); None: the word lies in a pause, far from any speech."""
     at = p.heard if p.heard is not None else (p.start + p.end) / 2
     best, distance = None, slack
     for k, (s, e) in enumerate(regions):
@@ -96,24 +96,25 @@ def region_of(p: Any, regions: list, slack: float = REGION_SLACK_SECONDS) -> int
 
 
 def taint(placed: list, where: list) -> set[int]:
-    """The regions that hold an unaligned word, so that their aligned words are left out with it: a word with
-    times (a low score) taints its region; a word with none (no path, outside the token list, in a pause) taints
-    the regions of the timed words around it in the text and any between them."""
+    """The regions that may hold an unaligned word, so that their aligned words are left out with it: the model
+    does not hear such a word where its path put it (a low score, no path, outside the token list, in a pause), so
+    it may be anywhere from the region of the placed word before it in the text to that of the placed word after it
+    (both included, with its own region and any between)."""
+    placed_at = [where[i] if where[i] is not None and not p.reason else None for i, p in enumerate(placed)]
+    before: list = []
+    last = None
+    for r in placed_at:
+        before.append(last)
+        last = r if r is not None else last
     tainted: set[int] = set()
-    pending, prev = False, None
-    for i, p in enumerate(placed):
-        r = where[i]
-        if r is None:
-            pending = True
-            continue
-        if pending:
-            tainted.update(range(prev if prev is not None else r, r + 1))
-            pending = False
-        if p.reason:
-            tainted.add(r)
-        prev = r
-    if pending and prev is not None:
-        tainted.add(prev)
+    after = None
+    for i in range(len(placed) - 1, -1, -1):
+        if placed_at[i] is None:
+            ends = [r for r in (before[i], where[i], after) if r is not None]
+            if ends:
+                tainted.update(range(min(ends), max(ends) + 1))
+        else:
+            after = placed_at[i]
     return tainted
 
 
