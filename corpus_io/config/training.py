@@ -211,6 +211,10 @@ class DecodeConfig:
                                       "word's: the least of its tokens' mean aligned-frame posteriors; see "
                                       "corpus_io/decoding/align.py), and output_dir/confidence for every "
                                       "utterance; 0: off", range="[0, 1]")
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
+    executor: str = executor_opt()
+    executor_address: str = executor_address_opt()
 
 
 @schema

@@ -752,4 +752,26 @@ def merge_sorted(paths: list[Path], key: Any, out: Any, tmp: Path, fan_in: int =
     merge(paths, out)
 
 
+#: the most lines sort_file holds in memory at once
+SORT_LINES = 100_000
+
+
+def sort_file(path: Path, key: Any, out: Any, tmp: Path, chunk: int | None = None) -> None:
+    """The lines of the file ``path`` written to ``out`` in ``key`` order, lines of equal keys in the file's order;
+    at most ``chunk`` (:data:`SORT_LINES`) lines in memory (an external sort: sorted runs in a directory under
+    ``tmp``, then :func:`merge_sorted`)."""
+    import tempfile
+    from itertools import islice
+
+    with tempfile.TemporaryDirectory(prefix="sort-", dir=tmp) as work, \
+            open(path, encoding="utf-8", newline="") as f:
+        runs = []
+        while lines := list(islice(f, chunk or SORT_LINES)):
+            lines.sort(key=key)
+            runs.append(Path(work) / f"run{len(runs)}")
+            with open(runs[-1], "w", encoding="utf-8", newline="") as g:
+                g.writelines(lines)
+        merge_sorted(runs, key, out, Path(work))
+
+
 __all__ = ["Segment", "cut", "merge_parts", "segment"]
