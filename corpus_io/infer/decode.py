@@ -92,15 +92,16 @@ def _feature_values(user: Any, trained: Any, default: Any, prefix: str) -> Itera
             yield f"{prefix}{name}", given, made, unset
 
 
-def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
+def load_model(checkpoint: str, device: Any, text_rule: Any = None) -> tuple[Any, Any, Any]:
     """``(model in eval mode, tokenizer, training config)`` from a checkpoint, or from a file of export-model
     (``.onnx``: run by onnxruntime; ``.ts``: TorchScript), or another toolkit's CTC model
-    (:mod:`corpus_io.infer.foreign`: a Hugging Face directory, a sherpa-onnx file, ``torchaudio:MMS_FA``)."""
+    (:mod:`corpus_io.infer.foreign`: a Hugging Face directory, a sherpa-onnx file, ``torchaudio:MMS_FA``), whose
+    tokenizer follows ``text_rule`` (the command's ``text_rule`` config)."""
     from corpus_io.infer.exported import is_exported, load_exported
     from corpus_io.infer.foreign import foreign_kind, load_foreign
 
     if foreign_kind(checkpoint):
-        return load_foreign(checkpoint, device)
+        return load_foreign(checkpoint, device, text_rule)
     if is_exported(checkpoint):
         return load_exported(checkpoint, device)
     from corpus_io.model.checkpoint import check_token_list, load_checkpoint
@@ -175,7 +176,7 @@ def fingerprint(cfg: Any) -> str:
     files = list(resolve_input(cfg.data_list).files) or [cfg.data_list]
     conf = {k: v for k, v in to_dict(cfg.dataset_conf).items() if k not in ("num_workers", "prefetch")}
     options = [to_dict(cfg.decoding), cfg.chunk_seconds, cfg.decoding_chunk_size, cfg.num_decoding_left_chunks,
-               cfg.timestamps, cfg.min_confidence]
+               cfg.timestamps, cfg.min_confidence, to_dict(cfg.text_rule)]
     return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest(checkpoint_files(cfg.checkpoint)),
                              options, conf])
 
@@ -213,7 +214,7 @@ def decode_list(cfg: Any, data_list: str, out: Path, *, job: Any = None) -> dict
 
     check_options(cfg.decoding)
     device = decode_device(cfg.device)
-    model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
+    model, tokenizer, tcfg = load_model(cfg.checkpoint, device, cfg.text_rule)
     check_repeated_keys(data_list, cfg.dataset_conf, "decode")
     refuse_overwriting_inputs([(f"++output_dir's {name}", Path(cfg.output_dir) / name) for name in DECODE_OUTPUTS],
                               checkpoint_inputs(cfg.checkpoint, tcfg))

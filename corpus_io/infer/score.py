@@ -140,13 +140,16 @@ def fingerprint(cfg: Any) -> str:
     """The options' and inputs' digest the parts of one run share: the list's bytes, the checkpoint's, every key
     that changes a row or a threshold (not the device, nor the loader's workers)."""
     from corpus_io.config import to_dict
+    from corpus_io.infer.foreign import checkpoint_files
     from corpus_io.jobs import parts as jobs
     from corpus_io.tables.inputs import resolve_input
 
     files = list(resolve_input(cfg.data_list).files) or [cfg.data_list]
     conf = {k: v for k, v in to_dict(cfg.dataset_conf).items() if k not in ("num_workers", "prefetch")}
-    options = [cfg.chunk_seconds, cfg.max_unknown_share, *(getattr(cfg, k) for k in MERGE_OPTIONS[2:])]
-    return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest([cfg.checkpoint]), options, conf])
+    options = [cfg.chunk_seconds, cfg.max_unknown_share, *(getattr(cfg, k) for k in MERGE_OPTIONS[2:]),
+               to_dict(cfg.text_rule)]
+    return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest(checkpoint_files(cfg.checkpoint)),
+                             options, conf])
 
 
 def job_list(cfg: Any, job: Any, tmp: Path) -> tuple[str, int, int, int]:
@@ -205,7 +208,7 @@ def score_list(cfg: Any, data_list: str, out: Path, *, job: Any = None) -> dict:
 
     require_utterances(data_list, cfg.dataset_conf)
     device = decode_device(cfg.device)
-    model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
+    model, tokenizer, tcfg = load_model(cfg.checkpoint, device, cfg.text_rule)
     repeats = check_repeated_keys(data_list, cfg.dataset_conf, "score")
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(data_list, conf, tokenizer, train=False, rank=0, world_size=1)

@@ -437,7 +437,7 @@ def fingerprint(cfg: Any) -> str:
     options = [cfg.max_segment_seconds, cfg.max_pause_seconds, cfg.padding_seconds, cfg.min_word_score,
                cfg.phrase_pause_seconds, cfg.window_seconds, cfg.chunk_seconds, detector(cfg.vad),
                cfg.max_unsaid_words,
-               cfg.pseudo_label, cfg.min_confidence]
+               cfg.pseudo_label, cfg.min_confidence, to_dict(cfg.text_rule)]
     return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest(checkpoint_files(cfg.checkpoint)),
                              options, conf])
 
@@ -456,7 +456,7 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
     words = failed = 0
     untranscribed: list[float] = []
     if recs:  # a job past the recordings loads no model
-        m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf)
+        m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf, cfg.text_rule)
         pseudo = {k for k, r in recs.items() if r.get("pseudo_label")}
         transcripts = check_spoken_in_time({k: r for k, r in recs.items() if k not in pseudo}, m.tokenizer,
                                            m.frame_seconds, cfg.input, cfg.checkpoint,
