@@ -49,8 +49,9 @@ COMMANDS: tuple[Command, ...] = (
             "audio decoding and UTF-8 transcripts. Exits non-zero naming the shard and member."),
     Command("merge-jobs", config.MergeJobsConfig, "corpus_io.jobs.parts:merge_jobs",
             "Join the parts that ++num_jobs=N ++job_index=1..N runs of pack-shards, scp2jsonl, compute-cmvn, "
-            "add-field or verify-shards wrote into exactly what one job writes (data.list + index.jsonl, the "
-            "jsonl, the CMVN file, the report). Refuses, changing nothing, a missing, stale or duplicated part."),
+            "add-field, verify-shards, export, segment, score or decode wrote into exactly what one job writes "
+            "(data.list + index.jsonl, the jsonl, the CMVN file, the report, the hypotheses). Refuses, changing "
+            "nothing, a missing, stale or duplicated part."),
     Command("stats", config.StatsConfig, "corpus_io.stats:run_stats",
             "Corpus statistics of a shard or raw data.list: hours, utterances, duration/text-length/speaker "
             "histograms, per-shard balance (a table on stdout) and a PNG duration histogram. Reads metadata "

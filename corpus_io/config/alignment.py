@@ -8,7 +8,7 @@ from typing import Any
 from corpus_io.config.checks import schema
 from corpus_io.config.dataset import DatasetConf
 from corpus_io.config.fields import executor_address_opt, executor_opt, job_index_opt, num_jobs_opt, opt
-from corpus_io.config.training import keep_every_utterance
+from corpus_io.config.training import TEXT_RULE_HELP, TextRuleConf, keep_every_utterance
 
 #: shared help of the keys both commands take
 _CHECKPOINT = ("model.pt, model.pt.ep{E} or model.pt.avg{N} of corpus-io train (a CTC checkpoint; its token list "
@@ -32,6 +32,7 @@ class AlignConfig:
                                 "(wav.scp + text) or any input decode reads (dataset_conf.data_type=shard: a shard "
                                 "data.list)")
     checkpoint: str = opt("???", _CHECKPOINT)
+    text_rule: TextRuleConf = opt(factory=TextRuleConf, help=TEXT_RULE_HELP)
     output_dir: str = opt("???", "writes ctm (Kaldi CTM of the aligned words: '<utt> 1 <start> <dur> <word> "
                                  "<score>'), alignment.jsonl (each utterance's words with start/end seconds and "
                                  "score; an unaligned word with start/end null and its reason) and unaligned "
@@ -50,6 +51,7 @@ class SegmentConfig:
     input: str = opt("???", "long recordings with one transcript each (all the recording's words on one line): a "
                             "Kaldi dir (wav.scp + text) or a JSONL (FunASR source/target, WeNet wav/txt)")
     checkpoint: str = opt("???", _CHECKPOINT)
+    text_rule: TextRuleConf = opt(factory=TextRuleConf, help=TEXT_RULE_HELP)
     output_dir: str = opt("???", "writes a Kaldi dir of the segments (wav.scp, segments, text, utt2spk: what "
                                  "scp2jsonl and pack-shards take), segments.jsonl (each segment's recording, "
                                  "start, end, text and score) and unaligned ('<recording> <word position> <word> "

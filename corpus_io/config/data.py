@@ -209,8 +209,9 @@ class AddFieldConfig:
 
 @schema
 class MergeJobsConfig:
-    path: str = opt("???", "what one job would have written: pack-shards' or segment's output_dir, scp2jsonl's "
-                           "jsonl_file_out, compute-cmvn's output, add-field's or verify-shards' input list")
+    path: str = opt("???", "what one job would have written: pack-shards', segment's, score's or decode's "
+                           "output_dir, scp2jsonl's jsonl_file_out, compute-cmvn's output, add-field's or "
+                           "verify-shards' input list")
     what: Optional[str] = opt(None, "which parts, when P has parts of several commands (e.g. verify-shards, "
                                     "add-field-fbank)")
     check: str = opt("stat", "how the parts' outputs are checked before merging: stat (sizes, and one stat() per "

@@ -7,7 +7,7 @@ from typing import Any, Optional
 from corpus_io.config.checks import schema
 from corpus_io.config.dataset import DatasetConf
 from corpus_io.config.fields import executor_address_opt, executor_opt, job_index_opt, num_jobs_opt, opt
-from corpus_io.config.training import keep_every_utterance
+from corpus_io.config.training import TEXT_RULE_HELP, TextRuleConf, keep_every_utterance
 
 
 def _limit(figure: str, side: str) -> str:
@@ -32,6 +32,7 @@ class ScoreConfig:
                                 "or any input decode reads (FunASR/WeNet JSONL, Kaldi dir, ...)")
     checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N} (or an export-model file) trained on "
                                  "the same language and token list as the labels")
+    text_rule: TextRuleConf = opt(factory=TextRuleConf, help=TEXT_RULE_HELP)
     output_dir: str = opt("???", "writes scores.jsonl (a row per utterance: its figures, flagged, reasons), flagged "
                                  "(a key a line, then its reasons: pack-shards and make-datalist ++exclude_keys "
                                  "take it as it is) and summary.txt (counts and the thresholds used); not the "

@@ -178,6 +178,24 @@ def keep_every_utterance() -> FilterConf:
 
 
 @schema
+class TextRuleConf:
+    """How a transcript becomes the tokens of another toolkit's CTC model (docs/DECODING.md "Models of other
+    toolkits"); corpus-io's own checkpoints spell text by their tokenizer config and ignore it."""
+
+    case: str = opt("auto", "auto: the vocabulary's case (all its letters lowercase: text lowercased; uppercase: "
+                            "uppercased; a tokenizer with do_lower_case: lowercased; mixed: kept); lower, upper, or "
+                            "keep (as written)", choices=("auto", "lower", "upper", "keep"))
+    punctuation: str = opt("auto", "a punctuation or symbol character in a word: auto: left out where the "
+                                   "vocabulary lacks it, kept where it has it (the apostrophe); drop: always left "
+                                   "out; keep: never (a word holding one the vocabulary lacks is outside it: "
+                                   "reported unaligned)", choices=("auto", "drop", "keep"))
+
+
+#: the help of every command's text_rule
+TEXT_RULE_HELP = "a model of another toolkit: how transcripts become its tokens (case, punctuation)"
+
+
+@schema
 class DecodeConfig:
     data_list: str = opt("???", "data.list to decode")
     checkpoint: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N}, or a file of export-model (.onnx: "
@@ -191,6 +209,7 @@ class DecodeConfig:
                                      "long recording decodes in bounded memory; 0: always whole", unit="seconds",
                                range="[0, inf)")
     decoding: DecodingConf = opt(factory=DecodingConf)
+    text_rule: TextRuleConf = opt(factory=TextRuleConf, help=TEXT_RULE_HELP)
     decoding_chunk_size: int = opt(0, "> 0: run the model chunk by chunk, as a stream, with chunks of this many "
                                       "encoder frames (40 ms each for ConformerCTC; WeNet's name) and attention "
                                       "and convolution caches kept between them (a model trained with "
@@ -211,12 +230,17 @@ class DecodeConfig:
                                       "word's: the least of its tokens' mean aligned-frame posteriors; see "
                                       "corpus_io/decoding/align.py), and output_dir/confidence for every "
                                       "utterance; 0: off", range="[0, 1]")
+    num_jobs: Any = num_jobs_opt()
+    job_index: Any = job_index_opt()
+    executor: str = executor_opt()
+    executor_address: str = executor_address_opt()
 
 
 @schema
 class TranscribeConfig:
     model: str = opt("???", "model.pt, model.pt.ep{E} or model.pt.avg{N} of corpus-io train (a PyTorch checkpoint; "
-                            "an exported .onnx/.ts file is served by sherpa-onnx or decoded by decode)")
+                            "an exported .onnx/.ts file is served by sherpa-onnx or decoded by decode), or a CTC "
+                            "model of another toolkit (docs/DECODING.md; with stream=false)")
     input: str = opt("???", "the recording to transcribe: any file soundfile reads (wav, flac, ogg, ...), "
                             "resampled to the model's rate, channels averaged")
     stream: bool = opt(True, "true: feed the audio in pieces and run the model chunk by chunk with caches (a model "
@@ -229,6 +253,7 @@ class TranscribeConfig:
     piece_seconds: float = opt(0.1, "stream=true: the audio is fed in pieces of this length, as a microphone "
                                     "would deliver it", unit="seconds", range="(0, 3600]")
     device: str = opt("cpu", "cpu, cuda or auto", choices=("auto", "cpu", "cuda"))
+    text_rule: TextRuleConf = opt(factory=TextRuleConf, help=TEXT_RULE_HELP)
     num_threads: int = opt(1, "torch intra-op threads while transcribing: 1 keeps each chunk's latency steady on a "
                               "busy machine (a chunk is too small to gain from more); 0: torch's default (one per "
                               "core)", range="[0, 1024]")

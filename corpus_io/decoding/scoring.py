@@ -146,9 +146,17 @@ def count_phrase(text: str, phrase: str) -> int:
     return f" {text} ".count(f" {phrase} ")
 
 
+def oov_of(tokens: list[str], known: Callable[[str], bool]) -> tuple[int, list[str]]:
+    """``(counted, unknown)``: how many of a reference's ``tokens`` count (not removed by scoring: punctuation) and
+    those of them that are not ``known`` (:func:`token_list_covers`), in order."""
+    tokens = [t for t in tokens if normalize(t)]
+    return len(tokens), [t for t in tokens if not known(t)]
+
+
 @dataclass
 class Scorer:
-    """Accumulates CER and WER over utterances and keeps per-utterance lines for the report."""
+    """Accumulates CER and WER over utterances and keeps per-utterance lines for the report (``lines``, or with
+    ``sink`` each line handed to it instead: counts in memory, not lines)."""
 
     cer: EditCounts = field(default_factory=EditCounts)
     wer: EditCounts = field(default_factory=EditCounts)
@@ -163,20 +171,25 @@ class Scorer:
     hotwords: list[str] = field(default_factory=list)
     confusions: Counter = field(default_factory=Counter)
     hotword_counts: list[int] = field(default_factory=lambda: [0, 0, 0])  # in refs, in hyps, in unbiased hyps
+    sink: Callable[[str], object] | None = None  # takes each utterance's report line (a file's write) instead of lines
 
     def count_oov(self, tokens: list[str], known: Callable[[str], bool]) -> None:
         """Count the reference's ``tokens`` and those that are not ``known`` (see :func:`token_list_covers`);
         tokens that scoring removes (punctuation) are not counted."""
-        tokens = [t for t in tokens if normalize(t)]
-        self.ref_tokens += len(tokens)
-        for t in tokens:
-            if not known(t):
-                self.oov_tokens += 1
-                if t not in self.oov_examples and len(self.oov_examples) < 10:
-                    self.oov_examples.append(t)
+        self.add_oov(*oov_of(tokens, known))
 
-    def add(self, key: str, ref: str, hyp: str, unbiased: str | None = None) -> tuple[EditCounts, EditCounts]:
-        """Score ``hyp`` against ``ref``, both :func:`normalize`d first."""
+    def add_oov(self, counted: int, unknown: list[str]) -> None:
+        """Count ``counted`` reference tokens, ``unknown`` of them outside the token list (:func:`oov_of`)."""
+        self.ref_tokens += counted
+        for t in unknown:
+            self.oov_tokens += 1
+            if t not in self.oov_examples and len(self.oov_examples) < 10:
+                self.oov_examples.append(t)
+
+    def add(self, key: str, ref: str, hyp: str, unbiased: str | None = None, note: str = "") -> tuple[EditCounts,
+                                                                                                        EditCounts]:
+        """Score ``hyp`` against ``ref``, both :func:`normalize`d first; ``note`` ends the utterance's first report
+        line."""
         ref, hyp = normalize(ref), normalize(hyp)
         c = edit_counts(char_units(ref), char_units(hyp))
         w = edit_counts(word_units(ref), word_units(hyp))
@@ -194,17 +207,20 @@ class Scorer:
         self.wer.add(w)
         self.utts += 1
         self.utts_wrong += bool(w.errors or c.errors)
-        self.lines.append(f"{key} cer {c.errors}/{c.ref} (S={c.sub} I={c.ins} D={c.dele}) "
-                          f"wer {w.errors}/{w.ref} (S={w.sub} I={w.ins} D={w.dele})\n"
-                          f"  ref: {ref}\n  hyp: {hyp}\n")
+        line = (f"{key} cer {c.errors}/{c.ref} (S={c.sub} I={c.ins} D={c.dele}) "
+                f"wer {w.errors}/{w.ref} (S={w.sub} I={w.ins} D={w.dele}){note}\n"
+                f"  ref: {ref}\n  hyp: {hyp}\n")
+        if self.sink is not None:
+            self.sink(line)
+        else:
+            self.lines.append(line)
         return c, w
 
     def add_missing(self, key: str, ref: str, why: str = "") -> None:
         """An utterance of the reference with no hypothesis (the loader dropped it: ``why``): scored as all
         deletions, named in the summary and marked in its report line."""
-        self.add(key, ref, "")
+        self.add(key, ref, "", note=f" NOT DECODED (loader drops: {why or 'unknown'})")
         self.missing.append(key)
-        self.lines[-1] = self.lines[-1].replace("\n", f" NOT DECODED (loader drops: {why or 'unknown'})\n", 1)
 
     def utterance_count(self) -> str:
         """How many utterances were scored of how many the reference holds, and the ones not decoded, named."""

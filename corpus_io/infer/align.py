@@ -214,7 +214,7 @@ class Model:
     frame_seconds: float
 
 
-def load(checkpoint: str, device_name: str, dataset_conf: Any) -> Model:
+def load(checkpoint: str, device_name: str, dataset_conf: Any, text_rule: Any = None) -> Model:
     from corpus_io.infer.decode import decode_dataset_conf, decode_device, load_model, output_frame_seconds
     from corpus_io.infer.exported import is_exported
     from corpus_io.infer.foreign import foreign_kind
@@ -223,7 +223,7 @@ def load(checkpoint: str, device_name: str, dataset_conf: Any) -> Model:
         raise ConfigError(f"++checkpoint={checkpoint} is an exported file; align and segment need the PyTorch "
                           f"checkpoint of corpus-io train (model.pt, model.pt.ep{{E}} or model.pt.avg{{N}}).")
     device = decode_device(device_name)
-    model, tokenizer, tcfg = load_model(checkpoint, device)
+    model, tokenizer, tcfg = load_model(checkpoint, device, text_rule)
     conf = decode_dataset_conf(dataset_conf, tcfg.dataset_conf)
     conf.batch_size = 1
     return Model(model, tokenizer, conf, device, output_frame_seconds(model, conf))
@@ -276,7 +276,7 @@ def align(cfg: Any) -> dict:
 
     require(cfg, "data_list", "checkpoint", "output_dir")
     refuse_overwrites(cfg, ALIGN_OUTPUTS, "align")
-    m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf)
+    m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf, cfg.text_rule)
     check_repeated_keys(cfg.data_list, cfg.dataset_conf, "align")
     window = window_frames(cfg.window_seconds, m.frame_seconds)
     out = ensure_dir(cfg.output_dir, what="output_dir")

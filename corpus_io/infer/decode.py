@@ -8,11 +8,20 @@ The model and tokenizer come from the checkpoint's resolved training config; fea
 (``feats_type``, ``feats_on``, ``fbank_conf``/``mfcc_conf``, ``resample_conf``) too, so decoding sees the same
 features as training. The user's ``dataset_conf`` chooses the list format, batching and error policy;
 shuffling and augmentation are always off.
+
+Memory is flat in the list's size: each utterance's row (its n-best, reference, times) goes to disk as it is decoded,
+is sorted on disk (:func:`corpus_io.infer.segment.sort_file`), and the outputs are written in passes over the sorted
+rows; the report's counts accumulate, its per-utterance lines go to a file. ``++num_jobs=N ++job_index=J``: job J
+decodes its contiguous share of the list (a raw list's lines, a shard list's shards, as score) into
+``output_dir/decode.part-J-of-N/`` (its rows and its undecoded references, each in key order) plus a part record;
+``merge-jobs ++path=<output_dir>`` merges the parts' rows and writes the outputs one job writes (:func:`merge_parts`).
 """
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,15 +92,16 @@ def _feature_values(user: Any, trained: Any, default: Any, prefix: str) -> Itera
             yield f"{prefix}{name}", given, made, unset
 
 
-def load_model(checkpoint: str, device: Any) -> tuple[Any, Any, Any]:
+def load_model(checkpoint: str, device: Any, text_rule: Any = None) -> tuple[Any, Any, Any]:
     """``(model in eval mode, tokenizer, training config)`` from a checkpoint, or from a file of export-model
     (``.onnx``: run by onnxruntime; ``.ts``: TorchScript), or another toolkit's CTC model
-    (:mod:`corpus_io.infer.foreign`: a Hugging Face directory, a sherpa-onnx file, ``torchaudio:MMS_FA``)."""
+    (:mod:`corpus_io.infer.foreign`: a Hugging Face directory, a sherpa-onnx file, ``torchaudio:MMS_FA``), whose
+    tokenizer follows ``text_rule`` (the command's ``text_rule`` config)."""
     from corpus_io.infer.exported import is_exported, load_exported
     from corpus_io.infer.foreign import foreign_kind, load_foreign
 
     if foreign_kind(checkpoint):
-        return load_foreign(checkpoint, device)
+        return load_foreign(checkpoint, device, text_rule)
     if is_exported(checkpoint):
         return load_exported(checkpoint, device)
     from corpus_io.model.checkpoint import check_token_list, load_checkpoint
@@ -122,48 +132,149 @@ def checkpoint_inputs(checkpoint: str, tcfg: Any) -> list[tuple[str, str | None]
 
 def decode(cfg: Any) -> dict:
     """Decode ``cfg.data_list`` with ``cfg.checkpoint`` by ``cfg.decoding.method``; write ``text`` (best
-    hypotheses), ``nbest`` (key, rank, score, text), ``ref`` and ``cer.txt`` / ``wer.txt`` to output_dir."""
+    hypotheses), ``nbest`` (key, rank, score, text), ``ref`` and ``cer.txt`` / ``wer.txt`` to output_dir. With
+    ``++num_jobs=N`` (N > 1) this is job J of N (:mod:`corpus_io.jobs.parts`): it decodes its contiguous share of the
+    list into ``output_dir/decode.part-J-of-N/`` (``rows.jsonl``, ``missing.jsonl``) and a part record, writing no
+    final file; ``merge-jobs ++path=<output_dir>`` writes the bytes one job writes."""
+    from corpus_io.infer.score import ListJob, list_job
+    from corpus_io.jobs import parts as jobs
+    from corpus_io.storage.progress import Summary
+
+    job = jobs.job_of(cfg)
     refuse_overwrites(cfg)  # first: before torch is imported or anything is read
-    from corpus_io.config import require
+    ran = list_job(cfg, job, TAG, lambda: fingerprint(cfg),
+                   lambda data_list, out, job: decode_list(cfg, data_list, out, job=job), empty_part)
+    if not isinstance(ran, ListJob):  # one job, or a job its record proves done
+        return ran
+    got = ran.result
+    result = {"utts": got["decoded"], "missing": got.pop("missing_keys"), "wall_seconds": round(got["wall_s"], 3)}
+    summary = Summary(what="utterances", kept=got["decoded"], seconds=got["audio"])
+    jobs.write_part(ran.place, jobs.Part(
+        TAG, ran.place.tag, job.count, job.index, ran.fingerprint, list(ran.span), ran.total,
+        [jobs.output_entry(ran.folder / name, ran.place.directory) for name in PART_FILES],
+        {"keys": got.pop("keys"), "summary": jobs.summary_data(summary), "run": got,
+         "options": output_options(cfg, got.get("method")), "result": result}))
+    print(f"decode {job}: {got['decoded']} utterances -> {ran.folder / 'rows.jsonl'}; merge-jobs "
+          f"++path={cfg.output_dir} writes the outputs when all {job.count} are done", flush=True)
+    return result
+
+
+#: the part records' tag (jobs.Place), and a job's files in its part directory: its rows (each decoded utterance's
+#: n-best, reference, times; key order) and the references it did not decode (key order)
+TAG = "decode"
+PART_FILES = ("rows.jsonl", "missing.jsonl")
+
+
+def fingerprint(cfg: Any) -> str:
+    """The options' and inputs' digest the parts of one run share: the list's bytes, the checkpoint's, every key
+    that changes an output (not the device, nor the loader's workers)."""
+    from corpus_io.config import to_dict
+    from corpus_io.infer.foreign import checkpoint_files
+    from corpus_io.jobs import parts as jobs
+    from corpus_io.tables.inputs import resolve_input
+
+    files = list(resolve_input(cfg.data_list).files) or [cfg.data_list]
+    conf = {k: v for k, v in to_dict(cfg.dataset_conf).items() if k not in ("num_workers", "prefetch")}
+    options = [to_dict(cfg.decoding), cfg.chunk_seconds, cfg.decoding_chunk_size, cfg.num_decoding_left_chunks,
+               cfg.timestamps, cfg.min_confidence, to_dict(cfg.text_rule)]
+    return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest(checkpoint_files(cfg.checkpoint)),
+                             options, conf])
+
+
+def output_options(cfg: Any, method: str | None) -> dict:
+    """What the outputs are written with (:func:`write_results`), kept in a part record for merge-jobs."""
+    return {"method": method, "nbest": cfg.decoding.nbest, "timestamps": bool(cfg.timestamps),
+            "min_confidence": float(cfg.min_confidence), "data_list": str(cfg.data_list),
+            "data_type": cfg.dataset_conf.data_type}
+
+
+def empty_part(folder: Path) -> dict:
+    """A job past the list's entries: empty files, no model loaded."""
+    from corpus_io.storage.files import ensure_dir
+
+    ensure_dir(folder, what="output_dir")
+    for name in PART_FILES:
+        (folder / name).write_bytes(b"")
+    return {**run_totals(DecodeRun()), "loader": {}, "decoded": 0, "keys": [], "missing_keys": [], "method": None}
+
+
+def run_totals(run: DecodeRun) -> dict:
+    """A run's figures that the outputs need besides its rows (what a part record keeps of them)."""
+    return {"audio": run.audio, "model_s": run.model_s, "search_s": run.search_s, "wall_s": run.wall_s,
+            "skipped": run.skipped, "unread": run.unread, "unread_shards": run.unread_shards,
+            "hotwords": run.hotwords, "repeats": run.repeats}
+
+
+def decode_list(cfg: Any, data_list: str, out: Path, *, job: Any = None) -> dict:
+    """Decode ``data_list``: the whole run's outputs in ``out``, or with ``job`` its rows and undecoded references
+    (:data:`PART_FILES`) in ``out`` and what its part record keeps."""
     from corpus_io.decoding.search import NEEDS_ENCODER, Search, check_options
     from corpus_io.loader.dataset import build_dataloader
-    from corpus_io.storage.files import refuse_overwriting_inputs
+    from corpus_io.storage.files import atomic_write, ensure_dir, refuse_overwriting_inputs
 
-    require(cfg, "data_list", "checkpoint", "output_dir")
     check_options(cfg.decoding)
     device = decode_device(cfg.device)
-    model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
-    check_repeated_keys(cfg.data_list, cfg.dataset_conf, "decode")
+    model, tokenizer, tcfg = load_model(cfg.checkpoint, device, cfg.text_rule)
+    check_repeated_keys(data_list, cfg.dataset_conf, "decode")
     refuse_overwriting_inputs([(f"++output_dir's {name}", Path(cfg.output_dir) / name) for name in DECODE_OUTPUTS],
                               checkpoint_inputs(cfg.checkpoint, tcfg))
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
-    loader = build_dataloader(cfg.data_list, conf, tokenizer, train=False, rank=0, world_size=1)
+    loader = build_dataloader(data_list, conf, tokenizer, train=False, rank=0, world_size=1)
     search = Search(cfg.decoding, tokenizer, model, device)
     timing = cfg.timestamps or cfg.min_confidence > 0
     batches = forward_batches(loader, model, tokenizer, conf, device, encoder=cfg.decoding.method in NEEDS_ENCODER,
                               desc=f"decode ({cfg.decoding.method})", speech=timing, chunk_seconds=cfg.chunk_seconds,
                               streaming=streaming_options(cfg, model), source=(cfg.checkpoint, cfg.data_list))
-    run = run_search(cfg.decoding, batches, tokenizer, search, where=cfg.data_list, skipped=skipped_summary(loader),
-                     frame_seconds=output_frame_seconds(model, conf) if timing else None)
-    undecoded(run, cfg.data_list, conf, loader_dropped(loader))
-    out = Path(cfg.output_dir)
-    result = write_results(out, run, tokenizer, search.description, nbest=cfg.decoding.nbest,
-                           timestamps=cfg.timestamps, min_confidence=cfg.min_confidence)
-    print(f"decode: {result['utts']} utterances ({run.audio / 3600:.3f} h), {search.description}, "
+    ensure_dir(out, what="output_dir")
+    counted = reference_tokens(tokenizer)
+    with tempfile.TemporaryDirectory(prefix=".decode-rows-", dir=out) as tmp:
+        spill = Path(tmp) / "spill.jsonl"
+        with open(spill, "w", encoding="utf-8") as f:
+            run = run_search(cfg.decoding, batches, tokenizer, search, where=data_list,
+                             skipped=skipped_summary(loader),
+                             frame_seconds=output_frame_seconds(model, conf) if timing else None,
+                             rows=lambda row: f.write(json.dumps(counted(row), ensure_ascii=False) + "\n"),
+                             nbest=cfg.decoding.nbest)
+        rows, missing = (out, out) if job is not None else (Path(tmp), Path(tmp))
+        keys: list[str] | None = [] if job is not None else None
+        with atomic_write(rows / "rows.jsonl") as f:
+            run.decoded = sorted_rows(spill, f, run, Path(tmp), keys)
+        spill.unlink()
+        with atomic_write(missing / "missing.jsonl") as f:
+            missing_keys = missing_rows(rows / "rows.jsonl", list_references(data_list, conf, run.unread,
+                                                                               run.unread_shards)
+                                        if loader_dropped(loader) else iter(()), f, Path(tmp), counted)
+        if job is not None:
+            from corpus_io.model.cmvn import loader_counts
+
+            return {**run_totals(run), "loader": dict(loader_counts(loader)), "decoded": run.decoded, "keys": keys,
+                    "missing_keys": missing_keys, "method": search.description}
+        result = write_results(out, rows / "rows.jsonl", missing / "missing.jsonl", run_totals(run),
+                               output_options(cfg, search.description), tmp=Path(tmp))
+    report(out, result, run_totals(run), output_options(cfg, search.description))
+    return {k: v for k, v in result.items() if k != "summary"}
+
+
+def report(out: Path, result: dict, totals: dict, options: dict) -> None:
+    """decode's closing lines (the run's figures, the summary, where each output went)."""
+    print(f"decode: {result['utts']} utterances ({totals['audio'] / 3600:.3f} h), {options['method']}, "
           f"RTF {result['rtf']:.4f} (model {result['rtf_model']:.4f}, search {result['rtf_search']:.4f}), "
-          f"loader skips/filters: {run.skipped}")
+          f"loader skips/filters: {totals['skipped']}")
     print(result["summary"].rstrip())
     print(f"decode: hypotheses -> {out / 'text'}, n-best -> {out / 'nbest'}, report -> {out / 'cer.txt'}")
-    if cfg.timestamps:
+    if options["timestamps"]:
         print(f"decode: word times -> {out / 'ctm'}, tokens and words -> {out / 'timestamps.jsonl'}")
-    if cfg.min_confidence > 0:
-        kept_list = ""
-        if conf.data_type == "raw" and "://" not in str(cfg.data_list):
-            kept_list = f", as a raw list with the hypotheses as transcripts -> {out / 'kept.list'}"
-            write_kept_list(cfg.data_list, out / "kept.list", run, cfg.min_confidence)
-        print(f"decode: {result['kept']} of {result['utts']} utterances have confidence >= {cfg.min_confidence} "
-              f"-> {out / 'kept_text'}{kept_list} (every utterance's: {out / 'confidence'})")
-    return {k: v for k, v in result.items() if k != "summary"}
+    if options["min_confidence"] > 0:
+        kept_list = f", as a raw list with the hypotheses as transcripts -> {out / 'kept.list'}" \
+            if writes_kept_list(options) else ""
+        print(f"decode: {result['kept']} of {result['utts']} utterances have confidence >= "
+              f"{options['min_confidence']} -> {out / 'kept_text'}{kept_list} (every utterance's: "
+              f"{out / 'confidence'})")
+
+
+def writes_kept_list(options: dict) -> bool:
+    """Whether ``kept.list`` is written: pseudo-labels of a local raw list."""
+    return options["min_confidence"] > 0 and options["data_type"] == "raw" and "://" not in options["data_list"]
 
 
 def input_frame_seconds(conf: Any) -> float:
@@ -236,6 +347,7 @@ class DecodeRun:
     unread_shards: dict = field(default_factory=dict)
     hotwords: list = field(default_factory=list)
     unbiased: dict = field(default_factory=dict)  # key -> best hypothesis of the search without hotwords
+    decoded: int = 0  # utterances decoded (each repeat of a key once: the rows kept)
 
 
 @dataclass
@@ -517,69 +629,113 @@ def _durations(batch: dict, conf: Any) -> list[float]:
 
 def run_search(dconf: Any, batches: Iterable[Forward], tokenizer: Any, search: Any, *, where: str,
                skipped: Callable[[], str] = lambda: "none", frame_seconds: float | None = None,
-               command: str = "decode") -> DecodeRun:
+               command: str = "decode", rows: Callable[[dict], Any] | None = None, nbest: int = 1000) -> DecodeRun:
     """The search over the model's outputs (timed apart from the model); n-best lists by key. With
     ``frame_seconds`` (seconds per output frame) each best hypothesis is also aligned: times and confidences in
-    ``run.timed``."""
+    ``run.timed``. With ``rows``, each utterance's result goes to ``rows`` as it is made (:func:`result_row`, its
+    first ``nbest`` hypotheses) instead of into ``run``: nothing of it is held (a repeated key is found when the rows
+    are sorted, :func:`sorted_rows`)."""
     run = DecodeRun(hotwords=search.hotwords)
     t_start = time.perf_counter()
     for fw in batches:
         t1 = time.perf_counter()
-        nbest = search(fw.log_probs, fw.lengths, fw.encoder)
+        hyps_of = search(fw.log_probs, fw.lengths, fw.encoder)
         run.search_s += time.perf_counter() - t1
         run.model_s += fw.seconds
+        unbiased = {}
         if search.context is not None:  # the same search without hotwords: recall before and after
             for key, hyps in zip(fw.keys, search.unbiased(fw.log_probs, fw.lengths, fw.encoder)):
-                run.unbiased[key] = tokenizer.decode(hyps[0].ids) if hyps else ""
-        for key, ref, hyps in zip(fw.keys, fw.refs, nbest):
+                unbiased[key] = tokenizer.decode(hyps[0].ids) if hyps else ""
+        placed = _align_batch(run, fw, hyps_of, tokenizer, frame_seconds) if frame_seconds is not None else {}
+        for key, ref, hyps in zip(fw.keys, fw.refs, hyps_of):
+            best = [(tokenizer.decode(h.ids), h.score) for h in hyps] or [("", float("-inf"))]
+            if rows is not None:
+                rows(result_row(key, ref, best[:max(1, nbest)], unbiased.get(key), placed.get(key)))
+                run.decoded += 1
+                continue
             if key in run.nbest:  # scored once; a silent overwrite would hide an utterance from the count
                 run.repeats[key] = run.repeats.get(key, 1) + 1
-            run.nbest[key] = [(tokenizer.decode(h.ids), h.score) for h in hyps] or [("", float("-inf"))]
-            run.refs[key] = ref
-        if frame_seconds is not None:
-            _align_batch(run, fw, nbest, tokenizer, frame_seconds)
+            run.nbest[key], run.refs[key] = best, ref
+            if key in unbiased:
+                run.unbiased[key] = unbiased[key]
+            if key in placed:
+                run.timed[key] = placed[key][0]
+                if placed[key][1] is not None:
+                    run.segments[key] = placed[key][1]
         run.audio += fw.audio
     run.wall_s = time.perf_counter() - t_start
     run.skipped = skipped()
-    if not run.nbest:
+    run.decoded = run.decoded if rows is not None else len(run.nbest)
+    if not run.decoded:
         raise DataError(f"{command} read 0 utterances from {where} (loader skips/filters: {run.skipped}); nothing "
                         f"was scored or written. Check the list, its paths or URLs and dataset_conf.on_error.")
     if run.repeats:
-        first = next(iter(run.repeats))
-        print(f"warning: {len(run.repeats)} keys were decoded more than once (e.g. '{first}' "
-              f"{run.repeats[first]} times); each is scored once. Find them with verify-shards and give every "
-              f"utterance its own key.", file=sys.stderr, flush=True)
+        warn_repeats(run.repeats)
     return run
 
 
-def _align_batch(run: DecodeRun, fw: Forward, nbest: list, tokenizer: Any, frame_seconds: float) -> None:
-    """Each utterance's best hypothesis force-aligned to its frames: token and word times, confidences."""
+def warn_repeats(repeats: dict) -> None:
+    first = next(iter(repeats))
+    print(f"warning: {len(repeats)} keys were decoded more than once (e.g. '{first}' {repeats[first]} times); each "
+          f"is scored once. Find them with verify-shards and give every utterance its own key.", file=sys.stderr,
+          flush=True)
+
+
+def result_row(key: str, ref: str, hyps: list, unbiased: str | None, placed: tuple | None) -> dict:
+    """One decoded utterance as a row of ``rows.jsonl``: its key, reference, n-best ``[text, score]``, the best
+    hypothesis of the search without hotwords, and with ``placed`` (:func:`_align_batch`) its times (``[text, start,
+    end, confidence]`` of each word and token) and where a raw segment lies (``[recording, start]``)."""
+    row: dict = {"key": str(key), "ref": ref, "nbest": [list(h) for h in hyps]}
+    if unbiased is not None:
+        row["unbiased"] = unbiased
+    if placed is not None:
+        timed, segment = placed
+        row["timed"] = {"confidence": timed.confidence,
+                        "words": [[w.text, w.start, w.end, w.confidence] for w in timed.words],
+                        "tokens": [[t.text, t.start, t.end, t.confidence] for t in timed.tokens]}
+        if segment is not None:
+            row["segment"] = [segment[0], segment[1]]
+    return row
+
+
+def _align_batch(run: DecodeRun, fw: Forward, nbest: list, tokenizer: Any, frame_seconds: float) -> dict:
+    """Each utterance's best hypothesis force-aligned to its frames: ``{key: (align.Timed, [recording, start] of a
+    raw segment or None)}``: token and word times, confidences."""
     from corpus_io.decoding.align import align
     from corpus_io.decoding.scoring import word_units
 
+    placed = {}
     lengths = fw.lengths.tolist()
     for i, (key, hyps) in enumerate(zip(fw.keys, nbest)):
         ids = hyps[0].ids if hyps else []
         duration = fw.durations[i] if i < len(fw.durations) else None
         speech = fw.speech[i] if fw.speech is not None and fw.own_rule else None
-        run.timed[key] = align(fw.log_probs[i, : int(lengths[i])], ids, tokenizer.decode, word_units,
-                               frame_seconds=frame_seconds, duration=duration, blank=tokenizer.blank_id,
-                               speech=speech, speech_seconds=fw.speech_seconds,
-                               offset_seconds=fw.frame_offset if fw.own_rule else 0.0)
+        timed = align(fw.log_probs[i, : int(lengths[i])], ids, tokenizer.decode, word_units,
+                      frame_seconds=frame_seconds, duration=duration, blank=tokenizer.blank_id,
+                      speech=speech, speech_seconds=fw.speech_seconds,
+                      offset_seconds=fw.frame_offset if fw.own_rule else 0.0)
+        segment = None
         if fw.segments is not None and fw.segments[i] is not None:
-            run.segments[key] = fw.segments[i]
-            if fw.segments[i][0] not in run.recordings:  # a list's field was checked when read; a file's name is not
+            segment = fw.segments[i]
+            if segment[0] not in run.recordings:  # a list's field was checked when read; a file's name is not
                 from corpus_io.keys import recording_id
 
-                run.recordings.add(recording_id(str(fw.segments[i][0]), f"segment '{key}' (its recording id is the "
-                                                                        f"line's 'recording' field, else its audio "
-                                                                        f"file's name)"))
+                run.recordings.add(recording_id(str(segment[0]), f"segment '{key}' (its recording id is the "
+                                                                 f"line's 'recording' field, else its audio "
+                                                                 f"file's name)"))
+        placed[key] = (timed, segment)
+    return placed
 
 
 def skipped_summary(loader: Any) -> Callable[[], str]:
     from corpus_io.model.cmvn import loader_counts
 
-    return lambda: ", ".join(f"{k}: {v}" for k, v in sorted(loader_counts(loader).items())) or "none"
+    return lambda: skipped_text(loader_counts(loader))
+
+
+def skipped_text(counts: dict) -> str:
+    """The loader's counts as the report says them (``reason: n, ...``, or ``none``)."""
+    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
 
 
 #: loader counts, besides how it batched (``batch.*``: split_counts), that drop no utterance of the list (retries,
@@ -679,81 +835,188 @@ def score(run: DecodeRun, tokenizer: Any) -> Any:
     return scorer
 
 
-def write_results(out: Path, run: DecodeRun, tokenizer: Any, method: str, nbest: int = 1000, *,
-                  timestamps: bool = False, min_confidence: float = 0.0) -> dict:
-    """``text``, ``nbest``, ``ref``, ``cer.txt``/``wer.txt`` (the report: method, RTF, scores, confusions); with
-    ``timestamps`` ``ctm`` and ``timestamps.jsonl``; with ``min_confidence`` > 0 ``confidence`` and ``kept_text``."""
+def reference_tokens(tokenizer: Any) -> Callable[[dict], dict]:
+    """A row given its reference's tokens as the report counts them (``tokens``: how many, ``oov``: those outside
+    the token list, :func:`corpus_io.decoding.scoring.oov_of`), counted where the tokenizer is: merge-jobs has none."""
+    from corpus_io.decoding.scoring import oov_of, token_list_covers
+
+    covered = token_list_covers([s for s in tokenizer.symbols if s not in tokenizer.specials])
+
+    def counted(row: dict) -> dict:
+        row["tokens"], unknown = oov_of(tokenizer.tokenize(row["ref"]), covered)
+        if unknown:
+            row["oov"] = unknown
+        return row
+
+    return counted
+
+
+def read_rows(path: Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)
+
+
+def sorted_rows(spill: Path, f: Any, run: DecodeRun, tmp: Path, keys: list | None = None) -> int:
+    """The rows of ``spill`` (as decoded) written to ``f`` in key order, a key decoded more than once kept once (its
+    last row, as the search's last word on it) and counted in ``run.repeats`` (a warning names it); ``keys`` gets each
+    key. Returns the rows written."""
+    from itertools import groupby
+
+    from corpus_io.infer.segment import _jsonl_key, sort_file
+
+    with tempfile.TemporaryDirectory(prefix="sort-", dir=tmp) as work:
+        ordered = Path(work) / "sorted.jsonl"
+        with open(ordered, "w", encoding="utf-8", newline="") as g:
+            sort_file(spill, _jsonl_key, g, Path(work))
+        n = 0
+        with open(ordered, encoding="utf-8", newline="") as g:
+            for key, group in groupby(g, key=_jsonl_key):
+                lines = list(group)
+                if len(lines) > 1:  # scored once; a silent overwrite would hide an utterance from the count
+                    run.repeats[key] = len(lines)
+                f.write(lines[-1])
+                n += 1
+                if keys is not None:
+                    keys.append(key)
+    if run.repeats:
+        warn_repeats(run.repeats)
+    return n
+
+
+def missing_rows(rows: Path, references: Iterable[tuple[str, str]], f: Any, tmp: Path,
+                 counted: Callable[[dict], dict]) -> list[str]:
+    """The ``references`` (every utterance of the list, when the loader dropped some; the first of a repeated key)
+    that ``rows`` (key order) has no row of, written to ``f`` in key order as ``{"key", "ref", ...}`` rows (scored as
+    all deletions, named); returns their keys. Both sides are sorted on disk: no key set is held."""
+    from corpus_io.infer.segment import _jsonl_key, sort_file
+
+    missing: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="refs-", dir=tmp) as work:
+        listed = Path(work) / "refs.jsonl"
+        with open(listed, "w", encoding="utf-8", newline="") as g:
+            for key, ref in references:
+                g.write(json.dumps({"key": key, "ref": ref}, ensure_ascii=False) + "\n")
+        ordered = Path(work) / "sorted.jsonl"
+        with open(ordered, "w", encoding="utf-8", newline="") as g:
+            sort_file(listed, _jsonl_key, g, Path(work))
+        decoded = (row["key"] for row in read_rows(rows))
+        at, last = next(decoded, None), None
+        for row in read_rows(ordered):
+            if row["key"] == last:
+                continue
+            last = row["key"]
+            while at is not None and at < last:
+                at = next(decoded, None)
+            if at != last:
+                f.write(json.dumps(counted(row), ensure_ascii=False) + "\n")
+                missing.append(last)
+    return missing
+
+
+def write_results(out: Path, rows: Path, missing: Path, totals: dict, options: dict, *, tmp: Path) -> dict:
+    """The outputs from ``rows`` (each decoded utterance's, key order: :func:`result_row`) and ``missing`` (the
+    references not decoded, key order), in passes over them: ``text``, ``nbest``, ``ref``, ``cer.txt``/``wer.txt``
+    (the report: method, RTF, scores, confusions); with ``timestamps`` ``ctm`` and ``timestamps.jsonl``; with
+    ``min_confidence`` > 0 ``confidence``, ``kept_text`` and, for a local raw list, ``kept.list``. ``totals``
+    (:func:`run_totals`) and ``options`` (:func:`output_options`) are the run's. Only counts are held: the report's
+    utterance lines go to a file in ``tmp``, the times are sorted on disk."""
+    import heapq
+    import shutil
+    from contextlib import ExitStack
+
+    from corpus_io.decoding.scoring import Scorer
     from corpus_io.storage.files import atomic_write, ensure_dir
 
     ensure_dir(out, what="output_dir")
-    keys = sorted(run.nbest)
-    with atomic_write(out / "text", owner=WRITER) as f:
-        f.write("".join(f"{k} {run.nbest[k][0][0]}\n" for k in keys))
-    with atomic_write(out / "nbest", owner=WRITER) as f:
-        f.write("".join(f"{k} {r} {sc:.4f} {text}\n" for k in keys
-                        for r, (text, sc) in enumerate(run.nbest[k][:nbest], 1)))
-    # the whole reference: an utterance not decoded has no line in text
-    with atomic_write(out / "ref", owner=WRITER) as f:
-        refs = {**run.refs, **run.missing}
-        f.write("".join(f"{k} {refs[k]}\n" for k in sorted(refs)))
-    scorer = score(run, tokenizer)
-    audio = max(run.audio, 1e-9)
-    timing = {"rtf": run.wall_s / audio, "rtf_model": run.model_s / audio, "rtf_search": run.search_s / audio}
-    head = (f"decoding: {method}\n"
-            f"RTF {timing['rtf']:.4f} (wall {run.wall_s:.2f}s / audio {run.audio:.2f}s; model "
-            f"{timing['rtf_model']:.4f}, search {timing['rtf_search']:.4f})\n")
-    report = head + scorer.report()
-    for name in ("cer.txt", "wer.txt"):
-        with atomic_write(out / name, owner=WRITER) as f:
-            f.write(report)
-    kept = write_timed(out, run, timestamps=timestamps, min_confidence=min_confidence)
-    return {"utts": len(keys), "missing": sorted(run.missing), "kept": kept, "cer": scorer.cer.rate,
-            "wer": scorer.wer.rate, **timing,
+    limit, floor = options["nbest"], options["min_confidence"]
+    with tempfile.TemporaryDirectory(prefix=".decode-out-", dir=tmp) as work, ExitStack() as files:
+        work = Path(work)
+        lines = files.enter_context(open(work / "lines", "w", encoding="utf-8", newline=""))
+        placed = files.enter_context(open(work / "placed.jsonl", "w", encoding="utf-8", newline=""))
+        text = files.enter_context(atomic_write(out / "text", owner=WRITER))
+        nbest = files.enter_context(atomic_write(out / "nbest", owner=WRITER))
+        if floor > 0:
+            confidence = files.enter_context(atomic_write(out / "confidence", owner=WRITER))
+            kept_text = files.enter_context(atomic_write(out / "kept_text", owner=WRITER))
+        scorer = Scorer(hotwords=list(totals["hotwords"]), unread=list(totals["unread"]), sink=lines.write)
+        utts = timed = kept = 0
+        for row in read_rows(rows):
+            key, best = row["key"], row["nbest"][0][0]
+            text.write(f"{key} {best}\n")
+            nbest.write("".join(f"{key} {r} {sc:.4f} {t}\n" for r, (t, sc) in enumerate(row["nbest"][:limit], 1)))
+            scorer.add(key, row["ref"], best, unbiased=row.get("unbiased"))
+            scorer.add_oov(row["tokens"], row.get("oov", []))
+            utts += 1
+            if "timed" not in row:
+                continue
+            timed += 1
+            if options["timestamps"]:
+                placed.write(json.dumps([*place_of(row), key, row], ensure_ascii=False) + "\n")
+            if floor > 0:
+                confidence.write(f"{key} {row['timed']['confidence']:.4f}\n")
+                if row["timed"]["confidence"] >= floor:
+                    kept_text.write(f"{key} {best}\n")
+                    kept += 1
+        for row in read_rows(missing):
+            scorer.add_missing(row["key"], row["ref"], why=totals["skipped"])
+            scorer.add_oov(row["tokens"], row.get("oov", []))
+        lines.close()
+        placed.close()
+        # the whole reference: an utterance not decoded has no line in text
+        with atomic_write(out / "ref", owner=WRITER) as f:
+            both = heapq.merge(((r["key"], r["ref"]) for r in read_rows(rows)),
+                               ((r["key"], r["ref"]) for r in read_rows(missing)), key=lambda kr: kr[0])
+            f.writelines(f"{k} {ref}\n" for k, ref in both)
+        audio = max(totals["audio"], 1e-9)
+        timing = {"rtf": totals["wall_s"] / audio, "rtf_model": totals["model_s"] / audio,
+                  "rtf_search": totals["search_s"] / audio}
+        head = (f"decoding: {options['method']}\n"
+                f"RTF {timing['rtf']:.4f} (wall {totals['wall_s']:.2f}s / audio {totals['audio']:.2f}s; model "
+                f"{timing['rtf_model']:.4f}, search {timing['rtf_search']:.4f})\n")
+        for name in ("cer.txt", "wer.txt"):
+            with atomic_write(out / name, owner=WRITER) as f, open(work / "lines", encoding="utf-8", newline="") as g:
+                f.write(head + scorer.report())  # its counts and confusions; the utterances' lines follow
+                shutil.copyfileobj(g, f)
+        if options["timestamps"]:
+            write_timed(out, work / "placed.jsonl", work)
+        if writes_kept_list(options):
+            write_kept_list(options["data_list"], out / "kept.list", rows, floor, work)
+    return {"utts": utts, "missing": list(scorer.missing), "kept": kept if floor > 0 else timed,
+            "cer": scorer.cer.rate, "wer": scorer.wer.rate, **timing,
             "rtf_wall": timing["rtf"], "hotword_recall": scorer.hotword_recall(),
             "summary": head + scorer.summary()}
 
 
-def write_timed(out: Path, run: DecodeRun, *, timestamps: bool, min_confidence: float) -> int:
-    """``ctm`` and ``timestamps.jsonl`` (``timestamps``); ``confidence`` and ``kept_text`` (``min_confidence`` >
-    0). Times are seconds in the recording: a raw segment's are shifted by its start and named by its recording
-    id (Kaldi's CTM), anything else's are the utterance's own. Returns the number of utterances kept."""
-    import json
+def place_of(row: dict) -> tuple[str, float]:
+    """Where a row's times are: a raw segment's recording id and start, else the utterance itself from 0."""
+    seg = row.get("segment")
+    return (str(seg[0]), float(seg[1])) if seg else (row["key"], 0.0)
 
+
+def write_timed(out: Path, placed: Path, tmp: Path) -> None:
+    """``ctm`` and ``timestamps.jsonl`` from ``placed`` (``[recording, offset, key, row]`` lines), sorted on disk by
+    time in the recording. Times are seconds in the recording: a raw segment's are shifted by its start and named by
+    its recording id (Kaldi's CTM), anything else's are the utterance's own."""
+    from corpus_io.infer.segment import sort_file
     from corpus_io.storage.files import atomic_write
 
-    def placed(key: str) -> tuple[str, float]:
-        seg = run.segments.get(key)
-        return (str(seg[0]), float(seg[1])) if seg else (key, 0.0)
-
-    keys = sorted(run.timed, key=lambda k: (placed(k), k))
-    if timestamps:
-        with atomic_write(out / "ctm", owner=WRITER) as f:
-            for key in keys:
-                name, offset = placed(key)
-                for w in run.timed[key].words:
-                    f.write(ctm_line(key, name, w.start + offset, w.end - w.start, w.text, w.confidence))
-        with atomic_write(out / "timestamps.jsonl", owner=WRITER) as f:
-            for key in keys:
-                name, offset = placed(key)
-                timed = run.timed[key]
-                rec: dict = {"key": key, "text": run.nbest[key][0][0], "confidence": round(timed.confidence, 4)}
-                if key in run.segments:
-                    rec.update(recording=name, offset=offset)
-                rec["words"] = [{"word": w.text, "start": round(w.start + offset, 3), "end": round(w.end + offset, 3),
-                                 "confidence": round(w.confidence, 4)} for w in timed.words]
-                rec["tokens"] = [{"token": t.text, "start": round(t.start + offset, 3),
-                                  "end": round(t.end + offset, 3), "confidence": round(t.confidence, 4)}
-                                 for t in timed.tokens]
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    if min_confidence <= 0:
-        return len(run.timed)
-    ordered = sorted(run.timed)
-    with atomic_write(out / "confidence", owner=WRITER) as f:
-        f.write("".join(f"{k} {run.timed[k].confidence:.4f}\n" for k in ordered))
-    kept = [k for k in ordered if run.timed[k].confidence >= min_confidence]
-    with atomic_write(out / "kept_text", owner=WRITER) as f:
-        f.write("".join(f"{k} {run.nbest[k][0][0]}\n" for k in kept))
-    return len(kept)
+    ordered = tmp / "placed.sorted.jsonl"
+    with open(ordered, "w", encoding="utf-8", newline="") as g:
+        sort_file(placed, lambda line: tuple(json.loads(line)[:3]), g, tmp)
+    with atomic_write(out / "ctm", owner=WRITER) as ctm, atomic_write(out / "timestamps.jsonl", owner=WRITER) as f:
+        for name, offset, key, row in read_rows(ordered):
+            timed = row["timed"]
+            for word, start, end, confidence in timed["words"]:
+                ctm.write(ctm_line(key, name, start + offset, end - start, word, confidence))
+            rec: dict = {"key": key, "text": row["nbest"][0][0], "confidence": round(timed["confidence"], 4)}
+            if "segment" in row:
+                rec.update(recording=name, offset=offset)
+            rec["words"] = [{"word": w, "start": round(a + offset, 3), "end": round(b + offset, 3),
+                             "confidence": round(c, 4)} for w, a, b, c in timed["words"]]
+            rec["tokens"] = [{"token": t, "start": round(a + offset, 3), "end": round(b + offset, 3),
+                              "confidence": round(c, 4)} for t, a, b, c in timed["tokens"]]
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
 
 def ctm_line(key: str, recording: str, start: float, duration: float, word: str, confidence: float) -> str:
@@ -769,26 +1032,45 @@ def ctm_line(key: str, recording: str, start: float, duration: float, word: str,
     return line + "\n"
 
 
-def write_kept_list(data_list: str, path: Path, run: DecodeRun, min_confidence: float) -> None:
+def write_kept_list(data_list: str, path: Path, rows: Path, min_confidence: float, tmp: Path) -> None:
     """Pseudo-labels: the raw list's utterances whose confidence is at least ``min_confidence``, as canonical
-    records (FunASR fields, their ``start``/``end`` kept) with the best hypothesis as ``target``; streamed."""
-    import json
+    records (FunASR fields, their ``start``/``end`` kept) with the best hypothesis as ``target``, in the list's
+    order. The list's records and ``rows`` (key order) are joined on disk: sorted by key, then back by line."""
     import os
 
+    from corpus_io.infer.segment import sort_file
     from corpus_io.storage.files import atomic_write
     from corpus_io.tables.inputs import record_of_line
 
     base = os.path.dirname(os.path.abspath(data_list))
-    with open(data_list, encoding="utf-8") as src, atomic_write(path, owner=WRITER) as f:
+    listed, chosen = tmp / "listed.jsonl", tmp / "chosen.jsonl"
+    with open(data_list, encoding="utf-8") as src, open(listed, "w", encoding="utf-8", newline="") as f:
         for lineno, line in enumerate(src, 1):
             if not line.strip():
                 continue
             rec = record_of_line(json.loads(line), f"{data_list}:{lineno}", base)
-            timed = run.timed.get(rec.get("key")) if isinstance(rec, dict) else None
-            if timed is None or timed.confidence < min_confidence:
+            if isinstance(rec, dict) and isinstance(rec.get("key"), str):
+                f.write(json.dumps([rec["key"], lineno, rec], ensure_ascii=False) + "\n")
+    by_key = tmp / "listed.sorted.jsonl"
+    with open(by_key, "w", encoding="utf-8", newline="") as f:
+        sort_file(listed, lambda line: json.loads(line)[0], f, tmp)
+    confident = ((r["key"], r["nbest"][0][0]) for r in read_rows(rows)
+                 if "timed" in r and r["timed"]["confidence"] >= min_confidence)
+    with open(chosen, "w", encoding="utf-8", newline="") as f:
+        at = next(confident, None)
+        for key, lineno, rec in read_rows(by_key):
+            while at is not None and at[0] < key:
+                at = next(confident, None)
+            if at is None or at[0] != key:
                 continue
             rec = {k: v for k, v in rec.items() if k not in ("target_len", "where", "txt")}
-            rec["target"] = run.nbest[rec["key"]][0][0]
+            rec["target"] = at[1]
+            f.write(json.dumps([lineno, rec], ensure_ascii=False) + "\n")
+    with atomic_write(path, owner=WRITER) as f:
+        by_line = tmp / "chosen.sorted.jsonl"
+        with open(by_line, "w", encoding="utf-8", newline="") as g:
+            sort_file(chosen, lambda line: json.loads(line)[0], g, tmp)
+        for _, rec in read_rows(by_line):
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
 
@@ -811,12 +1093,17 @@ DECODE_OUTPUTS = ("text", "nbest", "ref", "cer.txt", "wer.txt", "ctm", "timestam
 
 def decode_outputs(cfg: Any) -> list[str]:
     """The names of the files this decode writes into ``output_dir`` (by its options)."""
+    return outputs_of(output_options(cfg, None))
+
+
+def outputs_of(options: dict) -> list[str]:
+    """The names of the files a decode with these :func:`output_options` writes."""
     names = ["text", "nbest", "ref", "cer.txt", "wer.txt"]
-    if cfg.timestamps:
+    if options["timestamps"]:
         names += ["ctm", "timestamps.jsonl"]
-    if cfg.min_confidence > 0:
+    if options["min_confidence"] > 0:
         names += ["confidence", "kept_text"]
-        if cfg.dataset_conf.data_type == "raw" and "://" not in str(cfg.data_list):
+        if writes_kept_list(options):
             names.append("kept.list")
     return names
 
@@ -860,3 +1147,81 @@ def refuse_others_outputs(out: Path, names: Iterable[str], command: str) -> None
                             way_out=f"Give {command} its own directory (e.g. ++output_dir=exp/{command}_test); if the "
                                     f"file is an earlier {command}'s output you mean to replace (one written before "
                                     f"{command} kept these records), delete it first.")
+
+
+# --------------------------------------------------------------------------- merge-jobs
+
+
+def part_keys(data: dict) -> list[str]:
+    """The utterances a decode part decoded (merge-jobs refuses a key two parts hold)."""
+    return data["keys"]
+
+
+#: a decode part's run figures (:func:`run_totals`, the loader's counts) and the options it keeps
+RUN_FIGURES = ("audio", "model_s", "search_s", "wall_s")
+OPTION_KEYS = ("method", "nbest", "timestamps", "min_confidence", "data_list", "data_type")
+
+
+def check_part(part: Any) -> None:
+    """merge-jobs: a decode record's keys, run figures, options and its two files in its part directory
+    (:class:`corpus_io.jobs.parts.RecordProblem` on the first field that cannot be trusted)."""
+    from corpus_io.jobs import parts as jobs
+
+    data = part.data
+    for i, key in enumerate(jobs.of_type(data.get("keys"), "data.keys", list, "a list")):
+        if not isinstance(key, str) or not key:
+            raise jobs.bad(f"data.keys[{i}]", key, "not an utterance key")
+    run = jobs.of_type(data.get("run"), "data.run", dict, "a JSON object")
+    for name in RUN_FIGURES:
+        jobs.seconds(run.get(name), f"data.run.{name}")
+    for reason, n in jobs.of_type(run.get("loader"), "data.run.loader", dict, "a JSON object").items():
+        jobs.whole(n, f"data.run.loader[{reason!r}]")
+    for name, kind in (("unread", list), ("unread_shards", dict), ("hotwords", list), ("repeats", dict)):
+        jobs.of_type(run.get(name), f"data.run.{name}", kind, f"a JSON {'array' if kind is list else 'object'}")
+    options = jobs.of_type(data.get("options"), "data.options", dict, "a JSON object")
+    if sorted(options) != sorted(OPTION_KEYS):
+        raise jobs.bad("data.options", sorted(options), f"but a decode job keeps {list(OPTION_KEYS)}")
+    folder = Path(part.where).name[: -len(".json")]
+    want = [f"{folder}/{name}" for name in PART_FILES]
+    if [out.get("file") for out in part.outputs] != want:
+        raise jobs.bad("outputs", [out.get("file") for out in part.outputs], f"but a decode job writes {want}")
+
+
+def merge_parts(place: Any, parts: list) -> dict:
+    """``merge-jobs`` of decode: the parts' rows (each in key order) merged in key order, their undecoded references
+    too, and the outputs written from them as one job writes them (:func:`write_results`); the figures summed (the
+    wall time: the longest job's, the jobs ran side by side)."""
+    from collections import Counter
+
+    from corpus_io.infer.segment import _jsonl_key, merge_sorted
+
+    out = Path(place.path)
+    totals: dict = {**run_totals(DecodeRun()), "loader": Counter()}
+    options: dict | None = None
+    for p in parts:
+        data = p.payload()  # read again from its record when load_parts let it go: once a part
+        got = data["run"]
+        for name in ("audio", "model_s", "search_s"):
+            totals[name] += got[name]
+        totals["wall_s"] = max(totals["wall_s"], got["wall_s"])
+        totals["loader"].update(got["loader"])
+        totals["unread"] += got["unread"]
+        totals["unread_shards"].update(got["unread_shards"])
+        totals["repeats"].update(got["repeats"])
+        if data["options"]["method"] is not None and options is None:  # a job past the list loaded no model
+            options, totals["hotwords"] = data["options"], got["hotwords"]
+    if options is None:
+        first = parts[0].payload()["options"]
+        raise DataError(f"decode read 0 utterances from {first['data_list']} in all {len(parts)} jobs; nothing was "
+                        f"scored or written. Check the list, its paths or URLs and dataset_conf.on_error.")
+    refuse_others_outputs(out, outputs_of(options), WRITER)
+    totals["skipped"] = skipped_text(totals.pop("loader"))
+    with tempfile.TemporaryDirectory(prefix=".decode-merge-", dir=out) as tmp:
+        merged = {}
+        for k, name in enumerate(PART_FILES):
+            merged[name] = Path(tmp) / name
+            with open(merged[name], "w", encoding="utf-8", newline="") as f:
+                merge_sorted([Path(p.where).parent / p.outputs[k]["file"] for p in parts], _jsonl_key, f, Path(tmp))
+        result = write_results(out, merged["rows.jsonl"], merged["missing.jsonl"], totals, options, tmp=Path(tmp))
+    report(out, result, totals, options)
+    return {k: v for k, v in result.items() if k != "summary"}

@@ -9,7 +9,9 @@ blank first) and how text becomes its tokens. :func:`load_foreign` gives them fo
 * a sherpa-onnx CTC model file (``model.onnx`` with ``tokens.txt`` beside it and without corpus-io's own metadata,
   or named ``sherpa-onnx:model.onnx``): ``model_type`` ``wenet_ctc`` (samples scaled to 16-bit values) and
   ``zipformer2_ctc`` (samples in [-1, 1]), fbank computed by kaldi-native-fbank as sherpa-onnx computes it for that
-  type (80 bins or the file's ``feature_dim``, 25/10 ms povey frames centred on each shift, dither 0);
+  type (80 bins or the file's ``feature_dim``, 25/10 ms povey frames centred on each shift, dither 0), and NeMo's
+  exports (``EncDecCTCModelBPE``, ...: sherpa-onnx's ``nemo_ctc``; hann frames, librosa mel banks, log(x + 2^-24),
+  ``normalize_type`` ``per_feature``: each bin normalised over the utterance);
 * torchaudio's ``MMS_FA`` (``torchaudio:MMS_FA``, weights from torchaudio's cache, or
   ``torchaudio:MMS_FA:/path/model.pt``): 1,130 languages' romanised text (``uroman``) as 27 lowercase letters.
 
@@ -20,11 +22,11 @@ offset (those are corpus-io's own models' rule). Each utterance (or ``chunk_seco
 alone: padding changes a group-norm wav2vec2's outputs, and the model's library gives what it gives on one.
 
 Text is made fit for the vocabulary (:class:`VocabTokenizer`, the rule of docs/DECODING.md "Models of other
-toolkits"): its case follows the vocabulary's letters (all lowercase: lowercased; all uppercase: uppercased;
-``text_case`` overrides), a punctuation or symbol character the vocabulary lacks is left out of the word's tokens
-(the apostrophe stays where the vocabulary has it), and a word with a character it still cannot spell (a digit, a
-letter of another script) has no tokens: align and segment report it unaligned (``tokens outside the token list``),
-never drop it.
+toolkits"; a command's ``text_rule.case`` and ``text_rule.punctuation`` override it): its case follows the
+vocabulary's letters (all lowercase: lowercased; all uppercase: uppercased), a punctuation or symbol character the
+vocabulary lacks is left out of the word's tokens (the apostrophe stays where the vocabulary has it), and a word with
+a character it still cannot spell (a digit, a letter of another script) has no tokens: align and segment report it
+unaligned (``tokens outside the token list``), never drop it.
 """
 
 from __future__ import annotations
@@ -43,9 +45,24 @@ TORCHAUDIO = "torchaudio:"
 SHERPA = "sherpa-onnx:"
 #: torchaudio bundles that are CTC aligners/recognisers with a character vocabulary
 TORCHAUDIO_BUNDLES = ("MMS_FA",)
-#: the ``model_type`` values of sherpa-onnx CTC files read here, with how sherpa-onnx scales the samples for them
-SHERPA_TYPES = {"wenet_ctc": 32768.0, "zipformer2_ctc": 1.0}
+#: the fbank sherpa-onnx computes for a CTC file by default (kaldi-native-fbank's options: FeatureExtractorConfig)
+_FBANK = {"scale": 1.0, "window_type": "povey", "remove_dc_offset": True, "low_freq": 20.0, "high_freq": -400.0,
+          "is_librosa": False, "log_floor": True, "eps": None}
+#: NeMo's files (offline-recognizer-ctc-impl.h: hann window, no DC removal, librosa mel banks over 0 Hz to Nyquist;
+#: features.cc: log(x + 2^-24), NeMo's log_zero_guard; preemphasis stays kaldi-native-fbank's 0.97)
+_NEMO = {**_FBANK, "window_type": "hann", "remove_dc_offset": False, "low_freq": 0.0, "high_freq": 0.0,
+         "is_librosa": True, "log_floor": False, "eps": 2.0 ** -24, "nemo": True}
+#: the ``model_type`` values of sherpa-onnx CTC files read here, with the features sherpa-onnx computes for them
+#: (``scale``: wenet_ctc's samples as 16-bit values). NeMo's exports name their class (EncDecCTCModelBPE, ...).
+SHERPA_TYPES = {"wenet_ctc": {**_FBANK, "scale": 32768.0}, "zipformer2_ctc": _FBANK,
+                **{name: _NEMO for name in ("nemo_ctc", "EncDecCTCModelBPE", "EncDecCTCModel",
+                                            "EncDecHybridRNNTCTCBPEModel")}}
+#: sherpa-onnx's names of the CTC blank in tokens.txt, in the order its recognizer looks for them
+SHERPA_BLANKS = ("<blk>", "<eps>", "<blank>")
 CASES = ("auto", "lower", "upper", "keep")
+#: what becomes of a punctuation or symbol character (VocabSplit): auto: left out where the vocabulary lacks it;
+#: drop: always left out; keep: never (a word with one the vocabulary lacks is outside it, reported)
+PUNCTUATION = ("auto", "drop", "keep")
 
 
 def foreign_kind(checkpoint: str) -> str | None:
@@ -95,13 +112,23 @@ class VocabSplit:
     vocabulary lacks left out, the word delimiter (``|``, or ``▁`` for letter lists) between words. A character no
     token spells stays as itself: the caller's ``token_id`` is None for it (the word is outside the list)."""
 
-    def __init__(self, vocab: set[str], delimiter: str | None) -> None:
+    def __init__(self, vocab: set[str], delimiter: str | None, punctuation: str = "auto") -> None:
         self.vocab = vocab
         self.delimiter = delimiter
+        self.punctuation = punctuation
         self.longest = max((len(t) for t in vocab), default=1)
+        # a BPE list (▁-initial pieces): a word no ▁ piece starts begins with the lone ▁, as sentencepiece spells it
+        self.mark = "▁" if delimiter is None and "▁" in vocab and \
+            any(t.startswith("▁") and len(t) > 1 for t in vocab) else None
+
+    def kept(self, c: str) -> bool:
+        """Whether character ``c`` stays in a word's tokens (:data:`PUNCTUATION`)."""
+        if self.punctuation == "keep" or unicodedata.category(c)[0] not in "PS":
+            return True
+        return self.punctuation == "auto" and c in self.vocab
 
     def word(self, word: str) -> list[str]:
-        chars = "".join(c for c in word if c in self.vocab or unicodedata.category(c)[0] not in "PS")
+        chars = "".join(c for c in word if self.kept(c))
         out: list[str] = []
         i = 0
         while i < len(chars):
@@ -110,6 +137,8 @@ class VocabSplit:
                 if i == 0 and "▁" + piece in self.vocab:
                     out.append("▁" + piece)
                     break
+                if i == 0 and self.mark and n == 1:  # no ▁ piece starts the word
+                    out.append(self.mark)
                 if piece in self.vocab:
                     out.append(piece)
                     break
@@ -160,11 +189,13 @@ class VocabTokenizer(Tokenizer):
     written as one is outside the list)."""
 
     def __init__(self, symbols: list[str], *, unk: str | None, delimiter: str | None, specials: set[str],
-                 case: str = "auto", where: str = "") -> None:
+                 case: str = "auto", punctuation: str = "auto", where: str = "") -> None:
         from corpus_io.config import TokenizerConf
 
         if case not in CASES:
-            raise ConfigError(f"text_case={case!r}: one of {', '.join(CASES)}.")
+            raise ConfigError(f"text_rule.case={case!r}: one of {', '.join(CASES)}.")
+        if punctuation not in PUNCTUATION:
+            raise ConfigError(f"text_rule.punctuation={punctuation!r}: one of {', '.join(PUNCTUATION)}.")
         self.symbols = list(symbols)
         self.ids = {s: i for i, s in enumerate(self.symbols)}
         self.conf = TokenizerConf(type="char", latin_unit="letter", space=delimiter or "▁", blank=self.symbols[0],
@@ -172,7 +203,7 @@ class VocabTokenizer(Tokenizer):
         self.case = vocabulary_case(self.symbols) if case == "auto" else case
         self.delimiter = delimiter
         plain = {s for s in self.symbols[1:] if s not in specials or s == delimiter}
-        self._split = VocabSplit(plain | ({delimiter} if delimiter else set()), delimiter)
+        self._split = VocabSplit(plain | ({delimiter} if delimiter else set()), delimiter, punctuation)
         self._join = VocabJoin(delimiter)
         self.blank_id = 0
         self.unk_id = self.ids.get(unk, 0) if unk else 0
@@ -276,13 +307,18 @@ class TorchaudioCTC(ForeignCTC):
 
 class SherpaOnnxCTC(ForeignCTC):
     """A sherpa-onnx offline CTC file run by onnxruntime on kaldi-native-fbank features computed as sherpa-onnx
-    computes them for its ``model_type``."""
+    computes them for its ``model_type`` (``profile``: :data:`SHERPA_TYPES`). A NeMo file takes the features
+    normalised per mel bin over the utterance (``normalize`` ``per_feature``), as (1, bins, T), and gives T //
+    ``subsampling`` frames."""
 
-    def __init__(self, session: Any, scale: float, feature_dim: int, order: list[int], frame_seconds: float,
-                 device: Any, what: str) -> None:
+    def __init__(self, session: Any, profile: dict, feature_dim: int, order: list[int], frame_seconds: float,
+                 device: Any, what: str, *, normalize: str = "", subsampling: int = 4) -> None:
         super().__init__(order, frame_seconds, 16000, device, what)
         self.session = session
-        self.scale = scale
+        self.scale = float(profile["scale"])
+        self.nemo = bool(profile.get("nemo"))
+        self.normalize = normalize
+        self.subsampling = max(1, int(subsampling))
         self.names = [i.name for i in session.get_inputs()]
         import kaldi_native_fbank as knf
 
@@ -292,12 +328,16 @@ class SherpaOnnxCTC(ForeignCTC):
         opts.frame_opts.samp_freq = 16000
         opts.frame_opts.frame_shift_ms = 10.0
         opts.frame_opts.frame_length_ms = 25.0
-        opts.frame_opts.remove_dc_offset = True
+        opts.frame_opts.remove_dc_offset = bool(profile["remove_dc_offset"])
         opts.frame_opts.preemph_coeff = 0.97
-        opts.frame_opts.window_type = "povey"
+        opts.frame_opts.window_type = profile["window_type"]
         opts.mel_opts.num_bins = feature_dim
-        opts.mel_opts.low_freq = 20.0
-        opts.mel_opts.high_freq = -400.0
+        opts.mel_opts.low_freq = float(profile["low_freq"])
+        opts.mel_opts.high_freq = float(profile["high_freq"])
+        opts.mel_opts.is_librosa = bool(profile["is_librosa"])
+        opts.use_log_floor = bool(profile["log_floor"])
+        if profile["eps"] is not None:
+            opts.eps = float(profile["eps"])
         self.options = opts
 
     def features(self, wave: torch.Tensor) -> Any:
@@ -308,7 +348,12 @@ class SherpaOnnxCTC(ForeignCTC):
         fbank.accept_waveform(16000, (wave.numpy() * self.scale).tolist())
         fbank.input_finished()
         n = fbank.num_frames_ready
-        return np.stack([fbank.get_frame(i) for i in range(n)]) if n else np.zeros((0, self.options.mel_opts.num_bins))
+        feats = np.stack([fbank.get_frame(i) for i in range(n)]) if n else \
+            np.zeros((0, self.options.mel_opts.num_bins))
+        if self.normalize == "per_feature" and n:  # sherpa-onnx's NemoNormalizePerFeature: population std + 1e-5
+            mean = feats.mean(axis=0)
+            feats = (feats - mean) / (np.sqrt(np.maximum((feats ** 2).mean(axis=0) - mean ** 2, 0.0)) + 1e-5)
+        return feats
 
     def row(self, wave: torch.Tensor) -> torch.Tensor:
         import numpy as np
@@ -316,10 +361,15 @@ class SherpaOnnxCTC(ForeignCTC):
         feats = self.features(wave).astype(np.float32)
         if feats.shape[0] == 0:
             return torch.zeros(0, len(self.order))
-        out = self.session.run(None, {self.names[0]: feats[None], self.names[1]: np.array([feats.shape[0]],
-                                                                                           dtype=np.int64)})
-        log_probs, lens = torch.from_numpy(out[0])[0], int(np.asarray(out[1]).reshape(-1)[0])
-        return log_probs[:lens]
+        if self.nemo:  # (1, bins, T) in; T // subsampling frames out, as sherpa-onnx's NeMo model counts them
+            out = self.session.run(None, {self.names[0]: np.ascontiguousarray(feats.T[None]),
+                                          self.names[1]: np.array([feats.shape[0]], dtype=np.int64)})
+            log_probs, lens = torch.from_numpy(out[0])[0], feats.shape[0] // self.subsampling
+        else:
+            out = self.session.run(None, {self.names[0]: feats[None],
+                                          self.names[1]: np.array([feats.shape[0]], dtype=np.int64)})
+            log_probs, lens = torch.from_numpy(out[0])[0], int(np.asarray(out[1]).reshape(-1)[0])
+        return torch.log_softmax(log_probs[:lens].float(), dim=-1)  # a file's logits or log-probs: log-probs
 
 
 # --------------------------------------------------------------------------- loading
@@ -335,20 +385,22 @@ def foreign_config(sample_rate: int) -> Any:
     return tcfg
 
 
-def load_foreign(checkpoint: str, device: Any, *, text_case: str = "auto") -> tuple[Any, Any, Any]:
+def load_foreign(checkpoint: str, device: Any, text_rule: Any = None) -> tuple[Any, Any, Any]:
     """``(model, tokenizer, training config)`` of another toolkit's CTC model (module doc), as ``decode.load_model``
-    gives a checkpoint's."""
+    gives a checkpoint's. ``text_rule``: a :class:`corpus_io.config.TextRuleConf` (``case``, ``punctuation``;
+    None: both ``auto``)."""
     kind = foreign_kind(checkpoint)
+    rule = (getattr(text_rule, "case", "auto"), getattr(text_rule, "punctuation", "auto"))
     if kind == "hf":
-        return _load_hf(checkpoint, device, text_case)
+        return _load_hf(checkpoint, device, *rule)
     if kind == "torchaudio":
-        return _load_torchaudio(checkpoint, device, text_case)
+        return _load_torchaudio(checkpoint, device, *rule)
     if kind == "sherpa-onnx":
-        return _load_sherpa(checkpoint, device, text_case)
+        return _load_sherpa(checkpoint, device, *rule)
     raise ConfigError(f"checkpoint {checkpoint} is no model of another toolkit.")
 
 
-def _load_hf(path: str, device: Any, case: str) -> tuple[Any, Any, Any]:
+def _load_hf(path: str, device: Any, case: str, punctuation: str) -> tuple[Any, Any, Any]:
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
@@ -383,7 +435,7 @@ def _load_hf(path: str, device: Any, case: str) -> tuple[Any, Any, Any]:
     if case == "auto" and getattr(tok, "do_lower_case", False):
         case = "lower"
     tokenizer = VocabTokenizer(ordered, unk=tok.unk_token, delimiter=delimiter if delimiter in vocab else None,
-                               specials=specials, case=case, where=path)
+                               specials=specials, case=case, punctuation=punctuation, where=path)
     ratio = getattr(model.config, "inputs_to_logits_ratio", None)
     rate = int(extractor.sampling_rate)
     wrapped = HuggingFaceCTC(model, extractor, order, 0.02, device, f"Hugging Face model {path}")
@@ -413,7 +465,7 @@ def mms_weights(checkpoint: str, bundle: Any) -> str:
     return cached
 
 
-def _load_torchaudio(checkpoint: str, device: Any, case: str) -> tuple[Any, Any, Any]:
+def _load_torchaudio(checkpoint: str, device: Any, case: str, punctuation: str) -> tuple[Any, Any, Any]:
     import torchaudio
     from torchaudio.pipelines._wav2vec2 import utils
 
@@ -437,7 +489,8 @@ def _load_torchaudio(checkpoint: str, device: Any, case: str) -> tuple[Any, Any,
                                 append_star=False)
     labels = list(bundle.get_labels(star=None))
     symbols, order = blank_first(labels, 0)
-    tokenizer = VocabTokenizer(symbols, unk=None, delimiter=None, specials=set(), case=case, where=checkpoint)
+    tokenizer = VocabTokenizer(symbols, unk=None, delimiter=None, specials=set(), case=case,
+                               punctuation=punctuation, where=checkpoint)
     ratio = 1
     for _, _, stride in bundle._params["extractor_conv_layer_config"]:
         ratio *= stride
@@ -446,7 +499,7 @@ def _load_torchaudio(checkpoint: str, device: Any, case: str) -> tuple[Any, Any,
     return wrapped, tokenizer, foreign_config(rate)
 
 
-def _load_sherpa(checkpoint: str, device: Any, case: str) -> tuple[Any, Any, Any]:
+def _load_sherpa(checkpoint: str, device: Any, case: str, punctuation: str) -> tuple[Any, Any, Any]:
     import onnx
     import onnxruntime
 
@@ -460,13 +513,22 @@ def _load_sherpa(checkpoint: str, device: Any, case: str) -> tuple[Any, Any, Any
     if model_type not in SHERPA_TYPES:
         raise ConfigError(f"checkpoint {checkpoint}: model_type {model_type!r} (the file's metadata) is not read "
                           f"here; sherpa-onnx CTC files of model_type {', '.join(SHERPA_TYPES)} are.")
+    profile = SHERPA_TYPES[model_type]
+    normalize = "" if meta.get("normalize_type", "") in ("", "NA") else meta["normalize_type"]
+    if profile.get("nemo") and meta.get("is_giga_am", "0") not in ("", "0"):
+        raise ConfigError(f"checkpoint {checkpoint}: a GigaAM file (is_giga_am={meta['is_giga_am']} in its "
+                          f"metadata), whose features are not read here; decode it with sherpa-onnx itself.")
+    if normalize not in ("", "per_feature"):
+        raise ConfigError(f"checkpoint {checkpoint}: normalize_type {normalize!r} (the file's metadata) is not "
+                          f"read here, nor by sherpa-onnx; per_feature, NA or none are.")
     symbols: dict[int, str] = {}
     for line in Path(tokens_path).read_text(encoding="utf-8").splitlines():
         parts = line.rsplit(" ", 1) if line.strip() else []
         if len(parts) == 2 and parts[1].strip().isdigit():
             symbols[int(parts[1])] = parts[0] if parts[0] else " "
     listed = [symbols.get(i, f"<unused{i}>") for i in range(max(symbols) + 1)] if symbols else []
-    blank = int(meta.get("blank_id", 0))
+    named = [listed.index(b) for b in SHERPA_BLANKS if b in listed]  # as sherpa-onnx's recognizer finds it
+    blank = named[0] if named else int(meta.get("blank_id", 0))
     ordered, order = blank_first(listed, blank)
     specials = {s for s in ordered if s.startswith("<") and s.endswith(">")}
     options = onnxruntime.SessionOptions()
@@ -479,10 +541,15 @@ def _load_sherpa(checkpoint: str, device: Any, case: str) -> tuple[Any, Any, Any
                           f"lists {len(listed)} tokens; give the tokens.txt exported with this model.")
     subsampling = int(meta.get("subsampling_factor", 4))
     unk = "<unk>" if "<unk>" in ordered else None
-    delimiter = "▁" if "▁" in ordered else None  # a letter list's word boundary
-    tokenizer = VocabTokenizer(ordered, unk=unk, delimiter=delimiter, specials=specials, case=case, where=tokens_path)
-    wrapped = SherpaOnnxCTC(session, SHERPA_TYPES[model_type], int(meta.get("feature_dim", 80)), order,
-                            0.01 * subsampling, device, f"sherpa-onnx {model_type} model {path}")
+    # a letter list's word boundary; a BPE list's words start with their ▁ piece instead
+    delimiter = "▁" if "▁" in ordered and not any(t.startswith("▁") and len(t) > 1 for t in ordered) else None
+    tokenizer = VocabTokenizer(ordered, unk=unk, delimiter=delimiter, specials=specials, case=case,
+                               punctuation=punctuation, where=tokens_path)
+    shape = session.get_inputs()[0].shape  # (N, bins, T) for NeMo, (N, T, bins) else
+    bins = shape[1] if profile.get("nemo") else shape[-1]
+    dim = bins if isinstance(bins, int) else int(meta.get("feature_dim", 80))
+    wrapped = SherpaOnnxCTC(session, profile, dim, order, 0.01 * subsampling, device,
+                            f"sherpa-onnx {model_type} model {path}", normalize=normalize, subsampling=subsampling)
     return wrapped, tokenizer, foreign_config(16000)
 
 

@@ -30,8 +30,9 @@ import json
 import math
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.storage.progress import Summary
@@ -63,18 +64,12 @@ def score(cfg: Any) -> dict:
 
     job = jobs.job_of(cfg)
     refuse_outputs(cfg)  # first: before torch is imported or anything is read
+    ran = list_job(cfg, job, TAG, lambda: fingerprint(cfg), lambda data_list, out, job: score_list(
+        cfg, data_list, out, job=job), empty_job)
+    if not isinstance(ran, ListJob):
+        return ran
+    place, folder, result, fp, (lo, hi), total = ran.place, ran.folder, ran.result, ran.fingerprint, ran.span, ran.total
     out = Path(cfg.output_dir)
-    place = jobs.Place(str(out), TAG, True)
-    fp, done = jobs.started(place, job, lambda: fingerprint(cfg))
-    if done is not None:
-        print(f"score {job}: already complete ({done.where})", flush=True)
-        return done.data["result"]
-    if job.single:
-        return score_list(cfg, cfg.data_list, out)
-    with tempfile.TemporaryDirectory(prefix=".score-job-", dir=ensure_out(out)) as tmp:
-        data_list, lo, hi, total = job_list(cfg, job, Path(tmp))
-        folder = place.data(job)
-        result = score_list(cfg, data_list, folder, job=job) if hi > lo else empty_job(folder)
     result["wall_seconds"] = round(result["wall_seconds"], 3)
     outputs = [jobs.output_entry(folder / "rows.jsonl", place.directory)]
     summary = Summary(what="utterances", kept=result["readable"], seconds=result["audio_seconds"])
@@ -85,6 +80,44 @@ def score(cfg: Any) -> dict:
     print(f"score {job}: {result['rows']} utterances ({result['readable']} scored) -> {folder / 'rows.jsonl'}; "
           f"merge-jobs ++path={out} flags them when all {job.count} are done", flush=True)
     return result
+
+
+@dataclass
+class ListJob:
+    """Job J of N of a command over a list's entries (score, decode) once it ran: its place, options' fingerprint,
+    span ``[lo, hi)`` of ``total`` entries, part directory and what its run gave."""
+
+    job: Any
+    place: Any
+    fingerprint: str
+    span: tuple
+    total: int
+    folder: Path
+    result: Any
+
+
+def list_job(cfg: Any, job: Any, tag: str, fingerprint_of: Callable[[], str],
+             run_list: Callable[[str, Path, Any], Any], empty: Callable[[Path], Any]) -> Any:
+    """score's and decode's start as ``job`` (:mod:`corpus_io.jobs.parts`), after their refusals: the one-job run's
+    result (``run_list(cfg.data_list, output_dir, None)``), the record's result of a job it proves done (said so),
+    or a :class:`ListJob` of this job's share of the list (:func:`job_list`) run into its part directory
+    (``run_list(its list, folder, job)``; ``empty(folder)`` for a job past the entries). The caller writes its
+    part record."""
+    from corpus_io.jobs import parts as jobs
+
+    out = Path(cfg.output_dir)
+    place = jobs.Place(str(out), tag, True)
+    fp, done = jobs.started(place, job, fingerprint_of)
+    if done is not None:
+        print(f"{tag} {job}: already complete ({done.where})", flush=True)
+        return done.data["result"]
+    if job.single:
+        return run_list(cfg.data_list, out, None)
+    with tempfile.TemporaryDirectory(prefix=f".{tag}-job-", dir=ensure_out(out)) as tmp:
+        data_list, lo, hi, total = job_list(cfg, job, Path(tmp))
+        folder = place.data(job)
+        result = run_list(data_list, folder, job) if hi > lo else empty(folder)
+    return ListJob(job, place, fp, (lo, hi), total, folder, result)
 
 
 #: the part records' tag (jobs.Place)
@@ -107,13 +140,16 @@ def fingerprint(cfg: Any) -> str:
     """The options' and inputs' digest the parts of one run share: the list's bytes, the checkpoint's, every key
     that changes a row or a threshold (not the device, nor the loader's workers)."""
     from corpus_io.config import to_dict
+    from corpus_io.infer.foreign import checkpoint_files
     from corpus_io.jobs import parts as jobs
     from corpus_io.tables.inputs import resolve_input
 
     files = list(resolve_input(cfg.data_list).files) or [cfg.data_list]
     conf = {k: v for k, v in to_dict(cfg.dataset_conf).items() if k not in ("num_workers", "prefetch")}
-    options = [cfg.chunk_seconds, cfg.max_unknown_share, *(getattr(cfg, k) for k in MERGE_OPTIONS[2:])]
-    return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest([cfg.checkpoint]), options, conf])
+    options = [cfg.chunk_seconds, cfg.max_unknown_share, *(getattr(cfg, k) for k in MERGE_OPTIONS[2:]),
+               to_dict(cfg.text_rule)]
+    return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest(checkpoint_files(cfg.checkpoint)),
+                             options, conf])
 
 
 def job_list(cfg: Any, job: Any, tmp: Path) -> tuple[str, int, int, int]:
@@ -172,7 +208,7 @@ def score_list(cfg: Any, data_list: str, out: Path, *, job: Any = None) -> dict:
 
     require_utterances(data_list, cfg.dataset_conf)
     device = decode_device(cfg.device)
-    model, tokenizer, tcfg = load_model(cfg.checkpoint, device)
+    model, tokenizer, tcfg = load_model(cfg.checkpoint, device, cfg.text_rule)
     repeats = check_repeated_keys(data_list, cfg.dataset_conf, "score")
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(data_list, conf, tokenizer, train=False, rank=0, world_size=1)

@@ -438,7 +438,7 @@ def fingerprint(cfg: Any) -> str:
     options = [cfg.max_segment_seconds, cfg.max_pause_seconds, cfg.padding_seconds, cfg.min_word_score,
                cfg.phrase_pause_seconds, cfg.window_seconds, cfg.chunk_seconds, detector(cfg.vad),
                cfg.max_unsaid_words,
-               cfg.pseudo_label, cfg.min_confidence]
+               cfg.pseudo_label, cfg.min_confidence, to_dict(cfg.text_rule)]
     return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest(checkpoint_files(cfg.checkpoint)),
                              options, conf])
 
@@ -457,7 +457,7 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
     words = failed = 0
     untranscribed: list[float] = []
     if recs:  # a job past the recordings loads no model
-        m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf)
+        m = load(cfg.checkpoint, cfg.device, cfg.dataset_conf, cfg.text_rule)
         pseudo = {k for k, r in recs.items() if r.get("pseudo_label")}
         transcripts = check_spoken_in_time({k: r for k, r in recs.items() if k not in pseudo}, m.tokenizer,
                                            m.frame_seconds, cfg.input, cfg.checkpoint,
@@ -751,6 +751,28 @@ def merge_sorted(paths: list[Path], key: Any, out: Any, tmp: Path, fan_in: int =
                 merge(paths[g: g + fan_in], f)
         paths, passes = merged, passes + 1
     merge(paths, out)
+
+
+#: the most lines sort_file holds in memory at once
+SORT_LINES = 100_000
+
+
+def sort_file(path: Path, key: Any, out: Any, tmp: Path, chunk: int | None = None) -> None:
+    """The lines of the file ``path`` written to ``out`` in ``key`` order, lines of equal keys in the file's order;
+    at most ``chunk`` (:data:`SORT_LINES`) lines in memory (an external sort: sorted runs in a directory under
+    ``tmp``, then :func:`merge_sorted`)."""
+    import tempfile
+    from itertools import islice
+
+    with tempfile.TemporaryDirectory(prefix="sort-", dir=tmp) as work, \
+            open(path, encoding="utf-8", newline="") as f:
+        runs = []
+        while lines := list(islice(f, chunk or SORT_LINES)):
+            lines.sort(key=key)
+            runs.append(Path(work) / f"run{len(runs)}")
+            with open(runs[-1], "w", encoding="utf-8", newline="") as g:
+                g.writelines(lines)
+        merge_sorted(runs, key, out, Path(work))
 
 
 __all__ = ["Segment", "cut", "merge_parts", "segment"]

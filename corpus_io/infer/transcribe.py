@@ -60,17 +60,27 @@ class StreamingTranscriber:
     at ``finish``). ``num_decoding_left_chunks``: chunks before each that attention sees (-1: all)."""
 
     def __init__(self, checkpoint: str, *, decoding_chunk_size: int = 16, num_decoding_left_chunks: int = -1,
-                 device: Any = "cpu") -> None:
+                 device: Any = "cpu", text_rule: Any = None) -> None:
         from corpus_io.audio.features import frame_offset, window_geometry
         from corpus_io.infer.decode import decode_device, load_model, output_frame_seconds
+        from corpus_io.infer.foreign import foreign_kind
         from corpus_io.model.cmvn import eval_dataset_conf
         from corpus_io.model.frontend import FrontEnd
 
         refuse_exported(checkpoint)
         self.checkpoint = checkpoint
         self.chunk, self.left = int(decoding_chunk_size), int(num_decoding_left_chunks)
+        self.foreign = bool(foreign_kind(checkpoint))
+        if self.foreign and self.chunk > 0:
+            refuse_foreign_stream(checkpoint)
         self.device = decode_device(str(device)) if isinstance(device, str) else device
-        self.model, self.tokenizer, tcfg = load_model(checkpoint, self.device)
+        self.model, self.tokenizer, tcfg = load_model(checkpoint, self.device, text_rule)
+        if self.foreign:  # the whole recording through the model at finish (module doc of corpus_io.infer.foreign)
+            self.conf = tcfg.dataset_conf
+            self.sample_rate = int(self.conf.resample_conf.resample_rate)
+            self.frame_seconds = float(self.model.frame_seconds)
+            self.reset()
+            return
         if self.chunk > 0:
             if not hasattr(self.model, "require_streaming"):
                 raise ConfigError(f"checkpoint {checkpoint} is not a corpus-io ConformerCTC, which streaming needs; "
@@ -115,6 +125,7 @@ class StreamingTranscriber:
         self._latency: list[float] = []
         self._pending = 0.0  # compute seconds (features) not yet counted in a chunk
         self._compute = 0.0
+        self._pieces: list = []  # a foreign model's samples so far
 
     def accept_waveform(self, samples: Any, sample_rate: int) -> Partial | None:
         """Buffer ``samples``, compute their feature frames and run each chunk now complete; the partial result
@@ -134,6 +145,10 @@ class StreamingTranscriber:
                             f"{tuple(x.shape)}. Average the channels first.")
         non_finite(x.numpy(), "accept_waveform")  # NaN, infinity or beyond full scale: the audio's fault
         self._received += x.shape[0]
+        if self.foreign:  # kept whole: the model runs at finish
+            self._pieces.append(x)
+            self._compute += time.perf_counter() - t0
+            return None
         self._samples = torch.cat([self._samples, x])
         self._add_features()
         changed = False
@@ -224,6 +239,8 @@ class StreamingTranscriber:
         from corpus_io.infer.decode import _speech, input_frame_offset_seconds, input_frame_seconds
 
         t0 = time.perf_counter()
+        if self.foreign:
+            return self._finish_foreign(t0)
         least = self.model.RIGHT_CONTEXT + 1 if hasattr(self.model, "RIGHT_CONTEXT") else 7
         if not self.snip_edges:  # the frames that reflect the end, then the chunks they complete
             self._add_features(final=True)
@@ -257,12 +274,51 @@ class StreamingTranscriber:
         self.reset()
         return result
 
+    def _finish_foreign(self, t0: float) -> Result:
+        """A model of another toolkit over the whole recording (in decode's ``chunk_seconds`` pieces past 60 s, as
+        decode runs it), its greedy text and its words on its own Viterbi path (no speech onsets, no offset)."""
+        import torch
+
+        from corpus_io.decoding.align import align
+        from corpus_io.decoding.beam import best_path_ids
+        from corpus_io.decoding.scoring import word_units
+        from corpus_io.infer.decode import CHUNK_CONTEXT_SECONDS, CHUNK_SECONDS, chunked
+
+        samples = torch.cat(self._pieces) if self._pieces else torch.zeros(0)
+        step = max(1, round(self.frame_seconds * self.sample_rate))
+        piece = max(step, int(CHUNK_SECONDS * self.sample_rate) // step * step)
+        context = int(CHUNK_CONTEXT_SECONDS * self.sample_rate) // step * step
+        x, lengths = samples[None], torch.tensor([samples.shape[0]])
+        with torch.no_grad():
+            log_probs, out_lengths = self.model(x, lengths) if samples.shape[0] <= piece else \
+                chunked(self.model, x, lengths, step=step, piece=piece, context=context)
+        log_probs = log_probs[0, : int(out_lengths[0])].cpu()
+        self._finite(log_probs, "the audio (full context)")
+        ids = best_path_ids(log_probs[None], torch.tensor([log_probs.shape[0]]))[0]
+        duration = self._received / self.sample_rate
+        timed = align(log_probs, ids, self.tokenizer.decode, word_units, frame_seconds=self.frame_seconds,
+                      duration=duration, blank=self.tokenizer.blank_id)
+        compute = self._compute + time.perf_counter() - t0
+        result = Result(text=self.tokenizer.decode(ids), words=list(timed.words),
+                        rtf=compute / duration if duration > 0 else 0.0, audio_seconds=duration,
+                        compute_seconds=compute, log_probs=log_probs)
+        self.reset()
+        return result
+
+
+def refuse_foreign_stream(checkpoint: str) -> None:
+    """A ConfigError for streaming with another toolkit's model (transcribe runs it offline only)."""
+    raise ConfigError(f"transcribe's model {checkpoint} is a CTC model of another toolkit, which transcribe runs "
+                      f"offline only: give ++stream=false (the whole recording through it).")
+
 
 def refuse_exported(checkpoint: str) -> None:
-    """A ConfigError for a file of export-model (transcribe runs the PyTorch checkpoint)."""
+    """A ConfigError for a file of export-model (transcribe runs the PyTorch checkpoint); a CTC model of another
+    toolkit (a sherpa-onnx .onnx file) passes."""
     from corpus_io.infer.exported import is_exported
+    from corpus_io.infer.foreign import foreign_kind
 
-    if is_exported(checkpoint):
+    if is_exported(checkpoint) and not foreign_kind(checkpoint):
         raise ConfigError(f"transcribe's model {checkpoint} is an exported file; transcribe runs the PyTorch "
                           f"checkpoint it was exported from (++model=exp/model.pt.avg5). Serve an export with "
                           f"sherpa-onnx (docs/DECODING.md), or decode a list with it: corpus-io decode "
@@ -302,6 +358,10 @@ def transcribe(cfg: Any) -> dict:
 
     require(cfg, "model", "input")
     refuse_exported(cfg.model)  # before reading anything
+    from corpus_io.infer.foreign import foreign_kind
+
+    if cfg.stream and foreign_kind(cfg.model):
+        refuse_foreign_stream(cfg.model)
 
     if not Path(cfg.input).is_file():
         raise DataError(f"++input={cfg.input} does not exist or is not a file; give the recording to transcribe "
@@ -321,7 +381,8 @@ def _transcribe(cfg: Any) -> dict:
     import torch
 
     transcriber = StreamingTranscriber(cfg.model, decoding_chunk_size=cfg.decoding_chunk_size if cfg.stream else 0,
-                                       num_decoding_left_chunks=cfg.num_decoding_left_chunks, device=cfg.device)
+                                       num_decoding_left_chunks=cfg.num_decoding_left_chunks, device=cfg.device,
+                                       text_rule=cfg.text_rule)
     samples = read_recording(cfg.input, transcriber.sample_rate)
     piece = max(1, round(cfg.piece_seconds * transcriber.sample_rate)) if cfg.stream else max(1, samples.shape[0])
     partials = 0

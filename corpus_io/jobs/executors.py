@@ -19,7 +19,7 @@ from corpus_io.jobs.parts import merge_jobs, run_job
 # the option that names P (what merge-jobs joins) for each command that runs as jobs
 MERGE_PATH = {"pack-shards": "output_dir", "scp2jsonl": "jsonl_file_out", "compute-cmvn": "output",
               "add-field": "input", "verify-shards": "input", "segment": "output_dir",
-              "score": "output_dir"}
+              "score": "output_dir", "decode": "output_dir"}
 
 
 def run_on_dask(command: str, overrides: list[str], cfg: Any) -> Any:

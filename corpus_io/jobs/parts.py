@@ -3,21 +3,21 @@
 The interface (what an engine, recipe or executor needs):
 
 * ``++num_jobs=N ++job_index=J`` on ``pack-shards``, ``scp2jsonl``, ``compute-cmvn``, ``add-field``,
-  ``verify-shards``, ``export``, ``segment`` and ``score``; J counts from 1. ``auto`` (both keys) reads a
+  ``verify-shards``, ``export``, ``segment``, ``score`` and ``decode``; J counts from 1. ``auto`` (both keys) reads a
   scheduler's array variables (:func:`scheduler_job`: Slurm, SGE/UGE, PBS Pro with ``num_jobs`` given, LSF);
   ``auto`` outside an array is a :class:`ConfigError`. ``N = 1`` (the default) is the one-job run: it writes the final
   outputs (``data.list``, the jsonl, the CMVN file, ...) itself.
 * Job J of N is a pure function of (input, options, N, J): :func:`Job.span` gives its contiguous slice
   of the command's N-independent units (pack-shards: global shard numbers; scp2jsonl: lines of the first
   table; compute-cmvn, add-field, verify-shards: entries of the data.list; segment: recordings in key order;
-  score: a raw list's lines or a shard list's shards).
+  score and decode: a raw list's lines or a shard list's shards).
   It writes only its own outputs plus a **part record** (:class:`Part`, JSON, by temp + rename, written last),
   never the final list/file.
 * :func:`run_job` ``(command, overrides, job_index, num_jobs)`` composes the command's config exactly as
   the CLI does and runs that one job: the function an executor (Dask, a local pool) submits; it needs
   nothing but the same filesystem.
 * ``corpus-io merge-jobs ++path=P`` (:func:`merge_jobs`), where P is what one job would have written
-  (pack-shards', segment's and score's ``output_dir``, scp2jsonl's ``jsonl_file_out``, compute-cmvn's
+  (pack-shards', segment's, score's and decode's ``output_dir``, scp2jsonl's ``jsonl_file_out``, compute-cmvn's
   ``output``, add-field's and verify-shards' ``input`` list), checks the parts (:func:`load_parts`: none
   missing, one N, one options fingerprint, outputs present and unchanged, no key in two parts) and only then
   writes exactly the bytes ``++num_jobs=1`` writes. It changes nothing when it refuses, and a second merge
@@ -75,6 +75,8 @@ JOB_COMMANDS: dict[str, tuple[str, str, str, str, str]] = {  # command -> (schem
                 "corpus_io.infer.segment:part_keys", "corpus_io.infer.segment:check_part"),
     "score": ("ScoreConfig", "corpus_io.infer.score:score", "corpus_io.infer.score:merge_parts",
               "corpus_io.infer.score:part_keys", "corpus_io.infer.score:check_part"),
+    "decode": ("DecodeConfig", "corpus_io.infer.decode:decode", "corpus_io.infer.decode:merge_parts",
+               "corpus_io.infer.decode:part_keys", "corpus_io.infer.decode:check_part"),
 }
 
 # merge-jobs' ++check levels, each doing what the one before does and more: ``stat`` (the default; ``size`` is its

@@ -211,7 +211,7 @@ def test_ctm_and_jsonl_give_recording_times_for_segments_read_by_the_loader(tmp_
     recording and start; decode's CTM names the recording and shifts each word by its segment's start, Kaldi's six
     fields, sorted by time; whole recordings keep their own key and times."""
     from corpus_io.config import DecodeConfig
-    from corpus_io.infer.decode import DecodeRun, write_timed
+    from corpus_io.infer.decode import DecodeRun, result_row, run_totals, write_results
     from corpus_io.loader.dataset import build_dataloader
     from tests.conftest import run_cli
 
@@ -234,7 +234,14 @@ def test_ctm_and_jsonl_give_recording_times_for_segments_read_by_the_loader(tmp_
         run.nbest[key] = [("w1 w2", 0.0)]
     run.timed["whole"] = align(spikes(40, 4, {5: 3}, p=0.4), [3], decode, word_units, frame_seconds=FRAME)
     run.nbest["whole"] = [("w3", 0.0)]
-    write_timed(tmp_path, run, timestamps=True, min_confidence=0.5)
+    rows, missing = tmp_path / "rows.jsonl", tmp_path / "missing.jsonl"
+    rows.write_text("".join(json.dumps({**result_row(k, "", run.nbest[k], None, (run.timed[k], run.segments.get(k))),
+                                        "tokens": 0}) + "\n" for k in sorted(run.timed)))
+    missing.write_text("")
+    totals = {**run_totals(run), "skipped": "none"}
+    options = {"method": "greedy", "nbest": 1, "timestamps": True, "min_confidence": 0.5, "data_list": str(raw),
+               "data_type": "shard"}
+    write_results(tmp_path, rows, missing, totals, options, tmp=tmp_path)
     rows = [line.split() for line in (tmp_path / "ctm").read_text().splitlines()]
     assert all(len(r) == 6 and r[1] == "1" and 0 <= float(r[5]) <= 1 and float(r[3]) > 0 for r in rows)
     long = [r for r in rows if r[0] == "long"]

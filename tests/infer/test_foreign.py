@@ -7,6 +7,7 @@ aligns as torchaudio's own forced-alignment pipeline."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -245,3 +246,170 @@ def test_mms_fa_with_random_weights_aligns_as_torchaudios_own_pipeline(tmp_path)
         for w, span in zip(words, spans):
             assert abs(w["start"] - span[0].start * 0.02) < 1e-6 and abs(w["end"] - span[-1].end * 0.02) < 1e-6, \
                 (key, w, span[0].start, span[-1].end)
+
+
+# --------------------------------------------------------------------------- sherpa-onnx NeMo and Zipformer files
+
+#: a BPE list as NeMo's and icefall's exports write them: words as ▁ pieces, letters, the lone ▁
+PIECES = ["<unk>", *("▁" + w for w in "zero one two three four five six seven eight nine".split()),
+          *"abcdefghijklmnopqrstuvwxyz'", "▁"]
+
+#: sherpa-onnx's recognizer of one kind (``factory``: OfflineRecognizer.from_nemo_ctc, from_zipformer_ctc) in a
+#: child process (it ends the process on a file it cannot load); the whole file at once. Prints {key: text}.
+RECOGNIZE_KIND = """
+import json, sys
+import sherpa_onnx, soundfile as sf
+job = json.loads(sys.argv[1])
+recognizer = getattr(sherpa_onnx.OfflineRecognizer, job["factory"])(model=job["model"], tokens=job["tokens"])
+texts = {}
+for key, path in job["rows"]:
+    samples, rate = sf.read(path, dtype="float32")
+    stream = recognizer.create_stream()
+    stream.accept_waveform(rate, samples)
+    recognizer.decode_stream(stream)
+    texts[key] = stream.result.text
+print(json.dumps(texts))
+"""
+
+
+def _sherpa_file(out: Path, kind: str) -> Path:
+    """A tiny random-weight CTC file as sherpa-onnx reads it (one strided convolution over the fbank: 4 frames to
+    one, 40 ms), with tokens.txt beside it. ``nemo``: NeMo's I/O ((N, bins, T) ``audio_signal`` and ``length`` in,
+    ``logprobs`` out; metadata model_type EncDecCTCModelBPE, normalize_type per_feature, vocab_size,
+    subsampling_factor; ``<blk>`` last). ``zipformer2_ctc``: icefall's ((N, T, bins) ``x``, ``x_lens`` in,
+    ``log_probs``, ``log_probs_len`` out; ``<blk>`` first)."""
+    import onnx
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    nemo = kind == "nemo"
+    symbols = PIECES + ["<blk>"] if nemo else ["<blk>"] + PIECES
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv1d(80, len(symbols), kernel_size=4, stride=4)
+
+        def forward(self, x, lengths):
+            if nemo:  # (N, bins, T)
+                return torch.log_softmax(self.conv(x).transpose(1, 2), dim=-1) + 0 * lengths[:, None, None]
+            return torch.log_softmax(self.conv(x.transpose(1, 2)).transpose(1, 2), dim=-1), lengths // 4
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    names = (["audio_signal", "length"], ["logprobs"]) if nemo else (["x", "x_lens"], ["log_probs", "log_probs_len"])
+    example = torch.randn(1, 80, 100) if nemo else torch.randn(1, 100, 80)
+    axes = {names[0][0]: {0: "N", 2 if nemo else 1: "T"}, names[0][1]: {0: "N"}, names[1][0]: {0: "N", 1: "T"}}
+    torch.onnx.export(model, (example, torch.tensor([100])), str(out / "model.onnx"), input_names=names[0],
+                      output_names=names[1], dynamic_axes=axes, opset_version=14, dynamo=False)
+    proto = onnx.load(str(out / "model.onnx"))
+    meta = {"model_type": "EncDecCTCModelBPE", "normalize_type": "per_feature", "vocab_size": len(symbols),
+            "subsampling_factor": 4} if nemo else {"model_type": "zipformer2_ctc"}
+    for key, value in meta.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, str(value)
+    onnx.save(proto, str(out / "model.onnx"))
+    (out / "tokens.txt").write_text("".join(f"{s} {i}\n" for i, s in enumerate(symbols)), encoding="utf-8")
+    return out / "model.onnx"
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> list[tuple[str, str]]:
+    """40 espeak digit strings at 16 kHz: (key, wav path)."""
+    from corpus_io.tables import synth
+
+    out = synth.make_digits(tmp_path_factory.mktemp("digits") / "d", 40, seed=5)
+    return [tuple(line.split(" ", 1)) for line in (out / "wav.scp").read_text().splitlines()]
+
+
+def _decode_words(model: Path, rows: list, out: Path, *extra: str) -> dict[str, str]:
+    data = out / "list.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+    data.write_text("".join(json.dumps({"key": k, "wav": p, "txt": ""}) + "\n" for k, p in rows))
+    result = run_cli("corpus-io", "decode", f"++data_list={data}", f"++checkpoint={model}",
+                     f"++output_dir={out / 'decode'}", "++dataset_conf.num_workers=0",
+                     "++dataset_conf.data_type=raw", *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {k: " ".join(t.split()) for k, _, t in (line.partition(" ") for line in
+                                                    (out / "decode" / "text").read_text(encoding="utf-8").splitlines())}
+
+
+@pytest.mark.parametrize("kind, factory", [("nemo", "from_nemo_ctc"), ("zipformer2_ctc", "from_zipformer_ctc")])
+def test_a_sherpa_onnx_nemo_or_zipformer_file_decodes_the_words_sherpa_onnx_gives(kind, factory, digits, tmp_path):
+    """A random-weight file (so every feature value counts: a frame's best token flips on a small change) decodes,
+    utterance by utterance, to the words sherpa-onnx's recognizer gives with the same file: NeMo's hann-window
+    librosa fbank with log(x + 2^-24), normalised per mel bin; the Zipformer's povey fbank."""
+    pytest.importorskip("sherpa_onnx")
+    from tests.conftest import run_bounded
+
+    model = _sherpa_file(tmp_path / kind, kind)
+    job = {"factory": factory, "model": str(model), "tokens": str(model.parent / "tokens.txt"), "rows": digits}
+    result = run_bounded([sys.executable, "-c", RECOGNIZE_KIND, json.dumps(job)], 300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    texts = {k: " ".join(t.split()) for k, t in json.loads(result.stdout).items()}
+    hyps = _decode_words(model, digits, tmp_path)
+    same = sum(hyps.get(k) == texts[k] for k in texts)
+    print(f"sherpa-onnx {kind}: {same} of {len(texts)} utterances give sherpa-onnx's words")
+    assert same >= 0.95 * len(texts), [(k, hyps.get(k), texts[k]) for k in texts if hyps.get(k) != texts[k]][:3]
+    assert sum(len(t.split()) for t in texts.values()) > len(texts)  # words to compare, not empty hypotheses
+
+
+def test_transcribe_takes_a_foreign_model_offline_and_refuses_to_stream_it(digits, tmp_path):
+    """``corpus-io transcribe ++stream=false`` with a sherpa-onnx NeMo file gives decode's words on the same audio;
+    ``++stream=true`` is one line saying to give ++stream=false."""
+    pytest.importorskip("kaldi_native_fbank")
+    model = _sherpa_file(tmp_path / "nemo", "nemo")
+    rows = digits[:3]
+    hyps = _decode_words(model, rows, tmp_path)
+    for key, path in rows:
+        result = run_cli("corpus-io", "transcribe", f"++model={model}", f"++input={path}", "++stream=false")
+        assert result.returncode == 0, result.stderr[-3000:]
+        final = next(line for line in result.stdout.splitlines() if line.startswith("final:"))
+        assert " ".join(final[len("final:"):].split()) == hyps[key], (key, final, hyps[key])
+    refused = run_cli("corpus-io", "transcribe", f"++model={model}", f"++input={rows[0][1]}")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "++stream=false" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
+def test_the_text_rule_keys_override_case_and_punctuation(hf_model, tmp_path):
+    """``++text_rule.case=keep`` spells the words as written (the lowercase ones: outside the uppercase vocabulary,
+    reported); ``++text_rule.punctuation=keep`` keeps a comma the vocabulary lacks (the word reported);
+    ``drop`` leaves the apostrophe out though the vocabulary has it. A misspelt key names text_rule.case."""
+    utts = [u for u in fixture_utts() if u[2].isascii()][:2]
+    data = tmp_path / "list.jsonl"
+    data.write_text("".join(json.dumps({"key": k, "wav": p, "txt": t.lower() + " O'CLOCK,"}) + "\n"
+                            for k, p, t in utts))
+
+    def unaligned(*extra: str) -> list[str]:
+        out = tmp_path / "-".join(extra).replace("=", "_").replace("+", "")
+        result = run_cli("corpus-io", "align", f"++data_list={data}", f"++checkpoint={hf_model}",
+                         f"++output_dir={out}", "++dataset_conf.num_workers=0", "++dataset_conf.data_type=raw",
+                         "++min_word_score=0", *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return [line.split()[2] for line in (out / "unaligned").read_text(encoding="utf-8").splitlines()]
+
+    assert unaligned() == []  # auto: uppercased, the comma left out
+    kept = unaligned("++text_rule.case=keep")
+    assert kept and all(w.islower() for w in kept)
+    assert unaligned("++text_rule.punctuation=keep") == ["O'CLOCK,"] * len(utts)
+    assert unaligned("++text_rule.punctuation=drop") == []
+    bad = run_cli("corpus-io", "align", f"++data_list={data}", f"++checkpoint={hf_model}",
+                  f"++output_dir={tmp_path / 'bad'}", "++text_rule.cas=upper")
+    assert bad.returncode != 0 and "text_rule.case" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_vocab_tokenizer_rules():
+    """The rule of docs/DECODING.md: case from the vocabulary, punctuation auto/drop/keep, BPE words from their ▁
+    piece (the lone ▁ before a word no ▁ piece starts)."""
+    from corpus_io.infer.foreign import VocabTokenizer
+
+    letters = ["<pad>", "|", *LETTERS]
+    auto = VocabTokenizer(letters, unk=None, delimiter="|", specials={"<pad>"})
+    assert auto.tokenize("Don't, stop!") == list("DON'T") + ["|"] + list("STOP")
+    drop = VocabTokenizer(letters, unk=None, delimiter="|", specials={"<pad>"}, punctuation="drop")
+    assert drop.tokenize("Don't") == list("DONT")
+    keep = VocabTokenizer(letters, unk=None, delimiter="|", specials={"<pad>"}, punctuation="keep", case="keep")
+    assert keep.tokenize("Hi,") == ["H", "i", ","]
+    bpe = VocabTokenizer(["<blk>", *PIECES], unk="<unk>", delimiter=None, specials={"<blk>", "<unk>"})
+    assert bpe.tokenize("One xy") == ["▁one", "▁", "x", "y"]
+    assert bpe.decode([bpe.ids[t] for t in bpe.tokenize("One xy")]) == "one xy"
