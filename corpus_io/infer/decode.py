@@ -753,17 +753,6 @@ def loader_dropped(loader: Any) -> dict:
     return {k: v for k, v in dropped.items() if k not in NOT_DROPS}
 
 
-def undecoded(run: DecodeRun, data_list: str, conf: Any, dropped: dict) -> None:
-    """When the loader dropped utterances (``dropped``: its counts), the list's references are read again (keys and
-    transcripts, no audio): each one without a hypothesis goes into ``run.missing``, scored as all deletions and
-    named; why a shard's or an entry's references could not be read goes into ``run.unread``."""
-    if not dropped:
-        return
-    for key, ref in list_references(data_list, conf, run.unread, run.unread_shards):
-        if key not in run.nbest and key not in run.missing:
-            run.missing[key] = ref
-
-
 def list_references(data_list: str, conf: Any, unread: list,
                     unread_shards: dict | None = None) -> Iterator[tuple[str, str]]:
     """``(key, transcript)`` of every utterance of a raw or shard list, without audio (a shard's from its meta

@@ -19,9 +19,14 @@ Outputs in ``++output_dir``: ``scores.jsonl`` (a row per utterance of the input,
 figures, ``flagged``, ``reasons``, the label and the hypothesis), ``flagged`` (``<key> <reason>; <reason>`` a line:
 ``++exclude_keys`` of pack-shards and make-datalist takes it as it is) and ``summary.txt`` (counts, thresholds).
 
-Memory is flat in the list's size: rows go to disk as they are made, the thresholds come from each figure's bounded
-:class:`Sketch`, and a second pass flags. ``++num_jobs=N``: each job writes its rows and sketches, and
-``merge-jobs`` flags them all (:func:`score`, :func:`merge_parts`).
+Memory is flat in the list's length: nothing of an utterance is held for the run. The search streams
+(:func:`~corpus_io.infer.decode.run_search` with ``rows``): each utterance's row is made as its batch is searched
+(its label's measures held for that batch only) and written, unsorted, to a file in ``output_dir``, which is sorted on
+disk by key (:func:`~corpus_io.infer.decode.sorted_rows`: at most 100,000 lines in memory; a key read twice kept
+once, its last row, and named); the utterances the loader could not read are joined on disk too. The thresholds come
+from each figure's bounded :class:`Sketch`, a second pass flags, and the check that the checkpoint can spell the
+labels keeps counts (:class:`Spelling`). ``++num_jobs=N``: each job writes its rows and sketches, and ``merge-jobs``
+flags them all (:func:`score`, :func:`merge_parts`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ import json
 import math
 import sys
 import tempfile
-from dataclasses import dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -191,18 +197,24 @@ FIGURE_NAMES = tuple(dict.fromkeys(f for f, _ in LIMITS))
 
 def score_list(cfg: Any, data_list: str, out: Path, *, job: Any = None) -> dict:
     """Score ``data_list``: the whole run's outputs in ``out``, or with ``job`` a job's rows (not flagged) into
-    ``out/rows.jsonl`` and what its part record keeps."""
+    ``out/rows.jsonl`` and what its part record keeps. Nothing of an utterance is held for the run: its row is made
+    as its batch is searched (:func:`run_search` with ``rows``) and goes to a file, which is sorted on disk by key
+    (a repeated key kept once, its last row: :func:`~corpus_io.infer.decode.sorted_rows`); the utterances the loader
+    could not read are joined on disk too (:func:`~corpus_io.infer.decode.missing_rows`)."""
     from corpus_io.infer.decode import (
         check_repeated_keys,
         decode_dataset_conf,
         decode_device,
         forward_batches,
+        list_references,
         load_model,
         loader_dropped,
+        missing_rows,
         run_search,
         skipped_summary,
-        undecoded,
+        sorted_rows,
     )
+    from corpus_io.infer.segment import _jsonl_key, merge_sorted
     from corpus_io.loader.dataset import build_dataloader
     from corpus_io.storage.files import atomic_write
 
@@ -212,28 +224,52 @@ def score_list(cfg: Any, data_list: str, out: Path, *, job: Any = None) -> dict:
     repeats = check_repeated_keys(data_list, cfg.dataset_conf, "score")
     conf = decode_dataset_conf(cfg.dataset_conf, tcfg.dataset_conf)
     loader = build_dataloader(data_list, conf, tokenizer, train=False, rank=0, world_size=1)
-    measured: dict[str, dict] = {}
+    measured: dict[str, dict] = {}  # the batch being searched: label_losses clears it as it measures the next
+    spelling = Spelling()
     batches = forward_batches(loader, model, tokenizer, conf, device, desc="score", chunk_seconds=cfg.chunk_seconds)
-    run = run_search(None, label_losses(batches, tokenizer, measured, cfg), tokenizer, Greedy(),
-                     where=data_list, skipped=skipped_summary(loader), command="score")
-    undecoded(run, data_list, conf, loader_dropped(loader))
-    spell_check(measured, cfg)
+    with made_dir(out), tempfile.TemporaryDirectory(prefix=".score-rows-", dir=out) as work:
+        tmp = Path(work)
+        with open(tmp / "spill.jsonl", "w", encoding="utf-8") as f:
+            run = run_search(None, label_losses(batches, tokenizer, measured, spelling, cfg), tokenizer, Greedy(),
+                             where=data_list, skipped=skipped_summary(loader), command="score", nbest=1,
+                             rows=lambda row: f.write(json.dumps(scored_row(row, measured[row["key"]]),
+                                                                 ensure_ascii=False) + "\n"))
+        spell_check(spelling, cfg)
+        with open(tmp / "read.jsonl", "w", encoding="utf-8") as f:
+            run.decoded = sorted_rows(tmp / "spill.jsonl", f, run, tmp)
+        (tmp / "spill.jsonl").unlink()
+        with open(tmp / "unread.jsonl", "w", encoding="utf-8") as f:
+            missing_rows(tmp / "read.jsonl", list_references(data_list, conf, run.unread, run.unread_shards)
+                         if loader_dropped(loader) else iter(()), f, tmp,
+                         lambda ref: unread_row(ref["key"], ref["ref"], run.skipped))
+        with open(tmp / "rows.jsonl", "w", encoding="utf-8", newline="") as f:
+            merge_sorted([tmp / "read.jsonl", tmp / "unread.jsonl"], _jsonl_key, f, tmp)
+        rows = tmp / "rows.jsonl"
+        if job is not None:
+            keys: list[str] = []
+            with atomic_write(out / "rows.jsonl") as f:
+                sketches = write_rows(f, (keys.append(r["key"]) or r for r in read_rows(rows)))
+            return {"rows": len(keys), "readable": run.decoded, "audio_seconds": run.audio, "wall_seconds": run.wall_s,
+                    "keys": keys, "sketches": {f: sk.to_json() for f, sk in sketches.items()},
+                    "run": {"audio": run.audio, "repeats": run.repeats, "unread": run.unread,
+                            "unread_shards": run.unread_shards, "skipped": run.skipped, "repeated": repeats}}
+        # the thresholds need only each figure's bounded sketch; flagging is a second pass over the file
+        return finish(out, read_rows(rows), sketches_of(read_rows(rows)), run, cfg, repeats)
+
+
+@contextmanager
+def made_dir(out: Path) -> Iterator[Path]:
+    """``out`` made (when missing) for a run's files; when the run fails, a directory made here is removed again
+    if it is empty (bad input writes nothing, not even the directory)."""
+    existed = out.is_dir()
     ensure_out(out)
-    if job is not None:
-        keys: list[str] = []
-        with atomic_write(out / "rows.jsonl") as f:
-            sketches = write_rows(f, (keys.append(r["key"]) or r for r in figures(run, measured)))
-        readable = len(run.nbest)
-        return {"rows": len(keys), "readable": readable, "audio_seconds": run.audio, "wall_seconds": run.wall_s,
-                "keys": keys, "sketches": {f: sk.to_json() for f, sk in sketches.items()},
-                "run": {"audio": run.audio, "repeats": run.repeats, "unread": run.unread,
-                        "unread_shards": run.unread_shards, "skipped": run.skipped, "repeated": repeats}}
-    # the rows go to disk as they are made: the thresholds need only each figure's bounded sketch, and flagging is
-    # a second pass over the file
-    with tempfile.TemporaryDirectory(prefix=".score-rows-", dir=out) as tmp:
-        with open(Path(tmp) / "rows.jsonl", "w", encoding="utf-8") as f:
-            sketches = write_rows(f, figures(run, measured))
-        return finish(out, read_rows(Path(tmp) / "rows.jsonl"), sketches, run, cfg, repeats)
+    try:
+        yield out
+    except BaseException:
+        if not existed:
+            with suppress(OSError):
+                out.rmdir()
+        raise
 
 
 def finish(out: Path, rows: Iterable[dict], sketches: dict, run: Any, cfg: Any, repeats: dict | None) -> dict:
@@ -253,9 +289,18 @@ def finish(out: Path, rows: Iterable[dict], sketches: dict, run: Any, cfg: Any, 
 def write_rows(f: Any, rows: Iterable[dict]) -> dict:
     """``rows`` (not flagged yet) a JSON line each into the open file ``f``; returns each thresholded figure's
     :class:`Sketch` of the rows that count (readable, alignable)."""
-    sketches = {figure: Sketch() for figure in FIGURE_NAMES}
+    def written(rows: Iterable[dict]) -> Iterator[dict]:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            yield row
+
+    return sketches_of(written(rows))
+
+
+def sketches_of(rows: Iterable[dict], names: Iterable[str] = FIGURE_NAMES) -> dict:
+    """Each figure of ``names``' :class:`Sketch` of the ``rows`` that count (readable, alignable)."""
+    sketches = {figure: Sketch() for figure in names}
     for row in rows:
-        f.write(json.dumps(row, ensure_ascii=False) + "\n")
         counted(row, sketches)
     return sketches
 
@@ -350,9 +395,12 @@ def require_utterances(data_list: str, dataset_conf: Any) -> None:
                     f"++dataset_conf.data_type=raw).")
 
 
-def label_losses(batches: Iterable[Any], tokenizer: Any, measured: dict, cfg: Any) -> Iterator[Any]:
+def label_losses(batches: Iterable[Any], tokenizer: Any, measured: dict, spelling: Spelling,
+                 cfg: Any) -> Iterator[Any]:
     """Pass the model's batches on, measuring each utterance's label on the way: its CTC loss, frames, tokens,
-    whether it can be aligned and its unknown tokens (into ``measured`` by key)."""
+    whether it can be aligned and its unknown tokens (into ``measured`` by key: the batch passed on, cleared as the
+    next is measured, so it never holds more than a batch) and ``spelling``'s counts (:func:`spell_check`d once
+    :data:`SPELL_CHECK_AFTER` utterances are in)."""
     from corpus_io.decoding.beam import ctc_scores
 
     checked = False
@@ -360,14 +408,16 @@ def label_losses(batches: Iterable[Any], tokenizer: Any, measured: dict, cfg: An
         log_probs = fw.log_probs.float() if hasattr(fw.log_probs, "float") else fw.log_probs
         scores = ctc_scores(log_probs, fw.lengths, list(range(len(fw.keys))), fw.targets).tolist()
         frames = fw.lengths.tolist()
+        measured.clear()
         for i, key in enumerate(fw.keys):
             ids = fw.targets[i]
-            measured[key] = {"duration": fw.durations[i] if i < len(fw.durations) else None,
-                             "frames": int(frames[i]), "tokens": len(ids),
-                             "needed_frames": len(ids) + sum(a == b for a, b in zip(ids, ids[1:])),
-                             "loss": -float(scores[i]), "unknown": unknown_tokens(tokenizer, fw.refs[i], ids)}
-        if not checked and len(measured) >= SPELL_CHECK_AFTER:
-            spell_check(measured, cfg)
+            m = measured[str(key)] = {
+                "duration": fw.durations[i] if i < len(fw.durations) else None, "frames": int(frames[i]),
+                "tokens": len(ids), "needed_frames": len(ids) + sum(a == b for a, b in zip(ids, ids[1:])),
+                "loss": -float(scores[i]), "unknown": unknown_tokens(tokenizer, fw.refs[i], ids)}
+            spelling.add(str(key), m["unknown"])
+        if not checked and spelling.read >= SPELL_CHECK_AFTER:
+            spell_check(spelling, cfg)
             checked = True
         yield fw
 
@@ -388,49 +438,65 @@ def unknown_tokens(tokenizer: Any, text: str, ids: list) -> list:
 SPELL_CHECK_AFTER = 64
 
 
-def spell_check(measured: dict, cfg: Any) -> None:
+@dataclass
+class Spelling:
+    """What :func:`spell_check` needs of the utterances measured so far, counted rather than kept: how many were
+    read, how many hold tokens the token list lacks, the first of those (key, its tokens) and the distinct tokens
+    (as many as the labels' alphabet, not the list)."""
+
+    read: int = 0
+    bad: int = 0
+    first: tuple | None = None
+    tokens: set = field(default_factory=set)
+
+    def add(self, key: str, unknown: list) -> None:
+        self.read += 1
+        if unknown:
+            self.bad += 1
+            self.first = self.first or (key, unknown)
+            self.tokens.update(unknown)
+
+
+def spell_check(spelling: Spelling, cfg: Any) -> None:
     """A ConfigError when more than ``cfg.max_unknown_share`` of the utterances hold tokens the checkpoint's token
     list lacks: its tokens cannot spell these labels (another language or token list), and nothing it says about
     them means anything. Checked on the first ``SPELL_CHECK_AFTER`` utterances and at the end."""
-    if not measured:
+    if not spelling.read or spelling.bad <= cfg.max_unknown_share * spelling.read:
         return
-    bad = {k: m["unknown"] for k, m in measured.items() if m["unknown"]}
-    if len(bad) <= cfg.max_unknown_share * len(measured):
-        return
-    examples = sorted({t for tokens in bad.values() for t in tokens})
-    key = next(iter(bad))
+    examples = sorted(spelling.tokens)
+    key, tokens = spelling.first
     raise ConfigError(f"checkpoint {cfg.checkpoint}'s token list cannot spell the labels of {cfg.data_list}: "
-                      f"{len(bad)} of the {len(measured)} utterances read so far hold tokens it lacks (e.g. "
-                      f"'{key}': {', '.join(repr(t) for t in bad[key][:5])}; in all {len(examples)} distinct, "
+                      f"{spelling.bad} of the {spelling.read} utterances read so far hold tokens it lacks (e.g. "
+                      f"'{key}': {', '.join(repr(t) for t in tokens[:5])}; in all {len(examples)} distinct, "
                       f"{', '.join(repr(t) for t in examples[:10])}). Score with a checkpoint trained on this "
                       f"language and tokenization (tokenizer.type, latin_unit), or raise ++max_unknown_share="
                       f"{cfg.max_unknown_share} to flag such utterances instead. Nothing was written.")
 
 
-def figures(run: Any, measured: dict) -> Iterator[dict]:
-    """A row per utterance of the input (key order): the scored ones' figures, the unreadable ones marked."""
+def unread_row(key: str, text: str, skipped: str) -> dict:
+    """The row of an utterance of the list the loader did not give (``skipped``: its counts)."""
+    return {"key": key, "text": text, "readable": False, "error": f"not read (loader: {skipped})"}
+
+
+def scored_row(result: dict, m: dict) -> dict:
+    """An utterance's figures from its search result (:func:`~corpus_io.infer.decode.result_row`: key, reference,
+    best hypothesis) and its label's measures ``m`` (:func:`label_losses`)."""
     from corpus_io.decoding.scoring import char_units, edit_counts, normalize, word_units
 
-    for key in sorted(set(run.nbest) | set(run.missing)):
-        if key not in run.nbest:
-            yield {"key": key, "text": run.missing[key], "readable": False,
-                   "error": f"not read (loader: {run.skipped})"}
-            continue
-        m = measured[key]
-        ref, hyp = run.refs[key], run.nbest[key][0][0]
-        said, heard = normalize(ref), normalize(hyp)  # as decode's Scorer scores, without keeping its lines
-        c, w = edit_counts(char_units(said), char_units(heard)), edit_counts(word_units(said), word_units(heard))
-        duration = m["duration"] or 0.0
-        chars = len(char_units(said))
-        yield {
-            "key": key, "readable": True, "duration": round(duration, 3), "frames": m["frames"],
-            "chars": chars, "tokens": m["tokens"],
-            "chars_per_second": _ratio(chars, duration), "tokens_per_second": _ratio(m["tokens"], duration),
-            "cer": _ratio(c.errors, c.ref, 4, empty=float(c.errors > 0)), "char_errors": c.errors,
-            "wer": _ratio(w.errors, w.ref, 4, empty=float(w.errors > 0)), "word_errors": w.errors,
-            "loss_per_frame": _ratio(m["loss"], m["frames"], 4), "loss_per_token": _ratio(m["loss"], m["tokens"], 4),
-            "alignable": m["needed_frames"] <= m["frames"], "needed_frames": m["needed_frames"],
-            "unknown": m["unknown"], "text": ref, "hyp": hyp}
+    key, ref, hyp = result["key"], result["ref"], result["nbest"][0][0]
+    said, heard = normalize(ref), normalize(hyp)  # as decode's Scorer scores, without keeping its lines
+    c, w = edit_counts(char_units(said), char_units(heard)), edit_counts(word_units(said), word_units(heard))
+    duration = m["duration"] or 0.0
+    chars = len(char_units(said))
+    return {
+        "key": key, "readable": True, "duration": round(duration, 3), "frames": m["frames"],
+        "chars": chars, "tokens": m["tokens"],
+        "chars_per_second": _ratio(chars, duration), "tokens_per_second": _ratio(m["tokens"], duration),
+        "cer": _ratio(c.errors, c.ref, 4, empty=float(c.errors > 0)), "char_errors": c.errors,
+        "wer": _ratio(w.errors, w.ref, 4, empty=float(w.errors > 0)), "word_errors": w.errors,
+        "loss_per_frame": _ratio(m["loss"], m["frames"], 4), "loss_per_token": _ratio(m["loss"], m["tokens"], 4),
+        "alignable": m["needed_frames"] <= m["frames"], "needed_frames": m["needed_frames"],
+        "unknown": m["unknown"], "text": ref, "hyp": hyp}
 
 
 def _ratio(num: float, den: float, digits: int = 3, *, empty: float | None = None) -> float | None:
@@ -571,10 +637,7 @@ LOG_FIGURES = frozenset({"loss_per_token", "loss_per_frame"})
 
 def thresholds(rows: Iterable[dict], cfg: Any) -> dict:
     """Each figure's threshold from ``rows`` (:func:`limits_of` their sketches)."""
-    sketches = {figure: Sketch() for figure in dict.fromkeys(f for f, _ in LIMITS)}
-    for row in rows:
-        counted(row, sketches)
-    return limits_of(sketches, cfg)
+    return limits_of(sketches_of(rows), cfg)
 
 
 def limits_of(sketches: dict, cfg: Any) -> dict:
@@ -611,10 +674,7 @@ def bounded(figure: str, value: float | None, cfg: Any) -> tuple:
 
 def judgement(rows: Iterable[dict], cfg: Any) -> str | None:
     """:func:`judgement_of` the CERs of ``rows`` (those that count for the thresholds)."""
-    sketches = {"cer": Sketch()}
-    for row in rows:
-        counted(row, sketches)
-    return judgement_of(sketches["cer"], cfg)
+    return judgement_of(sketches_of(rows, ("cer",))["cer"], cfg)
 
 
 def judgement_of(cers: Sketch, cfg: Any) -> str | None:

@@ -233,7 +233,7 @@ def test_a_special_token_in_a_label_is_an_unknown_token_never_a_negative_loss(tm
 
     import torch
 
-    from corpus_io.infer.score import label_losses
+    from corpus_io.infer.score import Spelling, label_losses
     from tests.test_tokenizer import tiny_tokenizer
 
     tok = tiny_tokenizer(tmp_path)
@@ -244,9 +244,57 @@ def test_a_special_token_in_a_label_is_an_unknown_token_never_a_negative_loss(tm
     fw = SimpleNamespace(log_probs=log_probs.log_softmax(-1), lengths=torch.tensor([frames] * 3),
                          keys=["a", "b", "c"], targets=[tok.encode(r) for r in refs], durations=[0.24] * 3, refs=refs)
     measured: dict = {}
-    list(label_losses([fw], tok, measured, SimpleNamespace(max_unknown_share=1.0)))
+    list(label_losses([fw], tok, measured, Spelling(), SimpleNamespace(max_unknown_share=1.0)))
     assert [measured[k]["unknown"] for k in "abc"] == [["<blank>"], ["<sos/eos>"], ["<blank>"]]
     assert all(m["loss"] > 10 for m in measured.values())  # -log P of tokens the model never says
+
+
+def test_score_rows_go_to_disk_as_scored_and_its_measures_never_hold_more_than_a_batch(
+        one_step_run, corpus, tmp_path, monkeypatch, capfd):
+    """score holds no row for the run: run_search streams (its run keeps no n-best, no reference), each
+    utterance's row is made as its batch is searched, before the loader gives the next batch, the label measures
+    hold one batch at a time, and the rows are sorted on disk in runs (here of 3 lines) into scores.jsonl."""
+    from corpus_io.infer import decode, segment
+    from corpus_io.infer import score as scoring
+
+    assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
+    search, losses, row_of = decode.run_search, scoring.label_losses, scoring.scored_row
+    runs, made, batches = [], [], []
+
+    def streamed_search(*args, rows=None, **kwargs):
+        assert rows is not None  # the streaming mode
+        runs.append(search(*args, rows=rows, **kwargs))
+        return runs[-1]
+
+    def measured_losses(forwards, tokenizer, measured, spelling, cfg):
+        for fw in losses(forwards, tokenizer, measured, spelling, cfg):
+            batches.append((len(made), sorted(measured), sorted(map(str, fw.keys))))
+            yield fw
+
+    def scored(result, m):
+        made.append(result["key"])
+        return row_of(result, m)
+
+    monkeypatch.setattr(decode, "run_search", streamed_search)
+    monkeypatch.setattr(scoring, "label_losses", measured_losses)
+    monkeypatch.setattr(scoring, "scored_row", scored)
+    monkeypatch.setattr(segment, "SORT_LINES", 3)
+    out = tmp_path / "score"
+    rc, err = in_process("score", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
+                         "++dataset_conf.batch_size=4", "++dataset_conf.num_workers=0", "++device=cpu",
+                         f"++checkpoint={one_step_run['out'] / 'model.pt.ep0'}", f"++output_dir={out}", capfd=capfd)
+    assert rc == 0, err
+    run, = runs
+    assert run.nbest == {} and run.refs == {} and run.decoded == len(corpus["raw_keys"])
+    assert len(batches) >= 3
+    done = 0
+    for before, measured, keys in batches:
+        assert before == done  # every earlier batch's rows were made before this one was given
+        assert measured == keys and len(measured) <= 4  # the measures of this batch, none of the earlier ones
+        done += len(keys)
+    rows = [json.loads(line) for line in (out / "scores.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["key"] for r in rows] == sorted(corpus["raw_keys"]) and all(r["readable"] for r in rows)
+    assert not list(out.glob(".score-*"))  # the unsorted rows and the sort's runs are gone
 
 
 def smoke_rows(smoke: dict, start: int, stop: int) -> list[dict]:  # noqa: F811
