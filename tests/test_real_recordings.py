@@ -334,11 +334,11 @@ def test_segment_cuts_40_librivox_utterances_joined_with_their_room_tone_where_t
 
     Issue 58 asks for every segment exact and 90 % placed; this fixture model does not get there (2026-12-07: 8 of
     14 exact, 445 of 568 placed; one trained on room-tone joins, 15 of 16 and 521; docs/LONGFORM.md). It is overfit
-    on 25 s and weak at its files' cut edges: it scores a file's first or last word near 0 (the pocketsphinx files are cut
-    from a longer reading), emits it in the pause beside it (a segment takes its neighbour's first word), and reads
-    letters the transcript lacks there; so this test runs with ++min_word_score=0 and ++max_unsaid_words=1000 (the
-    espeak tests pin both down). Trained on room-tone joins it converged in 1 of 3 seeds. ++vad=energy is printed
-    for comparison."""
+    on 25 s and weak at its files' cut edges: it scores a file's first or last word near 0 (the pocketsphinx files
+    are cut from a longer reading), emits it in the pause beside it (a segment takes its neighbour's first word),
+    and reads letters the transcript lacks there; so this test runs with ++min_word_score=0 and
+    ++max_unsaid_words=1000 (the espeak tests pin both down). Trained on room-tone joins it converged in 1 of 3
+    seeds. ++vad=energy is printed for comparison."""
     import json
     import random
 
