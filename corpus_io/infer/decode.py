@@ -10,7 +10,7 @@ features as training. The user's ``dataset_conf`` chooses the list format, batch
 shuffling and augmentation are always off.
 
 Memory is flat in the list's size: each utterance's row (its n-best, reference, times) goes to disk as it is decoded,
-is sorted on disk (:func:`corpus_io.infer.segment.sort_file`), and the outputs are written in passes over the sorted
+is sorted on disk (:func:`corpus_io.storage.sorting.sort_file`), and the outputs are written in passes over the sorted
 rows; the report's counts accumulate, its per-utterance lines go to a file. ``++num_jobs=N ++job_index=J``: job J
 decodes its contiguous share of the list (a raw list's lines, a shard list's shards, as score) into
 ``output_dir/decode.part-J-of-N/`` (its rows and its undecoded references, each in key order) plus a part record;
@@ -136,7 +136,7 @@ def decode(cfg: Any) -> dict:
     ``++num_jobs=N`` (N > 1) this is job J of N (:mod:`corpus_io.jobs.parts`): it decodes its contiguous share of the
     list into ``output_dir/decode.part-J-of-N/`` (``rows.jsonl``, ``missing.jsonl``) and a part record, writing no
     final file; ``merge-jobs ++path=<output_dir>`` writes the bytes one job writes."""
-    from corpus_io.infer.score import ListJob, list_job
+    from corpus_io.infer.list_jobs import ListJob, list_job
     from corpus_io.jobs import parts as jobs
     from corpus_io.storage.progress import Summary
 
@@ -852,15 +852,15 @@ def sorted_rows(spill: Path, f: Any, run: DecodeRun, tmp: Path, keys: list | Non
     key. Returns the rows written."""
     from itertools import groupby
 
-    from corpus_io.infer.segment import _jsonl_key, sort_file
+    from corpus_io.storage.sorting import jsonl_key, sort_file
 
     with tempfile.TemporaryDirectory(prefix="sort-", dir=tmp) as work:
         ordered = Path(work) / "sorted.jsonl"
         with open(ordered, "w", encoding="utf-8", newline="") as g:
-            sort_file(spill, _jsonl_key, g, Path(work))
+            sort_file(spill, jsonl_key, g, Path(work))
         n = 0
         with open(ordered, encoding="utf-8", newline="") as g:
-            for key, group in groupby(g, key=_jsonl_key):
+            for key, group in groupby(g, key=jsonl_key):
                 lines = list(group)
                 if len(lines) > 1:  # scored once; a silent overwrite would hide an utterance from the count
                     run.repeats[key] = len(lines)
@@ -878,7 +878,7 @@ def missing_rows(rows: Path, references: Iterable[tuple[str, str]], f: Any, tmp:
     """The ``references`` (every utterance of the list, when the loader dropped some; the first of a repeated key)
     that ``rows`` (key order) has no row of, written to ``f`` in key order as ``{"key", "ref", ...}`` rows (scored as
     all deletions, named); returns their keys. Both sides are sorted on disk: no key set is held."""
-    from corpus_io.infer.segment import _jsonl_key, sort_file
+    from corpus_io.storage.sorting import jsonl_key, sort_file
 
     missing: list[str] = []
     with tempfile.TemporaryDirectory(prefix="refs-", dir=tmp) as work:
@@ -888,7 +888,7 @@ def missing_rows(rows: Path, references: Iterable[tuple[str, str]], f: Any, tmp:
                 g.write(json.dumps({"key": key, "ref": ref}, ensure_ascii=False) + "\n")
         ordered = Path(work) / "sorted.jsonl"
         with open(ordered, "w", encoding="utf-8", newline="") as g:
-            sort_file(listed, _jsonl_key, g, Path(work))
+            sort_file(listed, jsonl_key, g, Path(work))
         decoded = (row["key"] for row in read_rows(rows))
         at, last = next(decoded, None), None
         for row in read_rows(ordered):
@@ -987,8 +987,8 @@ def write_timed(out: Path, placed: Path, tmp: Path) -> None:
     """``ctm`` and ``timestamps.jsonl`` from ``placed`` (``[recording, offset, key, row]`` lines), sorted on disk by
     time in the recording. Times are seconds in the recording: a raw segment's are shifted by its start and named by
     its recording id (Kaldi's CTM), anything else's are the utterance's own."""
-    from corpus_io.infer.segment import sort_file
     from corpus_io.storage.files import atomic_write
+    from corpus_io.storage.sorting import sort_file
 
     ordered = tmp / "placed.sorted.jsonl"
     with open(ordered, "w", encoding="utf-8", newline="") as g:
@@ -1027,8 +1027,8 @@ def write_kept_list(data_list: str, path: Path, rows: Path, min_confidence: floa
     order. The list's records and ``rows`` (key order) are joined on disk: sorted by key, then back by line."""
     import os
 
-    from corpus_io.infer.segment import sort_file
     from corpus_io.storage.files import atomic_write
+    from corpus_io.storage.sorting import sort_file
     from corpus_io.tables.inputs import record_of_line
 
     base = os.path.dirname(os.path.abspath(data_list))
@@ -1182,7 +1182,7 @@ def merge_parts(place: Any, parts: list) -> dict:
     wall time: the longest job's, the jobs ran side by side)."""
     from collections import Counter
 
-    from corpus_io.infer.segment import _jsonl_key, merge_sorted
+    from corpus_io.storage.sorting import jsonl_key, merge_sorted
 
     out = Path(place.path)
     totals: dict = {**run_totals(DecodeRun()), "loader": Counter()}
@@ -1210,7 +1210,7 @@ def merge_parts(place: Any, parts: list) -> dict:
         for k, name in enumerate(PART_FILES):
             merged[name] = Path(tmp) / name
             with open(merged[name], "w", encoding="utf-8", newline="") as f:
-                merge_sorted([Path(p.where).parent / p.outputs[k]["file"] for p in parts], _jsonl_key, f, Path(tmp))
+                merge_sorted([Path(p.where).parent / p.outputs[k]["file"] for p in parts], jsonl_key, f, Path(tmp))
         result = write_results(out, merged["rows.jsonl"], merged["missing.jsonl"], totals, options, tmp=Path(tmp))
     report(out, result, totals, options)
     return {k: v for k, v in result.items() if k != "summary"}

@@ -38,9 +38,10 @@ import tempfile
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from corpus_io.errors import ConfigError, DataError
+from corpus_io.infer.list_jobs import ListJob, ensure_out, list_job
 from corpus_io.storage.progress import Summary
 
 OUTPUTS = ("scores.jsonl", "flagged", "summary.txt")
@@ -88,44 +89,6 @@ def score(cfg: Any) -> dict:
     return result
 
 
-@dataclass
-class ListJob:
-    """Job J of N of a command over a list's entries (score, decode) once it ran: its place, options' fingerprint,
-    span ``[lo, hi)`` of ``total`` entries, part directory and what its run gave."""
-
-    job: Any
-    place: Any
-    fingerprint: str
-    span: tuple
-    total: int
-    folder: Path
-    result: Any
-
-
-def list_job(cfg: Any, job: Any, tag: str, fingerprint_of: Callable[[], str],
-             run_list: Callable[[str, Path, Any], Any], empty: Callable[[Path], Any]) -> Any:
-    """score's and decode's start as ``job`` (:mod:`corpus_io.jobs.parts`), after their refusals: the one-job run's
-    result (``run_list(cfg.data_list, output_dir, None)``), the record's result of a job it proves done (said so),
-    or a :class:`ListJob` of this job's share of the list (:func:`job_list`) run into its part directory
-    (``run_list(its list, folder, job)``; ``empty(folder)`` for a job past the entries). The caller writes its
-    part record."""
-    from corpus_io.jobs import parts as jobs
-
-    out = Path(cfg.output_dir)
-    place = jobs.Place(str(out), tag, True)
-    fp, done = jobs.started(place, job, fingerprint_of)
-    if done is not None:
-        print(f"{tag} {job}: already complete ({done.where})", flush=True)
-        return done.data["result"]
-    if job.single:
-        return run_list(cfg.data_list, out, None)
-    with tempfile.TemporaryDirectory(prefix=f".{tag}-job-", dir=ensure_out(out)) as tmp:
-        data_list, lo, hi, total = job_list(cfg, job, Path(tmp))
-        folder = place.data(job)
-        result = run_list(data_list, folder, job) if hi > lo else empty(folder)
-    return ListJob(job, place, fp, (lo, hi), total, folder, result)
-
-
 #: the part records' tag (jobs.Place)
 TAG = "score"
 #: the keys merge-jobs needs to flag and summarize (kept in each part record)
@@ -133,13 +96,6 @@ MERGE_OPTIONS = ("data_list", "checkpoint", "deviations", "min_errors",
                  *(f"{side}_{figure}" for figure, side in LIMITS),
                  *(f"{figure}_{end}" for figure in BOUNDED for end in ("floor", "ceiling")),
                  "max_median_cer", "max_cer_spread")
-
-
-def ensure_out(out: Path) -> Path:
-    from corpus_io.storage.files import ensure_dir
-
-    ensure_dir(out, what="output_dir")
-    return out
 
 
 def fingerprint(cfg: Any) -> str:
@@ -156,29 +112,6 @@ def fingerprint(cfg: Any) -> str:
                to_dict(cfg.text_rule)]
     return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest(checkpoint_files(cfg.checkpoint)),
                              options, conf])
-
-
-def job_list(cfg: Any, job: Any, tmp: Path) -> tuple[str, int, int, int]:
-    """``(list, lo, hi, total)``: job J's contiguous share ``[lo, hi)`` of the list's ``total`` entries (a raw
-    list's records, a shard list's shards), written to a list of its own in ``tmp``, a line at a time."""
-    if cfg.dataset_conf.data_type == "raw":
-        from corpus_io.loader.rawlist import RawList
-
-        entries = RawList(cfg.data_list)
-        total = len(entries)
-        lo, hi = job.span(total)
-        path = tmp / "list.jsonl"
-        with open(path, "w", encoding="utf-8") as f:
-            for i in range(lo, hi):
-                f.write(json.dumps(entries.record(i), ensure_ascii=False) + "\n")
-        return str(path), lo, hi, total
-    from corpus_io.shards.index import read_datalist
-
-    shards = read_datalist(cfg.data_list, storage_options=cfg.dataset_conf.storage_options or None)
-    lo, hi = job.span(len(shards))
-    path = tmp / "data.list"
-    path.write_text("".join(f"{s}\n" for s in shards[lo:hi]), encoding="utf-8")
-    return str(path), lo, hi, len(shards)
 
 
 def empty_job(folder: Path) -> dict:
@@ -214,9 +147,9 @@ def score_list(cfg: Any, data_list: str, out: Path, *, job: Any = None) -> dict:
         skipped_summary,
         sorted_rows,
     )
-    from corpus_io.infer.segment import _jsonl_key, merge_sorted
     from corpus_io.loader.dataset import build_dataloader
     from corpus_io.storage.files import atomic_write
+    from corpus_io.storage.sorting import jsonl_key, merge_sorted
 
     require_utterances(data_list, cfg.dataset_conf)
     device = decode_device(cfg.device)
@@ -243,7 +176,7 @@ def score_list(cfg: Any, data_list: str, out: Path, *, job: Any = None) -> dict:
                          if loader_dropped(loader) else iter(()), f, tmp,
                          lambda ref: unread_row(ref["key"], ref["ref"], run.skipped))
         with open(tmp / "rows.jsonl", "w", encoding="utf-8", newline="") as f:
-            merge_sorted([tmp / "read.jsonl", tmp / "unread.jsonl"], _jsonl_key, f, tmp)
+            merge_sorted([tmp / "read.jsonl", tmp / "unread.jsonl"], jsonl_key, f, tmp)
         rows = tmp / "rows.jsonl"
         if job is not None:
             keys: list[str] = []
@@ -850,7 +783,7 @@ def merge_parts(place: Any, parts: list) -> dict:
     from types import SimpleNamespace
 
     from corpus_io.infer.decode import refuse_others_outputs
-    from corpus_io.infer.segment import _jsonl_key, merge_sorted
+    from corpus_io.storage.sorting import jsonl_key, merge_sorted
 
     out = Path(place.path)
     refuse_others_outputs(out, OUTPUTS, WRITER)
@@ -877,7 +810,7 @@ def merge_parts(place: Any, parts: list) -> dict:
     with tempfile.TemporaryDirectory(prefix=".score-merge-", dir=out) as tmp:
         merged = Path(tmp) / "rows.jsonl"
         with open(merged, "w", encoding="utf-8", newline="") as f:
-            merge_sorted([Path(p.where).parent / p.outputs[0]["file"] for p in parts], _jsonl_key, f, Path(tmp))
+            merge_sorted([Path(p.where).parent / p.outputs[0]["file"] for p in parts], jsonl_key, f, Path(tmp))
         return finish(out, read_rows(merged), sketches, run, cfg, repeats)
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.storage.progress import Summary
+from corpus_io.storage.sorting import jsonl_key, merge_sorted
 
 SEGMENT_OUTPUTS = ("wav.scp", "segments", "text", "utt2spk", "segments.jsonl", "unaligned", "flagged")
 
@@ -409,8 +410,6 @@ def _first_field(line: str) -> str:
     return line.split(" ", 1)[0]
 
 
-def _jsonl_key(line: str) -> str:
-    return json.loads(line)["key"]
 
 
 def _word_place(line: str) -> tuple[str, int]:
@@ -421,7 +420,7 @@ def _word_place(line: str) -> tuple[str, int]:
 #: the one-job order of each output file (the sort key of a line), which merge_parts keeps: a segment's files by
 #: segment key, wav.scp by recording, unaligned by recording and word position
 ORDER = {"wav.scp": _first_field, "segments": _first_field, "text": _first_field, "utt2spk": _first_field,
-         "segments.jsonl": _jsonl_key, "unaligned": _word_place, "flagged": _first_field}
+         "segments.jsonl": jsonl_key, "unaligned": _word_place, "flagged": _first_field}
 
 
 def fingerprint(cfg: Any) -> str:
@@ -724,55 +723,6 @@ def merge_parts(place: Any, parts: list) -> dict:
     figures["wall"] = max(walls)  # the jobs ran side by side
     report(f"segment (merged {len(parts)} jobs)", figures, out)
     return figures
-
-
-#: the most files merge_sorted holds open at once
-FAN_IN = 256
-
-
-def merge_sorted(paths: list[Path], key: Any, out: Any, tmp: Path, fan_in: int = FAN_IN) -> None:
-    """The lines of the files ``paths`` (each in ``key`` order) written to ``out`` in ``key`` order, lines of equal
-    keys in the files' order; at most ``fan_in`` files open at once (more are merged in groups into files in
-    ``tmp`` first, as an external sort's passes)."""
-    import heapq
-    from contextlib import ExitStack
-
-    def merge(group: list[Path], into: Any) -> None:
-        with ExitStack() as stack:
-            into.writelines(heapq.merge(*(stack.enter_context(open(p, encoding="utf-8", newline=""))
-                                          for p in group), key=key))
-
-    passes = 0
-    while len(paths) > fan_in:
-        merged = []
-        for g in range(0, len(paths), fan_in):
-            merged.append(tmp / f"pass{passes}-{g // fan_in}")
-            with open(merged[-1], "w", encoding="utf-8", newline="") as f:
-                merge(paths[g: g + fan_in], f)
-        paths, passes = merged, passes + 1
-    merge(paths, out)
-
-
-#: the most lines sort_file holds in memory at once
-SORT_LINES = 100_000
-
-
-def sort_file(path: Path, key: Any, out: Any, tmp: Path, chunk: int | None = None) -> None:
-    """The lines of the file ``path`` written to ``out`` in ``key`` order, lines of equal keys in the file's order;
-    at most ``chunk`` (:data:`SORT_LINES`) lines in memory (an external sort: sorted runs in a directory under
-    ``tmp``, then :func:`merge_sorted`)."""
-    import tempfile
-    from itertools import islice
-
-    with tempfile.TemporaryDirectory(prefix="sort-", dir=tmp) as work, \
-            open(path, encoding="utf-8", newline="") as f:
-        runs = []
-        while lines := list(islice(f, chunk or SORT_LINES)):
-            lines.sort(key=key)
-            runs.append(Path(work) / f"run{len(runs)}")
-            with open(runs[-1], "w", encoding="utf-8", newline="") as g:
-                g.writelines(lines)
-        merge_sorted(runs, key, out, Path(work))
 
 
 __all__ = ["Segment", "cut", "merge_parts", "segment"]

@@ -87,7 +87,8 @@ def test_decode_rows_go_to_disk_as_decoded_and_are_sorted_there_a_repeat_kept_on
     import torch
 
     from corpus_io.decoding.beam import Hyp
-    from corpus_io.infer import decode, segment
+    from corpus_io.infer import decode
+    from corpus_io.storage import sorting
 
     class Tok:
         def decode(self, ids):
@@ -114,7 +115,7 @@ def test_decode_rows_go_to_disk_as_decoded_and_are_sorted_there_a_repeat_kept_on
     assert written[0] == ["k5", "k1"]  # the first batch's rows left before the loader gave the second
     spill = tmp_path / "spill.jsonl"
     spill.write_text("".join(json.dumps({**r, "tokens": 2}) + "\n" for r in seen), encoding="utf-8")
-    monkeypatch.setattr(segment, "SORT_LINES", 3)
+    monkeypatch.setattr(sorting, "SORT_LINES", 3)
     with open(tmp_path / "rows.jsonl", "w", encoding="utf-8") as f:
         got = decode.sorted_rows(spill, f, run, tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text(encoding="utf-8").splitlines()]

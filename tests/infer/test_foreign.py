@@ -457,6 +457,8 @@ def _train_tiny_w2v_bert(out: Path, train_dir: Path, *, steps: int, seed: int = 
         ctc_loss_reduction="mean", ctc_zero_infinity=True)
     torch.manual_seed(seed)
     rng = random.Random(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # beside pytest-xdist's other workers on 2 cores, more threads took 23 times as long
     model = transformers.Wav2Vec2BertForCTC(config)
     xs = [torch.from_numpy(extractor(sf.read(wavs[k].strip(), dtype="float32")[0], sampling_rate=16000,
                                      return_tensors="np").input_features[0]) for k in keys]
@@ -484,6 +486,7 @@ def _train_tiny_w2v_bert(out: Path, train_dir: Path, *, steps: int, seed: int = 
             optimizer.step()
             step += 1
     seconds = time.perf_counter() - start
+    torch.set_num_threads(threads)
     model.eval().save_pretrained(out)
     transformers.Wav2Vec2BertProcessor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(out)
     return {"steps": step, "seconds": seconds, "loss": float(loss),

@@ -254,8 +254,9 @@ def test_score_rows_go_to_disk_as_scored_and_its_measures_never_hold_more_than_a
     """score holds no row for the run: run_search streams (its run keeps no n-best, no reference), each
     utterance's row is made as its batch is searched, before the loader gives the next batch, the label measures
     hold one batch at a time, and the rows are sorted on disk in runs (here of 3 lines) into scores.jsonl."""
-    from corpus_io.infer import decode, segment
+    from corpus_io.infer import decode
     from corpus_io.infer import score as scoring
+    from corpus_io.storage import sorting
 
     assert one_step_run["returncode"] == 0, one_step_run["stderr"][-3000:]
     search, losses, row_of = decode.run_search, scoring.label_losses, scoring.scored_row
@@ -278,7 +279,7 @@ def test_score_rows_go_to_disk_as_scored_and_its_measures_never_hold_more_than_a
     monkeypatch.setattr(decode, "run_search", streamed_search)
     monkeypatch.setattr(scoring, "label_losses", measured_losses)
     monkeypatch.setattr(scoring, "scored_row", scored)
-    monkeypatch.setattr(segment, "SORT_LINES", 3)
+    monkeypatch.setattr(sorting, "SORT_LINES", 3)
     out = tmp_path / "score"
     rc, err = in_process("score", f"++data_list={corpus['raw']}", "++dataset_conf.data_type=raw",
                          "++dataset_conf.batch_size=4", "++dataset_conf.num_workers=0", "++device=cpu",

@@ -502,8 +502,12 @@ def test_a_thread_holding_torchs_generator_lock_stops_a_forked_worker_but_not_a_
             entering.set()
             torch.randn(draw_size)
 
-    thread = threading.Thread(target=draw)
-    thread.start()
+    # two drawers: while main waits for the lock (its loader's base seed is a draw too), the other drawer waits
+    # inside torch as well, needing no GIL, and takes the lock the moment main lets it go: held again before the
+    # fork that follows within milliseconds (one drawer needs the GIL to draw again, and lost that race under load)
+    threads = [threading.Thread(target=draw) for _ in range(2)]
+    for thread in threads:
+        thread.start()
     stuck, read = [], []
     try:
         # each fork is taken just after the thread entered a draw (torch releases the GIL inside it, and the main
@@ -524,7 +528,8 @@ def test_a_thread_holding_torchs_generator_lock_stops_a_forked_worker_but_not_a_
                 stuck.append((method, str(err)))
     finally:
         stop.set()
-        thread.join()
+        for thread in threads:
+            thread.join()
         torch.set_num_threads(threads_before)
     assert read.count(("forkserver", len(keys))) == 2, (read, stuck)
     assert stuck and {method for method, _ in stuck} == {"fork"}, "the hazard did not show: the test shows nothing"
