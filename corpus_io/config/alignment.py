@@ -79,6 +79,12 @@ class SegmentConfig:
                                    "words in a row that its text lacks (speech the transcript does not say); a "
                                    "segment with more is not written and its words are listed in unaligned",
                                 range="[0, 1000]")
+    sure_word_posterior: float = opt(0.85, "how sure the model must be of a word no text gives it for it to count "
+                                           "as speech (each token's peak posterior): the whole-segment check counts "
+                                           "only such words, and a pseudo-label drops a less sure word heard in a "
+                                           "pause. A small model half hears words into an utterance's onset "
+                                           "(0.45-0.76 measured); a spoken word missing from a transcript is heard "
+                                           "at 0.93-0.99", range="[0, 1]")
     pseudo_label: bool = opt(False, "a recording with no transcript line (or an empty one) is cut at the pauses "
                                     "and transcribed by the checkpoint (greedy), each segment with its confidence; "
                                     "off: such a recording is refused")

@@ -15,7 +15,10 @@ Then (:func:`cut`):
 * a segment spans its regions with ``padding_seconds`` each side, at most half the pause to the neighbouring speech
   and never past ``max_segment_seconds``;
 * each segment is checked whole (:func:`unsaid_run`): a run of more than ``max_unsaid_words`` words its greedy
-  path reads and its text lacks fails it, and its words are unaligned.
+  path reads, its text lacks and the model is sure of (``sure_word_posterior``) fails it, and its words are
+  unaligned;
+* a recording with no text (``pseudo_label``): its transcription's words the model half heard in a pause are
+  dropped (:func:`drop_read_in_pauses`).
 
 Every transcript word lands in exactly one segment or in ``unaligned`` (``<recording> <word position> <word>
 <reason>``); audio in no segment (silence, speech with no text) is counted as skipped in the summary.
@@ -67,6 +70,8 @@ BESIDE = "in a phrase with an unaligned word"
 IN_NO_SPEECH = "placed in a pause"
 #: why a word is unaligned: its segment, checked whole, holds speech its text does not say
 UNSAID = "in a segment with speech its text does not say"
+#: why a pseudo-label word is left out: the model half heard it in a pause (not speech; it taints nothing)
+READ_IN_PAUSE = "read into a pause, not sure"
 #: where the model heard a word may lie this far from the speech region it belongs to (seconds: CTC emits late)
 REGION_SLACK_SECONDS = 0.5
 #: a region with no word is untranscribed speech when the model hears a token in it: blank's posterior below this
@@ -102,6 +107,7 @@ def taint(placed: list, where: list) -> set[int]:
     it may be anywhere from the region of the placed word before it in the text to that of the placed word after it
     (both included, with its own region and any between)."""
     placed_at = [where[i] if where[i] is not None and not p.reason else None for i, p in enumerate(placed)]
+    read_in_pause = [p.reason == READ_IN_PAUSE for p in placed]
     before: list = []
     last = None
     for r in placed_at:
@@ -110,7 +116,7 @@ def taint(placed: list, where: list) -> set[int]:
     tainted: set[int] = set()
     after = None
     for i in range(len(placed) - 1, -1, -1):
-        if placed_at[i] is None:
+        if placed_at[i] is None and not read_in_pause[i]:
             ends = [r for r in (before[i], where[i], after) if r is not None]
             if ends:
                 tainted.update(range(min(ends), max(ends) + 1))
@@ -229,8 +235,10 @@ def bounded(recording: str, piece: list[int], placed: list, group: list[int], re
     start, end = lo, hi  # the audio's pauses, not the path's word times (they run into the pauses)
     before = regions[group[0] - 1][1] if group[0] > 0 else None
     after = regions[group[-1] + 1][0] if group[-1] + 1 < len(regions) else None
-    inner_before = [p.end for p in placed[: piece[0]] if p.start is not None and lo < p.end <= first.start]
-    inner_after = [p.start for p in placed[piece[-1] + 1:] if p.start is not None and last.end <= p.start < hi]
+    said = [p.start is not None and p.reason != READ_IN_PAUSE for p in placed]  # speech, aligned or not
+    inner_before = [p.end for i, p in enumerate(placed[: piece[0]]) if said[i] and lo < p.end <= first.start]
+    inner_after = [p.start for i, p in enumerate(placed[piece[-1] + 1:], piece[-1] + 1)
+                   if said[i] and last.end <= p.start < hi]
     if inner_before:  # a long region cut between words: this piece starts after a word of it
         start, before = first.start, max(inner_before)
     if inner_after:
@@ -436,7 +444,7 @@ def fingerprint(cfg: Any) -> str:
     conf = {k: v for k, v in to_dict(cfg.dataset_conf).items() if k not in ("num_workers", "prefetch")}
     options = [cfg.max_segment_seconds, cfg.max_pause_seconds, cfg.padding_seconds, cfg.min_word_score,
                cfg.phrase_pause_seconds, cfg.window_seconds, cfg.chunk_seconds, detector(cfg.vad),
-               cfg.max_unsaid_words,
+               cfg.max_unsaid_words, cfg.sure_word_posterior,
                cfg.pseudo_label, cfg.min_confidence, to_dict(cfg.text_rule)]
     return jobs.fingerprint([TAG, jobs.files_digest(files), jobs.files_digest(checkpoint_files(cfg.checkpoint)),
                              options, conf])
@@ -483,9 +491,11 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
                                      window=window, min_word_score=cfg.min_word_score, offset_seconds=p.word_offset,
                                      free_ends=True)
                 regions = speech_regions(cfg, recs[p.key], p, duration)
+                if p.key in pseudo:
+                    drop_read_in_pauses(placed, regions, cfg.sure_word_posterior)
                 def passes_check(seg: Segment, p: Any = p) -> bool:
                     return unsaid_run(p.log_probs, p.columns, blank_id, m.tokenizer, seg, m.frame_seconds,
-                                      p.word_offset) <= cfg.max_unsaid_words
+                                      p.word_offset, sure=cfg.sure_word_posterior) <= cfg.max_unsaid_words
 
                 got = cut(p.key, placed, duration, regions, max_seconds=cfg.max_segment_seconds,
                           max_pause=cfg.max_pause_seconds, padding=cfg.padding_seconds,
@@ -517,6 +527,16 @@ def run(cfg: Any, recs: dict, *, whole: bool) -> tuple[list[Segment], list[tuple
                                  "unaligned": dict(sorted(reasons.items())), "failed_segments": failed,
                                  "untranscribed": round(sum(untranscribed), 3),
                                  "untranscribed_regions": len(untranscribed)}
+
+
+def drop_read_in_pauses(placed: list, regions: list, sure: float) -> None:
+    """A pseudo-label's words the model heard in a pause (outside every speech region) and is less than ``sure`` of
+    get the reason :data:`READ_IN_PAUSE`: a small model half hears a word into the silence before an utterance,
+    which no one said (on the smoke model, every word so heard was such an insertion)."""
+    for w in placed:
+        if w.heard is not None and not w.reason and w.score < sure and \
+                not any(s <= w.heard <= e for s, e in regions):
+            w.reason = READ_IN_PAUSE
 
 
 def greedy_text(log_probs: Any, columns: list | None, blank: int, tokenizer: Any) -> str:
@@ -570,22 +590,53 @@ def heard(log_probs: Any, blank: int, regions: list, frame_seconds: float, offse
 
 
 def unsaid_run(log_probs: Any, columns: list | None, blank: int, tokenizer: Any, seg: Segment,
-               frame_seconds: float, offset: float) -> int:
+               frame_seconds: float, offset: float, *, sure: float = 0.0) -> int:
     """The segment checked whole: the longest run of words its greedy path (over the kept columns: the
     transcript's tokens and blank) reads that its text lacks, by an edit alignment of the two word sequences:
     speech inside the segment that its text does not say (a word missing from the transcript, the speech a
-    transcript that ran out left to the path)."""
+    transcript that ran out left to the path). Only words the model is ``sure`` of count (each token's peak
+    posterior over its frames at least that; :func:`greedy_words`): a small model reads a word it half hears into
+    an utterance's onset, which is no speech left out."""
     import kaldialign
 
+    r = frame_range(seg.start, seg.end, frame_seconds, offset, log_probs.shape[0])
+    words, sureness = greedy_words(log_probs[r.start:r.stop], columns, blank, tokenizer)
+    run = longest = 0
+    hyp = iter(sureness)
+    for ref, word in kaldialign.align([p.word for _, p in seg.words], words, "<eps>"):
+        heard = next(hyp) if word != "<eps>" else 0.0
+        if ref != "<eps>":
+            run = 0
+        elif heard >= sure:
+            run += 1
+            longest = max(longest, run)
+    return longest
+
+
+def greedy_words(log_probs: Any, columns: list | None, blank: int, tokenizer: Any) -> tuple[list[str], list[float]]:
+    """The words of :func:`greedy_text`, each with how sure the model is of it: the least of its tokens' peak
+    posteriors (over the frames the greedy path gives the token)."""
     from corpus_io.decoding.scoring import word_units
 
-    r = frame_range(seg.start, seg.end, frame_seconds, offset, log_probs.shape[0])
-    text = greedy_text(log_probs[r.start:r.stop], columns, blank, tokenizer)
-    run = longest = 0
-    for ref, _ in kaldialign.align([p.word for _, p in seg.words], word_units(text), "<eps>"):
-        run = run + 1 if ref == "<eps>" else 0
-        longest = max(longest, run)
-    return longest
+    best = log_probs.argmax(dim=-1)
+    peak = log_probs.gather(1, best[:, None])[:, 0].exp().tolist()
+    best = best.tolist()
+    ids = best if columns is None else [columns[c] for c in best]
+    tokens: list[list] = []  # [token id, peak posterior]
+    for k, t in enumerate(ids):
+        if t == blank:
+            continue
+        if k and ids[k - 1] == t:
+            tokens[-1][1] = max(tokens[-1][1], peak[k])
+        else:
+            tokens.append([t, peak[k]])
+    words = word_units(tokenizer.decode([t for t, _ in tokens]))
+    sureness = [1.0] * len(words)
+    for i in range(len(tokens)):  # the word a token ends up in: the word count of the text up to it
+        w = len(word_units(tokenizer.decode([t for t, _ in tokens[: i + 1]]))) - 1
+        if 0 <= w < len(words):
+            sureness[w] = min(sureness[w], tokens[i][1])
+    return words, sureness
 
 
 def job_list(recs: dict, path: Path) -> str:

@@ -67,7 +67,7 @@ def speak(utt: Utterance) -> Utterance:
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         Path(utt.path).parent.mkdir(parents=True, exist_ok=True)
         pad = ["pad", f"{utt.lead:.3f}"] if utt.lead > 0 else []
-        subprocess.run(["sox", tmp.name, "-r", str(utt.sample_rate), "-c", "1", "-b", "16", utt.path, *pad],
+        subprocess.run(["sox", "-R", tmp.name, "-r", str(utt.sample_rate), "-c", "1", "-b", "16", utt.path, *pad],
                        check=True, stderr=subprocess.DEVNULL)
     return utt
 
@@ -184,7 +184,7 @@ def make_fixture(out_dir: str | os.PathLike, *, relative_to: str | os.PathLike |
     import soundfile as sf
 
     durations = [sf.info(p.path).duration for p in parts]
-    subprocess.run(["sox", *[p.path for p in parts], str(long_path)], check=True)
+    subprocess.run(["sox", "-R", *[p.path for p in parts], str(long_path)], check=True)
     for p in parts:
         os.unlink(p.path)
     seg_lines, text_lines, spk_lines, t = [], [], [], 0.0
