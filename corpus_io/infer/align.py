@@ -145,9 +145,10 @@ def place_words(log_probs: Any, tr: Transcript, *, frame_seconds: float, duratio
         if any(f is None for f in fr):
             placed.append(Placed(word, None, None, 0.0, NO_PATH))
             continue
-        score = min(lp[f, tr.ids[k]].exp().mean().item() for k, f in zip(members, fr))
+        posteriors = [lp[f, tr.ids[k]].exp().tolist() for k, f in zip(members, fr)]  # each token's, its frames'
+        score = min(sum(q) / len(q) for q in posteriors)
         start, end = min(fr[0][0] * frame_seconds, limit), min((fr[-1][-1] + 1) * frame_seconds, limit)
-        heard = min(limit, (heard_frame(lp, tr.ids, members, fr) + 0.5) * frame_seconds + offset_seconds)
+        heard = min(limit, (heard_frame(fr, posteriors) + 0.5) * frame_seconds + offset_seconds)
         placed.append(Placed(word, round(start, 3), round(end, 3), float(min(1.0, max(0.0, score))),
                              heard=round(max(0.0, heard), 3)))
         spans.append(Span(word, start, end, score))
@@ -164,12 +165,12 @@ def place_words(log_probs: Any, tr: Transcript, *, frame_seconds: float, duratio
     return placed
 
 
-def heard_frame(lp: Any, ids: list[int], members: list[int], frames: list[list[int]]) -> float:
-    """The frame where a word's tokens were heard: the mean of their frames on the path, each weighted by its token's
-    posterior there. A token the model cannot hear (a cut-off first word) is put by the path wherever it costs least,
-    often deep in the pause beside the word; the tokens it does hear say where the word is. Plain mean when the
-    model hears none of them."""
-    spikes = [(f, float(lp[f, ids[k]].exp())) for k, fr in zip(members, frames) for f in fr]
+def heard_frame(frames: list[list[int]], posteriors: list[list[float]]) -> float:
+    """The frame where a word's tokens were heard: the mean of their frames on the path (``frames[k]``: token k's),
+    each weighted by its token's posterior there (``posteriors[k]``, frame by frame). A token the model cannot hear
+    (a cut-off first word) is put by the path wherever it costs least, often deep in the pause beside the word; the
+    tokens it does hear say where the word is. Plain mean when the model hears none of them."""
+    spikes = [(f, q) for fr, qs in zip(frames, posteriors) for f, q in zip(fr, qs)]
     weight = sum(w for _, w in spikes)
     if weight < 1e-3:
         return sum(f for f, _ in spikes) / len(spikes)

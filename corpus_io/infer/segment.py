@@ -38,7 +38,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from corpus_io.errors import ConfigError, DataError
 from corpus_io.storage.progress import Summary
@@ -164,13 +164,19 @@ def cut(recording: str, placed: list, duration: float, regions: list, *, max_sec
         runs_of.append(current)
     span = max(0.5 * max_seconds, max_seconds - 2 * padding)  # the speech's extent, so that with padding it fits
     segments, failed = [], 0
-    todo = [group for run in runs_of for group in split_regions(run, regions, span)][::-1]
+    def region_span(k: int) -> tuple[float, float]:
+        return regions[k]
+
+    def word_span(i: int) -> tuple[float, float]:
+        return placed[i].start, placed[i].end
+
+    todo = [group for run in runs_of for group in split_at_pauses(run, region_span, span)][::-1]
     while todo:
         group = todo.pop()
         words = [i for k in group for i in words_in[k]]
         long = regions[group[-1]][1] - regions[group[0]][0] > max_seconds  # one region: cut between words
         made = [bounded(recording, piece, placed, group, regions, duration, padding, max_seconds)
-                for piece in (split(words, placed, span) if long else [words])]
+                for piece in (split_at_pauses(words, word_span, span) if long else [words])]
         if check is None or len(group) == 1:
             for seg in made:
                 if check is None or check(seg):
@@ -182,46 +188,30 @@ def cut(recording: str, placed: list, duration: float, regions: list, *, max_sec
         elif all(check(seg) for seg in made):
             segments += made
         else:  # which side of its longest pause holds the speech its text does not say: each checked alone
-            j = longest_pause(group, regions)
+            j = longest_pause(group, region_span)
             todo += [group[j + 1:], group[: j + 1]]
     return Cut(segments, untranscribed, failed)
 
 
-def longest_pause(group: list[int], regions: list) -> int:
-    """The position in ``group`` (region indices) of the region after which its longest pause falls (of equal
-    pauses, the one nearest its middle)."""
-    gaps = [(regions[group[j + 1]][0] - regions[group[j]][1], -abs(2 * j + 2 - len(group)), j)
-            for j in range(len(group) - 1)]
+def longest_pause(items: list[int], span: Callable[[int], tuple[float, float]]) -> int:
+    """The position in ``items`` (regions or words, ``span(item)``: its (start, end) in seconds) of the item after
+    which the longest pause between them falls (of equal pauses, the one nearest the middle)."""
+    gaps = [(span(items[j + 1])[0] - span(items[j])[1], -abs(2 * j + 2 - len(items)), j)
+            for j in range(len(items) - 1)]
     return max(gaps)[2]
 
 
-def split_regions(run: list[int], regions: list, max_seconds: float) -> list[list[int]]:
-    """``run`` (region indices) cut at its longest pause until every group lasts at most ``max_seconds`` (a single
-    region longer than that stays whole: :func:`split` cuts its words)."""
-    groups, todo = [], [run]
-    while todo:
-        group = todo.pop()
-        if len(group) == 1 or regions[group[-1]][1] - regions[group[0]][0] <= max_seconds:
-            groups.append(group)
-            continue
-        j = longest_pause(group, regions)
-        todo += [group[j + 1:], group[: j + 1]]
-    return sorted(groups)
-
-
-def split(run: list[int], placed: list, max_seconds: float) -> list[list[int]]:
-    """The words ``run`` of one speech region cut at their longest gap until every piece lasts at most
-    ``max_seconds`` (a single word longer than that stays whole)."""
+def split_at_pauses(run: list[int], span: Callable[[int], tuple[float, float]], max_seconds: float) -> list[list[int]]:
+    """``run`` (regions or words, ``span(item)``: its (start, end) in seconds) cut at its longest pause until every
+    piece lasts at most ``max_seconds`` (a single item longer than that stays whole)."""
     pieces, todo = [], [run]
     while todo:
         piece = todo.pop()
-        if len(piece) == 1 or placed[piece[-1]].end - placed[piece[0]].start <= max_seconds:
+        if len(piece) == 1 or span(piece[-1])[1] - span(piece[0])[0] <= max_seconds:
             pieces.append(piece)
             continue
-        gaps = [(placed[piece[k + 1]].start - placed[piece[k]].end, -abs(2 * k + 2 - len(piece)), k)
-                for k in range(len(piece) - 1)]
-        _, _, k = max(gaps)
-        todo += [piece[k + 1:], piece[: k + 1]]
+        j = longest_pause(piece, span)
+        todo += [piece[j + 1:], piece[: j + 1]]
     return sorted(pieces)
 
 
