@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 from corpus_io.errors import ConfigError, DataError
@@ -116,6 +117,7 @@ class Trainer:
         self.sc = StepContext(self.model, ctx.device, tc.accum_grad, amp, self.scaler, self.front_end)
         # seeds differ per rank for dropout/augmentation (model init was shared above)
         random.seed(tc.seed + ctx.rank)
+        np.random.seed((tc.seed + ctx.rank) % 2**32)  # saved with every checkpoint: unseeded, no two runs match
         torch.manual_seed(tc.seed + ctx.rank)
 
         self.train_loader = build_dataloader(cfg.train_data_set_list or None, cfg.dataset_conf, self.tokenizer,

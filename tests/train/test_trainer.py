@@ -616,17 +616,33 @@ def test_ranks_whose_cv_splits_differ_in_batches_validate_and_finish(corpus, tmp
     assert re.findall(r"cv epoch \d+ step \d+: .*?, (\d+) utts", log) == ["1", "1"], log[-3000:]
 
 
-def test_the_same_training_command_trains_the_same_weights_whatever_the_threads_it_inherits(corpus, tmp_path):
+def _differences(a, b, where: str = "") -> list[str]:
+    """Where two loaded checkpoints differ: tensors to the bit, containers item by item, other values by ==."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in (_differences(a[k], b[k], f"{where}.{k}") if k in a and k in b else [f"{where}.{k}"])]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [where]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{where}[{i}]")]
+    if torch.is_tensor(a) and torch.is_tensor(b):
+        return [] if a.dtype == b.dtype and torch.equal(a, b) else [where]
+    return [] if a == b else [where]
+
+
+def test_the_same_training_command_trains_the_same_checkpoint_whatever_the_threads_it_inherits(corpus, tmp_path):
     """Two 2-rank trainings of one command, one inheriting 1 intra-op thread (torchrun's OMP_NUM_THREADS) and one
-    2: train sets its own count (train_conf.num_threads), so the weights are identical to the bit."""
-    weights = []
+    2: train sets its own count (train_conf.num_threads), so the checkpoints are identical to the bit: weights,
+    optimizer, loader states and every RNG's state (numpy's was left unseeded, so two runs saved two states)."""
+    checkpoints = []
+    out = tmp_path / "exp"  # one output_dir, the first run's moved aside: the config records the path
     for threads in ("1", "2"):
-        out = tmp_path / f"exp{threads}"
         cmd = torchrun_cmd(out, corpus, "++train_conf.max_epoch=1", "++train_conf.max_steps_per_epoch=3",
                            "++train_conf.log_interval=1000", "++train_conf.avg_nbest_model=0")
         result = run_bounded(cmd, 150, env=dict(os.environ, CORPUS_IO_NO_PROGRESS="1", OMP_NUM_THREADS=threads))
         assert result.returncode == 0, result.stderr[-3000:]
-        weights.append(torch.load(out / "model.pt.ep0", map_location="cpu", weights_only=True)["model"])
-    assert weights[0].keys() == weights[1].keys()
-    differ = [k for k in weights[0] if not torch.equal(weights[0][k], weights[1][k])]
+        checkpoints.append(torch.load(out / "model.pt.ep0", map_location="cpu", weights_only=True))
+        out.rename(tmp_path / f"exp_threads{threads}")
+    assert checkpoints[0]["model"].keys() == checkpoints[1]["model"].keys()
+    differ = _differences(*checkpoints)
     assert not differ, differ
