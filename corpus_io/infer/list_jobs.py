@@ -32,6 +32,7 @@ def list_job(cfg: Any, job: Any, tag: str, fingerprint_of: Callable[[], str],
     (``run_list(its list, folder, job)``; ``empty(folder)`` for a job past the entries). The caller writes its
     part record."""
     from corpus_io.jobs import parts as jobs
+    from corpus_io.storage.files import ensure_dir
 
     out = Path(cfg.output_dir)
     place = jobs.Place(str(out), tag, True)
@@ -41,18 +42,11 @@ def list_job(cfg: Any, job: Any, tag: str, fingerprint_of: Callable[[], str],
         return done.data["result"]
     if job.single:
         return run_list(cfg.data_list, out, None)
-    with tempfile.TemporaryDirectory(prefix=f".{tag}-job-", dir=ensure_out(out)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f".{tag}-job-", dir=ensure_dir(out, what="output_dir")) as tmp:
         data_list, lo, hi, total = job_list(cfg, job, Path(tmp))
         folder = place.data(job)
         result = run_list(data_list, folder, job) if hi > lo else empty(folder)
     return ListJob(job, place, fp, (lo, hi), total, folder, result)
-
-
-def ensure_out(out: Path) -> Path:
-    from corpus_io.storage.files import ensure_dir
-
-    ensure_dir(out, what="output_dir")
-    return out
 
 
 def job_list(cfg: Any, job: Any, tmp: Path) -> tuple[str, int, int, int]:
@@ -78,4 +72,4 @@ def job_list(cfg: Any, job: Any, tmp: Path) -> tuple[str, int, int, int]:
     return str(path), lo, hi, len(shards)
 
 
-__all__ = ["ListJob", "ensure_out", "job_list", "list_job"]
+__all__ = ["ListJob", "job_list", "list_job"]

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from corpus_io.errors import ConfigError, DataError
-from corpus_io.infer.list_jobs import ListJob, ensure_out, list_job
+from corpus_io.infer.list_jobs import ListJob, list_job
 from corpus_io.storage.progress import Summary
 
 OUTPUTS = ("scores.jsonl", "flagged", "summary.txt")
@@ -116,7 +116,9 @@ def fingerprint(cfg: Any) -> str:
 
 def empty_job(folder: Path) -> dict:
     """A job past the list's entries: an empty rows file, no model loaded."""
-    ensure_out(folder)
+    from corpus_io.storage.files import ensure_dir
+
+    ensure_dir(folder, what="output_dir")
     (folder / "rows.jsonl").write_bytes(b"")
     return {"rows": 0, "readable": 0, "audio_seconds": 0.0, "wall_seconds": 0.0, "keys": [],
             "sketches": {f: Sketch().to_json() for f in FIGURE_NAMES},
@@ -194,8 +196,10 @@ def score_list(cfg: Any, data_list: str, out: Path, *, job: Any = None) -> dict:
 def made_dir(out: Path) -> Iterator[Path]:
     """``out`` made (when missing) for a run's files; when the run fails, a directory made here is removed again
     if it is empty (bad input writes nothing, not even the directory)."""
+    from corpus_io.storage.files import ensure_dir
+
     existed = out.is_dir()
-    ensure_out(out)
+    ensure_dir(out, what="output_dir")
     try:
         yield out
     except BaseException:

@@ -532,9 +532,25 @@ def drop_read_in_pauses(placed: list, regions: list, sure: float) -> None:
 def greedy_text(log_probs: Any, columns: list | None, blank: int, tokenizer: Any) -> str:
     """The checkpoint's transcription of a recording with no text: its greedy CTC path (each frame's best token,
     repeats merged, blanks dropped), as decode's greedy method reads it."""
-    best = log_probs.argmax(dim=-1).tolist()
+    return tokenizer.decode([t for t, _ in greedy_tokens(log_probs, columns, blank)])
+
+
+def greedy_tokens(log_probs: Any, columns: list | None, blank: int) -> list[list]:
+    """The tokens of the greedy CTC path (each frame's best, repeats merged, blanks dropped; ``columns`` maps
+    ``log_probs``' columns to token ids), each as ``[token id, its peak posterior over its frames]``."""
+    best = log_probs.argmax(dim=-1)
+    peak = log_probs.gather(1, best[:, None])[:, 0].exp().tolist()
+    best = best.tolist()
     ids = best if columns is None else [columns[c] for c in best]
-    return tokenizer.decode([t for k, t in enumerate(ids) if t != blank and (k == 0 or ids[k - 1] != t)])
+    tokens: list[list] = []
+    for k, t in enumerate(ids):
+        if t == blank:
+            continue
+        if k and ids[k - 1] == t:
+            tokens[-1][1] = max(tokens[-1][1], peak[k])
+        else:
+            tokens.append([t, peak[k]])
+    return tokens
 
 
 def speech_regions(cfg: Any, rec: dict, p: Any, duration: float) -> list[tuple[float, float]]:
@@ -580,7 +596,7 @@ def heard(log_probs: Any, blank: int, regions: list, frame_seconds: float, offse
 
 
 def unsaid_run(log_probs: Any, columns: list | None, blank: int, tokenizer: Any, seg: Segment,
-               frame_seconds: float, offset: float, *, sure: float = 0.0) -> int:
+               frame_seconds: float, offset: float, *, sure: float) -> int:
     """The segment checked whole: the longest run of words its greedy path (over the kept columns: the
     transcript's tokens and blank) reads that its text lacks, by an edit alignment of the two word sequences:
     speech inside the segment that its text does not say (a word missing from the transcript, the speech a
@@ -608,18 +624,7 @@ def greedy_words(log_probs: Any, columns: list | None, blank: int, tokenizer: An
     posteriors (over the frames the greedy path gives the token)."""
     from corpus_io.decoding.scoring import word_units
 
-    best = log_probs.argmax(dim=-1)
-    peak = log_probs.gather(1, best[:, None])[:, 0].exp().tolist()
-    best = best.tolist()
-    ids = best if columns is None else [columns[c] for c in best]
-    tokens: list[list] = []  # [token id, peak posterior]
-    for k, t in enumerate(ids):
-        if t == blank:
-            continue
-        if k and ids[k - 1] == t:
-            tokens[-1][1] = max(tokens[-1][1], peak[k])
-        else:
-            tokens.append([t, peak[k]])
+    tokens = greedy_tokens(log_probs, columns, blank)
     words = word_units(tokenizer.decode([t for t, _ in tokens]))
     sureness = [1.0] * len(words)
     for i in range(len(tokens)):  # the word a token ends up in: the word count of the text up to it

@@ -459,34 +459,36 @@ def _train_tiny_w2v_bert(out: Path, train_dir: Path, *, steps: int, seed: int = 
     rng = random.Random(seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # beside pytest-xdist's other workers on 2 cores, more threads took 23 times as long
-    model = transformers.Wav2Vec2BertForCTC(config)
-    xs = [torch.from_numpy(extractor(sf.read(wavs[k].strip(), dtype="float32")[0], sampling_rate=16000,
-                                     return_tensors="np").input_features[0]) for k in keys]
-    ys = [torch.tensor(tokenizer(texts[k]).input_ids) for k in keys]
-    order = sorted(range(len(keys)), key=lambda i: len(xs[i]))
-    batches = [order[i:i + 8] for i in range(0, len(order), 8)]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    start, step, loss = time.perf_counter(), 0, None
-    model.train()
-    while step < steps:
-        rng.shuffle(batches)
-        for batch in batches[: steps - step]:
-            frames = max(len(xs[i]) for i in batch)
-            x = torch.zeros(len(batch), frames, xs[0].shape[1])
-            mask = torch.zeros(len(batch), frames, dtype=torch.long)
-            y = torch.full((len(batch), max(len(ys[i]) for i in batch)), -100)
-            for j, i in enumerate(batch):
-                x[j, :len(xs[i])], mask[j, :len(xs[i])], y[j, :len(ys[i])] = xs[i], 1, ys[i]
-            for group in optimizer.param_groups:
-                group["lr"] = 3e-3 * min(1.0, (step + 1) / 30)
-            loss = model(x, attention_mask=mask, labels=y).loss
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-            optimizer.step()
-            step += 1
-    seconds = time.perf_counter() - start
-    torch.set_num_threads(threads)
+    try:
+        model = transformers.Wav2Vec2BertForCTC(config)
+        xs = [torch.from_numpy(extractor(sf.read(wavs[k].strip(), dtype="float32")[0], sampling_rate=16000,
+                                         return_tensors="np").input_features[0]) for k in keys]
+        ys = [torch.tensor(tokenizer(texts[k]).input_ids) for k in keys]
+        order = sorted(range(len(keys)), key=lambda i: len(xs[i]))
+        batches = [order[i:i + 8] for i in range(0, len(order), 8)]
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+        start, step, loss = time.perf_counter(), 0, None
+        model.train()
+        while step < steps:
+            rng.shuffle(batches)
+            for batch in batches[: steps - step]:
+                frames = max(len(xs[i]) for i in batch)
+                x = torch.zeros(len(batch), frames, xs[0].shape[1])
+                mask = torch.zeros(len(batch), frames, dtype=torch.long)
+                y = torch.full((len(batch), max(len(ys[i]) for i in batch)), -100)
+                for j, i in enumerate(batch):
+                    x[j, :len(xs[i])], mask[j, :len(xs[i])], y[j, :len(ys[i])] = xs[i], 1, ys[i]
+                for group in optimizer.param_groups:
+                    group["lr"] = 3e-3 * min(1.0, (step + 1) / 30)
+                loss = model(x, attention_mask=mask, labels=y).loss
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+                optimizer.step()
+                step += 1
+        seconds = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(threads)
     model.eval().save_pretrained(out)
     transformers.Wav2Vec2BertProcessor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(out)
     return {"steps": step, "seconds": seconds, "loss": float(loss),
